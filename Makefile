@@ -1,0 +1,45 @@
+# memento: quick start is `make demo` and `make test` (see README.md).
+#
+#   make setup    install the Debian packages the project needs (root)
+#   make build    configure and build into build/ (Ninja, RelWithDebInfo)
+#   make test     setup + build + every test through CTest
+#   make demo     setup + build + the end-to-end demo
+#   make chaos    setup + build + the long randomized fault runs (not in `make test`)
+#   make format   clang-format every C++ source in place
+#   make clean    remove build/
+
+BUILD_DIR ?= build
+BUILD_TYPE ?= RelWithDebInfo
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+CTEST_FLAGS ?=
+
+.PHONY: all setup configure build test demo chaos format clean
+
+all: build
+
+setup:
+	@scripts/setup.sh
+
+$(BUILD_DIR)/build.ninja:
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
+
+configure: setup $(BUILD_DIR)/build.ninja
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE chaos $(CTEST_FLAGS)
+
+demo: build
+	$(BUILD_DIR)/tools/memento demo
+
+chaos: build
+	cd $(BUILD_DIR) && MEMENTO_CHAOS=1 ctest --output-on-failure -L chaos $(CTEST_FLAGS)
+
+format:
+	find include src tools examples bench tests -name '*.h' -o -name '*.cc' -o -name '*.cu' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,127 @@
+// The trainer-side API of memento.
+//
+// A trainer process (one rank) connects to its node's agent, registers the
+// tensors and blobs that make up its training state, and then, once per step:
+//
+//   auto client = memento::Client::Connect(options);          // once
+//   client->RegisterTensor(meta, ptr);  ...                    // once, then Seal()
+//   MEMENTO_RETURN_IF_ERROR(client->Seal());
+//   if (auto restored = client->Restore(); restored.ok()) step = *restored + 1;
+//   for (;; ++step) {
+//     client->Fence();            // before the optimizer step mutates state
+//     optimizer_step();
+//     client->Snapshot(step);     // returns at once; copies run in the background
+//     forward_backward();         // overlaps with the copy
+//   }
+//
+// Ownership: registered memory stays owned by the caller and must stay valid
+// and at the same address until the Client is destroyed. Between Snapshot(s)
+// and the next Fence() the caller must not write registered memory (reads
+// are fine): that is the window in which the copy engine reads it.
+//
+// Thread safety: one Client is used from one trainer thread. Phase hooks
+// (OnPhase) may be called from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memento/deadline.h"
+#include "memento/status.h"
+#include "memento/types.h"
+
+namespace memento {
+
+struct ClientOptions {
+  // Job id: names the agent's directories; letters, digits, '-', '_' and '.'.
+  std::string job_id;
+  // This process's global rank and the job's world size.
+  int rank = 0;
+  int world_size = 1;
+  // Directory of the node's agent (holds agent.sock). Empty: the default,
+  // $MEMENTO_RUN_DIR or /dev/shm/memento/<job_id>/node<node>.
+  std::string agent_dir;
+  int node = 0;
+  // Copy engine worker threads and chunk size (bytes; a multiple of 64 KiB).
+  int copy_threads = 1;
+  size_t chunk_bytes = size_t{4} << 20;
+  // How long Connect waits for the agent to answer.
+  double connect_timeout_s = 10.0;
+};
+
+// A version of this rank's state that the agent holds.
+struct VersionInfo {
+  int64_t step = -1;
+  bool committed = false;  // complete and verified (T0); see DESIGN.md "version"
+  uint64_t bytes = 0;
+};
+
+// Training phases reported by the trainer (HAS uses idle windows: pipeline
+// bubbles, waits on activations or gradients).
+enum class Phase : uint8_t { kCompute = 0, kIdle = 1, kCommunicate = 2 };
+
+// Per-snapshot statistics, filled when the snapshot completes.
+struct SnapshotStats {
+  int64_t step = -1;
+  uint64_t bytes = 0;
+  double copy_s = 0;        // wall time from Snapshot() to the slot being complete
+  double fence_wait_s = 0;  // time Fence() blocked the trainer for this snapshot
+  uint64_t bytes_idle = 0;      // HAS layer 1 (inside idle windows)
+  uint64_t bytes_compute = 0;   // HAS layer 2 (beside computation)
+  uint64_t bytes_communicate = 0;  // HAS layer 3
+};
+
+class Client {
+ public:
+  virtual ~Client() = default;
+
+  // Connects to the node's agent. Fails with Unavailable (agent not running
+  // or a stale socket), NotFound (unknown job), PermissionDenied (the agent
+  // runs as another uid), with a message that says which.
+  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+
+  // Registers a tensor at `data` (meta.nbytes() bytes). Names are unique per
+  // rank. REQUIRES: not sealed.
+  virtual Status RegisterTensor(const TensorMeta& meta, void* data,
+                                Device device = Device::Host()) = 0;
+  // Registers opaque state (RNG, data-loader cursor, counters): a private
+  // tensor of dtype U8 and shape {nbytes}. REQUIRES: not sealed.
+  virtual Status RegisterBlob(const std::string& name, void* data, size_t nbytes) = 0;
+
+  // Ends registration: the agent allocates (or adopts) this rank's slots,
+  // pre-faulted. Fails with ResourceExhausted when the node's memory budget
+  // or the shared-memory filesystem cannot hold them, saying how much is
+  // needed.
+  virtual Status Seal() = 0;
+
+  // Starts snapshotting the registered state as version `step` and returns
+  // at once. REQUIRES: sealed; step greater than every earlier snapshot's.
+  // A snapshot still running is fenced first.
+  virtual Status Snapshot(int64_t step) = 0;
+
+  // Waits until the last snapshot is complete in shared memory (the only call
+  // that can delay training). Returns the snapshot's error, if any.
+  virtual Status Fence(Deadline deadline = Deadline::Infinite()) = 0;
+
+  // Loads the newest committed version into the registered tensors and
+  // returns its step. NotFound when there is none. When a saved tensor's name,
+  // dtype or shape differs from the registered one, InvalidArgument listing
+  // every difference, and nothing is written. A version that fails its
+  // checksums is skipped (DataLoss is returned only when no intact version is
+  // left). REQUIRES: sealed.
+  virtual Result<int64_t> Restore() = 0;
+
+  // Versions the agent holds for this rank, newest first.
+  virtual Result<std::vector<VersionInfo>> ListVersions() = 0;
+
+  // Reports the trainer's current phase (HAS scheduling).
+  virtual void OnPhase(Phase phase) = 0;
+
+  // Statistics of the last completed snapshot.
+  virtual SnapshotStats LastSnapshotStats() const = 0;
+};
+
+}  // namespace memento

@@ -1,0 +1,83 @@
+// Vocabulary types shared by every layer: dtypes, state classes, devices and the
+// description of one registered tensor. See ../shared/DESIGN.md, "Vocabulary".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "memento/status.h"
+
+namespace memento {
+
+// Element type of a tensor. The numeric values are part of the on-disk and
+// shared-memory formats: never renumber, only append.
+enum class DType : uint8_t {
+  kFloat32 = 0,
+  kFloat16 = 1,
+  kBFloat16 = 2,
+  kFloat64 = 3,
+  kInt8 = 4,
+  kUInt8 = 5,
+  kInt16 = 6,
+  kInt32 = 7,
+  kInt64 = 8,
+  kBool = 9,
+};
+
+// Bytes per element (1 for kBool).
+size_t DTypeSize(DType dtype);
+// Safetensors spelling: "F32", "F16", "BF16", "F64", "I8", "U8", "I16", "I32", "I64", "BOOL".
+std::string_view DTypeName(DType dtype);
+// Accepts the safetensors spelling and the lower-case PyTorch spelling ("float32").
+Result<DType> ParseDType(std::string_view name);
+
+// How training itself replicates a piece of state (DESIGN.md, "state class").
+// Numeric values are part of the formats.
+enum class StateClass : uint8_t {
+  kReplicated = 0,  // identical on every DP rank of one (pp, tp) position
+  kDpSharded = 1,   // each DP rank holds 1/D (ZeRO-1 optimizer state)
+  kPrivate = 2,     // one rank only (RNG, data cursor, step counters)
+};
+
+std::string_view StateClassName(StateClass cls);  // "replicated", "dp_sharded", "private"
+Result<StateClass> ParseStateClass(std::string_view name);
+
+enum class DeviceType : uint8_t { kHost = 0, kCuda = 1 };
+
+struct Device {
+  DeviceType type = DeviceType::kHost;
+  int index = 0;  // CUDA device ordinal; 0 for host
+
+  static Device Host() { return Device{}; }
+  static Device Cuda(int index) { return Device{DeviceType::kCuda, index}; }
+  bool is_host() const { return type == DeviceType::kHost; }
+  friend bool operator==(Device a, Device b) { return a.type == b.type && a.index == b.index; }
+  friend bool operator!=(Device a, Device b) { return !(a == b); }
+};
+
+std::string DeviceName(Device device);  // "cpu", "cuda:0"
+
+// Metadata of one registered tensor or opaque blob (no address). A blob is a
+// tensor of dtype kUInt8 and shape {nbytes}.
+struct TensorMeta {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  StateClass state_class = StateClass::kReplicated;
+
+  // Product of shape (1 for a scalar, shape {}).
+  int64_t numel() const;
+  size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
+  friend bool operator==(const TensorMeta& a, const TensorMeta& b) {
+    return a.name == b.name && a.dtype == b.dtype && a.shape == b.shape &&
+           a.state_class == b.state_class;
+  }
+};
+
+// "[4096, 1024]".
+std::string ShapeToString(const std::vector<int64_t>& shape);
+
+}  // namespace memento

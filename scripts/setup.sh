@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Installs the Debian packages memento needs. Idempotent: when everything is
+# already installed it only runs dpkg-query and exits in well under a second.
+#
+#   scripts/setup.sh            build, test and demo dependencies
+#   scripts/setup.sh --python   also Debian's PyTorch (python3-torch) for the
+#                               Python integration (large download)
+#   scripts/setup.sh --etcd     also etcd-server for the etcd store backend
+#
+# Must run as root (or with sudo available) when something is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libisal-dev libxxhash-dev libzstd-dev liburing-dev
+  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
+  libgloo-dev libopenblas-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  pybind11-dev python3-dev
+  libssl-dev
+  iproute2 procps
+)
+
+for arg in "$@"; do
+  case "$arg" in
+    --python) packages+=(python3-torch python3-numpy) ;;
+    --etcd) packages+=(etcd-server etcd-client) ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (expected --python, --etcd)" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [ "$status" = "installed" ] || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "setup.sh: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO="sudo"
+  else
+    echo "setup.sh: these Debian packages are missing and we are not root: ${missing[*]}" >&2
+    echo "setup.sh: run 'sudo scripts/setup.sh' once, then retry" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+# Refresh the package lists only when they are missing or older than a day.
+if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null | head -1)" ]; then
+  $SUDO apt-get update -qq
+fi
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup.sh: done"

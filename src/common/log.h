@@ -1,0 +1,24 @@
+// Logging: a thin layer over spdlog so that every part of memento logs the same
+// way. Level from MEMENTO_LOG_LEVEL (trace, debug, info, warn, error; default
+// info). Output goes to stderr with time, level, process tag and message.
+//
+//   MEMENTO_LOG_INFO("agent: adopted slot {} of rank {} at step {}", slot, rank, step);
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <string>
+
+namespace memento {
+
+// Names this process in every log line ("agent node0", "trainer rank3").
+// Call once early in main(); safe to call again.
+void InitLogging(const std::string& process_tag);
+
+}  // namespace memento
+
+#define MEMENTO_LOG_TRACE(...) SPDLOG_TRACE(__VA_ARGS__)
+#define MEMENTO_LOG_DEBUG(...) SPDLOG_DEBUG(__VA_ARGS__)
+#define MEMENTO_LOG_INFO(...) SPDLOG_INFO(__VA_ARGS__)
+#define MEMENTO_LOG_WARN(...) SPDLOG_WARN(__VA_ARGS__)
+#define MEMENTO_LOG_ERROR(...) SPDLOG_ERROR(__VA_ARGS__)
