@@ -67,13 +67,20 @@ struct TensorMeta {
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
   StateClass state_class = StateClass::kReplicated;
+  // For kDpSharded state (ZeRO-1): the unsharded tensor, flattened, has
+  // global_numel elements and this rank holds [shard_offset, shard_offset +
+  // numel()). Lets the durable tier reshard to another DP size. Both 0 when
+  // unknown or not sharded.
+  int64_t global_numel = 0;
+  int64_t shard_offset = 0;
 
   // Product of shape (1 for a scalar, shape {}).
   int64_t numel() const;
   size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
   friend bool operator==(const TensorMeta& a, const TensorMeta& b) {
     return a.name == b.name && a.dtype == b.dtype && a.shape == b.shape &&
-           a.state_class == b.state_class;
+           a.state_class == b.state_class && a.global_numel == b.global_numel &&
+           a.shard_offset == b.shard_offset;
   }
 };
 
