@@ -772,17 +772,17 @@ Result<RecoveryPlan> Recover(const Plan& plan, const std::vector<int>& failed_no
   for (int n = 0; n < num_nodes; ++n) {
     if (failed[n]) out.failed_nodes.push_back(n);
   }
-  // Indexes: copies per piece, stripe blocks per piece.
-  std::vector<std::vector<uint32_t>> copies_of(plan.pieces.size());
-  for (const Copy& c : plan.copies) copies_of[c.piece].push_back(c.id);
+  // First surviving copy of each piece; stripe blocks of lost pieces.
+  std::vector<uint32_t> alive_copy(plan.pieces.size(), kNoId);
+  for (const Copy& c : plan.copies) {
+    if (!failed[c.node] && alive_copy[c.piece] == kNoId) alive_copy[c.piece] = c.id;
+  }
   struct Member {
     uint32_t stripe;
     int index;
   };
   std::unordered_map<uint32_t, std::vector<Member>> blocks_of;
-  bool any_lost = false;
-  for (int n : out.failed_nodes) any_lost |= !plan.nodes[n].pieces.empty();
-  if (any_lost) {
+  if (!out.failed_nodes.empty()) {
     for (const Stripe& s : plan.stripes) {
       for (int i = 0; i < s.k; ++i) {
         if (failed[plan.pieces[s.data[i].piece].node]) {
@@ -795,13 +795,9 @@ Result<RecoveryPlan> Recover(const Plan& plan, const std::vector<int>& failed_no
   auto holder = [&](uint32_t piece, uint32_t* copy_id) {
     *copy_id = kNoId;
     if (!failed[plan.pieces[piece].node]) return plan.pieces[piece].node;
-    for (uint32_t c : copies_of[piece]) {
-      if (!failed[plan.copies[c].node]) {
-        *copy_id = c;
-        return plan.copies[c].node;
-      }
-    }
-    return -1;
+    if (alive_copy[piece] == kNoId) return -1;
+    *copy_id = alive_copy[piece];
+    return plan.copies[alive_copy[piece]].node;
   };
   out.recoverable = true;
   for (int n : out.failed_nodes) {
