@@ -272,7 +272,9 @@ void Execute(const Plan& plan, const RecoveryPlan& rec, const Memory& m,
     std::vector<bool> covered(piece.bytes, false);
     for (const RecoveryStep& s : r.steps) {
       if (s.kind == RecoveryStep::Kind::kCopy) {
-        if (s.copy != kNoId) ASSERT_EQ(plan.copies[s.copy].node, s.node);
+        if (s.copy != kNoId) {
+          ASSERT_EQ(plan.copies[s.copy].node, s.node);
+        }
         rebuilt = fetch_piece(s.node, r.piece);
         std::fill(covered.begin(), covered.end(), true);
         continue;
@@ -384,15 +386,70 @@ void ForEachSubset(int n, int size, Fn&& fn) {
   }
 }
 
+struct Stats {
+  int plans = 0;
+  long sets = 0;
+  long executed = 0;
+};
+
+// Every policy on one topology: protection level, recoverability of every
+// failure set up to the level (with bytes), and the verdict on every set one
+// larger against the oracle.
+void CheckTopology(const Topology& topo, std::mt19937_64& rng, const std::string& label,
+                   Stats* stats) {
+  const int num_nodes = topo.num_nodes();
+  const World world = MakeWorld(topo, rng);
+  for (const Policy& policy : Policies()) {
+    const std::string where = label + " policy=" + PolicyName(policy) +
+                              (policy.local_copy == LocalCopy::kFull ? "+full" : "");
+    auto plan = MakePlan(topo, world.inv, policy);
+    ASSERT_TRUE(plan.ok()) << where << ": " << plan.status();
+    ++stats->plans;
+    CheckStructure(*plan, where);
+    const int level = ExpectedProtection(topo, policy);
+    ASSERT_EQ(plan->protection, level) << where;
+    const Memory mem = Snapshot(*plan, world);
+    for (int size = 0; size <= std::min(level + 1, num_nodes); ++size) {
+      ForEachSubset(num_nodes, size, [&](const std::vector<int>& set) {
+        std::vector<bool> failed(num_nodes, false);
+        for (int n : set) failed[n] = true;
+        auto rec = Recover(*plan, set);
+        ASSERT_TRUE(rec.ok()) << rec.status();
+        ++stats->sets;
+        const bool truth = OracleRecoverable(*plan, failed);
+        std::string w = where + " fail=";
+        for (int n : set) w += std::to_string(n) + ",";
+        if (size <= level) {
+          ASSERT_TRUE(truth) << w;
+          ASSERT_TRUE(rec->recoverable) << w;
+        } else {
+          ASSERT_EQ(rec->recoverable, truth) << w;
+        }
+        // Bytes for every set up to the level; a sample of the larger
+        // recoverable ones (their verdict is checked above for all).
+        if (rec->recoverable && (size <= level || stats->sets % 16 == 0)) {
+          ++stats->executed;
+          Execute(*plan, *rec, mem, failed, w);
+        } else if (!rec->recoverable) {
+          bool any_reason = false;
+          for (const PieceRecipe& r : rec->recipes) {
+            any_reason |= !r.recoverable && r.reason.find("not recoverable") == 0;
+          }
+          ASSERT_TRUE(any_reason) << w;
+        }
+      });
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
 class ExhaustiveTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(ExhaustiveTest, EveryTopologyPolicyAndFailureSet) {
   const int num_nodes = GetParam();
   const uint64_t seed = testing::TestSeed("ExhaustiveTest") + num_nodes;
   std::mt19937_64 rng(seed);
-  const std::vector<Policy> policies = Policies();
-  int plans = 0;
-  long sets = 0, executed = 0;
+  Stats stats;
   for (int rpn = 1; rpn <= 4; ++rpn) {
     const int ranks = num_nodes * rpn;
     for (int dp = 1; dp <= ranks; ++dp) {
@@ -407,65 +464,66 @@ TEST_P(ExhaustiveTest, EveryTopologyPolicyAndFailureSet) {
           if (rng() % 3 == 0) {  // rack labels on some topologies
             topo->node_rack.resize(num_nodes);
             const int racks = 1 + static_cast<int>(rng() % 3);
-            for (int n = 0; n < num_nodes; ++n)
+            for (int n = 0; n < num_nodes; ++n) {
               topo->node_rack[n] = "rack" + std::to_string(n % racks);
-          }
-          const World world = MakeWorld(*topo, rng);
-          for (const Policy& policy : policies) {
-            const std::string where =
-                "seed=" + std::to_string(seed) + " nodes=" + std::to_string(num_nodes) +
-                " dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) +
-                " pp=" + std::to_string(pp) + " rpn=" + std::to_string(rpn) +
-                " zero=" + std::to_string(zero) + " policy=" + PolicyName(policy) +
-                (policy.local_copy == LocalCopy::kFull ? "+full" : "");
-            auto plan = MakePlan(*topo, world.inv, policy);
-            ASSERT_TRUE(plan.ok()) << where << ": " << plan.status();
-            ++plans;
-            CheckStructure(*plan, where);
-            const int level = ExpectedProtection(*topo, policy);
-            ASSERT_EQ(plan->protection, level) << where;
-            const Memory mem = Snapshot(*plan, world);
-            for (int size = 0; size <= std::min(level + 1, num_nodes); ++size) {
-              ForEachSubset(num_nodes, size, [&](const std::vector<int>& set) {
-                std::vector<bool> failed(num_nodes, false);
-                for (int n : set) failed[n] = true;
-                auto rec = Recover(*plan, set);
-                ASSERT_TRUE(rec.ok()) << rec.status();
-                ++sets;
-                const bool truth = OracleRecoverable(*plan, failed);
-                std::string w = where + " fail=";
-                for (int n : set) w += std::to_string(n) + ",";
-                if (size <= level) {
-                  ASSERT_TRUE(truth) << w;
-                  ASSERT_TRUE(rec->recoverable) << w;
-                } else {
-                  ASSERT_EQ(rec->recoverable, truth) << w;
-                }
-                // Bytes for every set up to the level; a sample of the larger
-                // recoverable ones (their verdict is checked above for all).
-                if (rec->recoverable && (size <= level || sets % 16 == 0)) {
-                  ++executed;
-                  Execute(*plan, *rec, mem, failed, w);
-                } else if (!rec->recoverable) {
-                  bool any_reason = false;
-                  for (const PieceRecipe& r : rec->recipes) {
-                    any_reason |= !r.recoverable && r.reason.find("not recoverable") == 0;
-                  }
-                  ASSERT_TRUE(any_reason) << w;
-                }
-              });
-              if (HasFatalFailure()) return;
             }
           }
+          const std::string label = "seed=" + std::to_string(seed) +
+                                    " nodes=" + std::to_string(num_nodes) +
+                                    " dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) +
+                                    " pp=" + std::to_string(pp) + " rpn=" + std::to_string(rpn) +
+                                    " zero=" + std::to_string(zero);
+          CheckTopology(*topo, rng, label, &stats);
+          if (HasFatalFailure()) return;
         }
       }
     }
   }
-  std::fprintf(stderr, "nodes=%d: %d plans, %ld failure sets, %ld executed\n", num_nodes, plans,
-               sets, executed);
+  std::fprintf(stderr, "nodes=%d: %d plans, %ld failure sets, %ld executed\n", num_nodes,
+               stats.plans, stats.sets, stats.executed);
 }
 
 INSTANTIATE_TEST_SUITE_P(Nodes, ExhaustiveTest, ::testing::Range(1, 17));
+
+// Irregular placements: ranks shuffled over nodes (DP replicas partly sharing
+// nodes, nodes running different numbers of ranks).
+TEST(ExhaustiveRandomMapTest, ShuffledRankToNodeMaps) {
+  const uint64_t seed = testing::TestSeed("ExhaustiveRandomMapTest");
+  std::mt19937_64 rng(seed);
+  Stats stats;
+  for (int iter = 0; iter < 150; ++iter) {
+    const int dp = 1 + static_cast<int>(rng() % 6);
+    const int tp = 1 + static_cast<int>(rng() % 3);
+    const int pp = 1 + static_cast<int>(rng() % 3);
+    const int ranks = dp * tp * pp;
+    const int num_nodes = 1 + static_cast<int>(rng() % std::min(ranks, 10));
+    Topology t;
+    t.dp = dp;
+    t.tp = tp;
+    t.pp = pp;
+    t.zero_stage = rng() % 2;
+    // Every node gets at least one rank, the rest land anywhere.
+    t.rank_node.resize(ranks);
+    std::vector<int> order(ranks);
+    for (int r = 0; r < ranks; ++r) order[r] = r;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int i = 0; i < ranks; ++i) {
+      t.rank_node[order[i]] = i < num_nodes ? i : static_cast<int>(rng() % num_nodes);
+    }
+    if (rng() % 2) {
+      t.node_rack.resize(num_nodes);
+      for (int n = 0; n < num_nodes; ++n) t.node_rack[n] = "r" + std::to_string(rng() % 3);
+    }
+    ASSERT_TRUE(t.Validate().ok()) << t.Validate();
+    const std::string label = "seed=" + std::to_string(seed) + " iter=" + std::to_string(iter) +
+                              " dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) +
+                              " pp=" + std::to_string(pp) + " nodes=" + std::to_string(num_nodes);
+    CheckTopology(t, rng, label, &stats);
+    if (HasFatalFailure()) return;
+  }
+  std::fprintf(stderr, "random maps: %d plans, %ld failure sets, %ld executed\n", stats.plans,
+               stats.sets, stats.executed);
+}
 
 }  // namespace
 }  // namespace memento::topo

@@ -91,7 +91,9 @@ TEST(PlanTest, AorKeepsOnePeerShardPerNode) {
   EXPECT_EQ(aor, t->num_ranks());
   EXPECT_EQ(plan.protection, 1);
   for (const Group& g : plan.groups) {
-    if (g.kind == GroupKind::kShardingGroup) EXPECT_EQ(g.scheme, "xor+aor");
+    if (g.kind == GroupKind::kShardingGroup) {
+      EXPECT_EQ(g.scheme, "xor+aor");
+    }
   }
 }
 
