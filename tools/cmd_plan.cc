@@ -131,8 +131,24 @@ Status RunLayout(const LayoutOptions& o) {
     it->second.second = std::min(it->second.second, g.protection);
   }
 
+  // Whole-rack failures (when racks are labelled): does each one recover?
+  std::map<std::string, std::vector<int>> racks;
+  for (int n = 0; n < num_nodes; ++n) {
+    if (!topology.Rack(n).empty()) racks[std::string(topology.Rack(n))].push_back(n);
+  }
+  std::vector<std::string> fatal_racks;
+  for (const auto& [rack, nodes] : racks) {
+    MEMENTO_ASSIGN_OR_RETURN(topo::RecoveryPlan r, topo::Recover(plan, nodes));
+    if (!r.recoverable) fatal_racks.push_back(rack);
+  }
+
   if (o.json) {
     nlohmann::json j;
+    if (!racks.empty()) {
+      j["racks"] = racks.size();
+      j["rack_failure_recoverable"] = fatal_racks.empty();
+      j["unrecoverable_racks"] = fatal_racks;
+    }
     j["topology"] = {{"dp", o.dp},
                      {"tp", o.tp},
                      {"pp", o.pp},
@@ -201,6 +217,12 @@ Status RunLayout(const LayoutOptions& o) {
   for (const auto& [scheme, v] : schemes) {
     std::printf("groups     %d sharding group(s) with %s, protection %d\n", v.first, scheme.c_str(),
                 v.second);
+  }
+  if (!racks.empty()) {
+    std::string bad;
+    for (const auto& r : fatal_racks) bad += (bad.empty() ? "" : ", ") + r;
+    std::printf("racks      %zu; loss of any one whole rack: %s\n", racks.size(),
+                fatal_racks.empty() ? "recoverable" : ("NOT recoverable for " + bad).c_str());
   }
   for (const auto& note : plan.notes) std::printf("note       %s\n", note.c_str());
   if (has_fail) {

@@ -217,8 +217,9 @@ Status Planner::PlanShardingGroup(int pp_i, int tp_i) {
   std::string note;
   if (!repl.empty()) {
     if (n == 1) {
-      note = "all " + Str(topo_.dp) + " DP replicas are on node " + Str(ring[0]) +
-             ": replicated state has no copy on another node";
+      note = topo_.dp == 1 ? "dp=1: replicated state exists once, on node " + Str(ring[0])
+                           : "all " + Str(topo_.dp) + " DP replicas are on node " + Str(ring[0]) +
+                                 ": replicated state has no copy on another node";
       if (protect) {
         note += ", protected by peer copies over the network";
         peer_pieces_.push_back(repl_pieces[0]);
