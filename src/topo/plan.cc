@@ -516,6 +516,25 @@ Result<Plan> Planner::Run() {
   if (policy_.scheme == Scheme::kPeer && policy_.m < 2) {
     return InvalidArgumentError("peer:m needs m >= 2 copies, got " + Str(policy_.m));
   }
+  for (int r = 0; r < topo_.num_ranks(); ++r) {
+    std::vector<std::string_view> names;
+    for (const TensorMeta& t : inv_[r]) {
+      if (t.name.empty()) return InvalidArgumentError("rank " + Str(r) + ": a tensor has no name");
+      for (int64_t d : t.shape) {
+        if (d < 0) {
+          return InvalidArgumentError("rank " + Str(r) + " tensor '" + t.name + "' has shape " +
+                                      ShapeToString(t.shape) + ": dimensions must be >= 0");
+        }
+      }
+      names.push_back(t.name);
+    }
+    std::sort(names.begin(), names.end());
+    auto dup = std::adjacent_find(names.begin(), names.end());
+    if (dup != names.end()) {
+      return InvalidArgumentError("rank " + Str(r) + " registers tensor '" + std::string(*dup) +
+                                  "' twice: names must be unique per rank");
+    }
+  }
   plan_.topology = topo_;
   plan_.policy = policy_;
   for (int pp_i = 0; pp_i < topo_.pp; ++pp_i) {

@@ -160,6 +160,13 @@ TEST(PlanTest, BadInputIsAClearError) {
   EXPECT_NE(p.status().message().find("differs"), std::string::npos) << p.status();
   EXPECT_FALSE(MakePlan(*t, Inventory(3), *ParsePolicy("xor")).ok());
   EXPECT_FALSE(MakePlan(*t, Uniform(*t, 256, 64, 0), *ParsePolicy("xor")).ok());  // zero 0
+  Inventory dup = Uniform(*t, 256, 0, 0);
+  dup[0].push_back(dup[0][0]);
+  auto d = MakePlan(*t, dup, *ParsePolicy("xor"));
+  EXPECT_NE(d.status().message().find("twice"), std::string::npos) << d.status();
+  Inventory neg = Uniform(*t, 256, 0, 0);
+  neg[1][0].shape = {-4};
+  EXPECT_EQ(MakePlan(*t, neg, *ParsePolicy("xor")).status().code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(ParsePolicy("rs:0").ok());
   EXPECT_FALSE(ParsePolicy("peer:1").ok());
   EXPECT_FALSE(ParsePolicy("raid").ok());
