@@ -104,6 +104,13 @@ template <typename Fill, typename Sink>
 Status EncodeStream(const ErasureCode& code, size_t len, size_t chunk_bytes, Fill&& fill,
                     Sink&& sink);
 
+// The same for decoding (the recovery executor's path): `fill` writes n bytes
+// of each of the k available blocks at offset (decoder.available() order),
+// `sink` consumes n bytes of each wanted block.
+template <typename Fill, typename Sink>
+Status DecodeStream(const Decoder& decoder, size_t len, size_t chunk_bytes, Fill&& fill,
+                    Sink&& sink);
+
 }  // namespace memento::codec
 
 #include "codec/erasure_code_inl.h"

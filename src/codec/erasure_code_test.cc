@@ -183,6 +183,23 @@ TEST(ErasureCodeTest, ChunkedEncodeAndDecodeMatchOneShot) {
   EXPECT_EQ(out[1], data[3]);
   EXPECT_EQ(out[2], whole[0]);
 
+  // The same through DecodeStream.
+  std::vector<std::vector<uint8_t>> out2(3, std::vector<uint8_t>(len));
+  const std::vector<const std::vector<uint8_t>*> srcs = {&data[0], &data[2], &data[4], &whole[1],
+                                                         &whole[2]};
+  Status ds = DecodeStream(
+      *dec, len, 777,
+      [&](size_t off, size_t n, uint8_t* const* bufs) {
+        for (int i = 0; i < 5; ++i) std::memcpy(bufs[i], srcs[i]->data() + off, n);
+        return Status::Ok();
+      },
+      [&](size_t off, size_t n, const uint8_t* const* o) {
+        for (int i = 0; i < 3; ++i) std::memcpy(out2[i].data() + off, o[i], n);
+        return Status::Ok();
+      });
+  ASSERT_TRUE(ds.ok()) << ds;
+  EXPECT_EQ(out2, out);
+
   // A failing sink stops the stream with its status.
   Status bad = EncodeStream(
       *code, len, chunk, [](size_t, size_t, uint8_t* const*) { return Status::Ok(); },
