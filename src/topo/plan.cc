@@ -322,7 +322,7 @@ Status Planner::PlanShardingGroup(int pp_i, int tp_i) {
       dp_level = c;
     } else if (protect) {
       for (uint32_t id : dp_pieces) peer_pieces_.push_back(id);
-      scheme += std::string(scheme.empty() ? "" : "+") + "peer";
+      if (scheme != "peer") scheme += std::string(scheme.empty() ? "" : "+") + "peer";
       dp_level = -1;
       const std::string why =
           topo_.zero_stage == 3
