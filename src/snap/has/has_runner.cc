@@ -93,13 +93,24 @@ void HasRunner::Worker() {
       continue;
     }
     for (size_t index : r.chunks) {
+      if (active_copies_++ == 0) {
+        busy_start_ = Now();
+        busy_bytes_ = 0;
+      }
       l.native().unlock();
-      const TimePoint t0 = Now();
       Status s = copy_(index);
       const TimePoint t1 = Now();
       l.native().lock();
-      sched_.ReportCopy(r.bytes / r.chunks.size(), SecondsBetween(t0, t1));
       sched_.OnChunkDone(index, SecondsBetween(epoch_, t1));
+      // Bandwidth samples cover busy periods (at least one copy running), so
+      // concurrent copies add up instead of each reporting its own latency.
+      busy_bytes_ += r.bytes / r.chunks.size();
+      const double busy_s = SecondsBetween(busy_start_, t1);
+      if (--active_copies_ == 0 || busy_bytes_ >= kSampleBytes) {
+        sched_.ReportCopy(busy_bytes_, busy_s);
+        busy_start_ = t1;
+        busy_bytes_ = 0;
+      }
       if (!s.ok() && error_.ok()) error_ = std::move(s);
     }
     if (sched_.AllDone()) done_cv_.SignalAll();

@@ -70,6 +70,11 @@ class HasRunner {
   HasScheduler sched_ GUARDED_BY(mu_);
   Status error_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
+  // Bandwidth measurement over busy periods.
+  static constexpr uint64_t kSampleBytes = uint64_t{64} << 20;
+  int active_copies_ GUARDED_BY(mu_) = 0;
+  TimePoint busy_start_ GUARDED_BY(mu_);
+  uint64_t busy_bytes_ GUARDED_BY(mu_) = 0;
   std::vector<std::thread> workers_;
 };
 
