@@ -68,6 +68,7 @@ struct BenchArgs {
   int64_t state_mib = -1;  // default per device
   int hidden = -1;
   int layers = -1;
+  int64_t comm_mib = -1;
   uint64_t chunk_kib = 4096;
   bool online_bubbles = false;
   std::string modes = "off,sync,host,host_device,has";
@@ -367,8 +368,8 @@ class SideStreamSnapshotter : public Snapshotter {
 Result<std::unique_ptr<Snapshotter>> MakeGpuMode(const std::string& mode,
                                                  cuda::GpuTrainingLoop* loop,
                                                  const std::vector<Chunk>* chunks, Slots* slots,
-                                                 GpuContext* g,
-                                                 const has::HasOptions& has_options) {
+                                                 GpuContext* g, const has::HasOptions& has_options,
+                                                 uint64_t a_chunk_bytes) {
   const std::vector<StateRegion> state = loop->State();
   auto train = static_cast<cudaStream_t>(loop->stream());
   if (mode == "off") return std::unique_ptr<Snapshotter>(new OffSnapshotter());
@@ -402,6 +403,7 @@ Result<std::unique_ptr<Snapshotter>> MakeGpuMode(const std::string& mode,
     has::HasRunnerOptions ro;
     ro.has = has_options;
     ro.threads = 2;  // two chunks in flight on the engine's low-priority streams
+    ro.has.compute_burst_bytes = 2 * a_chunk_bytes;
     cuda::CudaCopyEngine* engine = g->engine.get();
     MEMENTO_ASSIGN_OR_RETURN(
         auto runner, has::HasRunner::Create(ro, [=](size_t i) -> Status {
@@ -510,6 +512,7 @@ Status RunBench(const BenchArgs& a) {
     if (a.state_mib > 0) o.state_bytes = static_cast<size_t>(a.state_mib) * kMiB;
     if (a.hidden > 0) o.hidden = a.hidden;
     if (a.layers > 0) o.layers = a.layers;
+    if (a.comm_mib >= 0) o.comm_bytes = static_cast<size_t>(a.comm_mib) * kMiB;
     MEMENTO_ASSIGN_OR_RETURN(auto l, cuda::MakeGpuLoop(o));
     gpu_loop = l.get();
     loop = std::move(l);
@@ -519,6 +522,7 @@ Status RunBench(const BenchArgs& a) {
     if (a.state_mib > 0) o.state_bytes = static_cast<size_t>(a.state_mib) * kMiB;
     if (a.hidden > 0) o.hidden = a.hidden;
     if (a.layers > 0) o.layers = a.layers;
+    if (a.comm_mib >= 0) o.comm_bytes = static_cast<size_t>(a.comm_mib) * kMiB;
     MEMENTO_ASSIGN_OR_RETURN(loop, has::MakeCpuLoop(o));
   }
 
@@ -566,7 +570,9 @@ Status RunBench(const BenchArgs& a) {
   for (const std::string& m : modes) {
     Result<std::unique_ptr<Snapshotter>> s = Status(StatusCode::kInternal, "unset");
 #if MEMENTO_HAVE_CUDA
-    if (use_gpu) s = MakeGpuMode(m, gpu_loop, &chunks, &slots, &gctx, has_options);
+    if (use_gpu) {
+      s = MakeGpuMode(m, gpu_loop, &chunks, &slots, &gctx, has_options, a.chunk_kib * 1024);
+    }
 #endif
     if (!use_gpu) s = MakeCpuMode(m, loop.get(), &chunks, &slots, has_options);
     if (!s.ok()) return s.status();
@@ -661,6 +667,7 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--state-mib", args->state_mib, "State size (MiB)");
   cmd->add_option("--hidden", args->hidden, "Matrix size of a layer");
   cmd->add_option("--layers", args->layers, "Layers per forward");
+  cmd->add_option("--comm-mib", args->comm_mib, "Bytes sent per pass to the next stage (MiB)");
   cmd->add_option("--chunk-kib", args->chunk_kib, "Copy chunk (KiB)");
   cmd->add_flag("--online-bubbles", args->online_bubbles,
                 "Do not tell HAS the 1F1B schedule; measure bubbles from phase hooks");

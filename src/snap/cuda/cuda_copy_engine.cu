@@ -14,6 +14,7 @@ namespace memento::cuda {
 namespace {
 
 Status CudaError(cudaError_t err, const char* what) {
+  cudaGetLastError();  // clear it, so that a later launch check does not see it
   return Status(StatusCode::kInternal, std::string("CUDA ") + what + ": " + cudaGetErrorName(err) +
                                            " (" + cudaGetErrorString(err) + ")");
 }
@@ -336,6 +337,7 @@ Status CudaCopyEngine::XorParityD2H(const void* const* dev_srcs, int k, size_t b
       MEMENTO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(im.kernel_stream, im.copy_done[i], 0),
                                    "stream wait");
     }
+    cudaGetLastError();  // launch errors below are ours
     const int threads = 256;
     const size_t n16 = aligned ? n / 16 : 0;
     if (n16 > 0) {

@@ -138,7 +138,8 @@ TEST(CudaCopyTest, XorParityMatchesHost) {
     HostBuffer parity(n);
     auto pin = PinnedRegion::Register(parity.data, n);
     ASSERT_TRUE(pin.ok());
-    ASSERT_TRUE((*engine)->XorParityD2H(ptrs.data(), k, n, parity.data).ok());
+    Status st = (*engine)->XorParityD2H(ptrs.data(), k, n, parity.data);
+    ASSERT_TRUE(st.ok()) << st;
     ASSERT_EQ(std::memcmp(parity.data, want.data(), n), 0)
         << "k=" << k << " n=" << n << " misalign=" << misalign << " seed=" << seed;
   }

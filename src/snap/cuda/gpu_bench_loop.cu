@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <string>
 
 #include "snap/cuda/cuda_copy_engine.h"
@@ -20,6 +21,8 @@ class GpuLoop : public GpuTrainingLoop {
       if (p) cudaFree(p);
     }
     if (stream_) cudaStreamDestroy(stream_);
+    if (send_) cudaFreeHost(send_);
+    if (recv_) cudaFreeHost(recv_);
   }
 
   Status Init(const GpuLoopOptions& o) {
@@ -44,6 +47,15 @@ class GpuLoop : public GpuTrainingLoop {
         cudaMemset(state_, 0x3c, o.state_bytes)) {
       return Err("cudaMemset");
     }
+    if (o.comm_bytes > 0) {
+      if (o.comm_bytes > o.activation_bytes) {
+        return Status(StatusCode::kInvalidArgument, "gpu loop: comm_bytes > activation_bytes");
+      }
+      if (cudaMallocHost(&send_, o.comm_bytes) || cudaMallocHost(&recv_, o.comm_bytes)) {
+        return Err("cudaMallocHost");
+      }
+      std::memset(recv_, 0, o.comm_bytes);
+    }
     if (cublasCreate(&handle_) != CUBLAS_STATUS_SUCCESS) return Err("cublasCreate");
     cublasSetStream(handle_, stream_);
     if (cudaDeviceSynchronize() != cudaSuccess) return Err("synchronize");
@@ -56,7 +68,8 @@ class GpuLoop : public GpuTrainingLoop {
   std::string Describe() const override {
     return "cuda:" + std::to_string(o_.device) + " " + name_ + ": cublas bf16 gemm " +
            std::to_string(o_.hidden) + "^3 + " + std::to_string(o_.activation_bytes >> 20) +
-           " MiB saxpy per layer, " + std::to_string(o_.layers) + " layers";
+           " MiB saxpy per layer, " + std::to_string(o_.layers) + " layers, " +
+           std::to_string(o_.comm_bytes >> 20) + " MiB D2H+H2D per pass";
   }
   bool on_device() const override { return true; }
   void* stream() const override { return stream_; }
@@ -74,6 +87,12 @@ class GpuLoop : public GpuTrainingLoop {
   }
   void Backward() override {
     for (int l = 0; l < 2 * o_.layers; ++l) Layer();
+    cudaStreamSynchronize(stream_);
+  }
+  void Communicate() override {
+    if (o_.comm_bytes == 0) return;
+    cudaMemcpyAsync(send_, act2_, o_.comm_bytes, cudaMemcpyDeviceToHost, stream_);
+    cudaMemcpyAsync(act_, recv_, o_.comm_bytes, cudaMemcpyHostToDevice, stream_);
     cudaStreamSynchronize(stream_);
   }
 
@@ -99,6 +118,7 @@ class GpuLoop : public GpuTrainingLoop {
   cublasHandle_t handle_ = nullptr;
   void *a_ = nullptr, *b_ = nullptr, *c_ = nullptr, *act_ = nullptr, *act2_ = nullptr,
        *state_ = nullptr;
+  void *send_ = nullptr, *recv_ = nullptr;
 };
 
 }  // namespace

@@ -19,6 +19,10 @@ struct GpuLoopOptions {
   int layers = 8;
   size_t activation_bytes = size_t{256} << 20;
   size_t state_bytes = size_t{4} << 30;
+  // Per pass, through pinned host buffers on the training stream (D2H then
+  // H2D): PCIe traffic standing for the send to / receive from the next
+  // stage. 0: none.
+  size_t comm_bytes = size_t{32} << 20;
 };
 
 class GpuTrainingLoop : public has::TrainingLoop {

@@ -33,6 +33,7 @@ class CpuLoop : public TrainingLoop {
     w_.assign(n, 0.001f);
     c_.assign(n, 0.f);
     act_.assign(o.activation_bytes / sizeof(float), 1.f);
+    send_.assign(o.comm_bytes, 0);
     state_ = static_cast<float*>(std::aligned_alloc(4096, RoundUp(o.state_bytes)));
     for (size_t i = 0; i < o.state_bytes / sizeof(float); ++i) state_[i] = 1.f;
   }
@@ -56,6 +57,10 @@ class CpuLoop : public TrainingLoop {
   void Backward() override {
     for (int l = 0; l < 2 * o_.layers; ++l) Layer();
   }
+  void Communicate() override {
+    const size_t n = std::min(send_.size(), act_.size() * sizeof(float));
+    std::memcpy(send_.data(), act_.data(), n);
+  }
 
  private:
   static size_t RoundUp(size_t n) { return (n + 4095) / 4096 * 4096; }
@@ -70,6 +75,7 @@ class CpuLoop : public TrainingLoop {
 
   CpuLoopOptions o_;
   std::vector<float> a_, w_, c_, act_;
+  std::vector<uint8_t> send_;
   float* state_ = nullptr;
 };
 
@@ -124,7 +130,12 @@ void RunPipelineStep(TrainingLoop* loop, const PipelineShape& shape, const Bubbl
     if (mb > 0) idle(plan.gap_s);
     phase(Phase::kCompute);
     loop->Forward();
+    phase(Phase::kCommunicate);
+    loop->Communicate();
+    phase(Phase::kCompute);
     loop->Backward();
+    phase(Phase::kCommunicate);
+    loop->Communicate();
   }
   idle(plan.end_s);
   phase(Phase::kCompute);  // the optimizer step follows

@@ -38,6 +38,9 @@ class TrainingLoop {
   // One micro-batch's forward / backward; returns when the work is done.
   virtual void Forward() = 0;
   virtual void Backward() = 0;
+  // Sends the micro-batch's activations (after a forward) or gradients
+  // (after a backward) to the neighbouring stage; returns when done.
+  virtual void Communicate() {}
 };
 
 struct PipelineShape {
@@ -64,8 +67,9 @@ BubblePlan Calibrate(TrainingLoop* loop, const PipelineShape& shape);
 // The schedule HAS is told when the pipeline is "known".
 PipelineSchedule ScheduleOf(const PipelineShape& shape, const BubblePlan& plan);
 
-// Runs one step's forwards and backwards with the plan's idle windows,
-// reporting each phase change to `hook` (may be empty).
+// Runs one step's forwards and backwards with the plan's idle windows and a
+// Communicate() after each pass, reporting each phase change to `hook` (may
+// be empty).
 void RunPipelineStep(TrainingLoop* loop, const PipelineShape& shape, const BubblePlan& plan,
                      const std::function<void(Phase)>& hook);
 
@@ -74,10 +78,12 @@ struct CpuLoopOptions {
   int layers = 4;                              // sgemms per forward (backward: twice as many)
   size_t activation_bytes = size_t{16} << 20;  // memory-bound pass per layer
   size_t state_bytes = size_t{256} << 20;      // parameters + optimizer state
+  size_t comm_bytes = size_t{8} << 20;         // sent per pass (memcpy); 0: none
 };
 
 // The CPU loop: OpenBLAS sgemm (one thread) plus a memory-bound elementwise
-// pass per layer, and an optimizer step that reads and writes all state.
+// pass per layer, a memcpy of comm_bytes per pass standing for the send to
+// the next stage, and an optimizer step that reads and writes all state.
 Result<std::unique_ptr<TrainingLoop>> MakeCpuLoop(const CpuLoopOptions& options);
 
 }  // namespace memento::has

@@ -96,6 +96,7 @@ void HasRunner::Worker() {
       if (active_copies_++ == 0) {
         busy_start_ = Now();
         busy_bytes_ = 0;
+        busy_reported_ = 0;
       }
       l.native().unlock();
       Status s = copy_(index);
@@ -103,13 +104,14 @@ void HasRunner::Worker() {
       l.native().lock();
       sched_.OnChunkDone(index, SecondsBetween(epoch_, t1));
       // Bandwidth samples cover busy periods (at least one copy running), so
-      // concurrent copies add up instead of each reporting its own latency.
+      // concurrent copies add up instead of each reporting its own latency. A
+      // long period reports its running average every kSampleBytes.
       busy_bytes_ += r.bytes / r.chunks.size();
       const double busy_s = SecondsBetween(busy_start_, t1);
-      if (--active_copies_ == 0 || busy_bytes_ >= kSampleBytes) {
+      const bool idle_now = --active_copies_ == 0;
+      if (idle_now || busy_bytes_ >= busy_reported_ + kSampleBytes) {
         sched_.ReportCopy(busy_bytes_, busy_s);
-        busy_start_ = t1;
-        busy_bytes_ = 0;
+        busy_reported_ = busy_bytes_;
       }
       if (!s.ok() && error_.ok()) error_ = std::move(s);
     }

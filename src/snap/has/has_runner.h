@@ -75,6 +75,7 @@ class HasRunner {
   int active_copies_ GUARDED_BY(mu_) = 0;
   TimePoint busy_start_ GUARDED_BY(mu_);
   uint64_t busy_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t busy_reported_ GUARDED_BY(mu_) = 0;
   std::vector<std::thread> workers_;
 };
 

@@ -329,18 +329,37 @@ void HasScheduler::Demote(double now) {
   }
 }
 
+double HasScheduler::RemainingComm() const {
+  // Without a separate link nothing is copied while training communicates.
+  if (options_.separate_comm_link || measured_steps_ == 0) return 0;
+  return std::max(0.0, comm_ewma_ - comm_acc_);
+}
+
 void HasScheduler::UpdatePacing(double now) {
   const double bw = bandwidth_;
-  double max_rate = options_.compute_max_fraction * bw;
-  if (options_.compute_max_rate > 0) max_rate = std::min(max_rate, options_.compute_max_rate);
-  const double min_rate = std::min(max_rate, options_.compute_min_fraction * bw);
-  double rate = max_rate;
+  double soft_cap = options_.compute_max_fraction * bw;
+  double hard_cap = bw;
+  if (options_.compute_max_rate > 0) {
+    hard_cap = std::min(hard_cap, options_.compute_max_rate);
+    soft_cap = std::min(soft_cap, hard_cap);
+  }
+  const double min_rate = std::min(soft_cap, options_.compute_min_fraction * bw);
+  double rate = soft_cap;
   const double window = ExpectedWindow();
   if (window > 0) {
     // Spread layer 2 over the computation still expected before the fence.
-    const double left = window * options_.finish_fraction - (now - begin_) - RemainingIdle(now);
-    if (left > 0)
-      rate = std::clamp(static_cast<double>(compute_q_bytes_) / left, min_rate, max_rate);
+    // The soft cap yields when layer 2 would otherwise still run at the
+    // fence: a fence wait stops training, a faster copy only slows it.
+    const double left =
+        window * options_.finish_fraction - (now - begin_) - RemainingIdle(now) - RemainingComm();
+    const double need = static_cast<double>(compute_q_bytes_);
+    if (left <= 0) {
+      rate = hard_cap;
+    } else if (need / left > soft_cap) {
+      rate = std::min(need / left, hard_cap);
+    } else {
+      rate = std::max(need / left, min_rate);
+    }
   }
   bucket_.SetRate(rate, now);
   cur_.compute_rate = rate;

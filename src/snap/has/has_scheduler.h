@@ -112,20 +112,21 @@ struct HasOptions {
   double ewma_alpha = 0.3;
   // Layer 2 pacing: the copy beside computation is spread so that it ends at
   // `finish_fraction` of the expected snapshot window (Snapshot() to Fence()),
-  // never faster than `compute_max_fraction` and never slower than
-  // `compute_min_fraction` of the measured bandwidth. An absolute cap
-  // (bytes/s) applies when compute_max_rate > 0.
+  // at no less than `compute_min_fraction` of the measured bandwidth and at
+  // no more than `compute_max_fraction` of it unless that would leave bytes
+  // for the fence (a soft cap: a fence wait stops training outright). An
+  // absolute hard cap (bytes/s) applies when compute_max_rate > 0.
   double compute_max_fraction = 0.5;
   double compute_min_fraction = 0.05;
   double compute_max_rate = 0;
-  double finish_fraction = 0.8;
+  double finish_fraction = 0.6;
   // Bucket depth in bytes; at least the largest chunk. 0: the largest chunk.
   uint64_t compute_burst_bytes = 0;
   // Layer 3: copy beside communication (only when it uses another link).
   bool separate_comm_link = false;
   // Share of the estimated bubble time that is planned for (margin for
   // windows too short to use).
-  double idle_safety = 0.9;
+  double idle_safety = 0.8;
   // Re-plan when bandwidth or bubble time moved by more than this fraction
   // from the values of the current plan.
   double drift_threshold = 0.25;
@@ -231,6 +232,7 @@ class HasScheduler {
   void Account(double now);
   void Demote(double now);
   double RemainingIdle(double now) const;
+  double RemainingComm() const;
   void UpdatePacing(double now);
   double ExpectedWindow() const;
   void Take(std::deque<size_t>* queue, uint64_t max_bytes, Release* out);
