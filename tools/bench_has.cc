@@ -70,6 +70,7 @@ struct BenchArgs {
   int layers = -1;
   int64_t comm_mib = -1;
   uint64_t chunk_kib = 4096;
+  int has_threads = -1;  // default: 1 on CPU, 2 on GPU
   bool online_bubbles = false;
   std::string modes = "off,sync,host,host_device,has";
 };
@@ -266,7 +267,7 @@ Status CopyChunks(const std::vector<StateRegion>& state, const std::vector<Chunk
 
 Result<std::unique_ptr<Snapshotter>> MakeCpuMode(const std::string& mode, TrainingLoop* loop,
                                                  const std::vector<Chunk>* chunks, Slots* slots,
-                                                 const has::HasOptions& has_options) {
+                                                 const has::HasOptions& has_options, int threads) {
   const std::vector<StateRegion> state = loop->State();
   if (mode == "off") return std::unique_ptr<Snapshotter>(new OffSnapshotter());
   if (mode == "sync") {
@@ -289,7 +290,7 @@ Result<std::unique_ptr<Snapshotter>> MakeCpuMode(const std::string& mode, Traini
   if (mode == "has") {
     has::HasRunnerOptions ro;
     ro.has = has_options;
-    ro.threads = 1;
+    ro.threads = threads;
     MEMENTO_ASSIGN_OR_RETURN(auto runner, has::HasRunner::Create(ro, [=](size_t i) {
                                return CopyChunks(state, *chunks, slots, i, i + 1);
                              }));
@@ -369,7 +370,7 @@ Result<std::unique_ptr<Snapshotter>> MakeGpuMode(const std::string& mode,
                                                  cuda::GpuTrainingLoop* loop,
                                                  const std::vector<Chunk>* chunks, Slots* slots,
                                                  GpuContext* g, const has::HasOptions& has_options,
-                                                 uint64_t a_chunk_bytes) {
+                                                 uint64_t a_chunk_bytes, int threads) {
   const std::vector<StateRegion> state = loop->State();
   auto train = static_cast<cudaStream_t>(loop->stream());
   if (mode == "off") return std::unique_ptr<Snapshotter>(new OffSnapshotter());
@@ -402,8 +403,8 @@ Result<std::unique_ptr<Snapshotter>> MakeGpuMode(const std::string& mode,
   if (mode == "has") {
     has::HasRunnerOptions ro;
     ro.has = has_options;
-    ro.threads = 2;  // two chunks in flight on the engine's low-priority streams
-    ro.has.compute_burst_bytes = 2 * a_chunk_bytes;
+    ro.threads = threads;  // chunks in flight on the engine's low-priority streams
+    ro.has.compute_burst_bytes = threads * a_chunk_bytes;
     cuda::CudaCopyEngine* engine = g->engine.get();
     MEMENTO_ASSIGN_OR_RETURN(
         auto runner, has::HasRunner::Create(ro, [=](size_t i) -> Status {
@@ -571,10 +572,14 @@ Status RunBench(const BenchArgs& a) {
     Result<std::unique_ptr<Snapshotter>> s = Status(StatusCode::kInternal, "unset");
 #if MEMENTO_HAVE_CUDA
     if (use_gpu) {
-      s = MakeGpuMode(m, gpu_loop, &chunks, &slots, &gctx, has_options, a.chunk_kib * 1024);
+      s = MakeGpuMode(m, gpu_loop, &chunks, &slots, &gctx, has_options, a.chunk_kib * 1024,
+                      a.has_threads > 0 ? a.has_threads : 2);
     }
 #endif
-    if (!use_gpu) s = MakeCpuMode(m, loop.get(), &chunks, &slots, has_options);
+    if (!use_gpu) {
+      s = MakeCpuMode(m, loop.get(), &chunks, &slots, has_options,
+                      a.has_threads > 0 ? a.has_threads : 1);
+    }
     if (!s.ok()) return s.status();
     snaps[m] = std::move(*s);
   }
@@ -604,6 +609,7 @@ Status RunBench(const BenchArgs& a) {
                  {"bubble_s", plan.start_s + plan.end_s + plan.gap_s * (shape.microbatches - 1)},
                  {"bubbles", a.online_bubbles ? "online (phase hooks)" : "1F1B schedule (REFT)"},
                  {"steps_per_mode", a.steps * a.rounds},
+                 {"has_threads", a.has_threads > 0 ? a.has_threads : (use_gpu ? 2 : 1)},
                  {"rounds", a.rounds}};
   json jm = json::object();
   for (const std::string& m : modes) {
@@ -646,7 +652,7 @@ Status RunBench(const BenchArgs& a) {
   }
   out["copy"] = copy;
   out["notes"] = use_gpu ? "gpu modes copy without checksums; has uses CudaCopyEngine "
-                           "(low-priority streams, 2 chunks in flight)"
+                           "(low-priority streams, has_threads chunks in flight)"
                          : "cpu: no device, so host and host_device differ only in chunking "
                            "(whole regions vs chunks); every mode uses CopyAndChecksum";
   std::printf("%s\n", a.json ? out.dump().c_str() : out.dump(2).c_str());
@@ -669,6 +675,8 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--layers", args->layers, "Layers per forward");
   cmd->add_option("--comm-mib", args->comm_mib, "Bytes sent per pass to the next stage (MiB)");
   cmd->add_option("--chunk-kib", args->chunk_kib, "Copy chunk (KiB)");
+  cmd->add_option("--has-threads", args->has_threads,
+                  "HasRunner workers = chunks in flight (default 1 on CPU, 2 on GPU)");
   cmd->add_flag("--online-bubbles", args->online_bubbles,
                 "Do not tell HAS the 1F1B schedule; measure bubbles from phase hooks");
   cmd->add_option("--modes", args->modes, "Comma-separated modes (must include off)");
