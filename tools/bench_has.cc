@@ -70,7 +70,8 @@ struct BenchArgs {
   int layers = -1;
   int64_t comm_mib = -1;
   uint64_t chunk_kib = 4096;
-  int has_threads = -1;  // default: 1 on CPU, 2 on GPU
+  int has_threads = -1;    // default: 1 on CPU, 2 on GPU
+  int64_t tensor_mib = 0;  // host_device on GPU: one copy per this many MiB (0: per region)
   bool online_bubbles = false;
   std::string modes = "off,sync,host,host_device,has";
 };
@@ -341,14 +342,21 @@ Status CudaOk(cudaError_t e, const char* what) {
 
 class SideStreamSnapshotter : public Snapshotter {
  public:
-  SideStreamSnapshotter(std::vector<StateRegion> state, Slots* slots, GpuContext* g)
-      : state_(std::move(state)), slots_(slots), g_(g) {}
+  SideStreamSnapshotter(std::vector<StateRegion> state, Slots* slots, GpuContext* g,
+                        uint64_t piece_bytes)
+      : state_(std::move(state)), slots_(slots), g_(g), piece_bytes_(piece_bytes) {}
   Status Begin(int64_t) override {
+    // One copy per tensor (piece_bytes stands for a tensor size; 0: whole
+    // regions), all queued at once, as a framework's async .to("cpu") does.
     for (size_t r = 0; r < state_.size(); ++r) {
-      MEMENTO_RETURN_IF_ERROR(
-          CudaOk(cudaMemcpyAsync(slots_->region[r], state_[r].data, state_[r].bytes,
-                                 cudaMemcpyDeviceToHost, g_->side),
-                 "side copy"));
+      const uint64_t piece = piece_bytes_ ? piece_bytes_ : state_[r].bytes;
+      for (uint64_t off = 0; off < state_[r].bytes; off += piece) {
+        MEMENTO_RETURN_IF_ERROR(CudaOk(
+            cudaMemcpyAsync(
+                slots_->region[r] + off, static_cast<const uint8_t*>(state_[r].data) + off,
+                std::min<uint64_t>(piece, state_[r].bytes - off), cudaMemcpyDeviceToHost, g_->side),
+            "side copy"));
+      }
     }
     pending_ = true;
     return CudaOk(cudaEventRecord(g_->side_done, g_->side), "event record");
@@ -363,6 +371,7 @@ class SideStreamSnapshotter : public Snapshotter {
   std::vector<StateRegion> state_;
   Slots* slots_;
   GpuContext* g_;
+  uint64_t piece_bytes_;
   bool pending_ = false;
 };
 
@@ -370,7 +379,8 @@ Result<std::unique_ptr<Snapshotter>> MakeGpuMode(const std::string& mode,
                                                  cuda::GpuTrainingLoop* loop,
                                                  const std::vector<Chunk>* chunks, Slots* slots,
                                                  GpuContext* g, const has::HasOptions& has_options,
-                                                 uint64_t a_chunk_bytes, int threads) {
+                                                 uint64_t a_chunk_bytes, int threads,
+                                                 uint64_t piece_bytes) {
   const std::vector<StateRegion> state = loop->State();
   auto train = static_cast<cudaStream_t>(loop->stream());
   if (mode == "off") return std::unique_ptr<Snapshotter>(new OffSnapshotter());
@@ -398,7 +408,7 @@ Result<std::unique_ptr<Snapshotter>> MakeGpuMode(const std::string& mode,
     }));
   }
   if (mode == "host_device") {
-    return std::unique_ptr<Snapshotter>(new SideStreamSnapshotter(state, slots, g));
+    return std::unique_ptr<Snapshotter>(new SideStreamSnapshotter(state, slots, g, piece_bytes));
   }
   if (mode == "has") {
     has::HasRunnerOptions ro;
@@ -573,7 +583,8 @@ Status RunBench(const BenchArgs& a) {
 #if MEMENTO_HAVE_CUDA
     if (use_gpu) {
       s = MakeGpuMode(m, gpu_loop, &chunks, &slots, &gctx, has_options, a.chunk_kib * 1024,
-                      a.has_threads > 0 ? a.has_threads : 2);
+                      a.has_threads > 0 ? a.has_threads : 2,
+                      static_cast<uint64_t>(std::max<int64_t>(0, a.tensor_mib)) * kMiB);
     }
 #endif
     if (!use_gpu) {
@@ -610,6 +621,7 @@ Status RunBench(const BenchArgs& a) {
                  {"bubbles", a.online_bubbles ? "online (phase hooks)" : "1F1B schedule (REFT)"},
                  {"steps_per_mode", a.steps * a.rounds},
                  {"has_threads", a.has_threads > 0 ? a.has_threads : (use_gpu ? 2 : 1)},
+                 {"host_device_tensor_mib", a.tensor_mib},
                  {"rounds", a.rounds}};
   json jm = json::object();
   for (const std::string& m : modes) {
@@ -677,6 +689,8 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--chunk-kib", args->chunk_kib, "Copy chunk (KiB)");
   cmd->add_option("--has-threads", args->has_threads,
                   "HasRunner workers = chunks in flight (default 1 on CPU, 2 on GPU)");
+  cmd->add_option("--tensor-mib", args->tensor_mib,
+                  "GPU host_device: one async copy per this many MiB (0: one per region)");
   cmd->add_flag("--online-bubbles", args->online_bubbles,
                 "Do not tell HAS the 1F1B schedule; measure bubbles from phase hooks");
   cmd->add_option("--modes", args->modes, "Comma-separated modes (must include off)");
