@@ -347,6 +347,24 @@ TEST(HasSchedulerTest, CommunicationLayerOnlyWithSeparateLink) {
   }
 }
 
+TEST(HasSchedulerTest, CommunicationLayerUnusedWhenComputeSuffices) {
+  // Layer 3 is the last resort: with a separate link but enough computation
+  // to hold the copy, nothing is planned beside communication.
+  HasOptions o;
+  o.initial_bandwidth = 1e9;
+  o.separate_comm_link = true;
+  HasScheduler sched(o);
+  auto chunks = SplitIntoChunks(20 * kMiB, 1 * kMiB);
+  std::vector<Segment> timeline = {{Phase::kCompute, 0.5}, {Phase::kCommunicate, 0.2}};
+  SimResult r = Simulate(&sched, chunks, timeline, 4, [](int) { return 1e9; });
+  for (const auto& s : r.steps) {
+    ExpectLayersAddUp(s);
+    EXPECT_EQ(s.planned_communicate_bytes, 0u);
+    EXPECT_EQ(s.bytes_fence, 0u);
+  }
+  EXPECT_EQ(r.steps.back().bytes_compute, r.steps.back().bytes);
+}
+
 TEST(HasSchedulerTest, Deterministic) {
   const uint64_t seed = memento::testing::TestSeed("HasSchedulerTest.Deterministic");
   std::mt19937_64 rng(seed);
