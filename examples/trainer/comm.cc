@@ -121,6 +121,12 @@ Status Comm::AllreduceTp(float* data, size_t count) {
   return Guard("tp allreduce", [&] { SumInPlace(impl_->tp, data, count, 3, impl_->timeout); });
 }
 
+Status Comm::AllreduceWorld(double* data, size_t count) {
+  if (!impl_->world) return Status::Ok();
+  return Guard("world allreduce",
+               [&] { SumInPlace(impl_->world, data, count, 6, impl_->timeout); });
+}
+
 Status Comm::AllgatherDp(float* data, size_t shard) {
   if (!impl_->dp) return Status::Ok();
   return Guard("dp allgather", [&] {

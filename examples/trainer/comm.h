@@ -53,6 +53,7 @@ class Comm {
   [[nodiscard]] Status AllreduceDp(float* data, size_t count);
   [[nodiscard]] Status AllreduceDp(double* data, size_t count);
   [[nodiscard]] Status AllreduceTp(float* data, size_t count);
+  [[nodiscard]] Status AllreduceWorld(double* data, size_t count);
   // data holds dp * shard floats; DP rank r contributes [r * shard, (r + 1) *
   // shard) and afterwards every rank holds all of them.
   [[nodiscard]] Status AllgatherDp(float* data, size_t shard);

@@ -156,11 +156,14 @@ int Main(int argc, char** argv) {
   app.add_option("--decay-steps", o.adam.decay_steps, "cosine decay length")->capture_default_str();
   app.add_option("--weight-decay", o.adam.weight_decay, "AdamW weight decay")
       ->capture_default_str();
+  app.add_option("--clip-grad", o.clip_grad, "clip the global gradient norm; 0: off")
+      ->capture_default_str();
   app.add_option("--blas-threads", o.blas_threads, "OpenBLAS threads per rank")
       ->capture_default_str();
   app.add_option("--load", load, "load the rank state from PATH ({rank} or .rank<k> suffix)");
   app.add_option("--save", save, "save the rank state at the end to PATH ({rank} or .rank<k>)");
-  app.add_option("--loss-log", loss_log, "reporting rank appends 'step loss bits' lines here");
+  app.add_option("--loss-log", loss_log,
+                 "reporting rank appends 'step loss loss-bits grad-norm' lines here");
   app.add_flag("--quiet", quiet, "no per-step progress lines");
 #ifdef MEMENTO_TRAINER_WITH_CLIENT
   bool use_memento = false;
@@ -248,14 +251,17 @@ int Main(int argc, char** argv) {
     }
     if (r->has_loss) {
       if (!quiet) {
-        std::printf("step %" PRId64 " loss %.6f time_ms %.1f idle_ms %.1f comm_ms %.1f\n", r->step,
-                    r->loss, r->seconds * 1e3, r->idle_seconds * 1e3, r->comm_seconds * 1e3);
+        std::printf("step %" PRId64
+                    " loss %.6f grad_norm %.4f time_ms %.1f idle_ms %.1f comm_ms %.1f\n",
+                    r->step, r->loss, r->grad_norm, r->seconds * 1e3, r->idle_seconds * 1e3,
+                    r->comm_seconds * 1e3);
         std::fflush(stdout);
       }
       if (log != nullptr) {
         uint64_t bits;
         std::memcpy(&bits, &r->loss, sizeof(bits));
-        std::fprintf(log, "%" PRId64 " %.17g %016" PRIx64 "\n", r->step, r->loss, bits);
+        std::fprintf(log, "%" PRId64 " %.17g %016" PRIx64 " %.17g\n", r->step, r->loss, bits,
+                     r->grad_norm);
         std::fflush(log);
       }
     }

@@ -40,6 +40,7 @@ ParamTensor RowSplit(std::string name, int rows, int cols, int row_block, int gl
   t.row_block = row_block;
   t.global_row_block = global_row_block;
   t.row_base = row_base;
+  t.tp_split = true;
   return t;
 }
 
@@ -49,6 +50,7 @@ ParamTensor ColSplit(std::string name, int rows, int cols, int global_cols, int 
   ParamTensor t = Replicated(std::move(name), rows, cols, init, id);
   t.global_cols = global_cols;
   t.col_base = col_base;
+  t.tp_split = true;
   return t;
 }
 

@@ -61,6 +61,9 @@ struct ParamTensor {
   int row_block = 0;         // local rows per block (0: identity)
   int global_row_block = 0;  // unsplit rows per block
   int row_base = 0;          // offset inside a block
+  // Split over the TP group (each TP rank holds a different slice); false
+  // for tensors replicated in the TP group.
+  bool tp_split = false;
 };
 
 class Stage {

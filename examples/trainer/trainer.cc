@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -84,7 +85,9 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o, Traine
   Trainer* self = tr.get();
   tr->stage_->tp_allreduce = [comm, self](float* data, size_t count) {
     self->Phase(TrainPhase::kCommunicate);
+    Stopwatch w;
     Status st = comm->AllreduceTp(data, count);
+    self->tp_comm_seconds_ += w.Seconds();
     // A failed TP allreduce has no way back into Stage: the run is broken.
     if (!st.ok()) {
       std::fprintf(stderr, "memento-trainer: %s\n", st.ToString().c_str());
@@ -183,6 +186,7 @@ Result<StepResult> Trainer::Step() {
   corpus_.NextBatch(&next, options_.global_batch, comm_->dp_rank() * local_batch_, local_batch_,
                     options_.model.seq, tokens_.data());
   std::fill(grads_.begin(), grads_.end(), 0.0f);
+  tp_comm_seconds_ = 0.0;
   double loss_sum = 0.0;
   MEMENTO_RETURN_IF_ERROR(RunSchedule(tokens_.data(), &loss_sum, &r.idle_seconds, &r.comm_seconds));
 
@@ -192,6 +196,12 @@ Result<StepResult> Trainer::Step() {
   if (stage_->geometry().last()) MEMENTO_RETURN_IF_ERROR(comm_->AllreduceDp(&loss_sum, 1));
   r.comm_seconds += comm_watch.Seconds();
   Phase(TrainPhase::kCompute);
+
+  MEMENTO_ASSIGN_OR_RETURN(r.grad_norm, GradNorm());
+  if (options_.clip_grad > 0 && r.grad_norm > options_.clip_grad) {
+    const float s = static_cast<float>(options_.clip_grad / (r.grad_norm + 1e-6));
+    for (float& g : grads_) g *= s;
+  }
 
   if (hooks_ != nullptr) MEMENTO_RETURN_IF_ERROR(hooks_->BeforeOptimizerStep(r.step));
   const float lr = LearningRate(options_.adam, r.step);
@@ -213,8 +223,24 @@ Result<StepResult> Trainer::Step() {
 
   r.has_loss = reports_loss();
   r.loss = loss_sum / (static_cast<double>(options_.global_batch) * options_.model.seq);
+  r.comm_seconds += tp_comm_seconds_;
   r.seconds = total.Seconds();
   return r;
+}
+
+Result<double> Trainer::GradNorm() {
+  double sumsq = 0.0;
+  if (comm_->dp_rank() == 0) {
+    for (const ParamTensor& t : stage_->tensors()) {
+      if (!t.tp_split && comm_->tp_rank() != 0) continue;  // count replicas once
+      const float* g = grads_.data() + t.offset;
+      for (size_t i = 0; i < t.numel; ++i) sumsq += static_cast<double>(g[i]) * g[i];
+    }
+  }
+  Phase(TrainPhase::kCommunicate);
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorld(&sumsq, 1));
+  Phase(TrainPhase::kCompute);
+  return std::sqrt(sumsq);
 }
 
 namespace {

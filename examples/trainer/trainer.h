@@ -70,14 +70,16 @@ struct TrainerOptions {
   int micro_batches = 1;  // per DP rank and step
   bool zero1 = false;     // shard the AdamW moments over DP
   AdamWConfig adam;
-  uint64_t seed = 1;  // model init and corpus
+  float clip_grad = 1.0f;  // global gradient-norm clip; 0: off
+  uint64_t seed = 1;       // model init and corpus
   int blas_threads = 1;
 };
 
 struct StepResult {
   int64_t step = 0;
-  bool has_loss = false;  // only the reporting rank (dp 0, tp 0, last stage)
-  double loss = 0.0;      // mean token loss of the global batch
+  bool has_loss = false;   // only the reporting rank (dp 0, tp 0, last stage)
+  double loss = 0.0;       // mean token loss of the global batch
+  double grad_norm = 0.0;  // global L2 norm of the gradient (before clipping)
   double seconds = 0.0;
   double idle_seconds = 0.0;  // waiting for activations or gradients
   double comm_seconds = 0.0;  // in collectives
@@ -123,6 +125,9 @@ class Trainer {
  private:
   Trainer(const TrainerOptions& options, TrainerHooks* hooks);
   void Phase(TrainPhase phase);
+  // Global gradient L2 norm over all stages and TP slices (after the DP
+  // allreduce, so every DP replica holds the same gradient).
+  Result<double> GradNorm();
   Status RunSchedule(const int32_t* tokens, double* loss_sum, double* idle_s, double* comm_s);
 
   TrainerOptions options_;
@@ -134,6 +139,7 @@ class Trainer {
 
   std::vector<float> params_, grads_, m_, v_;
   size_t opt_offset_ = 0;
+  double tp_comm_seconds_ = 0.0;  // this step's TP allreduces
   TrainState state_;
 
   std::vector<int32_t> tokens_;

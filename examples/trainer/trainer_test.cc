@@ -25,6 +25,7 @@ struct LossLine {
   int step = 0;
   double loss = 0;
   std::string bits;
+  double grad_norm = 0;
 };
 
 class TrainerProcessTest : public ::testing::Test {
@@ -54,7 +55,7 @@ class TrainerProcessTest : public ::testing::Test {
       losses->clear();
       std::ifstream in(log);
       LossLine l;
-      while (in >> l.step >> l.loss >> l.bits) losses->push_back(l);
+      while (in >> l.step >> l.loss >> l.bits >> l.grad_norm) losses->push_back(l);
     }
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
@@ -109,6 +110,9 @@ TEST_F(TrainerProcessTest, ParallelTopologiesMatchSingleProcess) {
     for (size_t i = 0; i < ref.size(); ++i) {
       EXPECT_EQ(got[i].step, ref[i].step);
       EXPECT_NEAR(got[i].loss, ref[i].loss, 1e-4 * ref[i].loss) << name << " step " << i + 1;
+      // Adam hides a wrongly scaled gradient; the global norm does not.
+      EXPECT_NEAR(got[i].grad_norm, ref[i].grad_norm, 1e-3 * ref[i].grad_norm)
+          << name << " step " << i + 1;
     }
   }
 }
