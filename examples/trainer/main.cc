@@ -139,9 +139,10 @@ int Main(int argc, char** argv) {
   app.add_option("--tp", o.comm.topology.tp, "tensor-parallel size")->capture_default_str();
   app.add_option("--pp", o.comm.topology.pp, "pipeline-parallel size")->capture_default_str();
   app.add_flag("--zero", o.zero1, "ZeRO-1: shard the AdamW moments over DP");
-  app.add_option("--rank", o.comm.rank, "this process's global rank")->capture_default_str();
-  app.add_option("--world", world, "world size (checked against dp x tp x pp)");
-  app.add_option("--rendezvous", o.comm.rendezvous_dir, "shared directory for Gloo's FileStore");
+  app.add_option("--rank", o.comm.rank, "this process's global rank (default: $RANK or 0)");
+  app.add_option("--world", world, "world size, checked against dp x tp x pp ($WORLD_SIZE)");
+  app.add_option("--rendezvous", o.comm.rendezvous_dir,
+                 "shared directory for Gloo's FileStore ($MEMENTO_TRAINER_RENDEZVOUS)");
   app.add_option("--comm-timeout", o.comm.timeout_s, "seconds")->capture_default_str();
   app.add_flag("--launch", launch, "start all dp x tp x pp ranks as local processes");
   app.add_option("--batch", o.global_batch, "global batch (sequences per step)")
@@ -192,6 +193,16 @@ int Main(int argc, char** argv) {
   if (heads > 0) o.model.heads = heads;
   if (layers > 0) o.model.layers = layers;
   const int w = o.comm.topology.world();
+  // torchrun-style environment, for launchers that set it.
+  if (app.count("--rank") == 0 && std::getenv("RANK") != nullptr) {
+    o.comm.rank = std::atoi(std::getenv("RANK"));
+  }
+  if (app.count("--world") == 0 && std::getenv("WORLD_SIZE") != nullptr) {
+    world = std::atoi(std::getenv("WORLD_SIZE"));
+  }
+  if (o.comm.rendezvous_dir.empty() && std::getenv("MEMENTO_TRAINER_RENDEZVOUS") != nullptr) {
+    o.comm.rendezvous_dir = std::getenv("MEMENTO_TRAINER_RENDEZVOUS");
+  }
   if (world != 0 && world != w) {
     std::fprintf(stderr, "memento-trainer: --world %d but dp x tp x pp = %d\n", world, w);
     return 2;

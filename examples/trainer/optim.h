@@ -14,7 +14,7 @@ struct AdamWConfig {
   float beta1 = 0.9f;
   float beta2 = 0.95f;
   float eps = 1e-8f;
-  float weight_decay = 0.0f;
+  float weight_decay = 0.1f;
 };
 
 // Learning rate for optimizer step `step` (1-based).

@@ -205,17 +205,13 @@ Result<StepResult> Trainer::Step() {
 
   if (hooks_ != nullptr) MEMENTO_RETURN_IF_ERROR(hooks_->BeforeOptimizerStep(r.step));
   const float lr = LearningRate(options_.adam, r.step);
+  ApplyAdamW(r.step, lr);
   if (options_.zero1) {
-    AdamWUpdate(options_.adam, r.step, lr, params_.data() + opt_offset_,
-                grads_.data() + opt_offset_, m_.data(), v_.data(), m_.size());
     Phase(TrainPhase::kCommunicate);
     comm_watch.Reset();
     MEMENTO_RETURN_IF_ERROR(comm_->AllgatherDp(params_.data(), m_.size()));
     r.comm_seconds += comm_watch.Seconds();
     Phase(TrainPhase::kCompute);
-  } else {
-    AdamWUpdate(options_.adam, r.step, lr, params_.data(), grads_.data(), m_.data(), v_.data(),
-                m_.size());
   }
   state_.step = r.step;
   state_.cursor = next;
@@ -226,6 +222,20 @@ Result<StepResult> Trainer::Step() {
   r.comm_seconds += tp_comm_seconds_;
   r.seconds = total.Seconds();
   return r;
+}
+
+void Trainer::ApplyAdamW(int64_t step, float lr) {
+  // This rank's optimizer range of the flat buffer; weight decay only on
+  // matrices (GPT-2 / nanoGPT practice), not on layer norms and biases.
+  const size_t lo = opt_offset_, hi = opt_offset_ + m_.size();
+  AdamWConfig no_decay = options_.adam;
+  no_decay.weight_decay = 0.0f;
+  for (const ParamTensor& t : stage_->tensors()) {
+    const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
+    if (a >= b) continue;
+    AdamWUpdate(t.cols > 0 ? options_.adam : no_decay, step, lr, params_.data() + a,
+                grads_.data() + a, m_.data() + (a - lo), v_.data() + (a - lo), b - a);
+  }
 }
 
 Result<double> Trainer::GradNorm() {

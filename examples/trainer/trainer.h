@@ -128,6 +128,8 @@ class Trainer {
   // Global gradient L2 norm over all stages and TP slices (after the DP
   // allreduce, so every DP replica holds the same gradient).
   Result<double> GradNorm();
+  // AdamW on this rank's optimizer range (ZeRO-1: its shard).
+  void ApplyAdamW(int64_t step, float lr);
   Status RunSchedule(const int32_t* tokens, double* loss_sum, double* idle_s, double* comm_s);
 
   TrainerOptions options_;

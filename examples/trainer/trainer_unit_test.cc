@@ -99,6 +99,7 @@ TEST(OptimTest, ShardedUpdateEqualsWholeUpdate) {
   // The first step moves every parameter by about lr (Adam normalises).
   std::vector<float> p3 = p, m3(n, 0.f), v3(n, 0.f);
   AdamWConfig plain;
+  plain.weight_decay = 0.0f;
   AdamWUpdate(plain, 1, 0.01f, p3.data(), g.data(), m3.data(), v3.data(), n);
   for (size_t i = 0; i < n; ++i) EXPECT_NEAR(std::fabs(p3[i] - p[i]), 0.01f, 1e-4f) << i;
 }
