@@ -126,7 +126,10 @@ int Main(int argc, char** argv) {
   int vocab = 0, seq = 0, d_model = 0, heads = 0, layers = 0;
   int world = 0;
   int64_t steps = 20;
-  bool launch = false, quiet = false;
+  bool launch = false, quiet = false, json = false;
+  int64_t fail_at_step = -1;
+  int fail_rank = 0;
+  int64_t save_every = 0;
   std::string load, save, loss_log;
   app.add_option("--preset", preset, "model size: tiny | small | 100m | 350m")
       ->capture_default_str();
@@ -163,9 +166,17 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--load", load, "load the rank state from PATH ({rank} or .rank<k> suffix)");
   app.add_option("--save", save, "save the rank state at the end to PATH ({rank} or .rank<k>)");
+  app.add_option("--save-every", save_every,
+                 "also save to --save PATH after every K-th step (atomic replace)");
   app.add_option("--loss-log", loss_log,
                  "reporting rank appends 'step loss loss-bits grad-norm' lines here");
   app.add_flag("--quiet", quiet, "no per-step progress lines");
+  app.add_flag("--json", json,
+               "reporting rank prints one JSON summary line at the end (means exclude step 1)");
+  app.add_option("--fail-at-step", fail_at_step,
+                 "fault injection: rank --fail-rank kills itself (SIGKILL) after this step");
+  app.add_option("--fail-rank", fail_rank, "the rank that --fail-at-step kills")
+      ->capture_default_str();
 #ifdef MEMENTO_TRAINER_WITH_CLIENT
   bool use_memento = false;
   MementoHookOptions mo;
@@ -253,6 +264,9 @@ int Main(int argc, char** argv) {
       return 1;
     }
   }
+  const int64_t first_step = trainer->state().step + 1;
+  int64_t timed_steps = 0;
+  double sum_s = 0, sum_idle = 0, sum_comm = 0, last_loss = 0;
   while (trainer->state().step < steps) {
     auto r = trainer->Step();
     if (!r.ok()) {
@@ -260,6 +274,20 @@ int Main(int argc, char** argv) {
                    trainer->state().step + 1, r.status().ToString().c_str());
       return 1;
     }
+    if (save_every > 0 && !save.empty() && r->step % save_every == 0) {
+      Status st = trainer->Save(RankPath(save, rank));
+      if (!st.ok()) {
+        std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
+        return 1;
+      }
+    }
+    if (r->step > first_step || steps == first_step) {
+      ++timed_steps;
+      sum_s += r->seconds;
+      sum_idle += r->idle_seconds;
+      sum_comm += r->comm_seconds;
+    }
+    last_loss = r->loss;
     if (r->has_loss) {
       if (!quiet) {
         std::printf("step %" PRId64
@@ -276,8 +304,26 @@ int Main(int argc, char** argv) {
         std::fflush(log);
       }
     }
+    if (rank == fail_rank && r->step == fail_at_step) {
+      std::fprintf(stderr, "memento-trainer rank %d: killing myself after step %" PRId64 "\n", rank,
+                   r->step);
+      std::fflush(nullptr);
+      raise(SIGKILL);
+    }
   }
   if (log != nullptr) std::fclose(log);
+  if (json && trainer->reports_loss() && timed_steps > 0) {
+    const double mean = sum_s / timed_steps;
+    std::printf("{\"params\": %" PRId64
+                ", \"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero1\": %s, "
+                "\"micro_batches\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %" PRId64
+                ", \"final_loss\": %.6f, \"mean_step_s\": %.6f, \"mean_idle_s\": %.6f, "
+                "\"mean_comm_s\": %.6f, \"tokens_per_s\": %.1f}\n",
+                o.model.NumParameters(), o.comm.topology.dp, o.comm.topology.tp, o.comm.topology.pp,
+                o.zero1 ? "true" : "false", o.micro_batches, o.global_batch, o.model.seq,
+                trainer->state().step, last_loss, mean, sum_idle / timed_steps,
+                sum_comm / timed_steps, static_cast<double>(o.global_batch) * o.model.seq / mean);
+  }
   if (!save.empty()) {
     Status st = trainer->Save(RankPath(save, rank));
     if (!st.ok()) {

@@ -170,6 +170,36 @@ TEST_F(TrainerProcessTest, RestoreContinuesBitwise) {
   }
 }
 
+// A rank killed with SIGKILL mid-run: the job fails fast (its peers see the
+// closed connection), and a new job resumes from the last periodic save to
+// exactly the state of an uninterrupted run.
+TEST_F(TrainerProcessTest, KilledRankResumesFromPeriodicSave) {
+  const std::vector<std::string> topo =
+      With(kModel, {"--dp", "2", "--pp", "2", "--micro-batches", "2", "--zero", "--launch"});
+  std::vector<LossLine> full, crashed, resumed;
+  ASSERT_EQ(Run(With(topo, {"--steps", "9", "--save", Path("full.{rank}")}), &full), 0);
+  EXPECT_NE(Run(With(topo, {"--steps", "9", "--save", Path("ckpt.{rank}"), "--save-every", "3",
+                            "--fail-at-step", "5", "--fail-rank", "2"}),
+                &crashed),
+            0);
+  ASSERT_GE(crashed.size(), 5u);
+  ASSERT_LT(crashed.size(), 9u);
+  ASSERT_EQ(Run(With(topo, {"--steps", "9", "--load", Path("ckpt.{rank}"), "--save",
+                            Path("resumed.{rank}")}),
+                &resumed),
+            0);
+  ASSERT_EQ(resumed.size(), 6u);  // steps 4..9 from the step-3 save
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(resumed[i].step, full[i + 3].step);
+    EXPECT_EQ(resumed[i].bits, full[i + 3].bits) << "step " << resumed[i].step;
+  }
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(ReadFile(Path("full." + std::to_string(r))) ==
+                ReadFile(Path("resumed." + std::to_string(r))))
+        << "rank " << r;
+  }
+}
+
 TEST_F(TrainerProcessTest, LoadRejectsAnotherTopology) {
   ASSERT_EQ(
       Run(With(kModel, {"--steps", "2", "--dp", "2", "--launch", "--save", Path("dp2.{rank}")}),
