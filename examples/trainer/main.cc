@@ -250,6 +250,10 @@ int Main(int argc, char** argv) {
     if (restored >= 0) std::printf("rank %d restored step %" PRId64 "\n", rank, restored);
   }
 #endif
+  if (Status st = trainer->CheckSameStep(); !st.ok()) {
+    std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
+    return 1;
+  }
   if (rank == 0) {
     std::printf("memento-trainer: %" PRId64 " parameters, dp %d tp %d pp %d%s, batch %d x %d\n",
                 o.model.NumParameters(), o.comm.topology.dp, o.comm.topology.tp, o.comm.topology.pp,

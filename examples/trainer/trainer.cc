@@ -238,6 +238,21 @@ void Trainer::ApplyAdamW(int64_t step, float lr) {
   }
 }
 
+Status Trainer::CheckSameStep() {
+  // All steps are equal iff W * sum(s^2) == sum(s)^2; every rank computes
+  // the same verdict. Steps are far below 2^26, so the doubles are exact.
+  const double s = static_cast<double>(state_.step);
+  double sums[3] = {s, s * s, 1.0};
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorld(sums, 3));
+  if (sums[2] * sums[1] != sums[0] * sums[0]) {
+    return FailedPreconditionError("ranks are at different steps after load/restore (this rank " +
+                                   std::to_string(rank()) + " at step " +
+                                   std::to_string(state_.step) + ", mean step " +
+                                   std::to_string(sums[0] / sums[2]) + ")");
+  }
+  return Status::Ok();
+}
+
 Result<double> Trainer::GradNorm() {
   double sumsq = 0.0;
   if (comm_->dp_rank() == 0) {

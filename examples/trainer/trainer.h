@@ -103,6 +103,11 @@ class Trainer {
   [[nodiscard]] Status Save(const std::string& path) const;
   [[nodiscard]] Status Load(const std::string& path);
 
+  // Checks that every rank of the job is at the same step (after a load or
+  // a restore: ranks that resumed from different versions must not train
+  // on). FailedPrecondition names this rank's step and the spread.
+  [[nodiscard]] Status CheckSameStep();
+
   // Checksum (xxHash3) of params, moments and state: equal on two runs iff
   // their state is bitwise equal (up to hash collisions).
   uint64_t StateChecksum() const;
@@ -111,6 +116,7 @@ class Trainer {
   Comm& comm() { return *comm_; }
   const Stage& stage() const { return *stage_; }
   bool reports_loss() const;
+  int rank() const { return options_.comm.rank; }
 
   float* params() { return params_.data(); }
   size_t num_params() const { return stage_->num_params(); }

@@ -226,6 +226,28 @@ TEST_F(TrainerProcessTest, LoadRejectsAnotherTopology) {
   EXPECT_NE(Run(With(kModel, {"--steps", "3", "--load", Path("missing.{rank}")}), nullptr), 0);
 }
 
+// Ranks that resume from different steps are refused (by every rank, at
+// once), instead of training on with mismatched collectives.
+TEST_F(TrainerProcessTest, MixedStepsAreRefused) {
+  const std::vector<std::string> topo = With(kModel, {"--dp", "2", "--launch"});
+  ASSERT_EQ(Run(With(topo, {"--steps", "2", "--save", Path("s2.{rank}")}), nullptr), 0);
+  ASSERT_EQ(Run(With(topo, {"--steps", "4", "--save", Path("s4.{rank}")}), nullptr), 0);
+  {
+    std::ofstream out(Path("mix.1"), std::ios::binary);
+    out << ReadFile(Path("s4.1"));
+  }
+  {
+    std::ofstream out(Path("mix.0"), std::ios::binary);
+    out << ReadFile(Path("s2.0"));
+  }
+  std::vector<LossLine> losses;
+  EXPECT_NE(Run(With(topo, {"--steps", "6", "--load", Path("mix.{rank}")}), &losses), 0);
+  EXPECT_TRUE(losses.empty());
+  // The consistent set resumes.
+  EXPECT_EQ(Run(With(topo, {"--steps", "6", "--load", Path("s4.{rank}")}), &losses), 0);
+  EXPECT_EQ(losses.size(), 2u);
+}
+
 TEST_F(TrainerProcessTest, RejectsBadTopology) {
   EXPECT_NE(Run(With(kModel, {"--tp", "3", "--launch"}), nullptr), 0);  // 4 heads
   EXPECT_NE(Run(With(kModel, {"--dp", "3", "--launch"}), nullptr), 0);  // batch 8
