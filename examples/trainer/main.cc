@@ -183,7 +183,10 @@ int Main(int argc, char** argv) {
   app.add_flag("--memento", use_memento, "checkpoint every step with memento");
   app.add_option("--job-id", mo.job_id, "memento job id");
   app.add_option("--agent-dir", mo.agent_dir, "memento agent directory");
+  int ranks_per_node = 0;
   app.add_option("--node", mo.node, "memento node of this rank");
+  app.add_option("--ranks-per-node", ranks_per_node,
+                 "node = rank / K (overrides --node); {node} in --agent-dir is replaced");
 #endif
   CLI11_PARSE(app, argc, argv);
 
@@ -239,6 +242,11 @@ int Main(int argc, char** argv) {
   std::unique_ptr<TrainerHooks> hooks;
   if (use_memento) {
     int64_t restored = -1;
+    if (ranks_per_node > 0) mo.node = rank / ranks_per_node;
+    const std::string key = "{node}";
+    if (size_t pos = mo.agent_dir.find(key); pos != std::string::npos) {
+      mo.agent_dir.replace(pos, key.size(), std::to_string(mo.node));
+    }
     auto connected = ConnectMemento(trainer.get(), mo, &restored);
     if (!connected.ok()) {
       std::fprintf(stderr, "memento-trainer rank %d: memento: %s\n", rank,
@@ -270,7 +278,7 @@ int Main(int argc, char** argv) {
   }
   const int64_t first_step = trainer->state().step + 1;
   int64_t timed_steps = 0;
-  double sum_s = 0, sum_idle = 0, sum_comm = 0, last_loss = 0;
+  double sum_s = 0, sum_idle = 0, sum_comm = 0, sum_fence = 0, sum_snap = 0, last_loss = 0;
   while (trainer->state().step < steps) {
     auto r = trainer->Step();
     if (!r.ok()) {
@@ -290,14 +298,17 @@ int Main(int argc, char** argv) {
       sum_s += r->seconds;
       sum_idle += r->idle_seconds;
       sum_comm += r->comm_seconds;
+      sum_fence += r->fence_seconds;
+      sum_snap += r->snapshot_seconds;
     }
     last_loss = r->loss;
     if (r->has_loss) {
       if (!quiet) {
         std::printf("step %" PRId64
-                    " loss %.6f grad_norm %.4f time_ms %.1f idle_ms %.1f comm_ms %.1f\n",
+                    " loss %.6f grad_norm %.4f time_ms %.1f idle_ms %.1f comm_ms %.1f"
+                    " fence_ms %.2f snapshot_ms %.2f\n",
                     r->step, r->loss, r->grad_norm, r->seconds * 1e3, r->idle_seconds * 1e3,
-                    r->comm_seconds * 1e3);
+                    r->comm_seconds * 1e3, r->fence_seconds * 1e3, r->snapshot_seconds * 1e3);
         std::fflush(stdout);
       }
       if (log != nullptr) {
@@ -322,11 +333,13 @@ int Main(int argc, char** argv) {
                 ", \"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero1\": %s, "
                 "\"micro_batches\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %" PRId64
                 ", \"final_loss\": %.6f, \"mean_step_s\": %.6f, \"mean_idle_s\": %.6f, "
-                "\"mean_comm_s\": %.6f, \"tokens_per_s\": %.1f}\n",
+                "\"mean_comm_s\": %.6f, \"mean_fence_s\": %.6f, \"mean_snapshot_s\": %.6f, "
+                "\"tokens_per_s\": %.1f}\n",
                 o.model.NumParameters(), o.comm.topology.dp, o.comm.topology.tp, o.comm.topology.pp,
                 o.zero1 ? "true" : "false", o.micro_batches, o.global_batch, o.model.seq,
                 trainer->state().step, last_loss, mean, sum_idle / timed_steps,
-                sum_comm / timed_steps, static_cast<double>(o.global_batch) * o.model.seq / mean);
+                sum_comm / timed_steps, sum_fence / timed_steps, sum_snap / timed_steps,
+                static_cast<double>(o.global_batch) * o.model.seq / mean);
   }
   if (!save.empty()) {
     Status st = trainer->Save(RankPath(save, rank));

@@ -203,7 +203,11 @@ Result<StepResult> Trainer::Step() {
     for (float& g : grads_) g *= s;
   }
 
-  if (hooks_ != nullptr) MEMENTO_RETURN_IF_ERROR(hooks_->BeforeOptimizerStep(r.step));
+  if (hooks_ != nullptr) {
+    Stopwatch w;
+    MEMENTO_RETURN_IF_ERROR(hooks_->BeforeOptimizerStep(r.step));
+    r.fence_seconds = w.Seconds();
+  }
   const float lr = LearningRate(options_.adam, r.step);
   ApplyAdamW(r.step, lr);
   if (options_.zero1) {
@@ -215,7 +219,11 @@ Result<StepResult> Trainer::Step() {
   }
   state_.step = r.step;
   state_.cursor = next;
-  if (hooks_ != nullptr) MEMENTO_RETURN_IF_ERROR(hooks_->AfterOptimizerStep(r.step));
+  if (hooks_ != nullptr) {
+    Stopwatch w;
+    MEMENTO_RETURN_IF_ERROR(hooks_->AfterOptimizerStep(r.step));
+    r.snapshot_seconds = w.Seconds();
+  }
 
   r.has_loss = reports_loss();
   r.loss = loss_sum / (static_cast<double>(options_.global_batch) * options_.model.seq);

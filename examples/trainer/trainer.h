@@ -81,8 +81,10 @@ struct StepResult {
   double loss = 0.0;       // mean token loss of the global batch
   double grad_norm = 0.0;  // global L2 norm of the gradient (before clipping)
   double seconds = 0.0;
-  double idle_seconds = 0.0;  // waiting for activations or gradients
-  double comm_seconds = 0.0;  // in collectives
+  double idle_seconds = 0.0;      // waiting for activations or gradients
+  double comm_seconds = 0.0;      // in collectives
+  double fence_seconds = 0.0;     // in BeforeOptimizerStep (memento: Fence)
+  double snapshot_seconds = 0.0;  // in AfterOptimizerStep (memento: Snapshot)
 };
 
 class Trainer {
