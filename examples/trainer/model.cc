@@ -56,6 +56,14 @@ ParamTensor ColSplit(std::string name, int rows, int cols, int global_cols, int 
 
 }  // namespace
 
+int64_t ParamTensor::GlobalIndex(size_t local) const {
+  const int c = cols == 0 ? 1 : cols;
+  const int r = static_cast<int>(local / c), col = static_cast<int>(local % c);
+  const int block = r / row_block, rr = r % row_block;
+  const int64_t grow = static_cast<int64_t>(block) * global_row_block + row_base + rr;
+  return grow * global_cols + col_base + col;
+}
+
 Stage::Stage(const ModelConfig& config, const StageGeometry& g) : config_(config), geometry_(g) {
   const int d = config.d_model;
   MEMENTO_CHECK(config.heads % g.tp == 0);
@@ -113,10 +121,8 @@ void Stage::InitParameters(float* params, uint64_t seed) const {
     float* p = params + t.offset;
     const int cols = t.cols == 0 ? 1 : t.cols;
     for (int r = 0; r < t.rows; ++r) {
-      const int block = r / t.row_block, rr = r % t.row_block;
-      const int64_t grow = static_cast<int64_t>(block) * t.global_row_block + t.row_base + rr;
       for (int c = 0; c < cols; ++c) {
-        const int64_t gidx = grow * t.global_cols + t.col_base + c;
+        const int64_t gidx = t.GlobalIndex(static_cast<size_t>(r) * cols + c);
         float value = 0.0f;
         switch (t.init) {
           case ParamTensor::Init::kZero:

@@ -64,6 +64,9 @@ struct ParamTensor {
   // Split over the TP group (each TP rank holds a different slice); false
   // for tensors replicated in the TP group.
   bool tp_split = false;
+
+  // Index in the unsplit tensor (row-major) of local element `local`.
+  int64_t GlobalIndex(size_t local) const;
 };
 
 class Stage {
