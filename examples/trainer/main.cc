@@ -5,6 +5,7 @@
 //   memento-trainer --dp 2 --rank 1 --rendezvous /tmp/rdv ...    # one rank of a job
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,6 +62,7 @@ int LaunchLocal(int argc, char** argv, int world, const std::string& rendezvous)
     made_dir = true;
   }
   std::vector<pid_t> pids;
+  const pid_t parent = getpid();
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> args;
     for (int i = 0; i < argc; ++i) {
@@ -79,6 +81,9 @@ int LaunchLocal(int argc, char** argv, int world, const std::string& rendezvous)
       return 1;
     }
     if (pid == 0) {
+      // A rank must not outlive its launcher (killed launcher, no orphans).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
       std::vector<char*> cargs;
       for (std::string& a : args) cargs.push_back(a.data());
       cargs.push_back(nullptr);
