@@ -309,11 +309,14 @@ int Main(int argc, char** argv) {
     last_loss = r->loss;
     if (r->has_loss) {
       if (!quiet) {
+        const std::string note =
+            trainer->hooks() != nullptr ? trainer->hooks()->ProgressNote() : std::string();
         std::printf("step %" PRId64
                     " loss %.6f grad_norm %.4f time_ms %.1f idle_ms %.1f comm_ms %.1f"
-                    " fence_ms %.2f snapshot_ms %.2f\n",
+                    " fence_ms %.2f snapshot_ms %.2f%s%s\n",
                     r->step, r->loss, r->grad_norm, r->seconds * 1e3, r->idle_seconds * 1e3,
-                    r->comm_seconds * 1e3, r->fence_seconds * 1e3, r->snapshot_seconds * 1e3);
+                    r->comm_seconds * 1e3, r->fence_seconds * 1e3, r->snapshot_seconds * 1e3,
+                    note.empty() ? "" : " ", note.c_str());
         std::fflush(stdout);
       }
       if (log != nullptr) {

@@ -1,5 +1,6 @@
 #include "memento_hooks.h"
 
+#include <cstdio>
 #include <utility>
 
 #include "memento/client.h"
@@ -27,7 +28,17 @@ class MementoHooks : public TrainerHooks {
   Status BeforeOptimizerStep(int64_t step) override { return client_->Fence(); }
   Status AfterOptimizerStep(int64_t step) override { return client_->Snapshot(step); }
 
-  Client* client() { return client_.get(); }
+  std::string ProgressNote() override {
+    const SnapshotStats s = client_->LastSnapshotStats();
+    if (s.step < 0) return "";
+    char buf[200];
+    std::snprintf(buf, sizeof(buf),
+                  "snap_step %lld snap_bytes %llu copy_ms %.2f fence_wait_ms %.2f idle_bytes %llu",
+                  static_cast<long long>(s.step), static_cast<unsigned long long>(s.bytes),
+                  s.copy_s * 1e3, s.fence_wait_s * 1e3,
+                  static_cast<unsigned long long>(s.bytes_idle));
+    return buf;
+  }
 
  private:
   std::unique_ptr<Client> client_;

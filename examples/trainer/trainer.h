@@ -52,6 +52,9 @@ class TrainerHooks {
   virtual void OnPhase(TrainPhase phase) {}
   [[nodiscard]] virtual Status BeforeOptimizerStep(int64_t step) { return Status::Ok(); }
   [[nodiscard]] virtual Status AfterOptimizerStep(int64_t step) { return Status::Ok(); }
+  // Extra text for the progress line (for example the last snapshot's
+  // statistics); empty for none.
+  virtual std::string ProgressNote() { return ""; }
 };
 
 // The private part of a rank's state; fixed layout (saved raw).
@@ -96,6 +99,7 @@ class Trainer {
 
   // Replaces the hooks (may be null; must outlive every later Step()).
   void SetHooks(TrainerHooks* hooks) { hooks_ = hooks; }
+  TrainerHooks* hooks() const { return hooks_; }
 
   // Runs optimizer step state().step + 1.
   Result<StepResult> Step();
