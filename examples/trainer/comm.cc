@@ -9,6 +9,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <cctype>
 #include <chrono>
 #include <exception>
 #include <vector>
@@ -70,6 +71,12 @@ Result<std::unique_ptr<Comm>> Comm::Create(const CommOptions& options) {
     return InvalidArgumentError("rank " + std::to_string(options.rank) + " outside world of " +
                                 std::to_string(t.world()));
   }
+  for (char ch : options.run_id) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') {
+      return InvalidArgumentError("run id '" + options.run_id +
+                                  "' may hold only letters, digits, '-' and '_'");
+    }
+  }
   std::unique_ptr<Comm> comm(new Comm(options));
   if (t.world() == 1) return comm;
   if (options.rendezvous_dir.empty()) {
@@ -84,7 +91,7 @@ Result<std::unique_ptr<Comm>> Comm::Create(const CommOptions& options) {
     impl.device = gloo::transport::tcp::CreateDevice(attr);
     gloo::rendezvous::FileStore store(options.rendezvous_dir);
     auto connect = [&](const std::string& name, int rank, int size) {
-      gloo::rendezvous::PrefixStore prefixed(name, store);
+      gloo::rendezvous::PrefixStore prefixed("run" + options.run_id + "." + name, store);
       auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
       ctx->setTimeout(impl.timeout);
       ctx->connectFullMesh(prefixed, impl.device);

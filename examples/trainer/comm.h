@@ -35,7 +35,11 @@ struct CommOptions {
   Topology topology;
   int rank = 0;
   std::string rendezvous_dir;  // shared by all ranks; required when world > 1
-  double timeout_s = 120.0;    // for every collective and receive
+  // Names this attempt's keys in the rendezvous directory: a restarted job
+  // that reuses the directory needs a new run id (stale keys of an earlier
+  // attempt would be read otherwise). Letters, digits, '-' and '_'.
+  std::string run_id = "0";
+  double timeout_s = 120.0;  // for every collective and receive
 };
 
 class Comm {

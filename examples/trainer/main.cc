@@ -151,6 +151,10 @@ int Main(int argc, char** argv) {
   app.add_option("--world", world, "world size, checked against dp x tp x pp ($WORLD_SIZE)");
   app.add_option("--rendezvous", o.comm.rendezvous_dir,
                  "shared directory for Gloo's FileStore ($MEMENTO_TRAINER_RENDEZVOUS)");
+  app.add_option("--run-id", o.comm.run_id,
+                 "names this attempt in the rendezvous directory; a restart that reuses the "
+                 "directory needs a new one ($MEMENTO_TRAINER_RUN_ID)")
+      ->capture_default_str();
   app.add_option("--comm-timeout", o.comm.timeout_s, "seconds")->capture_default_str();
   app.add_flag("--launch", launch, "start all dp x tp x pp ranks as local processes");
   app.add_option("--batch", o.global_batch, "global batch (sequences per step)")
@@ -218,6 +222,9 @@ int Main(int argc, char** argv) {
   }
   if (app.count("--world") == 0 && std::getenv("WORLD_SIZE") != nullptr) {
     world = std::atoi(std::getenv("WORLD_SIZE"));
+  }
+  if (app.count("--run-id") == 0 && std::getenv("MEMENTO_TRAINER_RUN_ID") != nullptr) {
+    o.comm.run_id = std::getenv("MEMENTO_TRAINER_RUN_ID");
   }
   if (o.comm.rendezvous_dir.empty() && std::getenv("MEMENTO_TRAINER_RENDEZVOUS") != nullptr) {
     o.comm.rendezvous_dir = std::getenv("MEMENTO_TRAINER_RENDEZVOUS");
