@@ -1,0 +1,187 @@
+#include "comm.h"
+
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cctype>
+#include <chrono>
+#include <exception>
+#include <vector>
+
+namespace memento::trainer {
+
+struct Comm::Impl {
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::Context> world, dp, tp, pp;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> pending_sends;
+  std::chrono::milliseconds timeout{120000};
+  uint32_t tag = 0;  // collective tags, same sequence on every rank of a group
+};
+
+namespace {
+
+// Runs a Gloo call and turns its exceptions into a Status.
+template <typename F>
+Status Guard(const char* what, F&& f) {
+  try {
+    f();
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    return UnavailableError(std::string(what) + ": " + e.what());
+  }
+}
+
+template <typename T>
+void SumInPlace(const std::shared_ptr<gloo::Context>& ctx, T* data, size_t count, uint32_t tag,
+                std::chrono::milliseconds timeout) {
+  gloo::AllreduceOptions opts(ctx);
+  opts.setOutput(data, count);
+  opts.setReduceFunction(
+      static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::allreduce(opts);
+}
+
+}  // namespace
+
+Comm::Comm(const CommOptions& options) : options_(options), impl_(std::make_unique<Impl>()) {
+  const Topology& t = options.topology;
+  tp_rank_ = options.rank % t.tp;
+  dp_rank_ = (options.rank / t.tp) % t.dp;
+  pp_rank_ = options.rank / (t.tp * t.dp);
+}
+
+Comm::~Comm() {
+  if (impl_ && !impl_->pending_sends.empty()) WaitSends().IgnoreError();
+}
+
+Result<std::unique_ptr<Comm>> Comm::Create(const CommOptions& options) {
+  const Topology& t = options.topology;
+  if (t.dp < 1 || t.tp < 1 || t.pp < 1) {
+    return InvalidArgumentError("topology sizes must be >= 1");
+  }
+  if (options.rank < 0 || options.rank >= t.world()) {
+    return InvalidArgumentError("rank " + std::to_string(options.rank) + " outside world of " +
+                                std::to_string(t.world()));
+  }
+  for (char ch : options.run_id) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') {
+      return InvalidArgumentError("run id '" + options.run_id +
+                                  "' may hold only letters, digits, '-' and '_'");
+    }
+  }
+  std::unique_ptr<Comm> comm(new Comm(options));
+  if (t.world() == 1) return comm;
+  if (options.rendezvous_dir.empty()) {
+    return InvalidArgumentError("world size " + std::to_string(t.world()) +
+                                " needs a rendezvous directory");
+  }
+  Impl& impl = *comm->impl_;
+  impl.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
+  Status st = Guard("gloo rendezvous", [&] {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    impl.device = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore store(options.rendezvous_dir);
+    auto connect = [&](const std::string& name, int rank, int size) {
+      gloo::rendezvous::PrefixStore prefixed("run" + options.run_id + "." + name, store);
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+      ctx->setTimeout(impl.timeout);
+      ctx->connectFullMesh(prefixed, impl.device);
+      return std::static_pointer_cast<gloo::Context>(ctx);
+    };
+    const int dp = comm->dp_rank_, tp = comm->tp_rank_, pp = comm->pp_rank_;
+    impl.world = connect("world", options.rank, t.world());
+    if (t.dp > 1) {
+      impl.dp = connect("dp.pp" + std::to_string(pp) + ".tp" + std::to_string(tp), dp, t.dp);
+    }
+    if (t.tp > 1) {
+      impl.tp = connect("tp.pp" + std::to_string(pp) + ".dp" + std::to_string(dp), tp, t.tp);
+    }
+    if (t.pp > 1) {
+      impl.pp = connect("pp.dp" + std::to_string(dp) + ".tp" + std::to_string(tp), pp, t.pp);
+    }
+  });
+  if (!st.ok()) return st;
+  return comm;
+}
+
+Status Comm::AllreduceDp(float* data, size_t count) {
+  if (!impl_->dp) return Status::Ok();
+  return Guard("dp allreduce", [&] { SumInPlace(impl_->dp, data, count, 1, impl_->timeout); });
+}
+
+Status Comm::AllreduceDp(double* data, size_t count) {
+  if (!impl_->dp) return Status::Ok();
+  return Guard("dp allreduce", [&] { SumInPlace(impl_->dp, data, count, 2, impl_->timeout); });
+}
+
+Status Comm::AllreduceTp(float* data, size_t count) {
+  if (!impl_->tp) return Status::Ok();
+  return Guard("tp allreduce", [&] { SumInPlace(impl_->tp, data, count, 3, impl_->timeout); });
+}
+
+Status Comm::AllreduceWorld(double* data, size_t count) {
+  if (!impl_->world) return Status::Ok();
+  return Guard("world allreduce",
+               [&] { SumInPlace(impl_->world, data, count, 6, impl_->timeout); });
+}
+
+Status Comm::AllgatherDp(float* data, size_t shard) {
+  if (!impl_->dp) return Status::Ok();
+  return Guard("dp allgather", [&] {
+    const int d = options_.topology.dp;
+    std::vector<float> mine(data + shard * dp_rank_, data + shard * (dp_rank_ + 1));
+    gloo::AllgathervOptions opts(impl_->dp);
+    opts.setInput(mine.data(), shard);
+    opts.setOutput(data, std::vector<size_t>(d, shard));
+    opts.setTag(4);
+    opts.setTimeout(impl_->timeout);
+    gloo::allgatherv(opts);
+  });
+}
+
+Status Comm::SendStage(int stage, const float* data, size_t count, uint64_t tag) {
+  return Guard("pipeline send", [&] {
+    auto buf = impl_->pp->createUnboundBuffer(const_cast<float*>(data), count * sizeof(float));
+    buf->send(stage, tag);
+    impl_->pending_sends.push_back(std::move(buf));
+  });
+}
+
+Status Comm::WaitSends() {
+  Status st = Guard("pipeline send", [&] {
+    for (auto& buf : impl_->pending_sends) {
+      if (!buf->waitSend(impl_->timeout)) throw std::runtime_error("send aborted");
+    }
+  });
+  impl_->pending_sends.clear();
+  return st;
+}
+
+Status Comm::RecvStage(int stage, float* data, size_t count, uint64_t tag) {
+  return Guard("pipeline recv", [&] {
+    auto buf = impl_->pp->createUnboundBuffer(data, count * sizeof(float));
+    buf->recv(stage, tag);
+    if (!buf->waitRecv(impl_->timeout)) throw std::runtime_error("recv aborted");
+  });
+}
+
+Status Comm::Barrier() {
+  if (!impl_->world) return Status::Ok();
+  return Guard("barrier", [&] {
+    gloo::BarrierOptions opts(impl_->world);
+    opts.setTag(5);
+    opts.setTimeout(impl_->timeout);
+    gloo::barrier(opts);
+  });
+}
+
+}  // namespace memento::trainer

@@ -1,0 +1,83 @@
+// Process groups of a DP x TP x PP job over Gloo (TCP on 127.0.0.1,
+// rendezvous through Gloo's FileStore in a shared directory).
+//
+// Rank order is Megatron's: TP fastest, then DP, then PP:
+//   rank = (pp_rank * dp + dp_rank) * tp + tp_rank.
+// Each rank joins three groups: its DP group (same pp, tp), its TP group
+// (same pp, dp) and its PP group (same dp, tp; point-to-point between
+// neighbouring stages). A world of one needs no Gloo at all.
+//
+// Errors from Gloo (exceptions: timeouts, a dead peer) are caught here and
+// returned as Status.
+//
+// Thread safety: none; one trainer thread uses a Comm.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memento/status.h"
+
+namespace memento::trainer {
+
+struct Topology {
+  int dp = 1, tp = 1, pp = 1;
+  int world() const { return dp * tp * pp; }
+  int Rank(int dp_rank, int tp_rank, int pp_rank) const {
+    return (pp_rank * dp + dp_rank) * tp + tp_rank;
+  }
+};
+
+struct CommOptions {
+  Topology topology;
+  int rank = 0;
+  std::string rendezvous_dir;  // shared by all ranks; required when world > 1
+  // Names this attempt's keys in the rendezvous directory: a restarted job
+  // that reuses the directory needs a new run id (stale keys of an earlier
+  // attempt would be read otherwise). Letters, digits, '-' and '_'.
+  std::string run_id = "0";
+  double timeout_s = 120.0;  // for every collective and receive
+};
+
+class Comm {
+ public:
+  static Result<std::unique_ptr<Comm>> Create(const CommOptions& options);
+  ~Comm();
+
+  const Topology& topology() const { return options_.topology; }
+  int rank() const { return options_.rank; }
+  int dp_rank() const { return dp_rank_; }
+  int tp_rank() const { return tp_rank_; }
+  int pp_rank() const { return pp_rank_; }
+
+  // In-place sums.
+  [[nodiscard]] Status AllreduceDp(float* data, size_t count);
+  [[nodiscard]] Status AllreduceDp(double* data, size_t count);
+  [[nodiscard]] Status AllreduceTp(float* data, size_t count);
+  [[nodiscard]] Status AllreduceWorld(double* data, size_t count);
+  // data holds dp * shard floats; DP rank r contributes [r * shard, (r + 1) *
+  // shard) and afterwards every rank holds all of them.
+  [[nodiscard]] Status AllgatherDp(float* data, size_t shard);
+
+  // Point-to-point with another stage of this rank's PP group. Send starts
+  // the transfer and returns; `data` must stay untouched until WaitSends.
+  [[nodiscard]] Status SendStage(int stage, const float* data, size_t count, uint64_t tag);
+  [[nodiscard]] Status WaitSends();
+  // Blocks until the message has arrived.
+  [[nodiscard]] Status RecvStage(int stage, float* data, size_t count, uint64_t tag);
+
+  [[nodiscard]] Status Barrier();
+
+ private:
+  struct Impl;
+  explicit Comm(const CommOptions& options);
+
+  CommOptions options_;
+  int dp_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace memento::trainer

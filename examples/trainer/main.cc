@@ -1,0 +1,379 @@
+// memento-trainer: the reference hybrid-parallel GPT trainer (docs/trainer.md).
+//
+//   memento-trainer --preset tiny --steps 50                     # one process
+//   memento-trainer --launch --dp 2 --pp 2 --micro-batches 4     # 4 local ranks
+//   memento-trainer --dp 2 --rank 1 --rendezvous /tmp/rdv ...    # one rank of a job
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer.h"
+#ifdef MEMENTO_TRAINER_WITH_CLIENT
+#include "memento_hooks.h"
+#endif
+
+namespace memento::trainer {
+namespace {
+
+struct Preset {
+  const char* name;
+  ModelConfig model;
+};
+
+// vocab, seq, d_model, heads, layers, ffn_mult.
+const Preset kPresets[] = {
+    {"tiny", {64, 16, 32, 4, 2, 4}},         // ~30 k parameters: unit tests
+    {"small", {512, 64, 128, 4, 4, 4}},      // ~0.9 M
+    {"100m", {8192, 256, 768, 12, 12, 4}},   // ~98 M (GPT-2 small body)
+    {"350m", {8192, 512, 1024, 16, 24, 4}},  // ~320 M (GPT-2 medium body)
+};
+
+std::string RankPath(const std::string& path, int rank) {
+  const std::string key = "{rank}";
+  std::string out = path;
+  size_t pos = out.find(key);
+  if (pos == std::string::npos) return out + ".rank" + std::to_string(rank);
+  return out.replace(pos, key.size(), std::to_string(rank));
+}
+
+// Starts one child per rank (this binary, the same flags, plus --rank and
+// --rendezvous), waits for all and fails when one fails (then stops the rest).
+int LaunchLocal(int argc, char** argv, int world, const std::string& rendezvous) {
+  std::string dir = rendezvous;
+  bool made_dir = false;
+  if (dir.empty()) {
+    char tmpl[] = "/tmp/memento-trainer-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      std::perror("mkdtemp");
+      return 1;
+    }
+    dir = tmpl;
+    made_dir = true;
+  }
+  std::vector<pid_t> pids;
+  const pid_t parent = getpid();
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> args;
+    for (int i = 0; i < argc; ++i) {
+      if (std::strcmp(argv[i], "--launch") != 0) args.push_back(argv[i]);
+    }
+    args.push_back("--rank");
+    args.push_back(std::to_string(r));
+    if (rendezvous.empty()) {
+      args.push_back("--rendezvous");
+      args.push_back(dir);
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("fork");
+      for (pid_t p : pids) kill(p, SIGTERM);
+      return 1;
+    }
+    if (pid == 0) {
+      // A rank must not outlive its launcher (killed launcher, no orphans).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      std::vector<char*> cargs;
+      for (std::string& a : args) cargs.push_back(a.data());
+      cargs.push_back(nullptr);
+      execv("/proc/self/exe", cargs.data());
+      std::perror("execv");
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int failures = 0;
+  size_t left = pids.size();
+  while (left > 0) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) break;
+    bool ours = false;
+    for (pid_t& p : pids) {
+      if (p == pid) {
+        p = -1;
+        ours = true;
+      }
+    }
+    if (!ours) continue;
+    --left;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "memento-trainer: a rank (pid %d) failed (status %d); stopping\n", pid,
+                   status);
+      ++failures;
+      for (pid_t p : pids) {
+        if (p > 0) kill(p, SIGTERM);
+      }
+    }
+  }
+  if (made_dir) {
+    std::string cmd = "rm -rf '" + dir + "'";
+    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir.c_str());
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"memento-trainer: reference hybrid-parallel GPT trainer"};
+  TrainerOptions o;
+  std::string preset = "tiny";
+  int vocab = 0, seq = 0, d_model = 0, heads = 0, layers = 0;
+  int world = 0;
+  int64_t steps = 20;
+  bool launch = false, quiet = false, json = false;
+  int64_t fail_at_step = -1;
+  int fail_rank = 0;
+  int64_t save_every = 0;
+  std::string load, save, loss_log;
+  app.add_option("--preset", preset, "model size: tiny | small | 100m | 350m")
+      ->capture_default_str();
+  app.add_option("--vocab", vocab, "override the preset's vocabulary size");
+  app.add_option("--seq", seq, "override the preset's context length");
+  app.add_option("--d-model", d_model, "override the preset's width");
+  app.add_option("--heads", heads, "override the preset's attention heads");
+  app.add_option("--layers", layers, "override the preset's layers");
+  app.add_option("--dp", o.comm.topology.dp, "data-parallel size")->capture_default_str();
+  app.add_option("--tp", o.comm.topology.tp, "tensor-parallel size")->capture_default_str();
+  app.add_option("--pp", o.comm.topology.pp, "pipeline-parallel size")->capture_default_str();
+  app.add_flag("--zero", o.zero1, "ZeRO-1: shard the AdamW moments over DP");
+  app.add_option("--rank", o.comm.rank, "this process's global rank (default: $RANK or 0)");
+  app.add_option("--world", world, "world size, checked against dp x tp x pp ($WORLD_SIZE)");
+  app.add_option("--rendezvous", o.comm.rendezvous_dir,
+                 "shared directory for Gloo's FileStore ($MEMENTO_TRAINER_RENDEZVOUS)");
+  app.add_option("--run-id", o.comm.run_id,
+                 "names this attempt in the rendezvous directory; a restart that reuses the "
+                 "directory needs a new one ($MEMENTO_TRAINER_RUN_ID)")
+      ->capture_default_str();
+  app.add_option("--comm-timeout", o.comm.timeout_s, "seconds")->capture_default_str();
+  app.add_flag("--launch", launch, "start all dp x tp x pp ranks as local processes");
+  app.add_option("--batch", o.global_batch, "global batch (sequences per step)")
+      ->capture_default_str();
+  app.add_option("--micro-batches", o.micro_batches, "micro-batches per DP rank and step")
+      ->capture_default_str();
+  app.add_option("--steps", steps, "train until this optimizer step")->capture_default_str();
+  app.add_option("--seed", o.seed, "model init and corpus seed")->capture_default_str();
+  app.add_option("--lr", o.adam.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--min-lr", o.adam.min_lr, "final learning rate")->capture_default_str();
+  app.add_option("--warmup", o.adam.warmup_steps, "warmup steps")->capture_default_str();
+  app.add_option("--decay-steps", o.adam.decay_steps, "cosine decay length")->capture_default_str();
+  app.add_option("--weight-decay", o.adam.weight_decay, "AdamW weight decay")
+      ->capture_default_str();
+  app.add_option("--clip-grad", o.clip_grad, "clip the global gradient norm; 0: off")
+      ->capture_default_str();
+  app.add_option("--blas-threads", o.blas_threads, "OpenBLAS threads per rank")
+      ->capture_default_str();
+  app.add_option("--load", load, "load the rank state from PATH ({rank} or .rank<k> suffix)");
+  app.add_option("--save", save, "save the rank state at the end to PATH ({rank} or .rank<k>)");
+  app.add_option("--save-every", save_every,
+                 "also save to --save PATH after every K-th step (atomic replace)");
+  app.add_option("--loss-log", loss_log,
+                 "reporting rank appends 'step loss loss-bits grad-norm' lines here");
+  app.add_flag("--quiet", quiet, "no per-step progress lines");
+  app.add_flag("--json", json,
+               "reporting rank prints one JSON summary line at the end (means exclude step 1)");
+  app.add_option("--fail-at-step", fail_at_step,
+                 "fault injection: rank --fail-rank kills itself (SIGKILL) after this step");
+  app.add_option("--fail-rank", fail_rank, "the rank that --fail-at-step kills")
+      ->capture_default_str();
+#ifdef MEMENTO_TRAINER_WITH_CLIENT
+  bool use_memento = false;
+  MementoHookOptions mo;
+  app.add_flag("--memento", use_memento, "checkpoint every step with memento");
+  app.add_option("--job-id", mo.job_id, "memento job id");
+  app.add_option("--agent-dir", mo.agent_dir, "memento agent directory");
+  int ranks_per_node = 0;
+  app.add_option("--node", mo.node, "memento node of this rank");
+  app.add_option("--ranks-per-node", ranks_per_node,
+                 "node = rank / K (overrides --node); {node} in --agent-dir is replaced");
+#endif
+  CLI11_PARSE(app, argc, argv);
+
+  bool found = false;
+  for (const Preset& p : kPresets) {
+    if (preset == p.name) {
+      o.model = p.model;
+      found = true;
+    }
+  }
+  if (!found) {
+    std::fprintf(stderr, "memento-trainer: unknown preset '%s'\n", preset.c_str());
+    return 2;
+  }
+  if (vocab > 0) o.model.vocab = vocab;
+  if (seq > 0) o.model.seq = seq;
+  if (d_model > 0) o.model.d_model = d_model;
+  if (heads > 0) o.model.heads = heads;
+  if (layers > 0) o.model.layers = layers;
+  const int w = o.comm.topology.world();
+  // torchrun-style environment, for launchers that set it.
+  if (app.count("--rank") == 0 && std::getenv("RANK") != nullptr) {
+    o.comm.rank = std::atoi(std::getenv("RANK"));
+  }
+  if (app.count("--world") == 0 && std::getenv("WORLD_SIZE") != nullptr) {
+    world = std::atoi(std::getenv("WORLD_SIZE"));
+  }
+  if (app.count("--run-id") == 0 && std::getenv("MEMENTO_TRAINER_RUN_ID") != nullptr) {
+    o.comm.run_id = std::getenv("MEMENTO_TRAINER_RUN_ID");
+  }
+  if (o.comm.rendezvous_dir.empty() && std::getenv("MEMENTO_TRAINER_RENDEZVOUS") != nullptr) {
+    o.comm.rendezvous_dir = std::getenv("MEMENTO_TRAINER_RENDEZVOUS");
+  }
+  if (world != 0 && world != w) {
+    std::fprintf(stderr, "memento-trainer: --world %d but dp x tp x pp = %d\n", world, w);
+    return 2;
+  }
+  if (launch) return LaunchLocal(argc, argv, w, o.comm.rendezvous_dir);
+
+  auto created = Trainer::Create(o, nullptr);
+  if (!created.ok()) {
+    std::fprintf(stderr, "memento-trainer rank %d: %s\n", o.comm.rank,
+                 created.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<Trainer> trainer = std::move(*created);
+  const int rank = o.comm.rank;
+  if (!load.empty()) {
+    Status st = trainer->Load(RankPath(load, rank));
+    if (!st.ok()) {
+      std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
+      return 1;
+    }
+  }
+#ifdef MEMENTO_TRAINER_WITH_CLIENT
+  std::unique_ptr<TrainerHooks> hooks;
+  if (use_memento) {
+    int64_t restored = -1;
+    if (ranks_per_node > 0) mo.node = rank / ranks_per_node;
+    const std::string key = "{node}";
+    if (size_t pos = mo.agent_dir.find(key); pos != std::string::npos) {
+      mo.agent_dir.replace(pos, key.size(), std::to_string(mo.node));
+    }
+    auto connected = ConnectMemento(trainer.get(), mo, &restored);
+    if (!connected.ok()) {
+      std::fprintf(stderr, "memento-trainer rank %d: memento: %s\n", rank,
+                   connected.status().ToString().c_str());
+      return 1;
+    }
+    hooks = std::move(*connected);
+    trainer->SetHooks(hooks.get());
+    if (restored >= 0) std::printf("rank %d restored step %" PRId64 "\n", rank, restored);
+  }
+#endif
+  if (Status st = trainer->CheckSameStep(); !st.ok()) {
+    std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
+    return 1;
+  }
+  if (rank == 0) {
+    std::printf("memento-trainer: %" PRId64 " parameters, dp %d tp %d pp %d%s, batch %d x %d\n",
+                o.model.NumParameters(), o.comm.topology.dp, o.comm.topology.tp, o.comm.topology.pp,
+                o.zero1 ? " zero1" : "", o.global_batch, o.model.seq);
+    std::fflush(stdout);
+  }
+  FILE* log = nullptr;
+  if (!loss_log.empty() && trainer->reports_loss()) {
+    log = std::fopen(loss_log.c_str(), "a");
+    if (log == nullptr) {
+      std::perror(loss_log.c_str());
+      return 1;
+    }
+  }
+  const int64_t first_step = trainer->state().step + 1;
+  int64_t timed_steps = 0;
+  double sum_s = 0, sum_idle = 0, sum_comm = 0, sum_fence = 0, sum_snap = 0, last_loss = 0;
+  while (trainer->state().step < steps) {
+    auto r = trainer->Step();
+    if (!r.ok()) {
+      std::fprintf(stderr, "memento-trainer rank %d: step %" PRId64 ": %s\n", rank,
+                   trainer->state().step + 1, r.status().ToString().c_str());
+      return 1;
+    }
+    if (save_every > 0 && !save.empty() && r->step % save_every == 0) {
+      Status st = trainer->Save(RankPath(save, rank));
+      if (!st.ok()) {
+        std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
+        return 1;
+      }
+    }
+    if (r->step > first_step || steps == first_step) {
+      ++timed_steps;
+      sum_s += r->seconds;
+      sum_idle += r->idle_seconds;
+      sum_comm += r->comm_seconds;
+      sum_fence += r->fence_seconds;
+      sum_snap += r->snapshot_seconds;
+    }
+    last_loss = r->loss;
+    if (r->has_loss) {
+      if (!quiet) {
+        const std::string note =
+            trainer->hooks() != nullptr ? trainer->hooks()->ProgressNote() : std::string();
+        std::printf("step %" PRId64
+                    " loss %.6f grad_norm %.4f time_ms %.1f idle_ms %.1f comm_ms %.1f"
+                    " fence_ms %.2f snapshot_ms %.2f%s%s\n",
+                    r->step, r->loss, r->grad_norm, r->seconds * 1e3, r->idle_seconds * 1e3,
+                    r->comm_seconds * 1e3, r->fence_seconds * 1e3, r->snapshot_seconds * 1e3,
+                    note.empty() ? "" : " ", note.c_str());
+        std::fflush(stdout);
+      }
+      if (log != nullptr) {
+        uint64_t bits;
+        std::memcpy(&bits, &r->loss, sizeof(bits));
+        std::fprintf(log, "%" PRId64 " %.17g %016" PRIx64 " %.17g\n", r->step, r->loss, bits,
+                     r->grad_norm);
+        std::fflush(log);
+      }
+    }
+    if (rank == fail_rank && r->step == fail_at_step) {
+      std::fprintf(stderr, "memento-trainer rank %d: killing myself after step %" PRId64 "\n", rank,
+                   r->step);
+      std::fflush(nullptr);
+      raise(SIGKILL);
+    }
+  }
+  if (log != nullptr) std::fclose(log);
+  if (json && trainer->reports_loss() && timed_steps > 0) {
+    const double mean = sum_s / timed_steps;
+    std::printf("{\"params\": %" PRId64
+                ", \"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero1\": %s, "
+                "\"micro_batches\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %" PRId64
+                ", \"final_loss\": %.6f, \"mean_step_s\": %.6f, \"mean_idle_s\": %.6f, "
+                "\"mean_comm_s\": %.6f, \"mean_fence_s\": %.6f, \"mean_snapshot_s\": %.6f, "
+                "\"tokens_per_s\": %.1f}\n",
+                o.model.NumParameters(), o.comm.topology.dp, o.comm.topology.tp, o.comm.topology.pp,
+                o.zero1 ? "true" : "false", o.micro_batches, o.global_batch, o.model.seq,
+                trainer->state().step, last_loss, mean, sum_idle / timed_steps,
+                sum_comm / timed_steps, sum_fence / timed_steps, sum_snap / timed_steps,
+                static_cast<double>(o.global_batch) * o.model.seq / mean);
+  }
+  if (!save.empty()) {
+    Status st = trainer->Save(RankPath(save, rank));
+    if (!st.ok()) {
+      std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
+      return 1;
+    }
+  }
+  std::printf("rank %d step %" PRId64 " checksum %016" PRIx64 "\n", rank, trainer->state().step,
+              trainer->StateChecksum());
+  Status st = trainer->comm().Barrier();
+  if (!st.ok()) {
+    std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace memento::trainer
+
+int main(int argc, char** argv) { return memento::trainer::Main(argc, argv); }

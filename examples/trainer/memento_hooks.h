@@ -1,0 +1,34 @@
+// memento integration of the trainer: registers the rank's state with the
+// memento client by state class, snapshots after every optimizer step,
+// fences before the next one and reports pipeline phases. Built only when the
+// memento_client library exists (MEMENTO_TRAINER_WITH_CLIENT).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "memento/status.h"
+#include "trainer.h"
+
+namespace memento::trainer {
+
+struct MementoHookOptions {
+  std::string job_id;
+  std::string agent_dir;  // empty: the client's default
+  int node = 0;
+  bool restore = true;  // load the newest committed version, if any
+};
+
+// Connects to the node's agent and registers `trainer`'s state:
+//   params      kReplicated  fp32[padded_params]
+//   adam_m/v    kDpSharded (ZeRO-1, with global_numel/shard_offset) or
+//               kReplicated
+//   train_state private blob (step, data cursor)
+// then seals and (if asked) restores. *restored_step is the restored step or
+// -1. The hooks, installed with SetHooks, must outlive every Step().
+Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
+                                                     const MementoHookOptions& options,
+                                                     int64_t* restored_step);
+
+}  // namespace memento::trainer

@@ -1,0 +1,358 @@
+#include "trainer.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "common/checksum.h"
+#include "common/clock.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace memento::trainer {
+namespace {
+
+// Header of a saved rank state; fixed layout, written raw.
+struct SaveHeader {
+  char magic[8];
+  uint32_t version;
+  int32_t rank;
+  int32_t dp, tp, pp, zero1;
+  int32_t vocab, seq, d_model, heads, layers, ffn_mult;
+  uint64_t padded_params;
+  uint64_t optimizer_numel;
+  uint64_t optimizer_offset;
+};
+static_assert(sizeof(SaveHeader) == 80, "SaveHeader is saved raw");
+constexpr char kSaveMagic[8] = {'M', 'M', 'T', 'R', 'A', 'I', 'N', '1'};
+
+uint64_t TokenTag(int micro_batch, bool backward) {
+  return static_cast<uint64_t>(micro_batch) * 2 + (backward ? 1 : 0);
+}
+
+}  // namespace
+
+Trainer::Trainer(const TrainerOptions& options, TrainerHooks* hooks)
+    : options_(options), hooks_(hooks), corpus_(options.model.vocab, options.seed) {}
+
+bool Trainer::reports_loss() const {
+  return comm_->dp_rank() == 0 && comm_->tp_rank() == 0 && stage_->geometry().last();
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o, TrainerHooks* hooks) {
+  const ModelConfig& m = o.model;
+  const Topology& t = o.comm.topology;
+  auto need = [](bool ok, const std::string& what) {
+    return ok ? Status::Ok() : InvalidArgumentError(what);
+  };
+  MEMENTO_RETURN_IF_ERROR(need(m.vocab >= 2 && m.seq >= 1 && m.d_model >= 1 && m.heads >= 1 &&
+                                   m.layers >= 1 && m.ffn_mult >= 1,
+                               "model sizes must be positive (vocab >= 2)"));
+  MEMENTO_RETURN_IF_ERROR(need(m.d_model % m.heads == 0, "d_model " + std::to_string(m.d_model) +
+                                                             " not divisible by heads " +
+                                                             std::to_string(m.heads)));
+  MEMENTO_RETURN_IF_ERROR(
+      need(m.heads % t.tp == 0,
+           "heads " + std::to_string(m.heads) + " not divisible by tp " + std::to_string(t.tp)));
+  MEMENTO_RETURN_IF_ERROR(
+      need(m.layers % t.pp == 0,
+           "layers " + std::to_string(m.layers) + " not divisible by pp " + std::to_string(t.pp)));
+  MEMENTO_RETURN_IF_ERROR(need(
+      o.micro_batches >= 1 && o.global_batch >= 1 && o.global_batch % (t.dp * o.micro_batches) == 0,
+      "global batch " + std::to_string(o.global_batch) +
+          " not divisible by dp x micro-batches = " + std::to_string(t.dp * o.micro_batches)));
+  MEMENTO_RETURN_IF_ERROR(
+      need(o.adam.decay_steps > o.adam.warmup_steps, "decay steps must exceed warmup steps"));
+  openblas_set_num_threads(std::max(1, o.blas_threads));
+
+  std::unique_ptr<Trainer> tr(new Trainer(o, hooks));
+  MEMENTO_ASSIGN_OR_RETURN(tr->comm_, Comm::Create(o.comm));
+  StageGeometry g;
+  g.tp = t.tp;
+  g.tp_rank = tr->comm_->tp_rank();
+  g.pp = t.pp;
+  g.pp_rank = tr->comm_->pp_rank();
+  tr->stage_ = std::make_unique<Stage>(m, g);
+  tr->local_batch_ = o.global_batch / t.dp;
+  tr->micro_batch_ = tr->local_batch_ / o.micro_batches;
+  // 1F1B keeps at most pp - stage micro-batches in flight.
+  tr->stage_->Reserve(std::min(o.micro_batches, t.pp - g.pp_rank), tr->micro_batch_);
+  Comm* comm = tr->comm_.get();
+  Trainer* self = tr.get();
+  tr->stage_->tp_allreduce = [comm, self](float* data, size_t count) {
+    self->Phase(TrainPhase::kCommunicate);
+    Stopwatch w;
+    Status st = comm->AllreduceTp(data, count);
+    self->tp_comm_seconds_ += w.Seconds();
+    // A failed TP allreduce has no way back into Stage: the run is broken.
+    if (!st.ok()) {
+      std::fprintf(stderr, "memento-trainer: %s\n", st.ToString().c_str());
+      std::_Exit(3);
+    }
+    self->Phase(TrainPhase::kCompute);
+  };
+
+  const size_t n = tr->stage_->num_params();
+  size_t padded = n;
+  if (o.zero1) padded = (n + t.dp - 1) / t.dp * t.dp;
+  tr->params_.assign(padded, 0.0f);
+  tr->grads_.assign(padded, 0.0f);
+  tr->stage_->InitParameters(tr->params_.data(), o.seed);
+  size_t opt = o.zero1 ? padded / t.dp : padded;
+  tr->opt_offset_ = o.zero1 ? opt * tr->comm_->dp_rank() : 0;
+  tr->m_.assign(opt, 0.0f);
+  tr->v_.assign(opt, 0.0f);
+  tr->state_.cursor = InitialCursor(o.seed);
+  tr->tokens_.assign(static_cast<size_t>(tr->local_batch_) * (m.seq + 1), 0);
+  const size_t act = static_cast<size_t>(tr->micro_batch_) * m.seq * m.d_model;
+  tr->dout_.assign(act, 0.0f);
+  tr->dinput_.assign(o.micro_batches, std::vector<float>(g.first() ? 0 : act, 0.0f));
+  return tr;
+}
+
+void Trainer::Phase(TrainPhase phase) {
+  if (hooks_ != nullptr) hooks_->OnPhase(phase);
+}
+
+// The 1F1B schedule (PipeDream-Flush / Megatron-LM): stage s runs
+// min(pp - s - 1, M) warm-up forwards, then alternates one forward and one
+// backward, then drains the remaining backwards.
+Status Trainer::RunSchedule(const int32_t* tokens, double* loss_sum, double* idle_s,
+                            double* comm_s) {
+  const int mbs = options_.micro_batches;
+  const StageGeometry& g = stage_->geometry();
+  const int stage = g.pp_rank;
+  const size_t act = dout_.size();
+  const int slots = stage_->slots();
+  const size_t tokens_per_mb = static_cast<size_t>(micro_batch_) * (options_.model.seq + 1);
+  const float scale =
+      1.0f / (static_cast<float>(options_.global_batch) * static_cast<float>(options_.model.seq));
+
+  auto recv = [&](int from, float* data, uint64_t tag) -> Status {
+    Phase(TrainPhase::kIdle);
+    Stopwatch w;
+    Status st = comm_->RecvStage(from, data, act, tag);
+    *idle_s += w.Seconds();
+    Phase(TrainPhase::kCompute);
+    return st;
+  };
+  auto forward = [&](int mb) -> Status {
+    const int slot = mb % slots;
+    if (!g.first())
+      MEMENTO_RETURN_IF_ERROR(recv(stage - 1, stage_->input(slot), TokenTag(mb, false)));
+    *loss_sum += stage_->Forward(slot, params_.data(), tokens + tokens_per_mb * mb);
+    if (!g.last()) {
+      MEMENTO_RETURN_IF_ERROR(
+          comm_->SendStage(stage + 1, stage_->output(slot), act, TokenTag(mb, false)));
+    }
+    return Status::Ok();
+  };
+  auto backward = [&](int mb) -> Status {
+    const int slot = mb % slots;
+    if (!g.last()) MEMENTO_RETURN_IF_ERROR(recv(stage + 1, dout_.data(), TokenTag(mb, true)));
+    float* dinput = g.first() ? nullptr : dinput_[mb].data();
+    stage_->Backward(slot, params_.data(), grads_.data(), dout_.data(), dinput,
+                     tokens + tokens_per_mb * mb, scale);
+    if (!g.first()) {
+      MEMENTO_RETURN_IF_ERROR(comm_->SendStage(stage - 1, dinput, act, TokenTag(mb, true)));
+    }
+    return Status::Ok();
+  };
+
+  const int warmup = std::min(g.pp - stage - 1, mbs);
+  for (int i = 0; i < warmup; ++i) MEMENTO_RETURN_IF_ERROR(forward(i));
+  for (int i = 0; i < mbs - warmup; ++i) {
+    MEMENTO_RETURN_IF_ERROR(forward(warmup + i));
+    MEMENTO_RETURN_IF_ERROR(backward(i));
+  }
+  for (int i = mbs - warmup; i < mbs; ++i) MEMENTO_RETURN_IF_ERROR(backward(i));
+  Phase(TrainPhase::kCommunicate);
+  Stopwatch w;
+  Status st = comm_->WaitSends();
+  *comm_s += w.Seconds();
+  return st;
+}
+
+Result<StepResult> Trainer::Step() {
+  Stopwatch total;
+  StepResult r;
+  r.step = state_.step + 1;
+  Phase(TrainPhase::kCompute);
+  DataCursor next = state_.cursor;
+  corpus_.NextBatch(&next, options_.global_batch, comm_->dp_rank() * local_batch_, local_batch_,
+                    options_.model.seq, tokens_.data());
+  std::fill(grads_.begin(), grads_.end(), 0.0f);
+  tp_comm_seconds_ = 0.0;
+  double loss_sum = 0.0;
+  MEMENTO_RETURN_IF_ERROR(RunSchedule(tokens_.data(), &loss_sum, &r.idle_seconds, &r.comm_seconds));
+
+  Phase(TrainPhase::kCommunicate);
+  Stopwatch comm_watch;
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceDp(grads_.data(), stage_->num_params()));
+  if (stage_->geometry().last()) MEMENTO_RETURN_IF_ERROR(comm_->AllreduceDp(&loss_sum, 1));
+  r.comm_seconds += comm_watch.Seconds();
+  Phase(TrainPhase::kCompute);
+
+  MEMENTO_ASSIGN_OR_RETURN(r.grad_norm, GradNorm());
+  if (options_.clip_grad > 0 && r.grad_norm > options_.clip_grad) {
+    const float s = static_cast<float>(options_.clip_grad / (r.grad_norm + 1e-6));
+    for (float& g : grads_) g *= s;
+  }
+
+  if (hooks_ != nullptr) {
+    Stopwatch w;
+    MEMENTO_RETURN_IF_ERROR(hooks_->BeforeOptimizerStep(r.step));
+    r.fence_seconds = w.Seconds();
+  }
+  const float lr = LearningRate(options_.adam, r.step);
+  ApplyAdamW(r.step, lr);
+  if (options_.zero1) {
+    Phase(TrainPhase::kCommunicate);
+    comm_watch.Reset();
+    MEMENTO_RETURN_IF_ERROR(comm_->AllgatherDp(params_.data(), m_.size()));
+    r.comm_seconds += comm_watch.Seconds();
+    Phase(TrainPhase::kCompute);
+  }
+  state_.step = r.step;
+  state_.cursor = next;
+  if (hooks_ != nullptr) {
+    Stopwatch w;
+    MEMENTO_RETURN_IF_ERROR(hooks_->AfterOptimizerStep(r.step));
+    r.snapshot_seconds = w.Seconds();
+  }
+
+  r.has_loss = reports_loss();
+  r.loss = loss_sum / (static_cast<double>(options_.global_batch) * options_.model.seq);
+  r.comm_seconds += tp_comm_seconds_;
+  r.seconds = total.Seconds();
+  return r;
+}
+
+void Trainer::ApplyAdamW(int64_t step, float lr) {
+  // This rank's optimizer range of the flat buffer; weight decay only on
+  // matrices (GPT-2 / nanoGPT practice), not on layer norms and biases.
+  const size_t lo = opt_offset_, hi = opt_offset_ + m_.size();
+  AdamWConfig no_decay = options_.adam;
+  no_decay.weight_decay = 0.0f;
+  for (const ParamTensor& t : stage_->tensors()) {
+    const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
+    if (a >= b) continue;
+    AdamWUpdate(t.cols > 0 ? options_.adam : no_decay, step, lr, params_.data() + a,
+                grads_.data() + a, m_.data() + (a - lo), v_.data() + (a - lo), b - a);
+  }
+}
+
+Status Trainer::CheckSameStep() {
+  // All steps are equal iff W * sum(s^2) == sum(s)^2; every rank computes
+  // the same verdict. Steps are far below 2^26, so the doubles are exact.
+  const double s = static_cast<double>(state_.step);
+  double sums[3] = {s, s * s, 1.0};
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorld(sums, 3));
+  if (sums[2] * sums[1] != sums[0] * sums[0]) {
+    return FailedPreconditionError("ranks are at different steps after load/restore (this rank " +
+                                   std::to_string(rank()) + " at step " +
+                                   std::to_string(state_.step) + ", mean step " +
+                                   std::to_string(sums[0] / sums[2]) + ")");
+  }
+  return Status::Ok();
+}
+
+Result<double> Trainer::GradNorm() {
+  double sumsq = 0.0;
+  if (comm_->dp_rank() == 0) {
+    for (const ParamTensor& t : stage_->tensors()) {
+      if (!t.tp_split && comm_->tp_rank() != 0) continue;  // count replicas once
+      const float* g = grads_.data() + t.offset;
+      for (size_t i = 0; i < t.numel; ++i) sumsq += static_cast<double>(g[i]) * g[i];
+    }
+  }
+  Phase(TrainPhase::kCommunicate);
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorld(&sumsq, 1));
+  Phase(TrainPhase::kCompute);
+  return std::sqrt(sumsq);
+}
+
+namespace {
+SaveHeader MakeHeader(const TrainerOptions& o, size_t padded, size_t opt, size_t offset) {
+  SaveHeader h;
+  std::memset(&h, 0, sizeof(h));
+  std::memcpy(h.magic, kSaveMagic, sizeof(h.magic));
+  h.version = 1;
+  h.rank = o.comm.rank;
+  h.dp = o.comm.topology.dp;
+  h.tp = o.comm.topology.tp;
+  h.pp = o.comm.topology.pp;
+  h.zero1 = o.zero1 ? 1 : 0;
+  h.vocab = o.model.vocab;
+  h.seq = o.model.seq;
+  h.d_model = o.model.d_model;
+  h.heads = o.model.heads;
+  h.layers = o.model.layers;
+  h.ffn_mult = o.model.ffn_mult;
+  h.padded_params = padded;
+  h.optimizer_numel = opt;
+  h.optimizer_offset = offset;
+  return h;
+}
+}  // namespace
+
+Status Trainer::Save(const std::string& path) const {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) return ErrnoError("open " + tmp, errno);
+  SaveHeader h = MakeHeader(options_, params_.size(), m_.size(), opt_offset_);
+  bool ok = std::fwrite(&h, sizeof(h), 1, f) == 1 &&
+            std::fwrite(params_.data(), sizeof(float), params_.size(), f) == params_.size() &&
+            std::fwrite(m_.data(), sizeof(float), m_.size(), f) == m_.size() &&
+            std::fwrite(v_.data(), sizeof(float), v_.size(), f) == v_.size() &&
+            std::fwrite(&state_, sizeof(state_), 1, f) == 1;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) return ErrnoError("write " + tmp, errno);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return ErrnoError("rename " + tmp, errno);
+  return Status::Ok();
+}
+
+Status Trainer::Load(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return ErrnoError("open " + path, errno);
+  SaveHeader h, want = MakeHeader(options_, params_.size(), m_.size(), opt_offset_);
+  std::vector<float> params(params_.size()), m(m_.size()), v(v_.size());
+  TrainState state;
+  bool ok = std::fread(&h, sizeof(h), 1, f) == 1;
+  if (ok && std::memcmp(&h, &want, sizeof(h)) != 0) {
+    std::fclose(f);
+    return InvalidArgumentError(
+        path + ": saved by another model, topology or rank (header mismatch: rank " +
+        std::to_string(h.rank) + " dp " + std::to_string(h.dp) + " tp " + std::to_string(h.tp) +
+        " pp " + std::to_string(h.pp) + " params " + std::to_string(h.padded_params) +
+        "; this rank " + std::to_string(want.rank) + " dp " + std::to_string(want.dp) + " tp " +
+        std::to_string(want.tp) + " pp " + std::to_string(want.pp) + " params " +
+        std::to_string(want.padded_params) + ")");
+  }
+  ok = ok && std::fread(params.data(), sizeof(float), params.size(), f) == params.size() &&
+       std::fread(m.data(), sizeof(float), m.size(), f) == m.size() &&
+       std::fread(v.data(), sizeof(float), v.size(), f) == v.size() &&
+       std::fread(&state, sizeof(state), 1, f) == 1;
+  std::fclose(f);
+  if (!ok) return DataLossError(path + ": truncated");
+  if (state.magic != TrainState::kMagic) return DataLossError(path + ": bad state magic");
+  // Copy into the existing buffers: their addresses may be registered.
+  std::copy(params.begin(), params.end(), params_.begin());
+  std::copy(m.begin(), m.end(), m_.begin());
+  std::copy(v.begin(), v.end(), v_.begin());
+  state_ = state;
+  return Status::Ok();
+}
+
+uint64_t Trainer::StateChecksum() const {
+  uint64_t h = Checksum(params_.data(), params_.size() * sizeof(float));
+  h = ChecksumWithSeed(m_.data(), m_.size() * sizeof(float), h);
+  h = ChecksumWithSeed(v_.data(), v_.size() * sizeof(float), h);
+  return ChecksumWithSeed(&state_, sizeof(state_), h);
+}
+
+}  // namespace memento::trainer

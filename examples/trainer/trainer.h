@@ -1,0 +1,164 @@
+// One rank of the hybrid-parallel trainer: owns the training state in a few
+// flat buffers, runs a step (1F1B pipeline schedule over micro-batches,
+// Megatron tensor parallelism, data parallelism with optional ZeRO-1), and
+// saves/loads its full state to a plain file.
+//
+// Training state (what a checkpoint must hold), per rank:
+//   params()  fp32[padded_params()]   replicated over DP
+//   adam_m(), adam_v()  fp32[optimizer_numel()]  ZeRO-1: this DP rank's
+//             shard [optimizer_offset(), +optimizer_numel()) of the flat
+//             (padded) parameter buffer; otherwise the whole buffer
+//   state()   TrainState POD (step, data cursor)   private
+// Gradients are scratch, zeroed every step.
+//
+// Step protocol and where the hooks fire (what memento needs):
+//   forward/backward of all micro-batches  (OnPhase: compute, idle while a
+//       pipeline receive waits, communicate during collectives)
+//   gradient allreduce over DP
+//   BeforeOptimizerStep(step)  <- Fence: nothing registered was written yet
+//   AdamW (ZeRO-1: on the own shard, then all-gather parameters over DP)
+//   state().step = step, data cursor advanced
+//   AfterOptimizerStep(step)   <- Snapshot(step)
+// Registered memory (params, moments, state) is only written between the two
+// hooks.
+//
+// Determinism: for a given seed and topology every step is bitwise
+// reproducible, including after Load of a state saved by Save.
+//
+// Thread safety: none; one thread drives a Trainer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "data.h"
+#include "memento/status.h"
+#include "model.h"
+#include "optim.h"
+
+namespace memento::trainer {
+
+enum class TrainPhase : uint8_t { kCompute = 0, kIdle = 1, kCommunicate = 2 };
+
+// Callbacks into an integration (memento, tracing). Called on the trainer
+// thread. A failing hook fails the step.
+class TrainerHooks {
+ public:
+  virtual ~TrainerHooks() = default;
+  virtual void OnPhase(TrainPhase phase) {}
+  [[nodiscard]] virtual Status BeforeOptimizerStep(int64_t step) { return Status::Ok(); }
+  [[nodiscard]] virtual Status AfterOptimizerStep(int64_t step) { return Status::Ok(); }
+  // Extra text for the progress line (for example the last snapshot's
+  // statistics); empty for none.
+  virtual std::string ProgressNote() { return ""; }
+};
+
+// The private part of a rank's state; fixed layout (saved raw).
+struct TrainState {
+  uint64_t magic = kMagic;
+  int64_t step = 0;  // optimizer steps done
+  DataCursor cursor;
+  static constexpr uint64_t kMagic = 0x3174617473747274ULL;  // "trtstat1"
+};
+static_assert(sizeof(TrainState) == 32, "TrainState is saved raw");
+
+struct TrainerOptions {
+  ModelConfig model;
+  CommOptions comm;       // topology, rank, rendezvous
+  int global_batch = 8;   // sequences per optimizer step (all DP ranks)
+  int micro_batches = 1;  // per DP rank and step
+  bool zero1 = false;     // shard the AdamW moments over DP
+  AdamWConfig adam;
+  float clip_grad = 1.0f;  // global gradient-norm clip; 0: off
+  uint64_t seed = 1;       // model init and corpus
+  int blas_threads = 1;
+};
+
+struct StepResult {
+  int64_t step = 0;
+  bool has_loss = false;   // only the reporting rank (dp 0, tp 0, last stage)
+  double loss = 0.0;       // mean token loss of the global batch
+  double grad_norm = 0.0;  // global L2 norm of the gradient (before clipping)
+  double seconds = 0.0;
+  double idle_seconds = 0.0;      // waiting for activations or gradients
+  double comm_seconds = 0.0;      // in collectives
+  double fence_seconds = 0.0;     // in BeforeOptimizerStep (memento: Fence)
+  double snapshot_seconds = 0.0;  // in AfterOptimizerStep (memento: Snapshot)
+};
+
+class Trainer {
+ public:
+  // Validates the options, connects the process groups and initialises the
+  // state of step 0. `hooks` may be null; it must outlive the Trainer.
+  static Result<std::unique_ptr<Trainer>> Create(const TrainerOptions& options,
+                                                 TrainerHooks* hooks);
+
+  // Replaces the hooks (may be null; must outlive every later Step()).
+  void SetHooks(TrainerHooks* hooks) { hooks_ = hooks; }
+  TrainerHooks* hooks() const { return hooks_; }
+
+  // Runs optimizer step state().step + 1.
+  Result<StepResult> Step();
+
+  // Full rank state to/from a file; Load checks that the file was written by
+  // the same model, topology and rank.
+  [[nodiscard]] Status Save(const std::string& path) const;
+  [[nodiscard]] Status Load(const std::string& path);
+
+  // Checks that every rank of the job is at the same step (after a load or
+  // a restore: ranks that resumed from different versions must not train
+  // on). FailedPrecondition names this rank's step and the spread.
+  [[nodiscard]] Status CheckSameStep();
+
+  // Checksum (xxHash3) of params, moments and state: equal on two runs iff
+  // their state is bitwise equal (up to hash collisions).
+  uint64_t StateChecksum() const;
+
+  const TrainerOptions& options() const { return options_; }
+  Comm& comm() { return *comm_; }
+  const Stage& stage() const { return *stage_; }
+  bool reports_loss() const;
+  int rank() const { return options_.comm.rank; }
+
+  float* params() { return params_.data(); }
+  size_t num_params() const { return stage_->num_params(); }
+  size_t padded_params() const { return params_.size(); }
+  float* adam_m() { return m_.data(); }
+  float* adam_v() { return v_.data(); }
+  size_t optimizer_numel() const { return m_.size(); }
+  size_t optimizer_offset() const { return opt_offset_; }
+  TrainState* mutable_state() { return &state_; }
+  const TrainState& state() const { return state_; }
+
+ private:
+  Trainer(const TrainerOptions& options, TrainerHooks* hooks);
+  void Phase(TrainPhase phase);
+  // Global gradient L2 norm over all stages and TP slices (after the DP
+  // allreduce, so every DP replica holds the same gradient).
+  Result<double> GradNorm();
+  // AdamW on this rank's optimizer range (ZeRO-1: its shard).
+  void ApplyAdamW(int64_t step, float lr);
+  Status RunSchedule(const int32_t* tokens, double* loss_sum, double* idle_s, double* comm_s);
+
+  TrainerOptions options_;
+  TrainerHooks* hooks_;  // not owned; may be null
+  std::unique_ptr<Comm> comm_;
+  std::unique_ptr<Stage> stage_;
+  MarkovCorpus corpus_;
+  int local_batch_ = 0, micro_batch_ = 0;
+
+  std::vector<float> params_, grads_, m_, v_;
+  size_t opt_offset_ = 0;
+  double tp_comm_seconds_ = 0.0;  // this step's TP allreduces
+  TrainState state_;
+
+  std::vector<int32_t> tokens_;
+  std::vector<float> dout_;                 // received output gradient
+  std::vector<std::vector<float>> dinput_;  // per micro-batch, sent upstream
+};
+
+}  // namespace memento::trainer
