@@ -32,7 +32,8 @@ Result<size_t> ReadAt(RandomAccessFile* file, uint64_t offset, size_t len, void*
 }  // namespace
 
 std::string EncodeSafetensorsHeader(const std::vector<SafetensorsEntry>& entries,
-                                    const std::map<std::string, std::string>& metadata) {
+                                    const std::map<std::string, std::string>& metadata,
+                                    size_t align) {
   json j = json::object();
   if (!metadata.empty()) j["__metadata__"] = metadata;
   for (const auto& e : entries) {
@@ -40,7 +41,8 @@ std::string EncodeSafetensorsHeader(const std::vector<SafetensorsEntry>& entries
   }
   std::string text = j.dump();
   size_t total = 8 + text.size();
-  text.append((8 - total % 8) % 8, ' ');
+  align = std::max<size_t>(align, 8);
+  text.append((align - total % align) % align, ' ');
   uint64_t n = text.size();
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);  // little-endian

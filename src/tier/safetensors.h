@@ -30,10 +30,12 @@ struct SafetensorsHeader {
 };
 
 // The first data_start bytes of a file (length prefix + JSON, padded with
-// spaces so that the data starts at a multiple of 8). REQUIRES: entries are
-// contiguous from 0.
+// spaces, which the format allows, so that the data starts at a multiple of
+// `align`: 8 at least, 4096 lets direct I/O write aligned tensors straight from
+// memory). REQUIRES: entries are contiguous from 0; align is a power of 2.
 std::string EncodeSafetensorsHeader(const std::vector<SafetensorsEntry>& entries,
-                                    const std::map<std::string, std::string>& metadata);
+                                    const std::map<std::string, std::string>& metadata,
+                                    size_t align = 8);
 
 // Parses and validates the header of `file` (`what` names it in errors):
 // well-formed JSON, known dtypes, byte counts matching dtype x shape, entries

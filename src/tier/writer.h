@@ -52,8 +52,9 @@ struct WriteOptions {
 struct WriteStats {
   uint64_t data_bytes = 0;  // tensor bytes written
   uint64_t file_bytes = 0;  // data file size
-  double seconds = 0;
-  bool direct = false;  // O_DIRECT was used
+  double seconds = 0;       // whole call
+  double data_seconds = 0;  // data file streamed and fsynced
+  bool direct = false;      // O_DIRECT was used
 };
 
 // Writes `view`'s part of version view.step under `root` (created if needed)
