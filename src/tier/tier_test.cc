@@ -77,7 +77,7 @@ VersionView NodeView(const JobState& s, int64_t step, int node, int nodes) {
     uint64_t per = (bytes.size() + nodes - 1) / nodes;
     uint64_t b = std::min<uint64_t>(bytes.size(), per * node);
     uint64_t e = std::min<uint64_t>(bytes.size(), b + per);
-    if (e > b) v.entries.push_back(ViewEntry{meta, b, e - b, bytes.data()});
+    if (e > b) v.entries.push_back(ViewEntry{meta, b, e - b, bytes.data() + b});
   };
   piece(s.weight, Meta("w", DType::kFloat32, {64, 33}));
   piece(s.bias, Meta("b", DType::kBFloat16, {7}));

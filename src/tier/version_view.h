@@ -28,7 +28,8 @@ struct ViewEntry {
   // (global parameter sharding).
   uint64_t offset = 0;
   uint64_t length = 0;
-  // The bytes; valid while the VersionView (its `pin`) is alive.
+  // The first byte of the range (not of the tensor); valid while the
+  // VersionView (its `pin`) is alive.
   const void* data = nullptr;
 };
 

@@ -357,8 +357,7 @@ Result<WriteStats> WriteNodePart(Env* env, const std::string& root, const Versio
     MEMENTO_RETURN_IF_ERROR(w.Append(header.data(), header.size(), nullptr));
     for (auto& pp : plan) {
       StreamingChecksum cs;
-      MEMENTO_RETURN_IF_ERROR(w.Append(
-          static_cast<const uint8_t*>(pp.entry->data) + pp.entry->offset, pp.entry->length, &cs));
+      MEMENTO_RETURN_IF_ERROR(w.Append(pp.entry->data, pp.entry->length, &cs));
       pp.record.xxh3 = cs.Digest();
       pp.record.file_offset = header.size() + pp.st.begin;
     }
