@@ -176,6 +176,7 @@ std::string SerializeNodeMarker(const NodeMarker& m) {
   json j{{"format_version", kFormatVersion},
          {"node", m.node},
          {"step", m.step},
+         {"epoch", m.epoch},
          {"file", m.file},
          {"file_size", m.file_size},
          {"manifest", m.manifest},
@@ -191,6 +192,7 @@ Result<NodeMarker> ParseNodeMarker(const std::string& text, const std::string& w
     NodeMarker m;
     m.node = j.at("node").get<int>();
     m.step = j.at("step").get<int64_t>();
+    m.epoch = j.value("epoch", uint64_t{0});
     m.file = j.at("file").get<std::string>();
     m.file_size = j.at("file_size").get<uint64_t>();
     m.manifest = j.at("manifest").get<std::string>();

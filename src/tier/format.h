@@ -98,6 +98,7 @@ Status MergeIndex(const VersionIndex& part, VersionIndex* into);
 struct NodeMarker {
   int node = 0;
   int64_t step = 0;
+  uint64_t epoch = 0;
   std::string file;
   uint64_t file_size = 0;
   std::string manifest;

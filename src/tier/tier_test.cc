@@ -5,9 +5,11 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "common/test_util.h"
 #include "tier/discovery.h"
+#include "tier/persister.h"
 #include "tier/reader.h"
 #include "tier/retention.h"
 #include "tier/safetensors.h"
@@ -432,6 +434,61 @@ TEST(TierTest, ZeroCopyAndStagedPathsMix) {
   auto report = Verify(env, dir.path(), 1);
   ASSERT_TRUE(report.ok());
   EXPECT_TRUE(report->ok()) << ::testing::PrintToString(report->versions[0].problems);
+}
+
+}  // namespace
+}  // namespace memento::tier
+
+namespace memento::tier {
+namespace {
+
+// A step trained again after a restart (new epoch) is never committed from a
+// part left by the earlier history.
+TEST(TierTest, PartsOfAnotherEpochAreNeverMixed) {
+  ScratchDir dir("tier-epoch");
+  Env* env = Env::Default();
+  JobState old_state = MakeState(11, 2), new_state = MakeState(12, 2);
+  VersionView stale = NodeView(old_state, 5, 1, 2);  // epoch 0, node 1, never committed
+  ASSERT_TRUE(WriteNodePart(env, dir.path(), stale, {}).ok());
+  VersionView v0 = NodeView(new_state, 5, 0, 2), v1 = NodeView(new_state, 5, 1, 2);
+  v0.epoch = v1.epoch = 1;
+  auto r = WriteVersion(env, dir.path(), v0, {}, Deadline::AfterSeconds(0.05));
+  ASSERT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(r.status().message().find("from epoch 0, waiting for epoch 1"), std::string::npos);
+  ASSERT_TRUE(WriteNodePart(env, dir.path(), v1, {}).ok());
+  ASSERT_TRUE(CommitVersion(env, dir.path(), 5, 2, 1).ok());
+  std::vector<uint8_t> w(new_state.weight.size());
+  ASSERT_TRUE(
+      Restore(env, dir.path(), 5, {RestoreTarget{Meta("w", DType::kFloat32, {64, 33}), w.data()}})
+          .ok());
+  EXPECT_EQ(w, new_state.weight);
+}
+
+// Every T seconds: the first offer is due, the next ones only after T.
+TEST(PersisterPolicyTest, EveryTSecondsOnly) {
+  ScratchDir dir("tier-every-t");
+  std::vector<uint8_t> bytes(4096, 7);
+  auto provider = [&]() -> Result<VersionView> {
+    VersionView v;
+    v.entries.push_back(ViewEntry{Meta("x", DType::kUInt8, {4096}), 0, 4096, bytes.data()});
+    return v;
+  };
+  for (double t : {30.0, 0.3}) {
+    PersisterOptions o;
+    o.root = dir.path() + "/" + std::to_string(static_cast<int>(t * 10));
+    o.every_k_steps = 0;
+    o.every_seconds = t;
+    auto p = Persister::Start(o);
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ((*p)->Offer(1, provider), OfferResult::kQueued);
+    if (t > 1) {
+      EXPECT_EQ((*p)->Offer(2, provider), OfferResult::kSkippedByPolicy);  // long before 30 s
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(350));  // always > 0.3 s
+      EXPECT_NE((*p)->Offer(2, provider), OfferResult::kSkippedByPolicy);
+    }
+    ASSERT_TRUE((*p)->WaitIdle(Deadline::AfterSeconds(30)));
+  }
 }
 
 }  // namespace

@@ -38,6 +38,10 @@ struct VersionView {
   int node = 0;       // this node's id, 0 .. num_nodes-1
   int num_nodes = 1;  // nodes that each write a part of this version
   int64_t step = 0;   // the version
+  // Incarnation of the job's history: bumped every time the job restarts from
+  // an older checkpoint, so that a step trained again is never committed from
+  // parts written by two histories (node 0 only accepts markers of its epoch).
+  uint64_t epoch = 0;
   // Opaque topology description (JSON text; "{}" when unknown), recorded in the
   // index so that a restore can tell a different topology.
   std::string topology_json = "{}";

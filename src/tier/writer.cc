@@ -379,6 +379,7 @@ Result<WriteStats> WriteNodePart(Env* env, const std::string& root, const Versio
       env->WriteStringToFileSync(vdir + "/" + NodeManifestName(view.node), manifest_text));
   NodeMarker marker{view.node,
                     view.step,
+                    view.epoch,
                     data_file,
                     file_size,
                     NodeManifestName(view.node),
@@ -396,7 +397,8 @@ Result<WriteStats> WriteNodePart(Env* env, const std::string& root, const Versio
   return stats;
 }
 
-Status CommitVersion(Env* env, const std::string& root, int64_t step, int num_nodes) {
+Status CommitVersion(Env* env, const std::string& root, int64_t step, int num_nodes,
+                     uint64_t epoch) {
   const std::string vdir = root + "/" + VersionDirName(step);
   const std::string commit_path = vdir + "/" + kCommitFileName;
   if (env->FileExists(commit_path)) return Status::Ok();
@@ -418,6 +420,14 @@ Status CommitVersion(Env* env, const std::string& root, int64_t step, int num_no
     if (marker.step != step || marker.node != i) {
       return DataLossError(fmt::format("{}: says node {} step {}, expected node {} step {}",
                                        marker_path, marker.node, marker.step, i, step));
+    }
+    if (marker.epoch != epoch) {
+      // A part left by an earlier history of the job (it trained this step
+      // before restarting from an older checkpoint): never mix it in; wait
+      // for the node to write this epoch's part.
+      return UnavailableError(
+          fmt::format("version {}: node {}'s part is from epoch {}, waiting for epoch {}", step, i,
+                      marker.epoch, epoch));
     }
     const std::string manifest_path = vdir + "/" + marker.manifest;
     MEMENTO_ASSIGN_OR_RETURN(std::string manifest_text, env->ReadFileToString(manifest_path));
@@ -461,7 +471,7 @@ Result<WriteStats> WriteVersion(Env* env, const std::string& root, const Version
   if (view.node != 0) return stats;
   auto backoff = std::chrono::milliseconds(5);
   while (true) {
-    Status s = CommitVersion(env, root, view.step, view.num_nodes);
+    Status s = CommitVersion(env, root, view.step, view.num_nodes, view.epoch);
     if (s.ok()) break;
     if (s.code() != StatusCode::kUnavailable || commit_deadline.expired()) return s;
     std::this_thread::sleep_for(std::min<Duration>(backoff, commit_deadline.remaining()));

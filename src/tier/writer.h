@@ -68,10 +68,12 @@ struct WriteStats {
                                                const VersionView& view,
                                                const WriteOptions& options);
 
-// Node 0's half: when all `num_nodes` markers of `step` are present and sound,
-// writes index.json and COMMIT. Unavailable (naming the missing nodes) when
-// some node has not finished yet; OK when the version is already committed.
-[[nodiscard]] Status CommitVersion(Env* env, const std::string& root, int64_t step, int num_nodes);
+// Node 0's half: when all `num_nodes` markers of `step` and `epoch` are present
+// and sound, writes index.json and COMMIT. Unavailable (naming the missing
+// nodes) when some node has not finished yet or its marker is from another
+// epoch; OK when the version is already committed.
+[[nodiscard]] Status CommitVersion(Env* env, const std::string& root, int64_t step, int num_nodes,
+                                   uint64_t epoch = 0);
 
 // WriteNodePart, and on node 0 CommitVersion retried until `commit_deadline`.
 [[nodiscard]] Result<WriteStats> WriteVersion(Env* env, const std::string& root,
