@@ -228,7 +228,8 @@ Result<RestoreReport> Restore(Env* env, const std::string& root, std::optional<i
           &report.bytes_read));
     }
   }
-  for (auto& [key, w] : work) {
+  for (auto& entry : work) {
+    PieceWork& w = entry.second;  // not a structured binding: the lambda captures it
     MEMENTO_ASSIGN_OR_RETURN(RandomAccessFile * f, open(w.piece->file));
     auto sink = [&](uint64_t off, const uint8_t* bytes, size_t len) {
       for (const Slice& s : w.slices) {

@@ -371,7 +371,7 @@ TEST(DiscoveryTest, NewestAcrossTiersMemoryWinsTies) {
   WriteJob(env, dir.path(), s, 20, 1);
   DurableVersionSource durable(env, dir.path());
   FakeMemoryTier newer(std::optional<int64_t>(25)), same(std::optional<int64_t>(20)),
-      none(std::optional<int64_t>(std::nullopt)), down(UnavailableError("agent node3 unreachable"));
+      none{std::optional<int64_t>(std::nullopt)}, down(UnavailableError("agent node3 unreachable"));
   auto r = FindLatestComplete({&newer, &durable}, Deadline::AfterSeconds(1));
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->step, 25);
