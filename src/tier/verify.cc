@@ -82,7 +82,17 @@ VersionCheck VerifyVersion(Env* env, const std::string& root, int64_t step) {
   for (const auto& [name, t] : index->tensors) {
     for (const auto& p : t.pieces) {
       auto f = files.find(p.file);
-      if (f == files.end()) continue;  // the file's problem is already reported
+      if (f == files.end()) {
+        bool listed = false;
+        for (const auto& n : index->nodes) listed |= n.file == p.file;
+        if (!listed) {
+          check.problems.push_back(
+              fmt::format("{}/index.json: piece '{}' of tensor '{}' is in "
+                          "{}, which no node wrote",
+                          vdir, p.key, name, p.file));
+        }
+        continue;  // otherwise the file's own problem is already reported
+      }
       const std::string path = vdir + "/" + p.file;
       auto h = headers[p.file].find(p.key);
       if (h == headers[p.file].end()) {
