@@ -493,3 +493,55 @@ TEST(PersisterPolicyTest, EveryTSecondsOnly) {
 
 }  // namespace
 }  // namespace memento::tier
+
+namespace memento::tier {
+namespace {
+
+// Another PP split where layer boundaries allow: written by PP=2 (node 0 holds
+// layers 0-1, node 1 layers 2-3), restored by PP=4 (one layer per rank) and
+// PP=1 (all layers on one rank), tensors found by name whoever wrote them.
+TEST(TierTest, RestoreIntoAnotherPipelineSplit) {
+  ScratchDir dir("tier-pp");
+  Env* env = Env::Default();
+  std::mt19937_64 rng(testing::TestSeed("RestoreIntoAnotherPipelineSplit"));
+  std::vector<std::vector<uint8_t>> layers;
+  for (int l = 0; l < 4; ++l) layers.push_back(RandomBytes(rng, 4096 + 40 * l));
+  auto meta = [&](int l) {
+    return Meta("layers." + std::to_string(l) + ".weight", DType::kFloat32,
+                {static_cast<int64_t>(layers[l].size() / 4)});
+  };
+  for (int node = 1; node >= 0; --node) {
+    VersionView v;
+    v.step = 3;
+    v.node = node;
+    v.num_nodes = 2;
+    v.topology_json = R"({"pp": 2})";
+    for (int l = 2 * node; l < 2 * node + 2; ++l) {
+      v.entries.push_back(ViewEntry{meta(l), 0, layers[l].size(), layers[l].data()});
+    }
+    auto r = node == 1 ? WriteNodePart(env, dir.path(), v, {})
+                       : WriteVersion(env, dir.path(), v, {}, Deadline::AfterSeconds(5));
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  for (int pp : {4, 1}) {
+    for (int stage = 0; stage < pp; ++stage) {
+      std::vector<std::vector<uint8_t>> out;
+      std::vector<RestoreTarget> targets;
+      for (int l = stage * 4 / pp; l < (stage + 1) * 4 / pp; ++l)
+        out.emplace_back(layers[l].size());
+      int i = 0;
+      for (int l = stage * 4 / pp; l < (stage + 1) * 4 / pp; ++l, ++i) {
+        targets.push_back(RestoreTarget{meta(l), out[i].data()});
+      }
+      auto rep = Restore(env, dir.path(), 3, targets);
+      ASSERT_TRUE(rep.ok()) << rep.status();
+      i = 0;
+      for (int l = stage * 4 / pp; l < (stage + 1) * 4 / pp; ++l, ++i) {
+        EXPECT_EQ(out[i], layers[l]) << "pp=" << pp << " layer " << l;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace memento::tier
