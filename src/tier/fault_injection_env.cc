@@ -59,6 +59,31 @@ Result<std::unique_ptr<WritableFile>> FaultInjectionEnv::NewWritableFile(const s
   return std::unique_ptr<WritableFile>(new FaultInjectionWritableFile(this, path, std::move(file)));
 }
 
+namespace {
+class FailingRandomAccessFile final : public RandomAccessFile {
+ public:
+  FailingRandomAccessFile(std::string path, std::unique_ptr<RandomAccessFile> base)
+      : path_(std::move(path)), base_(std::move(base)) {}
+  Result<size_t> Read(uint64_t, void*, size_t) override {
+    return ErrnoError("pread " + path_ + " (injected)", EIO);
+  }
+  Result<uint64_t> Size() override { return base_->Size(); }
+  bool direct() const override { return base_->direct(); }
+
+ private:
+  std::string path_;
+  std::unique_ptr<RandomAccessFile> base_;
+};
+}  // namespace
+
+Result<std::unique_ptr<RandomAccessFile>> FaultInjectionEnv::NewRandomAccessFile(
+    const std::string& path, bool direct) {
+  MEMENTO_ASSIGN_OR_RETURN(auto file, base_->NewRandomAccessFile(path, direct));
+  if (!fail_reads_) return file;
+  ++injected_;
+  return std::unique_ptr<RandomAccessFile>(new FailingRandomAccessFile(path, std::move(file)));
+}
+
 Status FaultInjectionEnv::RenameFile(const std::string& from, const std::string& to) {
   if (fail_renames_) {
     ++injected_;

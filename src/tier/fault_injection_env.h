@@ -30,11 +30,14 @@ class FaultInjectionEnv final : public Env {
   // the limit.
   void SetSpaceLeft(int64_t bytes) { space_left_ = bytes; }
   void SetFailRenames(bool on) { fail_renames_ = on; }
+  // Every read of a file opened from now on fails with EIO.
+  void SetFailReads(bool on) { fail_reads_ = on; }
   // Lifts every fault.
   void Heal() {
     fail_writes_ = false;
     fail_syncs_ = false;
     fail_renames_ = false;
+    fail_reads_ = false;
     space_left_ = -1;
   }
   // How many operations failed because of an injected fault.
@@ -43,9 +46,7 @@ class FaultInjectionEnv final : public Env {
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
                                                         bool direct) override;
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path,
-                                                                bool direct) override {
-    return base_->NewRandomAccessFile(path, direct);
-  }
+                                                                bool direct) override;
   Status RenameFile(const std::string& from, const std::string& to) override;
   Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
   Status CreateDir(const std::string& path) override { return base_->CreateDir(path); }
@@ -68,6 +69,7 @@ class FaultInjectionEnv final : public Env {
   std::atomic<bool> fail_writes_{false};
   std::atomic<bool> fail_syncs_{false};
   std::atomic<bool> fail_renames_{false};
+  std::atomic<bool> fail_reads_{false};
   std::atomic<int64_t> space_left_{-1};
   std::atomic<int64_t> injected_{0};
 };

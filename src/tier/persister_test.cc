@@ -223,3 +223,29 @@ INSTANTIATE_TEST_SUITE_P(Faults, PersisterFaultTest,
 
 }  // namespace
 }  // namespace memento::tier
+
+namespace memento::tier {
+namespace {
+
+TEST(RestoreFaultTest, ReadErrorsAreReportedAndDiscoveryStillWorks) {
+  ScratchDir dir("restore-fault");
+  FaultInjectionEnv env(Env::Default());
+  Memory mem;
+  mem.Make(1, 1 << 16);
+  auto view = mem.Provider(1)();
+  ASSERT_TRUE(view.ok());
+  ASSERT_TRUE(WriteVersion(&env, dir.path(), *view, {}, Deadline::AfterSeconds(5)).ok());
+  env.SetFailReads(true);
+  std::vector<uint8_t> out(1 << 16);
+  TensorMeta m = view->entries[0].meta;
+  auto rep = Restore(&env, dir.path(), 1, {RestoreTarget{m, out.data()}});
+  ASSERT_FALSE(rep.ok());
+  EXPECT_NE(rep.status().message().find("(injected)"), std::string::npos) << rep.status();
+  env.Heal();
+  rep = Restore(&env, dir.path(), 1, {RestoreTarget{m, out.data()}});
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(out, mem.versions.at(1));
+}
+
+}  // namespace
+}  // namespace memento::tier
