@@ -34,7 +34,7 @@ using namespace memento::tier;
 struct PersistArgs {
   uint64_t size = 256ull << 20;
   std::string dir;
-  int reps = 3;
+  int reps = 5;
   int tensors = 8;
   uint64_t chunk = 4 << 20;
   bool json = true;
