@@ -22,6 +22,10 @@ VersionCheck VerifyVersion(Env* env, const std::string& root, int64_t step) {
   VersionCheck check;
   check.step = step;
   const std::string vdir = root + "/" + VersionDirName(step);
+  if (!env->IsDirectory(vdir)) {
+    check.problems.push_back(fmt::format("{}: version {} was never written here", vdir, step));
+    return check;
+  }
   if (!env->FileExists(vdir + "/" + kCommitFileName)) {
     check.problems.push_back(fmt::format(
         "{}: no COMMIT marker: version {} is incomplete and does not exist", vdir, step));
