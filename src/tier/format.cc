@@ -1,0 +1,236 @@
+#include "tier/format.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+namespace memento::tier {
+
+using nlohmann::json;
+
+std::string VersionDirName(int64_t step) { return fmt::format("version-{:020d}", step); }
+
+std::optional<int64_t> ParseVersionDirName(const std::string& name) {
+  static constexpr char kPrefix[] = "version-";
+  constexpr size_t kLen = sizeof(kPrefix) - 1;
+  if (name.size() != kLen + 20 || name.compare(0, kLen, kPrefix) != 0) return std::nullopt;
+  int64_t v = 0;
+  for (size_t i = kLen; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+std::string NodeDataFileName(int node) { return fmt::format("node-{:05d}.safetensors", node); }
+std::string NodeManifestName(int node) { return fmt::format("node-{:05d}.json", node); }
+std::string NodeMarkerName(int node) { return fmt::format("node-{:05d}.done", node); }
+
+std::string HexU64(uint64_t v) { return fmt::format("{:016x}", v); }
+
+Result<uint64_t> ParseHexU64(const std::string& s) {
+  if (s.size() != 16) return DataLossError("checksum '" + s + "' is not 16 hex digits");
+  char* end = nullptr;
+  uint64_t v = std::strtoull(s.c_str(), &end, 16);
+  if (end != s.c_str() + s.size()) return DataLossError("checksum '" + s + "' is not hex");
+  return v;
+}
+
+uint64_t VersionIndex::stored_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, t] : tensors) {
+    for (const auto& p : t.pieces) n += p.length;
+  }
+  return n;
+}
+
+std::string SerializeIndex(const VersionIndex& index) {
+  json j;
+  j["format"] = "memento-durable";
+  j["format_version"] = index.format_version;
+  j["job"] = index.job;
+  j["step"] = index.step;
+  j["num_nodes"] = index.num_nodes;
+  json topo = json::parse(index.topology_json, nullptr, /*allow_exceptions=*/false);
+  j["topology"] = topo.is_discarded() ? json(index.topology_json) : topo;
+  j["created_unix_ns"] = index.created_unix_ns;
+  j["nodes"] = json::array();
+  for (const auto& n : index.nodes) {
+    j["nodes"].push_back(
+        {{"node", n.node}, {"file", n.file}, {"file_size", n.file_size}, {"manifest", n.manifest}});
+  }
+  json tensors = json::object();
+  for (const auto& [name, t] : index.tensors) {
+    json jt;
+    jt["dtype"] = std::string(DTypeName(t.dtype));
+    jt["shape"] = t.shape;
+    jt["state_class"] = std::string(StateClassName(t.state_class));
+    jt["global"] = t.global;
+    jt["nbytes"] = t.nbytes;
+    jt["pieces"] = json::array();
+    for (const auto& p : t.pieces) {
+      jt["pieces"].push_back({{"key", p.key},
+                              {"node", p.node},
+                              {"file", p.file},
+                              {"file_offset", p.file_offset},
+                              {"tensor_offset", p.tensor_offset},
+                              {"length", p.length},
+                              {"xxh3", HexU64(p.xxh3)}});
+    }
+    tensors[name] = std::move(jt);
+  }
+  j["tensors"] = std::move(tensors);
+  return j.dump(1);
+}
+
+namespace {
+
+Status CheckFormatVersion(const json& j, const std::string& what) {
+  int v = j.at("format_version").get<int>();
+  if (v < 1 || v > kFormatVersion) {
+    return FailedPreconditionError(
+        fmt::format("{}: format_version {} is not supported (this build reads 1..{})", what, v,
+                    kFormatVersion));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<VersionIndex> ParseIndex(const std::string& text, const std::string& what) {
+  try {
+    json j = json::parse(text);
+    MEMENTO_RETURN_IF_ERROR(CheckFormatVersion(j, what));
+    VersionIndex index;
+    index.format_version = j.at("format_version").get<int>();
+    index.job = j.at("job").get<std::string>();
+    index.step = j.at("step").get<int64_t>();
+    index.num_nodes = j.at("num_nodes").get<int>();
+    const json& topo = j.at("topology");
+    index.topology_json = topo.is_string() ? topo.get<std::string>() : topo.dump();
+    index.created_unix_ns = j.value("created_unix_ns", int64_t{0});
+    for (const auto& jn : j.at("nodes")) {
+      NodeRecord n;
+      n.node = jn.at("node").get<int>();
+      n.file = jn.at("file").get<std::string>();
+      n.file_size = jn.at("file_size").get<uint64_t>();
+      n.manifest = jn.at("manifest").get<std::string>();
+      index.nodes.push_back(std::move(n));
+    }
+    for (const auto& [name, jt] : j.at("tensors").items()) {
+      TensorRecord t;
+      t.name = name;
+      MEMENTO_ASSIGN_OR_RETURN(t.dtype, ParseDType(jt.at("dtype").get<std::string>()));
+      t.shape = jt.at("shape").get<std::vector<int64_t>>();
+      MEMENTO_ASSIGN_OR_RETURN(t.state_class,
+                               ParseStateClass(jt.at("state_class").get<std::string>()));
+      t.global = jt.value("global", false);
+      t.nbytes = jt.at("nbytes").get<uint64_t>();
+      for (const auto& jp : jt.at("pieces")) {
+        PieceRecord p;
+        p.key = jp.at("key").get<std::string>();
+        p.node = jp.at("node").get<int>();
+        p.file = jp.at("file").get<std::string>();
+        p.file_offset = jp.at("file_offset").get<uint64_t>();
+        p.tensor_offset = jp.at("tensor_offset").get<uint64_t>();
+        p.length = jp.at("length").get<uint64_t>();
+        MEMENTO_ASSIGN_OR_RETURN(p.xxh3, ParseHexU64(jp.at("xxh3").get<std::string>()));
+        if (p.tensor_offset + p.length > t.nbytes || p.tensor_offset + p.length < p.length) {
+          return DataLossError(
+              fmt::format("{}: piece {} of tensor '{}' ends at {} past its {} bytes", what, p.key,
+                          name, p.tensor_offset + p.length, t.nbytes));
+        }
+        t.pieces.push_back(std::move(p));
+      }
+      index.tensors.emplace(name, std::move(t));
+    }
+    return index;
+  } catch (const json::exception& e) {
+    return DataLossError(what + ": malformed index: " + e.what());
+  }
+}
+
+Status MergeIndex(const VersionIndex& part, VersionIndex* into) {
+  for (const auto& n : part.nodes) into->nodes.push_back(n);
+  for (const auto& [name, t] : part.tensors) {
+    auto it = into->tensors.find(name);
+    if (it == into->tensors.end()) {
+      into->tensors.emplace(name, t);
+      continue;
+    }
+    TensorRecord& have = it->second;
+    if (have.dtype != t.dtype || have.shape != t.shape || have.nbytes != t.nbytes ||
+        have.state_class != t.state_class || have.global != t.global) {
+      return InvalidArgumentError(fmt::format(
+          "tensor '{}' is described differently by two nodes: {} {} {} vs {} {} {}", name,
+          DTypeName(have.dtype), ShapeToString(have.shape), StateClassName(have.state_class),
+          DTypeName(t.dtype), ShapeToString(t.shape), StateClassName(t.state_class)));
+    }
+    for (const auto& p : t.pieces) have.pieces.push_back(p);
+  }
+  return Status::Ok();
+}
+
+std::string SerializeNodeMarker(const NodeMarker& m) {
+  json j{{"format_version", kFormatVersion},
+         {"node", m.node},
+         {"step", m.step},
+         {"epoch", m.epoch},
+         {"file", m.file},
+         {"file_size", m.file_size},
+         {"manifest", m.manifest},
+         {"manifest_size", m.manifest_size},
+         {"manifest_xxh3", HexU64(m.manifest_xxh3)}};
+  return j.dump(1);
+}
+
+Result<NodeMarker> ParseNodeMarker(const std::string& text, const std::string& what) {
+  try {
+    json j = json::parse(text);
+    MEMENTO_RETURN_IF_ERROR(CheckFormatVersion(j, what));
+    NodeMarker m;
+    m.node = j.at("node").get<int>();
+    m.step = j.at("step").get<int64_t>();
+    m.epoch = j.value("epoch", uint64_t{0});
+    m.file = j.at("file").get<std::string>();
+    m.file_size = j.at("file_size").get<uint64_t>();
+    m.manifest = j.at("manifest").get<std::string>();
+    m.manifest_size = j.at("manifest_size").get<uint64_t>();
+    MEMENTO_ASSIGN_OR_RETURN(m.manifest_xxh3,
+                             ParseHexU64(j.at("manifest_xxh3").get<std::string>()));
+    return m;
+  } catch (const json::exception& e) {
+    return DataLossError(what + ": malformed node marker: " + e.what());
+  }
+}
+
+std::string SerializeCommit(const CommitRecord& c) {
+  json j{{"format", "memento-durable"},
+         {"format_version", c.format_version},
+         {"step", c.step},
+         {"index", c.index},
+         {"index_size", c.index_size},
+         {"index_xxh3", HexU64(c.index_xxh3)},
+         {"files", c.files}};
+  return j.dump(1);
+}
+
+Result<CommitRecord> ParseCommit(const std::string& text, const std::string& what) {
+  try {
+    json j = json::parse(text);
+    MEMENTO_RETURN_IF_ERROR(CheckFormatVersion(j, what));
+    CommitRecord c;
+    c.format_version = j.at("format_version").get<int>();
+    c.step = j.at("step").get<int64_t>();
+    c.index = j.at("index").get<std::string>();
+    c.index_size = j.at("index_size").get<uint64_t>();
+    MEMENTO_ASSIGN_OR_RETURN(c.index_xxh3, ParseHexU64(j.at("index_xxh3").get<std::string>()));
+    c.files = j.at("files").get<std::vector<std::string>>();
+    return c;
+  } catch (const json::exception& e) {
+    return DataLossError(what + ": malformed commit marker: " + e.what());
+  }
+}
+
+}  // namespace memento::tier

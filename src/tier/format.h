@@ -1,0 +1,123 @@
+// On-disk layout of the durable tier (docs/durable_tier.md has the full
+// description):
+//
+//   ROOT/version-00000000000000000042/      one directory per version (step)
+//     node-00000.safetensors                node 0's bytes, safetensors layout
+//     node-00000.json                       node 0's manifest (what the file holds)
+//     node-00000.done                       node 0's marker (manifest checksum)
+//     ...                                   the same for every other node
+//     index.json                            the version index (merged manifests)
+//     COMMIT                                the version's commit marker
+//
+// A version exists only when COMMIT exists and names an index whose size and
+// xxHash3 match. COMMIT is written last (temp name, fsync, rename, fsync dir).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "memento/status.h"
+#include "memento/types.h"
+
+namespace memento::tier {
+
+// Bump when the layout changes incompatibly; readers refuse newer versions.
+inline constexpr int kFormatVersion = 1;
+inline constexpr char kIndexFileName[] = "index.json";
+inline constexpr char kCommitFileName[] = "COMMIT";
+
+std::string VersionDirName(int64_t step);  // "version-00000000000000000042"
+// The step of a version directory name, or nullopt for any other name.
+std::optional<int64_t> ParseVersionDirName(const std::string& name);
+std::string NodeDataFileName(int node);  // "node-00003.safetensors"
+std::string NodeManifestName(int node);  // "node-00003.json"
+std::string NodeMarkerName(int node);    // "node-00003.done"
+
+// xxHash3 values are written as 16 hex digits (JSON numbers lose bits > 2^53).
+std::string HexU64(uint64_t v);
+Result<uint64_t> ParseHexU64(const std::string& s);
+
+// One stored byte range of a tensor.
+struct PieceRecord {
+  std::string key;             // its tensor name in the safetensors header
+  int node = 0;                // the node that wrote it
+  std::string file;            // data file, relative to the version directory
+  uint64_t file_offset = 0;    // absolute byte offset in `file`
+  uint64_t tensor_offset = 0;  // byte offset in the logical tensor
+  uint64_t length = 0;
+  uint64_t xxh3 = 0;  // Checksum() of the piece's bytes
+};
+
+// A logical tensor: for kDpSharded state with a known global size this is the
+// whole flattened tensor (shape {global_numel}) assembled from every DP rank's
+// shard; otherwise the tensor as registered.
+struct TensorRecord {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  StateClass state_class = StateClass::kReplicated;
+  bool global = false;  // kDpSharded stored in global coordinates
+  uint64_t nbytes = 0;  // logical size
+  std::vector<PieceRecord> pieces;
+};
+
+struct NodeRecord {
+  int node = 0;
+  std::string file;  // data file
+  uint64_t file_size = 0;
+  std::string manifest;  // manifest file
+};
+
+// The index of a version (index.json) and also a node's manifest (the same
+// structure restricted to one node).
+struct VersionIndex {
+  int format_version = kFormatVersion;
+  std::string job;
+  int64_t step = 0;
+  int num_nodes = 1;
+  std::string topology_json = "{}";
+  int64_t created_unix_ns = 0;
+  std::vector<NodeRecord> nodes;
+  std::map<std::string, TensorRecord> tensors;
+
+  uint64_t stored_bytes() const;
+};
+
+std::string SerializeIndex(const VersionIndex& index);
+// Errors name what is wrong (DataLoss for malformed text).
+Result<VersionIndex> ParseIndex(const std::string& text, const std::string& what);
+
+// Adds `part`'s nodes and pieces to `into`. Fails when the same tensor is
+// described differently (dtype, shape, size, state class) by two nodes.
+Status MergeIndex(const VersionIndex& part, VersionIndex* into);
+
+// A node's marker (node-N.done): its part of the version is durable.
+struct NodeMarker {
+  int node = 0;
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  std::string file;
+  uint64_t file_size = 0;
+  std::string manifest;
+  uint64_t manifest_size = 0;
+  uint64_t manifest_xxh3 = 0;
+};
+std::string SerializeNodeMarker(const NodeMarker& m);
+Result<NodeMarker> ParseNodeMarker(const std::string& text, const std::string& what);
+
+// The version's commit marker (COMMIT).
+struct CommitRecord {
+  int format_version = kFormatVersion;
+  int64_t step = 0;
+  std::string index = kIndexFileName;
+  uint64_t index_size = 0;
+  uint64_t index_xxh3 = 0;
+  std::vector<std::string> files;  // data files of every node
+};
+std::string SerializeCommit(const CommitRecord& c);
+Result<CommitRecord> ParseCommit(const std::string& text, const std::string& what);
+
+}  // namespace memento::tier

@@ -1,0 +1,216 @@
+// `memento bench persist --size BYTES [--dir DIR] [--reps N] [--json]`
+//
+// Persist throughput of the durable tier against a raw O_DIRECT write of the
+// same bytes measured in the same run (`ratio` = persist / raw, the target is
+// >= 0.8), and cold restore time from the durable tier (O_DIRECT reads, so the
+// page cache does not help) next to restore from memory (copy + checksum, what
+// the in-memory tier does), with `speedup` = durable time / memory time.
+// The directory should be on a local disk, not /dev/shm (that is memory).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/checksum.h"
+#include "common/clock.h"
+#include "tier/env.h"
+#include "tier/reader.h"
+#include "tier/retention.h"
+#include "tier/writer.h"
+#include "tools/command.h"
+
+namespace {
+
+using namespace memento;
+using namespace memento::tier;
+
+struct PersistArgs {
+  uint64_t size = 256ull << 20;
+  std::string dir;
+  int reps = 5;
+  int tensors = 8;
+  uint64_t chunk = 4 << 20;
+  bool json = true;
+};
+
+// Writes `len` bytes of `src` to `path` with O_DIRECT in `chunk` pieces and
+// fsyncs: the floor any durable writer is measured against.
+Result<double> RawDirectWrite(const std::string& path, const uint8_t* src, uint64_t len,
+                              uint64_t chunk) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("open O_DIRECT " + path, errno);
+  Stopwatch w;
+  uint64_t padded = AlignUp(len, kDirectIoAlignment);
+  for (uint64_t off = 0; off < padded; off += chunk) {
+    size_t n = static_cast<size_t>(std::min(chunk, padded - off));
+    ssize_t r = ::pwrite(fd, src + off, n, static_cast<off_t>(off));
+    if (r != static_cast<ssize_t>(n)) {
+      int err = errno;
+      ::close(fd);
+      return ErrnoError("pwrite " + path, r < 0 ? err : EIO);
+    }
+  }
+  if (::ftruncate(fd, static_cast<off_t>(len)) != 0 || ::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoError("fsync " + path, err);
+  }
+  double s = w.Seconds();
+  ::close(fd);
+  ::unlink(path.c_str());
+  return s;
+}
+
+Status RunPersistBench(const PersistArgs& a, nlohmann::json* out) {
+  if (a.size == 0 || a.tensors <= 0 || a.reps <= 0) {
+    return InvalidArgumentError("--size, --tensors and --reps must be > 0");
+  }
+  std::string base = a.dir;
+  if (base.empty()) {
+    const char* t = std::getenv("TMPDIR");
+    base = t && *t ? t : "/var/tmp";
+  }
+  if (base.rfind("/dev/shm", 0) == 0) {
+    return InvalidArgumentError("--dir " + base + " is memory (tmpfs); use a directory on disk");
+  }
+  std::string tmpl = base + "/memento-bench-persist-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) return ErrnoError("mkdtemp " + tmpl, errno);
+  const std::string root = tmpl;
+  struct Cleanup {
+    std::string root;
+    ~Cleanup() {
+      auto versions = ListVersions(Env::Default(), root);
+      if (versions.ok()) {
+        for (const auto& v : *versions) DeleteVersion(Env::Default(), root, v.step).IgnoreError();
+      }
+      ::rmdir(root.c_str());
+    }
+  } cleanup{root};
+
+  // The "memory tier": one aligned buffer with pseudo-random contents.
+  const uint64_t size = a.size / 4 * 4;  // whole F32 elements
+  AlignedBuffer src(size);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (uint64_t i = 0; i + 8 <= src.size(); i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(src.data() + i, &x, 8);
+  }
+  VersionView view;
+  view.job = "bench";
+  std::vector<TensorMeta> metas;
+  const uint64_t per = AlignUp(size / a.tensors, 4);
+  for (uint64_t off = 0; off < size; off += per) {
+    TensorMeta m;
+    m.name = "t" + std::to_string(metas.size());
+    m.dtype = DType::kFloat32;
+    m.shape = {static_cast<int64_t>(std::min(per, size - off) / 4)};
+    view.entries.push_back(ViewEntry{m, 0, m.nbytes(), src.data() + off});
+    metas.push_back(m);
+  }
+
+  double raw_best = 1e30, persist_best = 1e30, persist_data = 0;
+  bool direct = false;
+  WriteOptions wo;
+  wo.chunk_bytes = a.chunk;
+  for (int rep = 0; rep < a.reps; ++rep) {
+    MEMENTO_ASSIGN_OR_RETURN(double raw,
+                             RawDirectWrite(root + "/raw.bin", src.data(), size, a.chunk));
+    raw_best = std::min(raw_best, raw);
+    view.step = rep + 1;
+    Stopwatch w;
+    MEMENTO_ASSIGN_OR_RETURN(
+        WriteStats ws, WriteVersion(Env::Default(), root, view, wo, Deadline::AfterSeconds(60)));
+    if (w.Seconds() < persist_best) {
+      persist_best = w.Seconds();
+      persist_data = ws.data_seconds;
+    }
+    direct = ws.direct;
+    if (rep + 1 < a.reps) MEMENTO_RETURN_IF_ERROR(DeleteVersion(Env::Default(), root, view.step));
+  }
+
+  // Restore: durable (cold, O_DIRECT) vs memory (copy + checksum).
+  AlignedBuffer dst(size);
+  std::vector<RestoreTarget> targets;
+  uint64_t off = 0;
+  for (const auto& m : metas) {
+    targets.push_back(RestoreTarget{m, dst.data() + off});
+    off += m.nbytes();
+  }
+  double durable_best = 1e30, memory_best = 1e30;
+  RestoreOptions ro;
+  ro.direct_io = true;
+  for (int rep = 0; rep < a.reps; ++rep) {
+    std::memset(dst.data(), 0, size);
+    MEMENTO_ASSIGN_OR_RETURN(RestoreReport rr,
+                             Restore(Env::Default(), root, std::nullopt, targets, ro));
+    durable_best = std::min(durable_best, rr.seconds);
+    if (std::memcmp(dst.data(), src.data(), size) != 0) {
+      return DataLossError("restored bytes differ from the persisted ones");
+    }
+    Stopwatch w;
+    uint64_t sum = 0;
+    for (const auto& e : view.entries) {
+      sum ^= CopyAndChecksum(
+          static_cast<uint8_t*>(dst.data()) + (static_cast<const uint8_t*>(e.data) - src.data()),
+          e.data, e.length);
+    }
+    memory_best = std::min(memory_best, w.Seconds());
+    if (sum == 0x1234) std::fprintf(stderr, " ");  // keep the checksum live
+  }
+
+  const double raw_bps = size / raw_best, persist_bps = size / persist_best;
+  *out = {{"bench", "persist"},
+          {"size_bytes", size},
+          {"tensors", metas.size()},
+          {"dir", base},
+          {"reps", a.reps},
+          {"chunk_bytes", a.chunk},
+          {"direct_io", direct},
+          {"raw_direct_write_s", raw_best},
+          {"raw_direct_write_MiB_s", raw_bps / 1048576.0},
+          {"persist_s", persist_best},
+          {"persist_data_s", persist_data},
+          {"persist_MiB_s", persist_bps / 1048576.0},
+          {"ratio", persist_bps / raw_bps},
+          {"restore_durable_cold_s", durable_best},
+          {"restore_durable_MiB_s", size / durable_best / 1048576.0},
+          {"restore_memory_s", memory_best},
+          {"restore_memory_MiB_s", size / memory_best / 1048576.0},
+          {"speedup", durable_best / memory_best},
+          {"restore_verified", true}};
+  return Status::Ok();
+}
+
+void Setup(CLI::App& bench, tools::CommandContext& ctx) {
+  auto args = std::make_shared<PersistArgs>();
+  auto* cmd = bench.add_subcommand(
+      "persist", "Durable-tier persist throughput vs raw O_DIRECT write; cold restore vs memory");
+  cmd->add_option("--size", args->size, "Bytes to persist (default 256 MiB)");
+  cmd->add_option("--dir", args->dir,
+                  "Directory on disk for the temp data (default $TMPDIR or /var/tmp)");
+  cmd->add_option("--reps", args->reps, "Repetitions; the best time of each is reported");
+  cmd->add_option("--tensors", args->tensors, "Number of tensors the bytes are split into");
+  cmd->add_option("--chunk", args->chunk, "Write chunk size in bytes");
+  cmd->add_flag("--json", args->json, "Print one JSON object (always on)");
+  cmd->callback([&ctx, args] {
+    nlohmann::json out;
+    Status s = RunPersistBench(*args, &out);
+    if (!s.ok()) {
+      ctx.exit_code = tools::ReportStatus(s);
+      return;
+    }
+    std::printf("%s\n", out.dump().c_str());
+  });
+}
+
+}  // namespace
+MEMENTO_REGISTER_BENCH(persist, Setup);
