@@ -76,6 +76,8 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--budget", budget,
                   "Most bytes all slots of this node may take (e.g. 8G; default: what the "
                   "shared-memory filesystem holds)");
+  cmd->add_flag("--verify-on-complete", options.verify_on_complete,
+                "Verify each completed slot's checksums in the background right away");
   cmd->callback([&ctx] { ctx.exit_code = RunAgent(options, budget); });
 }
 

@@ -187,7 +187,7 @@ json Agent::Handle(const json& req, int* conn_rank) {
       int slot = req.at("slot").get<int>();
       MEMENTO_LOG_DEBUG("rank {} completed step {} in slot {}", rank, req.at("step").get<int64_t>(),
                         slot);
-      EnqueueVerify(rank, slot);
+      if (options_.verify_on_complete) EnqueueVerify(rank, slot);
       return shm::StatusToJson(Status::Ok());
     }
     if (op == "verify") {

@@ -32,6 +32,11 @@ struct AgentOptions {
   std::string root;
   // Bytes all slots of this node may take; 0: what the filesystem holds.
   uint64_t budget_bytes = 0;
+  // Verify every completed slot in the background as soon as a trainer
+  // reports it. Off by default: that is one more full read of the state per
+  // step, competing with training for memory bandwidth; slots are verified
+  // anyway on adoption, on a version listing and by every restore.
+  bool verify_on_complete = false;
 };
 
 class Agent {

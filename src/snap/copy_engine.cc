@@ -9,6 +9,7 @@
 #include "common/checksum.h"
 #include "common/clock.h"
 #include "fmt/format.h"
+#include "snap/copy_kernel.h"
 
 namespace memento::snap {
 
@@ -95,7 +96,7 @@ void CopyEngine::WorkerLoop() {
 void CopyEngine::RunChunk(CopyJob& job, size_t index) {
   const CopyChunk& c = job.chunks_[index];
   if (!job.failed_.load(std::memory_order_relaxed)) {
-    uint64_t sum = CopyAndChecksum(c.dst, c.src, c.length);
+    uint64_t sum = CopyAndChecksumStreaming(c.dst, c.src, c.length);
     if (c.checksum_out != nullptr) *c.checksum_out = sum;
     if (c.verify && sum != c.expected_checksum) {
       job.failed_.store(true, std::memory_order_relaxed);

@@ -9,6 +9,7 @@
 
 #include "common/checksum.h"
 #include "common/test_util.h"
+#include "snap/copy_kernel.h"
 
 namespace memento::snap {
 namespace {
@@ -113,5 +114,28 @@ TEST(CopyEngineTest, DeadlineWhileRunningAndFifoJobs) {
   EXPECT_EQ(a.src, a.dst);
 }
 
+}  // namespace
+}  // namespace memento::snap
+
+namespace memento::snap {
+namespace {
+TEST(CopyKernelTest, MatchesReferenceChecksumAtEveryAlignment) {
+  std::mt19937_64 rng(memento::testing::TestSeed("CopyKernelTest"));
+  std::vector<uint8_t> src(300000), dst(300100);
+  for (auto& x : src) x = rng() & 0xff;
+  for (size_t len : {0ul, 1ul, 31ul, 65535ul, 65536ul, 65537ul, 200001ul}) {
+    for (size_t so : {0ul, 1ul, 17ul}) {
+      for (size_t dof : {0ul, 3ul, 32ul}) {
+        if (so + len > src.size()) continue;
+        std::fill(dst.begin(), dst.end(), 0);
+        uint64_t h = CopyAndChecksumStreaming(dst.data() + dof, src.data() + so, len);
+        ASSERT_EQ(h, Checksum(src.data() + so, len)) << len << " " << so << " " << dof;
+        ASSERT_EQ(FastChecksum(src.data() + so, len), h);
+        ASSERT_EQ(0, std::memcmp(dst.data() + dof, src.data() + so, len));
+        ASSERT_EQ(dst[dof + len], 0);
+      }
+    }
+  }
+}
 }  // namespace
 }  // namespace memento::snap

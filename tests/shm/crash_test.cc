@@ -43,10 +43,10 @@ class CrashTest : public ::testing::Test {
   pid_t StartTrainer(const std::string& progress, int delay_us) {
     std::vector<std::string> env;
     if (delay_us > 0) env.push_back("MEMENTO_TEST_COPY_DELAY_US=" + std::to_string(delay_us));
-    return Spawn({TEST_TRAINER_BIN, "--job", "crash", "--dir", root_, "--bytes",
-                  std::to_string(bytes_), "--steps", std::to_string(steps_), "--threads", "2",
-                  "--progress", progress},
-                 log_ + ".trainer", env);
+    return Spawn(
+        {TEST_TRAINER_BIN, "--job", "crash", "--dir", root_, "--bytes", std::to_string(bytes_),
+         "--steps", std::to_string(steps_), "--threads", "2", "--progress", progress},
+        log_ + ".trainer", env);
   }
 
   // Runs the uninterrupted reference and returns its digest per step.
