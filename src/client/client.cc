@@ -103,7 +103,8 @@ class ClientImpl final : public Client {
       return DataLossError(fmt::format("seal reply has {} slots", paths.size()));
     }
     for (int s = 0; s < shm::kSlotsPerRank; ++s) {
-      MEMENTO_ASSIGN_OR_RETURN(segments_[s], shm::Segment::Open(paths[s], /*writable=*/true));
+      MEMENTO_ASSIGN_OR_RETURN(segments_[s],
+                               shm::Segment::Open(paths[s], /*writable=*/true, /*prefault=*/true));
       if (segments_[s]->size() < layout_.total_bytes) {
         return InternalError(fmt::format("slot {} is {} bytes, {} needed", paths[s],
                                          segments_[s]->size(), layout_.total_bytes));
