@@ -122,7 +122,12 @@ Status NodeStore::Adopt() {
       MutexLock l(&mu_);
       slots_[{rank, slot}].segment = std::shared_ptr<Segment>(std::move(*seg));
     }
+    // A live trainer may rewrite the slot while it is verified (Aborted):
+    // try again a few times.
     Status st = Verify(rank, slot);
+    for (int attempt = 0; attempt < 3 && st.code() == StatusCode::kAborted; ++attempt) {
+      st = Verify(rank, slot);
+    }
     SlotStatus s;
     {
       MutexLock l(&mu_);
@@ -136,7 +141,9 @@ Status NodeStore::Adopt() {
     } else {
       MEMENTO_LOG_WARN("adopt: dropped slot {} of rank {} (state {}, step {}): {}", slot, rank,
                        SlotStateName(s.state), s.step,
-                       s.error.empty() ? "torn by a crash during a write" : s.error);
+                       s.state == SlotState::kWriting
+                           ? "a write in progress (live trainer) or torn by a crash"
+                           : s.error);
     }
   }
   return Status::Ok();
