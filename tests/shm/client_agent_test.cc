@@ -14,6 +14,7 @@
 #include "common/check.h"
 #include "common/checksum.h"
 #include "memento/client.h"
+#include "shm/protocol.h"
 #include "shm/shm_test_util.h"
 
 namespace memento {
@@ -256,6 +257,11 @@ TEST_F(ClientAgentTest, ClearErrorsForBadSetups) {
   c = Client::Connect(o);
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status();
   EXPECT_NE(c.status().message().find("stale"), std::string::npos) << c.status();
+  // An agent whose budget the shared-memory filesystem cannot hold refuses to
+  // start, saying how much is needed and how to raise it.
+  auto huge = agent::Agent::Start({"job1", 1, dir_.path() + "/job1/node1", uint64_t{1} << 60});
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_NE(huge.status().message().find("--shm-size"), std::string::npos) << huge.status();
   // Bad options.
   ClientOptions bad = o;
   bad.chunk_bytes = 1000;
@@ -292,6 +298,34 @@ TEST_F(ClientAgentTest, ClientOfAnotherUidIsRefused) {
   ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
   ASSERT_TRUE(WIFEXITED(wstatus));
   EXPECT_EQ(WEXITSTATUS(wstatus), 0);
+}
+
+TEST_F(ClientAgentTest, MalformedRequestsGetErrorsAndTheAgentLivesOn) {
+  AgentThread agent({"job1", 0, root_, 0});
+  auto fd = shm::ConnectUnix(shm::AgentSocketPath(root_));
+  ASSERT_TRUE(fd.ok());
+  Deadline d = Deadline::AfterSeconds(5);
+  auto ask = [&](const nlohmann::json& req) {
+    EXPECT_TRUE(shm::SendJson(*fd, req, d).ok());
+    auto reply = shm::RecvJson(*fd, d);
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    return reply.ok() ? shm::StatusFromJson(*reply) : reply.status();
+  };
+  EXPECT_EQ(ask({{"op", "bogus"}, {"rank", 0}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ask({{"op", "seal"}, {"rank", "zero"}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ask({{"no_op", 1}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ask({{"op", "seal"}, {"rank", -1}, {"bytes", 100}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ask({{"op", "hello"}, {"protocol", 99}, {"job", "job1"}, {"rank", 0}}).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(ask({{"op", "ping"}}).ok());
+  // A frame that is not JSON ends that connection only.
+  ASSERT_TRUE(shm::SendFrame(*fd, "{{{", d).ok());
+  EXPECT_EQ(shm::RecvFrame(*fd, d).status().code(), StatusCode::kUnavailable);
+  close(*fd);
+  State s;
+  auto c = Sealed(s);
+  EXPECT_TRUE(c->ListVersions().ok());
 }
 
 TEST_F(ClientAgentTest, RegistrationRules) {
