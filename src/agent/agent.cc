@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -131,12 +132,16 @@ void Agent::HandleConnection(int fd) {
         }
         break;
       }
-      json reply = Handle(*req, &rank);
+      json reply = Handle(*req, cred->pid, &rank);
       if (!shm::SendJson(fd, reply, Deadline::AfterSeconds(10)).ok()) break;
     }
   }
   if (rank >= 0) MEMENTO_LOG_INFO("rank {} disconnected", rank);
   MutexLock l(&mu_);
+  auto owner = rank_owner_.find(rank);
+  if (owner != rank_owner_.end() && cred.ok() && owner->second == cred->pid) {
+    rank_owner_.erase(owner);
+  }
   for (auto it = conn_fds_.begin(); it != conn_fds_.end(); ++it) {
     if (*it == fd) {
       conn_fds_.erase(it);
@@ -146,7 +151,7 @@ void Agent::HandleConnection(int fd) {
   close(fd);
 }
 
-json Agent::Handle(const json& req, int* conn_rank) {
+json Agent::Handle(const json& req, pid_t peer_pid, int* conn_rank) {
   try {
     std::string op = req.at("op").get<std::string>();
     if (op == "hello") {
@@ -161,8 +166,23 @@ json Agent::Handle(const json& req, int* conn_rank) {
             NotFoundError(fmt::format("unknown job '{}': the agent at {} serves job '{}' (node {})",
                                       job, root_, options_.job_id, options_.node)));
       }
-      *conn_rank = req.at("rank").get<int>();
-      MEMENTO_LOG_INFO("rank {} connected", *conn_rank);
+      int rank = req.at("rank").get<int>();
+      if (rank < 0) return shm::StatusToJson(InvalidArgumentError("rank must be >= 0"));
+      {
+        MutexLock l(&mu_);
+        auto it = rank_owner_.find(rank);
+        // A process that died has closed its socket, but its connection
+        // thread may not have noticed yet: only a live owner blocks.
+        if (it != rank_owner_.end() && it->second != peer_pid && kill(it->second, 0) == 0) {
+          return shm::StatusToJson(AlreadyExistsError(
+              fmt::format("rank {} of job '{}' is already connected from pid {} (pid {} asked); "
+                          "two trainers must not share a rank",
+                          rank, options_.job_id, it->second, peer_pid)));
+        }
+        rank_owner_[rank] = peer_pid;
+      }
+      *conn_rank = rank;
+      MEMENTO_LOG_INFO("rank {} connected (pid {})", rank, peer_pid);
       json r = shm::StatusToJson(Status::Ok());
       r["node"] = options_.node;
       r["root"] = root_;

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -62,7 +63,7 @@ class Agent {
  private:
   Agent() = default;
   void HandleConnection(int fd);
-  nlohmann::json Handle(const nlohmann::json& req, int* conn_rank);
+  nlohmann::json Handle(const nlohmann::json& req, pid_t peer_pid, int* conn_rank);
   void VerifierLoop();
   void EnqueueVerify(int rank, int slot) EXCLUDES(mu_);
 
@@ -78,6 +79,9 @@ class Agent {
   std::deque<std::pair<int, int>> verify_queue_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<int> conn_fds_ GUARDED_BY(mu_);
+  // rank -> pid of the live trainer connected as that rank: two processes
+  // writing one rank's slots would corrupt them.
+  std::map<int, pid_t> rank_owner_ GUARDED_BY(mu_);
   std::vector<std::thread> conn_threads_;  // touched by Serve() only
   std::thread verifier_;
 };

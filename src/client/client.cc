@@ -319,7 +319,18 @@ class ClientImpl final : public Client {
     newest_slot_ = s;
   }
 
+  // Connects and says hello. A rank still held by a trainer process that just
+  // died is released by the agent within moments, so AlreadyExists is
+  // retried until the deadline too.
   Status ConnectLocked(Deadline deadline) REQUIRES(conn_mu_) {
+    for (;;) {
+      Status st = ConnectOnce(deadline);
+      if (st.code() != StatusCode::kAlreadyExists || deadline.expired()) return st;
+      usleep(20000);
+    }
+  }
+
+  Status ConnectOnce(Deadline deadline) REQUIRES(conn_mu_) {
     std::string path = shm::AgentSocketPath(dir_);
     Status last;
     for (;;) {
@@ -358,8 +369,12 @@ class ClientImpl final : public Client {
                   {"job", options_.job_id},
                   {"rank", options_.rank},
                   {"world_size", options_.world_size}};
-    Status st = shm::SendJson(fd_, hello, deadline);
-    Result<json> reply = st.ok() ? shm::RecvJson(fd_, deadline) : Result<json>(st);
+    // The agent answers at once; give it a second even when the connect
+    // deadline is (nearly) spent.
+    Deadline hello_deadline =
+        deadline.remaining() < std::chrono::seconds(1) ? Deadline::AfterSeconds(1) : deadline;
+    Status st = shm::SendJson(fd_, hello, hello_deadline);
+    Result<json> reply = st.ok() ? shm::RecvJson(fd_, hello_deadline) : Result<json>(st);
     if (reply.ok())
       st = shm::StatusFromJson(*reply);
     else

@@ -271,6 +271,34 @@ TEST_F(ClientAgentTest, ClearErrorsForBadSetups) {
   EXPECT_EQ(Client::Connect(bad).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST_F(ClientAgentTest, OneLiveTrainerPerRank) {
+  AgentThread agent({"job1", 0, root_, 0});
+  auto first = Client::Connect(Options(1));
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Another process claiming rank 1 while the first is alive is refused.
+  pid_t pid = fork();
+  if (pid == 0) {
+    auto c = Client::Connect(Options(1));
+    if (c.status().code() == StatusCode::kAlreadyExists) _exit(0);
+    std::fprintf(stderr, "child: %s\n", c.status().ToString().c_str());
+    _exit(1);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+  // Once the first one is gone, rank 1 is free again.
+  first->reset();
+  std::unique_ptr<Client> again;
+  for (int i = 0; i < 200 && again == nullptr; ++i) {
+    auto c = Client::Connect(Options(1));
+    if (c.ok())
+      again = std::move(*c);
+    else
+      usleep(5000);
+  }
+  EXPECT_NE(again, nullptr);
+}
+
 TEST_F(ClientAgentTest, ClientOfAnotherUidIsRefused) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another uid";
   AgentThread agent({"job1", 0, root_, 0});
