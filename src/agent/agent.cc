@@ -25,7 +25,7 @@ Agent::~Agent() {
     for (int fd : conn_fds_) shutdown(fd, SHUT_RDWR);
   }
   verify_cv_.SignalAll();
-  for (auto& t : conn_threads_) t.join();
+  for (auto& t : conn_threads_) t.thread.join();
   if (verifier_.joinable()) verifier_.join();
   if (listen_fd_ >= 0) close(listen_fd_);
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
@@ -95,7 +95,21 @@ Status Agent::Serve() {
       MutexLock l(&mu_);
       conn_fds_.push_back(fd);
     }
-    conn_threads_.emplace_back([this, fd] { HandleConnection(fd); });
+    // Join the threads of connections that ended (trainers come and go).
+    for (auto it = conn_threads_.begin(); it != conn_threads_.end();) {
+      if (it->done->load()) {
+        it->thread.join();
+        it = conn_threads_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    conn_threads_.push_back({std::thread([this, fd, done] {
+                               HandleConnection(fd);
+                               done->store(true);
+                             }),
+                             done});
   }
   MEMENTO_LOG_INFO("agent stopping; slots stay in {}", root_);
   {
@@ -104,7 +118,7 @@ Status Agent::Serve() {
     for (int fd : conn_fds_) shutdown(fd, SHUT_RDWR);
   }
   verify_cv_.SignalAll();
-  for (auto& t : conn_threads_) t.join();
+  for (auto& t : conn_threads_) t.thread.join();
   conn_threads_.clear();
   return Status::Ok();
 }

@@ -11,6 +11,7 @@
 // handler; everything else from the thread that owns the Agent.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -82,7 +83,11 @@ class Agent {
   // rank -> pid of the live trainer connected as that rank: two processes
   // writing one rank's slots would corrupt them.
   std::map<int, pid_t> rank_owner_ GUARDED_BY(mu_);
-  std::vector<std::thread> conn_threads_;  // touched by Serve() only
+  struct ConnThread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<ConnThread> conn_threads_;  // touched by Serve() and ~Agent only
   std::thread verifier_;
 };
 
