@@ -67,11 +67,21 @@ enum class Phase : uint8_t { kCompute = 0, kIdle = 1, kCommunicate = 2 };
 struct SnapshotStats {
   int64_t step = -1;
   uint64_t bytes = 0;
-  double copy_s = 0;        // wall time from Snapshot() to the slot being complete
-  double fence_wait_s = 0;  // time Fence() blocked the trainer for this snapshot
-  uint64_t bytes_idle = 0;      // HAS layer 1 (inside idle windows)
-  uint64_t bytes_compute = 0;   // HAS layer 2 (beside computation)
+  double copy_s = 0;               // wall time from Snapshot() to the slot being complete
+  double fence_wait_s = 0;         // time Fence() blocked the trainer for this snapshot
+  uint64_t bytes_idle = 0;         // HAS layer 1 (inside idle windows)
+  uint64_t bytes_compute = 0;      // HAS layer 2 (beside computation)
   uint64_t bytes_communicate = 0;  // HAS layer 3
+};
+
+// Statistics of the last Restore().
+struct RestoreStats {
+  int64_t step = -1;  // the version loaded; -1 when none
+  uint64_t bytes = 0;
+  double restore_s = 0;  // wall time of the load (checksums included)
+  // Versions that were newer but could not be loaded, one line each
+  // ("step 12: DataLoss: ... chunk 3 fails its checksum").
+  std::vector<std::string> skipped;
 };
 
 class Client {
@@ -122,6 +132,9 @@ class Client {
 
   // Statistics of the last completed snapshot.
   virtual SnapshotStats LastSnapshotStats() const = 0;
+
+  // Statistics of the last Restore(), including the versions it skipped.
+  virtual RestoreStats LastRestoreStats() const = 0;
 };
 
 }  // namespace memento

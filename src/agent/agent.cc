@@ -1,0 +1,292 @@
+#include "agent/agent.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/log.h"
+#include "fmt/format.h"
+
+namespace memento::agent {
+
+using nlohmann::json;
+
+Agent::~Agent() {
+  Stop();
+  {
+    MutexLock l(&mu_);
+    stopping_ = true;
+    for (int fd : conn_fds_) shutdown(fd, SHUT_RDWR);
+  }
+  verify_cv_.SignalAll();
+  for (auto& t : conn_threads_) t.thread.join();
+  if (verifier_.joinable()) verifier_.join();
+  if (listen_fd_ >= 0) close(listen_fd_);
+  if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
+  for (int fd : stop_pipe_) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options) {
+  std::unique_ptr<Agent> agent(new Agent());
+  agent->options_ = options;
+  agent->root_ =
+      options.root.empty() ? shm::DefaultNodeRoot(options.job_id, options.node) : options.root;
+  if (options.job_id.empty()) return InvalidArgumentError("--job must name the job");
+  MEMENTO_RETURN_IF_ERROR(shm::MakePrivateDir(agent->root_));
+  // One agent per root: a second one would hand the same slots out twice.
+  std::string lock_path = agent->root_ + "/agent.lock";
+  agent->lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (agent->lock_fd_ < 0) return ErrnoError("open " + lock_path, errno);
+  if (flock(agent->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = {0};
+    ssize_t n = pread(agent->lock_fd_, pid, sizeof(pid) - 1, 0);
+    (void)n;
+    return AlreadyExistsError(fmt::format("another agent (pid {}) already serves {}",
+                                          std::strtol(pid, nullptr, 10), agent->root_));
+  }
+  std::string pid = std::to_string(getpid()) + "\n";
+  if (ftruncate(agent->lock_fd_, 0) != 0 ||
+      pwrite(agent->lock_fd_, pid.data(), pid.size(), 0) < 0) {
+    MEMENTO_LOG_WARN("could not write the pid into {}", lock_path);
+  }
+  shm::NodeStoreOptions so{agent->root_, options.job_id, options.node, options.budget_bytes};
+  MEMENTO_ASSIGN_OR_RETURN(agent->store_, shm::NodeStore::Open(so));
+  MEMENTO_ASSIGN_OR_RETURN(agent->listen_fd_, shm::ListenUnix(shm::AgentSocketPath(agent->root_)));
+  if (pipe2(agent->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return ErrnoError("pipe", errno);
+  agent->verifier_ = std::thread([a = agent.get()] { a->VerifierLoop(); });
+  MEMENTO_LOG_INFO("agent for job {} node {} serving {} (budget {} bytes, {} bytes adopted)",
+                   options.job_id, options.node, shm::AgentSocketPath(agent->root_),
+                   options.budget_bytes, agent->store_->allocated_bytes());
+  return agent;
+}
+
+void Agent::Stop() {
+  if (stop_pipe_[1] >= 0) {
+    char c = 1;
+    ssize_t n = write(stop_pipe_[1], &c, 1);
+    (void)n;
+  }
+}
+
+Status Agent::Serve() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_pipe_[0], POLLIN, 0}};
+    int r = poll(fds, 2, -1);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("poll", errno);
+    }
+    if (fds[1].revents != 0) break;
+    if (fds[0].revents == 0) continue;
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
+      return ErrnoError("accept", errno);
+    }
+    {
+      MutexLock l(&mu_);
+      conn_fds_.push_back(fd);
+    }
+    // Join the threads of connections that ended (trainers come and go).
+    for (auto it = conn_threads_.begin(); it != conn_threads_.end();) {
+      if (it->done->load()) {
+        it->thread.join();
+        it = conn_threads_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    conn_threads_.push_back({std::thread([this, fd, done] {
+                               HandleConnection(fd);
+                               done->store(true);
+                             }),
+                             done});
+  }
+  MEMENTO_LOG_INFO("agent stopping; slots stay in {}", root_);
+  {
+    MutexLock l(&mu_);
+    stopping_ = true;
+    for (int fd : conn_fds_) shutdown(fd, SHUT_RDWR);
+  }
+  verify_cv_.SignalAll();
+  for (auto& t : conn_threads_) t.thread.join();
+  conn_threads_.clear();
+  return Status::Ok();
+}
+
+void Agent::HandleConnection(int fd) {
+  int rank = -1;
+  auto cred = shm::GetPeerCred(fd);
+  Status denied;
+  if (!cred.ok()) {
+    denied = cred.status();
+  } else if (cred->uid != geteuid()) {
+    denied = PermissionDeniedError(
+        fmt::format("client pid {} runs as uid {}, but this agent serves uid {} only", cred->pid,
+                    cred->uid, geteuid()));
+  }
+  if (!denied.ok()) {
+    MEMENTO_LOG_WARN("refused a connection: {}", denied.ToString());
+    shm::SendJson(fd, shm::StatusToJson(denied), Deadline::AfterSeconds(1)).IgnoreError();
+  } else {
+    for (;;) {
+      auto req = shm::RecvJson(fd, Deadline::Infinite());
+      if (!req.ok()) {
+        if (req.status().code() != StatusCode::kUnavailable) {
+          MEMENTO_LOG_WARN("dropping a connection: {}", req.status().ToString());
+        }
+        break;
+      }
+      json reply = Handle(*req, cred->pid, &rank);
+      if (!shm::SendJson(fd, reply, Deadline::AfterSeconds(10)).ok()) break;
+    }
+  }
+  if (rank >= 0) MEMENTO_LOG_INFO("rank {} disconnected", rank);
+  MutexLock l(&mu_);
+  auto owner = rank_owner_.find(rank);
+  if (owner != rank_owner_.end() && cred.ok() && owner->second == cred->pid) {
+    rank_owner_.erase(owner);
+  }
+  for (auto it = conn_fds_.begin(); it != conn_fds_.end(); ++it) {
+    if (*it == fd) {
+      conn_fds_.erase(it);
+      break;
+    }
+  }
+  close(fd);
+}
+
+json Agent::Handle(const json& req, pid_t peer_pid, int* conn_rank) {
+  try {
+    std::string op = req.at("op").get<std::string>();
+    if (op == "hello") {
+      uint32_t version = req.at("protocol").get<uint32_t>();
+      if (version != shm::kProtocolVersion) {
+        return shm::StatusToJson(FailedPreconditionError(fmt::format(
+            "protocol version {} (this agent speaks {})", version, shm::kProtocolVersion)));
+      }
+      std::string job = req.at("job").get<std::string>();
+      if (job != options_.job_id) {
+        return shm::StatusToJson(
+            NotFoundError(fmt::format("unknown job '{}': the agent at {} serves job '{}' (node {})",
+                                      job, root_, options_.job_id, options_.node)));
+      }
+      int rank = req.at("rank").get<int>();
+      if (rank < 0) return shm::StatusToJson(InvalidArgumentError("rank must be >= 0"));
+      {
+        MutexLock l(&mu_);
+        auto it = rank_owner_.find(rank);
+        // A process that died has closed its socket, but its connection
+        // thread may not have noticed yet: only a live owner blocks.
+        if (it != rank_owner_.end() && it->second != peer_pid && kill(it->second, 0) == 0) {
+          return shm::StatusToJson(AlreadyExistsError(
+              fmt::format("rank {} of job '{}' is already connected from pid {} (pid {} asked); "
+                          "two trainers must not share a rank",
+                          rank, options_.job_id, it->second, peer_pid)));
+        }
+        rank_owner_[rank] = peer_pid;
+      }
+      *conn_rank = rank;
+      MEMENTO_LOG_INFO("rank {} connected (pid {})", rank, peer_pid);
+      json r = shm::StatusToJson(Status::Ok());
+      r["node"] = options_.node;
+      r["root"] = root_;
+      r["pid"] = getpid();
+      return r;
+    }
+    if (op == "ping") return shm::StatusToJson(Status::Ok());
+    int rank = req.at("rank").get<int>();
+    if (op == "seal") {
+      uint64_t bytes = req.at("bytes").get<uint64_t>();
+      auto paths = store_->EnsureSlots(rank, bytes);
+      if (!paths.ok()) {
+        MEMENTO_LOG_ERROR("rank {}: {}", rank, paths.status().ToString());
+        return shm::StatusToJson(paths.status());
+      }
+      MEMENTO_LOG_INFO("rank {} sealed: 2 slots of {} bytes", rank, bytes);
+      json r = shm::StatusToJson(Status::Ok());
+      r["paths"] = *paths;
+      return r;
+    }
+    if (op == "complete") {
+      int slot = req.at("slot").get<int>();
+      MEMENTO_LOG_DEBUG("rank {} completed step {} in slot {}", rank, req.at("step").get<int64_t>(),
+                        slot);
+      if (options_.verify_on_complete) EnqueueVerify(rank, slot);
+      return shm::StatusToJson(Status::Ok());
+    }
+    if (op == "verify") {
+      int slot = req.at("slot").get<int>();
+      Status st = store_->Verify(rank, slot);
+      if (!st.ok()) MEMENTO_LOG_ERROR("rank {} slot {}: {}", rank, slot, st.ToString());
+      json r = shm::StatusToJson(Status::Ok());
+      r["slot_status"] = shm::StatusToJson(st);
+      return r;
+    }
+    if (op == "list") {
+      json versions = json::array();
+      auto inv = store_->Inventory(rank);
+      for (const auto& s : inv) {
+        if (s.state != shm::SlotState::kComplete || s.verified) continue;
+        Status st = store_->Verify(rank, s.slot);  // a list answers with checked facts
+        if (!st.ok()) MEMENTO_LOG_WARN("rank {} slot {}: {}", rank, s.slot, st.ToString());
+      }
+      inv = store_->Inventory(rank);
+      for (const auto& s : inv) {
+        if (s.state != shm::SlotState::kComplete) continue;
+        versions.push_back({{"step", s.step},
+                            {"slot", s.slot},
+                            {"intact", s.intact},
+                            {"bytes", s.data_bytes},
+                            {"error", s.error}});
+      }
+      std::sort(versions.begin(), versions.end(), [](const json& a, const json& b) {
+        return a["step"].get<int64_t>() > b["step"].get<int64_t>();
+      });
+      json r = shm::StatusToJson(Status::Ok());
+      r["versions"] = versions;
+      return r;
+    }
+    return shm::StatusToJson(InvalidArgumentError("unknown op '" + op + "'"));
+  } catch (const std::exception& e) {
+    return shm::StatusToJson(InvalidArgumentError(std::string("malformed request: ") + e.what()));
+  }
+}
+
+void Agent::EnqueueVerify(int rank, int slot) {
+  {
+    MutexLock l(&mu_);
+    verify_queue_.emplace_back(rank, slot);
+  }
+  verify_cv_.Signal();
+}
+
+void Agent::VerifierLoop() {
+  for (;;) {
+    std::pair<int, int> item;
+    {
+      MutexLock l(&mu_);
+      while (verify_queue_.empty() && !stopping_) verify_cv_.Wait(&l);
+      if (stopping_) return;
+      item = verify_queue_.front();
+      verify_queue_.pop_front();
+    }
+    Status st = store_->Verify(item.first, item.second);
+    if (st.code() == StatusCode::kDataLoss) {
+      MEMENTO_LOG_ERROR("rank {} slot {}: {}", item.first, item.second, st.ToString());
+    } else if (!st.ok()) {
+      MEMENTO_LOG_DEBUG("rank {} slot {}: {}", item.first, item.second, st.ToString());
+    }
+  }
+}
+
+}  // namespace memento::agent

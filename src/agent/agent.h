@@ -1,0 +1,94 @@
+// The node agent (`memento agent`): owns the job's shared-memory slots on this
+// node, serves the node's trainers over a Unix socket, verifies completed
+// slots in the background, and adopts the slots left by an earlier agent.
+// Protocol and crash-consistency argument: docs/node_store.md. Threads:
+// docs/thread_model.md.
+//
+//   auto agent = Agent::Start(options);   // adopts, locks, listens
+//   agent->Serve();                       // until Stop()
+//
+// Thread safety: Stop() may be called from any thread and from a signal
+// handler; everything else from the thread that owns the Agent.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/mutex.h"
+#include "memento/status.h"
+#include "shm/node_store.h"
+#include "shm/protocol.h"
+
+namespace memento::agent {
+
+struct AgentOptions {
+  std::string job_id;
+  int node = 0;
+  // Empty: shm::DefaultNodeRoot(job_id, node).
+  std::string root;
+  // Bytes all slots of this node may take; 0: what the filesystem holds.
+  uint64_t budget_bytes = 0;
+  // Verify every completed slot in the background as soon as a trainer
+  // reports it. Off by default: that is one more full read of the state per
+  // step, competing with training for memory bandwidth; slots are verified
+  // anyway on adoption, on a version listing and by every restore.
+  bool verify_on_complete = false;
+};
+
+class Agent {
+ public:
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Opens the node store (creating the 0700 root, checking the budget against
+  // the shared-memory filesystem, adopting existing slots), takes the root's
+  // lock (AlreadyExists when another agent holds it) and listens on
+  // <root>/agent.sock, replacing a stale socket.
+  static Result<std::unique_ptr<Agent>> Start(const AgentOptions& options);
+
+  // Serves trainers until Stop(). Returns OK after a Stop().
+  Status Serve();
+  // Async-signal-safe.
+  void Stop();
+
+  const std::string& root() const { return root_; }
+  shm::NodeStore& store() { return *store_; }
+
+ private:
+  Agent() = default;
+  void HandleConnection(int fd);
+  nlohmann::json Handle(const nlohmann::json& req, pid_t peer_pid, int* conn_rank);
+  void VerifierLoop();
+  void EnqueueVerify(int rank, int slot) EXCLUDES(mu_);
+
+  AgentOptions options_;
+  std::string root_;
+  std::unique_ptr<shm::NodeStore> store_;
+  int lock_fd_ = -1;
+  int listen_fd_ = -1;
+  int stop_pipe_[2] = {-1, -1};
+
+  Mutex mu_;
+  CondVar verify_cv_;
+  std::deque<std::pair<int, int>> verify_queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::vector<int> conn_fds_ GUARDED_BY(mu_);
+  // rank -> pid of the live trainer connected as that rank: two processes
+  // writing one rank's slots would corrupt them.
+  std::map<int, pid_t> rank_owner_ GUARDED_BY(mu_);
+  struct ConnThread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<ConnThread> conn_threads_;  // touched by Serve() and ~Agent only
+  std::thread verifier_;
+};
+
+}  // namespace memento::agent

@@ -1,0 +1,480 @@
+// The trainer-side library behind include/memento/client.h (design:
+// docs/node_store.md, threads: docs/thread_model.md).
+//
+// The client maps its rank's two slots (allocated and pre-faulted by the
+// agent) and copies registered memory straight into them: no byte of state
+// crosses the socket. The socket carries only small control messages.
+#include "memento/client.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <map>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "fmt/format.h"
+#include "shm/node_store.h"
+#include "shm/protocol.h"
+#include "shm/slot.h"
+#include "snap/copy_engine.h"
+
+namespace memento {
+namespace {
+
+using nlohmann::json;
+
+struct Registered {
+  TensorMeta meta;
+  void* data = nullptr;
+  Device device;
+};
+
+class ClientImpl final : public Client {
+ public:
+  explicit ClientImpl(ClientOptions options, std::string dir)
+      : options_(std::move(options)), dir_(std::move(dir)) {}
+  ~ClientImpl() override {
+    if (job_ != nullptr) job_->Wait().IgnoreError();
+    engine_.reset();
+    MutexLock l(&conn_mu_);
+    if (fd_ >= 0) close(fd_);
+  }
+
+  Status ConnectNow(Deadline deadline) {
+    MutexLock l(&conn_mu_);
+    return ConnectLocked(deadline);
+  }
+
+  Status RegisterTensor(const TensorMeta& meta, void* data, Device device) override {
+    if (sealed_) return FailedPreconditionError("RegisterTensor('" + meta.name + "') after Seal()");
+    if (!device.is_host()) {
+      return FailedPreconditionError(fmt::format(
+          "tensor '{}' lives on {}: device tensors need the CUDA copy engine, not built in this "
+          "slice",
+          meta.name, DeviceName(device)));
+    }
+    if (meta.name.empty()) return InvalidArgumentError("a tensor needs a name");
+    for (int64_t d : meta.shape) {
+      if (d < 0) {
+        return InvalidArgumentError("tensor '" + meta.name + "' has shape " +
+                                    ShapeToString(meta.shape));
+      }
+    }
+    if (data == nullptr && meta.nbytes() > 0) {
+      return InvalidArgumentError("tensor '" + meta.name + "' has a null address");
+    }
+    for (const Registered& r : tensors_) {
+      if (r.meta.name == meta.name) {
+        return AlreadyExistsError("tensor '" + meta.name + "' is already registered");
+      }
+    }
+    tensors_.push_back({meta, data, device});
+    return Status::Ok();
+  }
+
+  Status RegisterBlob(const std::string& name, void* data, size_t nbytes) override {
+    TensorMeta meta;
+    meta.name = name;
+    meta.dtype = DType::kUInt8;
+    meta.shape = {static_cast<int64_t>(nbytes)};
+    meta.state_class = StateClass::kPrivate;
+    return RegisterTensor(meta, data, Device::Host());
+  }
+
+  Status Seal() override {
+    if (sealed_) return FailedPreconditionError("Seal() called twice");
+    std::vector<TensorMeta> metas;
+    for (const Registered& r : tensors_) metas.push_back(r.meta);
+    MEMENTO_ASSIGN_OR_RETURN(layout_, shm::ComputeSlotLayout(options_.job_id, options_.rank, metas,
+                                                             options_.chunk_bytes));
+    json req = {{"op", "seal"}, {"rank", options_.rank}, {"bytes", layout_.total_bytes}};
+    MEMENTO_ASSIGN_OR_RETURN(json reply, Call(req, Deadline::AfterSeconds(600)));
+    std::vector<std::string> paths;
+    try {
+      paths = reply.at("paths").get<std::vector<std::string>>();
+    } catch (const std::exception& e) {
+      return DataLossError(std::string("malformed seal reply: ") + e.what());
+    }
+    if (paths.size() != shm::kSlotsPerRank) {
+      return DataLossError(fmt::format("seal reply has {} slots", paths.size()));
+    }
+    for (int s = 0; s < shm::kSlotsPerRank; ++s) {
+      MEMENTO_ASSIGN_OR_RETURN(segments_[s],
+                               shm::Segment::Open(paths[s], /*writable=*/true, /*prefault=*/true));
+      if (segments_[s]->size() < layout_.total_bytes) {
+        return InternalError(fmt::format("slot {} is {} bytes, {} needed", paths[s],
+                                         segments_[s]->size(), layout_.total_bytes));
+      }
+    }
+    // The newest version held decides which slot the next snapshot overwrites.
+    for (int s = 0; s < shm::kSlotsPerRank; ++s) {
+      auto info = shm::ReadSlot(*segments_[s]);
+      if (info.ok() && info->state == shm::SlotState::kComplete && info->step > last_step_) {
+        last_step_ = info->step;
+        SetNewestSlot(s);
+      }
+    }
+    snap::CopyEngine::Options eo;
+    eo.threads = std::max(1, options_.copy_threads);
+    eo.name = "mem-copy";
+    if (const char* d = std::getenv("MEMENTO_TEST_COPY_DELAY_US")) eo.chunk_delay_us = std::atoi(d);
+    engine_ = std::make_unique<snap::CopyEngine>(eo);
+    sealed_ = true;
+    return Status::Ok();
+  }
+
+  Status Snapshot(int64_t step) override {
+    if (!sealed_) return FailedPreconditionError("Snapshot() before Seal()");
+    MEMENTO_RETURN_IF_ERROR(Fence(Deadline::Infinite()));
+    if (step <= last_step_) {
+      return InvalidArgumentError(fmt::format(
+          "snapshot step {} is not newer than step {}, which rank {} already holds or restored",
+          step, last_step_, options_.rank));
+    }
+    last_step_ = step;
+    // Overwrite the slot that does not hold the newest complete version.
+    // (The cluster layer will refine this to "not the newest globally
+    // committed version".)
+    int target = NewestSlot() == 0 ? 1 : 0;
+    const shm::Segment& seg = *segments_[target];
+    shm::BeginSlotWrite(seg, layout_, target, step);
+    uint8_t* data = shm::SlotData(seg);
+    shm::ChunkEntry* table = shm::SlotTable(seg);
+    std::vector<snap::CopyChunk> chunks;
+    chunks.reserve(layout_.chunks.size());
+    for (size_t i = 0; i < layout_.chunks.size(); ++i) {
+      const shm::ChunkEntry& c = layout_.chunks[i];
+      const shm::SavedTensor& t = layout_.tensors[c.tensor_index];
+      snap::CopyChunk cc;
+      cc.src = static_cast<const uint8_t*>(tensors_[c.tensor_index].data) + (c.offset - t.offset);
+      cc.dst = data + c.offset;
+      cc.length = c.length;
+      cc.checksum_out = &table[i].checksum;
+      chunks.push_back(cc);
+    }
+    fence_waited_ = false;
+    job_ = engine_->Submit(std::move(chunks), nullptr,
+                           [this, target, step, &seg](const Status& copied) -> Status {
+                             if (!copied.ok()) return copied;
+                             shm::CompleteSlotWrite(seg);  // node-local complete, last
+                             SetNewestSlot(target);
+                             NotifyComplete(target, step);
+                             return Status::Ok();
+                           });
+    job_step_ = step;
+    return Status::Ok();
+  }
+
+  Status Fence(Deadline deadline) override {
+    if (job_ == nullptr) return Status::Ok();
+    Stopwatch sw;
+    bool was_done = job_->done();
+    Status st = job_->Wait(deadline);
+    if (st.code() == StatusCode::kDeadlineExceeded && !job_->done()) return st;
+    SnapshotStats stats;
+    stats.step = job_step_;
+    stats.bytes = job_->bytes();
+    stats.copy_s = job_->copy_seconds();
+    stats.fence_wait_s = was_done ? 0 : sw.Seconds();
+    stats.bytes_compute = stats.bytes;
+    {
+      MutexLock l(&stats_mu_);
+      snapshot_stats_ = stats;
+    }
+    job_.reset();
+    return st;
+  }
+
+  Result<int64_t> Restore() override {
+    if (!sealed_) return FailedPreconditionError("Restore() before Seal()");
+    MEMENTO_RETURN_IF_ERROR(Fence(Deadline::Infinite()));
+    Stopwatch sw;
+    RestoreStats stats;
+    struct Candidate {
+      int slot;
+      shm::SlotInfo info;
+    };
+    std::vector<Candidate> candidates;
+    for (int s = 0; s < shm::kSlotsPerRank; ++s) {
+      auto info = shm::ReadSlot(*segments_[s]);
+      if (!info.ok()) {
+        stats.skipped.push_back(info.status().ToString());
+        continue;
+      }
+      if (info->state == shm::SlotState::kComplete) {
+        candidates.push_back({s, std::move(*info)});
+      } else if (info->state == shm::SlotState::kWriting) {
+        MEMENTO_LOG_INFO("restore: slot {} holds a torn write of step {}; ignored", s, info->step);
+      }
+    }
+    std::sort(candidates.begin(), candidates.end(),
+              [](const Candidate& a, const Candidate& b) { return a.info.step > b.info.step; });
+    std::vector<TensorMeta> metas;
+    std::map<std::string, const Registered*> by_name;
+    for (const Registered& r : tensors_) {
+      metas.push_back(r.meta);
+      by_name[r.meta.name] = &r;
+    }
+    for (const Candidate& c : candidates) {
+      std::vector<std::string> diffs = shm::DiffTensors(c.info.tensors, metas);
+      if (!diffs.empty()) {
+        std::string msg = fmt::format(
+            "cannot restore step {} of rank {}: the saved tensors differ from the registered "
+            "ones ({} difference{}); nothing was written:",
+            c.info.step, options_.rank, diffs.size(), diffs.size() == 1 ? "" : "s");
+        for (const auto& d : diffs) msg += "\n  - " + d;
+        return InvalidArgumentError(msg);
+      }
+      const shm::Segment& seg = *segments_[c.slot];
+      const uint8_t* data = seg.data() + c.info.data_offset;
+      std::vector<snap::CopyChunk> chunks;
+      for (const shm::ChunkEntry& e : c.info.chunks) {
+        const shm::SavedTensor& t = c.info.tensors[e.tensor_index];
+        snap::CopyChunk cc;
+        cc.src = data + e.offset;
+        cc.dst = static_cast<uint8_t*>(by_name[t.meta.name]->data) + (e.offset - t.offset);
+        cc.length = e.length;
+        cc.verify = true;
+        cc.expected_checksum = e.checksum;
+        cc.label = t.meta.name.c_str();
+        chunks.push_back(cc);
+      }
+      auto job = engine_->Submit(std::move(chunks), nullptr, [](const Status& s) { return s; });
+      Status st = job->Wait();
+      if (st.ok()) {
+        last_step_ = c.info.step;
+        SetNewestSlot(c.slot);
+        stats.step = c.info.step;
+        stats.bytes = job->bytes();
+        stats.restore_s = sw.Seconds();
+        for (const auto& s : stats.skipped) MEMENTO_LOG_WARN("restore skipped {}", s);
+        MEMENTO_LOG_INFO("restored step {} ({} bytes) in {:.3f} s", stats.step, stats.bytes,
+                         stats.restore_s);
+        MutexLock l(&stats_mu_);
+        restore_stats_ = stats;
+        return c.info.step;
+      }
+      std::string line = fmt::format("step {} (slot {}): {}", c.info.step, c.slot, st.ToString());
+      MEMENTO_LOG_ERROR("restore: {}; trying an older version", line);
+      stats.skipped.push_back(line);
+      // Corruption at rest: have the agent re-check, so its inventory agrees.
+      json req = {{"op", "verify"}, {"rank", options_.rank}, {"slot", c.slot}};
+      Call(req, Deadline::AfterSeconds(60), /*reconnect_s=*/0).status().IgnoreError();
+    }
+    stats.restore_s = sw.Seconds();
+    {
+      MutexLock l(&stats_mu_);
+      restore_stats_ = stats;
+    }
+    if (!stats.skipped.empty()) {
+      std::string msg = fmt::format(
+          "no intact version of rank {} of job {} is left:", options_.rank, options_.job_id);
+      for (const auto& s : stats.skipped) msg += "\n  - " + s;
+      return DataLossError(msg);
+    }
+    return NotFoundError(fmt::format("no saved version of rank {} of job {} in {}", options_.rank,
+                                     options_.job_id, dir_));
+  }
+
+  Result<std::vector<VersionInfo>> ListVersions() override {
+    json req = {{"op", "list"}, {"rank", options_.rank}};
+    MEMENTO_ASSIGN_OR_RETURN(json reply, Call(req, Deadline::AfterSeconds(600)));
+    std::vector<VersionInfo> out;
+    try {
+      for (const auto& v : reply.at("versions")) {
+        VersionInfo vi;
+        vi.step = v.at("step").get<int64_t>();
+        vi.committed = v.at("intact").get<bool>();
+        vi.bytes = v.at("bytes").get<uint64_t>();
+        out.push_back(vi);
+      }
+    } catch (const std::exception& e) {
+      return DataLossError(std::string("malformed list reply: ") + e.what());
+    }
+    return out;
+  }
+
+  void OnPhase(Phase phase) override { phase_.store(phase, std::memory_order_relaxed); }
+
+  SnapshotStats LastSnapshotStats() const override {
+    MutexLock l(&stats_mu_);
+    return snapshot_stats_;
+  }
+  RestoreStats LastRestoreStats() const override {
+    MutexLock l(&stats_mu_);
+    return restore_stats_;
+  }
+
+ private:
+  int NewestSlot() EXCLUDES(slot_mu_) {
+    MutexLock l(&slot_mu_);
+    return newest_slot_;
+  }
+  void SetNewestSlot(int s) EXCLUDES(slot_mu_) {
+    MutexLock l(&slot_mu_);
+    newest_slot_ = s;
+  }
+
+  // Connects and says hello. A rank still held by a trainer process that just
+  // died is released by the agent within moments, so AlreadyExists is
+  // retried until the deadline too.
+  Status ConnectLocked(Deadline deadline) REQUIRES(conn_mu_) {
+    for (;;) {
+      Status st = ConnectOnce(deadline);
+      if (st.code() != StatusCode::kAlreadyExists || deadline.expired()) return st;
+      usleep(20000);
+    }
+  }
+
+  Status ConnectOnce(Deadline deadline) REQUIRES(conn_mu_) {
+    std::string path = shm::AgentSocketPath(dir_);
+    Status last;
+    for (;;) {
+      struct stat st;
+      if (stat(dir_.c_str(), &st) != 0) {
+        last = NotFoundError(fmt::format(
+            "unknown job '{}': no agent directory {} (is `memento agent --job {} --node {}` "
+            "running?)",
+            options_.job_id, dir_, options_.job_id, options_.node));
+      } else {
+        auto fd = shm::ConnectUnix(path);
+        if (fd.ok()) {
+          fd_ = *fd;
+          break;
+        }
+        last = fd.status();
+        if (last.code() == StatusCode::kNotFound) {
+          last = UnavailableError("no agent is running for job '" + options_.job_id + "' in " +
+                                  dir_ + " (no socket)");
+        }
+        if (last.code() == StatusCode::kPermissionDenied) return last;
+      }
+      if (deadline.expired()) return last;
+      usleep(20000);
+    }
+    auto cred = shm::GetPeerCred(fd_);
+    if (!cred.ok() || cred->uid != geteuid()) {
+      close(fd_);
+      fd_ = -1;
+      return PermissionDeniedError(
+          fmt::format("the agent at {} runs as uid {}, this trainer as uid {}", path,
+                      cred.ok() ? static_cast<int64_t>(cred->uid) : -1, geteuid()));
+    }
+    json hello = {{"op", "hello"},
+                  {"protocol", shm::kProtocolVersion},
+                  {"job", options_.job_id},
+                  {"rank", options_.rank},
+                  {"world_size", options_.world_size}};
+    // The agent answers at once; give it a second even when the connect
+    // deadline is (nearly) spent.
+    Deadline hello_deadline =
+        deadline.remaining() < std::chrono::seconds(1) ? Deadline::AfterSeconds(1) : deadline;
+    Status st = shm::SendJson(fd_, hello, hello_deadline);
+    Result<json> reply = st.ok() ? shm::RecvJson(fd_, hello_deadline) : Result<json>(st);
+    if (reply.ok())
+      st = shm::StatusFromJson(*reply);
+    else
+      st = reply.status();
+    if (!st.ok()) {
+      close(fd_);
+      fd_ = -1;
+      return st;
+    }
+    return Status::Ok();
+  }
+
+  // One request/response; reconnects once when the agent went away (it may
+  // have been restarted: slots live on in shared memory).
+  Result<json> Call(const json& req, Deadline deadline, double reconnect_s = 2.0)
+      EXCLUDES(conn_mu_) {
+    MutexLock l(&conn_mu_);
+    Status st;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (fd_ < 0) {
+        st = ConnectLocked(
+            Deadline::AfterSeconds(std::min(options_.connect_timeout_s, reconnect_s)));
+        if (!st.ok()) return st;
+      }
+      st = shm::SendJson(fd_, req, deadline);
+      if (st.ok()) {
+        auto reply = shm::RecvJson(fd_, deadline);
+        if (reply.ok()) {
+          MEMENTO_RETURN_IF_ERROR(shm::StatusFromJson(*reply));
+          return *reply;
+        }
+        st = reply.status();
+      }
+      if (st.code() != StatusCode::kUnavailable) return st;
+      close(fd_);
+      fd_ = -1;
+    }
+    return st;
+  }
+
+  // Runs on a copy worker once the slot is complete in shared memory. The
+  // version is safe whether or not the agent hears of it (a restarted agent
+  // adopts it from the header), so failures here only log.
+  void NotifyComplete(int slot, int64_t step) {
+    json req = {{"op", "complete"}, {"rank", options_.rank}, {"slot", slot}, {"step", step}};
+    // One reconnect attempt at most: the trainer must not wait on a dead agent.
+    auto reply = Call(req, Deadline::AfterSeconds(10), /*reconnect_s=*/0);
+    if (!reply.ok()) {
+      MEMENTO_LOG_WARN("step {} is complete in shared memory but the agent was not told: {}", step,
+                       reply.status().ToString());
+    }
+  }
+
+  const ClientOptions options_;
+  const std::string dir_;
+  std::vector<Registered> tensors_;
+  bool sealed_ = false;
+  shm::SlotLayout layout_;
+  std::unique_ptr<shm::Segment> segments_[shm::kSlotsPerRank];
+  std::unique_ptr<snap::CopyEngine> engine_;
+  std::shared_ptr<snap::CopyJob> job_;
+  int64_t job_step_ = -1;
+  int64_t last_step_ = -1;
+  bool fence_waited_ = false;
+  std::atomic<Phase> phase_{Phase::kCompute};
+
+  Mutex slot_mu_;
+  int newest_slot_ GUARDED_BY(slot_mu_) = -1;
+  Mutex conn_mu_;
+  int fd_ GUARDED_BY(conn_mu_) = -1;
+  mutable Mutex stats_mu_;
+  SnapshotStats snapshot_stats_ GUARDED_BY(stats_mu_);
+  RestoreStats restore_stats_ GUARDED_BY(stats_mu_);
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.rank < 0 || options.world_size < 1 || options.rank >= options.world_size) {
+    return InvalidArgumentError(
+        fmt::format("rank {} must be in [0, world_size {})", options.rank, options.world_size));
+  }
+  if (options.chunk_bytes == 0 || options.chunk_bytes % (64 << 10) != 0) {
+    return InvalidArgumentError(
+        fmt::format("chunk_bytes {} must be a positive multiple of 64 KiB", options.chunk_bytes));
+  }
+  if (options.copy_threads < 1 || options.copy_threads > 64) {
+    return InvalidArgumentError(
+        fmt::format("copy_threads {} must be in [1, 64]", options.copy_threads));
+  }
+  // Validates the job id the same way slots do.
+  MEMENTO_RETURN_IF_ERROR(shm::ComputeSlotLayout(options.job_id, 0, {}, 1).status());
+  std::string dir = options.agent_dir;
+  if (dir.empty()) {
+    const char* env = std::getenv("MEMENTO_RUN_DIR");
+    dir = env && *env ? env : shm::DefaultNodeRoot(options.job_id, options.node);
+  }
+  auto client = std::make_unique<ClientImpl>(options, dir);
+  MEMENTO_RETURN_IF_ERROR(client->ConnectNow(Deadline::AfterSeconds(options.connect_timeout_s)));
+  return std::unique_ptr<Client>(std::move(client));
+}
+
+}  // namespace memento

@@ -1,0 +1,274 @@
+#include "shm/node_store.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+
+#include "common/log.h"
+#include "fmt/format.h"
+
+namespace memento::shm {
+
+std::string DefaultNodeRoot(const std::string& job_id, int node) {
+  return fmt::format("/dev/shm/memento/{}/node{}", job_id, node);
+}
+
+std::string SlotPath(const std::string& root, int rank, int slot) {
+  return fmt::format("{}/rank{}.slot{}", root, rank, slot);
+}
+
+namespace {
+
+std::string HumanBytes(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.1f} {}", v, units[u]);
+}
+
+}  // namespace
+
+Status MakePrivateDir(const std::string& path) {
+  if (path.empty()) return InvalidArgumentError("empty directory path");
+  // Parents: created 0755 when missing (they may be shared by jobs).
+  for (size_t pos = path.find('/', 1); pos != std::string::npos; pos = path.find('/', pos + 1)) {
+    std::string parent = path.substr(0, pos);
+    if (mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST) {
+      return ErrnoError("mkdir " + parent, errno);
+    }
+  }
+  if (mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return ErrnoError("mkdir " + path, errno);
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return ErrnoError("stat " + path, errno);
+  if (!S_ISDIR(st.st_mode)) return FailedPreconditionError(path + " exists and is not a directory");
+  if (st.st_uid != geteuid()) {
+    return PermissionDeniedError(
+        fmt::format("directory {} belongs to uid {}, not to uid {}", path, st.st_uid, geteuid()));
+  }
+  if ((st.st_mode & 0777) != 0700 && chmod(path.c_str(), 0700) != 0) {
+    return ErrnoError("chmod 0700 " + path, errno);
+  }
+  return Status::Ok();
+}
+
+Result<FsSpace> GetFsSpace(const std::string& path) {
+  struct statvfs vfs;
+  if (statvfs(path.c_str(), &vfs) != 0) return ErrnoError("statvfs " + path, errno);
+  FsSpace s;
+  s.total = static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+  s.available = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  return s;
+}
+
+Status CheckShmCapacity(const std::string& root, uint64_t more_bytes, const std::string& why) {
+  MEMENTO_ASSIGN_OR_RETURN(FsSpace space, GetFsSpace(root));
+  if (more_bytes <= space.available) return Status::Ok();
+  uint64_t want = space.total + (more_bytes - space.available);
+  uint64_t want_gib = (want + (uint64_t{1} << 30) - 1) >> 30;
+  return ResourceExhaustedError(fmt::format(
+      "the shared-memory filesystem holding {} has {} free ({} total) but {} needs {} ({} bytes) "
+      "more; raise it to at least {}G (docker run --shm-size={}g; Kubernetes: an emptyDir with "
+      "medium Memory and sizeLimit; or `sudo mount -o remount,size={}G /dev/shm`), or point the "
+      "agent at a larger tmpfs with --root",
+      root, HumanBytes(space.available), HumanBytes(space.total), why, HumanBytes(more_bytes),
+      more_bytes, want_gib, want_gib, want_gib));
+}
+
+Result<std::unique_ptr<NodeStore>> NodeStore::Open(const NodeStoreOptions& options) {
+  if (options.root.empty()) return InvalidArgumentError("node store root is empty");
+  MEMENTO_RETURN_IF_ERROR(MakePrivateDir(options.root));
+  std::unique_ptr<NodeStore> store(new NodeStore(options));
+  MEMENTO_RETURN_IF_ERROR(store->Adopt());
+  if (options.budget_bytes > 0) {
+    uint64_t have = store->allocated_bytes();
+    if (options.budget_bytes > have) {
+      MEMENTO_RETURN_IF_ERROR(
+          CheckShmCapacity(options.root, options.budget_bytes - have,
+                           fmt::format("the agent's memory budget of {} (--budget)",
+                                       HumanBytes(options.budget_bytes))));
+    }
+  }
+  return store;
+}
+
+Status NodeStore::Adopt() {
+  DIR* dir = opendir(options_.root.c_str());
+  if (dir == nullptr) return ErrnoError("opendir " + options_.root, errno);
+  std::vector<std::pair<int, int>> found;
+  while (dirent* e = readdir(dir)) {
+    int rank = -1, slot = -1, n = 0;
+    if (std::sscanf(e->d_name, "rank%d.slot%d%n", &rank, &slot, &n) == 2 && e->d_name[n] == '\0' &&
+        rank >= 0 && slot >= 0 && slot < kSlotsPerRank) {
+      found.emplace_back(rank, slot);
+    }
+  }
+  closedir(dir);
+  for (auto [rank, slot] : found) {
+    auto seg = Segment::Open(SlotPath(options_.root, rank, slot), /*writable=*/false);
+    if (!seg.ok()) {
+      MEMENTO_LOG_WARN("adopt: cannot open slot {} of rank {}: {}", slot, rank,
+                       seg.status().ToString());
+      continue;
+    }
+    {
+      MutexLock l(&mu_);
+      slots_[{rank, slot}].segment = std::shared_ptr<Segment>(std::move(*seg));
+    }
+    // A live trainer may rewrite the slot while it is verified (Aborted):
+    // try again a few times.
+    Status st = Verify(rank, slot);
+    for (int attempt = 0; attempt < 3 && st.code() == StatusCode::kAborted; ++attempt) {
+      st = Verify(rank, slot);
+    }
+    SlotStatus s;
+    {
+      MutexLock l(&mu_);
+      s = StatusOf(rank, slot, slots_[{rank, slot}]);
+    }
+    if (s.intact) {
+      MEMENTO_LOG_INFO("adopt: kept slot {} of rank {}: step {} ({} bytes, checksums ok)", slot,
+                       rank, s.step, s.data_bytes);
+    } else if (s.state == SlotState::kEmpty) {
+      MEMENTO_LOG_INFO("adopt: slot {} of rank {} is empty", slot, rank);
+    } else {
+      MEMENTO_LOG_WARN("adopt: dropped slot {} of rank {} (state {}, step {}): {}", slot, rank,
+                       SlotStateName(s.state), s.step,
+                       s.state == SlotState::kWriting
+                           ? "a write in progress (live trainer) or torn by a crash"
+                           : s.error);
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<std::string>> NodeStore::EnsureSlots(int rank, uint64_t bytes) {
+  if (rank < 0) return InvalidArgumentError(fmt::format("rank {} must be >= 0", rank));
+  MutexLock l(&mu_);
+  uint64_t more = 0;
+  uint64_t in_use = 0;
+  for (const auto& [key, e] : slots_) in_use += e.segment->size();
+  for (int s = 0; s < kSlotsPerRank; ++s) {
+    auto it = slots_.find({rank, s});
+    uint64_t have = it == slots_.end() ? 0 : it->second.segment->size();
+    if (have < bytes) more += bytes - have;
+  }
+  if (more > 0) {
+    std::string why =
+        fmt::format("rank {} ({} slots of {})", rank, kSlotsPerRank, HumanBytes(bytes));
+    if (options_.budget_bytes > 0 && in_use + more > options_.budget_bytes) {
+      return ResourceExhaustedError(fmt::format(
+          "node memory budget exhausted: {} needs {} more but the budget is {} with {} in use; "
+          "raise the agent's --budget to at least {} bytes",
+          why, HumanBytes(more), HumanBytes(options_.budget_bytes), HumanBytes(in_use),
+          in_use + more));
+    }
+    MEMENTO_RETURN_IF_ERROR(CheckShmCapacity(options_.root, more, why));
+  }
+  std::vector<std::string> paths;
+  for (int s = 0; s < kSlotsPerRank; ++s) {
+    std::string path = SlotPath(options_.root, rank, s);
+    SlotEntry& e = slots_[{rank, s}];
+    if (e.segment == nullptr || e.segment->size() < bytes) {
+      MEMENTO_ASSIGN_OR_RETURN(auto seg, Segment::CreateOrGrow(path, bytes));
+      e.segment = std::shared_ptr<Segment>(std::move(seg));
+    }
+    paths.push_back(path);
+  }
+  return paths;
+}
+
+Status NodeStore::Verify(int rank, int slot) {
+  std::shared_ptr<Segment> seg;
+  {
+    MutexLock l(&mu_);
+    auto it = slots_.find({rank, slot});
+    if (it == slots_.end()) {
+      return NotFoundError(fmt::format("rank {} has no slot {} on this node", rank, slot));
+    }
+    seg = it->second.segment;
+  }
+  // Reads shared memory without the lock: a writer may be active (seqlock).
+  Status st;
+  uint64_t generation = 0;
+  auto info = ReadSlot(*seg);
+  if (!info.ok()) {
+    st = info.status();
+  } else {
+    generation = info->generation;
+    if (info->state != SlotState::kComplete) {
+      st = FailedPreconditionError(
+          fmt::format("slot is {} (step {})", SlotStateName(info->state), info->step));
+    } else {
+      st = VerifySlotData(*seg, *info);
+      if (!SlotUnchanged(*seg, *info)) {
+        return AbortedError(
+            fmt::format("slot {} of rank {} was rewritten while being verified", slot, rank));
+      }
+    }
+  }
+  MutexLock l(&mu_);
+  SlotEntry& e = slots_[{rank, slot}];
+  if (e.segment != seg) return AbortedError("slot was reallocated while being verified");
+  e.verified = true;
+  e.verified_generation = generation;
+  e.intact = st.ok();
+  e.error = st.ok() ? "" : st.ToString();
+  return st;
+}
+
+SlotStatus NodeStore::StatusOf(int rank, int slot, const SlotEntry& e) {
+  SlotStatus s;
+  s.rank = rank;
+  s.slot = slot;
+  s.segment_bytes = e.segment->size();
+  auto info = ReadSlot(*e.segment);
+  if (!info.ok()) {
+    s.state = SlotState::kComplete;
+    s.error = info.status().ToString();
+    return s;
+  }
+  s.state = info->state;
+  s.step = info->step;
+  s.generation = info->generation;
+  s.data_bytes = info->data_bytes;
+  s.verified = e.verified && e.verified_generation == info->generation;
+  s.intact = s.verified && e.intact && s.state == SlotState::kComplete;
+  if (s.verified) s.error = e.error;
+  return s;
+}
+
+std::vector<SlotStatus> NodeStore::Inventory(int rank) {
+  MutexLock l(&mu_);
+  std::vector<SlotStatus> out;
+  for (int s = 0; s < kSlotsPerRank; ++s) {
+    auto it = slots_.find({rank, s});
+    if (it != slots_.end()) out.push_back(StatusOf(rank, s, it->second));
+  }
+  return out;
+}
+
+std::vector<int> NodeStore::Ranks() {
+  MutexLock l(&mu_);
+  std::vector<int> out;
+  for (const auto& [key, e] : slots_) {
+    if (out.empty() || out.back() != key.first) out.push_back(key.first);
+  }
+  return out;
+}
+
+uint64_t NodeStore::allocated_bytes() {
+  MutexLock l(&mu_);
+  uint64_t n = 0;
+  for (const auto& [key, e] : slots_) n += e.segment->size();
+  return n;
+}
+
+}  // namespace memento::shm

@@ -1,0 +1,110 @@
+// The node-local snapshot store: the directory of one job on one node and the
+// slot segments in it (docs/node_store.md). Owned by the agent; trainers map
+// the same files.
+//
+//   <root>/                 mode 0700, default /dev/shm/memento/<job>/node<N>
+//     agent.sock            the agent's Unix socket (mode 0600)
+//     agent.lock            flock'ed by the running agent
+//     rank<R>.slot<S>       slot S (0 or 1) of rank R, mode 0600
+//
+// Each rank has two slots: while one holds the newest complete version the
+// other receives the next one. Slots are allocated once (pages pre-faulted),
+// grown when a rank registers more state, and reused for every step.
+//
+// Thread safety: all methods may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/mutex.h"
+#include "memento/status.h"
+#include "shm/segment.h"
+#include "shm/slot.h"
+
+namespace memento::shm {
+
+struct NodeStoreOptions {
+  std::string root;
+  std::string job_id;
+  int node = 0;
+  // Most bytes all slots on this node may take; 0: whatever the shared-memory
+  // filesystem can hold.
+  uint64_t budget_bytes = 0;
+};
+
+// The default root of a job on a node: /dev/shm/memento/<job>/node<N>.
+std::string DefaultNodeRoot(const std::string& job_id, int node);
+std::string SlotPath(const std::string& root, int rank, int slot);
+
+// Creates `path` and missing parents; the last component gets mode 0700 and
+// must belong to this uid (PermissionDenied otherwise).
+Status MakePrivateDir(const std::string& path);
+
+// Free and total bytes of the filesystem holding `path`.
+struct FsSpace {
+  uint64_t total = 0;
+  uint64_t available = 0;
+};
+Result<FsSpace> GetFsSpace(const std::string& path);
+
+// ResourceExhausted, with how much is needed and how to get it, when the
+// filesystem at `root` cannot hold `more_bytes` beyond what it holds now.
+Status CheckShmCapacity(const std::string& root, uint64_t more_bytes, const std::string& why);
+
+// What the store knows about one slot.
+struct SlotStatus {
+  int rank = -1;
+  int slot = -1;
+  SlotState state = SlotState::kEmpty;
+  int64_t step = -1;
+  uint64_t generation = 0;
+  uint64_t data_bytes = 0;
+  uint64_t segment_bytes = 0;
+  bool intact = false;    // complete and its checksums verified (this generation)
+  bool verified = false;  // a verification ran for this generation
+  std::string error;      // why it is not intact, when verified
+};
+
+class NodeStore {
+ public:
+  // Creates or opens the root, checks the budget against the filesystem, and
+  // adopts every slot already there: complete slots are verified and kept,
+  // torn or corrupted ones are reported and left out of the inventory.
+  static Result<std::unique_ptr<NodeStore>> Open(const NodeStoreOptions& options);
+
+  // Makes sure `rank` has its two slots, each at least `bytes` long, within
+  // the budget and the filesystem's free space. Returns their paths.
+  Result<std::vector<std::string>> EnsureSlots(int rank, uint64_t bytes) EXCLUDES(mu_);
+
+  // Verifies slot `slot` of `rank` (header and every chunk) and records the
+  // outcome for its current generation.
+  Status Verify(int rank, int slot) EXCLUDES(mu_);
+
+  // Both slots of `rank` (re-reading their headers); empty when unknown.
+  std::vector<SlotStatus> Inventory(int rank) EXCLUDES(mu_);
+  std::vector<int> Ranks() EXCLUDES(mu_);
+  uint64_t allocated_bytes() EXCLUDES(mu_);
+  const NodeStoreOptions& options() const { return options_; }
+
+ private:
+  explicit NodeStore(NodeStoreOptions options) : options_(std::move(options)) {}
+  struct SlotEntry {
+    std::shared_ptr<Segment> segment;
+    uint64_t verified_generation = 0;
+    bool verified = false;
+    bool intact = false;
+    std::string error;
+  };
+  Status Adopt();
+  SlotStatus StatusOf(int rank, int slot, const SlotEntry& e);
+
+  const NodeStoreOptions options_;
+  Mutex mu_;
+  std::map<std::pair<int, int>, SlotEntry> slots_ GUARDED_BY(mu_);
+};
+
+}  // namespace memento::shm

@@ -1,0 +1,303 @@
+#include "shm/slot.h"
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "common/checksum.h"
+#include "common/clock.h"
+#include "fmt/format.h"
+
+namespace memento::shm {
+
+const char* SlotStateName(SlotState state) {
+  switch (state) {
+    case SlotState::kEmpty:
+      return "empty";
+    case SlotState::kWriting:
+      return "writing";
+    case SlotState::kComplete:
+      return "complete";
+  }
+  return "unknown";
+}
+
+namespace {
+
+bool ValidJobId(const std::string& job) {
+  if (job.empty() || job.size() >= kJobIdBytes) return false;
+  for (char c : job) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) {
+      return false;
+    }
+  }
+  return job != "." && job != "..";
+}
+
+SlotHeader* Header(const Segment& segment) { return reinterpret_cast<SlotHeader*>(segment.data()); }
+
+uint64_t HeaderChecksum(const SlotHeader* h) {
+  return Checksum(h, offsetof(SlotHeader, header_checksum));
+}
+
+}  // namespace
+
+Result<SlotLayout> ComputeSlotLayout(const std::string& job_id, int rank,
+                                     const std::vector<TensorMeta>& tensors, uint64_t chunk_bytes) {
+  if (!ValidJobId(job_id)) {
+    return InvalidArgumentError("job id '" + job_id +
+                                "' must be 1-63 letters, digits, '-', '_' or '.'");
+  }
+  if (chunk_bytes == 0) return InvalidArgumentError("chunk size must be > 0");
+  SlotLayout layout;
+  layout.job_id = job_id;
+  layout.rank = rank;
+  layout.chunk_bytes = chunk_bytes;
+  std::map<std::string, int> seen;
+  uint64_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorMeta& meta = tensors[i];
+    if (meta.name.empty()) return InvalidArgumentError(fmt::format("tensor {} has no name", i));
+    if (!seen.emplace(meta.name, 1).second) {
+      return InvalidArgumentError("tensor name '" + meta.name + "' registered twice");
+    }
+    for (int64_t d : meta.shape) {
+      if (d < 0) {
+        return InvalidArgumentError("tensor '" + meta.name + "' has a negative dimension in " +
+                                    ShapeToString(meta.shape));
+      }
+    }
+    SavedTensor t;
+    t.meta = meta;
+    t.offset = AlignUp(offset, kTensorAlignment);
+    t.nbytes = meta.nbytes();
+    for (uint64_t c = 0; c < t.nbytes; c += chunk_bytes) {
+      ChunkEntry e{};
+      e.offset = t.offset + c;
+      e.length = std::min<uint64_t>(chunk_bytes, t.nbytes - c);
+      e.tensor_index = static_cast<uint32_t>(i);
+      layout.chunks.push_back(e);
+    }
+    offset = t.offset + t.nbytes;
+    layout.tensors.push_back(std::move(t));
+  }
+  layout.data_bytes = offset;
+  layout.manifest = EncodeManifest(layout.tensors);
+  layout.manifest_offset = kSlotHeaderBytes;
+  layout.table_offset = AlignUp(layout.manifest_offset + layout.manifest.size(), 64);
+  layout.data_offset =
+      AlignUp(layout.table_offset + layout.chunks.size() * sizeof(ChunkEntry), kSlotDataAlignment);
+  layout.total_bytes = AlignUp(layout.data_offset + layout.data_bytes, kSlotDataAlignment);
+  return layout;
+}
+
+std::string EncodeManifest(const std::vector<SavedTensor>& tensors) {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const SavedTensor& t : tensors) {
+    arr.push_back({{"name", t.meta.name},
+                   {"dtype", std::string(DTypeName(t.meta.dtype))},
+                   {"shape", t.meta.shape},
+                   {"state_class", std::string(StateClassName(t.meta.state_class))},
+                   {"global_numel", t.meta.global_numel},
+                   {"shard_offset", t.meta.shard_offset},
+                   {"offset", t.offset},
+                   {"nbytes", t.nbytes}});
+  }
+  return nlohmann::json{{"format", 1}, {"tensors", arr}}.dump();
+}
+
+Result<std::vector<SavedTensor>> ParseManifest(std::string_view text) {
+  std::vector<SavedTensor> out;
+  try {
+    auto j = nlohmann::json::parse(text);
+    for (const auto& e : j.at("tensors")) {
+      SavedTensor t;
+      t.meta.name = e.at("name").get<std::string>();
+      MEMENTO_ASSIGN_OR_RETURN(t.meta.dtype, ParseDType(e.at("dtype").get<std::string>()));
+      t.meta.shape = e.at("shape").get<std::vector<int64_t>>();
+      MEMENTO_ASSIGN_OR_RETURN(t.meta.state_class,
+                               ParseStateClass(e.at("state_class").get<std::string>()));
+      t.meta.global_numel = e.at("global_numel").get<int64_t>();
+      t.meta.shard_offset = e.at("shard_offset").get<int64_t>();
+      t.offset = e.at("offset").get<uint64_t>();
+      t.nbytes = e.at("nbytes").get<uint64_t>();
+      out.push_back(std::move(t));
+    }
+  } catch (const std::exception& e) {
+    return DataLossError(std::string("slot manifest is not valid: ") + e.what());
+  }
+  return out;
+}
+
+std::vector<std::string> DiffTensors(const std::vector<SavedTensor>& saved,
+                                     const std::vector<TensorMeta>& registered) {
+  std::vector<std::string> diffs;
+  std::map<std::string, const TensorMeta*> reg;
+  for (const TensorMeta& m : registered) reg[m.name] = &m;
+  std::map<std::string, const TensorMeta*> sav;
+  for (const SavedTensor& t : saved) sav[t.meta.name] = &t.meta;
+  for (const auto& [name, s] : sav) {
+    auto it = reg.find(name);
+    if (it == reg.end()) {
+      diffs.push_back(fmt::format("tensor '{}' ({} {}) is saved but not registered", name,
+                                  DTypeName(s->dtype), ShapeToString(s->shape)));
+      continue;
+    }
+    const TensorMeta* r = it->second;
+    if (s->dtype != r->dtype) {
+      diffs.push_back(fmt::format("tensor '{}': dtype {} saved, {} registered", name,
+                                  DTypeName(s->dtype), DTypeName(r->dtype)));
+    }
+    if (s->shape != r->shape) {
+      diffs.push_back(fmt::format("tensor '{}': shape {} saved, {} registered", name,
+                                  ShapeToString(s->shape), ShapeToString(r->shape)));
+    }
+  }
+  for (const auto& [name, r] : reg) {
+    if (sav.count(name) == 0) {
+      diffs.push_back(fmt::format("tensor '{}' ({} {}) is registered but not saved", name,
+                                  DTypeName(r->dtype), ShapeToString(r->shape)));
+    }
+  }
+  return diffs;
+}
+
+void BeginSlotWrite(const Segment& segment, const SlotLayout& layout, int slot_index,
+                    int64_t step) {
+  SlotHeader* h = Header(segment);
+  uint64_t generation = h->generation + 1;
+  // kWriting goes out before any other byte of the slot changes: a crash from
+  // here on leaves a slot that no reader takes for complete.
+  StoreState(h, SlotState::kWriting);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  __atomic_store_n(&h->generation, generation, __ATOMIC_RELAXED);
+  h->magic = kSlotMagic;
+  h->format_version = kSlotFormatVersion;
+  h->header_bytes = kSlotHeaderBytes;
+  std::memset(h->job_id, 0, sizeof(h->job_id));
+  std::memcpy(h->job_id, layout.job_id.data(), layout.job_id.size());
+  h->rank = layout.rank;
+  h->slot_index = static_cast<uint32_t>(slot_index);
+  h->step = step;
+  h->manifest_offset = layout.manifest_offset;
+  h->manifest_bytes = layout.manifest.size();
+  h->manifest_checksum = Checksum(layout.manifest.data(), layout.manifest.size());
+  h->table_offset = layout.table_offset;
+  h->num_chunks = layout.chunks.size();
+  h->table_checksum = 0;
+  h->data_offset = layout.data_offset;
+  h->data_bytes = layout.data_bytes;
+  h->chunk_bytes = layout.chunk_bytes;
+  h->begin_wall_ns = WallNanos();
+  h->complete_wall_ns = 0;
+  std::memset(h->reserved, 0, sizeof(h->reserved));
+  h->header_checksum = 0;
+  std::memcpy(segment.data() + layout.manifest_offset, layout.manifest.data(),
+              layout.manifest.size());
+  if (!layout.chunks.empty()) {
+    std::memcpy(segment.data() + layout.table_offset, layout.chunks.data(),
+                layout.chunks.size() * sizeof(ChunkEntry));
+  }
+}
+
+ChunkEntry* SlotTable(const Segment& segment) {
+  return reinterpret_cast<ChunkEntry*>(segment.data() + Header(segment)->table_offset);
+}
+
+uint8_t* SlotData(const Segment& segment) { return segment.data() + Header(segment)->data_offset; }
+
+void CompleteSlotWrite(const Segment& segment) {
+  SlotHeader* h = Header(segment);
+  h->table_checksum = Checksum(SlotTable(segment), h->num_chunks * sizeof(ChunkEntry));
+  h->complete_wall_ns = WallNanos();
+  h->header_checksum = HeaderChecksum(h);
+  StoreState(h, SlotState::kComplete);  // release: everything above happens-before
+}
+
+Result<SlotInfo> ReadSlot(const Segment& segment) {
+  SlotInfo info;
+  if (segment.size() < kSlotHeaderBytes) {
+    return DataLossError(fmt::format("segment {} is {} bytes, smaller than a slot header",
+                                     segment.path(), segment.size()));
+  }
+  const SlotHeader* live = Header(segment);
+  info.state = LoadState(live);
+  SlotHeader h;
+  std::memcpy(&h, live, sizeof(h));
+  std::atomic_thread_fence(std::memory_order_acquire);
+  info.generation = h.generation;
+  info.step = h.step;
+  info.rank = h.rank;
+  info.slot_index = static_cast<int>(h.slot_index);
+  if (info.state != SlotState::kComplete) return info;
+  auto fail = [&](const std::string& what) {
+    return DataLossError(fmt::format("slot {} (step {}): {}", segment.path(), h.step, what));
+  };
+  if (h.magic != kSlotMagic) return fail(fmt::format("bad magic {:#x}", h.magic));
+  if (h.format_version != kSlotFormatVersion) {
+    return fail(fmt::format("format version {} (this build reads {})", h.format_version,
+                            kSlotFormatVersion));
+  }
+  if (HeaderChecksum(&h) != h.header_checksum) return fail("header checksum mismatch");
+  uint64_t size = segment.size();
+  auto in_bounds = [size](uint64_t off, uint64_t len) { return off <= size && len <= size - off; };
+  if (!in_bounds(h.manifest_offset, h.manifest_bytes) || h.num_chunks > size / sizeof(ChunkEntry) ||
+      !in_bounds(h.table_offset, h.num_chunks * sizeof(ChunkEntry)) ||
+      !in_bounds(h.data_offset, h.data_bytes)) {
+    return fail(fmt::format("layout exceeds the {}-byte segment", size));
+  }
+  const char* manifest = reinterpret_cast<const char*>(segment.data() + h.manifest_offset);
+  if (Checksum(manifest, h.manifest_bytes) != h.manifest_checksum) {
+    return fail("manifest checksum mismatch");
+  }
+  const auto* table = reinterpret_cast<const ChunkEntry*>(segment.data() + h.table_offset);
+  if (Checksum(table, h.num_chunks * sizeof(ChunkEntry)) != h.table_checksum) {
+    return fail("chunk table checksum mismatch");
+  }
+  auto tensors = ParseManifest(std::string_view(manifest, h.manifest_bytes));
+  if (!tensors.ok()) return fail(tensors.status().message());
+  info.tensors = std::move(*tensors);
+  info.chunks.assign(table, table + h.num_chunks);
+  for (const SavedTensor& t : info.tensors) {
+    if (t.offset > h.data_bytes || t.nbytes > h.data_bytes - t.offset ||
+        t.nbytes != t.meta.nbytes()) {
+      return fail("tensor '" + t.meta.name + "' lies outside the data region");
+    }
+  }
+  for (const ChunkEntry& c : info.chunks) {
+    if (c.offset > h.data_bytes || c.length > h.data_bytes - c.offset ||
+        c.tensor_index >= info.tensors.size()) {
+      return fail("a chunk lies outside the data region");
+    }
+  }
+  info.job_id.assign(h.job_id, strnlen(h.job_id, sizeof(h.job_id)));
+  info.data_bytes = h.data_bytes;
+  info.data_offset = h.data_offset;
+  info.complete_wall_ns = h.complete_wall_ns;
+  return info;
+}
+
+Status VerifySlotData(const Segment& segment, const SlotInfo& info) {
+  const uint8_t* data = segment.data() + info.data_offset;
+  for (size_t i = 0; i < info.chunks.size(); ++i) {
+    const ChunkEntry& c = info.chunks[i];
+    if (Checksum(data + c.offset, c.length) != c.checksum) {
+      return DataLossError(fmt::format(
+          "slot {} (step {}): chunk {} (bytes {}..{} of tensor '{}') fails its checksum",
+          segment.path(), info.step, i, c.offset, c.offset + c.length,
+          info.tensors[c.tensor_index].meta.name));
+    }
+  }
+  return Status::Ok();
+}
+
+bool SlotUnchanged(const Segment& segment, const SlotInfo& info) {
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const SlotHeader* h = Header(segment);
+  SlotState state = LoadState(h);
+  uint64_t gen = __atomic_load_n(&h->generation, __ATOMIC_ACQUIRE);
+  return state == info.state && gen == info.generation;
+}
+
+}  // namespace memento::shm

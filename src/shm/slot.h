@@ -1,0 +1,104 @@
+// Writing and reading one snapshot slot (format in slot_format.h, protocol and
+// crash-consistency argument in docs/node_store.md).
+//
+// Writer (the trainer's client library):
+//   SlotLayout layout = ComputeSlotLayout(...);       // once, at Seal()
+//   BeginSlotWrite(segment, layout, step);            // state := kWriting, first
+//   ... copy each chunk, table()[i].checksum = xxh3 ...
+//   CompleteSlotWrite(segment);                       // state := kComplete, last
+// Reader (restore, the agent's verifier, adoption after a restart):
+//   ReadSlot(segment) -> SlotInfo (header, manifest, table checked)
+//   VerifySlotData(segment, info) -> DataLoss naming the first bad chunk
+//
+// Thread safety: free functions over shared memory. One writer per slot at a
+// time (the owning rank); any number of readers, which detect a concurrent
+// write through the header's generation (see ReadSlot / SlotUnchanged).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "memento/status.h"
+#include "memento/types.h"
+#include "shm/segment.h"
+#include "shm/slot_format.h"
+
+namespace memento::shm {
+
+// One tensor as saved in a slot.
+struct SavedTensor {
+  TensorMeta meta;
+  uint64_t offset = 0;  // from the data region's start
+  uint64_t nbytes = 0;
+};
+
+// Where everything of one rank's state goes in a slot. A pure function of the
+// registered tensors and the chunk size.
+struct SlotLayout {
+  std::string job_id;
+  int rank = 0;
+  std::vector<SavedTensor> tensors;
+  std::string manifest;            // JSON text
+  std::vector<ChunkEntry> chunks;  // checksums zero
+  uint64_t chunk_bytes = 0;
+  uint64_t manifest_offset = 0;
+  uint64_t table_offset = 0;
+  uint64_t data_offset = 0;
+  uint64_t data_bytes = 0;
+  uint64_t total_bytes = 0;  // the segment size this layout needs
+};
+
+// REQUIRES: chunk_bytes > 0. InvalidArgument for a bad job id or duplicate names.
+Result<SlotLayout> ComputeSlotLayout(const std::string& job_id, int rank,
+                                     const std::vector<TensorMeta>& tensors, uint64_t chunk_bytes);
+
+std::string EncodeManifest(const std::vector<SavedTensor>& tensors);
+// DataLoss when the text is not a manifest.
+Result<std::vector<SavedTensor>> ParseManifest(std::string_view text);
+
+// Every difference between the saved tensors and the registered ones, one line
+// each ("tensor 'w': shape [4, 4] saved, [4, 8] registered"). Empty when they
+// match in names, dtypes and shapes.
+std::vector<std::string> DiffTensors(const std::vector<SavedTensor>& saved,
+                                     const std::vector<TensorMeta>& registered);
+
+// Marks the slot kWriting (before anything else), then writes the header's
+// layout fields, the manifest and an empty chunk table. REQUIRES:
+// segment.size() >= layout.total_bytes; no other writer.
+void BeginSlotWrite(const Segment& segment, const SlotLayout& layout, int slot_index, int64_t step);
+// The chunk table and data region of a slot being written.
+ChunkEntry* SlotTable(const Segment& segment);
+uint8_t* SlotData(const Segment& segment);
+// Seals the table and header checksums and sets kComplete with release
+// ordering. REQUIRES: every chunk's bytes and checksum written.
+void CompleteSlotWrite(const Segment& segment);
+
+// What a reader learned from a slot's header.
+struct SlotInfo {
+  SlotState state = SlotState::kEmpty;
+  int64_t step = -1;
+  uint64_t generation = 0;
+  int rank = -1;
+  int slot_index = -1;
+  std::string job_id;
+  uint64_t data_bytes = 0;
+  int64_t complete_wall_ns = 0;
+  std::vector<SavedTensor> tensors;
+  std::vector<ChunkEntry> chunks;  // a copy of the table
+  uint64_t data_offset = 0;
+};
+
+// Reads and checks a slot's header, manifest and chunk table. Returns the
+// state for kEmpty/kWriting slots without further checks. For kComplete:
+// DataLoss when a magic, version, bound or checksum is wrong (a torn or
+// corrupted header).
+Result<SlotInfo> ReadSlot(const Segment& segment);
+// Checks every chunk's checksum. DataLoss naming the chunk and tensor.
+Status VerifySlotData(const Segment& segment, const SlotInfo& info);
+// True when the slot still holds the version `info` was read from (no writer
+// started since): a seqlock-style re-check after reading data.
+bool SlotUnchanged(const Segment& segment, const SlotInfo& info);
+
+}  // namespace memento::shm

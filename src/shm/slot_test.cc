@@ -1,0 +1,159 @@
+#include "shm/slot.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "common/checksum.h"
+#include "shm/shm_test_util.h"
+
+namespace memento::shm {
+namespace {
+
+std::vector<TensorMeta> SampleTensors() {
+  TensorMeta a{"w", DType::kFloat32, {300, 7}, StateClass::kReplicated};
+  TensorMeta b{"adam.m", DType::kBFloat16, {5}, StateClass::kDpSharded, 10, 5};
+  TensorMeta c{"rng", DType::kUInt8, {13}, StateClass::kPrivate};
+  return {a, b, c};
+}
+
+// Writes a full slot as the client does, with data from `rng`.
+void WriteSlot(const Segment& seg, const SlotLayout& layout, int slot, int64_t step,
+               std::mt19937_64& rng) {
+  BeginSlotWrite(seg, layout, slot, step);
+  uint8_t* data = SlotData(seg);
+  ChunkEntry* table = SlotTable(seg);
+  for (size_t i = 0; i < layout.chunks.size(); ++i) {
+    for (uint64_t b = 0; b < table[i].length; ++b) data[table[i].offset + b] = rng() & 0xff;
+    table[i].checksum = Checksum(data + table[i].offset, table[i].length);
+  }
+  CompleteSlotWrite(seg);
+}
+
+TEST(SlotLayoutTest, AlignsTensorsAndSplitsChunks) {
+  auto layout = ComputeSlotLayout("job", 3, SampleTensors(), 1000);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  ASSERT_EQ(layout->tensors.size(), 3u);
+  EXPECT_EQ(layout->tensors[0].offset, 0u);
+  EXPECT_EQ(layout->tensors[0].nbytes, 8400u);
+  EXPECT_EQ(layout->tensors[1].offset % kTensorAlignment, 0u);
+  EXPECT_GE(layout->tensors[1].offset, 8400u);
+  // 8400 bytes in 1000-byte chunks: 9 chunks; then 1 each.
+  EXPECT_EQ(layout->chunks.size(), 11u);
+  EXPECT_EQ(layout->chunks[8].length, 400u);
+  EXPECT_EQ(layout->chunks[9].tensor_index, 1u);
+  EXPECT_EQ(layout->data_offset % kSlotDataAlignment, 0u);
+  EXPECT_GE(layout->total_bytes, layout->data_offset + layout->data_bytes);
+}
+
+TEST(SlotLayoutTest, RejectsBadInput) {
+  auto t = SampleTensors();
+  t.push_back(t[0]);
+  EXPECT_EQ(ComputeSlotLayout("job", 0, t, 4096).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeSlotLayout("bad/job", 0, SampleTensors(), 4096).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeSlotLayout("", 0, SampleTensors(), 4096).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(SlotLayoutTest, ManifestRoundTrips) {
+  auto layout = ComputeSlotLayout("job", 0, SampleTensors(), 4096);
+  ASSERT_TRUE(layout.ok());
+  auto parsed = ParseManifest(layout->manifest);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*parsed)[i].meta, layout->tensors[i].meta);
+    EXPECT_EQ((*parsed)[i].offset, layout->tensors[i].offset);
+  }
+  EXPECT_EQ(ParseManifest("{not json").status().code(), StatusCode::kDataLoss);
+}
+
+TEST(SlotLayoutTest, DiffListsEveryDifference) {
+  auto layout = ComputeSlotLayout("job", 0, SampleTensors(), 4096);
+  ASSERT_TRUE(layout.ok());
+  EXPECT_TRUE(DiffTensors(layout->tensors, SampleTensors()).empty());
+  auto reg = SampleTensors();
+  reg[0].shape = {300, 8};
+  reg[1].dtype = DType::kFloat16;
+  reg[2].name = "rng2";
+  auto diffs = DiffTensors(layout->tensors, reg);
+  ASSERT_EQ(diffs.size(), 4u);
+  std::string all;
+  for (auto& d : diffs) all += d + "\n";
+  EXPECT_NE(all.find("shape [300, 7] saved, [300, 8] registered"), std::string::npos) << all;
+  EXPECT_NE(all.find("dtype BF16 saved, F16 registered"), std::string::npos) << all;
+  EXPECT_NE(all.find("'rng' (U8 [13]) is saved but not registered"), std::string::npos) << all;
+  EXPECT_NE(all.find("'rng2' (U8 [13]) is registered but not saved"), std::string::npos) << all;
+}
+
+class SlotTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto layout = ComputeSlotLayout("job", 2, SampleTensors(), 1024);
+    ASSERT_TRUE(layout.ok());
+    layout_ = *layout;
+    auto seg = Segment::CreateOrGrow(dir_.path() + "/rank2.slot0", layout_.total_bytes);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    seg_ = std::move(*seg);
+  }
+  testing::ShmScratchDir dir_;
+  SlotLayout layout_;
+  std::unique_ptr<Segment> seg_;
+};
+
+TEST_F(SlotTest, FreshSlotIsEmpty) {
+  auto info = ReadSlot(*seg_);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, SlotState::kEmpty);
+}
+
+TEST_F(SlotTest, WriteReadVerify) {
+  std::mt19937_64 rng(memento::testing::TestSeed("SlotTest.WriteReadVerify"));
+  WriteSlot(*seg_, layout_, 0, 42, rng);
+  auto info = ReadSlot(*seg_);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->state, SlotState::kComplete);
+  EXPECT_EQ(info->step, 42);
+  EXPECT_EQ(info->rank, 2);
+  EXPECT_EQ(info->job_id, "job");
+  EXPECT_EQ(info->tensors.size(), 3u);
+  EXPECT_TRUE(VerifySlotData(*seg_, *info).ok());
+  EXPECT_TRUE(SlotUnchanged(*seg_, *info));
+  // A new write changes the generation and the state at once.
+  BeginSlotWrite(*seg_, layout_, 0, 43);
+  EXPECT_FALSE(SlotUnchanged(*seg_, *info));
+  auto torn = ReadSlot(*seg_);
+  ASSERT_TRUE(torn.ok());
+  EXPECT_EQ(torn->state, SlotState::kWriting);
+  EXPECT_EQ(torn->step, 43);
+}
+
+TEST_F(SlotTest, FlippedDataByteIsDataLoss) {
+  std::mt19937_64 rng(memento::testing::TestSeed("SlotTest.FlippedDataByteIsDataLoss"));
+  WriteSlot(*seg_, layout_, 0, 7, rng);
+  auto info = ReadSlot(*seg_);
+  ASSERT_TRUE(info.ok());
+  size_t pos = rng() % layout_.data_bytes;
+  while (pos >= layout_.tensors[0].nbytes && pos < layout_.tensors[1].offset) pos = 0;
+  seg_->data()[layout_.data_offset + pos] ^= 0x01;
+  Status st = VerifySlotData(*seg_, *info);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("fails its checksum"), std::string::npos) << st;
+}
+
+TEST_F(SlotTest, CorruptHeaderManifestOrTableIsDataLoss) {
+  std::mt19937_64 rng(memento::testing::TestSeed("SlotTest.CorruptHeader"));
+  for (uint64_t where : {uint64_t{90}, layout_.manifest_offset + 3, layout_.table_offset + 17}) {
+    WriteSlot(*seg_, layout_, 0, 9, rng);
+    seg_->data()[where] ^= 0x40;
+    auto info = ReadSlot(*seg_);
+    EXPECT_EQ(info.status().code(), StatusCode::kDataLoss) << where;
+    seg_->data()[where] ^= 0x40;
+    EXPECT_TRUE(ReadSlot(*seg_).ok());
+  }
+}
+
+}  // namespace
+}  // namespace memento::shm

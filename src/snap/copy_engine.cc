@@ -1,0 +1,137 @@
+#include "snap/copy_engine.h"
+
+#include <pthread.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/checksum.h"
+#include "common/clock.h"
+#include "fmt/format.h"
+#include "snap/copy_kernel.h"
+
+namespace memento::snap {
+
+Status CopyJob::Wait(Deadline deadline) {
+  MutexLock l(&mu_);
+  while (!done_) {
+    if (deadline.infinite()) {
+      cv_.Wait(&l);
+    } else if (!cv_.WaitUntil(&l, deadline.when()) && !done_) {
+      return DeadlineExceededError(fmt::format("copy job still running: {} of {} chunks done",
+                                               chunks_done(), chunks_.size()));
+    }
+  }
+  return status_;
+}
+
+bool CopyJob::done() {
+  MutexLock l(&mu_);
+  return done_;
+}
+
+CopyEngine::CopyEngine(Options options) : options_(std::move(options)) {
+  MEMENTO_CHECK(options_.threads >= 1);
+  for (int i = 0; i < options_.threads; ++i) {
+    workers_.emplace_back([this] { WorkerLoop(); });
+    std::string tname = (options_.name + std::to_string(i)).substr(0, 15);
+    pthread_setname_np(workers_.back().native_handle(), tname.c_str());
+  }
+}
+
+CopyEngine::~CopyEngine() {
+  {
+    MutexLock l(&mu_);
+    stopping_ = true;
+  }
+  cv_.SignalAll();
+  for (auto& t : workers_) t.join();
+}
+
+std::shared_ptr<CopyJob> CopyEngine::Submit(std::vector<CopyChunk> chunks,
+                                            std::function<void(size_t, uint64_t)> on_chunk,
+                                            std::function<Status(const Status&)> on_done) {
+  std::shared_ptr<CopyJob> job(new CopyJob());
+  job->chunks_ = std::move(chunks);
+  job->on_chunk_ = std::move(on_chunk);
+  job->on_done_ = std::move(on_done);
+  for (const CopyChunk& c : job->chunks_) job->bytes_ += c.length;
+  job->start_ = Now();
+  if (job->chunks_.empty()) {
+    Finish(*job);
+    return job;
+  }
+  {
+    MutexLock l(&mu_);
+    queue_.push_back(job);
+  }
+  cv_.SignalAll();
+  return job;
+}
+
+void CopyEngine::WorkerLoop() {
+  for (;;) {
+    std::shared_ptr<CopyJob> job;
+    size_t index = 0;
+    {
+      MutexLock l(&mu_);
+      for (;;) {
+        while (!queue_.empty() && queue_.front()->next_.load(std::memory_order_relaxed) >=
+                                      queue_.front()->chunks_.size()) {
+          queue_.pop_front();  // every chunk claimed; the claimers finish it
+        }
+        if (!queue_.empty()) break;
+        if (stopping_) return;
+        cv_.Wait(&l);
+      }
+      job = queue_.front();
+      index = job->next_.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (index >= job->chunks_.size()) continue;
+    RunChunk(*job, index);
+  }
+}
+
+void CopyEngine::RunChunk(CopyJob& job, size_t index) {
+  const CopyChunk& c = job.chunks_[index];
+  if (!job.failed_.load(std::memory_order_relaxed)) {
+    uint64_t sum = CopyAndChecksumStreaming(c.dst, c.src, c.length);
+    if (c.checksum_out != nullptr) *c.checksum_out = sum;
+    if (c.verify && sum != c.expected_checksum) {
+      job.failed_.store(true, std::memory_order_relaxed);
+      MutexLock l(&job.mu_);
+      if (job.first_error_.ok()) {
+        job.first_error_ = DataLossError(
+            fmt::format("chunk {} ({}, {} bytes) fails its checksum: {:#018x} expected, {:#018x} "
+                        "found",
+                        index, c.label, c.length, c.expected_checksum, sum));
+      }
+    }
+    if (job.on_chunk_) job.on_chunk_(index, sum);
+    if (options_.chunk_delay_us > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(options_.chunk_delay_us));
+    }
+  }
+  if (job.finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == job.chunks_.size()) {
+    Finish(job);
+  }
+}
+
+void CopyEngine::Finish(CopyJob& job) {
+  job.copy_s_.store(SecondsBetween(job.start_, Now()), std::memory_order_release);
+  Status st;
+  {
+    MutexLock l(&job.mu_);
+    st = job.first_error_;
+  }
+  if (job.on_done_) st = job.on_done_(st);
+  {
+    MutexLock l(&job.mu_);
+    job.status_ = st;
+    job.done_ = true;
+  }
+  job.cv_.SignalAll();
+}
+
+}  // namespace memento::snap

@@ -1,0 +1,379 @@
+// Client library against a real agent (in a thread of this process) over its
+// real Unix socket and real shared memory.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "agent/agent.h"
+#include "common/check.h"
+#include "common/checksum.h"
+#include "memento/client.h"
+#include "shm/protocol.h"
+#include "shm/shm_test_util.h"
+
+namespace memento {
+namespace {
+
+class AgentThread {
+ public:
+  explicit AgentThread(agent::AgentOptions o) {
+    auto a = agent::Agent::Start(o);
+    MEMENTO_CHECK_OK(a.status());
+    agent_ = std::move(*a);
+    thread_ = std::thread([this] { MEMENTO_CHECK_OK(agent_->Serve()); });
+  }
+  ~AgentThread() {
+    agent_->Stop();
+    thread_.join();
+  }
+  agent::Agent& agent() { return *agent_; }
+
+ private:
+  std::unique_ptr<agent::Agent> agent_;
+  std::thread thread_;
+};
+
+struct State {
+  std::vector<float> w;
+  std::vector<int64_t> counts;
+  uint8_t rng[32];
+  explicit State(size_t n = 300000) : w(n), counts(1000) { std::memset(rng, 0, sizeof(rng)); }
+  void Fill(uint64_t seed) {
+    std::mt19937_64 g(seed);
+    for (auto& x : w) x = static_cast<float>(g() % 100000) / 7.0f;
+    for (auto& x : counts) x = static_cast<int64_t>(g());
+    for (auto& x : rng) x = g() & 0xff;
+  }
+  uint64_t Digest() const {
+    return Checksum(w.data(), w.size() * 4) ^ Checksum(counts.data(), counts.size() * 8) * 3 ^
+           Checksum(rng, sizeof(rng)) * 7;
+  }
+  Status Register(Client& c) {
+    MEMENTO_RETURN_IF_ERROR(c.RegisterTensor(
+        {"w", DType::kFloat32, {static_cast<int64_t>(w.size())}, StateClass::kReplicated},
+        w.data()));
+    MEMENTO_RETURN_IF_ERROR(c.RegisterTensor(
+        {"counts", DType::kInt64, {10, 100}, StateClass::kDpSharded}, counts.data()));
+    return c.RegisterBlob("rng", rng, sizeof(rng));
+  }
+};
+
+class ClientAgentTest : public ::testing::Test {
+ protected:
+  ClientAgentTest() : root_(dir_.path() + "/job1/node0") {}
+  ClientOptions Options(int rank = 0) {
+    ClientOptions o;
+    o.job_id = "job1";
+    o.rank = rank;
+    o.world_size = 4;
+    o.agent_dir = root_;
+    o.copy_threads = 2;
+    o.chunk_bytes = 256 << 10;
+    o.connect_timeout_s = 2;
+    return o;
+  }
+  std::unique_ptr<Client> Sealed(State& s, int rank = 0) {
+    auto c = Client::Connect(Options(rank));
+    MEMENTO_CHECK_OK(c.status());
+    MEMENTO_CHECK_OK(s.Register(**c));
+    MEMENTO_CHECK_OK((*c)->Seal());
+    return std::move(*c);
+  }
+  shm::testing::ShmScratchDir dir_;
+  std::string root_;
+};
+
+TEST_F(ClientAgentTest, SnapshotRestoreRoundTrip) {
+  AgentThread agent({"job1", 0, root_, 0});
+  uint64_t seed = memento::testing::TestSeed("ClientAgentTest.SnapshotRestoreRoundTrip");
+  State s;
+  auto c = Sealed(s);
+  EXPECT_EQ(c->Restore().status().code(), StatusCode::kNotFound);
+  uint64_t digests[4];
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(c->Fence().ok());
+    s.Fill(seed + step);
+    digests[step] = s.Digest();
+    ASSERT_TRUE(c->Snapshot(step).ok());
+  }
+  ASSERT_TRUE(c->Fence().ok());
+  auto stats = c->LastSnapshotStats();
+  EXPECT_EQ(stats.step, 3);
+  EXPECT_GE(stats.bytes, s.w.size() * 4);
+  EXPECT_EQ(c->Snapshot(3).code(), StatusCode::kInvalidArgument);
+  auto versions = c->ListVersions();
+  ASSERT_TRUE(versions.ok()) << versions.status();
+  ASSERT_EQ(versions->size(), 2u);
+  EXPECT_EQ((*versions)[0].step, 3);
+  EXPECT_TRUE((*versions)[0].committed);
+  EXPECT_EQ((*versions)[1].step, 2);
+  c.reset();
+
+  // A fresh trainer (another Client) restores the newest version exactly.
+  State t;
+  auto c2 = Sealed(t);
+  auto step = c2->Restore();
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 3);
+  EXPECT_EQ(t.Digest(), digests[3]);
+  EXPECT_EQ(c2->LastRestoreStats().step, 3);
+  EXPECT_TRUE(c2->LastRestoreStats().skipped.empty());
+  // ... and continues: the next snapshot goes to the older slot.
+  t.Fill(seed + 4);
+  ASSERT_TRUE(c2->Snapshot(4).ok());
+  ASSERT_TRUE(c2->Fence().ok());
+  versions = c2->ListVersions();
+  ASSERT_TRUE(versions.ok());
+  EXPECT_EQ((*versions)[0].step, 4);
+  EXPECT_EQ((*versions)[1].step, 3);
+}
+
+TEST_F(ClientAgentTest, MismatchListsEveryDifferenceAndWritesNothing) {
+  AgentThread agent({"job1", 0, root_, 0});
+  State s;
+  s.Fill(1);
+  auto c = Sealed(s);
+  ASSERT_TRUE(c->Snapshot(1).ok());
+  ASSERT_TRUE(c->Fence().ok());
+  c.reset();
+
+  State t(300001);  // w has another shape
+  std::vector<float> extra(10, 5.0f);
+  auto c2 = Client::Connect(Options());
+  ASSERT_TRUE(c2.ok());
+  ASSERT_TRUE(
+      (*c2)
+          ->RegisterTensor({"w", DType::kFloat32, {300001}, StateClass::kReplicated}, t.w.data())
+          .ok());
+  ASSERT_TRUE((*c2)
+                  ->RegisterTensor({"counts", DType::kInt32, {10, 200}, StateClass::kDpSharded},
+                                   t.counts.data())
+                  .ok());
+  ASSERT_TRUE(
+      (*c2)
+          ->RegisterTensor({"extra", DType::kFloat32, {10}, StateClass::kPrivate}, extra.data())
+          .ok());
+  ASSERT_TRUE((*c2)->Seal().ok());
+  uint64_t before = t.Digest();
+  auto r = (*c2)->Restore();
+  ASSERT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+  const std::string& m = r.status().message();
+  EXPECT_NE(m.find("'w': shape [300000] saved, [300001] registered"), std::string::npos) << m;
+  EXPECT_NE(m.find("'counts': dtype I64 saved, I32 registered"), std::string::npos) << m;
+  EXPECT_NE(m.find("'counts': shape [10, 100] saved, [10, 200] registered"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("'rng' (U8 [32]) is saved but not registered"), std::string::npos) << m;
+  EXPECT_NE(m.find("'extra' (F32 [10]) is registered but not saved"), std::string::npos) << m;
+  EXPECT_EQ(t.Digest(), before);
+  EXPECT_EQ(extra, std::vector<float>(10, 5.0f));
+}
+
+TEST_F(ClientAgentTest, CorruptedSlotFallsBackThenDataLoss) {
+  AgentThread agent({"job1", 0, root_, 0});
+  uint64_t seed = memento::testing::TestSeed("ClientAgentTest.Corrupted");
+  State s;
+  auto c = Sealed(s);
+  uint64_t d1 = 0;
+  for (int step = 1; step <= 2; ++step) {
+    s.Fill(seed + step);
+    if (step == 1) d1 = s.Digest();
+    ASSERT_TRUE(c->Snapshot(step).ok());
+    ASSERT_TRUE(c->Fence().ok());
+  }
+  c.reset();
+  // Flip one byte of step 2's data (the slot written second is slot 1).
+  std::mt19937_64 rng(seed);
+  auto flip = [&](int slot) {
+    std::string path = shm::SlotPath(root_, 0, slot);
+    auto seg = shm::Segment::Open(path, true);
+    ASSERT_TRUE(seg.ok());
+    auto info = shm::ReadSlot(**seg);
+    ASSERT_TRUE(info.ok());
+    size_t pos = info->data_offset + rng() % (s.w.size() * 4);
+    (*seg)->data()[pos] ^= 0x20;
+  };
+  flip(1);
+  State t;
+  auto c2 = Sealed(t);
+  auto r = c2->Restore();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 1);
+  EXPECT_EQ(t.Digest(), d1);
+  auto rs = c2->LastRestoreStats();
+  ASSERT_EQ(rs.skipped.size(), 1u);
+  EXPECT_NE(rs.skipped[0].find("step 2"), std::string::npos) << rs.skipped[0];
+  EXPECT_NE(rs.skipped[0].find("DataLoss"), std::string::npos) << rs.skipped[0];
+  auto versions = c2->ListVersions();
+  ASSERT_TRUE(versions.ok());
+  ASSERT_EQ(versions->size(), 2u);
+  EXPECT_EQ((*versions)[0].step, 2);
+  EXPECT_FALSE((*versions)[0].committed);  // the agent's verifier saw it too
+  EXPECT_TRUE((*versions)[1].committed);
+  c2.reset();
+  flip(0);
+  State u;
+  auto c3 = Sealed(u);
+  r = c3->Restore();
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("step 1"), std::string::npos);
+  EXPECT_NE(r.status().message().find("step 2"), std::string::npos);
+}
+
+TEST_F(ClientAgentTest, ClearErrorsForBadSetups) {
+  // No agent directory: unknown job.
+  ClientOptions o = Options();
+  o.connect_timeout_s = 0.1;
+  auto c = Client::Connect(o);
+  EXPECT_EQ(c.status().code(), StatusCode::kNotFound) << c.status();
+  EXPECT_NE(c.status().message().find("unknown job"), std::string::npos) << c.status();
+  {
+    AgentThread agent({"job1", 0, root_, 1 << 20});  // 1 MiB budget
+    // An agent of another job at this directory.
+    ClientOptions other = o;
+    other.job_id = "job2";
+    c = Client::Connect(other);
+    EXPECT_EQ(c.status().code(), StatusCode::kNotFound) << c.status();
+    EXPECT_NE(c.status().message().find("serves job 'job1'"), std::string::npos) << c.status();
+    // Budget too small for 2 x 1.2 MB.
+    State s;
+    c = Client::Connect(o);
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(s.Register(**c).ok());
+    Status st = (*c)->Seal();
+    EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st;
+    EXPECT_NE(st.message().find("--budget"), std::string::npos) << st;
+    // A second agent on the same root is refused.
+    auto second = agent::Agent::Start({"job1", 0, root_, 0});
+    EXPECT_EQ(second.status().code(), StatusCode::kAlreadyExists) << second.status();
+  }
+  // The agent is gone and its socket file stays: stale.
+  ASSERT_EQ(access(shm::AgentSocketPath(root_).c_str(), F_OK), 0);
+  c = Client::Connect(o);
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status();
+  EXPECT_NE(c.status().message().find("stale"), std::string::npos) << c.status();
+  // An agent whose budget the shared-memory filesystem cannot hold refuses to
+  // start, saying how much is needed and how to raise it.
+  auto huge = agent::Agent::Start({"job1", 1, dir_.path() + "/job1/node1", uint64_t{1} << 60});
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_NE(huge.status().message().find("--shm-size"), std::string::npos) << huge.status();
+  // Bad options.
+  ClientOptions bad = o;
+  bad.chunk_bytes = 1000;
+  EXPECT_EQ(Client::Connect(bad).status().code(), StatusCode::kInvalidArgument);
+  bad = o;
+  bad.job_id = "a/b";
+  EXPECT_EQ(Client::Connect(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(ClientAgentTest, OneLiveTrainerPerRank) {
+  AgentThread agent({"job1", 0, root_, 0});
+  auto first = Client::Connect(Options(1));
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Another process claiming rank 1 while the first is alive is refused.
+  pid_t pid = fork();
+  if (pid == 0) {
+    auto c = Client::Connect(Options(1));
+    if (c.status().code() == StatusCode::kAlreadyExists) _exit(0);
+    std::fprintf(stderr, "child: %s\n", c.status().ToString().c_str());
+    _exit(1);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+  // Once the first one is gone, rank 1 is free again.
+  first->reset();
+  std::unique_ptr<Client> again;
+  for (int i = 0; i < 200 && again == nullptr; ++i) {
+    auto c = Client::Connect(Options(1));
+    if (c.ok())
+      again = std::move(*c);
+    else
+      usleep(5000);
+  }
+  EXPECT_NE(again, nullptr);
+}
+
+TEST_F(ClientAgentTest, ClientOfAnotherUidIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another uid";
+  AgentThread agent({"job1", 0, root_, 0});
+  // Open the directory and socket so that only the agent's SO_PEERCRED check
+  // stands between the other uid and the agent.
+  ASSERT_EQ(chmod(root_.c_str(), 0755), 0);
+  ASSERT_EQ(chmod(shm::AgentSocketPath(root_).c_str(), 0666), 0);
+  for (std::string p = root_; p.size() > dir_.path().size(); p = p.substr(0, p.rfind('/'))) {
+    chmod(p.c_str(), 0755);
+  }
+  chmod(dir_.path().c_str(), 0755);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    auto c = Client::Connect(Options());
+    if (c.ok()) _exit(11);
+    if (c.status().code() != StatusCode::kPermissionDenied) {
+      std::fprintf(stderr, "child got %s\n", c.status().ToString().c_str());
+      _exit(12);
+    }
+    if (c.status().message().find("uid 65534") == std::string::npos) _exit(13);
+    _exit(0);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus));
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0);
+}
+
+TEST_F(ClientAgentTest, MalformedRequestsGetErrorsAndTheAgentLivesOn) {
+  AgentThread agent({"job1", 0, root_, 0});
+  auto fd = shm::ConnectUnix(shm::AgentSocketPath(root_));
+  ASSERT_TRUE(fd.ok());
+  Deadline d = Deadline::AfterSeconds(5);
+  auto ask = [&](const nlohmann::json& req) {
+    EXPECT_TRUE(shm::SendJson(*fd, req, d).ok());
+    auto reply = shm::RecvJson(*fd, d);
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    return reply.ok() ? shm::StatusFromJson(*reply) : reply.status();
+  };
+  EXPECT_EQ(ask({{"op", "bogus"}, {"rank", 0}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ask({{"op", "seal"}, {"rank", "zero"}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ask({{"no_op", 1}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ask({{"op", "seal"}, {"rank", -1}, {"bytes", 100}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ask({{"op", "hello"}, {"protocol", 99}, {"job", "job1"}, {"rank", 0}}).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(ask({{"op", "ping"}}).ok());
+  // A frame that is not JSON ends that connection only.
+  ASSERT_TRUE(shm::SendFrame(*fd, "{{{", d).ok());
+  EXPECT_EQ(shm::RecvFrame(*fd, d).status().code(), StatusCode::kUnavailable);
+  close(*fd);
+  State s;
+  auto c = Sealed(s);
+  EXPECT_TRUE(c->ListVersions().ok());
+}
+
+TEST_F(ClientAgentTest, RegistrationRules) {
+  AgentThread agent({"job1", 0, root_, 0});
+  auto c = Client::Connect(Options());
+  ASSERT_TRUE(c.ok());
+  float x[4];
+  ASSERT_TRUE((*c)->RegisterTensor({"x", DType::kFloat32, {4}, StateClass::kPrivate}, x).ok());
+  EXPECT_EQ((*c)->RegisterTensor({"x", DType::kFloat32, {4}, StateClass::kPrivate}, x).code(),
+            StatusCode::kAlreadyExists);
+  EXPECT_EQ((*c)->RegisterTensor({"y", DType::kFloat32, {4}, StateClass::kPrivate}, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      (*c)->RegisterTensor({"z", DType::kFloat32, {4}, StateClass::kPrivate}, x, Device::Cuda(0))
+          .code(),
+      StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*c)->Snapshot(1).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*c)->Seal().ok());
+  EXPECT_EQ((*c)->RegisterBlob("b", x, 4).code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace memento

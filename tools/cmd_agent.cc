@@ -1,0 +1,86 @@
+// `memento agent`: the node agent (src/agent). Runs until SIGTERM or SIGINT;
+// the slots stay in shared memory after it exits, and the next agent on the
+// same root adopts them.
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include "agent/agent.h"
+#include "common/log.h"
+#include "tools/command.h"
+
+namespace memento::tools {
+namespace {
+
+agent::Agent* g_agent = nullptr;
+
+void OnSignal(int) {
+  if (g_agent != nullptr) g_agent->Stop();
+}
+
+// "1073741824", "512M", "8G", "1.5GiB".
+Result<uint64_t> ParseBytes(const std::string& text) {
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || v < 0) return InvalidArgumentError("bad byte count '" + text + "'");
+  std::string unit(end);
+  double mult = 1;
+  if (unit.empty() || unit == "B") {
+    mult = 1;
+  } else if (unit == "K" || unit == "KiB" || unit == "k") {
+    mult = 1024.0;
+  } else if (unit == "M" || unit == "MiB" || unit == "m") {
+    mult = 1024.0 * 1024;
+  } else if (unit == "G" || unit == "GiB" || unit == "g") {
+    mult = 1024.0 * 1024 * 1024;
+  } else if (unit == "T" || unit == "TiB" || unit == "t") {
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  } else {
+    return InvalidArgumentError("bad byte unit in '" + text + "' (use K, M, G or T)");
+  }
+  return static_cast<uint64_t>(v * mult);
+}
+
+int RunAgent(const agent::AgentOptions& base, const std::string& budget) {
+  agent::AgentOptions options = base;
+  InitLogging("agent node" + std::to_string(options.node));
+  if (!budget.empty()) {
+    auto b = ParseBytes(budget);
+    if (!b.ok()) return ReportStatus(b.status());
+    options.budget_bytes = *b;
+  }
+  auto agent = agent::Agent::Start(options);
+  if (!agent.ok()) return ReportStatus(agent.status());
+  g_agent = agent->get();
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  std::printf("memento agent ready: job=%s node=%d root=%s\n", options.job_id.c_str(), options.node,
+              (*agent)->root().c_str());
+  std::fflush(stdout);
+  Status st = (*agent)->Serve();
+  g_agent = nullptr;
+  return ReportStatus(st);
+}
+
+void Setup(CLI::App& app, CommandContext& ctx) {
+  auto* cmd = app.add_subcommand("agent", "Run the node agent that owns the snapshot slots");
+  static agent::AgentOptions options;
+  static std::string budget;
+  cmd->add_option("--job", options.job_id, "Job id")->required();
+  cmd->add_option("--node", options.node, "Node index")->default_val(0);
+  cmd->add_option("--root", options.root,
+                  "Directory of the slots and socket (default /dev/shm/memento/<job>/node<N>)");
+  cmd->add_option("--budget", budget,
+                  "Most bytes all slots of this node may take (e.g. 8G; default: what the "
+                  "shared-memory filesystem holds)");
+  cmd->add_flag("--verify-on-complete", options.verify_on_complete,
+                "Verify each completed slot's checksums in the background right away");
+  cmd->callback([&ctx] { ctx.exit_code = RunAgent(options, budget); });
+}
+
+}  // namespace
+}  // namespace memento::tools
+MEMENTO_REGISTER_COMMAND(agent, memento::tools::Setup);

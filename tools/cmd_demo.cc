@@ -1,0 +1,453 @@
+// `memento demo`: the first slice end to end on one node. Starts an agent and
+// a trainer that snapshots every step, kills the trainer with SIGKILL in the
+// middle of a snapshot, restarts it, restores, continues, and checks that the
+// final state is bit-identical to an uninterrupted run (docs/demo.md).
+//
+// The trainer is this same binary (`memento demo --trainer ...`), so the
+// demo needs nothing but `memento`.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/checksum.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "fmt/format.h"
+#include "memento/client.h"
+#include "shm/node_store.h"
+#include "shm/protocol.h"
+#include "shm/slot_format.h"
+#include "tools/command.h"
+
+namespace memento::tools {
+namespace {
+
+struct DemoArgs {
+  uint64_t mib = 256;
+  int64_t steps = 20;
+  int64_t kill_after = 6;
+  int threads = 2;
+  bool keep = false;
+  // trainer mode
+  bool trainer = false;
+  std::string root;
+  std::string progress;
+};
+
+// ---- the trainer's deterministic state ---------------------------------------
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Parameters and two Adam-like moments, every word rewritten every step from
+// the previous state; the cursor blob is the step and the RNG.
+struct Model {
+  struct Cursor {
+    int64_t step = 0;
+    uint64_t rng = 12345;
+  };
+  std::vector<uint64_t> params, m, v;
+  Cursor cursor;
+
+  explicit Model(uint64_t bytes) {
+    size_t words = bytes / 8;
+    params.resize(words / 2);
+    m.resize(words * 3 / 10);
+    v.resize(words - params.size() - m.size());
+    for (size_t i = 0; i < params.size(); ++i) params[i] = SplitMix(i);
+    for (size_t i = 0; i < m.size(); ++i) m[i] = SplitMix(i + (1ULL << 40));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = SplitMix(i + (2ULL << 40));
+  }
+  void Step() {
+    cursor.step += 1;
+    cursor.rng = SplitMix(cursor.rng);
+    const uint64_t k = cursor.rng | 1;
+    for (size_t i = 0; i < m.size(); ++i) m[i] = m[i] * 6364136223846793005ULL + params[i];
+    for (size_t i = 0; i < v.size(); ++i) v[i] = (v[i] ^ (v[i] >> 29)) + k;
+    for (size_t i = 0; i < params.size(); ++i) params[i] += m[i % m.size()] ^ (k + i);
+  }
+  uint64_t Digest() const {
+    uint64_t h = Checksum(params.data(), params.size() * 8);
+    h = ChecksumWithSeed(m.data(), m.size() * 8, h);
+    h = ChecksumWithSeed(v.data(), v.size() * 8, h);
+    return ChecksumWithSeed(&cursor, sizeof(cursor), h);
+  }
+};
+
+// ---- trainer mode ---------------------------------------------------------------
+
+int g_progress = -1;
+void Emit(const std::string& line) {
+  std::string l = line + "\n";
+  if (write(g_progress, l.data(), l.size()) < 0) _exit(3);
+}
+
+int RunTrainer(const DemoArgs& a) {
+  InitLogging("trainer rank0");
+  g_progress = open(a.progress.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (g_progress < 0) return ReportStatus(ErrnoError("open " + a.progress, errno));
+  auto fail = [](const Status& st) {
+    Emit("E " + st.ToString());
+    return ReportStatus(st);
+  };
+  Model model(a.mib << 20);
+  ClientOptions o;
+  o.job_id = "demo";
+  o.agent_dir = a.root;
+  o.copy_threads = a.threads;
+  auto client = Client::Connect(o);
+  if (!client.ok()) return fail(client.status());
+  Client& c = **client;
+  auto reg = [&](const char* name, std::vector<uint64_t>& t, StateClass cls) {
+    return c.RegisterTensor({name, DType::kInt64, {static_cast<int64_t>(t.size())}, cls}, t.data());
+  };
+  Status st = reg("params", model.params, StateClass::kReplicated);
+  if (st.ok()) st = reg("adam.m", model.m, StateClass::kDpSharded);
+  if (st.ok()) st = reg("adam.v", model.v, StateClass::kDpSharded);
+  if (st.ok()) st = c.RegisterBlob("cursor", &model.cursor, sizeof(model.cursor));
+  Stopwatch seal;
+  if (st.ok()) st = c.Seal();
+  double seal_s = seal.Seconds();
+  if (!st.ok()) return fail(st);
+  auto restored = c.Restore();
+  if (restored.ok()) {
+    Emit(fmt::format("R {} {} {} {}", *restored, model.Digest(), c.LastRestoreStats().restore_s,
+                     seal_s));
+  } else if (restored.status().code() == StatusCode::kNotFound) {
+    Emit(fmt::format("N {}", seal_s));
+  } else {
+    return fail(restored.status());
+  }
+  int64_t pending = -1;
+  while (model.cursor.step < a.steps) {
+    st = c.Fence();  // before the optimizer step mutates the state
+    if (!st.ok()) return fail(st);
+    if (pending >= 0) {
+      SnapshotStats s = c.LastSnapshotStats();
+      Emit(fmt::format("C {} {} {}", pending, s.copy_s, s.fence_wait_s));
+    }
+    model.Step();
+    Emit(fmt::format("S {}", model.cursor.step));
+    st = c.Snapshot(model.cursor.step);  // returns at once
+    if (!st.ok()) return fail(st);
+    pending = model.cursor.step;
+    Emit(fmt::format("D {} {}", model.cursor.step, model.Digest()));  // "forward/backward"
+  }
+  st = c.Fence();
+  if (!st.ok()) return fail(st);
+  SnapshotStats s = c.LastSnapshotStats();
+  Emit(fmt::format("C {} {} {}", pending, s.copy_s, s.fence_wait_s));
+  Emit("X");
+  return 0;
+}
+
+// ---- the orchestrator -------------------------------------------------------------
+
+struct Progress {
+  int64_t restored = -1;
+  uint64_t restored_digest = 0;
+  double restore_s = 0, seal_s = 0;
+  bool fresh = false;
+  std::map<int64_t, uint64_t> digests;
+  int64_t max_complete = -1, max_started = -1;
+  double copy_s_sum = 0, fence_s_sum = 0;
+  int completes = 0;
+  bool done = false;
+  std::string error;
+};
+
+Progress ReadProgress(const std::string& path) {
+  Progress p;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    char k = 0;
+    ls >> k;
+    int64_t step;
+    uint64_t digest;
+    double x, y;
+    if (k == 'R' && ls >> step >> digest >> x >> y) {
+      p.restored = step;
+      p.restored_digest = digest;
+      p.restore_s = x;
+      p.seal_s = y;
+    } else if (k == 'N' && ls >> y) {
+      p.fresh = true;
+      p.seal_s = y;
+    } else if (k == 'D' && ls >> step >> digest) {
+      p.digests[step] = digest;
+    } else if (k == 'S' && ls >> step) {
+      p.max_started = std::max(p.max_started, step);
+    } else if (k == 'C' && ls >> step >> x >> y) {
+      p.max_complete = std::max(p.max_complete, step);
+      p.copy_s_sum += x;
+      p.fence_s_sum += y;
+      ++p.completes;
+    } else if (k == 'X') {
+      p.done = true;
+    } else if (k == 'E') {
+      p.error = line.substr(2);
+    }
+  }
+  return p;
+}
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    std::vector<char*> args;
+    for (const auto& s : argv) args.push_back(const_cast<char*>(s.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+template <typename Pred>
+bool WaitFor(Pred pred, double timeout_s) {
+  Stopwatch sw;
+  while (!pred()) {
+    if (sw.Seconds() > timeout_s) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// Slot states from the headers (pread: cheap enough to poll).
+std::vector<std::pair<shm::SlotState, int64_t>> Slots(const std::string& root) {
+  std::vector<std::pair<shm::SlotState, int64_t>> out;
+  for (int s = 0; s < shm::kSlotsPerRank; ++s) {
+    shm::SlotHeader h{};
+    int fd = open(shm::SlotPath(root, 0, s).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0 && pread(fd, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h))) {
+      out.emplace_back(static_cast<shm::SlotState>(h.state), h.step);
+    } else {
+      out.emplace_back(shm::SlotState::kEmpty, -1);
+    }
+    if (fd >= 0) close(fd);
+  }
+  return out;
+}
+
+std::string SlotsText(const std::string& root) {
+  std::string s;
+  int i = 0;
+  for (auto [state, step] : Slots(root)) {
+    if (!s.empty()) s += ", ";
+    s += fmt::format("slot{} {}", i++, shm::SlotStateName(state));
+    if (state != shm::SlotState::kEmpty) s += fmt::format(" (step {})", step);
+  }
+  return s;
+}
+
+int RunDemo(const DemoArgs& a) {
+  Stopwatch total;
+  auto t = [&total] { return fmt::format("[{:6.2f}s]", total.Seconds()); };
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  char tmpl[] = "/dev/shm/memento-demo-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return ReportStatus(ErrnoError("mkdtemp /dev/shm", errno));
+  std::string dir = tmpl, root = dir + "/node0";
+  if (a.kill_after < 1 || a.kill_after + 2 > a.steps) {
+    return ReportStatus(InvalidArgumentError("need 1 <= --kill-after <= --steps - 2"));
+  }
+  std::printf(
+      "memento demo: one node, one trainer with %llu MiB of state (parameters + two optimizer "
+      "moments + a cursor blob), a snapshot after every one of %lld steps, SIGKILL in the middle "
+      "of a snapshot after step %lld.\n",
+      static_cast<unsigned long long>(a.mib), static_cast<long long>(a.steps),
+      static_cast<long long>(a.kill_after));
+  std::printf("working directory: %s\n", dir.c_str());
+
+  // 1. The uninterrupted reference run (same code, no memento).
+  Stopwatch ref_sw;
+  std::map<int64_t, uint64_t> ref;
+  {
+    Model model(a.mib << 20);
+    ref[0] = model.Digest();
+    while (model.cursor.step < a.steps) {
+      model.Step();
+      ref[model.cursor.step] = model.Digest();
+    }
+  }
+  std::printf("%s reference: %lld uninterrupted steps without memento in %.2f s (%.0f ms/step)\n",
+              t().c_str(), static_cast<long long>(a.steps), ref_sw.Seconds(),
+              1000 * ref_sw.Seconds() / a.steps);
+
+  // 2. The agent.
+  std::string agent_log = dir + "/agent.log", trainer_log = dir + "/trainer.log";
+  pid_t agent = Spawn({self, "agent", "--job", "demo", "--node", "0", "--root", root}, agent_log);
+  bool up = WaitFor(
+      [&] {
+        auto fd = shm::ConnectUnix(shm::AgentSocketPath(root));
+        if (fd.ok()) close(*fd);
+        return fd.ok();
+      },
+      30);
+  int rc = 0;
+  auto finish = [&](int code) {
+    kill(agent, SIGTERM);
+    waitpid(agent, nullptr, 0);
+    if (code != 0 || a.keep) {
+      std::printf("logs and slots kept in %s\n", dir.c_str());
+    } else {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+    return code;
+  };
+  if (!up) {
+    std::printf("agent did not start; its log:\n%s\n", agent_log.c_str());
+    return finish(1);
+  }
+  std::printf("%s agent started (pid %d): owns %s, socket %s\n", t().c_str(), agent, root.c_str(),
+              shm::AgentSocketPath(root).c_str());
+
+  // 3. The first trainer, killed mid-snapshot.
+  auto trainer_argv = [&](const std::string& progress) {
+    return std::vector<std::string>{self,
+                                    "demo",
+                                    "--trainer",
+                                    "--root",
+                                    root,
+                                    "--progress",
+                                    progress,
+                                    "--mib",
+                                    std::to_string(a.mib),
+                                    "--steps",
+                                    std::to_string(a.steps),
+                                    "--threads",
+                                    std::to_string(a.threads)};
+  };
+  std::string p1 = dir + "/progress.1", p2 = dir + "/progress.2";
+  pid_t trainer = Spawn(trainer_argv(p1), trainer_log);
+  if (!WaitFor([&] { return ReadProgress(p1).seal_s > 0 || !ReadProgress(p1).error.empty(); },
+               60)) {
+    std::printf("trainer did not start\n");
+    return finish(1);
+  }
+  Progress first = ReadProgress(p1);
+  if (!first.error.empty()) {
+    std::printf("trainer failed: %s\n", first.error.c_str());
+    return finish(1);
+  }
+  std::printf(
+      "%s trainer 1 started (pid %d): registered 4 tensors, slots mapped in %.2f s, no "
+      "saved version: starting at step 0\n",
+      t().c_str(), trainer, first.seal_s);
+  if (!WaitFor([&] { return ReadProgress(p1).max_complete >= a.kill_after; }, 120)) {
+    std::printf("trainer made no progress; see %s\n", trainer_log.c_str());
+    return finish(1);
+  }
+  WaitFor(
+      [&] {
+        for (auto [state, step] : Slots(root)) {
+          if (state == shm::SlotState::kWriting) return true;
+        }
+        return false;
+      },
+      10);
+  kill(trainer, SIGKILL);
+  waitpid(trainer, nullptr, 0);
+  first = ReadProgress(p1);
+  std::printf(
+      "%s SIGKILL trainer 1 after %d snapshots (mean copy %.0f ms, mean Fence wait %.1f "
+      "ms); last snapshot it saw complete: step %lld, last one it started: step %lld\n",
+      t().c_str(), first.completes, 1000 * first.copy_s_sum / std::max(1, first.completes),
+      1000 * first.fence_s_sum / std::max(1, first.completes),
+      static_cast<long long>(first.max_complete), static_cast<long long>(first.max_started));
+  std::printf("%s slots left in shared memory: %s\n", t().c_str(), SlotsText(root).c_str());
+
+  // 4. The restarted trainer restores and continues.
+  Stopwatch restart;
+  trainer = Spawn(trainer_argv(p2), trainer_log);
+  WaitFor(
+      [&] {
+        Progress p = ReadProgress(p2);
+        return p.restored >= 0 || p.fresh || !p.error.empty();
+      },
+      60);
+  Progress second = ReadProgress(p2);
+  if (second.restored < 0) {
+    std::printf("restarted trainer did not restore: %s\n",
+                second.error.empty() ? "no saved version" : second.error.c_str());
+    return finish(1);
+  }
+  bool restored_ok = ref.count(second.restored) && ref[second.restored] == second.restored_digest &&
+                     second.restored >= first.max_complete && second.restored <= first.max_started;
+  std::printf(
+      "%s trainer 2 restored step %lld in %.3f s from shared memory, checksums verified "
+      "(%.2f s from restart to restored: process start and building its state %.2f s, "
+      "mapping and prefaulting the slots %.2f s): %s\n",
+      t().c_str(), static_cast<long long>(second.restored), second.restore_s, restart.Seconds(),
+      restart.Seconds() - second.seal_s - second.restore_s, second.seal_s,
+      restored_ok ? "bit-identical to the reference at that step" : "DIFFERENT from the reference");
+  int st = 0;
+  waitpid(trainer, &st, 0);
+  second = ReadProgress(p2);
+  if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) || !second.done) {
+    std::printf("restarted trainer failed: %s (see %s)\n", second.error.c_str(),
+                trainer_log.c_str());
+    return finish(1);
+  }
+  bool diverged = false;
+  for (auto [step, digest] : second.digests) diverged |= ref[step] != digest;
+  std::printf(
+      "%s trainer 2 continued to step %lld (%d more snapshots, mean copy %.0f ms, mean "
+      "Fence wait %.1f ms)\n",
+      t().c_str(), static_cast<long long>(a.steps), second.completes,
+      1000 * second.copy_s_sum / std::max(1, second.completes),
+      1000 * second.fence_s_sum / std::max(1, second.completes));
+  std::printf("%s slots now: %s\n", t().c_str(), SlotsText(root).c_str());
+  bool same = restored_ok && !diverged && second.digests.count(a.steps) &&
+              second.digests[a.steps] == ref[a.steps];
+  rc = same ? 0 : 1;
+  std::printf("final state after step %lld: digest %016llx, uninterrupted run %016llx\n",
+              static_cast<long long>(a.steps),
+              static_cast<unsigned long long>(second.digests[a.steps]),
+              static_cast<unsigned long long>(ref[a.steps]));
+  std::printf("RESULT: the final state %s bit-identical to an uninterrupted run (%.1f s in all)\n",
+              same ? "IS" : "is NOT", total.Seconds());
+  return finish(rc);
+}
+
+void Setup(CLI::App& app, CommandContext& ctx) {
+  static DemoArgs args;
+  auto* cmd = app.add_subcommand(
+      "demo", "Run the end-to-end demo: snapshot, SIGKILL, restart, restore, continue");
+  cmd->add_option("--mib", args.mib, "MiB of trainer state")->default_val(args.mib);
+  cmd->add_option("--steps", args.steps, "Training steps")->default_val(args.steps);
+  cmd->add_option("--kill-after", args.kill_after, "Kill once this step's snapshot is complete")
+      ->default_val(args.kill_after);
+  cmd->add_option("--threads", args.threads, "Copy engine threads")->default_val(args.threads);
+  cmd->add_flag("--keep", args.keep, "Keep the working directory (logs, slots)");
+  cmd->add_flag("--trainer", args.trainer, "(internal) run as the demo's trainer")->group("");
+  cmd->add_option("--root", args.root, "(internal)")->group("");
+  cmd->add_option("--progress", args.progress, "(internal)")->group("");
+  cmd->callback([&ctx] { ctx.exit_code = args.trainer ? RunTrainer(args) : RunDemo(args); });
+}
+
+}  // namespace
+}  // namespace memento::tools
+MEMENTO_REGISTER_COMMAND(demo, memento::tools::Setup);
