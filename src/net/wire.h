@@ -47,7 +47,7 @@ class WireReader {
   [[nodiscard]] Status I64(int64_t* v) { return Raw(v, 8); }
   [[nodiscard]] Status F64(double* v) { return Raw(v, 8); }
   [[nodiscard]] Status Bytes(std::string* s) {
-    uint32_t n;
+    uint32_t n = 0;
     MEMENTO_RETURN_IF_ERROR(U32(&n));
     if (n > in_.size() - pos_) return Overrun(n);
     s->assign(in_.data() + pos_, n);
