@@ -44,9 +44,13 @@ void RpcServer::ServeConnection(Connection& conn) {
     }
     RpcRequestHeader req;
     std::memcpy(&req, f->payload.data(), sizeof(req));
-    Deadline deadline = req.timeout_ms == 0
-                            ? Deadline::Infinite()
-                            : Deadline::After(std::chrono::milliseconds(req.timeout_ms));
+    // A method that blocks until the deadline must answer before the caller
+    // stops listening: keep back a margin for the reply's trip (1/5 of the
+    // budget, at most 50 ms).
+    uint32_t margin = std::min<uint32_t>(req.timeout_ms / 5, 50);
+    Deadline deadline = req.timeout_ms == 0 ? Deadline::Infinite()
+                                            : Deadline::After(std::chrono::milliseconds(
+                                                  std::max<uint32_t>(req.timeout_ms - margin, 1)));
     std::string_view body = std::string_view(f->payload).substr(sizeof(req));
     Result<std::string> out =
         InvalidArgumentError(fmt::format("unknown rpc method {}", req.method));
