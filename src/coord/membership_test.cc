@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/clock.h"
+#include "coord/cluster_view.h"
+#include "coord/commit.h"
 #include "coord/embedded_store.h"
 
 namespace memento::coord {
@@ -123,6 +127,35 @@ TEST(MembershipTest, OverTcpAndBadNames) {
   bad.node = "has/slash";
   EXPECT_EQ(Membership::Join(&client, bad, Soon()).status().code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE((*m)->Leave(Soon()).ok());
+}
+
+}  // namespace
+}  // namespace memento::coord
+
+namespace memento::coord {
+namespace {
+
+TEST(ClusterViewTest, TableAndJson) {
+  MemoryStore store;
+  auto m = Membership::Join(&store, Options("n0", 5), Soon()).value();
+  ASSERT_TRUE(m->SetSignal(NodeSignal::kSnap, 12, "copying", Soon()).ok());
+  ASSERT_TRUE(store.Set(JobKeys("job").Signal("n9"), "COMPLETED 11 1 gone", Soon()).ok());
+  ASSERT_TRUE(PublishCommit(store, "job", 11, 1, Soon()).ok());
+  auto snap = ReadClusterSnapshot(store, "job", Soon());
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->committed, 11);
+  std::string table = FormatClusterTable(*snap, WallNanos());
+  EXPECT_NE(table.find("committed step: 11"), std::string::npos) << table;
+  EXPECT_NE(table.find("SNAP"), std::string::npos) << table;
+  EXPECT_NE(table.find("OFFLINE"), std::string::npos) << table;  // n9 has no lease
+  auto j = nlohmann::json::parse(FormatClusterJson(*snap, WallNanos()));
+  EXPECT_EQ(j["committed"], 11);
+  ASSERT_EQ(j["nodes"].size(), 2u);
+  EXPECT_EQ(j["nodes"][0]["node"], "n0");
+  EXPECT_EQ(j["nodes"][0]["signal"], "SNAP");
+  EXPECT_EQ(j["nodes"][0]["alive"], true);
+  EXPECT_EQ(j["nodes"][1]["signal"], "OFFLINE");
+  EXPECT_EQ(j["nodes"][1]["step"], 11);
 }
 
 }  // namespace

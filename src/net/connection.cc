@@ -91,12 +91,13 @@ Result<FrameHeader> TcpConnection::RecvHeader(Deadline deadline) {
   return h;
 }
 
-Status TcpConnection::FinishPayload(const FrameHeader& h, const void* payload) {
+void TcpConnection::StartChecksum(const FrameHeader& h, StreamingChecksum* sum) {
   FrameHeader copy = h;
   copy.checksum = 0;
-  StreamingChecksum sum;
-  sum.Update(&copy, sizeof(copy));
-  sum.Update(payload, h.payload_len);
+  sum->Update(&copy, sizeof(copy));
+}
+
+Status TcpConnection::FinishPayload(const FrameHeader& h, const StreamingChecksum& sum) {
   uint64_t want = sum.Digest();
   if (want != h.checksum) {
     return Broken(DataLossError(
@@ -113,9 +114,11 @@ Result<Frame> TcpConnection::Recv(Deadline deadline) {
   f.type = static_cast<FrameType>(h.type);
   f.flags = h.flags;
   f.payload.resize(h.payload_len);
-  Status s = RecvAll(fd_.get(), f.payload.data(), f.payload.size(), deadline);
+  StreamingChecksum sum;
+  StartChecksum(h, &sum);
+  Status s = RecvAll(fd_.get(), f.payload.data(), f.payload.size(), deadline, nullptr, &sum);
   if (!s.ok()) return Broken(s.WithContext("receiving frame payload"));
-  MEMENTO_RETURN_IF_ERROR(FinishPayload(h, f.payload.data()));
+  MEMENTO_RETURN_IF_ERROR(FinishPayload(h, sum));
   return f;
 }
 
@@ -127,9 +130,11 @@ Result<Frame> TcpConnection::RecvInto(void* dst, size_t capacity, size_t* len, D
         fmt::format("{} frame of {} bytes does not fit the receive buffer of {} bytes",
                     FrameTypeName(h.type), h.payload_len, capacity)));
   }
-  Status s = RecvAll(fd_.get(), dst, h.payload_len, deadline);
+  StreamingChecksum sum;
+  StartChecksum(h, &sum);
+  Status s = RecvAll(fd_.get(), dst, h.payload_len, deadline, nullptr, &sum);
   if (!s.ok()) return Broken(s.WithContext("receiving frame payload"));
-  MEMENTO_RETURN_IF_ERROR(FinishPayload(h, dst));
+  MEMENTO_RETURN_IF_ERROR(FinishPayload(h, sum));
   *len = h.payload_len;
   Frame f;
   f.type = static_cast<FrameType>(h.type);

@@ -91,7 +91,9 @@ class TcpConnection : public Connection {
   Status CheckUsable();
   // Reads and validates a header; payload is read by the caller.
   Result<FrameHeader> RecvHeader(Deadline deadline) REQUIRES(recv_mu_);
-  Status FinishPayload(const FrameHeader& h, const void* payload) REQUIRES(recv_mu_);
+  static void StartChecksum(const FrameHeader& h, StreamingChecksum* sum);
+  // Compares the checksum computed while the payload arrived.
+  Status FinishPayload(const FrameHeader& h, const StreamingChecksum& sum) REQUIRES(recv_mu_);
 
   Fd fd_;
   const std::string peer_;

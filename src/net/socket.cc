@@ -189,7 +189,8 @@ Status SendAll(int fd, iovec* iov, int iovcnt, Deadline deadline) {
   return Status::Ok();
 }
 
-Status RecvAll(int fd, void* buf, size_t len, Deadline deadline, size_t* received) {
+Status RecvAll(int fd, void* buf, size_t len, Deadline deadline, size_t* received,
+               StreamingChecksum* sum) {
   char* p = static_cast<char*>(buf);
   size_t got = 0;
   size_t dummy = 0;
@@ -198,6 +199,7 @@ Status RecvAll(int fd, void* buf, size_t len, Deadline deadline, size_t* receive
   while (got < len) {
     ssize_t n = recv(fd, p + got, len - got, 0);
     if (n > 0) {
+      if (sum) sum->Update(p + got, static_cast<size_t>(n));
       got += static_cast<size_t>(n);
       out = got;
       continue;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/checksum.h"
 #include "memento/deadline.h"
 #include "memento/status.h"
 
@@ -67,8 +68,10 @@ class Fd {
 // Receives exactly `len` bytes. Unavailable when the peer closed first
 // (message says how many bytes arrived), DeadlineExceeded on timeout.
 // `received`, when given, is set to the number of bytes that did arrive.
+// `sum`, when given, is updated with the bytes as they arrive (while they
+// are still in cache).
 [[nodiscard]] Status RecvAll(int fd, void* buf, size_t len, Deadline deadline,
-                             size_t* received = nullptr);
+                             size_t* received = nullptr, StreamingChecksum* sum = nullptr);
 
 // Splits "host:port" (port required, 0..65535).
 [[nodiscard]] Status ParseHostPort(const std::string& s, std::string* host, int* port);
