@@ -62,6 +62,8 @@ Status RunStore(const StoreArgs& a) {
   if (!a.job.empty()) MEMENTO_RETURN_IF_ERROR(coord::ValidateName("job", a.job));
   for (const auto& n : nodes) MEMENTO_RETURN_IF_ERROR(coord::ValidateName("node", n));
 
+  // Whoever started us may close our stdout after reading the port line.
+  signal(SIGPIPE, SIG_IGN);
   // Block the stop signals before any thread starts, so only sigwait sees them.
   sigset_t set;
   sigemptyset(&set);

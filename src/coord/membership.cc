@@ -131,6 +131,11 @@ Status Membership::Leave(Deadline deadline) {
 void Membership::HeartbeatLoop() {
   auto interval = std::chrono::duration_cast<Duration>(
       std::chrono::duration<double>(options_.heartbeat_interval_s));
+  // Re-registration takes several calls; give it up to a TTL.
+  Duration register_budget =
+      std::chrono::duration_cast<Duration>(std::chrono::duration<double>(options_.ttl_s));
+  bool need_register = false;  // the store lost our lease; register again
+  bool need_hook = false;      // registered again; on_reregister has not succeeded yet
   for (;;) {
     LeaseId lease;
     {
@@ -140,24 +145,42 @@ void Membership::HeartbeatLoop() {
       if (stop_) return;
       lease = lease_;
     }
-    Deadline d = Deadline::After(interval);
-    Status s = store_->KeepAlive(lease, d);
-    if (s.ok()) continue;
-    if (s.code() != StatusCode::kNotFound) {
-      MEMENTO_LOG_WARN("coord: node {} heartbeat: {}", options_.node, s.ToString());
-      continue;
+    if (!need_register && !need_hook) {
+      Status s = store_->KeepAlive(lease, Deadline::After(interval));
+      if (s.ok()) continue;
+      if (s.code() != StatusCode::kNotFound) {
+        MEMENTO_LOG_WARN("coord: node {} heartbeat: {}", options_.node, s.ToString());
+        continue;
+      }
+      // The store no longer knows our lease: it restarted, or we were cut
+      // off long enough to be declared OFFLINE. Come back.
+      MEMENTO_LOG_WARN("coord: node {} lost its lease ({}); re-registering", options_.node,
+                       s.message());
+      need_register = true;
     }
-    // The store no longer knows our lease: it restarted, or we were cut off
-    // long enough to be declared OFFLINE. Come back.
-    MEMENTO_LOG_WARN("coord: node {} lost its lease ({}); re-registering", options_.node,
-                     s.message());
-    s = Register(d);
-    if (!s.ok()) {
-      MEMENTO_LOG_WARN("coord: node {} re-registration failed: {}", options_.node, s.ToString());
-      continue;
+    if (need_register) {
+      // A failed attempt is retried whole on the next tick (a lease it
+      // granted and did not use expires on its own).
+      Status s = Register(Deadline::After(register_budget));
+      if (!s.ok()) {
+        MEMENTO_LOG_WARN("coord: node {} re-registration failed (will retry): {}", options_.node,
+                         s.ToString());
+        continue;
+      }
+      need_register = false;
+      need_hook = true;
     }
-    reregistrations_.fetch_add(1);
-    if (options_.on_reregister) options_.on_reregister();
+    if (need_hook) {
+      Status s = options_.on_reregister ? options_.on_reregister() : Status::Ok();
+      if (!s.ok()) {
+        MEMENTO_LOG_WARN("coord: node {} on_reregister failed (will retry): {}", options_.node,
+                         s.ToString());
+        continue;
+      }
+      need_hook = false;
+      reregistrations_.fetch_add(1);
+      MEMENTO_LOG_INFO("coord: node {} registered again", options_.node);
+    }
   }
 }
 

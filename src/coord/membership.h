@@ -56,9 +56,10 @@ struct MembershipOptions {
   double ttl_s = 3.0;
   double heartbeat_interval_s = 0;  // 0 = ttl_s / 3
   // Called on the heartbeat thread after re-registering with a store that
-  // had lost this node's lease. Must not call Membership methods that wait
-  // for the heartbeat thread (the destructor, Leave).
-  std::function<void()> on_reregister;
+  // had lost this node's lease (typically RepublishCommits). Retried on the
+  // next heartbeat until it returns OK. Must not call Membership methods that
+  // wait for the heartbeat thread (the destructor, Leave).
+  std::function<Status()> on_reregister;
 };
 
 // Thread safety: SetSignal from any thread; Leave and the destructor from one.
@@ -79,6 +80,7 @@ class Membership {
   [[nodiscard]] Status Leave(Deadline deadline);
 
   LeaseId lease() EXCLUDES(mu_);
+  // Completed re-registrations (including a successful on_reregister).
   uint64_t reregistrations() const { return reregistrations_.load(); }
 
  private:

@@ -96,7 +96,10 @@ TEST(MembershipTest, ReRegistersWhenTheStoreForgetsTheLease) {
   MemoryStore store;
   std::atomic<int> hook{0};
   MembershipOptions o = Options("n0", 0.3);
-  o.on_reregister = [&] { hook.fetch_add(1); };
+  o.on_reregister = [&] {
+    hook.fetch_add(1);
+    return Status::Ok();
+  };
   auto m = Membership::Join(&store, o, Soon());
   ASSERT_TRUE(m.ok());
   ASSERT_TRUE((*m)->SetSignal(NodeSignal::kCompleted, 9, "", Soon()).ok());
@@ -108,6 +111,9 @@ TEST(MembershipTest, ReRegistersWhenTheStoreForgetsTheLease) {
   while (hook.load() == 0 && !d.expired())
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(hook.load(), 1);
+  while ((*m)->reregistrations() == 0 && !d.expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_EQ((*m)->reregistrations(), 1u);
   EXPECT_NE((*m)->lease(), first);
   NodeState s = Find(store, "n0");

@@ -6,11 +6,14 @@
 
 #include <cstdio>
 
+#include "common/log.h"
 #include "coord/embedded_store.h"
 #include "net/socket.h"
 
 int main(int argc, char** argv) {
   using namespace memento;
+  // Sets up the logger on this thread before any server thread logs.
+  InitLogging("store-helper");
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s HOST:PORT\n", argv[0]);
     return 2;
@@ -23,6 +26,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "store_helper: %s\n", (s.ok() ? token.status() : s).ToString().c_str());
     return 2;
   }
+  // Our stdout is a pipe the test closes after reading the port: a later
+  // write (a sanitizer report, a log line) must not kill the store.
+  signal(SIGPIPE, SIG_IGN);
   auto server = coord::EmbeddedStoreServer::Start(host, port, *token);
   if (!server.ok()) {
     std::fprintf(stderr, "store_helper: %s\n", server.status().ToString().c_str());
