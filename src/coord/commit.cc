@@ -74,8 +74,6 @@ namespace {
 
 constexpr uint32_t kLogMagic = 0x474C434D;  // "MCLG"
 constexpr uint16_t kLogVersion = 1;
-constexpr size_t kCompactAbove = 4096;
-constexpr size_t kKeepAfterCompact = 64;
 
 struct LogRecord {
   uint32_t magic;
@@ -108,10 +106,10 @@ Status WriteAllFd(int fd, const void* p, size_t n, const std::string& path) {
 
 }  // namespace
 
-Result<std::unique_ptr<CommitLog>> CommitLog::Open(const std::string& path) {
+Result<std::unique_ptr<CommitLog>> CommitLog::Open(const std::string& path, size_t compact_above) {
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoError(fmt::format("open commit log {}", path), errno);
-  std::unique_ptr<CommitLog> log(new CommitLog(path, fd));
+  std::unique_ptr<CommitLog> log(new CommitLog(path, fd, compact_above));
   MutexLock l(&log->mu_);
   off_t good = 0;
   for (;;) {
@@ -148,12 +146,13 @@ Result<bool> CommitLog::Append(int64_t step, int64_t wall_ns) {
   MEMENTO_RETURN_IF_ERROR(WriteAllFd(fd_, &r, sizeof(r), path_));
   if (fdatasync(fd_) < 0) return ErrnoError(fmt::format("fdatasync {}", path_), errno);
   records_.push_back({step, wall_ns});
-  if (records_.size() > kCompactAbove) MEMENTO_RETURN_IF_ERROR(CompactLocked());
+  if (records_.size() > compact_above_) MEMENTO_RETURN_IF_ERROR(CompactLocked());
   return true;
 }
 
 Status CommitLog::CompactLocked() {
-  std::vector<CommitRecord> keep(records_.end() - kKeepAfterCompact, records_.end());
+  size_t keep_n = std::min<size_t>(64, compact_above_ / 2);
+  std::vector<CommitRecord> keep(records_.end() - static_cast<ptrdiff_t>(keep_n), records_.end());
   std::string tmp = path_ + ".tmp";
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoError(fmt::format("open {}", tmp), errno);

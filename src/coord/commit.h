@@ -14,6 +14,7 @@
 //   RepublishCommits   refills a restarted (empty) store from a CommitLog.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -74,8 +75,11 @@ struct CommitRecord {
 // Thread safety: all methods are thread-safe.
 class CommitLog {
  public:
-  // Opens or creates the log at `path` and loads its records.
-  [[nodiscard]] static Result<std::unique_ptr<CommitLog>> Open(const std::string& path);
+  // Opens or creates the log at `path` and loads its records. Past
+  // `compact_above` records the file is rewritten with the newest
+  // min(64, compact_above / 2).
+  [[nodiscard]] static Result<std::unique_ptr<CommitLog>> Open(const std::string& path,
+                                                               size_t compact_above = 4096);
   ~CommitLog();
 
   // Appends a record when `step` > latest(); returns false (and writes
@@ -86,9 +90,11 @@ class CommitLog {
   const std::string& path() const { return path_; }
 
  private:
-  CommitLog(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  CommitLog(std::string path, int fd, size_t compact_above)
+      : path_(std::move(path)), compact_above_(std::max<size_t>(compact_above, 2)), fd_(fd) {}
   Status CompactLocked() REQUIRES(mu_);
   const std::string path_;
+  const size_t compact_above_;
   Mutex mu_;
   int fd_ GUARDED_BY(mu_);
   std::vector<CommitRecord> records_ GUARDED_BY(mu_);

@@ -141,12 +141,14 @@ TEST(CommitLogTest, TornAndCorruptTailsAreDropped) {
 
 TEST(CommitLogTest, CompactsLongLogs) {
   testing::ScratchDir dir("commit-log");
-  auto log = CommitLog::Open(dir.path() + "/commits").value();
-  for (int i = 0; i < 4100; ++i) ASSERT_TRUE(log->Append(i, i).ok());
-  EXPECT_LT(log->records().size(), 200u);
-  EXPECT_EQ(log->latest()->step, 4099);
+  auto log = CommitLog::Open(dir.path() + "/commits", 100).value();
+  for (int i = 0; i < 130; ++i) ASSERT_TRUE(log->Append(i, i).ok());
+  // Compacted at 101 records to the newest 50, then 29 more.
+  EXPECT_EQ(log->records().size(), 79u);
+  EXPECT_EQ(log->records().front().step, 51);
+  EXPECT_EQ(log->latest()->step, 129);
   auto again = CommitLog::Open(dir.path() + "/commits").value();
-  EXPECT_EQ(again->latest()->step, 4099);
+  EXPECT_EQ(again->latest()->step, 129);
   EXPECT_EQ(again->records().size(), log->records().size());
 }
 
