@@ -122,20 +122,22 @@ Result<Frame> TcpConnection::Recv(Deadline deadline) {
   return f;
 }
 
-Result<Frame> TcpConnection::RecvInto(void* dst, size_t capacity, size_t* len, Deadline deadline) {
+Result<Frame> TcpConnection::RecvSplit(void* head, size_t head_len, void* body, size_t body_cap,
+                                       size_t* body_len, Deadline deadline) {
   MutexLock l(&recv_mu_);
   MEMENTO_ASSIGN_OR_RETURN(FrameHeader h, RecvHeader(deadline));
-  if (h.payload_len > capacity) {
+  if (h.payload_len < head_len || h.payload_len - head_len > body_cap) {
     return Broken(InvalidArgumentError(
-        fmt::format("{} frame of {} bytes does not fit the receive buffer of {} bytes",
-                    FrameTypeName(h.type), h.payload_len, capacity)));
+        fmt::format("{} frame of {} bytes does not fit the receive buffers ({} + {} bytes)",
+                    FrameTypeName(h.type), h.payload_len, head_len, body_cap)));
   }
   StreamingChecksum sum;
   StartChecksum(h, &sum);
-  Status s = RecvAll(fd_.get(), dst, h.payload_len, deadline, nullptr, &sum);
+  Status s = RecvAll(fd_.get(), head, head_len, deadline, nullptr, &sum);
+  if (s.ok()) s = RecvAll(fd_.get(), body, h.payload_len - head_len, deadline, nullptr, &sum);
   if (!s.ok()) return Broken(s.WithContext("receiving frame payload"));
   MEMENTO_RETURN_IF_ERROR(FinishPayload(h, sum));
-  *len = h.payload_len;
+  *body_len = h.payload_len - head_len;
   Frame f;
   f.type = static_cast<FrameType>(h.type);
   f.flags = h.flags;

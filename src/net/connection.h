@@ -43,11 +43,18 @@ class Connection {
                                     size_t num_parts, Deadline deadline) = 0;
   // Receives one frame into a new string.
   [[nodiscard]] virtual Result<Frame> Recv(Deadline deadline) = 0;
+  // Receives one frame whose payload is written straight into caller memory:
+  // its first `head_len` bytes into `head`, the rest into body[0..body_cap).
+  // Returns the frame (payload left empty) and sets *body_len. InvalidArgument
+  // (and the connection breaks) when the payload is shorter than `head_len` or
+  // its rest is longer than `body_cap`.
+  [[nodiscard]] virtual Result<Frame> RecvSplit(void* head, size_t head_len, void* body,
+                                                size_t body_cap, size_t* body_len,
+                                                Deadline deadline) = 0;
   // Receives one frame whose payload is written straight into dst[0..capacity).
-  // Returns the frame (payload left empty) and sets *len. InvalidArgument
-  // (and the connection breaks) when the payload is larger than `capacity`.
-  [[nodiscard]] virtual Result<Frame> RecvInto(void* dst, size_t capacity, size_t* len,
-                                               Deadline deadline) = 0;
+  [[nodiscard]] Result<Frame> RecvInto(void* dst, size_t capacity, size_t* len, Deadline deadline) {
+    return RecvSplit(nullptr, 0, dst, capacity, len, deadline);
+  }
   // Unblocks pending calls and makes later ones fail. Idempotent.
   virtual void Shutdown() = 0;
   // "ip:port" of the peer (for logs).
@@ -77,8 +84,8 @@ class TcpConnection : public Connection {
               Deadline deadline) override EXCLUDES(send_mu_);
   using Connection::Send;
   Result<Frame> Recv(Deadline deadline) override EXCLUDES(recv_mu_);
-  Result<Frame> RecvInto(void* dst, size_t capacity, size_t* len, Deadline deadline) override
-      EXCLUDES(recv_mu_);
+  Result<Frame> RecvSplit(void* head, size_t head_len, void* body, size_t body_cap,
+                          size_t* body_len, Deadline deadline) override EXCLUDES(recv_mu_);
   void Shutdown() override;
   const std::string& peer() const override { return peer_; }
 

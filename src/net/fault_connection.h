@@ -55,8 +55,9 @@ class FaultInjectionConnection : public Connection {
   }
   using Connection::Send;
   Result<Frame> Recv(Deadline deadline) override { return inner_->Recv(deadline); }
-  Result<Frame> RecvInto(void* dst, size_t capacity, size_t* len, Deadline deadline) override {
-    return inner_->RecvInto(dst, capacity, len, deadline);
+  Result<Frame> RecvSplit(void* head, size_t head_len, void* body, size_t body_cap,
+                          size_t* body_len, Deadline deadline) override {
+    return inner_->RecvSplit(head, head_len, body, body_cap, body_len, deadline);
   }
   void Shutdown() override { inner_->Shutdown(); }
   const std::string& peer() const override { return inner_->peer(); }

@@ -22,6 +22,17 @@ uint32_t TimeoutMs(Deadline d) {
 }  // namespace
 
 void RpcServer::Register(uint32_t method, Method fn) {
+  RegisterParts(
+      method,
+      [fn = std::move(fn)](std::string_view req, Deadline d, const ReplyFn& reply) -> Status {
+        Result<std::string> out = fn(req, d);
+        if (!out.ok()) return out.status();
+        ConstBuffer b{out->data(), out->size()};
+        return reply(&b, 1);
+      });
+}
+
+void RpcServer::RegisterParts(uint32_t method, PartsMethod fn) {
   MEMENTO_CHECK(server_ == nullptr);
   MEMENTO_CHECK(methods_.emplace(method, std::move(fn)).second);
 }
@@ -52,18 +63,42 @@ void RpcServer::ServeConnection(Connection& conn) {
                                             : Deadline::After(std::chrono::milliseconds(
                                                   std::max<uint32_t>(req.timeout_ms - margin, 1)));
     std::string_view body = std::string_view(f->payload).substr(sizeof(req));
-    Result<std::string> out =
-        InvalidArgumentError(fmt::format("unknown rpc method {}", req.method));
+    bool replied = false;
+    bool send_failed = false;
+    auto reply = [&](const ConstBuffer* parts, size_t n) -> Status {
+      MEMENTO_CHECK_MSG(!replied, "rpc method replied twice");
+      replied = true;
+      RpcReplyHeader rep{req.request_id, 0, 0};
+      std::vector<ConstBuffer> all;
+      all.reserve(n + 1);
+      all.push_back({&rep, sizeof(rep)});
+      all.insert(all.end(), parts, parts + n);
+      // The reply gets a fresh budget: the caller gave up already if it expired.
+      Status s =
+          conn.Send(FrameType::kRpcReply, 0, all.data(), all.size(), Deadline::AfterSeconds(60));
+      if (!s.ok()) send_failed = true;
+      return s;
+    };
+    Status st;
     auto it = methods_.find(req.method);
-    if (it != methods_.end()) out = it->second(body, deadline);
-    Status st = out.status();
+    if (it == methods_.end()) {
+      st = InvalidArgumentError(fmt::format("unknown rpc method {}", req.method));
+    } else {
+      st = it->second(body, deadline, reply);
+    }
+    if (send_failed) return;
+    if (replied) {
+      if (!st.ok()) {
+        MEMENTO_LOG_WARN("net: rpc method {} failed after replying: {}", req.method, st.ToString());
+      }
+      continue;
+    }
+    if (st.ok())
+      st = InternalError(fmt::format("rpc method {} returned without a reply", req.method));
     RpcReplyHeader rep{req.request_id, static_cast<uint32_t>(st.code()),
                        static_cast<uint32_t>(st.message().size())};
-    ConstBuffer parts[3] = {{&rep, sizeof(rep)},
-                            {st.message().data(), st.message().size()},
-                            {out.ok() ? out->data() : nullptr, out.ok() ? out->size() : 0}};
-    // The reply gets a fresh budget: the caller gave up already if it expired.
-    if (!conn.Send(FrameType::kRpcReply, 0, parts, 3, Deadline::AfterSeconds(30)).ok()) return;
+    ConstBuffer parts[2] = {{&rep, sizeof(rep)}, {st.message().data(), st.message().size()}};
+    if (!conn.Send(FrameType::kRpcReply, 0, parts, 2, Deadline::AfterSeconds(60)).ok()) return;
   }
 }
 
@@ -77,6 +112,49 @@ Result<std::unique_ptr<RpcClient>> RpcClient::Connect(const std::string& host, i
 Result<std::string> RpcClient::Call(uint32_t method, std::string_view request, Deadline deadline) {
   ConstBuffer b{request.data(), request.size()};
   return CallParts(method, &b, 1, deadline);
+}
+
+Status RpcClient::Break(Status why) {
+  broken_ = UnavailableError(
+      fmt::format("rpc connection to {} is broken: {}", conn_->peer(), why.ToString()));
+  conn_->Shutdown();
+  return why;
+}
+
+Status RpcClient::SendRequest(uint64_t id, uint32_t method, const ConstBuffer* parts,
+                              size_t num_parts, Deadline deadline) {
+  RpcRequestHeader req{id, method, TimeoutMs(deadline)};
+  std::vector<ConstBuffer> all;
+  all.reserve(num_parts + 1);
+  all.push_back({&req, sizeof(req)});
+  all.insert(all.end(), parts, parts + num_parts);
+  Status s = conn_->Send(FrameType::kRpcRequest, 0, all.data(), all.size(), deadline);
+  if (!s.ok()) return Break(s);
+  return Status::Ok();
+}
+
+Result<size_t> RpcClient::CallInto(uint32_t method, std::string_view request, void* dst,
+                                   size_t capacity, Deadline deadline) {
+  MutexLock l(&mu_);
+  if (!broken_.ok()) return broken_;
+  uint64_t id = next_id_++;
+  ConstBuffer b{request.data(), request.size()};
+  MEMENTO_RETURN_IF_ERROR(SendRequest(id, method, &b, 1, deadline));
+  RpcReplyHeader rep{};
+  size_t len = 0;
+  Result<Frame> f = conn_->RecvSplit(&rep, sizeof(rep), dst, capacity, &len, deadline);
+  if (!f.ok()) return Break(f.status());
+  if (f->type != FrameType::kRpcReply || rep.request_id != id ||
+      rep.status_code > static_cast<uint32_t>(StatusCode::kPermissionDenied) ||
+      rep.message_len > len) {
+    return Break(DataLossError(fmt::format("rpc: malformed reply from {} (id {} for request {})",
+                                           conn_->peer(), rep.request_id, id)));
+  }
+  if (rep.status_code != 0) {
+    return Status(static_cast<StatusCode>(rep.status_code),
+                  std::string(static_cast<const char*>(dst), rep.message_len));
+  }
+  return len;
 }
 
 Result<std::string> RpcClient::CallParts(uint32_t method, const ConstBuffer* parts,

@@ -46,8 +46,18 @@ class RpcServer {
   RpcServer() = default;
   ~RpcServer() { Stop(); }
 
+  // A method that answers from memory it owns (e.g. shared-memory slots)
+  // without copying: it calls `reply(parts, n)` once, while the parts are
+  // valid, and the reply frame is sent from them (sendmsg). Returning a
+  // non-OK status without calling reply sends that status; calling reply and
+  // then returning non-OK is a bug (the status is only logged).
+  using ReplyFn = std::function<Status(const ConstBuffer* parts, size_t num_parts)>;
+  using PartsMethod =
+      std::function<Status(std::string_view request, Deadline deadline, const ReplyFn& reply)>;
+
   // REQUIRES: before Start. A method id may be registered once.
   void Register(uint32_t method, Method fn);
+  void RegisterParts(uint32_t method, PartsMethod fn);
   [[nodiscard]] Status Start(const ServerOptions& options, JobToken token);
   int port() const { return server_ ? server_->port() : -1; }
   void Stop() {
@@ -57,7 +67,7 @@ class RpcServer {
 
  private:
   void ServeConnection(Connection& conn);
-  std::unordered_map<uint32_t, Method> methods_;  // read-only once started
+  std::unordered_map<uint32_t, PartsMethod> methods_;  // read-only once started
   std::unique_ptr<Server> server_;
 };
 
@@ -76,6 +86,12 @@ class RpcClient {
   // The same with the request body given as caller buffers (sent without copy).
   [[nodiscard]] Result<std::string> CallParts(uint32_t method, const ConstBuffer* parts,
                                               size_t num_parts, Deadline deadline) EXCLUDES(mu_);
+  // Receives the reply body straight into dst[0..capacity) (e.g. a slot being
+  // rebuilt) and returns its length. A reply larger than `capacity` is
+  // InvalidArgument and breaks the client. Error statuses from the method
+  // arrive as that Status (their message must fit `capacity` as well).
+  [[nodiscard]] Result<size_t> CallInto(uint32_t method, std::string_view request, void* dst,
+                                        size_t capacity, Deadline deadline) EXCLUDES(mu_);
   bool broken() EXCLUDES(mu_) {
     MutexLock l(&mu_);
     return !broken_.ok();
@@ -83,6 +99,12 @@ class RpcClient {
   void Shutdown() { conn_->Shutdown(); }
 
  private:
+  // Sends the request frame; breaks the client on failure.
+  Status SendRequest(uint64_t id, uint32_t method, const ConstBuffer* parts, size_t num_parts,
+                     Deadline deadline) REQUIRES(mu_);
+  // Marks the stream unusable (a late or partial reply may be in it).
+  Status Break(Status why) REQUIRES(mu_);
+
   Mutex mu_;
   std::unique_ptr<Connection> conn_;
   uint64_t next_id_ GUARDED_BY(mu_) = 1;

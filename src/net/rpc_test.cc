@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -16,7 +17,7 @@ namespace {
 
 JobToken Token() { return JobToken::FromSecret("rpc-test-token-0123456789").value(); }
 
-enum Method : uint32_t { kEcho = 1, kFail = 2, kSleepUntilDeadline = 3 };
+enum Method : uint32_t { kEcho = 1, kFail = 2, kSleepUntilDeadline = 3, kSlice = 4 };
 
 class RpcTest : public ::testing::Test {
  protected:
@@ -34,12 +35,37 @@ class RpcTest : public ::testing::Test {
                          std::this_thread::sleep_for(std::chrono::milliseconds(5));
                        return DeadlineExceededError("slept until the caller's deadline");
                      });
+    // Serves a byte range of a large buffer straight from memory (as an
+    // agent serves a piece from a shared-memory slot).
+    blob_.resize(24 << 20);
+    for (size_t i = 0; i < blob_.size(); ++i) blob_[i] = static_cast<char>(i * 131 + (i >> 16));
+    server_.RegisterParts(
+        kSlice, [this](std::string_view req, Deadline, const RpcServer::ReplyFn& reply) -> Status {
+          uint64_t off = 0, len = 0;
+          if (req.size() != 16) return InvalidArgumentError("want 16 bytes");
+          std::memcpy(&off, req.data(), 8);
+          std::memcpy(&len, req.data() + 8, 8);
+          if (off > blob_.size() || len > blob_.size() - off) return OutOfRange();
+          // Two parts, to exercise the iovec path.
+          size_t half = len / 2;
+          ConstBuffer parts[2] = {{blob_.data() + off, half},
+                                  {blob_.data() + off + half, len - half}};
+          return reply(parts, 2);
+        });
     ASSERT_TRUE(server_.Start(ServerOptions{}, Token()).ok());
   }
   std::unique_ptr<RpcClient> Client() {
     return RpcClient::Connect("127.0.0.1", server_.port(), Token(), Deadline::AfterSeconds(10))
         .value();
   }
+  static Status OutOfRange() { return InvalidArgumentError("range outside the blob"); }
+  static std::string SliceRequest(uint64_t off, uint64_t len) {
+    std::string r(16, '\0');
+    std::memcpy(r.data(), &off, 8);
+    std::memcpy(r.data() + 8, &len, 8);
+    return r;
+  }
+  std::string blob_;
   RpcServer server_;
   std::atomic<bool> saw_finite_deadline_{false};
 };
@@ -59,6 +85,30 @@ TEST_F(RpcTest, EchoAndStatusPropagation) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->size(), 1u << 20);
   EXPECT_FALSE(c->broken());
+}
+
+TEST_F(RpcTest, CallIntoReceivesStraightIntoCallerMemory) {
+  auto c = Client();
+  std::vector<char> dst(20 << 20);
+  auto n = c->CallInto(kSlice, SliceRequest(12345, 20 << 20), dst.data(), dst.size(),
+                       Deadline::AfterSeconds(60));
+  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_EQ(*n, size_t{20} << 20);
+  EXPECT_EQ(std::memcmp(dst.data(), blob_.data() + 12345, *n), 0);
+  // The same method through the copying Call.
+  auto r = c->Call(kSlice, SliceRequest(7, 1000), Deadline::AfterSeconds(10));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, blob_.substr(7, 1000));
+  // Errors arrive as statuses and leave the client usable.
+  n = c->CallInto(kSlice, SliceRequest(blob_.size(), 1), dst.data(), dst.size(),
+                  Deadline::AfterSeconds(10));
+  EXPECT_EQ(n.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(n.status().message(), "range outside the blob");
+  EXPECT_FALSE(c->broken());
+  // A reply larger than the buffer is refused and breaks the client.
+  n = c->CallInto(kSlice, SliceRequest(0, 4096), dst.data(), 4095, Deadline::AfterSeconds(10));
+  EXPECT_EQ(n.status().code(), StatusCode::kInvalidArgument) << n.status();
+  EXPECT_TRUE(c->broken());
 }
 
 TEST_F(RpcTest, ManyConcurrentClients) {
