@@ -1,0 +1,37 @@
+#include "coord/keys.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+
+namespace memento::coord {
+
+Status ValidateName(const std::string& what, const std::string& name) {
+  bool ok = !name.empty() && name.size() <= 64;
+  for (char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
+      ok = false;
+    }
+  }
+  if (!ok) {
+    return InvalidArgumentError(
+        fmt::format("{} name '{}' must be 1..64 characters of [A-Za-z0-9._-]", what, name));
+  }
+  return Status::Ok();
+}
+
+std::string StepKey(int64_t step) { return fmt::format("{:020d}", step); }
+
+Result<int64_t> ParseStep(const std::string& s) {
+  if (s.size() != 20) return InvalidArgumentError(fmt::format("step '{}' is not 20 digits", s));
+  int64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return InvalidArgumentError(fmt::format("step '{}' is not numeric", s));
+    if (v > (INT64_MAX - 9) / 10)
+      return InvalidArgumentError(fmt::format("step '{}' overflows", s));
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+}  // namespace memento::coord

@@ -1,0 +1,46 @@
+// Key layout of one job in the coordination store (docs/coordination.md).
+//
+//   /memento/<job>/nodes/<node>                 endpoint; attached to the node's lease
+//   /memento/<job>/signal/<node>                SignalRecord (no lease: outlives the node)
+//   /memento/<job>/completed/<step>/<node>      COMPLETED(step, node) report
+//   /memento/<job>/commit/<step>                commit record of a step
+//   /memento/<job>/commit/latest                highest committed step (only ever grows)
+//
+// Steps are zero-padded to 20 digits so that lexical order is numeric order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "memento/status.h"
+
+namespace memento::coord {
+
+// Job and node names: 1..64 of [A-Za-z0-9._-]. InvalidArgument otherwise.
+[[nodiscard]] Status ValidateName(const std::string& what, const std::string& name);
+
+std::string StepKey(int64_t step);
+// Parses a 20-digit step; InvalidArgument otherwise.
+[[nodiscard]] Result<int64_t> ParseStep(const std::string& s);
+
+class JobKeys {
+ public:
+  explicit JobKeys(const std::string& job) : prefix_("/memento/" + job + "/") {}
+  const std::string& prefix() const { return prefix_; }
+  std::string NodesPrefix() const { return prefix_ + "nodes/"; }
+  std::string Node(const std::string& node) const { return NodesPrefix() + node; }
+  std::string SignalPrefix() const { return prefix_ + "signal/"; }
+  std::string Signal(const std::string& node) const { return SignalPrefix() + node; }
+  std::string CompletedPrefix() const { return prefix_ + "completed/"; }
+  std::string Completed(int64_t step, const std::string& node) const {
+    return CompletedPrefix() + StepKey(step) + "/" + node;
+  }
+  std::string CommitPrefix() const { return prefix_ + "commit/"; }
+  std::string Commit(int64_t step) const { return CommitPrefix() + StepKey(step); }
+  std::string CommitLatest() const { return CommitPrefix() + "latest"; }
+
+ private:
+  std::string prefix_;
+};
+
+}  // namespace memento::coord

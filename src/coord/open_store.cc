@@ -1,0 +1,34 @@
+#include <fmt/format.h>
+
+#include "coord/embedded_store.h"
+#include "coord/store.h"
+#include "net/socket.h"
+
+namespace memento::coord {
+
+Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::string& token_path,
+                                         Deadline deadline) {
+  constexpr std::string_view kTcp = "tcp://";
+  constexpr std::string_view kEtcd = "etcd://";
+  if (url.compare(0, kEtcd.size(), kEtcd) == 0) {
+    return InvalidArgumentError(fmt::format(
+        "store '{}': the etcd backend is not built into this version of memento; use the "
+        "embedded store (tcp://host:port, started by `memento store` or the launcher)",
+        url));
+  }
+  if (url.compare(0, kTcp.size(), kTcp) != 0) {
+    return InvalidArgumentError(
+        fmt::format("store URL '{}': expected tcp://host:port (or etcd://..., reserved)", url));
+  }
+  std::string host;
+  int port = 0;
+  MEMENTO_RETURN_IF_ERROR(net::ParseHostPort(url.substr(kTcp.size()), &host, &port));
+  if (port == 0) return InvalidArgumentError(fmt::format("store URL '{}': port 0", url));
+  MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Load(token_path));
+  auto client = std::make_unique<StoreClient>(host, port, std::move(token));
+  Status s = client->Ping(deadline);
+  if (!s.ok()) return s.WithContext(fmt::format("opening store {}", url));
+  return std::unique_ptr<Store>(std::move(client));
+}
+
+}  // namespace memento::coord

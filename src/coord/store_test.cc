@@ -1,0 +1,256 @@
+// Store semantics, run against the in-process MemoryStore and against the
+// embedded TCP store (StoreClient -> EmbeddedStoreServer on an ephemeral port).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "common/test_util.h"
+#include "coord/embedded_store.h"
+#include "coord/memory_store.h"
+
+namespace memento::coord {
+namespace {
+
+net::JobToken Token() { return net::JobToken::FromSecret("coord-test-token-0123456789").value(); }
+Deadline Soon() { return Deadline::AfterSeconds(10); }
+
+class StoreTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (GetParam()) {
+      server_ = EmbeddedStoreServer::Start("127.0.0.1", 0, Token()).value();
+      store_ = std::make_unique<StoreClient>("127.0.0.1", server_->port(), Token());
+    } else {
+      store_ = std::make_unique<MemoryStore>();
+    }
+  }
+  // Another independent client of the same store (a second "process").
+  std::unique_ptr<Store> Other() {
+    if (GetParam()) return std::make_unique<StoreClient>("127.0.0.1", server_->port(), Token());
+    return nullptr;
+  }
+  Store& other() {
+    if (!other_) other_ = Other();
+    return other_ ? *other_ : *store_;
+  }
+  std::unique_ptr<EmbeddedStoreServer> server_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Store> other_;
+};
+
+TEST_P(StoreTest, SetGetListDelete) {
+  Store& s = *store_;
+  EXPECT_EQ(s.Get("/a", Soon()).status().code(), StatusCode::kNotFound);
+  auto r1 = s.Set("/a", "1", Soon());
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  auto r2 = s.Set("/b/x", std::string("bin\0ary", 7), Soon());
+  ASSERT_TRUE(r2.ok());
+  EXPECT_GT(*r2, *r1);
+  ASSERT_TRUE(s.Set("/b/y", "y", Soon()).ok());
+  auto kv = other().Get("/b/x", Soon());
+  ASSERT_TRUE(kv.ok());
+  EXPECT_EQ(kv->value, std::string("bin\0ary", 7));
+  EXPECT_EQ(kv->mod_revision, *r2);
+  auto l = other().List("/b/", Soon());
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->kvs.size(), 2u);
+  EXPECT_EQ(l->kvs[0].key, "/b/x");
+  EXPECT_EQ(l->kvs[1].key, "/b/y");
+  EXPECT_GE(l->revision, *r2);
+  EXPECT_NE(l->epoch, 0u);
+  EXPECT_TRUE(*s.Delete("/a", Soon()));
+  EXPECT_FALSE(*s.Delete("/a", Soon()));
+  EXPECT_EQ(s.Get("/a", Soon()).status().code(), StatusCode::kNotFound);
+}
+
+TEST_P(StoreTest, CompareAndSwapAndAdd) {
+  Store& s = *store_;
+  auto c = s.CompareAndSwap("/k", std::nullopt, "v1", Soon());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->swapped);
+  c = s.CompareAndSwap("/k", std::nullopt, "v2", Soon());
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->swapped);
+  ASSERT_TRUE(c->current.has_value());
+  EXPECT_EQ(c->current->value, "v1");
+  c = s.CompareAndSwap("/k", std::string("wrong"), "v2", Soon());
+  EXPECT_FALSE(c->swapped);
+  c = s.CompareAndSwap("/k", std::string("v1"), "v2", Soon());
+  EXPECT_TRUE(c->swapped);
+  EXPECT_EQ(c->current->value, "v2");
+  c = s.CompareAndSwap("/missing", std::string("x"), "y", Soon());
+  EXPECT_FALSE(c->swapped);
+  EXPECT_FALSE(c->current.has_value());
+
+  EXPECT_EQ(*s.Add("/n", 5, Soon()), 5);
+  EXPECT_EQ(*s.Add("/n", -2, Soon()), 3);
+  EXPECT_EQ(s.Get("/n", Soon())->value, "3");
+  EXPECT_EQ(s.Add("/k", 1, Soon()).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_P(StoreTest, CasRaceCountsEveryIncrementOnce) {
+  // Many threads, each with its own client, increment a counter by CAS loops.
+  constexpr int kThreads = 8, kIncrements = 40;
+  std::vector<std::thread> threads;
+  std::atomic<int> cas_failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      std::unique_ptr<Store> mine = Other();
+      Store& s = mine ? *mine : *store_;
+      for (int i = 0; i < kIncrements; ++i) {
+        for (;;) {
+          auto cur = s.Get("/ctr", Soon());
+          std::optional<std::string> expected;
+          int64_t v = 0;
+          if (cur.ok()) {
+            expected = cur->value;
+            v = std::stoll(cur->value);
+          }
+          auto c = s.CompareAndSwap("/ctr", expected, std::to_string(v + 1), Soon());
+          ASSERT_TRUE(c.ok()) << c.status();
+          if (c->swapped) break;
+          cas_failures.fetch_add(1);
+        }
+        ASSERT_TRUE(s.Add("/adds", 1, Soon()).ok());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(store_->Get("/ctr", Soon())->value, std::to_string(kThreads * kIncrements));
+  EXPECT_EQ(store_->Get("/adds", Soon())->value, std::to_string(kThreads * kIncrements));
+  std::fprintf(stderr, "cas retries: %d\n", cas_failures.load());
+}
+
+TEST_P(StoreTest, WaitBlocksUntilAllKeysExist) {
+  Status early = store_->Wait({"/w1", "/w2"}, Deadline::AfterSeconds(0.05));
+  EXPECT_EQ(early.code(), StatusCode::kDeadlineExceeded) << early;
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ASSERT_TRUE(other().Set("/w1", "", Soon()).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ASSERT_TRUE(other().Set("/w2", "", Soon()).ok());
+  });
+  Status s = store_->Wait({"/w1", "/w2"}, Soon());
+  writer.join();
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_P(StoreTest, WatchPollSeesPutsAndDeletesInOrder) {
+  int64_t start = store_->List("/", Soon())->revision;
+  auto empty = store_->WatchPoll("/watch/", start, Deadline::AfterSeconds(0.05));
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->events.empty());
+  ASSERT_TRUE(other().Set("/other", "x", Soon()).ok());  // not under the prefix
+  ASSERT_TRUE(other().Set("/watch/a", "1", Soon()).ok());
+  ASSERT_TRUE(other().Delete("/watch/a", Soon()).ok());
+  std::vector<WatchEvent> seen;
+  int64_t after = start;
+  while (seen.size() < 2) {
+    auto b = store_->WatchPoll("/watch/", after, Soon());
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_FALSE(b->events.empty());
+    seen.insert(seen.end(), b->events.begin(), b->events.end());
+    after = b->revision;
+  }
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].type, WatchEvent::Type::kPut);
+  EXPECT_EQ(seen[0].kv.value, "1");
+  EXPECT_EQ(seen[1].type, WatchEvent::Type::kDelete);
+  EXPECT_LT(seen[0].kv.mod_revision, seen[1].kv.mod_revision);
+  // A revision from the future (a restarted store) is refused.
+  EXPECT_EQ(store_->WatchPoll("/", after + 1000, Soon()).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
+TEST_P(StoreTest, WatcherDeliversEventsOnItsThread) {
+  std::atomic<int> puts{0};
+  Watcher w(store_.get(), "/cb/", store_->List("/", Soon())->revision, [&](const WatchEvent& e) {
+    if (e.type == WatchEvent::Type::kPut) puts.fetch_add(1);
+  });
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(other().Set("/cb/" + std::to_string(i), "", Soon()).ok());
+  Deadline d = Soon();
+  while (puts.load() < 5 && !d.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  w.Stop();
+  EXPECT_EQ(puts.load(), 5);
+}
+
+TEST_P(StoreTest, LeaseExpiryDeletesKeysAndKeepAliveExtends) {
+  auto lease = store_->GrantLease(0.3, Soon());
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_TRUE(store_->Set("/node/a", "up", Soon(), *lease).ok());
+  // Kept alive past several TTLs.
+  for (int i = 0; i < 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_TRUE(store_->KeepAlive(*lease, Soon()).ok());
+  }
+  EXPECT_TRUE(other().Get("/node/a", Soon()).ok());
+  int64_t rev = store_->List("/", Soon())->revision;
+  // Then left to expire: the key goes away with a delete event.
+  Deadline d = Soon();
+  while (other().Get("/node/a", Soon()).ok() && !d.expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(other().Get("/node/a", Soon()).status().code(), StatusCode::kNotFound);
+  auto b = store_->WatchPoll("/node/", rev, Soon());
+  ASSERT_TRUE(b.ok());
+  ASSERT_FALSE(b->events.empty());
+  EXPECT_EQ(b->events.back().type, WatchEvent::Type::kDelete);
+  EXPECT_EQ(store_->KeepAlive(*lease, Soon()).code(), StatusCode::kNotFound);
+  EXPECT_EQ(store_->Set("/node/b", "", Soon(), *lease).status().code(), StatusCode::kNotFound);
+
+  auto l2 = store_->GrantLease(30, Soon());
+  ASSERT_TRUE(store_->Set("/node/c", "", Soon(), *l2).ok());
+  ASSERT_TRUE(store_->RevokeLease(*l2, Soon()).ok());
+  EXPECT_EQ(store_->Get("/node/c", Soon()).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store_->GrantLease(-1, Soon()).status().code(), StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Tcp" : "Memory"; });
+
+TEST(StoreClientTest, WrongTokenIsRefused) {
+  auto server = EmbeddedStoreServer::Start("127.0.0.1", 0, Token()).value();
+  StoreClient bad("127.0.0.1", server->port(),
+                  net::JobToken::FromSecret("some-other-token-000000").value());
+  Status s = bad.Set("/x", "y", Soon()).status();
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s;
+  EXPECT_EQ(server->store().Get("/x", Soon()).status().code(), StatusCode::kNotFound);
+}
+
+TEST(StoreClientTest, UnreachableStoreHitsTheDeadline) {
+  auto server = EmbeddedStoreServer::Start("127.0.0.1", 0, Token()).value();
+  int port = server->port();
+  server.reset();
+  StoreClient c("127.0.0.1", port, Token());
+  Status s = c.Get("/x", Deadline::AfterSeconds(0.3)).status();
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+}
+
+TEST(StoreClientTest, ServerSideWaitHonoursTheCallerDeadline) {
+  auto server = EmbeddedStoreServer::Start("127.0.0.1", 0, Token()).value();
+  StoreClient c("127.0.0.1", server->port(), Token());
+  Status s = c.Wait({"/never"}, Deadline::AfterSeconds(0.2));
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+  // The connection is still good for the next call.
+  EXPECT_TRUE(c.Set("/after", "", Soon()).ok());
+}
+
+TEST(OpenStoreTest, Urls) {
+  setenv("MEMENTO_JOB_TOKEN", "coord-test-token-0123456789", 1);
+  auto server = EmbeddedStoreServer::Start("127.0.0.1", 0, Token()).value();
+  auto s = OpenStore("tcp://127.0.0.1:" + std::to_string(server->port()), "", Soon());
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE((*s)->Set("/opened", "1", Soon()).ok());
+  EXPECT_EQ(server->store().Get("/opened", Soon())->value, "1");
+  auto etcd = OpenStore("etcd://10.0.0.1:2379", "", Soon());
+  EXPECT_EQ(etcd.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(etcd.status().message().find("etcd"), std::string::npos);
+  EXPECT_EQ(OpenStore("http://x:1", "", Soon()).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenStore("tcp://nohost", "", Soon()).status().code(), StatusCode::kInvalidArgument);
+  unsetenv("MEMENTO_JOB_TOKEN");
+}
+
+}  // namespace
+}  // namespace memento::coord

@@ -1,0 +1,127 @@
+// Connection: one authenticated, framed, bidirectional byte stream between two
+// memento processes.
+//
+//   MEMENTO_ASSIGN_OR_RETURN(auto conn, Dial("10.0.0.2", 7000, token, deadline));
+//   ConstBuffer parts[] = {{header, sizeof(header)}, {shm_span.data(), shm_span.size()}};
+//   MEMENTO_RETURN_IF_ERROR(conn->Send(FrameType::kData, 0, parts, 2, deadline));
+//   MEMENTO_ASSIGN_OR_RETURN(Frame reply, conn->Recv(deadline));
+//
+// Connection is an interface so that tests can wrap one (FaultInjectionConnection
+// drops, delays or cuts frames). TcpConnection is the real one.
+//
+// Thread safety: one thread may Send while another Receives; concurrent Sends
+// (or concurrent Recvs) are serialised by internal mutexes. Shutdown() may be
+// called from any thread and makes blocked calls return Unavailable promptly.
+//
+// Failure: any framing error (bad magic, version, length, checksum) or
+// transport error leaves the connection broken: it is shut down, the reason
+// is logged once, and every later call returns the same error.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/mutex.h"
+#include "memento/deadline.h"
+#include "memento/status.h"
+#include "net/frame.h"
+#include "net/job_token.h"
+#include "net/socket.h"
+
+namespace memento::net {
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+
+  // Sends one frame whose payload is the concatenation of `parts`. The bytes
+  // go to the socket straight from the caller's buffers (sendmsg, no copy);
+  // they must stay unchanged until Send returns.
+  [[nodiscard]] virtual Status Send(FrameType type, uint32_t flags, const ConstBuffer* parts,
+                                    size_t num_parts, Deadline deadline) = 0;
+  // Receives one frame into a new string.
+  [[nodiscard]] virtual Result<Frame> Recv(Deadline deadline) = 0;
+  // Receives one frame whose payload is written straight into caller memory:
+  // its first `head_len` bytes into `head`, the rest into body[0..body_cap).
+  // Returns the frame (payload left empty) and sets *body_len. InvalidArgument
+  // (and the connection breaks) when the payload is shorter than `head_len` or
+  // its rest is longer than `body_cap`.
+  [[nodiscard]] virtual Result<Frame> RecvSplit(void* head, size_t head_len, void* body,
+                                                size_t body_cap, size_t* body_len,
+                                                Deadline deadline) = 0;
+  // Receives one frame whose payload is written straight into dst[0..capacity).
+  [[nodiscard]] Result<Frame> RecvInto(void* dst, size_t capacity, size_t* len, Deadline deadline) {
+    return RecvSplit(nullptr, 0, dst, capacity, len, deadline);
+  }
+  // Unblocks pending calls and makes later ones fail. Idempotent.
+  virtual void Shutdown() = 0;
+  // "ip:port" of the peer (for logs).
+  virtual const std::string& peer() const = 0;
+
+  // Convenience: one contiguous payload.
+  [[nodiscard]] Status Send(FrameType type, std::string_view payload, Deadline deadline) {
+    ConstBuffer b{payload.data(), payload.size()};
+    return Send(type, 0, &b, 1, deadline);
+  }
+};
+
+struct ConnectionOptions {
+  // Largest payload accepted after authentication.
+  uint64_t max_payload = kDefaultMaxPayload;
+  // Deadline for the whole authentication handshake.
+  double handshake_timeout_s = 5.0;
+};
+
+// A Connection over a TCP socket.
+class TcpConnection : public Connection {
+ public:
+  TcpConnection(Fd fd, std::string peer, uint64_t max_payload);
+  ~TcpConnection() override;
+
+  Status Send(FrameType type, uint32_t flags, const ConstBuffer* parts, size_t num_parts,
+              Deadline deadline) override EXCLUDES(send_mu_);
+  using Connection::Send;
+  Result<Frame> Recv(Deadline deadline) override EXCLUDES(recv_mu_);
+  Result<Frame> RecvSplit(void* head, size_t head_len, void* body, size_t body_cap,
+                          size_t* body_len, Deadline deadline) override EXCLUDES(recv_mu_);
+  void Shutdown() override;
+  const std::string& peer() const override { return peer_; }
+
+  // The handshake runs with a small limit; raised once authenticated.
+  void set_max_payload(uint64_t m) { max_payload_.store(m); }
+  int fd() const { return fd_.get(); }
+
+ private:
+  Status Broken(Status why, bool quiet = false);
+  Status CheckUsable();
+  // Reads and validates a header; payload is read by the caller.
+  Result<FrameHeader> RecvHeader(Deadline deadline) REQUIRES(recv_mu_);
+  static void StartChecksum(const FrameHeader& h, StreamingChecksum* sum);
+  // Compares the checksum computed while the payload arrived.
+  Status FinishPayload(const FrameHeader& h, const StreamingChecksum& sum) REQUIRES(recv_mu_);
+
+  Fd fd_;
+  const std::string peer_;
+  std::atomic<uint64_t> max_payload_;
+  Mutex send_mu_;
+  Mutex recv_mu_;
+  Mutex state_mu_;
+  Status broken_ GUARDED_BY(state_mu_);
+  std::atomic<bool> shut_{false};
+};
+
+// Connects to host:port and runs the client side of the handshake: both sides
+// prove knowledge of `token` (docs/transport.md). PermissionDenied when the
+// server fails to prove the token or refuses ours; Unavailable or
+// DeadlineExceeded when it cannot be reached in time.
+[[nodiscard]] Result<std::unique_ptr<Connection>> Dial(const std::string& host, int port,
+                                                       const JobToken& token, Deadline deadline,
+                                                       const ConnectionOptions& options = {});
+
+// Runs the server side of the handshake on an accepted socket.
+[[nodiscard]] Result<std::unique_ptr<TcpConnection>> AcceptHandshake(
+    Fd fd, std::string peer, const JobToken& token, const ConnectionOptions& options = {});
+
+}  // namespace memento::net

@@ -1,0 +1,114 @@
+// A small request/reply RPC layer on Connection.
+//
+// Request frame (kRpcRequest): RpcRequestHeader + request body.
+// Reply frame   (kRpcReply):   RpcReplyHeader + status message + reply body.
+// The caller's deadline travels with the request (timeout_ms) so that a
+// server-side blocking method (Wait, Watch) gives up in time too.
+//
+// RpcServer runs methods on the connection's thread: one request at a time
+// per connection, many connections in parallel. RpcClient allows one call in
+// flight at a time (calls from several threads are serialised); a transport
+// error or a deadline that fires mid-call breaks the client, and Call returns
+// Unavailable from then on (callers reconnect: see StoreClient).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "common/mutex.h"
+#include "net/connection.h"
+#include "net/server.h"
+
+namespace memento::net {
+
+struct RpcRequestHeader {
+  uint64_t request_id;
+  uint32_t method;
+  uint32_t timeout_ms;  // 0 = no deadline
+};
+static_assert(sizeof(RpcRequestHeader) == 16);
+struct RpcReplyHeader {
+  uint64_t request_id;
+  uint32_t status_code;  // StatusCode
+  uint32_t message_len;
+};
+static_assert(sizeof(RpcReplyHeader) == 16);
+
+class RpcServer {
+ public:
+  // A method gets the request body and the caller's deadline; it returns the
+  // reply body or a Status that is sent back to the caller.
+  using Method = std::function<Result<std::string>(std::string_view request, Deadline deadline)>;
+
+  RpcServer() = default;
+  ~RpcServer() { Stop(); }
+
+  // A method that answers from memory it owns (e.g. shared-memory slots)
+  // without copying: it calls `reply(parts, n)` once, while the parts are
+  // valid, and the reply frame is sent from them (sendmsg). Returning a
+  // non-OK status without calling reply sends that status; calling reply and
+  // then returning non-OK is a bug (the status is only logged).
+  using ReplyFn = std::function<Status(const ConstBuffer* parts, size_t num_parts)>;
+  using PartsMethod =
+      std::function<Status(std::string_view request, Deadline deadline, const ReplyFn& reply)>;
+
+  // REQUIRES: before Start. A method id may be registered once.
+  void Register(uint32_t method, Method fn);
+  void RegisterParts(uint32_t method, PartsMethod fn);
+  [[nodiscard]] Status Start(const ServerOptions& options, JobToken token);
+  int port() const { return server_ ? server_->port() : -1; }
+  void Stop() {
+    if (server_) server_->Stop();
+  }
+  const Server* server() const { return server_.get(); }
+
+ private:
+  void ServeConnection(Connection& conn);
+  std::unordered_map<uint32_t, PartsMethod> methods_;  // read-only once started
+  std::unique_ptr<Server> server_;
+};
+
+class RpcClient {
+ public:
+  explicit RpcClient(std::unique_ptr<Connection> conn) : conn_(std::move(conn)) {}
+  [[nodiscard]] static Result<std::unique_ptr<RpcClient>> Connect(
+      const std::string& host, int port, const JobToken& token, Deadline deadline,
+      const ConnectionOptions& options = {});
+
+  // Sends `method(request)` and waits for the reply body. A non-OK status
+  // returned by the method arrives as that Status; transport failures arrive
+  // as Unavailable / DeadlineExceeded / DataLoss and break the client.
+  [[nodiscard]] Result<std::string> Call(uint32_t method, std::string_view request,
+                                         Deadline deadline) EXCLUDES(mu_);
+  // The same with the request body given as caller buffers (sent without copy).
+  [[nodiscard]] Result<std::string> CallParts(uint32_t method, const ConstBuffer* parts,
+                                              size_t num_parts, Deadline deadline) EXCLUDES(mu_);
+  // Receives the reply body straight into dst[0..capacity) (e.g. a slot being
+  // rebuilt) and returns its length. A reply larger than `capacity` is
+  // InvalidArgument and breaks the client. Error statuses from the method
+  // arrive as that Status (their message must fit `capacity` as well).
+  [[nodiscard]] Result<size_t> CallInto(uint32_t method, std::string_view request, void* dst,
+                                        size_t capacity, Deadline deadline) EXCLUDES(mu_);
+  bool broken() EXCLUDES(mu_) {
+    MutexLock l(&mu_);
+    return !broken_.ok();
+  }
+  void Shutdown() { conn_->Shutdown(); }
+
+ private:
+  // Sends the request frame; breaks the client on failure.
+  Status SendRequest(uint64_t id, uint32_t method, const ConstBuffer* parts, size_t num_parts,
+                     Deadline deadline) REQUIRES(mu_);
+  // Marks the stream unusable (a late or partial reply may be in it).
+  Status Break(Status why) REQUIRES(mu_);
+
+  Mutex mu_;
+  std::unique_ptr<Connection> conn_;
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  Status broken_ GUARDED_BY(mu_);
+};
+
+}  // namespace memento::net
