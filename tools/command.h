@@ -17,7 +17,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <functional>
 #include <string>
 
@@ -44,9 +43,9 @@ int ReportStatus(const Status& status);
 
 #define MEMENTO_TOOLS_CONCAT_INNER_(a, b) a##b
 #define MEMENTO_TOOLS_CONCAT_(a, b) MEMENTO_TOOLS_CONCAT_INNER_(a, b)
-#define MEMENTO_REGISTER_COMMAND(name, setup)                                    \
-  static const bool MEMENTO_TOOLS_CONCAT_(memento_cmd_registered_, name) =       \
+#define MEMENTO_REGISTER_COMMAND(name, setup)                              \
+  static const bool MEMENTO_TOOLS_CONCAT_(memento_cmd_registered_, name) = \
       ::memento::tools::RegisterCommand(#name, setup)
-#define MEMENTO_REGISTER_BENCH(name, setup)                                      \
-  static const bool MEMENTO_TOOLS_CONCAT_(memento_bench_registered_, name) =     \
+#define MEMENTO_REGISTER_BENCH(name, setup)                                  \
+  static const bool MEMENTO_TOOLS_CONCAT_(memento_bench_registered_, name) = \
       ::memento::tools::RegisterBench(#name, setup)

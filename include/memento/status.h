@@ -112,7 +112,7 @@ class [[nodiscard]] Result {
       v_ = Status(StatusCode::kInternal, "Result constructed from an OK status without a value");
     }
   }
-  Result(const T& value) : v_(value) {}   // NOLINT(runtime/explicit)
+  Result(const T& value) : v_(value) {}        // NOLINT(runtime/explicit)
   Result(T&& value) : v_(std::move(value)) {}  // NOLINT(runtime/explicit)
   template <typename U, typename = std::enable_if_t<std::is_convertible_v<U&&, T> &&
                                                     !std::is_same_v<std::decay_t<U>, T> &&
@@ -164,9 +164,9 @@ void Result<T>::CheckOk() const {
 #define MEMENTO_STATUS_CONCAT_(a, b) MEMENTO_STATUS_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function when `expr` is not OK.
-#define MEMENTO_RETURN_IF_ERROR(expr)                     \
-  do {                                                    \
-    ::memento::Status memento_status_tmp_ = (expr);       \
+#define MEMENTO_RETURN_IF_ERROR(expr)                          \
+  do {                                                         \
+    ::memento::Status memento_status_tmp_ = (expr);            \
     if (!memento_status_tmp_.ok()) return memento_status_tmp_; \
   } while (0)
 

@@ -1,10 +1,10 @@
 #include "common/checksum.h"
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/test_util.h"
 

@@ -9,18 +9,30 @@ namespace memento {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kAlreadyExists: return "AlreadyExists";
-    case StatusCode::kFailedPrecondition: return "FailedPrecondition";
-    case StatusCode::kResourceExhausted: return "ResourceExhausted";
-    case StatusCode::kUnavailable: return "Unavailable";
-    case StatusCode::kDeadlineExceeded: return "DeadlineExceeded";
-    case StatusCode::kAborted: return "Aborted";
-    case StatusCode::kDataLoss: return "DataLoss";
-    case StatusCode::kInternal: return "Internal";
-    case StatusCode::kPermissionDenied: return "PermissionDenied";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kAlreadyExists:
+      return "AlreadyExists";
+    case StatusCode::kFailedPrecondition:
+      return "FailedPrecondition";
+    case StatusCode::kResourceExhausted:
+      return "ResourceExhausted";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kDeadlineExceeded:
+      return "DeadlineExceeded";
+    case StatusCode::kAborted:
+      return "Aborted";
+    case StatusCode::kDataLoss:
+      return "DataLoss";
+    case StatusCode::kInternal:
+      return "Internal";
+    case StatusCode::kPermissionDenied:
+      return "PermissionDenied";
   }
   return "Unknown";
 }
@@ -52,13 +64,15 @@ Status Status::WithContext(std::string_view context) const {
   return Status(code(), std::move(msg));
 }
 
-std::ostream& operator<<(std::ostream& os, const Status& status) {
-  return os << status.ToString();
-}
+std::ostream& operator<<(std::ostream& os, const Status& status) { return os << status.ToString(); }
 
-Status InvalidArgumentError(std::string m) { return Status(StatusCode::kInvalidArgument, std::move(m)); }
+Status InvalidArgumentError(std::string m) {
+  return Status(StatusCode::kInvalidArgument, std::move(m));
+}
 Status NotFoundError(std::string m) { return Status(StatusCode::kNotFound, std::move(m)); }
-Status AlreadyExistsError(std::string m) { return Status(StatusCode::kAlreadyExists, std::move(m)); }
+Status AlreadyExistsError(std::string m) {
+  return Status(StatusCode::kAlreadyExists, std::move(m));
+}
 Status FailedPreconditionError(std::string m) {
   return Status(StatusCode::kFailedPrecondition, std::move(m));
 }
@@ -79,24 +93,39 @@ Status PermissionDeniedError(std::string m) {
 Status ErrnoError(std::string_view what, int err) {
   StatusCode code = StatusCode::kInternal;
   switch (err) {
-    case ENOENT: code = StatusCode::kNotFound; break;
-    case EEXIST: code = StatusCode::kAlreadyExists; break;
+    case ENOENT:
+      code = StatusCode::kNotFound;
+      break;
+    case EEXIST:
+      code = StatusCode::kAlreadyExists;
+      break;
     case ENOSPC:
     case ENOMEM:
     case EMFILE:
     case ENFILE:
-    case EDQUOT: code = StatusCode::kResourceExhausted; break;
+    case EDQUOT:
+      code = StatusCode::kResourceExhausted;
+      break;
     case EACCES:
-    case EPERM: code = StatusCode::kPermissionDenied; break;
-    case EINVAL: code = StatusCode::kInvalidArgument; break;
+    case EPERM:
+      code = StatusCode::kPermissionDenied;
+      break;
+    case EINVAL:
+      code = StatusCode::kInvalidArgument;
+      break;
     case ECONNREFUSED:
     case ECONNRESET:
     case EPIPE:
     case EHOSTUNREACH:
     case ENETUNREACH:
-    case EAGAIN: code = StatusCode::kUnavailable; break;
-    case ETIMEDOUT: code = StatusCode::kDeadlineExceeded; break;
-    default: break;
+    case EAGAIN:
+      code = StatusCode::kUnavailable;
+      break;
+    case ETIMEDOUT:
+      code = StatusCode::kDeadlineExceeded;
+      break;
+    default:
+      break;
   }
   std::string msg(what);
   msg += ": ";

@@ -1,9 +1,9 @@
 #include "memento/status.h"
 
+#include <gtest/gtest.h>
+
 #include <cerrno>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "memento/types.h"
 

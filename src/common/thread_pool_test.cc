@@ -1,8 +1,8 @@
 #include "common/thread_pool.h"
 
-#include <atomic>
-
 #include <gtest/gtest.h>
+
+#include <atomic>
 
 namespace memento {
 namespace {

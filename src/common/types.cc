@@ -6,32 +6,52 @@ namespace memento {
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
-    case DType::kFloat64: return 8;
-    case DType::kInt8: return 1;
-    case DType::kUInt8: return 1;
-    case DType::kInt16: return 2;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
-    case DType::kBool: return 1;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat16:
+      return 2;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat64:
+      return 8;
+    case DType::kInt8:
+      return 1;
+    case DType::kUInt8:
+      return 1;
+    case DType::kInt16:
+      return 2;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
 
 std::string_view DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return "F32";
-    case DType::kFloat16: return "F16";
-    case DType::kBFloat16: return "BF16";
-    case DType::kFloat64: return "F64";
-    case DType::kInt8: return "I8";
-    case DType::kUInt8: return "U8";
-    case DType::kInt16: return "I16";
-    case DType::kInt32: return "I32";
-    case DType::kInt64: return "I64";
-    case DType::kBool: return "BOOL";
+    case DType::kFloat32:
+      return "F32";
+    case DType::kFloat16:
+      return "F16";
+    case DType::kBFloat16:
+      return "BF16";
+    case DType::kFloat64:
+      return "F64";
+    case DType::kInt8:
+      return "I8";
+    case DType::kUInt8:
+      return "U8";
+    case DType::kInt16:
+      return "I16";
+    case DType::kInt32:
+      return "I32";
+    case DType::kInt64:
+      return "I64";
+    case DType::kBool:
+      return "BOOL";
   }
   return "?";
 }
@@ -42,7 +62,7 @@ Result<DType> ParseDType(std::string_view name) {
     DType dtype;
   };
   static constexpr Entry kTable[] = {
-      {"F32", "float32", DType::kFloat32},   {"F16", "float16", DType::kFloat16},
+      {"F32", "float32", DType::kFloat32},    {"F16", "float16", DType::kFloat16},
       {"BF16", "bfloat16", DType::kBFloat16}, {"F64", "float64", DType::kFloat64},
       {"I8", "int8", DType::kInt8},           {"U8", "uint8", DType::kUInt8},
       {"I16", "int16", DType::kInt16},        {"I32", "int32", DType::kInt32},
@@ -57,9 +77,12 @@ Result<DType> ParseDType(std::string_view name) {
 
 std::string_view StateClassName(StateClass cls) {
   switch (cls) {
-    case StateClass::kReplicated: return "replicated";
-    case StateClass::kDpSharded: return "dp_sharded";
-    case StateClass::kPrivate: return "private";
+    case StateClass::kReplicated:
+      return "replicated";
+    case StateClass::kDpSharded:
+      return "dp_sharded";
+    case StateClass::kPrivate:
+      return "private";
   }
   return "?";
 }
