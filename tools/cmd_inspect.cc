@@ -1,10 +1,12 @@
 // `memento inspect --tier TIER TARGET [--json]`: lists what a tier holds.
 //
-//   --tier durable DIR   versions in a durable-tier directory (step, state,
-//                        nodes, size, tensors, creation time)
+//   --tier durable DIR      versions in a durable-tier directory (step, state,
+//                           nodes, size, tensors, creation time)
+//   --tier memory ROOT...   slots under node roots on this host (rank, slot,
+//                           state, step, intact) and the newest step every
+//                           rank holds intact; --no-verify reads headers only
 //
-// Each tier is one entry of Inspectors(); live-agent (memory tier) inspection
-// plugs in there as another entry.
+// Each tier is one entry of Inspectors().
 #include <cstdio>
 #include <ctime>
 #include <functional>
@@ -12,7 +14,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "agent/memory_tier.h"
 #include "tier/env.h"
 #include "tier/format.h"
 #include "tier/reader.h"
@@ -22,8 +26,10 @@ namespace {
 
 struct InspectArgs {
   std::string tier = "durable";
-  std::string target;
+  std::vector<std::string> targets;
+  std::string target;  // targets[0]
   bool json = false;
+  bool verify = true;
 };
 
 std::string FormatTime(int64_t unix_ns) {
@@ -98,29 +104,81 @@ int InspectDurable(const InspectArgs& args) {
   return 0;
 }
 
+int InspectMemory(const InspectArgs& args) {
+  auto report = memento::agent::InspectMemoryTier(args.targets, args.verify);
+  if (!report.ok()) return memento::tools::ReportStatus(report.status());
+  const auto& latest = report->latest_complete;
+  if (args.json) {
+    nlohmann::json slots = nlohmann::json::array();
+    for (const auto& r : report->slots) {
+      slots.push_back({{"root", r.root},
+                       {"rank", r.rank},
+                       {"slot", r.slot},
+                       {"state", r.state},
+                       {"step", r.step},
+                       {"data_bytes", r.data_bytes},
+                       {"intact", r.intact},
+                       {"error", r.error}});
+    }
+    nlohmann::json top{{"tier", "memory"},
+                       {"roots", args.targets},
+                       {"verified_data", args.verify},
+                       {"ranks", report->ranks},
+                       {"slots", slots}};
+    top["latest_complete"] = latest ? nlohmann::json(*latest) : nlohmann::json(nullptr);
+    std::printf("%s\n", top.dump(1).c_str());
+    return 0;
+  }
+  std::printf("memory tier: %zu rank%s in %zu root%s, newest step every rank holds intact: %s%s\n",
+              report->ranks.size(), report->ranks.size() == 1 ? "" : "s", args.targets.size(),
+              args.targets.size() == 1 ? "" : "s",
+              latest ? std::to_string(*latest).c_str() : "none",
+              args.verify ? "" : " (headers only, data not verified)");
+  std::printf("%-6s %-5s %-10s %-12s %-10s %-7s %s\n", "rank", "slot", "state", "step", "MiB",
+              "intact", "root / problem");
+  for (const auto& r : report->slots) {
+    std::printf("%-6d %-5d %-10s %-12lld %-10.1f %-7s %s\n", r.rank, r.slot, r.state.c_str(),
+                static_cast<long long>(r.step), r.data_bytes / 1048576.0, r.intact ? "yes" : "no",
+                r.intact ? r.root.c_str() : r.error.c_str());
+  }
+  return 0;
+}
+
 // One inspector per tier name.
 const std::map<std::string, std::function<int(const InspectArgs&)>>& Inspectors() {
   static const auto* m = new std::map<std::string, std::function<int(const InspectArgs&)>>{
       {"durable", InspectDurable},
+      {"memory", InspectMemory},
   };
   return *m;
 }
 
-int RunInspect(const InspectArgs& args) {
+int RunInspect(InspectArgs& args) {
   auto it = Inspectors().find(args.tier);
   if (it == Inspectors().end()) {
     return memento::tools::ReportStatus(memento::InvalidArgumentError(
-        "inspect --tier " + args.tier + " is not available (tiers: durable)"));
+        "inspect --tier " + args.tier + " is not available (tiers: durable, memory)"));
   }
+  if (args.tier != "memory" && args.targets.size() != 1) {
+    return memento::tools::ReportStatus(
+        memento::InvalidArgumentError("inspect --tier " + args.tier + " takes one directory, got " +
+                                      std::to_string(args.targets.size())));
+  }
+  args.target = args.targets.front();
   return it->second(args);
 }
 
 void Setup(CLI::App& app, memento::tools::CommandContext& ctx) {
   auto args = std::make_shared<InspectArgs>();
   auto* cmd = app.add_subcommand("inspect", "List what a tier holds");
-  cmd->add_option("--tier", args->tier, "Tier to inspect: durable");
-  cmd->add_option("target", args->target, "What to inspect (durable: the directory)")->required();
+  cmd->add_option("--tier", args->tier, "Tier to inspect: durable (default) or memory");
+  cmd->add_option("target", args->targets,
+                  "What to inspect (durable: the directory; memory: node roots such as "
+                  "/dev/shm/memento/JOB/node0)")
+      ->required();
   cmd->add_flag("--json", args->json, "Print JSON");
+  cmd->add_flag("!--no-verify", args->verify,
+                "memory: read slot headers only, do not checksum the data");
   cmd->callback([&ctx, args] { ctx.exit_code = RunInspect(*args); });
 }
 
