@@ -194,6 +194,9 @@ int Main(int argc, char** argv) {
   app.add_option("--agent-dir", mo.agent_dir, "memento agent directory");
   int ranks_per_node = 0;
   app.add_option("--node", mo.node, "memento node of this rank");
+  app.add_option("--memento-schedule", mo.schedule,
+                 "memento snapshot schedule: eager | has (HAS: idle windows first)")
+      ->capture_default_str();
   app.add_option("--ranks-per-node", ranks_per_node,
                  "node = rank / K (overrides --node); {node} in --agent-dir is replaced");
 #endif

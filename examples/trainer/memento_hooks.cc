@@ -57,6 +57,7 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
   co.world_size = to.comm.topology.world();
   co.agent_dir = options.agent_dir;
   co.node = options.node;
+  co.schedule = options.schedule;
   MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
 
   TensorMeta params;

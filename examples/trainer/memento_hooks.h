@@ -18,6 +18,9 @@ struct MementoHookOptions {
   std::string agent_dir;  // empty: the client's default
   int node = 0;
   bool restore = true;  // load the newest committed version, if any
+  // ClientOptions::schedule: "eager" or "has" (HAS uses the phases the
+  // trainer reports through OnPhase).
+  std::string schedule = "eager";
 };
 
 // Connects to the node's agent and registers `trainer`'s state:

@@ -84,27 +84,36 @@ class TrainerMementoTest : public ::testing::Test {
     return Wait(Spawn(all, ""));
   }
 
+  void RestoreIsBitwise(const std::string& schedule);
+
   memento::testing::ScratchDir dir_{"trainer-memento"};
   std::string job_, root_;
   pid_t agent_ = -1;
   int runs_ = 0;
 };
 
-TEST_F(TrainerMementoTest, RestoreFromAgentIsBitwise) {
+void TrainerMementoTest::RestoreIsBitwise(const std::string& schedule) {
   const std::vector<std::string> topo = {"--preset", "tiny", "--layers",        "4", "--dp",  "2",
                                          "--pp",     "2",    "--micro-batches", "2", "--zero"};
-  auto with = [&topo](std::vector<std::string> extra) {
-    std::vector<std::string> a = topo;
+  std::vector<std::string> memento_topo = topo;
+  memento_topo.insert(memento_topo.end(), {"--memento-schedule", schedule});
+  auto with = [](std::vector<std::string> a, std::vector<std::string> extra) {
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
   const std::string resumed = dir_.path() + "/resumed.txt", full = dir_.path() + "/full.txt";
-  ASSERT_EQ(Train(with({"--steps", "5"}), resumed, true), 0);
-  ASSERT_EQ(Train(with({"--steps", "9"}), resumed, true), 0);  // restores step 5
-  ASSERT_EQ(Train(with({"--steps", "9"}), full, false), 0);
+  ASSERT_EQ(Train(with(memento_topo, {"--steps", "5"}), resumed, true), 0);
+  ASSERT_EQ(Train(with(memento_topo, {"--steps", "9"}), resumed, true), 0);  // restores step 5
+  ASSERT_EQ(Train(with(topo, {"--steps", "9"}), full, false), 0);
   std::vector<std::string> a = ReadLines(resumed), b = ReadLines(full);
   ASSERT_EQ(b.size(), 9u);
   EXPECT_EQ(a, b);  // steps 1..5, then 6..9 after the restore, same bits
 }
+
+TEST_F(TrainerMementoTest, RestoreFromAgentIsBitwise) { RestoreIsBitwise("eager"); }
+
+// The same with snapshots scheduled by HAS (--memento-schedule has): the
+// trainer's phase hooks (pipeline bubbles reported as idle) drive the copy.
+TEST_F(TrainerMementoTest, RestoreFromAgentIsBitwiseWithHas) { RestoreIsBitwise("has"); }
 
 }  // namespace

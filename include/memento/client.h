@@ -50,6 +50,26 @@ struct ClientOptions {
   size_t chunk_bytes = size_t{4} << 20;
   // How long Connect waits for the agent to answer.
   double connect_timeout_s = 10.0;
+  // How a snapshot's chunks are scheduled (docs/has.md):
+  //   "eager"  every chunk is copied at once on copy_threads workers;
+  //   "has"    hierarchical asynchronous snapshotting: chunks go into idle
+  //            windows reported by OnPhase(kIdle) first, are paced beside
+  //            computation, and only the rest is copied at full speed when
+  //            Fence() waits. Same slot format and crash consistency.
+  std::string schedule = "eager";
+  // HAS only: the 1F1B pipeline schedule of this rank's stage, when known
+  // (REFT Algorithm 1 estimates its bubbles from it). pipeline_stages == 0:
+  // unknown, bubbles are measured online from the phase hooks.
+  int pipeline_stages = 0;
+  int pipeline_stage = 0;
+  int pipeline_microbatches = 0;
+  double pipeline_fwd_s = 0;  // forward time of one micro-batch on this stage
+  double pipeline_bwd_s = 0;  // backward time of one micro-batch on this stage
+  // HAS only: the snapshot copy uses another link than training's
+  // communication, so it may run while the trainer communicates (layer 3).
+  bool has_separate_comm_link = false;
+  // HAS only: a hard cap (bytes/s) on copying beside computation; 0: none.
+  double has_compute_max_rate = 0;
 };
 
 // A version of this rank's state that the agent holds.
@@ -127,7 +147,8 @@ class Client {
   // Versions the agent holds for this rank, newest first.
   virtual Result<std::vector<VersionInfo>> ListVersions() = 0;
 
-  // Reports the trainer's current phase (HAS scheduling).
+  // Reports the trainer's current phase (HAS scheduling; any thread). With
+  // schedule "eager" it is recorded and has no effect on the copy.
   virtual void OnPhase(Phase phase) = 0;
 
   // Statistics of the last completed snapshot.

@@ -21,6 +21,8 @@
 #include "shm/protocol.h"
 #include "shm/slot.h"
 #include "snap/copy_engine.h"
+#include "snap/copy_kernel.h"
+#include "snap/has/has_runner.h"
 
 namespace memento {
 namespace {
@@ -39,6 +41,9 @@ class ClientImpl final : public Client {
       : options_(std::move(options)), dir_(std::move(dir)) {}
   ~ClientImpl() override {
     if (job_ != nullptr) job_->Wait().IgnoreError();
+    if (has_active_) runner_->Fence().status().IgnoreError();
+    runner_ptr_.store(nullptr, std::memory_order_release);
+    runner_.reset();
     engine_.reset();
     MutexLock l(&conn_mu_);
     if (fd_ >= 0) close(fd_);
@@ -123,6 +128,23 @@ class ClientImpl final : public Client {
     eo.name = "mem-copy";
     if (const char* d = std::getenv("MEMENTO_TEST_COPY_DELAY_US")) eo.chunk_delay_us = std::atoi(d);
     engine_ = std::make_unique<snap::CopyEngine>(eo);
+    has_chunk_delay_us_ = eo.chunk_delay_us;
+    if (options_.schedule == "has") {
+      has::HasRunnerOptions ro;
+      ro.threads = eo.threads;
+      ro.has.separate_comm_link = options_.has_separate_comm_link;
+      ro.has.compute_max_rate = options_.has_compute_max_rate;
+      ro.has.schedule.num_stages = options_.pipeline_stages;
+      ro.has.schedule.stage = options_.pipeline_stage;
+      ro.has.schedule.num_microbatches = options_.pipeline_microbatches;
+      ro.has.schedule.fwd_s = options_.pipeline_fwd_s;
+      ro.has.schedule.bwd_s = options_.pipeline_bwd_s;
+      MEMENTO_ASSIGN_OR_RETURN(
+          runner_, has::HasRunner::Create(ro, [this](size_t i) { return HasCopyChunk(i); }));
+      // Phases reported before Seal() carry over.
+      runner_->OnPhase(phase_.load(std::memory_order_relaxed));
+      runner_ptr_.store(runner_.get(), std::memory_order_release);
+    }
     sealed_ = true;
     return Status::Ok();
   }
@@ -157,6 +179,8 @@ class ClientImpl final : public Client {
       chunks.push_back(cc);
     }
     fence_waited_ = false;
+    if (runner_ != nullptr && !chunks.empty())
+      return BeginHasSnapshot(std::move(chunks), target, step);
     job_ = engine_->Submit(std::move(chunks), nullptr,
                            [this, target, step, &seg](const Status& copied) -> Status {
                              if (!copied.ok()) return copied;
@@ -170,6 +194,7 @@ class ClientImpl final : public Client {
   }
 
   Status Fence(Deadline deadline) override {
+    if (has_active_) return FenceHas(deadline);
     if (job_ == nullptr) return Status::Ok();
     Stopwatch sw;
     bool was_done = job_->done();
@@ -298,7 +323,10 @@ class ClientImpl final : public Client {
     return out;
   }
 
-  void OnPhase(Phase phase) override { phase_.store(phase, std::memory_order_relaxed); }
+  void OnPhase(Phase phase) override {
+    phase_.store(phase, std::memory_order_relaxed);
+    if (has::HasRunner* r = runner_ptr_.load(std::memory_order_acquire)) r->OnPhase(phase);
+  }
 
   SnapshotStats LastSnapshotStats() const override {
     MutexLock l(&stats_mu_);
@@ -310,6 +338,63 @@ class ClientImpl final : public Client {
   }
 
  private:
+  // HAS (schedule "has"): the chunk list goes to the HasRunner, whose workers
+  // call HasCopyChunk(i) when the scheduler releases chunk i. The worker that
+  // finishes the last chunk marks the slot complete, exactly as the eager
+  // engine's on_done does: every chunk's bytes and checksum are written
+  // before the header's kComplete (release), whenever the copy ends.
+  Status BeginHasSnapshot(std::vector<snap::CopyChunk> chunks, int target, int64_t step) {
+    std::vector<uint64_t> sizes;
+    sizes.reserve(chunks.size());
+    for (const snap::CopyChunk& c : chunks) sizes.push_back(c.length);
+    has_chunks_ = std::move(chunks);
+    has_remaining_.store(has_chunks_.size(), std::memory_order_relaxed);
+    has_target_ = target;
+    has_step_ = step;
+    job_step_ = step;
+    // Begin() takes the runner's lock: the workers see the chunk list above.
+    MEMENTO_RETURN_IF_ERROR(runner_->Begin(step, std::move(sizes)));
+    has_active_ = true;
+    return Status::Ok();
+  }
+
+  // Runs on a HAS worker, without the runner's lock.
+  Status HasCopyChunk(size_t index) {
+    const snap::CopyChunk& c = has_chunks_[index];
+    uint64_t sum = snap::CopyAndChecksumStreaming(c.dst, c.src, c.length);
+    *c.checksum_out = sum;
+    if (has_chunk_delay_us_ > 0) usleep(static_cast<useconds_t>(has_chunk_delay_us_));
+    // acq_rel: the last worker sees every other chunk's writes before it
+    // publishes the slot.
+    if (has_remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      shm::CompleteSlotWrite(*segments_[has_target_]);  // node-local complete, last
+      SetNewestSlot(has_target_);
+      NotifyComplete(has_target_, has_step_);
+    }
+    return Status::Ok();
+  }
+
+  Status FenceHas(Deadline deadline) {
+    Result<has::HasStepStats> r = runner_->Fence(deadline);
+    if (!r.ok() && r.status().code() == StatusCode::kDeadlineExceeded) return r.status();
+    has_active_ = false;
+    SnapshotStats stats;
+    stats.step = has_step_;
+    if (r.ok()) {
+      has::FillSnapshotStats(*r, &stats);
+      MEMENTO_LOG_DEBUG(
+          "snapshot {} (HAS): {} bytes, idle {} compute {} communicate {} fence {}, fence wait "
+          "{:.4f} s{}",
+          stats.step, r->bytes, r->bytes_idle, r->bytes_compute, r->bytes_communicate,
+          r->bytes_fence, r->fence_wait_s, r->replanned ? ", replanned: " + r->plan_reason : "");
+    }
+    {
+      MutexLock l(&stats_mu_);
+      snapshot_stats_ = stats;
+    }
+    return r.status();
+  }
+
   int NewestSlot() EXCLUDES(slot_mu_) {
     MutexLock l(&slot_mu_);
     return newest_slot_;
@@ -440,6 +525,16 @@ class ClientImpl final : public Client {
   int64_t last_step_ = -1;
   bool fence_waited_ = false;
   std::atomic<Phase> phase_{Phase::kCompute};
+  // HAS (schedule "has"); the chunk list and target of the snapshot in
+  // flight are written by the trainer thread only while no HAS snapshot runs.
+  std::unique_ptr<has::HasRunner> runner_;
+  std::atomic<has::HasRunner*> runner_ptr_{nullptr};  // for OnPhase from any thread
+  bool has_active_ = false;
+  std::vector<snap::CopyChunk> has_chunks_;
+  std::atomic<size_t> has_remaining_{0};
+  int has_target_ = -1;
+  int64_t has_step_ = -1;
+  int has_chunk_delay_us_ = 0;
 
   Mutex slot_mu_;
   int newest_slot_ GUARDED_BY(slot_mu_) = -1;
@@ -464,6 +559,24 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.copy_threads < 1 || options.copy_threads > 64) {
     return InvalidArgumentError(
         fmt::format("copy_threads {} must be in [1, 64]", options.copy_threads));
+  }
+  if (options.schedule != "eager" && options.schedule != "has") {
+    return InvalidArgumentError(
+        fmt::format("schedule '{}' is not one of: eager, has", options.schedule));
+  }
+  if (options.pipeline_stages < 0 ||
+      (options.pipeline_stages > 0 &&
+       (options.pipeline_stage < 0 || options.pipeline_stage >= options.pipeline_stages ||
+        options.pipeline_microbatches < 1 || !(options.pipeline_fwd_s >= 0) ||
+        !(options.pipeline_bwd_s >= 0)))) {
+    return InvalidArgumentError(fmt::format(
+        "pipeline schedule (stages {}, stage {}, microbatches {}, fwd {} s, bwd {} s) needs "
+        "0 <= stage < stages, microbatches >= 1 and non-negative times",
+        options.pipeline_stages, options.pipeline_stage, options.pipeline_microbatches,
+        options.pipeline_fwd_s, options.pipeline_bwd_s));
+  }
+  if (!(options.has_compute_max_rate >= 0)) {
+    return InvalidArgumentError("has_compute_max_rate must be >= 0");
   }
   // Validates the job id the same way slots do.
   MEMENTO_RETURN_IF_ERROR(shm::ComputeSlotLayout(options.job_id, 0, {}, 1).status());

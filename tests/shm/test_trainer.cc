@@ -8,6 +8,8 @@
 //   D <step> <digest>   state digest after the optimizer step <step>
 //   E <message>         an error; exits 1
 // --no-memento runs the same training without snapshots (the reference).
+// --schedule has: snapshots are scheduled by HAS; the trainer reports the
+// digest computation as compute and the rest of the step as idle.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   int64_t steps = 20;
   bool no_memento = false;
   double step_sleep_s = 0;
+  std::string schedule = "eager";
   app.add_option("--job", job)->required();
   app.add_option("--dir", dir);
   app.add_option("--rank", rank);
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
   app.add_option("--progress", progress)->required();
   app.add_option("--step-sleep", step_sleep_s);
   app.add_flag("--no-memento", no_memento);
+  app.add_option("--schedule", schedule);
   CLI11_PARSE(app, argc, argv);
   memento::InitLogging("trainer rank" + std::to_string(rank));
   g_progress = open(progress.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
@@ -116,6 +120,7 @@ int main(int argc, char** argv) {
     o.agent_dir = dir;
     o.copy_threads = threads;
     o.connect_timeout_s = 20;
+    o.schedule = schedule;
     auto c = memento::Client::Connect(o);
     if (!c.ok()) Fail(c.status().ToString());
     client = std::move(*c);
@@ -161,7 +166,9 @@ int main(int argc, char** argv) {
       if (!st.ok()) Fail(st.ToString());
       pending = model.cursor.step;
     }
+    if (client) client->OnPhase(memento::Phase::kCompute);
     Emit(fmt::format("D {} {}", model.cursor.step, model.Digest()));
+    if (client) client->OnPhase(memento::Phase::kIdle);
     if (step_sleep_s > 0) usleep(static_cast<useconds_t>(step_sleep_s * 1e6));
   }
   if (client) {

@@ -1,0 +1,249 @@
+// The client with schedule "has" against a real agent (in a thread of this
+// process) over its real Unix socket and real shared memory: snapshots are
+// scheduled by HAS (docs/has.md) and stay bit-identical and crash consistent.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "agent/agent.h"
+#include "common/check.h"
+#include "common/checksum.h"
+#include "memento/client.h"
+#include "shm/shm_test_util.h"
+
+namespace memento {
+namespace {
+
+class AgentThread {
+ public:
+  explicit AgentThread(agent::AgentOptions o) {
+    auto a = agent::Agent::Start(o);
+    MEMENTO_CHECK_OK(a.status());
+    agent_ = std::move(*a);
+    thread_ = std::thread([this] { MEMENTO_CHECK_OK(agent_->Serve()); });
+  }
+  ~AgentThread() {
+    agent_->Stop();
+    thread_.join();
+  }
+
+ private:
+  std::unique_ptr<agent::Agent> agent_;
+  std::thread thread_;
+};
+
+struct State {
+  std::vector<float> w;
+  std::vector<int64_t> counts;
+  uint8_t rng[32];
+  explicit State(size_t n = 300000) : w(n), counts(1000) { std::memset(rng, 0, sizeof(rng)); }
+  void Fill(uint64_t seed) {
+    std::mt19937_64 g(seed);
+    for (auto& x : w) x = static_cast<float>(g() % 100000) / 7.0f;
+    for (auto& x : counts) x = static_cast<int64_t>(g());
+    for (auto& x : rng) x = g() & 0xff;
+  }
+  uint64_t Digest() const {
+    return Checksum(w.data(), w.size() * 4) ^ Checksum(counts.data(), counts.size() * 8) * 3 ^
+           Checksum(rng, sizeof(rng)) * 7;
+  }
+  uint64_t Bytes() const { return w.size() * 4 + counts.size() * 8 + sizeof(rng); }
+  Status Register(Client& c) {
+    MEMENTO_RETURN_IF_ERROR(c.RegisterTensor(
+        {"w", DType::kFloat32, {static_cast<int64_t>(w.size())}, StateClass::kReplicated},
+        w.data()));
+    MEMENTO_RETURN_IF_ERROR(c.RegisterTensor(
+        {"counts", DType::kInt64, {10, 100}, StateClass::kDpSharded}, counts.data()));
+    return c.RegisterBlob("rng", rng, sizeof(rng));
+  }
+};
+
+class ClientHasTest : public ::testing::Test {
+ protected:
+  ClientHasTest() : root_(dir_.path() + "/job1/node0") {}
+  ClientOptions Options(const std::string& schedule = "has") {
+    ClientOptions o;
+    o.job_id = "job1";
+    o.rank = 0;
+    o.world_size = 1;
+    o.agent_dir = root_;
+    o.copy_threads = 2;
+    o.chunk_bytes = 64 << 10;  // ~20 chunks: several scheduling decisions
+    o.connect_timeout_s = 2;
+    o.schedule = schedule;
+    return o;
+  }
+  std::unique_ptr<Client> Sealed(State& s, const ClientOptions& o) {
+    auto c = Client::Connect(o);
+    MEMENTO_CHECK_OK(c.status());
+    MEMENTO_CHECK_OK(s.Register(**c));
+    MEMENTO_CHECK_OK((*c)->Seal());
+    return std::move(*c);
+  }
+  // Waits (no timing assertion: a generous bound against hangs) until the
+  // agent lists `step` as a committed version.
+  static bool WaitCommitted(Client& c, int64_t step) {
+    for (int i = 0; i < 6000; ++i) {
+      auto v = c.ListVersions();
+      if (v.ok()) {
+        for (const VersionInfo& vi : *v) {
+          if (vi.step == step && vi.committed) return true;
+        }
+      }
+      usleep(10000);
+    }
+    return false;
+  }
+  static void ExpectStatsAddUp(const SnapshotStats& st, int64_t step, uint64_t bytes) {
+    EXPECT_EQ(st.step, step);
+    EXPECT_EQ(st.bytes, bytes);
+    EXPECT_EQ(st.bytes_idle + st.bytes_compute + st.bytes_communicate, st.bytes);
+    EXPECT_GE(st.fence_wait_s, 0.0);
+    EXPECT_GE(st.copy_s, 0.0);
+  }
+  shm::testing::ShmScratchDir dir_;
+  std::string root_;
+};
+
+TEST_F(ClientHasTest, RejectsUnknownSchedule) {
+  AgentThread agent({"job1", 0, root_, 0});
+  ClientOptions o = Options("lazy");
+  EXPECT_EQ(Client::Connect(o).status().code(), StatusCode::kInvalidArgument);
+  o = Options();
+  o.pipeline_stages = 4;
+  o.pipeline_stage = 4;
+  o.pipeline_microbatches = 8;
+  EXPECT_EQ(Client::Connect(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Phases flip on another thread while snapshots run; every version restores
+// bit-identically in a fresh client, and the per-layer bytes add up.
+TEST_F(ClientHasTest, RoundTripBitIdenticalWithPhasesFromAnotherThread) {
+  AgentThread agent({"job1", 0, root_, 0});
+  uint64_t seed = memento::testing::TestSeed("ClientHasTest.RoundTrip");
+  State s;
+  auto c = Sealed(s, Options());
+  std::atomic<bool> stop{false};
+  std::thread phases([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      c->OnPhase(i % 3 == 0 ? Phase::kIdle : i % 3 == 1 ? Phase::kCompute : Phase::kCommunicate);
+      usleep(200);
+    }
+  });
+  uint64_t digests[6];
+  for (int step = 1; step <= 5; ++step) {
+    ASSERT_TRUE(c->Fence().ok());
+    if (step > 1) ExpectStatsAddUp(c->LastSnapshotStats(), step - 1, s.Bytes());
+    s.Fill(seed + step);
+    digests[step] = s.Digest();
+    ASSERT_TRUE(c->Snapshot(step).ok());
+  }
+  ASSERT_TRUE(c->Fence().ok());
+  stop = true;
+  phases.join();
+  ExpectStatsAddUp(c->LastSnapshotStats(), 5, s.Bytes());
+  c.reset();
+
+  State t;
+  auto c2 = Sealed(t, Options());
+  auto r = c2->Restore();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 5);
+  EXPECT_EQ(t.Digest(), digests[5]);
+  // And an eager client reads what HAS wrote (same slot format).
+  c2.reset();
+  State u;
+  auto c3 = Sealed(u, Options("eager"));
+  r = c3->Restore();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 5);
+  EXPECT_EQ(u.Digest(), digests[5]);
+}
+
+// A long idle window (reported before the snapshot begins and held until the
+// version is committed) carries the whole copy: layer 1.
+TEST_F(ClientHasTest, IdleWindowCarriesTheCopy) {
+  AgentThread agent({"job1", 0, root_, 0});
+  uint64_t seed = memento::testing::TestSeed("ClientHasTest.Idle");
+  State s;
+  auto c = Sealed(s, Options());
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(c->Fence().ok());
+    s.Fill(seed + step);
+    c->OnPhase(Phase::kIdle);
+    ASSERT_TRUE(c->Snapshot(step).ok());
+    ASSERT_TRUE(WaitCommitted(*c, step)) << "step " << step << " never completed while idle";
+    c->OnPhase(Phase::kCompute);
+    ASSERT_TRUE(c->Fence().ok());
+    SnapshotStats st = c->LastSnapshotStats();
+    ExpectStatsAddUp(st, step, s.Bytes());
+    EXPECT_GT(st.bytes_idle, 0u);
+    EXPECT_EQ(st.bytes_idle, st.bytes) << "every chunk was released inside the idle window";
+  }
+  const uint64_t digest = s.Digest();
+  c.reset();
+  State t;
+  auto c2 = Sealed(t, Options());
+  auto r = c2->Restore();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 3);
+  EXPECT_EQ(t.Digest(), digest);
+}
+
+// No idle window and a compute-side cap of 1 byte/s: beside computation only
+// the token bucket's initial burst may go, the rest waits for Fence(). No
+// byte is counted as idle, and the slot is complete and exact all the same.
+TEST_F(ClientHasTest, WithoutIdleWindowsTheFenceCopiesTheRest) {
+  AgentThread agent({"job1", 0, root_, 0});
+  uint64_t seed = memento::testing::TestSeed("ClientHasTest.Fence");
+  State s;
+  ClientOptions o = Options();
+  o.has_compute_max_rate = 1;
+  auto c = Sealed(s, o);
+  s.Fill(seed);
+  c->OnPhase(Phase::kCompute);
+  ASSERT_TRUE(c->Snapshot(1).ok());
+  ASSERT_TRUE(c->Fence().ok());
+  SnapshotStats st = c->LastSnapshotStats();
+  ExpectStatsAddUp(st, 1, s.Bytes());
+  EXPECT_EQ(st.bytes_idle, 0u);
+  EXPECT_EQ(st.bytes_compute, st.bytes);
+  auto v = c->ListVersions();
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_FALSE(v->empty());
+  EXPECT_EQ((*v)[0].step, 1);
+  const uint64_t digest = s.Digest();
+  c.reset();
+  State t;
+  auto c2 = Sealed(t, Options());
+  auto r = c2->Restore();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 1);
+  EXPECT_EQ(t.Digest(), digest);
+}
+
+// A Fence with a deadline that expires while chunks wait for the fence
+// layer: DeadlineExceeded or OK, never a torn result; a later Fence finishes.
+TEST_F(ClientHasTest, FenceDeadlineCanBeRetried) {
+  AgentThread agent({"job1", 0, root_, 0});
+  State s;
+  ClientOptions o = Options();
+  o.has_compute_max_rate = 1;
+  auto c = Sealed(s, o);
+  s.Fill(memento::testing::TestSeed("ClientHasTest.Deadline"));
+  ASSERT_TRUE(c->Snapshot(1).ok());
+  Status st = c->Fence(Deadline::AfterSeconds(0));
+  EXPECT_TRUE(st.ok() || st.code() == StatusCode::kDeadlineExceeded) << st;
+  ASSERT_TRUE(c->Fence().ok());
+  ExpectStatsAddUp(c->LastSnapshotStats(), 1, s.Bytes());
+  ASSERT_TRUE(c->Snapshot(2).ok());
+  ASSERT_TRUE(c->Fence().ok());
+  ExpectStatsAddUp(c->LastSnapshotStats(), 2, s.Bytes());
+}
+
+}  // namespace
+}  // namespace memento
