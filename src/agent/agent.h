@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/durable.h"
 #include "common/mutex.h"
 #include "memento/status.h"
 #include "shm/node_store.h"
@@ -39,6 +40,9 @@ struct AgentOptions {
   // step, competing with training for memory bandwidth; slots are verified
   // anyway on adoption, on a version listing and by every restore.
   bool verify_on_complete = false;
+  // The durable tier (docs/durable_tier.md, "Persisting from live slots"):
+  // off while durable.dir is empty.
+  DurableOptions durable;
 };
 
 class Agent {
@@ -60,6 +64,8 @@ class Agent {
 
   const std::string& root() const { return root_; }
   shm::NodeStore& store() { return *store_; }
+  // Null without a durable directory.
+  DurableStreamer* durable() { return durable_.get(); }
 
  private:
   Agent() = default;
@@ -89,6 +95,7 @@ class Agent {
   };
   std::vector<ConnThread> conn_threads_;  // touched by Serve() and ~Agent only
   std::thread verifier_;
+  std::unique_ptr<DurableStreamer> durable_;  // reads store_'s slots; reset first
 };
 
 }  // namespace memento::agent
