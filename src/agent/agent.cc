@@ -35,7 +35,8 @@ Agent::~Agent() {
   }
 }
 
-Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options) {
+Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options,
+                                            const DurableOptions& durable) {
   std::unique_ptr<Agent> agent(new Agent());
   agent->options_ = options;
   agent->root_ =
@@ -61,10 +62,10 @@ Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options) {
   shm::NodeStoreOptions so{agent->root_, options.job_id, options.node, options.budget_bytes};
   MEMENTO_ASSIGN_OR_RETURN(agent->store_, shm::NodeStore::Open(so));
   MEMENTO_ASSIGN_OR_RETURN(agent->listen_fd_, shm::ListenUnix(shm::AgentSocketPath(agent->root_)));
-  if (!options.durable.dir.empty()) {
-    MEMENTO_ASSIGN_OR_RETURN(agent->durable_,
-                             DurableStreamer::Start(options.durable, options.job_id, options.node,
-                                                    agent->root_, agent->store_.get()));
+  if (!durable.dir.empty()) {
+    MEMENTO_ASSIGN_OR_RETURN(
+        agent->durable_, DurableStreamer::Start(durable, options.job_id, options.node, agent->root_,
+                                                agent->store_.get()));
   }
   if (pipe2(agent->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return ErrnoError("pipe", errno);
   agent->verifier_ = std::thread([a = agent.get()] { a->VerifierLoop(); });

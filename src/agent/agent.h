@@ -40,9 +40,6 @@ struct AgentOptions {
   // step, competing with training for memory bandwidth; slots are verified
   // anyway on adoption, on a version listing and by every restore.
   bool verify_on_complete = false;
-  // The durable tier (docs/durable_tier.md, "Persisting from live slots"):
-  // off while durable.dir is empty.
-  DurableOptions durable;
 };
 
 class Agent {
@@ -55,7 +52,10 @@ class Agent {
   // the shared-memory filesystem, adopting existing slots), takes the root's
   // lock (AlreadyExists when another agent holds it) and listens on
   // <root>/agent.sock, replacing a stale socket.
-  static Result<std::unique_ptr<Agent>> Start(const AgentOptions& options);
+  // With a non-empty `durable.dir` the agent also streams committed versions
+  // to the durable tier (docs/durable_tier.md, "Persisting from live slots").
+  static Result<std::unique_ptr<Agent>> Start(const AgentOptions& options,
+                                              const DurableOptions& durable = {});
 
   // Serves trainers until Stop(). Returns OK after a Stop().
   Status Serve();

@@ -172,6 +172,14 @@ Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
       // copied belongs to it; any write that begins later changes the
       // generation, which CheckBeforeMarker sees.
       if (!shm::SlotUnchanged(**seg, *info)) continue;
+      {
+        MutexLock l(&mu_);
+        if (corrupt_.count({rank, s, info->generation})) {
+          ++stats_.gone;
+          return DataLossError(fmt::format(
+              "rank {} slot {} (version {}) failed its checksums; not persisted", rank, s, step));
+        }
+      }
       hold->slots.push_back(HeldSlot{rank, *seg, std::move(*info)});
       found = true;
     }
@@ -283,9 +291,21 @@ Status DurableStreamer::CheckBeforeMarker(int64_t step, const std::string& versi
     problem = fmt::format("{} pieces written, {} chunks expected", seen, hold->expected.size());
   }
   if (!problem.empty()) {
-    MutexLock l(&mu_);
-    ++stats_.abandoned_mismatch;
+    {
+      MutexLock l(&mu_);
+      ++stats_.abandoned_mismatch;
+      for (const HeldSlot& hs : hold->slots) {
+        corrupt_.insert({hs.rank, hs.info.slot_index, hs.info.generation});
+      }
+    }
     MEMENTO_LOG_ERROR("durable: version {} abandoned: {}", step, problem);
+    // Let the node store re-check the slots, so that its inventory (and a
+    // restore's `list`) knows which one is damaged.
+    for (const HeldSlot& hs : hold->slots) {
+      Status st = store_->Verify(hs.rank, hs.info.slot_index);
+      if (!st.ok())
+        MEMENTO_LOG_ERROR("rank {} slot {}: {}", hs.rank, hs.info.slot_index, st.ToString());
+    }
     return DataLossError(fmt::format("version {}: {}", step, problem));
   }
   return Status::Ok();

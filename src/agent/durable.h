@@ -22,6 +22,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/mutex.h"
@@ -109,6 +110,8 @@ class DurableStreamer {
 
   DurableStats stats() EXCLUDES(mu_);
   bool WaitIdle(Deadline deadline) { return persister_->WaitIdle(deadline); }
+  // Changes the write cap for the next chunks (0 = unlimited).
+  void SetBandwidth(uint64_t bytes_per_sec) { persister_->SetBandwidth(bytes_per_sec); }
 
  private:
   DurableStreamer(const DurableOptions& options, const std::string& job_id, int node,
@@ -147,6 +150,8 @@ class DurableStreamer {
   std::map<int64_t, std::shared_ptr<Hold>> holds_ GUARDED_BY(mu_);  // views being written
   DurableStats stats_ GUARDED_BY(mu_);
   std::map<std::pair<int, int>, std::shared_ptr<shm::Segment>> mapped_ GUARDED_BY(mu_);
+  // (rank, slot, generation) whose bytes failed their checksums: not retried.
+  std::set<std::tuple<int, int, uint64_t>> corrupt_ GUARDED_BY(mu_);
 
   std::unique_ptr<tier::Persister> persister_;  // last: stopped first
 };
