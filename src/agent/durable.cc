@@ -94,6 +94,10 @@ DurableStreamer::~DurableStreamer() {
       s.abandoned_overwritten, s.abandoned_mismatch, s.persister.dropped, s.persister.failures);
 }
 
+namespace {
+constexpr size_t kMaxPendingSteps = 1024;
+}  // namespace
+
 void DurableStreamer::OnComplete(int rank, int64_t step) {
   const size_t num_ranks = store_->Ranks().size();
   {
@@ -101,7 +105,12 @@ void DurableStreamer::OnComplete(int rank, int64_t step) {
     if (step <= last_committed_) return;
     auto& ranks = reported_[step];
     ranks.insert(rank);
-    if (ranks.size() < num_ranks) return;
+    if (ranks.size() < num_ranks) {
+      // A rank that stopped reporting (dead, or stuck) must not make this
+      // grow without bound: only the newest steps can still commit.
+      while (reported_.size() > kMaxPendingSteps) reported_.erase(reported_.begin());
+      return;
+    }
     last_committed_ = step;
     ++stats_.committed;
     // Older steps that never completed everywhere can no longer commit first.
