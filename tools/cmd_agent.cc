@@ -41,7 +41,8 @@ Result<uint64_t> ParseBytes(const std::string& text) {
   return static_cast<uint64_t>(v * mult);
 }
 
-int RunAgent(const agent::AgentOptions& base, const std::string& budget) {
+int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
+             const std::string& budget, const std::string& bandwidth) {
   agent::AgentOptions options = base;
   InitLogging("agent node" + std::to_string(options.node));
   if (!budget.empty()) {
@@ -49,7 +50,12 @@ int RunAgent(const agent::AgentOptions& base, const std::string& budget) {
     if (!b.ok()) return ReportStatus(b.status());
     options.budget_bytes = *b;
   }
-  auto agent = agent::Agent::Start(options);
+  if (!bandwidth.empty()) {
+    auto b = ParseBytes(bandwidth);
+    if (!b.ok()) return ReportStatus(b.status());
+    durable.bandwidth_bytes_per_sec = *b;
+  }
+  auto agent = agent::Agent::Start(options, durable);
   if (!agent.ok()) return ReportStatus(agent.status());
   g_agent = agent->get();
   struct sigaction sa {};
@@ -69,6 +75,8 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   auto* cmd = app.add_subcommand("agent", "Run the node agent that owns the snapshot slots");
   static agent::AgentOptions options;
   static std::string budget;
+  static std::string bandwidth;
+  static agent::DurableOptions durable;
   cmd->add_option("--job", options.job_id, "Job id")->required();
   cmd->add_option("--node", options.node, "Node index")->default_val(0);
   cmd->add_option("--root", options.root,
@@ -78,7 +86,23 @@ void Setup(CLI::App& app, CommandContext& ctx) {
                   "shared-memory filesystem holds)");
   cmd->add_flag("--verify-on-complete", options.verify_on_complete,
                 "Verify each completed slot's checksums in the background right away");
-  cmd->callback([&ctx] { ctx.exit_code = RunAgent(options, budget); });
+  cmd->add_option("--durable-dir", durable.dir,
+                  "Stream committed versions to this directory (the durable tier; NFS, Lustre, a "
+                  "bucket mount or a disk)");
+  cmd->add_option("--persist-every", durable.every_k_steps,
+                  "Persist committed versions whose step is a multiple of K (0: off)")
+      ->default_val(1);
+  cmd->add_option("--persist-every-s", durable.every_seconds,
+                  "Also persist one version every T seconds (0: off)")
+      ->default_val(0);
+  cmd->add_option("--persist-bandwidth", bandwidth,
+                  "Durable write cap in bytes per second (e.g. 200M; default unlimited)");
+  cmd->add_option("--keep-last", durable.keep_last, "Durable versions to keep (newest N)")
+      ->default_val(3);
+  cmd->add_option("--keep-every", durable.keep_every,
+                  "Also keep durable versions whose step is a multiple of M (0: none)")
+      ->default_val(0);
+  cmd->callback([&ctx] { ctx.exit_code = RunAgent(options, durable, budget, bandwidth); });
 }
 
 }  // namespace

@@ -27,6 +27,7 @@ Agent::~Agent() {
   verify_cv_.SignalAll();
   for (auto& t : conn_threads_) t.thread.join();
   if (verifier_.joinable()) verifier_.join();
+  durable_.reset();  // no connection thread can offer a version any more
   if (listen_fd_ >= 0) close(listen_fd_);
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
   for (int fd : stop_pipe_) {
@@ -34,7 +35,8 @@ Agent::~Agent() {
   }
 }
 
-Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options) {
+Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options,
+                                            const DurableOptions& durable) {
   std::unique_ptr<Agent> agent(new Agent());
   agent->options_ = options;
   agent->root_ =
@@ -60,6 +62,11 @@ Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options) {
   shm::NodeStoreOptions so{agent->root_, options.job_id, options.node, options.budget_bytes};
   MEMENTO_ASSIGN_OR_RETURN(agent->store_, shm::NodeStore::Open(so));
   MEMENTO_ASSIGN_OR_RETURN(agent->listen_fd_, shm::ListenUnix(shm::AgentSocketPath(agent->root_)));
+  if (!durable.dir.empty()) {
+    MEMENTO_ASSIGN_OR_RETURN(
+        agent->durable_, DurableStreamer::Start(durable, options.job_id, options.node, agent->root_,
+                                                agent->store_.get()));
+  }
   if (pipe2(agent->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return ErrnoError("pipe", errno);
   agent->verifier_ = std::thread([a = agent.get()] { a->VerifierLoop(); });
   MEMENTO_LOG_INFO("agent for job {} node {} serving {} (budget {} bytes, {} bytes adopted)",
@@ -222,6 +229,7 @@ json Agent::Handle(const json& req, pid_t peer_pid, int* conn_rank) {
       MEMENTO_LOG_DEBUG("rank {} completed step {} in slot {}", rank, req.at("step").get<int64_t>(),
                         slot);
       if (options_.verify_on_complete) EnqueueVerify(rank, slot);
+      if (durable_) durable_->OnComplete(rank, req.at("step").get<int64_t>());
       return shm::StatusToJson(Status::Ok());
     }
     if (op == "verify") {

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/durable.h"
 #include "common/mutex.h"
 #include "memento/status.h"
 #include "shm/node_store.h"
@@ -51,7 +52,10 @@ class Agent {
   // the shared-memory filesystem, adopting existing slots), takes the root's
   // lock (AlreadyExists when another agent holds it) and listens on
   // <root>/agent.sock, replacing a stale socket.
-  static Result<std::unique_ptr<Agent>> Start(const AgentOptions& options);
+  // With a non-empty `durable.dir` the agent also streams committed versions
+  // to the durable tier (docs/durable_tier.md, "Persisting from live slots").
+  static Result<std::unique_ptr<Agent>> Start(const AgentOptions& options,
+                                              const DurableOptions& durable = {});
 
   // Serves trainers until Stop(). Returns OK after a Stop().
   Status Serve();
@@ -60,6 +64,8 @@ class Agent {
 
   const std::string& root() const { return root_; }
   shm::NodeStore& store() { return *store_; }
+  // Null without a durable directory.
+  DurableStreamer* durable() { return durable_.get(); }
 
  private:
   Agent() = default;
@@ -89,6 +95,7 @@ class Agent {
   };
   std::vector<ConnThread> conn_threads_;  // touched by Serve() and ~Agent only
   std::thread verifier_;
+  std::unique_ptr<DurableStreamer> durable_;  // reads store_'s slots; reset first
 };
 
 }  // namespace memento::agent

@@ -1,0 +1,159 @@
+// The agent's durable stream (issue 7): every K-th committed version (or one
+// every T seconds) goes from the node's shared-memory slots to a directory
+// through one tier::Persister, in the background, under a bandwidth cap,
+// without ever blocking a trainer.
+//
+// Node-local slice: version s is committed on this node once every sealed rank
+// has reported s complete. The trainers keep writing while s is persisted, and
+// with two slots per rank the slot holding s is overwritten when s+2 starts.
+// Nothing pins it; instead the write is validated like a seqlock: the slots'
+// generations are recorded when the view is built, and just before the node's
+// marker (node-N.done) is renamed into place, every slot must still hold that
+// generation and every written piece's xxh3 must equal the slot's checksum of
+// that chunk. Otherwise the marker is refused, the version stays incomplete
+// (invisible to every reader) and a later version is persisted instead.
+// Argument: docs/durable_tier.md, "Persisting from live slots".
+//
+// Thread safety: all public methods may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/mutex.h"
+#include "memento/deadline.h"
+#include "memento/status.h"
+#include "shm/node_store.h"
+#include "shm/segment.h"
+#include "shm/slot.h"
+#include "tier/env.h"
+#include "tier/persister.h"
+
+namespace memento::agent {
+
+struct DurableOptions {
+  std::string dir;                       // the durable directory; empty: no durable tier
+  int64_t every_k_steps = 1;             // persist committed versions with step % K == 0 (0: off)
+  double every_seconds = 0;              // also persist one every T seconds (0: off)
+  uint64_t bandwidth_bytes_per_sec = 0;  // 0: unlimited
+  int keep_last = 3;
+  int64_t keep_every = 0;
+  bool direct_io = true;
+};
+
+struct DurableStats {
+  int64_t committed = 0;              // versions every rank of the node reported complete
+  int64_t offered = 0;                // offers the persister accepted (queued)
+  int64_t gone = 0;                   // the slot was recycled before the write started
+  int64_t abandoned_overwritten = 0;  // a slot was rewritten during the write
+  int64_t abandoned_mismatch = 0;     // a written piece differs from the slot's checksum
+  tier::PersisterStats persister;
+};
+
+// An Env that forwards everything to `base`, except that the rename which
+// publishes a node marker of version s first asks `check(s)`; an error refuses
+// the rename (the marker is never written).
+class MarkerGuardEnv final : public tier::Env {
+ public:
+  using Check = std::function<Status(int64_t step, const std::string& version_dir)>;
+  MarkerGuardEnv(tier::Env* base, Check check) : base_(base), check_(std::move(check)) {}
+
+  Result<std::unique_ptr<tier::WritableFile>> NewWritableFile(const std::string& path,
+                                                              bool direct) override {
+    return base_->NewWritableFile(path, direct);
+  }
+  Result<std::unique_ptr<tier::RandomAccessFile>> NewRandomAccessFile(const std::string& path,
+                                                                      bool direct) override {
+    return base_->NewRandomAccessFile(path, direct);
+  }
+  Result<std::string> ReadFileToString(const std::string& path) override {
+    return base_->ReadFileToString(path);
+  }
+  Status WriteStringToFileSync(const std::string& path, const std::string& data) override {
+    return base_->WriteStringToFileSync(path, data);
+  }
+  Status RenameFile(const std::string& from, const std::string& to) override;
+  Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
+  Status CreateDir(const std::string& path) override { return base_->CreateDir(path); }
+  Status RemoveDir(const std::string& path) override { return base_->RemoveDir(path); }
+  Status SyncDir(const std::string& path) override { return base_->SyncDir(path); }
+  Result<std::vector<std::string>> ListDir(const std::string& path) override {
+    return base_->ListDir(path);
+  }
+  Result<uint64_t> FileSize(const std::string& path) override { return base_->FileSize(path); }
+  bool FileExists(const std::string& path) override { return base_->FileExists(path); }
+  bool IsDirectory(const std::string& path) override { return base_->IsDirectory(path); }
+
+ private:
+  tier::Env* const base_;
+  const Check check_;
+};
+
+class DurableStreamer {
+ public:
+  // Starts the persister. `store` must outlive the streamer.
+  [[nodiscard]] static Result<std::unique_ptr<DurableStreamer>> Start(const DurableOptions& options,
+                                                                      const std::string& job_id,
+                                                                      int node,
+                                                                      const std::string& slot_root,
+                                                                      shm::NodeStore* store);
+  // Cancels an in-flight write (left incomplete) and logs the counters.
+  ~DurableStreamer();
+
+  // A rank reported `step` complete. Returns at once.
+  void OnComplete(int rank, int64_t step) EXCLUDES(mu_);
+
+  DurableStats stats() EXCLUDES(mu_);
+  bool WaitIdle(Deadline deadline) { return persister_->WaitIdle(deadline); }
+  // Changes the write cap for the next chunks (0 = unlimited).
+  void SetBandwidth(uint64_t bytes_per_sec) { persister_->SetBandwidth(bytes_per_sec); }
+
+ private:
+  DurableStreamer(const DurableOptions& options, const std::string& job_id, int node,
+                  const std::string& slot_root, shm::NodeStore* store);
+  // The persister's provider for `step`: maps the ranks' slots that hold it.
+  Result<tier::VersionView> BuildView(int64_t step) EXCLUDES(mu_);
+  // A read-only mapping of a slot file, kept across versions: every first
+  // touch of a page of a new mapping is slow on virtual machines.
+  Result<std::shared_ptr<shm::Segment>> MapSlot(int rank, int slot) EXCLUDES(mu_);
+  // Runs (through the Env) just before the node marker of `step` is published.
+  Status CheckBeforeMarker(int64_t step, const std::string& version_dir) EXCLUDES(mu_);
+
+  // The slots one version is read from, kept mapped while it is written.
+  struct HeldSlot {
+    int rank = 0;
+    std::shared_ptr<shm::Segment> segment;
+    shm::SlotInfo info;
+  };
+  struct Hold {
+    int64_t step = 0;
+    std::vector<HeldSlot> slots;
+    // piece key in the data file -> the slot's xxh3 of those bytes
+    std::map<std::string, uint64_t> expected;
+  };
+
+  const DurableOptions options_;
+  const std::string job_id_;
+  const int node_;
+  const std::string slot_root_;
+  shm::NodeStore* const store_;
+  MarkerGuardEnv env_;
+
+  Mutex mu_;
+  std::map<int64_t, std::set<int>> reported_ GUARDED_BY(mu_);  // step -> ranks done
+  int64_t last_committed_ GUARDED_BY(mu_) = -1;
+  std::map<int64_t, std::shared_ptr<Hold>> holds_ GUARDED_BY(mu_);  // views being written
+  DurableStats stats_ GUARDED_BY(mu_);
+  std::map<std::pair<int, int>, std::shared_ptr<shm::Segment>> mapped_ GUARDED_BY(mu_);
+  // (rank, slot, generation) whose bytes failed their checksums: not retried.
+  std::set<std::tuple<int, int, uint64_t>> corrupt_ GUARDED_BY(mu_);
+
+  std::unique_ptr<tier::Persister> persister_;  // last: stopped first
+};
+
+}  // namespace memento::agent
