@@ -144,6 +144,19 @@ class Client {
   // left). REQUIRES: sealed.
   virtual Result<int64_t> Restore() = 0;
 
+  // Loads exactly version `step` into the registered tensors and returns
+  // `step`. For a multi-rank job, which must restart every rank at the same
+  // step: take the newest step that every rank's ListVersions() holds and
+  // call Restore(step) on every rank (a rank killed in the middle of
+  // Snapshot(s) holds only s-1 while its peers hold s and s-1).
+  // NotFound when this rank holds no complete version of `step` (the message
+  // lists the steps it does hold); InvalidArgument for step < 0 or when the
+  // saved tensors differ from the registered ones (nothing written);
+  // DataLoss when the version fails its checksums (the registered tensors
+  // may then be partly overwritten: restore another version). Never falls
+  // back to another step. REQUIRES: sealed.
+  virtual Result<int64_t> Restore(int64_t step) = 0;
+
   // Versions the agent holds for this rank, newest first.
   virtual Result<std::vector<VersionInfo>> ListVersions() = 0;
 

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <map>
+#include <optional>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -214,7 +215,15 @@ class ClientImpl final : public Client {
     return st;
   }
 
-  Result<int64_t> Restore() override {
+  Result<int64_t> Restore() override { return RestoreVersion(std::nullopt); }
+
+  Result<int64_t> Restore(int64_t step) override {
+    if (step < 0) return InvalidArgumentError(fmt::format("Restore({}): step < 0", step));
+    return RestoreVersion(step);
+  }
+
+  // The newest intact version, or exactly `only` (no fallback) when given.
+  Result<int64_t> RestoreVersion(std::optional<int64_t> only) {
     if (!sealed_) return FailedPreconditionError("Restore() before Seal()");
     MEMENTO_RETURN_IF_ERROR(Fence(Deadline::Infinite()));
     Stopwatch sw;
@@ -224,6 +233,7 @@ class ClientImpl final : public Client {
       shm::SlotInfo info;
     };
     std::vector<Candidate> candidates;
+    std::vector<int64_t> held;  // complete versions other than `only`
     for (int s = 0; s < shm::kSlotsPerRank; ++s) {
       auto info = shm::ReadSlot(*segments_[s]);
       if (!info.ok()) {
@@ -231,6 +241,10 @@ class ClientImpl final : public Client {
         continue;
       }
       if (info->state == shm::SlotState::kComplete) {
+        if (only.has_value() && info->step != *only) {
+          held.push_back(info->step);
+          continue;
+        }
         candidates.push_back({s, std::move(*info)});
       } else if (info->state == shm::SlotState::kWriting) {
         MEMENTO_LOG_INFO("restore: slot {} holds a torn write of step {}; ignored", s, info->step);
@@ -294,6 +308,15 @@ class ClientImpl final : public Client {
     {
       MutexLock l(&stats_mu_);
       restore_stats_ = stats;
+    }
+    if (only.has_value() && candidates.empty()) {
+      std::string list;
+      for (int64_t h : held) list += (list.empty() ? "" : ", ") + std::to_string(h);
+      std::string msg = fmt::format(
+          "rank {} of job {} holds no complete version of step {} (complete versions: [{}])",
+          options_.rank, options_.job_id, *only, list);
+      for (const auto& s : stats.skipped) msg += "\n  - unreadable: " + s;
+      return NotFoundError(msg);
     }
     if (!stats.skipped.empty()) {
       std::string msg = fmt::format(

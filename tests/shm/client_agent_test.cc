@@ -225,6 +225,97 @@ TEST_F(ClientAgentTest, CorruptedSlotFallsBackThenDataLoss) {
   EXPECT_NE(r.status().message().find("step 2"), std::string::npos);
 }
 
+// Restore(step): exactly that version or NotFound / DataLoss, never another
+// step. The motivating case: a rank killed in the middle of Snapshot(3) holds
+// a torn slot and step 2 only, so the job must restart every rank at step 2.
+TEST_F(ClientAgentTest, RestoreExactStep) {
+  AgentThread agent({"job1", 0, root_, 0});
+  uint64_t seed = memento::testing::TestSeed("ClientAgentTest.RestoreExactStep");
+  State s;
+  auto c = Sealed(s);
+  uint64_t digests[5] = {};
+  for (int step = 1; step <= 3; ++step) {
+    s.Fill(seed + step);
+    digests[step] = s.Digest();
+    ASSERT_TRUE(c->Snapshot(step).ok());
+    ASSERT_TRUE(c->Fence().ok());
+  }
+  c.reset();
+
+  // The older of the two versions, although a newer one is intact.
+  State t;
+  auto c2 = Sealed(t);
+  EXPECT_EQ(c2->Restore(-1).status().code(), StatusCode::kInvalidArgument);
+  const uint64_t untouched = t.Digest();
+  auto r = c2->Restore(1);  // overwritten by step 3
+  ASSERT_EQ(r.status().code(), StatusCode::kNotFound) << r.status();
+  EXPECT_NE(r.status().message().find("step 1"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("2"), std::string::npos) << r.status();
+  EXPECT_EQ(t.Digest(), untouched);
+  EXPECT_EQ(c2->Restore(4).status().code(), StatusCode::kNotFound);
+  r = c2->Restore(2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 2);
+  EXPECT_EQ(t.Digest(), digests[2]);
+  EXPECT_EQ(c2->LastRestoreStats().step, 2);
+  // Training continues from step 2: the new step 3 replaces the old step 3
+  // and keeps step 2.
+  t.Fill(seed + 103);
+  digests[3] = t.Digest();
+  ASSERT_TRUE(c2->Snapshot(3).ok());
+  ASSERT_TRUE(c2->Fence().ok());
+  auto versions = c2->ListVersions();
+  ASSERT_TRUE(versions.ok()) << versions.status();
+  ASSERT_EQ(versions->size(), 2u);
+  EXPECT_EQ((*versions)[0].step, 3);
+  EXPECT_EQ((*versions)[1].step, 2);
+  c2.reset();
+  State u;
+  auto c3 = Sealed(u);
+  r = c3->Restore(3);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(u.Digest(), digests[3]);
+  c3.reset();
+
+  // Step 3's slot is torn (its writer died after BeginSlotWrite): Restore(3)
+  // is NotFound, Restore(2) loads step 2.
+  int slot3 = -1;
+  for (int slot = 0; slot < shm::kSlotsPerRank; ++slot) {
+    auto seg = shm::Segment::Open(shm::SlotPath(root_, 0, slot), true);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    auto info = shm::ReadSlot(**seg);
+    ASSERT_TRUE(info.ok()) << info.status();
+    if (info->step == 3) {
+      slot3 = slot;
+      shm::StoreState(reinterpret_cast<shm::SlotHeader*>((*seg)->data()), shm::SlotState::kWriting);
+    }
+  }
+  ASSERT_GE(slot3, 0);
+  State v;
+  auto c4 = Sealed(v);
+  r = c4->Restore(3);
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status();
+  r = c4->Restore(2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(v.Digest(), digests[2]);
+  c4.reset();
+
+  // A version that fails its checksums is DataLoss, with no fallback.
+  {
+    auto seg = shm::Segment::Open(shm::SlotPath(root_, 0, 1 - slot3), true);
+    ASSERT_TRUE(seg.ok());
+    auto info = shm::ReadSlot(**seg);
+    ASSERT_TRUE(info.ok());
+    ASSERT_EQ(info->step, 2);
+    (*seg)->data()[info->data_offset + 12345] ^= 0x20;
+  }
+  State w;
+  auto c5 = Sealed(w);
+  r = c5->Restore(2);
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("step 2"), std::string::npos) << r.status();
+}
+
 TEST_F(ClientAgentTest, ClearErrorsForBadSetups) {
   // No agent directory: unknown job.
   ClientOptions o = Options();

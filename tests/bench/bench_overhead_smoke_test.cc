@@ -1,0 +1,123 @@
+// `memento bench overhead` end to end with the tiny trainer preset: real
+// agents, a real 4-rank trainer job (DP 2 x PP 2, ZeRO-1) with and without
+// per-step snapshots. Checks the JSON report, never the timings' values
+// beyond sanity (no timed pass/fail on a shared machine).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+// Runs a shell command, returns (exit status, stdout).
+std::pair<int, std::string> RunShell(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, out};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// The work directory the bench names on stderr ("... work dir PATH").
+std::string WorkDir(const std::string& stderr_file) {
+  std::ifstream in(stderr_file);
+  std::string line;
+  const std::string key = "work dir ";
+  while (std::getline(in, line)) {
+    size_t pos = line.find(key);
+    if (pos != std::string::npos) return line.substr(pos + key.size());
+  }
+  return "";
+}
+
+std::string StderrFile() {
+  std::string t = (std::filesystem::temp_directory_path() / "memento-bench-smoke-XXXXXX").string();
+  int fd = mkstemp(t.data());
+  if (fd >= 0) close(fd);
+  return t;
+}
+
+TEST(BenchOverheadSmoke, TinyPresetReportsBothSides) {
+  const std::string err = StderrFile();
+  const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench overhead --json --trainer " +
+                          MEMENTO_TRAINER_BINARY +
+                          " --preset tiny --steps 3 --rounds 2 --dp 2 --pp 2 --batch 4"
+                          " --micro-batches 2 --run-timeout 60 2>" +
+                          err;
+  auto [rc, out] = RunShell(cmd);
+  ASSERT_EQ(rc, 0) << out;
+  // Agents, slots and logs are gone.
+  const std::string dir = WorkDir(err);
+  EXPECT_FALSE(dir.empty());
+  EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
+  std::filesystem::remove(err);
+  // One JSON object on one line.
+  auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  ASSERT_TRUE(j.is_object()) << out;
+  EXPECT_EQ(j["bench"], "overhead");
+  EXPECT_EQ(j["preset"], "tiny");
+  EXPECT_GT(j["params"].get<int64_t>(), 10000);
+  EXPECT_LT(j["params"].get<int64_t>(), 100000);
+  EXPECT_EQ(j["topology"]["dp"], 2);
+  EXPECT_EQ(j["topology"]["pp"], 2);
+  EXPECT_EQ(j["topology"]["tp"], 1);
+  EXPECT_EQ(j["topology"]["nodes"], 4);
+  EXPECT_EQ(j["topology"]["zero1"], true);
+  EXPECT_EQ(j["rounds"], 2);
+  const double off = j["step_s_off"].get<double>();
+  const double on = j["step_s_on"].get<double>();
+  const double pct = j["overhead_pct"].get<double>();
+  EXPECT_GT(off, 0);
+  EXPECT_GT(on, 0);
+  EXPECT_LT(off, 10);  // a tiny step takes milliseconds
+  EXPECT_LT(on, 10);
+  EXPECT_TRUE(std::isfinite(pct));
+  EXPECT_NEAR(pct, (on - off) / off * 100, 1e-6 * std::max(1.0, std::abs(pct)));
+  // The "on" runs really snapshotted: the trainer timed its hooks.
+  EXPECT_GT(j["snapshot_s_on"].get<double>() + j["fence_s_on"].get<double>(), 0);
+  ASSERT_EQ(j["per_round"].size(), 2u);
+  EXPECT_EQ(j["per_round"][0]["order"], "off,on");
+  EXPECT_EQ(j["per_round"][1]["order"], "on,off");
+  double sum_off = 0;
+  for (const auto& r : j["per_round"]) {
+    EXPECT_GT(r["step_s_off"].get<double>(), 0);
+    EXPECT_GT(r["step_s_on"].get<double>(), 0);
+    sum_off += r["step_s_off"].get<double>();
+  }
+  EXPECT_NEAR(sum_off / 2, off, 1e-9);
+}
+
+TEST(BenchOverheadSmoke, MissingTrainerIsAnError) {
+  auto [rc, out] = RunShell(std::string(MEMENTO_CLI_BINARY) +
+                            " bench overhead --json --trainer /nonexistent/memento-trainer"
+                            " --preset tiny 2>/dev/null");
+  EXPECT_NE(rc, 0);
+  EXPECT_TRUE(out.empty()) << out;
+}
+
+TEST(BenchOverheadSmoke, FailingTrainerIsReportedAndCleanedUp) {
+  const std::string err = StderrFile();
+  // An unknown preset makes every trainer run fail.
+  auto [rc, out] =
+      RunShell(std::string(MEMENTO_CLI_BINARY) + " bench overhead --json --trainer " +
+               MEMENTO_TRAINER_BINARY + " --preset nosuchpreset --steps 2 --rounds 1 2>" + err);
+  EXPECT_NE(rc, 0);
+  EXPECT_TRUE(out.empty()) << out;
+  const std::string dir = WorkDir(err);
+  EXPECT_FALSE(dir.empty());
+  EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
+  std::filesystem::remove(err);
+}
+
+}  // namespace

@@ -1,0 +1,370 @@
+// `memento bench overhead --json`: what per-step snapshotting costs a real
+// training job (issue 5). Runs the reference trainer (`memento-trainer`, a
+// subprocess: tools/ does not link examples/) with and without `--memento`
+// on the same topology, alternating in ABBA order (off,on / on,off / ...) so
+// that a slow drift of the shared machine falls on both sides, and compares
+// the trainer's own mean step time (its `--json` summary, which leaves out
+// the first step: warm-up, rendezvous, seal and first touch of the slots).
+//
+// An "on" run starts one `memento agent` per node under a fresh root below
+// a private /dev/shm directory and a fresh job id, so nothing is restored and
+// every step is snapshotted; agents and roots are removed after each run.
+//
+// Output (one JSON object): step_s_off, step_s_on, overhead_pct (the means
+// over rounds), preset, params, topology, and every round's values.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "memento/status.h"
+#include "tools/command.h"
+
+namespace memento::tools {
+namespace {
+
+struct OverheadArgs {
+  std::string trainer;
+  std::string preset = "100m";
+  int64_t steps = 5;
+  int rounds = 2;
+  int dp = 2, pp = 2, tp = 1;
+  bool no_zero = false;
+  int batch = 2;
+  int micro_batches = 1;
+  int ranks_per_node = 1;
+  double run_timeout_s = 900;
+  bool keep = false;
+  bool json = true;
+};
+
+std::string SelfExe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : p.string();
+}
+
+bool Executable(const std::string& p) { return !p.empty() && access(p.c_str(), X_OK) == 0; }
+
+// --trainer, else next to this binary (build tree layout), else $PATH.
+Result<std::string> FindTrainer(const std::string& flag) {
+  if (!flag.empty()) {
+    if (Executable(flag)) return flag;
+    return InvalidArgumentError("--trainer " + flag + " is not an executable");
+  }
+  std::filesystem::path self = SelfExe();
+  if (!self.empty()) {
+    for (const char* rel : {"../examples/trainer/memento-trainer", "memento-trainer"}) {
+      std::string c = (self.parent_path() / rel).lexically_normal().string();
+      if (Executable(c)) return c;
+    }
+  }
+  if (const char* path = std::getenv("PATH")) {
+    std::string all = path;
+    size_t start = 0;
+    while (start <= all.size()) {
+      size_t end = all.find(':', start);
+      if (end == std::string::npos) end = all.size();
+      std::string c = all.substr(start, end - start) + "/memento-trainer";
+      if (end > start && Executable(c)) return c;
+      start = end + 1;
+    }
+  }
+  return NotFoundError(
+      "memento-trainer not found (next to memento, in ../examples/trainer, or on PATH); pass "
+      "--trainer PATH");
+}
+
+// Starts argv with stdout and stderr appended to `log`; the child dies with us.
+Result<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return ErrnoError("fork", errno);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    std::vector<char*> args;
+    for (const auto& s : argv) args.push_back(const_cast<char*>(s.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits for pid until the deadline; kills it (SIGKILL) after that.
+// Returns the wait status, or -1 when it had to be killed.
+int WaitOrKill(pid_t pid, Deadline deadline) {
+  int status = 0;
+  while (true) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (r < 0) return -1;
+    if (deadline.expired()) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void StopAgent(pid_t pid) {
+  if (pid <= 0) return;
+  kill(pid, SIGTERM);
+  (void)WaitOrKill(pid, Deadline::AfterSeconds(10));
+}
+
+std::string Tail(const std::string& path, size_t n = 2000) {
+  std::ifstream in(path);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return all.size() > n ? all.substr(all.size() - n) : all;
+}
+
+struct RunResult {
+  nlohmann::json summary;  // the trainer's --json line
+  double wall_s = 0;
+};
+
+// One trainer run (all ranks via --launch), with agents when `on`.
+Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
+                          const std::string& self, const std::string& base, int index, bool on) {
+  const int world = a.dp * a.pp * a.tp;
+  const int nodes = (world + a.ranks_per_node - 1) / a.ranks_per_node;
+  const std::string dir = base + "/run" + std::to_string(index);
+  if (mkdir(dir.c_str(), 0700) != 0) return ErrnoError("mkdir " + dir, errno);
+  const std::string job =
+      "bench-overhead-" + std::to_string(getpid()) + "-" + std::to_string(index);
+  std::vector<pid_t> agents;
+  auto cleanup = [&] {
+    for (pid_t p : agents) StopAgent(p);
+    agents.clear();
+    if (!a.keep) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  };
+  if (on) {
+    for (int n = 0; n < nodes; ++n) {
+      const std::string root = dir + "/node" + std::to_string(n);
+      auto pid = Spawn({self, "agent", "--job", job, "--node", std::to_string(n), "--root", root},
+                       dir + "/agent" + std::to_string(n) + ".log");
+      if (!pid.ok()) {
+        cleanup();
+        return pid.status();
+      }
+      agents.push_back(*pid);
+      Deadline ready = Deadline::AfterSeconds(30);
+      struct stat st;
+      while (stat((root + "/agent.sock").c_str(), &st) != 0) {
+        int status = 0;
+        if (waitpid(*pid, &status, WNOHANG) == *pid) {
+          agents.pop_back();
+          std::string log = Tail(dir + "/agent" + std::to_string(n) + ".log");
+          cleanup();
+          return InternalError("memento agent for node " + std::to_string(n) + " exited: " + log);
+        }
+        if (ready.expired()) {
+          cleanup();
+          return DeadlineExceededError("memento agent did not start in 30 s");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  }
+  std::vector<std::string> argv = {trainer,
+                                   "--launch",
+                                   "--preset",
+                                   a.preset,
+                                   "--dp",
+                                   std::to_string(a.dp),
+                                   "--pp",
+                                   std::to_string(a.pp),
+                                   "--tp",
+                                   std::to_string(a.tp),
+                                   "--batch",
+                                   std::to_string(a.batch),
+                                   "--micro-batches",
+                                   std::to_string(a.micro_batches),
+                                   "--steps",
+                                   std::to_string(a.steps),
+                                   "--quiet",
+                                   "--json"};
+  if (!a.no_zero && a.dp > 1) argv.push_back("--zero");
+  if (on) {
+    for (const char* s : {"--memento", "--job-id"}) argv.push_back(s);
+    argv.push_back(job);
+    argv.push_back("--agent-dir");
+    argv.push_back(dir + "/node{node}");
+    argv.push_back("--ranks-per-node");
+    argv.push_back(std::to_string(a.ranks_per_node));
+  }
+  const std::string log = dir + "/trainer.log";
+  Stopwatch wall;
+  auto pid = Spawn(argv, log);
+  if (!pid.ok()) {
+    cleanup();
+    return pid.status();
+  }
+  int status = WaitOrKill(*pid, Deadline::AfterSeconds(a.run_timeout_s));
+  RunResult out;
+  out.wall_s = wall.Seconds();
+  if (status < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string tail = Tail(log);
+    cleanup();
+    return InternalError(std::string("memento-trainer ") + (on ? "(memento on)" : "(off)") +
+                         (status < 0 ? " timed out" : " failed") + ": " + tail);
+  }
+  std::ifstream in(log);
+  std::string line;
+  while (std::getline(in, line)) {
+    size_t pos = line.find("{\"params\"");
+    if (pos == std::string::npos) continue;
+    auto j = nlohmann::json::parse(line.substr(pos), nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.contains("mean_step_s")) out.summary = j;
+  }
+  cleanup();
+  if (out.summary.is_null()) {
+    return InternalError("no JSON summary in the trainer's output: " + Tail(log));
+  }
+  return out;
+}
+
+int RunOverheadBench(const OverheadArgs& a) {
+  if (a.steps < 2) return ReportStatus(InvalidArgumentError("--steps must be >= 2"));
+  if (a.rounds < 1) return ReportStatus(InvalidArgumentError("--rounds must be >= 1"));
+  if (a.dp < 1 || a.pp < 1 || a.tp < 1 || a.ranks_per_node < 1) {
+    return ReportStatus(InvalidArgumentError("--dp, --pp, --tp, --ranks-per-node must be >= 1"));
+  }
+  auto trainer = FindTrainer(a.trainer);
+  if (!trainer.ok()) return ReportStatus(trainer.status());
+  const std::string self = SelfExe();
+  if (!Executable(self)) return ReportStatus(InternalError("cannot find /proc/self/exe"));
+  char tmpl[] = "/dev/shm/memento-bench-overhead-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return ReportStatus(ErrnoError("mkdtemp", errno));
+  const std::string base = tmpl;
+  std::fprintf(stderr, "bench overhead: trainer %s, work dir %s\n", trainer->c_str(), base.c_str());
+  Stopwatch total;
+  nlohmann::json rounds = nlohmann::json::array();
+  double sum_off = 0, sum_on = 0, sum_fence = 0, sum_snap = 0;
+  nlohmann::json first;
+  Status failed;
+  int index = 0;
+  for (int r = 0; r < a.rounds && failed.ok(); ++r) {
+    // ABBA: off,on then on,off.
+    const bool on_first = (r % 2) == 1;
+    RunResult res[2];  // [0] off, [1] on
+    for (int k = 0; k < 2 && failed.ok(); ++k) {
+      const bool on = (k == 0) == on_first;
+      auto run = RunOnce(a, *trainer, self, base, index++, on);
+      if (!run.ok()) {
+        failed = run.status();
+        break;
+      }
+      res[on ? 1 : 0] = *run;
+      std::fprintf(stderr, "bench overhead: round %d memento %s: mean_step_s %.6f\n", r,
+                   on ? "on " : "off", run->summary["mean_step_s"].get<double>());
+    }
+    if (!failed.ok()) break;
+    if (first.is_null()) first = res[0].summary;
+    const double off = res[0].summary["mean_step_s"].get<double>();
+    const double on = res[1].summary["mean_step_s"].get<double>();
+    sum_off += off;
+    sum_on += on;
+    sum_fence += res[1].summary.value("mean_fence_s", 0.0);
+    sum_snap += res[1].summary.value("mean_snapshot_s", 0.0);
+    rounds.push_back({{"order", on_first ? "on,off" : "off,on"},
+                      {"step_s_off", off},
+                      {"step_s_on", on},
+                      {"overhead_pct", off > 0 ? (on - off) / off * 100 : 0.0},
+                      {"fence_s_on", res[1].summary.value("mean_fence_s", 0.0)},
+                      {"snapshot_s_on", res[1].summary.value("mean_snapshot_s", 0.0)},
+                      {"wall_s_off", res[0].wall_s},
+                      {"wall_s_on", res[1].wall_s}});
+  }
+  if (!a.keep) {
+    std::error_code ec;
+    std::filesystem::remove_all(base, ec);
+  }
+  if (!failed.ok()) return ReportStatus(failed);
+  const int n = a.rounds;
+  const double off = sum_off / n, on = sum_on / n;
+  const int world = a.dp * a.pp * a.tp;
+  nlohmann::json out = {{"bench", "overhead"},
+                        {"preset", a.preset},
+                        {"params", first.value("params", int64_t{0})},
+                        {"topology",
+                         {{"dp", a.dp},
+                          {"pp", a.pp},
+                          {"tp", a.tp},
+                          {"zero1", !a.no_zero && a.dp > 1},
+                          {"world", world},
+                          {"nodes", (world + a.ranks_per_node - 1) / a.ranks_per_node},
+                          {"ranks_per_node", a.ranks_per_node}}},
+                        {"batch", a.batch},
+                        {"micro_batches", a.micro_batches},
+                        {"steps", a.steps},
+                        {"timed_steps_per_run", a.steps - 1},
+                        {"rounds", n},
+                        {"step_s_off", off},
+                        {"step_s_on", on},
+                        {"overhead_pct", off > 0 ? (on - off) / off * 100 : 0.0},
+                        {"fence_s_on", sum_fence / n},
+                        {"snapshot_s_on", sum_snap / n},
+                        {"per_round", rounds},
+                        {"wall_s", total.Seconds()},
+                        {"trainer", *trainer}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+void Setup(CLI::App& app, CommandContext& ctx) {
+  auto* cmd = app.add_subcommand(
+      "overhead", "Step time of the reference trainer with and without per-step snapshots");
+  static OverheadArgs args;
+  cmd->add_option("--trainer", args.trainer,
+                  "memento-trainer binary (default: next to memento, ../examples/trainer, PATH)");
+  cmd->add_option("--preset", args.preset, "trainer model preset: tiny | small | 100m | 350m")
+      ->default_val(args.preset);
+  cmd->add_option("--steps", args.steps, "optimizer steps per run (the first is not timed)")
+      ->default_val(args.steps);
+  cmd->add_option("--rounds", args.rounds, "rounds of one off and one on run (ABBA order)")
+      ->default_val(args.rounds);
+  cmd->add_option("--dp", args.dp, "data-parallel size")->default_val(args.dp);
+  cmd->add_option("--pp", args.pp, "pipeline-parallel size")->default_val(args.pp);
+  cmd->add_option("--tp", args.tp, "tensor-parallel size")->default_val(args.tp);
+  cmd->add_flag("--no-zero", args.no_zero, "do not shard the AdamW moments (ZeRO-1) over DP");
+  cmd->add_option("--batch", args.batch, "global batch (sequences per step)")
+      ->default_val(args.batch);
+  cmd->add_option("--micro-batches", args.micro_batches, "micro-batches per DP rank")
+      ->default_val(args.micro_batches);
+  cmd->add_option("--ranks-per-node", args.ranks_per_node, "ranks per node (one agent per node)")
+      ->default_val(args.ranks_per_node);
+  cmd->add_option("--run-timeout", args.run_timeout_s, "seconds one trainer run may take")
+      ->default_val(args.run_timeout_s);
+  cmd->add_flag("--keep", args.keep, "keep the run directories (logs, slots) under /dev/shm");
+  cmd->add_flag("--json", args.json, "one-line JSON (the only output format)");
+  cmd->callback([&ctx] { ctx.exit_code = RunOverheadBench(args); });
+}
+
+}  // namespace
+}  // namespace memento::tools
+MEMENTO_REGISTER_BENCH(overhead, memento::tools::Setup);
