@@ -298,8 +298,7 @@ class ClientImpl final : public Client {
         return c.info.step;
       }
       std::string line = fmt::format("step {} (slot {}): {}", c.info.step, c.slot, st.ToString());
-      MEMENTO_LOG_ERROR("restore: {}{}", line,
-                        only.has_value() ? "" : "; trying an older version");
+      MEMENTO_LOG_ERROR("restore: {}{}", line, only.has_value() ? "" : "; trying an older version");
       stats.skipped.push_back(line);
       // Corruption at rest: have the agent re-check, so its inventory agrees.
       json req = {{"op", "verify"}, {"rank", options_.rank}, {"slot", c.slot}};
