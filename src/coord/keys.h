@@ -5,6 +5,11 @@
 //   /memento/<job>/completed/<step>/<node>      COMPLETED(step, node) report
 //   /memento/<job>/commit/<step>                commit record of a step
 //   /memento/<job>/commit/latest                highest committed step (only ever grows)
+//   /memento/<job>/topology                     topology + policy JSON (launcher; docs/cluster.md)
+//   /memento/<job>/plan_hash                    recover::PlanHash of the job's plan (launcher)
+//   /memento/<job>/inventory/<rank>             a rank's registered tensors (its agent)
+//   /memento/<job>/restore                      the step the cluster restores (launcher)
+//   /memento/<job>/recovery/<n>                 recovery n: decision and time breakdown
 //
 // Steps are zero-padded to 20 digits so that lexical order is numeric order.
 #pragma once
@@ -38,6 +43,13 @@ class JobKeys {
   std::string CommitPrefix() const { return prefix_ + "commit/"; }
   std::string Commit(int64_t step) const { return CommitPrefix() + StepKey(step); }
   std::string CommitLatest() const { return CommitPrefix() + "latest"; }
+  std::string Topology() const { return prefix_ + "topology"; }
+  std::string PlanHash() const { return prefix_ + "plan_hash"; }
+  std::string InventoryPrefix() const { return prefix_ + "inventory/"; }
+  std::string Inventory(int rank) const { return InventoryPrefix() + std::to_string(rank); }
+  std::string Restore() const { return prefix_ + "restore"; }
+  std::string RecoveryPrefix() const { return prefix_ + "recovery/"; }
+  std::string Recovery(int64_t n) const { return RecoveryPrefix() + StepKey(n); }
 
  private:
   std::string prefix_;

@@ -1,0 +1,37 @@
+// The agent-to-agent (and launcher-to-agent) protocol: RPC methods served by
+// every agent's peer service over the authenticated transport (src/net, job
+// token, mutual HMAC). docs/cluster.md has the whole flow.
+//
+// Bodies are JSON unless said otherwise. Errors travel as the RPC's Status.
+#pragma once
+
+#include <cstdint>
+
+namespace memento::agent {
+
+enum PeerMethod : uint32_t {
+  // {"verify": bool} -> recover::NodeInventory (ToJson). With verify, T0 slots
+  // and redundancy entries are checksummed before they are listed.
+  kPeerInventory = 0x4d450001,
+  // recover::ReadRequest (ToJson) -> the raw bytes (reply body, sent from
+  // shared memory without a copy; the caller receives them with CallInto).
+  // NotFound when this node does not hold them, DataLoss on a bad checksum.
+  kPeerRead = 0x4d450002,
+  // Body: u32 little-endian n, n bytes of JSON {"step", "copy", "offset",
+  // "total"}, then the payload: bytes [offset, offset + payload) of plan Copy
+  // `copy` of version `step` (a Gemini peer copy, or an AOR copy shipped as
+  // one). The receiver writes them into its redundancy store; when `offset +
+  // payload == total` the entry is finished (checksummed). Reply: "{}".
+  kPeerPush = 0x4d450003,
+  // {"step", "plan_hash", "assemblies": [...]} -> {"ranks": [...],
+  // "bytes", "transfer_s", "decode_s", "write_s", "total_s"}: rebuild the T0
+  // slots of the listed ranks on this node at version `step`
+  // (recover::ExecuteAssemblies), leaving them complete and verified.
+  kPeerRecover = 0x4d450004,
+  // {"step"} -> "{}": the cluster restores `step` (the launcher's decision);
+  // the agent answers its trainers' restore-target query with it and keeps
+  // that version until a newer one commits.
+  kPeerSetRestoreTarget = 0x4d450005,
+};
+
+}  // namespace memento::agent

@@ -1,0 +1,71 @@
+// The node's T1 holdings: for each version, the redundancy this node holds for
+// its peers as the plan's NodePlan says (Copy and Parity entries), in shared
+// memory owned by the agent, so it survives trainer crashes and agent
+// restarts like the T0 slots do. docs/cluster.md, "Redundancy store".
+//
+//   <root>/red.<step 20 digits>   one file per version: fixed header, entry
+//                                 table (kind, id, offset, bytes, xxh3, done),
+//                                 then the entries' bytes; a version is
+//                                 complete when every entry is done; the
+//                                 header's state word is written last.
+//
+// Producers: the agent's save path (parities and ARC / local copies computed
+// from the node's own T0 slots) and the peer service (peer and AOR copies
+// pushed by the pieces' nodes). Readers: the peer service (recovery reads).
+//
+// Thread safety: every method is thread-safe; different entries of one
+// version may be written concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memento/status.h"
+#include "recover/source.h"
+#include "topo/plan.h"
+
+namespace memento::agent {
+
+class RedundancyStore {
+ public:
+  virtual ~RedundancyStore() = default;
+
+  // Opens the store under a node root and adopts the complete versions found
+  // there (entries re-verified; torn versions removed).
+  [[nodiscard]] static Result<std::unique_ptr<RedundancyStore>> Open(const std::string& root,
+                                                                     int node);
+
+  // The plan whose NodePlan(node) decides the entries of later versions.
+  // Versions made under another plan (different PlanHash) are dropped.
+  [[nodiscard]] virtual Status SetPlan(const topo::Plan& plan) = 0;
+
+  // Creates version `step` with every entry of this node's plan (idempotent;
+  // a version that already exists is returned as is).
+  [[nodiscard]] virtual Status Ensure(int64_t step) = 0;
+
+  // Writable bytes of one entry (kCopy or kParity id of the plan) of version
+  // `step`, for zero-copy receive and encode output. Valid until the version
+  // is dropped.
+  [[nodiscard]] virtual Result<uint8_t*> EntryBuffer(int64_t step, recover::ByteSource entry) = 0;
+  // Checksums the entry's bytes and marks it done; when it is the last one the
+  // version becomes complete (state word last, release ordering).
+  [[nodiscard]] virtual Status FinishEntry(int64_t step, recover::ByteSource entry) = 0;
+
+  virtual bool Complete(int64_t step) = 0;
+  // Complete versions, newest first.
+  virtual std::vector<int64_t> CompleteVersions() = 0;
+  // The entries of `step` that are done and (with verify) whose checksums verify.
+  virtual recover::VersionHolding Holding(int64_t step, bool verify) = 0;
+
+  // Copies bytes of a done entry; NotFound when absent, DataLoss when its
+  // checksum fails (checked once per entry, then cached).
+  [[nodiscard]] virtual Status Read(const recover::ReadRequest& req, void* dst) = 0;
+
+  // Removes every version with step < `keep_from` (older than the newest
+  // commit) and every incomplete version older than `keep_from`.
+  virtual void DropBelow(int64_t keep_from) = 0;
+};
+
+}  // namespace memento::agent
