@@ -211,12 +211,15 @@ Result<int> ChooseSlot(shm::NodeStore& store, int rank, int64_t step) {
   int best = -1;
   int64_t best_score = 0;
   for (const shm::SlotStatus& s : slots) {
-    if (s.state == shm::SlotState::kComplete && s.step == step && s.error.empty() &&
-        store.Verify(rank, s.slot).ok()) {
-      return -1;
+    const bool complete = s.state == shm::SlotState::kComplete;
+    bool corrupt = complete && !s.error.empty();
+    if (complete && !corrupt && s.step == step) {
+      // Checked now: a slot of `step` that fails its checksums is the one
+      // to rebuild into, before any intact older version.
+      if (store.Verify(rank, s.slot).ok()) return -1;
+      corrupt = true;
     }
-    const bool usable_version = s.state == shm::SlotState::kComplete && s.error.empty();
-    const int64_t score = usable_version ? s.step : INT64_MIN;
+    const int64_t score = complete && !corrupt ? s.step : INT64_MIN;
     if (best < 0 || score < best_score) {
       best = s.slot;
       best_score = score;

@@ -643,6 +643,30 @@ TEST(DecideTest, RejectsBadInventories) {
 
 // ---- executor specifics --------------------------------------------------------
 
+// Writes `state` as a complete version of `rank` into slot `slot`, as a
+// trainer would.
+void WriteSlot(shm::NodeStore& store, const std::vector<TensorMeta>& tensors, int rank, int slot,
+               int64_t step, const RankState& state) {
+  auto layout = shm::ComputeSlotLayout(kJob, rank, tensors, 1024);
+  ASSERT_TRUE(layout.ok());
+  auto paths = store.EnsureSlots(rank, layout->total_bytes);
+  ASSERT_TRUE(paths.ok());
+  auto seg = shm::Segment::Open((*paths)[slot], true);
+  ASSERT_TRUE(seg.ok());
+  shm::BeginSlotWrite(**seg, *layout, slot, step);
+  uint8_t* data = shm::SlotData(**seg);
+  for (const shm::SavedTensor& t : layout->tensors) {
+    const Bytes& b = state.at(t.meta.name);
+    std::memcpy(data + t.offset, b.data(), b.size());
+  }
+  shm::ChunkEntry* table = shm::SlotTable(**seg);
+  for (size_t i = 0; i < layout->chunks.size(); ++i) {
+    table[i].checksum = Checksum(data + table[i].offset, table[i].length);
+  }
+  shm::CompleteSlotWrite(**seg);
+  ASSERT_TRUE(store.Verify(rank, slot).ok());
+}
+
 TEST(ExecuteTest, AFailingSourceNamesNodeSourceAndStep) {
   std::mt19937_64 rng(11);
   Fixture f = Make(4, 1, 1, 1, "replicate", rng);
@@ -678,26 +702,7 @@ TEST(ExecuteTest, KeepsANewerSlotAndSkipsAnIntactOne) {
   testing::ScratchDir dir("recover-test");
   auto store = OpenStore(dir.path(), 0);
   // Slot 0 of rank 0 holds a newer version (20), slot 1 is empty.
-  {
-    auto layout = shm::ComputeSlotLayout(kJob, 0, f.cluster->inventory()[0], 1024);
-    ASSERT_TRUE(layout.ok());
-    auto paths = store->EnsureSlots(0, layout->total_bytes);
-    ASSERT_TRUE(paths.ok());
-    auto seg = shm::Segment::Open((*paths)[0], true);
-    ASSERT_TRUE(seg.ok());
-    shm::BeginSlotWrite(**seg, *layout, 0, 20);
-    uint8_t* data = shm::SlotData(**seg);
-    for (const shm::SavedTensor& t : layout->tensors) {
-      const Bytes& b = f.cluster->version(20).ranks[0].at(t.meta.name);
-      std::memcpy(data + t.offset, b.data(), b.size());
-    }
-    shm::ChunkEntry* table = shm::SlotTable(**seg);
-    for (size_t i = 0; i < layout->chunks.size(); ++i) {
-      table[i].checksum = Checksum(data + table[i].offset, table[i].length);
-    }
-    shm::CompleteSlotWrite(**seg);
-    ASSERT_TRUE(store->Verify(0, 0).ok());
-  }
+  WriteSlot(*store, f.cluster->inventory()[0], 0, 0, 20, f.cluster->version(20).ranks[0]);
   MemoryReader reader(f.plan, *f.cluster, live);
   auto stats =
       ExecuteAssembliesWithOptions(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader,
@@ -748,6 +753,37 @@ TEST(ExecuteTest, RejectsAssembliesForAnotherNodeOrTamperedRecipes) {
                               *store, Deadline::AfterSeconds(60));
   ASSERT_TRUE(ok.ok()) << ok.status();
   ExpectSlotHolds(*store, 1, 10, f.cluster->version(10).ranks[1], "default options");
+}
+
+TEST(ExecuteTest, RebuildsIntoTheCorruptSlotAndKeepsAnOlderIntactOne) {
+  std::mt19937_64 rng(19);
+  Fixture f = Make(2, 1, 1, 1, "replicate", rng, {8, 10});
+  testing::ScratchDir dir("recover-test");
+  auto store = OpenStore(dir.path(), 1);
+  WriteSlot(*store, f.cluster->inventory()[1], 1, 0, 8, f.cluster->version(8).ranks[1]);
+  WriteSlot(*store, f.cluster->inventory()[1], 1, 1, 10, f.cluster->version(10).ranks[1]);
+  {  // A bit flips in step 10's data.
+    auto seg = shm::Segment::Open(shm::SlotPath(store->options().root, 1, 1), true);
+    ASSERT_TRUE(seg.ok());
+    auto info = shm::ReadSlot(**seg);
+    ASSERT_TRUE(info.ok());
+    (*seg)->data()[info->data_offset + info->tensors[0].offset] ^= 0x10;
+  }
+  auto live = f.cluster->Inventories(f.plan, 10);
+  // Node 1's verification dropped rank 1 at step 10.
+  ASSERT_EQ(live[1].versions[0].step, 10);
+  live[1].versions[0].ranks.clear();
+  auto d = Decide(f.plan, live, 10);
+  ASSERT_TRUE(d.ok() && d->from_memory) << d->reason;
+  ASSERT_EQ(AssembledRanks(*d), std::vector<int>{1});
+  MemoryReader reader(f.plan, *f.cluster, live);
+  auto stats =
+      ExecuteAssembliesWithOptions(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader,
+                                   *store, Deadline::AfterSeconds(60), SmallWindows());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->ranks, std::vector<int>{1});
+  ExpectSlotHolds(*store, 1, 10, f.cluster->version(10).ranks[1], "rebuilt over the corrupt slot");
+  ExpectSlotHolds(*store, 1, 8, f.cluster->version(8).ranks[1], "older version kept");
 }
 
 }  // namespace
