@@ -302,6 +302,10 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     jobs.push_back(std::move(job));
   }
 
+  if (deadline.expired()) {
+    return DeadlineExceededError(
+        fmt::format("recovery of step {} on node {}: deadline passed before it began", step, node));
+  }
   // Slots: allocate, choose, and mark kWriting (a crash from here on leaves
   // them not complete).
   std::vector<RankJob*> todo;

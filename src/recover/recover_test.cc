@@ -435,6 +435,17 @@ TEST_P(NodeLossTest, EveryOneAndTwoNodeLoss) {
     ++recovered;
     EXPECT_EQ(d->step, 10);
     EXPECT_EQ(AssembledRanks(*d), RanksOn(*plan, lost)) << where;
+    // A fresh agent on an empty root in place of a lost node answers with
+    // no versions: the same decision.
+    std::vector<NodeInventory> fresh = live;
+    for (int n : lost) {
+      NodeInventory empty;
+      empty.node = n;
+      fresh.push_back(empty);
+    }
+    auto df = Decide(*plan, fresh, 10);
+    ASSERT_TRUE(df.ok());
+    EXPECT_EQ(DecisionToJson(*df), DecisionToJson(*d)) << where;
     // Through JSON, as the launcher sends it.
     auto back = DecisionFromJson(DecisionToJson(*d));
     ASSERT_TRUE(back.ok()) << back.status();
@@ -747,6 +758,11 @@ TEST(ExecuteTest, RejectsAssembliesForAnotherNodeOrTamperedRecipes) {
   st = ExecuteAssemblies(f.plan, f.cluster->inventory(), kJob, 10, tampered, reader, *store,
                          Deadline::AfterSeconds(60));
   EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument) << st.status();
+  EXPECT_EQ(reader.reads(), 0);
+  // A deadline already past: nothing is read.
+  st = ExecuteAssemblies(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader, *store,
+                         Deadline(Now()));
+  EXPECT_EQ(st.status().code(), StatusCode::kDeadlineExceeded) << st.status();
   EXPECT_EQ(reader.reads(), 0);
   // The default options (4 MiB windows and chunks) rebuild the same bytes.
   auto ok = ExecuteAssemblies(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader,
