@@ -306,8 +306,9 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     return DeadlineExceededError(
         fmt::format("recovery of step {} on node {}: deadline passed before it began", step, node));
   }
-  // Slots: allocate, choose, and mark kWriting (a crash from here on leaves
-  // them not complete).
+  // Slots: allocate and choose for every rank first (an allocation failure
+  // leaves every slot as it was), then mark them kWriting (a crash or an
+  // error from here on leaves them not complete).
   std::vector<RankJob*> todo;
   for (RankJob& job : jobs) {
     const int rank = job.recipe.rank;
@@ -323,9 +324,11 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
       return InternalError(fmt::format("slot {} of rank {} is {} bytes, needs {}", job.slot, rank,
                                        job.segment->size(), job.layout.total_bytes));
     }
-    shm::BeginSlotWrite(*job.segment, job.layout, job.slot, step);
-    job.data = shm::SlotData(*job.segment);
     todo.push_back(&job);
+  }
+  for (RankJob* job : todo) {
+    shm::BeginSlotWrite(*job->segment, job->layout, job->slot, step);
+    job->data = shm::SlotData(*job->segment);
   }
 
   // Units of work over every rank: reads and decodes in windows.
@@ -404,7 +407,7 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     const Unit& u = units[i];
     RankJob& job = *todo[u.job];
     const PiecePart& part = job.recipe.parts[u.part];
-    const std::vector<Extent>& ext = job.extents[part.piece];
+    const std::vector<Extent>& ext = job.extents.at(part.piece);
     // Piece range [a, a + n) <-> the slot, extent by extent.
     auto for_each_extent = [&](uint64_t a, uint64_t n, auto&& fn) -> Status {
       for (const Extent& e : ext) {
