@@ -410,6 +410,11 @@ Result<Recipe> RecipeFromJson(const nlohmann::json& j) {
 
 Result<Decision> Decide(const topo::Plan& plan, const std::vector<NodeInventory>& live,
                         int64_t committed) {
+  return Decide(plan, PlanHash(plan), live, committed);
+}
+
+Result<Decision> Decide(const topo::Plan& plan, uint64_t plan_hash,
+                        const std::vector<NodeInventory>& live, int64_t committed) {
   const int num_nodes = static_cast<int>(plan.nodes.size());
   if (plan.ranks.size() != plan.topology.rank_node.size()) {
     return InvalidArgumentError(fmt::format("plan has {} ranks but its topology maps {}",
@@ -430,7 +435,6 @@ Result<Decision> Decide(const topo::Plan& plan, const std::vector<NodeInventory>
       if (v.step >= 0 && v.step <= committed) steps.insert(v.step);
     }
   }
-  const uint64_t plan_hash = PlanHash(plan);
   std::vector<int> stale;  // live nodes whose redundancy was made under another plan
   for (const NodeInventory* inv : by_node) {
     if (inv == nullptr || inv->plan_hash == plan_hash) continue;

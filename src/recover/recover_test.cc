@@ -18,6 +18,7 @@
 
 #include "codec/erasure_code.h"
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/test_util.h"
 #include "recover/recipe.h"
@@ -800,6 +801,60 @@ TEST(ExecuteTest, RebuildsIntoTheCorruptSlotAndKeepsAnOlderIntactOne) {
   EXPECT_EQ(stats->ranks, std::vector<int>{1});
   ExpectSlotHolds(*store, 1, 10, f.cluster->version(10).ranks[1], "rebuilt over the corrupt slot");
   ExpectSlotHolds(*store, 1, 8, f.cluster->version(8).ranks[1], "older version kept");
+}
+
+}  // namespace
+}  // namespace memento::recover
+
+namespace memento::recover {
+namespace {
+
+// A plan of 1024 ranks on 128 nodes: decisions stay exact (and quick) at a
+// size where every node loss touches 8 sharding groups of 32 nodes each.
+TEST(DecideTest, LargePlan) {
+  auto topo = topo::Topology::Uniform(32, 8, 4, 1, 8);
+  ASSERT_TRUE(topo.ok());
+  topo::Inventory inv(topo->num_ranks());
+  for (int r = 0; r < topo->num_ranks(); ++r) {
+    inv[r] = {Tensor("w", DType::kBFloat16, 4096, StateClass::kReplicated),
+              Tensor("opt", DType::kFloat32, 777, StateClass::kDpSharded),
+              Tensor("rng", DType::kUInt8, 16, StateClass::kPrivate)};
+  }
+  auto plan = topo::MakePlan(*topo, inv, *topo::ParsePolicy("xor"));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Stopwatch hash_sw;
+  const uint64_t hash = PlanHash(*plan);
+  std::fprintf(stderr, "PlanHash of 1024 ranks: %.3f s (not asserted)\n", hash_sw.Seconds());
+  std::vector<NodeInventory> all;
+  for (const topo::NodePlan& np : plan->nodes) {
+    NodeInventory n;
+    n.node = np.node;
+    n.plan_hash = hash;
+    for (int64_t step : {30, 20}) {
+      n.versions.push_back(VersionHolding{step, np.ranks, np.copies, np.parities});
+    }
+    all.push_back(std::move(n));
+  }
+  for (const std::vector<int>& lost : std::vector<std::vector<int>>{{5}, {5, 40}, {5, 6}}) {
+    Stopwatch sw;
+    auto d = Decide(*plan, hash, Without(all, lost), 30);
+    const double s = sw.Seconds();
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto rec = topo::Recover(*plan, lost);
+    ASSERT_TRUE(rec.ok());
+    EXPECT_EQ(d->from_memory, rec->recoverable) << d->reason.substr(0, 300);
+    if (d->from_memory) {
+      EXPECT_EQ(d->step, 30);
+      EXPECT_EQ(AssembledRanks(*d), RanksOn(*plan, lost));
+      for (const RankAssembly& a : d->assemblies) {
+        auto r = RecipeFromJson(a.recipe);
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_FALSE(r->parts.empty());
+      }
+    }
+    std::fprintf(stderr, "1024 ranks, lost %zu node(s): from_memory=%d in %.3f s (not asserted)\n",
+                 lost.size(), d->from_memory, s);
+  }
 }
 
 }  // namespace
