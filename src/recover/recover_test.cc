@@ -466,6 +466,7 @@ const Shape kShapes[] = {
     {"dp4", 4, 1, 1, 1, 1},
     {"dp2xpp2", 2, 1, 2, 1, 1},
     {"dp4xtp2_2pn", 4, 2, 1, 1, 2},
+    {"dp4_2pn", 4, 1, 1, 1, 2},  // two DP ranks of one sharding group per node
 };
 
 INSTANTIATE_TEST_SUITE_P(Topologies, NodeLossTest,
@@ -770,6 +771,33 @@ TEST(ExecuteTest, RejectsAssembliesForAnotherNodeOrTamperedRecipes) {
                               *store, Deadline::AfterSeconds(60));
   ASSERT_TRUE(ok.ok()) << ok.status();
   ExpectSlotHolds(*store, 1, 10, f.cluster->version(10).ranks[1], "default options");
+}
+
+TEST(ExecuteTest, APieceTwoRanksNeedIsFetchedOnce) {
+  std::mt19937_64 rng(23);
+  Fixture f = Make(4, 1, 1, 2, "replicate", rng);  // node 0 runs ranks 0 and 1 (both sg0)
+  const auto live = Without(f.cluster->Inventories(f.plan, 10), {0});
+  auto d = Decide(f.plan, live, 10);
+  ASSERT_TRUE(d.ok() && d->from_memory) << d->reason;
+  ASSERT_EQ(AssembledRanks(*d), (std::vector<int>{0, 1}));
+  uint64_t want = 0;  // every piece of sg0 once, plus both ranks' own pieces
+  for (const topo::Piece& p : f.plan.pieces) {
+    const bool replicated = p.kind == topo::PieceKind::kReplicatedShard;
+    if ((replicated && p.group == 0) || (!replicated && (p.rank == 0 || p.rank == 1))) {
+      want += p.bytes;
+    }
+  }
+  testing::ScratchDir dir("recover-test");
+  auto store = OpenStore(dir.path(), 0);
+  MemoryReader reader(f.plan, *f.cluster, live);
+  auto stats =
+      ExecuteAssembliesWithOptions(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader,
+                                   *store, Deadline::AfterSeconds(60), SmallWindows());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->read_bytes, want);
+  for (int r : {0, 1}) {
+    ExpectSlotHolds(*store, r, 10, f.cluster->version(10).ranks[r], "rank " + std::to_string(r));
+  }
 }
 
 TEST(ExecuteTest, RebuildsIntoTheCorruptSlotAndKeepsAnOlderIntactOne) {
