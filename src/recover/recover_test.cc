@@ -463,10 +463,10 @@ TEST_P(NodeLossTest, EveryOneAndTwoNodeLoss) {
 }
 
 const Shape kShapes[] = {
-    {"dp4", 4, 1, 1, 1, 1},
-    {"dp2xpp2", 2, 1, 2, 1, 1},
-    {"dp4xtp2_2pn", 4, 2, 1, 1, 2},
-    {"dp4_2pn", 4, 1, 1, 1, 2},  // two DP ranks of one sharding group per node
+    {"dp4", 4, 1, 1, 1, 1},           {"dp2xpp2", 2, 1, 2, 1, 1}, {"dp4xtp2_2pn", 4, 2, 1, 1, 2},
+    {"dp4_2pn", 4, 1, 1, 1, 2},        // two DP ranks of one sharding group per node
+    {"dp2xpp2_zero0", 2, 1, 2, 0, 1},  // no dp_shard pieces
+    {"dp4_zero3", 4, 1, 1, 3, 1},      // no replicated pieces: peer copies only
 };
 
 INSTANTIATE_TEST_SUITE_P(Topologies, NodeLossTest,
