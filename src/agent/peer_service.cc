@@ -1,6 +1,7 @@
 #include "agent/peer_service.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "agent/redundancy_shm.h"
 #include "common/checksum.h"
 #include "common/log.h"
+#include "recover/recover.h"
 
 namespace memento::agent {
 
@@ -438,7 +440,6 @@ Result<std::string> PeerService::HandlePush(std::string_view body) {
 }
 
 Result<std::string> PeerService::HandleRecover(std::string_view body, Deadline deadline) {
-  (void)deadline;
   MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body, "recover"));
   if (!j.contains("step") || !j["step"].is_number_integer() || !j.contains("plan_hash") ||
       !j["plan_hash"].is_number_unsigned() || !j.contains("assemblies") ||
@@ -446,6 +447,8 @@ Result<std::string> PeerService::HandleRecover(std::string_view body, Deadline d
     return InvalidArgumentError(
         "recover: body needs integer step, unsigned plan_hash and an assemblies array");
   }
+  const int64_t step = j["step"].get<int64_t>();
+  if (step < 0) return InvalidArgumentError(fmt::format("recover: step {} < 0", step));
   MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan, options_.plan());
   const uint64_t hash = j["plan_hash"].get<uint64_t>();
   if (hash != plan->hash) {
@@ -453,7 +456,36 @@ Result<std::string> PeerService::HandleRecover(std::string_view body, Deadline d
         fmt::format("recover: caller's plan hash {:016x} differs from node {}'s plan {:016x}", hash,
                     options_.node, plan->hash));
   }
-  return FailedPreconditionError("recover: recovery executor not built into this agent");
+  std::vector<recover::RankAssembly> assemblies;
+  for (const nlohmann::json& ja : j["assemblies"]) {
+    if (!ja.is_object() || !ja.contains("rank") || !ja["rank"].is_number_integer() ||
+        !ja.contains("node") || !ja["node"].is_number_integer() || !ja.contains("recipe")) {
+      return InvalidArgumentError("recover: an assembly needs rank, node and recipe: " + ja.dump());
+    }
+    recover::RankAssembly a;
+    a.rank = ja["rank"].get<int>();
+    a.node = ja["node"].get<int>();
+    a.recipe = ja["recipe"];
+    if (a.node != options_.node) {
+      return InvalidArgumentError(
+          fmt::format("recover: the assembly of rank {} is for node {}, this is node {}", a.rank,
+                      a.node, options_.node));
+    }
+    if (a.rank < 0 || a.rank >= plan->plan.topology.num_ranks() ||
+        plan->plan.topology.rank_node[a.rank] != options_.node) {
+      return InvalidArgumentError(
+          fmt::format("recover: rank {} does not run on node {}", a.rank, options_.node));
+    }
+    assemblies.push_back(std::move(a));
+  }
+  MEMENTO_ASSIGN_OR_RETURN(
+      recover::AssemblyStats stats,
+      recover::ExecuteAssemblies(plan->plan, plan->inventory, options_.job, step, assemblies,
+                                 *reader_, *options_.store, deadline));
+  MEMENTO_LOG_INFO("node {}: rebuilt ranks [{}] of step {} ({} bytes written, {} read) in {:.3f}s",
+                   options_.node, fmt::join(stats.ranks, ","), step, stats.bytes, stats.read_bytes,
+                   stats.total_s);
+  return recover::AssemblyStatsToJson(stats).dump();
 }
 
 Result<std::string> PeerService::HandleSetRestoreTarget(std::string_view body) {

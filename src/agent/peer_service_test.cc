@@ -9,7 +9,9 @@
 #include "agent/peer_protocol.h"
 #include "agent/redundancy_format.h"
 #include "agent/redundancy_shm.h"
+#include "codec/erasure_code.h"
 #include "common/checksum.h"
+#include "recover/recover.h"
 #include "shm/shm_test_util.h"
 
 namespace memento::agent {
@@ -36,42 +38,29 @@ class Cluster {
   Cluster(int n, topo::Inventory inv, const std::string& policy)
       : inv_(std::move(inv)), plan_(MakeClusterPlan(MakeTestPlan(n, inv_, policy), inv_)) {
     for (int node = 0; node < n; ++node) {
-      auto& nd = nodes_.emplace_back(std::make_unique<Node>());
-      const std::string root = dir_.path() + "/node" + std::to_string(node);
-      auto store = shm::NodeStore::Open({root, kJob, node, 0});
-      EXPECT_TRUE(store.ok()) << store.status();
-      nd->store = std::move(store).value();
-      auto red = ShmRedundancyStore::OpenShm(root, node);
-      EXPECT_TRUE(red.ok()) << red.status();
-      nd->red = std::move(red).value();
-      EXPECT_TRUE(nd->red->SetPlan(plan_->plan).ok());
-      PeerServiceOptions o;
-      o.job = kJob;
-      o.node = node;
-      o.store = nd->store.get();
-      o.redundancy = nd->red.get();
-      o.plan = [this]() -> Result<std::shared_ptr<const ClusterPlan>> { return plan_; };
-      o.endpoint_of = [this](int peer) -> Result<std::string> {
-        if (peer < 0 || peer >= static_cast<int>(nodes_.size()) || !nodes_[peer]->service) {
-          return NotFoundError("no node " + std::to_string(peer));
-        }
-        return nodes_[peer]->service->endpoint();
-      };
-      o.committed = [] { return int64_t{4}; };
-      o.set_restore_target = [nd = nd.get()](int64_t step) {
-        nd->restore_target = step;
-        return Status::Ok();
-      };
-      auto svc = PeerService::Start(std::move(o), Token());
-      EXPECT_TRUE(svc.ok()) << svc.status();
-      nd->service = std::move(svc).value();
+      nodes_.emplace_back(std::make_unique<Node>());
+      StartNode(node, dir_.path() + "/node" + std::to_string(node));
     }
   }
   ~Cluster() {
-    for (auto& n : nodes_) n->service->Stop();
+    for (auto& n : nodes_) {
+      if (n->service) n->service->Stop();
+    }
+  }
+
+  // A node lost and replaced: its agent stops, its memory is gone, a fresh
+  // agent starts on an empty root (and another port).
+  void ReplaceNode(int node) {
+    Node& nd = *nodes_[node];
+    nd.service.reset();
+    nd.red.reset();
+    nd.store.reset();
+    memento::testing::RemoveTree(nd.root);
+    StartNode(node, nd.root + "-replaced");
   }
 
   struct Node {
+    std::string root;
     std::unique_ptr<shm::NodeStore> store;
     std::unique_ptr<ShmRedundancyStore> red;
     std::unique_ptr<PeerService> service;
@@ -80,13 +69,67 @@ class Cluster {
   Node& node(int i) { return *nodes_[i]; }
   const topo::Plan& plan() const { return plan_->plan; }
   const topo::Inventory& inv() const { return inv_; }
-  std::string root(int node_id) const { return dir_.path() + "/node" + std::to_string(node_id); }
+  std::string root(int node_id) const { return nodes_[node_id]->root; }
   uint64_t hash() const { return plan_->hash; }
   // Every rank writes its T0 slot `slot` at `step`.
   void WriteT0(int64_t step, int slot) {
     for (int r = 0; r < plan().topology.num_ranks(); ++r) {
       WriteRankSlot(*node(plan().topology.rank_node[r]).store, inv_, r, slot, step);
     }
+  }
+  // Every node's T1 of `step`, as the save path makes it: parities encoded
+  // from the node's own replica, peer copies pushed over the network by the
+  // piece's node, other copies from local memory.
+  void ProduceRedundancy(int64_t step) {
+    for (size_t n = 0; n < nodes_.size(); ++n) ASSERT_TRUE(node(n).red->Ensure(step).ok());
+    for (const topo::Copy& cp : plan().copies) {
+      const auto bytes = PieceBytes(plan(), inv_, cp.piece, step);
+      if (cp.kind == topo::CopyKind::kPeer) {
+        ASSERT_TRUE(PushCopy(node(cp.node).service->endpoint(), Token(), step, cp.id, bytes.data(),
+                             bytes.size(), Soon())
+                        .ok());
+        continue;
+      }
+      auto buf = node(cp.node).red->EntryBuffer(step, {SourceKind::kCopy, cp.id});
+      ASSERT_TRUE(buf.ok()) << buf.status();
+      std::memcpy(*buf, bytes.data(), bytes.size());
+      ASSERT_TRUE(node(cp.node).red->FinishEntry(step, {SourceKind::kCopy, cp.id}).ok());
+    }
+    for (const topo::Stripe& st : plan().stripes) {
+      auto code = codec::ErasureCode::Create(
+          st.xor_code ? codec::CodeKind::kXor : codec::CodeKind::kRs, st.k, st.f);
+      ASSERT_TRUE(code.ok()) << code.status();
+      std::vector<std::vector<uint8_t>> blocks(st.k, std::vector<uint8_t>(st.block_bytes, 0));
+      std::vector<const uint8_t*> data;
+      for (int i = 0; i < st.k; ++i) {
+        const topo::StripeBlock& b = st.data[i];
+        const auto piece = PieceBytes(plan(), inv_, b.piece, step);
+        std::memcpy(blocks[i].data(), piece.data() + b.offset, b.length);
+        data.push_back(blocks[i].data());
+      }
+      std::vector<uint8_t*> out;
+      for (uint32_t pid : st.parities) {
+        const topo::Parity& par = plan().parities[pid];
+        auto buf = node(par.node).red->EntryBuffer(step, {SourceKind::kParity, pid});
+        ASSERT_TRUE(buf.ok()) << buf.status();
+        out.push_back(*buf);
+      }
+      code->Encode(st.block_bytes, data.data(), out.data());
+      for (uint32_t pid : st.parities) {
+        ASSERT_TRUE(node(plan().parities[pid].node)
+                        .red->FinishEntry(step, {SourceKind::kParity, pid})
+                        .ok());
+      }
+    }
+    for (size_t n = 0; n < nodes_.size(); ++n) ASSERT_TRUE(node(n).red->Complete(step)) << n;
+  }
+  recover::NodeInventory InventoryOf(int node_id) {
+    auto client = Connect(node_id);
+    auto reply = client->Call(kPeerInventory, R"({"verify": true})", Soon());
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    auto inv = recover::NodeInventoryFromJson(nlohmann::json::parse(*reply));
+    EXPECT_TRUE(inv.ok()) << inv.status();
+    return *inv;
   }
   std::unique_ptr<net::RpcClient> Connect(int node_id) {
     auto hp = ParseEndpoint(node(node_id).service->endpoint());
@@ -97,6 +140,38 @@ class Cluster {
   }
 
  private:
+  void StartNode(int node, const std::string& root) {
+    Node* nd = nodes_[node].get();
+    nd->root = root;
+    auto store = shm::NodeStore::Open({root, kJob, node, 0});
+    ASSERT_TRUE(store.ok()) << store.status();
+    nd->store = std::move(store).value();
+    auto red = ShmRedundancyStore::OpenShm(root, node);
+    ASSERT_TRUE(red.ok()) << red.status();
+    nd->red = std::move(red).value();
+    ASSERT_TRUE(nd->red->SetPlan(plan_->plan).ok());
+    PeerServiceOptions o;
+    o.job = kJob;
+    o.node = node;
+    o.store = nd->store.get();
+    o.redundancy = nd->red.get();
+    o.plan = [this]() -> Result<std::shared_ptr<const ClusterPlan>> { return plan_; };
+    o.endpoint_of = [this](int peer) -> Result<std::string> {
+      if (peer < 0 || peer >= static_cast<int>(nodes_.size()) || !nodes_[peer]->service) {
+        return NotFoundError("no node " + std::to_string(peer));
+      }
+      return nodes_[peer]->service->endpoint();
+    };
+    o.committed = [] { return int64_t{4}; };
+    o.set_restore_target = [nd](int64_t step) {
+      nd->restore_target = step;
+      return Status::Ok();
+    };
+    auto svc = PeerService::Start(std::move(o), Token());
+    ASSERT_TRUE(svc.ok()) << svc.status();
+    nd->service = std::move(svc).value();
+  }
+
   shm::testing::ShmScratchDir dir_{"memento-peer"};
   topo::Inventory inv_;
   std::shared_ptr<const ClusterPlan> plan_;
@@ -439,6 +514,60 @@ TEST(PeerServiceTest, ReadOfACorruptedEntryIsDataLoss) {
                                        piece_bytes.data(), Soon());
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find("tensor '" + seg0.tensor + "'"), std::string::npos) << s;
+}
+
+// The whole REFT-load path over real sockets: node 1 is lost and replaced by
+// an empty one; the survivors' inventories go to recover::Decide, kPeerRecover
+// makes the new node rebuild its rank's T0 slot from the peers' T0 pieces,
+// parities (decode) and pushed copies; the slot then holds every byte.
+TEST(PeerServiceTest, RecoversALostNodeThroughThePeerProtocol) {
+  for (const char* policy : {"xor", "rs:2", "replicate"}) {
+    SCOPED_TRACE(policy);
+    const int n = 4;
+    Cluster c(n, MakeInventory(n), policy);
+    c.WriteT0(5, 1);
+    c.ProduceRedundancy(5);
+    c.ReplaceNode(1);
+    std::vector<recover::NodeInventory> live;
+    for (int node = 0; node < n; ++node) live.push_back(c.InventoryOf(node));
+    EXPECT_TRUE(live[1].versions.empty());
+    auto d = recover::Decide(c.plan(), live, 5);
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_TRUE(d->from_memory) << d->reason;
+    EXPECT_EQ(d->step, 5);
+    ASSERT_FALSE(d->assemblies.empty());
+    nlohmann::json assemblies = nlohmann::json::array();
+    for (const auto& a : d->assemblies) {
+      EXPECT_EQ(a.node, 1);
+      assemblies.push_back({{"rank", a.rank}, {"node", a.node}, {"recipe", a.recipe}});
+    }
+    auto client = c.Connect(1);
+    // A caller acting on another plan is refused before anything is written.
+    auto stale = client->Call(
+        kPeerRecover,
+        nlohmann::json{{"step", 5}, {"plan_hash", c.hash() ^ 1}, {"assemblies", assemblies}}.dump(),
+        Soon());
+    EXPECT_EQ(stale.status().code(), StatusCode::kFailedPrecondition);
+    auto reply = client->Call(
+        kPeerRecover,
+        nlohmann::json{{"step", 5}, {"plan_hash", c.hash()}, {"assemblies", assemblies}}.dump(),
+        Soon());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    auto stats = nlohmann::json::parse(*reply);
+    EXPECT_EQ(stats["ranks"], nlohmann::json::array({1}));
+    EXPECT_GT(stats["bytes"].get<uint64_t>(), 0u);
+    // Rank 1's slot of step 5 is back, verified, with the exact bytes.
+    EXPECT_EQ(RanksHolding(*c.node(1).store, {1}, 5, /*verify=*/true), std::vector<int>{1});
+    PieceReader reader(c.root(1), kJob);
+    for (const TensorMeta& t : c.inv()[1]) {
+      const auto want = TensorBytes(t, 1, 5);
+      std::vector<uint8_t> got(want.size());
+      ASSERT_TRUE(reader.ReadTensorRange(1, 5, t.name, 0, got.size(), got.data()).ok()) << t.name;
+      EXPECT_EQ(got, want) << t.name;
+    }
+    // The restored node now answers inventories with its rank.
+    EXPECT_EQ(c.InventoryOf(1).versions.at(0).ranks, std::vector<int>{1});
+  }
 }
 
 }  // namespace

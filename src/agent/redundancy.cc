@@ -13,8 +13,8 @@
 #include "agent/redundancy_shm.h"
 #include "common/checksum.h"
 #include "common/log.h"
+#include "recover/recover.h"
 #include "shm/node_store.h"
-#include "topo/plan_json.h"
 
 namespace memento::agent {
 
@@ -71,10 +71,7 @@ std::string RedundancyVersionPath(const std::string& root, int64_t step) {
   return fmt::format("{}/{}{:020d}", root, kPrefix, step);
 }
 
-uint64_t RedundancyPlanHash(const topo::Plan& plan) {
-  const std::string text = topo::PlanToJson(plan).dump();
-  return Checksum(text.data(), text.size());
-}
+uint64_t RedundancyPlanHash(const topo::Plan& plan) { return recover::PlanHash(plan); }
 
 Result<std::unique_ptr<RedundancyStore>> RedundancyStore::Open(const std::string& root, int node) {
   MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<ShmRedundancyStore> store,

@@ -25,8 +25,7 @@ namespace memento::agent {
 // <root>/red.<step as 20 digits>.
 std::string RedundancyVersionPath(const std::string& root, int64_t step);
 
-// The plan hash the store records in its files: xxHash3 of
-// topo::PlanToJson(plan).dump(), the definition of recover::PlanHash.
+// The plan hash the store records in its files (recover::PlanHash).
 uint64_t RedundancyPlanHash(const topo::Plan& plan);
 
 class ShmRedundancyStore final : public RedundancyStore {
