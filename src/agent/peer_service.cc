@@ -220,8 +220,11 @@ Status PushCopy(net::RpcClient& client, int64_t step, uint32_t copy_id, const vo
   uint64_t offset = 0;
   do {
     const uint64_t n = std::min<uint64_t>(len - offset, kMaxPushPartBytes);
-    nlohmann::json head = {{"step", step}, {"copy", copy_id}, {"offset", offset}, {"total", len}};
-    if (offset + n == len) head["xxh3"] = xxh3;
+    // Every part names the whole copy's checksum: the receiver checks it when
+    // the copy is complete, and accepts a retried push of a copy it already
+    // finished with the same bytes.
+    nlohmann::json head = {
+        {"step", step}, {"copy", copy_id}, {"offset", offset}, {"total", len}, {"xxh3", xxh3}};
     const std::string text = head.dump();
     std::string prefix(4 + text.size(), '\0');
     const uint32_t tl = static_cast<uint32_t>(text.size());
@@ -421,6 +424,17 @@ Result<std::string> PeerService::HandlePush(std::string_view body) {
   if (offset > total || payload.size() > total - offset) {
     return InvalidArgumentError(fmt::format("push: bytes [{}, +{}) of copy {} exceed its {} bytes",
                                             offset, payload.size(), copy, total));
+  }
+  if (shm_red != nullptr && j.contains("xxh3")) {
+    // A retry (the sender lost our reply) of a copy already finished with
+    // the same bytes succeeds; other bytes for a finished copy do not.
+    auto finished = shm_red->FinishedChecksum(step, entry);
+    if (finished.ok()) {
+      if (*finished == j["xxh3"].get<uint64_t>()) return std::string("{}");
+      return FailedPreconditionError(
+          fmt::format("push: copy {} of version {} is already finished on node {} with other bytes",
+                      copy, step, options_.node));
+    }
   }
   MEMENTO_ASSIGN_OR_RETURN(uint8_t * buf, options_.redundancy->EntryBuffer(step, entry));
   if (!payload.empty()) std::memcpy(buf + offset, payload.data(), payload.size());

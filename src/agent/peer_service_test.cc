@@ -330,11 +330,19 @@ TEST(PeerServiceTest, PushCopyInSeveralPartsThenReadIt) {
   ReadRequest req{3, {SourceKind::kCopy, copy->id}, 0, total};
   ASSERT_TRUE(c.node(other).service->reader().Read(copy->node, req, got.data(), Soon()).ok());
   EXPECT_EQ(got, bytes);
-  // Pushing the finished entry again is refused, not silently overwritten.
-  EXPECT_EQ(PushCopy(c.node(copy->node).service->endpoint(), Token(), 3, copy->id, bytes.data(),
-                     bytes.size(), Soon())
+  // A retried push of the same bytes succeeds; other bytes for the finished
+  // entry are refused, not silently written over it.
+  EXPECT_TRUE(PushCopy(c.node(copy->node).service->endpoint(), Token(), 3, copy->id, bytes.data(),
+                       bytes.size(), Soon())
+                  .ok());
+  auto changed = bytes;
+  changed[0] ^= 1;
+  EXPECT_EQ(PushCopy(c.node(copy->node).service->endpoint(), Token(), 3, copy->id, changed.data(),
+                     changed.size(), Soon())
                 .code(),
             StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(c.node(other).service->reader().Read(copy->node, req, got.data(), Soon()).ok());
+  EXPECT_EQ(got, bytes);
   // The client helper, on a fresh step.
   const auto bytes4 = CopyBytes(c, copy->id, 4);
   ASSERT_TRUE(PushCopy(c.node(copy->node).service->endpoint(), Token(), 4, copy->id, bytes4.data(),

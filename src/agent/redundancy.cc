@@ -347,6 +347,17 @@ Result<uint64_t> ShmRedundancyStore::EntryBytes(int64_t step, ByteSource entry) 
   return TableOf(*found.first->segment)[found.second].bytes;
 }
 
+Result<uint64_t> ShmRedundancyStore::FinishedChecksum(int64_t step, ByteSource entry) {
+  MutexLock l(&mu_);
+  MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
+  const RedundancyEntry& e = TableOf(*found.first->segment)[found.second];
+  if (__atomic_load_n(&e.done, __ATOMIC_ACQUIRE) == 0) {
+    return NotFoundError(fmt::format("{} of version {} on node {} is not finished yet",
+                                     DescribeSource(entry), step, node_));
+  }
+  return e.xxh3;
+}
+
 Status ShmRedundancyStore::FinishEntry(int64_t step, ByteSource entry) {
   std::shared_ptr<Version> v;
   uint32_t index = 0;

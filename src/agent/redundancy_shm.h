@@ -58,6 +58,9 @@ class ShmRedundancyStore final : public RedundancyStore {
   std::vector<int64_t> Versions() EXCLUDES(mu_);
   // The entry's size in version `step`; NotFound when it has no such entry.
   [[nodiscard]] Result<uint64_t> EntryBytes(int64_t step, recover::ByteSource entry) EXCLUDES(mu_);
+  // The stored xxHash3 of a finished entry; NotFound when absent or not finished.
+  [[nodiscard]] Result<uint64_t> FinishedChecksum(int64_t step, recover::ByteSource entry)
+      EXCLUDES(mu_);
   // PlanHash of the plan set with SetPlan; 0 before.
   uint64_t plan_hash() EXCLUDES(mu_);
   int node() const { return node_; }
