@@ -436,7 +436,16 @@ Result<std::string> PeerService::HandlePush(std::string_view body) {
                       copy, step, options_.node));
     }
   }
-  MEMENTO_ASSIGN_OR_RETURN(uint8_t * buf, options_.redundancy->EntryBuffer(step, entry));
+  // With the shm store the version stays mapped while this thread writes
+  // into it, whatever a concurrent commit drops.
+  ShmRedundancyStore::WriteView pinned;
+  uint8_t* buf = nullptr;
+  if (shm_red != nullptr) {
+    MEMENTO_ASSIGN_OR_RETURN(pinned, shm_red->PinEntryBuffer(step, entry));
+    buf = pinned.data;
+  } else {
+    MEMENTO_ASSIGN_OR_RETURN(buf, options_.redundancy->EntryBuffer(step, entry));
+  }
   if (!payload.empty()) std::memcpy(buf + offset, payload.data(), payload.size());
   if (offset + payload.size() == total) {
     if (j.contains("xxh3")) {

@@ -341,6 +341,22 @@ Result<uint8_t*> ShmRedundancyStore::EntryBuffer(int64_t step, ByteSource entry)
   return found.first->segment->data() + e.offset;
 }
 
+Result<ShmRedundancyStore::WriteView> ShmRedundancyStore::PinEntryBuffer(int64_t step,
+                                                                         ByteSource entry) {
+  MutexLock l(&mu_);
+  MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
+  const RedundancyEntry& e = TableOf(*found.first->segment)[found.second];
+  if (e.done != 0) {
+    return FailedPreconditionError(fmt::format("{} of version {} on node {} is already finished",
+                                               DescribeSource(entry), step, node_));
+  }
+  WriteView view;
+  view.data = found.first->segment->data() + e.offset;
+  view.bytes = e.bytes;
+  view.keep = std::move(found.first);
+  return view;
+}
+
 Result<uint64_t> ShmRedundancyStore::EntryBytes(int64_t step, ByteSource entry) {
   MutexLock l(&mu_);
   MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));

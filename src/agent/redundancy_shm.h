@@ -54,6 +54,18 @@ class ShmRedundancyStore final : public RedundancyStore {
   };
   [[nodiscard]] Result<View> ReadView(const recover::ReadRequest& req) EXCLUDES(mu_);
 
+  // EntryBuffer that also pins the version: `keep` holds its mapping alive,
+  // so a concurrent DropBelow (a newer commit) cannot unmap the bytes while
+  // the caller writes them (FinishEntry then reports NotFound). Errors as
+  // EntryBuffer.
+  struct WriteView {
+    std::shared_ptr<void> keep;
+    uint8_t* data = nullptr;
+    uint64_t bytes = 0;
+  };
+  [[nodiscard]] Result<WriteView> PinEntryBuffer(int64_t step, recover::ByteSource entry)
+      EXCLUDES(mu_);
+
   // Every version (complete or not), newest first.
   std::vector<int64_t> Versions() EXCLUDES(mu_);
   // The entry's size in version `step`; NotFound when it has no such entry.

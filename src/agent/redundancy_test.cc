@@ -305,8 +305,14 @@ TEST_F(RedundancyTest, DropBelow) {
   EXPECT_EQ(std::memcmp(view->data, want.data(), n), 0);
   std::vector<uint8_t> buf(8);
   EXPECT_EQ((*store)->Read({2, e, 0, 8}, buf.data()).code(), StatusCode::kNotFound);
+  // A writer that pinned an entry of version 5 keeps writable memory across
+  // the drop; finishing it afterwards is NotFound, never a crash.
+  auto pinned = shm_store->PinEntryBuffer(5, e);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
   (*store)->DropBelow(6);
   EXPECT_TRUE(shm_store->Versions().empty());
+  std::memset(pinned->data, 0x33, pinned->bytes);
+  EXPECT_EQ((*store)->FinishEntry(5, e).code(), StatusCode::kNotFound);
 }
 
 TEST_F(RedundancyTest, SetPlanWithAnotherPlanDropsVersions) {
