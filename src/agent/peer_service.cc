@@ -397,6 +397,16 @@ Result<std::string> PeerService::HandlePush(std::string_view body) {
   const uint64_t total = j["total"].get<uint64_t>();
   if (step < 0) return InvalidArgumentError(fmt::format("push: step {} < 0", step));
   MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan, options_.plan());
+  // A copy of a step at or below the newest commit comes too late: this node
+  // already dropped (or never needs) that version's redundancy.
+  if (options_.committed) {
+    const int64_t committed = options_.committed();
+    if (step <= committed) {
+      return FailedPreconditionError(
+          fmt::format("push: step {} is not newer than the committed step {} on node {}", step,
+                      committed, options_.node));
+    }
+  }
   const auto& np = plan->plan.nodes;
   if (options_.node >= static_cast<int>(np.size()) ||
       std::find(np[options_.node].copies.begin(), np[options_.node].copies.end(), copy) ==
@@ -458,6 +468,7 @@ Result<std::string> PeerService::HandlePush(std::string_view body) {
       }
     }
     MEMENTO_RETURN_IF_ERROR(options_.redundancy->FinishEntry(step, entry));
+    if (options_.on_push_finished) options_.on_push_finished(step, entry);
   }
   return std::string("{}");
 }

@@ -65,6 +65,9 @@ class Cluster {
     std::unique_ptr<ShmRedundancyStore> red;
     std::unique_ptr<PeerService> service;
     std::atomic<int64_t> restore_target{-1};
+    std::atomic<int64_t> committed{-1};
+    std::atomic<int> pushes_finished{0};
+    std::atomic<int64_t> last_pushed_step{-1};
   };
   Node& node(int i) { return *nodes_[i]; }
   const topo::Plan& plan() const { return plan_->plan; }
@@ -162,7 +165,12 @@ class Cluster {
       }
       return nodes_[peer]->service->endpoint();
     };
-    o.committed = [] { return int64_t{4}; };
+    o.committed = [nd] { return nd->committed.load(); };
+    o.on_push_finished = [nd](int64_t step, ByteSource e) {
+      EXPECT_EQ(e.kind, SourceKind::kCopy);
+      nd->pushes_finished.fetch_add(1);
+      nd->last_pushed_step = step;
+    };
     o.set_restore_target = [nd](int64_t step) {
       nd->restore_target = step;
       return Status::Ok();
@@ -213,6 +221,7 @@ TEST(PeerServiceTest, EndpointParsing) {
 
 TEST(PeerServiceTest, InventoryListsT0AndRedundancyNewestFirst) {
   Cluster c(3, MakeInventory(3), "xor");
+  c.node(1).committed = 4;
   c.WriteT0(4, 0);
   c.WriteT0(5, 1);
   // Node 1 produces its parities of step 5.
@@ -323,7 +332,10 @@ TEST(PeerServiceTest, PushCopyInSeveralPartsThenReadIt) {
     EXPECT_EQ(*r, "{}");
     const auto held = c.node(copy->node).red->Holding(3, true).copies;
     EXPECT_EQ(std::count(held.begin(), held.end(), copy->id), i == 2 ? 1 : 0) << "part " << i;
+    // The finish callback fires once, after the last part.
+    EXPECT_EQ(c.node(copy->node).pushes_finished.load(), i == 2 ? 1 : 0) << "part " << i;
   }
+  EXPECT_EQ(c.node(copy->node).last_pushed_step.load(), 3);
   // Read it back from another node through the reader.
   const int other = (copy->node + 1) % 3;
   std::vector<uint8_t> got(total);
@@ -343,6 +355,12 @@ TEST(PeerServiceTest, PushCopyInSeveralPartsThenReadIt) {
             StatusCode::kFailedPrecondition);
   ASSERT_TRUE(c.node(other).service->reader().Read(copy->node, req, got.data(), Soon()).ok());
   EXPECT_EQ(got, bytes);
+  // A push of a step not newer than the node's committed one is refused.
+  c.node(copy->node).committed = 3;
+  Status late = PushCopy(c.node(copy->node).service->endpoint(), Token(), 2, copy->id, bytes.data(),
+                         bytes.size(), Soon());
+  EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition) << late;
+  EXPECT_NE(late.message().find("committed"), std::string::npos) << late;
   // The client helper, on a fresh step.
   const auto bytes4 = CopyBytes(c, copy->id, 4);
   ASSERT_TRUE(PushCopy(c.node(copy->node).service->endpoint(), Token(), 4, copy->id, bytes4.data(),
