@@ -74,6 +74,11 @@ class Cluster {
   const topo::Inventory& inv() const { return inv_; }
   std::string root(int node_id) const { return nodes_[node_id]->root; }
   uint64_t hash() const { return plan_->hash; }
+  // The agent process restarts: same memory, a new peer service on a new port.
+  void RestartService(int node_id) {
+    nodes_[node_id]->service.reset();
+    StartService(node_id);
+  }
   // Every rank writes its T0 slot `slot` at `step`.
   void WriteT0(int64_t step, int slot) {
     for (int r = 0; r < plan().topology.num_ranks(); ++r) {
@@ -153,6 +158,10 @@ class Cluster {
     ASSERT_TRUE(red.ok()) << red.status();
     nd->red = std::move(red).value();
     ASSERT_TRUE(nd->red->SetPlan(plan_->plan).ok());
+    StartService(node);
+  }
+  void StartService(int node) {
+    Node* nd = nodes_[node].get();
     PeerServiceOptions o;
     o.job = kJob;
     o.node = node;
@@ -390,6 +399,28 @@ TEST(PeerServiceTest, PushCopyLargerThanOnePart) {
                   .red->Read({2, {SourceKind::kCopy, copy->id}, 0, bytes.size()}, got.data())
                   .ok());
   EXPECT_EQ(got, bytes);
+}
+
+TEST(PeerServiceTest, ReaderReconnectsToARestartedPeer) {
+  Cluster c(2, MakeInventory(2), "xor");
+  c.WriteT0(3, 0);
+  const uint32_t piece = c.plan().ranks[1].pieces[0];
+  const auto want = PieceBytes(c.plan(), c.inv(), piece, 3);
+  std::vector<uint8_t> got(want.size());
+  const ReadRequest req{3, {SourceKind::kPiece, piece}, 0, want.size()};
+  ClusterReader& reader = c.node(0).service->reader();
+  ASSERT_TRUE(reader.Read(1, req, got.data(), Soon()).ok());  // pools a connection
+  const std::string before = c.node(1).service->endpoint();
+  c.RestartService(1);
+  ASSERT_NE(c.node(1).service->endpoint(), before);
+  std::fill(got.begin(), got.end(), 0);
+  Status s = reader.Read(1, req, got.data(), Soon());
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got, want);
+  // A peer that is gone for good is Unavailable (not a hang).
+  c.node(1).service->Stop();
+  s = reader.Read(1, req, got.data(), Deadline::AfterSeconds(5));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
 }
 
 TEST(PeerServiceTest, UnauthenticatedPeerIsRefused) {
