@@ -98,6 +98,15 @@ class ShmRedundancyStore final : public RedundancyStore {
   Result<std::pair<std::shared_ptr<Version>, uint32_t>> Find(int64_t step,
                                                              recover::ByteSource entry)
       REQUIRES(mu_);
+  struct PlannedEntry {
+    recover::SourceKind kind;
+    uint32_t id;
+    uint64_t bytes;
+  };
+  // Creates, lays out and maps the file of a new version (no lock held).
+  Result<std::shared_ptr<Version>> CreateVersion(int64_t step,
+                                                 const std::vector<PlannedEntry>& planned,
+                                                 uint64_t plan_hash);
   // Seals the table and header and flips the state to complete.
   static void Seal(Version& v);
   void Remove(const std::shared_ptr<Version>& v) REQUIRES(mu_);
@@ -108,13 +117,12 @@ class ShmRedundancyStore final : public RedundancyStore {
   std::map<int64_t, std::shared_ptr<Version>> versions_ GUARDED_BY(mu_);
   bool have_plan_ GUARDED_BY(mu_) = false;
   uint64_t plan_hash_ GUARDED_BY(mu_) = 0;
-  // The entries of this node's plan, in table order: (kind, id, bytes).
-  struct PlannedEntry {
-    recover::SourceKind kind;
-    uint32_t id;
-    uint64_t bytes;
-  };
+  // The entries of this node's plan, in table order.
   std::vector<PlannedEntry> planned_ GUARDED_BY(mu_);
+  // Versions whose file is being made (no lock held), with whether a new
+  // plan or a DropBelow past them arrived meanwhile (then they are discarded).
+  std::map<int64_t, bool> creating_ GUARDED_BY(mu_);
+  CondVar created_cv_;  // signalled when a creation ends
 };
 
 }  // namespace memento::agent

@@ -181,11 +181,15 @@ TEST_F(RedundancyTest, ConcurrentEntries) {
   ASSERT_TRUE((*store)->SetPlan(plan).ok());
   const auto entries = EntriesOf(plan, 1);
   ASSERT_GE(entries.size(), 2u);
-  for (int64_t step = 10; step < 13; ++step) ASSERT_TRUE((*store)->Ensure(step).ok());
+  // Every writer creates the version itself (as the save path and pushes
+  // do): one file per version, nobody sees a half-made one.
   std::vector<std::thread> threads;
   for (int64_t step = 10; step < 13; ++step) {
     for (ByteSource e : entries) {
-      threads.emplace_back([&, step, e] { WriteEntry(**store, plan, step, e); });
+      threads.emplace_back([&, step, e] {
+        ASSERT_TRUE((*store)->Ensure(step).ok());
+        WriteEntry(**store, plan, step, e);
+      });
     }
   }
   for (auto& t : threads) t.join();
