@@ -152,7 +152,7 @@ Result<std::unique_ptr<net::RpcClient>> ClusterReader::Acquire(int node, Deadlin
   if (!c.ok()) {
     MutexLock l(&mu_);
     --pools_[node].open;
-    cv_.Signal();
+    cv_.SignalAll();
     Status s = c.status();
     return UnavailableError(fmt::format("cannot reach node {}{}: {}", node,
                                         endpoint.ok() ? " at " + *endpoint : "", s.ToString()));
@@ -168,7 +168,7 @@ void ClusterReader::Release(int node, std::unique_ptr<net::RpcClient> client) {
   } else {
     --pool.open;
   }
-  cv_.Signal();
+  cv_.SignalAll();
 }
 
 Status ClusterReader::ReadRemote(int node, const ReadRequest& req, void* dst, Deadline deadline) {

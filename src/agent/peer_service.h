@@ -104,7 +104,7 @@ class ClusterReader final : public recover::ByteReader {
   const ClusterReaderOptions options_;
   const net::JobToken token_;
   Mutex mu_;
-  CondVar cv_;
+  CondVar cv_;  // a connection was released or closed (waiters of every peer share it)
   std::map<int, Pool> pools_ GUARDED_BY(mu_);
 };
 
