@@ -29,6 +29,7 @@
 #include "agent/redundancy_shm.h"
 #include "common/checksum.h"
 #include "common/clock.h"
+#include "common/log.h"
 #include "net/throughput.h"
 #include "shm/node_store.h"
 #include "tools/command.h"
@@ -66,6 +67,9 @@ TensorMeta Meta(std::string name, DType dtype, int64_t numel, StateClass cls) {
 }
 
 Status Run(const Args& a) {
+  // Logs on stderr, warnings only: stdout carries the one JSON object.
+  InitLogging("bench");
+  spdlog::set_level(spdlog::level::warn);
   if (a.bytes < 1 || a.chunk < 1 || a.threads < 1 || a.repeat < 1) {
     return InvalidArgumentError("--bytes, --chunk, --threads and --repeat must be >= 1");
   }

@@ -458,16 +458,19 @@ Result<std::string> PeerService::HandlePush(std::string_view body) {
   }
   if (!payload.empty()) std::memcpy(buf + offset, payload.data(), payload.size());
   if (offset + payload.size() == total) {
-    if (j.contains("xxh3")) {
-      const uint64_t sum = Checksum(buf, total);
-      if (sum != j["xxh3"].get<uint64_t>()) {
+    if (j.contains("xxh3") && shm_red != nullptr) {
+      // One checksum pass: compared with the sender's and stored.
+      MEMENTO_RETURN_IF_ERROR(
+          shm_red->FinishEntryExpecting(step, entry, j["xxh3"].get<uint64_t>()));
+    } else {
+      if (j.contains("xxh3") && Checksum(buf, total) != j["xxh3"].get<uint64_t>()) {
         return DataLossError(fmt::format(
-            "push: copy {} of version {} arrived with checksum {:016x}, the sender's is {:016x} "
-            "(a part is missing or corrupted)",
-            copy, step, sum, j["xxh3"].get<uint64_t>()));
+            "push: copy {} of version {} does not match the sender's checksum (a part is missing "
+            "or corrupted)",
+            copy, step));
       }
+      MEMENTO_RETURN_IF_ERROR(options_.redundancy->FinishEntry(step, entry));
     }
-    MEMENTO_RETURN_IF_ERROR(options_.redundancy->FinishEntry(step, entry));
     if (options_.on_push_finished) options_.on_push_finished(step, entry);
   }
   return std::string("{}");

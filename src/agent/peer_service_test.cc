@@ -515,6 +515,15 @@ TEST(PeerServiceTest, MalformedRequestsAreInvalidArgument) {
                                       {"xxh3", Checksum(payload.data(), payload.size()) + 1}},
                                      payload)),
             StatusCode::kDataLoss);
+  // The entry was left unfinished: the right bytes still go in.
+  EXPECT_EQ(code(kPeerPush, PushBody({{"step", 1},
+                                      {"copy", copy->id},
+                                      {"offset", 0},
+                                      {"total", total},
+                                      {"xxh3", Checksum(payload.data(), payload.size())}},
+                                     payload)),
+            StatusCode::kOk);
+  EXPECT_EQ(c.node(copy->node).red->Holding(1, true).copies, std::vector<uint32_t>{copy->id});
   // Recover / restore target.
   EXPECT_EQ(code(kPeerRecover, "{}"), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(kPeerRecover, nlohmann::json{{"step", 1},

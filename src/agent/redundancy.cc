@@ -409,6 +409,16 @@ Result<uint64_t> ShmRedundancyStore::FinishedChecksum(int64_t step, ByteSource e
 }
 
 Status ShmRedundancyStore::FinishEntry(int64_t step, ByteSource entry) {
+  return FinishEntryImpl(step, entry, nullptr);
+}
+
+Status ShmRedundancyStore::FinishEntryExpecting(int64_t step, ByteSource entry,
+                                                uint64_t expected_xxh3) {
+  return FinishEntryImpl(step, entry, &expected_xxh3);
+}
+
+Status ShmRedundancyStore::FinishEntryImpl(int64_t step, ByteSource entry,
+                                           const uint64_t* expected) {
   std::shared_ptr<Version> v;
   uint32_t index = 0;
   {
@@ -423,6 +433,12 @@ Status ShmRedundancyStore::FinishEntry(int64_t step, ByteSource entry) {
   // The caller is the entry's only writer: checksum its bytes without the lock.
   RedundancyEntry& e = TableOf(*v->segment)[index];
   const uint64_t sum = Checksum(v->segment->data() + e.offset, e.bytes);
+  if (expected != nullptr && sum != *expected) {
+    return DataLossError(fmt::format(
+        "{} of version {} on node {}: its bytes have checksum {:016x}, the producer's is {:016x} "
+        "(a part is missing or corrupted); left unfinished",
+        DescribeSource(entry), step, node_, sum, *expected));
+  }
   MutexLock l(&mu_);
   if (e.done != 0) {
     return FailedPreconditionError(fmt::format("{} of version {} on node {} is already finished",

@@ -70,6 +70,10 @@ class ShmRedundancyStore final : public RedundancyStore {
   std::vector<int64_t> Versions() EXCLUDES(mu_);
   // The entry's size in version `step`; NotFound when it has no such entry.
   [[nodiscard]] Result<uint64_t> EntryBytes(int64_t step, recover::ByteSource entry) EXCLUDES(mu_);
+  // FinishEntry that first compares the bytes' checksum with the producer's
+  // (one pass): DataLoss, entry left unfinished, when they differ.
+  [[nodiscard]] Status FinishEntryExpecting(int64_t step, recover::ByteSource entry,
+                                            uint64_t expected_xxh3) EXCLUDES(mu_);
   // The stored xxHash3 of a finished entry; NotFound when absent or not finished.
   [[nodiscard]] Result<uint64_t> FinishedChecksum(int64_t step, recover::ByteSource entry)
       EXCLUDES(mu_);
@@ -107,6 +111,8 @@ class ShmRedundancyStore final : public RedundancyStore {
   Result<std::shared_ptr<Version>> CreateVersion(int64_t step,
                                                  const std::vector<PlannedEntry>& planned,
                                                  uint64_t plan_hash);
+  Status FinishEntryImpl(int64_t step, recover::ByteSource entry, const uint64_t* expected)
+      EXCLUDES(mu_);
   // Seals the table and header and flips the state to complete.
   static void Seal(Version& v);
   void Remove(const std::shared_ptr<Version>& v) REQUIRES(mu_);
