@@ -356,10 +356,11 @@ Status PeerService::HandleRead(std::string_view body, const net::RpcServer::Repl
   if (req.source.kind == SourceKind::kPiece) {
     // T0 slots can be overwritten by a trainer: copy, re-check, then send.
     MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan, options_.plan());
-    std::string buf(req.length, '\0');
-    MEMENTO_RETURN_IF_ERROR(pieces_->ReadPiece(plan->plan, req.source.id, req.step, req.offset,
-                                               req.length, buf.data()));
-    net::ConstBuffer part{buf.data(), buf.size()};
+    // Not zero-filled: ReadPiece writes every byte before it is sent.
+    std::unique_ptr<uint8_t[]> buf(new uint8_t[std::max<uint64_t>(req.length, 1)]);
+    MEMENTO_RETURN_IF_ERROR(
+        pieces_->ReadPiece(plan->plan, req.source.id, req.step, req.offset, req.length, buf.get()));
+    net::ConstBuffer part{buf.get(), req.length};
     return reply(&part, 1);
   }
   if (auto* shm_red = dynamic_cast<ShmRedundancyStore*>(options_.redundancy)) {
