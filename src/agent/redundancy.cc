@@ -13,8 +13,8 @@
 #include "agent/redundancy_shm.h"
 #include "common/checksum.h"
 #include "common/log.h"
+#include "recover/recover.h"
 #include "shm/node_store.h"
-#include "topo/plan_json.h"
 
 namespace memento::agent {
 
@@ -71,10 +71,7 @@ std::string RedundancyVersionPath(const std::string& root, int64_t step) {
   return fmt::format("{}/{}{:020d}", root, kPrefix, step);
 }
 
-uint64_t RedundancyPlanHash(const topo::Plan& plan) {
-  const std::string text = topo::PlanToJson(plan).dump();
-  return Checksum(text.data(), text.size());
-}
+uint64_t RedundancyPlanHash(const topo::Plan& plan) { return recover::PlanHash(plan); }
 
 Result<std::unique_ptr<RedundancyStore>> RedundancyStore::Open(const std::string& root, int node) {
   MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<ShmRedundancyStore> store,
@@ -348,6 +345,17 @@ Result<uint64_t> ShmRedundancyStore::EntryBytes(int64_t step, ByteSource entry) 
   MutexLock l(&mu_);
   MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
   return TableOf(*found.first->segment)[found.second].bytes;
+}
+
+Result<uint64_t> ShmRedundancyStore::FinishedChecksum(int64_t step, ByteSource entry) {
+  MutexLock l(&mu_);
+  MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
+  const RedundancyEntry& e = TableOf(*found.first->segment)[found.second];
+  if (__atomic_load_n(&e.done, __ATOMIC_ACQUIRE) == 0) {
+    return NotFoundError(fmt::format("{} of version {} on node {} is not finished yet",
+                                     DescribeSource(entry), step, node_));
+  }
+  return e.xxh3;
 }
 
 Status ShmRedundancyStore::FinishEntry(int64_t step, ByteSource entry) {

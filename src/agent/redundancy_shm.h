@@ -25,8 +25,7 @@ namespace memento::agent {
 // <root>/red.<step as 20 digits>.
 std::string RedundancyVersionPath(const std::string& root, int64_t step);
 
-// The plan hash the store records in its files: xxHash3 of
-// topo::PlanToJson(plan).dump(), the definition of recover::PlanHash.
+// The plan hash the store records in its files (recover::PlanHash).
 uint64_t RedundancyPlanHash(const topo::Plan& plan);
 
 class ShmRedundancyStore final : public RedundancyStore {
@@ -59,6 +58,9 @@ class ShmRedundancyStore final : public RedundancyStore {
   std::vector<int64_t> Versions() EXCLUDES(mu_);
   // The entry's size in version `step`; NotFound when it has no such entry.
   [[nodiscard]] Result<uint64_t> EntryBytes(int64_t step, recover::ByteSource entry) EXCLUDES(mu_);
+  // The stored xxHash3 of a finished entry; NotFound when absent or not finished.
+  [[nodiscard]] Result<uint64_t> FinishedChecksum(int64_t step, recover::ByteSource entry)
+      EXCLUDES(mu_);
   // PlanHash of the plan set with SetPlan; 0 before.
   uint64_t plan_hash() EXCLUDES(mu_);
   int node() const { return node_; }
