@@ -767,7 +767,8 @@ bool Cluster::Produce(int64_t step) {
     }
     MutexLock l(&mu_);
     if (stop_) return false;
-    cv_.WaitUntil(&l, Now() + std::chrono::milliseconds(5));
+    // Woken by the peer service when a pushed copy is finished.
+    cv_.WaitUntil(&l, Now() + std::chrono::milliseconds(20));
   }
   changed = unchanged();
   if (!changed.empty()) {
@@ -817,6 +818,7 @@ Status Cluster::StartPeerService() {
   };
   po.endpoint_of = [this](int node) { return NodeEndpoint(node); };
   po.committed = [this] { return committed_.load(); };
+  po.on_push_finished = [this](int64_t, recover::ByteSource) { cv_.SignalAll(); };
   po.set_restore_target = [this](int64_t step) {
     SetRestoreTarget(step);
     return Status::Ok();
