@@ -56,6 +56,11 @@ json RecoveryReport::ToJson() const {
 
 std::string RecoveryReport::ToString() const {
   char buf[512];
+  if (step < 0) {
+    std::snprintf(buf, sizeof(buf), "recovery %d: restarted from scratch in %.3f s (%s)", n,
+                  total_s, reason.c_str());
+    return buf;
+  }
   std::snprintf(buf, sizeof(buf),
                 "recovery %d: restored step %lld (committed %lld) in %.3f s: detect %.3f, "
                 "restart %.3f, inventory+plan %.3f, transfer %.3f, decode %.3f, write %.3f s; "
