@@ -311,8 +311,18 @@ Result<ClusterRecovery> RecoverCluster(coord::Store& store, const topo::Plan& pl
                    {"plan_hash", plan_hash},
                    {"assemblies", recover::DecisionToJson(part).at("assemblies")}};
       threads.emplace_back([&, k, node, text = body.dump()] {
-        replies[k] = CallPeer(endpoints[static_cast<size_t>(node)], token, agent::kPeerRecover,
-                              text, deadline);
+        // A replacement agent answers FailedPrecondition until it has computed
+        // the plan from the store (moments after it joined): retry for a while.
+        Stopwatch waited;
+        while (true) {
+          replies[k] = CallPeer(endpoints[static_cast<size_t>(node)], token, agent::kPeerRecover,
+                                text, deadline);
+          if (replies[k].ok() || replies[k].status().code() != StatusCode::kFailedPrecondition ||
+              deadline.expired() || waited.Seconds() > 15) {
+            break;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
       });
     }
     for (auto& t : threads) t.join();
