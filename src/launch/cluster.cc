@@ -265,8 +265,17 @@ Result<ClusterRecovery> RecoverCluster(coord::Store& store, const topo::Plan& pl
   for (int i = 0; i < n; ++i) {
     auto& a = answers[static_cast<size_t>(i)];
     if (!a.ok()) {
-      MEMENTO_LOG_WARN("recovery: node {} does not answer the inventory: {}", i,
-                       a.status().ToString());
+      const Status& st = a.status();
+      if (st.code() == StatusCode::kInvalidArgument &&
+          st.message().find("unknown rpc method") != std::string::npos) {
+        return FailedPreconditionError(
+            "the agent of node " + std::to_string(i) +
+            " does not serve the peer inventory (kPeerInventory): " + st.message());
+      }
+      if (st.code() != StatusCode::kUnavailable && st.code() != StatusCode::kDeadlineExceeded) {
+        return st.WithContext("inventory of node " + std::to_string(i));
+      }
+      MEMENTO_LOG_WARN("recovery: node {} does not answer the inventory: {}", i, st.ToString());
       out.unreachable.push_back(i);
       continue;
     }
