@@ -230,6 +230,21 @@ TEST_F(ClusterTest, SoftwareFailureKillRank) {
   ExpectBitIdentical(job, o, dir_.path());
 }
 
+TEST_F(ClusterTest, AgentCrashRestartsOnItsRootAndAdoptsItsSlots) {
+  Job job;
+  job.inject = "kill-agent:2@step=10";
+  Outcome o = RunJob(job, dir_.path(), "killagent");
+  SKIP_IF_UNSUPPORTED(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_NE(o.output.find("restarting the agent of node 2 on its root"), std::string::npos)
+      << LaunchLogs(o);
+  ExpectRestoredFromMemory(job, o, 1);
+  // The node's memory survived the agent: nothing had to be rebuilt.
+  EXPECT_TRUE(o.summary["recoveries"][0]["lost_nodes"].empty()) << LaunchLogs(o);
+  EXPECT_EQ(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
 TEST_F(ClusterTest, NodeLossUnderReplicate) {
   Job job;
   job.policy = "replicate";
