@@ -176,8 +176,9 @@ nlohmann::json ParseValue(const std::string& v) {
 std::vector<std::pair<std::string, double>> Breakdown(const nlohmann::json& rec) {
   const nlohmann::json* src = &rec;
   if (rec.contains("breakdown") && rec["breakdown"].is_object()) src = &rec["breakdown"];
-  static const char* kOrder[] = {"detect",   "stop",   "restart_agent", "inventory", "plan",
-                                 "transfer", "decode", "write",         "target",    "load"};
+  static const char* kOrder[] = {"detect",         "stop",      "restart", "restart_agent",
+                                 "inventory_plan", "inventory", "plan",    "transfer",
+                                 "decode",         "write",     "target",  "load"};
   std::vector<std::pair<std::string, double>> out;
   std::vector<std::string> seen;
   auto take = [&](const std::string& key) {
@@ -249,14 +250,22 @@ memento::Result<nlohmann::json> ReadCluster(memento::coord::Store& store, const 
 std::string FormatRecoveries(const nlohmann::json& recoveries) {
   std::string out = "recoveries: " + std::to_string(recoveries.size()) + "\n";
   for (const nlohmann::json& rec : recoveries) {
-    char head[512];
+    char head[640];
     std::snprintf(head, sizeof(head),
-                  "  #%s  failure %s  at step %s  restored step %s  lost nodes %s  total %s s\n",
-                  Field(rec, {"n"}).c_str(), Field(rec, {"failure", "cause", "trigger"}).c_str(),
+                  "  #%s  failure %s  at step %s  committed %s  restored step %s  lost nodes %s  "
+                  "total %s s",
+                  Field(rec, {"n"}).c_str(), Field(rec, {"cause", "failure", "trigger"}).c_str(),
                   Field(rec, {"failed_step", "step_hit", "at_step"}).c_str(),
-                  Field(rec, {"restored_step", "step"}).c_str(), Field(rec, {"lost_nodes"}).c_str(),
-                  Field(rec, {"total_s"}).c_str());
+                  Field(rec, {"committed"}).c_str(), Field(rec, {"step", "restored_step"}).c_str(),
+                  Field(rec, {"lost_nodes"}).c_str(), Field(rec, {"total_s"}).c_str());
     out += head;
+    if (rec.contains("rebuilt_bytes") && rec["rebuilt_bytes"].is_number()) {
+      char bytes[64];
+      std::snprintf(bytes, sizeof(bytes), "  rebuilt %.1f MiB",
+                    rec["rebuilt_bytes"].get<double>() / 1048576.0);
+      out += bytes;
+    }
+    out += "\n";
     std::string line = "      ";
     for (const auto& [name, s] : Breakdown(rec)) {
       char part[96];
@@ -265,7 +274,7 @@ std::string FormatRecoveries(const nlohmann::json& recoveries) {
     }
     if (line.size() > 6) out += line + "\n";
     const std::string reason = Field(rec, {"reason", "error"});
-    if (reason != "-") out += "      " + reason + "\n";
+    if (reason != "-" && !reason.empty()) out += "      " + reason + "\n";
   }
   return out;
 }

@@ -78,9 +78,11 @@ class InspectClusterTest : public ::testing::Test {
     Set(keys_.Restore(), R"({"step": 10, "attempt": 2})");
     Set(keys_.Topology(),
         R"({"dp":2,"tp":1,"pp":2,"zero":true,"rank_node":[0,1,2,3],"policy":"xor"})");
-    Set(keys_.Recovery(1), R"({"failure":"kill-rank:3","failed_step":6,"restored_step":5,
-        "lost_nodes":[],"detect_s":0.1,"inventory_s":0.02,"plan_s":0.001,
-        "transfer_s":0,"decode_s":0,"write_s":0,"load_s":0.3,"total_s":0.421})");
+    // The record as `memento launch` writes it (launch::RecoveryReport).
+    Set(keys_.Recovery(1), R"({"n":1,"attempt":1,"cause":"kill-rank:3","committed":6,"step":5,
+        "lost_nodes":[],"detect_s":0.1,"restart_s":0.05,"inventory_plan_s":0.02,
+        "transfer_s":0,"decode_s":0,"write_s":0,"load_s":0.3,"total_s":0.421,
+        "rebuilt_bytes":0,"reason":""})");
     Set(keys_.Recovery(2), R"({"failure":"kill-node:1","failed_step":11,"restored_step":10,
         "lost_nodes":[1],"breakdown":{"detect_s":0.5,"transfer_s":0.25,"decode_s":0.125},
         "total_s":0.875,"reason":"node 1 rebuilt from xor parity"})");
@@ -122,7 +124,7 @@ TEST_F(InspectClusterTest, JsonHasMembershipCommitRestoreAndRecoveries) {
   EXPECT_TRUE(j["plan_hash"].is_null());
   ASSERT_EQ(j["recoveries"].size(), 2u);
   EXPECT_EQ(j["recoveries"][0]["n"], 1);
-  EXPECT_EQ(j["recoveries"][0]["failure"], "kill-rank:3");
+  EXPECT_EQ(j["recoveries"][0]["cause"], "kill-rank:3");
   EXPECT_EQ(j["recoveries"][1]["n"], 2);
   EXPECT_EQ(j["recoveries"][1]["breakdown"]["transfer_s"], 0.25);
 }
@@ -134,15 +136,17 @@ TEST_F(InspectClusterTest, TableShowsEveryPartWithTheBreakdown) {
   for (const char* want :
        {"committed step: 12", "n0", "COMPLETED", "127.0.0.1:4711", "n1", "OFFLINE",
         "restore target: step 10 (attempt 2)", "topology: dp 2 tp 1 pp 2 zero true policy xor",
-        "recoveries: 2", "#1  failure kill-rank:3  at step 6  restored step 5",
-        "detect 0.100 s  inventory 0.020 s  plan 0.001 s", "load 0.300 s",
-        "#2  failure kill-node:1  at step 11  restored step 10  lost nodes [1]  total 0.875 s",
+        "recoveries: 2", "#1  failure kill-rank:3  at step -  committed 6  restored step 5",
+        "detect 0.100 s  restart 0.050 s  inventory_plan 0.020 s  transfer 0.000 s", "load 0.300 s",
+        "rebuilt 0.0 MiB",
+        "#2  failure kill-node:1  at step 11  committed -  restored step 10  lost nodes [1]  "
+        "total 0.875 s",
         "detect 0.500 s  transfer 0.250 s  decode 0.125 s", "node 1 rebuilt from xor parity"}) {
     EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in\n" << out;
   }
   // The phases come in the order of docs/cluster.md, not alphabetically.
-  EXPECT_LT(out.find("detect 0.100"), out.find("inventory 0.020"));
-  EXPECT_LT(out.find("plan 0.001"), out.find("load 0.300"));
+  EXPECT_LT(out.find("detect 0.100"), out.find("inventory_plan 0.020"));
+  EXPECT_LT(out.find("write 0.000"), out.find("load 0.300"));
 }
 
 TEST_F(InspectClusterTest, EmptyJobSaysSo) {
