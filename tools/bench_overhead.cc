@@ -14,7 +14,6 @@
 // over rounds), preset, params, topology, and every round's values.
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +29,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/subprocess.h"
 #include "memento/status.h"
 #include "tools/command.h"
 
@@ -90,24 +90,11 @@ Result<std::string> FindTrainer(const std::string& flag) {
 
 // Starts argv with stdout and stderr appended to `log`; the child dies with us.
 Result<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  const pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) return ErrnoError("fork", errno);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    std::vector<char*> args;
-    for (const auto& s : argv) args.push_back(const_cast<char*>(s.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
+  SpawnOptions options;
+  options.argv = argv;
+  options.log_path = log;
+  MEMENTO_ASSIGN_OR_RETURN(Subprocess child, Subprocess::Spawn(options));
+  return child.Release();  // waited for and killed by pid below
 }
 
 // Waits for pid until the deadline; kills it (SIGKILL) after that.
@@ -133,11 +120,7 @@ void StopAgent(pid_t pid) {
   (void)WaitOrKill(pid, Deadline::AfterSeconds(10));
 }
 
-std::string Tail(const std::string& path, size_t n = 2000) {
-  std::ifstream in(path);
-  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return all.size() > n ? all.substr(all.size() - n) : all;
-}
+std::string Tail(const std::string& path) { return TailFile(path, 2000); }
 
 struct RunResult {
   nlohmann::json summary;  // the trainer's --json line

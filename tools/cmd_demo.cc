@@ -32,6 +32,7 @@
 #include "common/checksum.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/subprocess.h"
 #include "fmt/format.h"
 #include "memento/client.h"
 #include "shm/node_store.h"
@@ -240,20 +241,15 @@ Progress ReadProgress(const std::string& path) {
 }
 
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    std::vector<char*> args;
-    for (const auto& s : argv) args.push_back(const_cast<char*>(s.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
+  SpawnOptions options;
+  options.argv = argv;
+  options.log_path = log;
+  auto child = Subprocess::Spawn(options);
+  if (!child.ok()) {
+    MEMENTO_LOG_ERROR("{}", child.status().ToString());
+    return -1;
   }
-  return pid;
+  return child->Release();  // waited for and killed by pid below
 }
 
 template <typename Pred>

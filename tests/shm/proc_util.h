@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/subprocess.h"
 #include "shm/node_store.h"
 #include "shm/protocol.h"
 #include "shm/segment.h"
@@ -24,24 +25,18 @@
 namespace memento::shm::testing {
 
 // fork + exec with stdout and stderr appended to `log`. Extra environment
-// entries ("K=V") are added to the child's.
+// entries ("K=V") are added to the child's. -1 when it cannot start.
 inline pid_t Spawn(const std::vector<std::string>& argv, const std::string& log,
                    const std::vector<std::string>& env = {}) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
+  SpawnOptions options;
+  options.argv = argv;
+  options.log_path = log;
+  options.env = env;
+  // Tests spawn from helper threads too; PR_SET_PDEATHSIG would kill the
+  // child when that thread ends.
+  options.die_with_parent = false;
+  auto child = Subprocess::Spawn(options);
+  return child.ok() ? child->Release() : -1;  // the tests kill and reap by pid
 }
 
 inline void KillAndReap(pid_t pid, int sig = SIGKILL) {

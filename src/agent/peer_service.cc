@@ -1,0 +1,517 @@
+#include "agent/peer_service.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "agent/peer_protocol.h"
+#include "agent/redundancy_shm.h"
+#include "common/checksum.h"
+#include "common/log.h"
+#include "recover/recover.h"
+
+namespace memento::agent {
+
+using recover::ByteSource;
+using recover::ReadRequest;
+using recover::SourceKind;
+
+std::shared_ptr<const ClusterPlan> MakeClusterPlan(topo::Plan plan, topo::Inventory inventory) {
+  auto cp = std::make_shared<ClusterPlan>();
+  cp->hash = RedundancyPlanHash(plan);
+  cp->plan = std::move(plan);
+  cp->inventory = std::move(inventory);
+  return cp;
+}
+
+Result<std::pair<std::string, int>> ParseEndpoint(const std::string& endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size()) {
+    return InvalidArgumentError("endpoint '" + endpoint + "' is not host:port");
+  }
+  int port = 0;
+  for (size_t i = colon + 1; i < endpoint.size(); ++i) {
+    if (endpoint[i] < '0' || endpoint[i] > '9' || port > 65535) {
+      return InvalidArgumentError("endpoint '" + endpoint + "': bad port");
+    }
+    port = port * 10 + (endpoint[i] - '0');
+  }
+  if (port <= 0 || port > 65535) {
+    return InvalidArgumentError("endpoint '" + endpoint + "': port out of range");
+  }
+  std::string host = endpoint.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::make_pair(host, port);
+}
+
+namespace {
+
+Result<nlohmann::json> ParseJson(std::string_view body, const char* what) {
+  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return InvalidArgumentError(fmt::format("{}: body is not JSON", what));
+  }
+  if (!j.is_object())
+    return InvalidArgumentError(fmt::format("{}: body is not a JSON object", what));
+  return j;
+}
+
+Result<std::unique_ptr<net::RpcClient>> ConnectTo(const std::string& endpoint,
+                                                  const net::JobToken& token, Deadline deadline) {
+  MEMENTO_ASSIGN_OR_RETURN(auto hp, ParseEndpoint(endpoint));
+  return net::RpcClient::Connect(hp.first, hp.second, token, deadline);
+}
+
+}  // namespace
+
+// ---- ClusterReader -------------------------------------------------------------
+
+ClusterReader::ClusterReader(ClusterReaderOptions options, net::JobToken token)
+    : options_(std::move(options)), token_(std::move(token)) {}
+
+ClusterReader::~ClusterReader() { Reset(); }
+
+void ClusterReader::Reset() {
+  std::map<int, Pool> pools;
+  {
+    MutexLock l(&mu_);
+    for (auto& [node, pool] : pools_) {
+      pool.open -= pool.idle.size();
+      pools[node].idle = std::move(pool.idle);
+      pool.idle.clear();
+    }
+  }
+  // Closed outside the lock.
+}
+
+Status ClusterReader::Read(int node, const ReadRequest& req, void* dst, Deadline deadline) {
+  if (node == options_.node) return ReadLocal(req, dst);
+  // Large reads in bounded requests (each received straight into place).
+  auto* out = static_cast<uint8_t*>(dst);
+  for (uint64_t done = 0; done < req.length || req.length == 0;) {
+    ReadRequest part = req;
+    part.offset = req.offset + done;
+    part.length = std::min<uint64_t>(req.length - done, kMaxPeerReadBytes);
+    MEMENTO_RETURN_IF_ERROR(ReadRemote(node, part, out + done, deadline));
+    done += part.length;
+    if (req.length == 0) break;
+  }
+  return Status::Ok();
+}
+
+Status ClusterReader::ReadLocal(const ReadRequest& req, void* dst) {
+  if (req.source.kind == SourceKind::kPiece) {
+    if (options_.pieces == nullptr) return FailedPreconditionError("cluster reader: no T0 reader");
+    MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan, options_.plan());
+    return options_.pieces->ReadPiece(plan->plan, req.source.id, req.step, req.offset, req.length,
+                                      dst);
+  }
+  if (options_.redundancy == nullptr) {
+    return FailedPreconditionError("cluster reader: no redundancy store");
+  }
+  return options_.redundancy->Read(req, dst);
+}
+
+Result<std::unique_ptr<net::RpcClient>> ClusterReader::Acquire(int node, Deadline deadline,
+                                                               bool* pooled) {
+  {
+    MutexLock l(&mu_);
+    for (;;) {
+      Pool& pool = pools_[node];
+      if (!pool.idle.empty()) {
+        std::unique_ptr<net::RpcClient> c = std::move(pool.idle.back());
+        pool.idle.pop_back();
+        *pooled = true;
+        return c;
+      }
+      if (pool.open < std::max<size_t>(1, options_.connections_per_peer)) {
+        ++pool.open;
+        break;
+      }
+      if (deadline.infinite()) {
+        cv_.Wait(&l);
+      } else if (!cv_.WaitUntil(&l, deadline.when())) {
+        return DeadlineExceededError(
+            fmt::format("cluster reader: no free connection to node {} in time", node));
+      }
+    }
+  }
+  *pooled = false;
+  Result<std::string> endpoint = options_.endpoint_of
+                                     ? options_.endpoint_of(node)
+                                     : Result<std::string>(NotFoundError("no endpoint source"));
+  Result<std::unique_ptr<net::RpcClient>> c =
+      endpoint.ok() ? ConnectTo(*endpoint, token_, deadline)
+                    : Result<std::unique_ptr<net::RpcClient>>(endpoint.status());
+  if (!c.ok()) {
+    MutexLock l(&mu_);
+    --pools_[node].open;
+    cv_.Signal();
+    Status s = c.status();
+    return UnavailableError(fmt::format("cannot reach node {}{}: {}", node,
+                                        endpoint.ok() ? " at " + *endpoint : "", s.ToString()));
+  }
+  return c;
+}
+
+void ClusterReader::Release(int node, std::unique_ptr<net::RpcClient> client) {
+  MutexLock l(&mu_);
+  Pool& pool = pools_[node];
+  if (client != nullptr && !client->broken()) {
+    pool.idle.push_back(std::move(client));
+  } else {
+    --pool.open;
+  }
+  cv_.Signal();
+}
+
+Status ClusterReader::ReadRemote(int node, const ReadRequest& req, void* dst, Deadline deadline) {
+  const std::string body = recover::ToJson(req).dump();
+  // An error reply's message lands in the destination too: small reads go
+  // through a scratch buffer big enough for any message.
+  constexpr size_t kMinCapacity = 4096;
+  std::vector<uint8_t> scratch;
+  void* into = dst;
+  size_t capacity = req.length;
+  if (req.length < kMinCapacity) {
+    scratch.resize(kMinCapacity);
+    into = scratch.data();
+    capacity = scratch.size();
+  }
+  for (int attempt = 0;; ++attempt) {
+    bool pooled = false;
+    MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<net::RpcClient> client,
+                             Acquire(node, deadline, &pooled));
+    Result<size_t> n = client->CallInto(kPeerRead, body, into, capacity, deadline);
+    const bool broken = client->broken();
+    Release(node, std::move(client));
+    if (!n.ok()) {
+      // A pooled connection may have gone stale (peer restarted): once more
+      // on a fresh one.
+      if (broken && pooled && attempt == 0 && !deadline.expired()) continue;
+      if (broken) {
+        return UnavailableError(fmt::format("read of {} {} (step {}) from node {}: {}",
+                                            recover::SourceKindName(req.source.kind), req.source.id,
+                                            req.step, node, n.status().ToString()));
+      }
+      return n.status();
+    }
+    if (*n != req.length) {
+      return DataLossError(
+          fmt::format("node {} answered {} bytes for a read of {}", node, *n, req.length));
+    }
+    if (into != dst && req.length > 0) std::memcpy(dst, into, req.length);
+    return Status::Ok();
+  }
+}
+
+// ---- PushCopy -----------------------------------------------------------------------
+
+Status PushCopy(net::RpcClient& client, int64_t step, uint32_t copy_id, const void* bytes,
+                size_t len, Deadline deadline) {
+  const auto* p = static_cast<const uint8_t*>(bytes);
+  const uint64_t xxh3 = Checksum(bytes, len);
+  uint64_t offset = 0;
+  do {
+    const uint64_t n = std::min<uint64_t>(len - offset, kMaxPushPartBytes);
+    // Every part names the whole copy's checksum: the receiver checks it when
+    // the copy is complete, and accepts a retried push of a copy it already
+    // finished with the same bytes.
+    nlohmann::json head = {
+        {"step", step}, {"copy", copy_id}, {"offset", offset}, {"total", len}, {"xxh3", xxh3}};
+    const std::string text = head.dump();
+    std::string prefix(4 + text.size(), '\0');
+    const uint32_t tl = static_cast<uint32_t>(text.size());
+    for (int i = 0; i < 4; ++i) prefix[i] = static_cast<char>((tl >> (8 * i)) & 0xff);
+    std::memcpy(prefix.data() + 4, text.data(), text.size());
+    net::ConstBuffer parts[2] = {{prefix.data(), prefix.size()}, {p + offset, n}};
+    MEMENTO_ASSIGN_OR_RETURN(std::string reply,
+                             client.CallParts(kPeerPush, parts, n > 0 ? 2 : 1, deadline));
+    (void)reply;
+    offset += n;
+  } while (offset < len);
+  return Status::Ok();
+}
+
+Status PushCopy(const std::string& endpoint, const net::JobToken& token, int64_t step,
+                uint32_t copy_id, const void* bytes, size_t len, Deadline deadline) {
+  auto client = ConnectTo(endpoint, token, deadline);
+  if (!client.ok()) {
+    return UnavailableError(
+        fmt::format("push of copy {} to {}: {}", copy_id, endpoint, client.status().ToString()));
+  }
+  return PushCopy(**client, step, copy_id, bytes, len, deadline);
+}
+
+// ---- PeerService ----------------------------------------------------------------------
+
+PeerService::PeerService(PeerServiceOptions options, net::JobToken token)
+    : options_(std::move(options)), token_(std::move(token)) {}
+
+PeerService::~PeerService() { Stop(); }
+
+std::string PeerService::endpoint() const {
+  const std::string& host =
+      options_.advertise_host.empty() ? options_.host : options_.advertise_host;
+  if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}", host, port());
+  return fmt::format("{}:{}", host, port());
+}
+
+Result<std::unique_ptr<PeerService>> PeerService::Start(PeerServiceOptions options,
+                                                        net::JobToken token) {
+  if (options.node < 0) return InvalidArgumentError("peer service: node must be >= 0");
+  if (options.store == nullptr || options.redundancy == nullptr) {
+    return InvalidArgumentError("peer service: a node store and a redundancy store are required");
+  }
+  if (!options.plan) return InvalidArgumentError("peer service: a plan source is required");
+  std::unique_ptr<PeerService> s(new PeerService(std::move(options), std::move(token)));
+  s->pieces_ = std::make_unique<PieceReader>(s->options_.store->options().root, s->options_.job);
+  ClusterReaderOptions ro;
+  ro.node = s->options_.node;
+  ro.pieces = s->pieces_.get();
+  ro.redundancy = s->options_.redundancy;
+  ro.plan = s->options_.plan;
+  ro.endpoint_of = s->options_.endpoint_of;
+  ro.connections_per_peer = s->options_.connections_per_peer;
+  s->reader_ = std::make_unique<ClusterReader>(std::move(ro), s->token_);
+  s->RegisterMethods();
+  net::ServerOptions so;
+  so.host = s->options_.host;
+  so.port = s->options_.port;
+  MEMENTO_RETURN_IF_ERROR(s->rpc_.Start(so, s->token_));
+  MEMENTO_LOG_INFO("peer service of node {} (job {}) listening on {}", s->options_.node,
+                   s->options_.job, s->endpoint());
+  return s;
+}
+
+recover::NodeInventory PeerService::Inventory(bool verify) {
+  recover::NodeInventory inv;
+  inv.node = options_.node;
+  inv.endpoint = endpoint();
+  auto* shm_red = dynamic_cast<ShmRedundancyStore*>(options_.redundancy);
+  if (shm_red != nullptr) {
+    inv.plan_hash = shm_red->plan_hash();
+  } else if (auto plan = options_.plan(); plan.ok()) {
+    inv.plan_hash = (*plan)->hash;
+  }
+  inv.committed = options_.committed ? options_.committed() : -1;
+  std::map<int64_t, recover::VersionHolding, std::greater<>> versions;
+  for (auto& [step, ranks] : T0Holdings(*options_.store, verify)) {
+    versions[step].step = step;
+    versions[step].ranks = std::move(ranks);
+  }
+  std::vector<int64_t> red_steps =
+      shm_red != nullptr ? shm_red->Versions() : options_.redundancy->CompleteVersions();
+  for (int64_t step : red_steps) {
+    recover::VersionHolding h = options_.redundancy->Holding(step, verify);
+    if (h.copies.empty() && h.parities.empty()) continue;
+    recover::VersionHolding& v = versions[step];
+    v.step = step;
+    v.copies = std::move(h.copies);
+    v.parities = std::move(h.parities);
+  }
+  for (auto& [step, v] : versions) inv.versions.push_back(std::move(v));
+  return inv;
+}
+
+void PeerService::RegisterMethods() {
+  rpc_.Register(kPeerInventory, [this](std::string_view body, Deadline) -> Result<std::string> {
+    bool verify = false;
+    if (!body.empty()) {
+      MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body, "inventory request"));
+      if (j.contains("verify")) {
+        if (!j["verify"].is_boolean()) {
+          return InvalidArgumentError("inventory request: 'verify' must be a boolean");
+        }
+        verify = j["verify"].get<bool>();
+      }
+    }
+    return recover::ToJson(Inventory(verify)).dump();
+  });
+  rpc_.RegisterParts(kPeerRead,
+                     [this](std::string_view body, Deadline, const net::RpcServer::ReplyFn& reply) {
+                       return HandleRead(body, reply);
+                     });
+  rpc_.Register(kPeerPush, [this](std::string_view body, Deadline) { return HandlePush(body); });
+  rpc_.Register(kPeerRecover, [this](std::string_view body, Deadline deadline) {
+    return HandleRecover(body, deadline);
+  });
+  rpc_.Register(kPeerSetRestoreTarget,
+                [this](std::string_view body, Deadline) { return HandleSetRestoreTarget(body); });
+}
+
+Status PeerService::HandleRead(std::string_view body, const net::RpcServer::ReplyFn& reply) {
+  MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body, "read request"));
+  MEMENTO_ASSIGN_OR_RETURN(ReadRequest req, recover::ReadRequestFromJson(j));
+  if (req.length > kMaxPeerReadBytes) {
+    return InvalidArgumentError(fmt::format("read request of {} bytes: at most {} per request",
+                                            req.length, kMaxPeerReadBytes));
+  }
+  if (req.source.kind == SourceKind::kPiece) {
+    // T0 slots can be overwritten by a trainer: copy, re-check, then send.
+    MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan, options_.plan());
+    std::string buf(req.length, '\0');
+    MEMENTO_RETURN_IF_ERROR(pieces_->ReadPiece(plan->plan, req.source.id, req.step, req.offset,
+                                               req.length, buf.data()));
+    net::ConstBuffer part{buf.data(), buf.size()};
+    return reply(&part, 1);
+  }
+  if (auto* shm_red = dynamic_cast<ShmRedundancyStore*>(options_.redundancy)) {
+    // Redundancy entries are immutable once finished: sent from shared memory.
+    MEMENTO_ASSIGN_OR_RETURN(ShmRedundancyStore::View view, shm_red->ReadView(req));
+    net::ConstBuffer part{view.data, view.length};
+    return reply(&part, 1);
+  }
+  std::string buf(req.length, '\0');
+  MEMENTO_RETURN_IF_ERROR(options_.redundancy->Read(req, buf.data()));
+  net::ConstBuffer part{buf.data(), buf.size()};
+  return reply(&part, 1);
+}
+
+Result<std::string> PeerService::HandlePush(std::string_view body) {
+  if (body.size() < 4) return InvalidArgumentError("push: body shorter than its length prefix");
+  uint32_t n = 0;
+  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>(body[i])) << (8 * i);
+  if (n > body.size() - 4) {
+    return InvalidArgumentError(
+        fmt::format("push: header length {} exceeds the {}-byte body", n, body.size()));
+  }
+  MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body.substr(4, n), "push"));
+  const std::string_view payload = body.substr(4 + n);
+  if (!j.contains("step") || !j["step"].is_number_integer() || !j.contains("copy") ||
+      !j["copy"].is_number_unsigned() || !j.contains("offset") ||
+      !j["offset"].is_number_unsigned() || !j.contains("total") ||
+      !j["total"].is_number_unsigned() || (j.contains("xxh3") && !j["xxh3"].is_number_unsigned())) {
+    return InvalidArgumentError("push: header needs integer step, copy, offset, total: " +
+                                j.dump());
+  }
+  const int64_t step = j["step"].get<int64_t>();
+  const uint32_t copy = j["copy"].get<uint32_t>();
+  const uint64_t offset = j["offset"].get<uint64_t>();
+  const uint64_t total = j["total"].get<uint64_t>();
+  if (step < 0) return InvalidArgumentError(fmt::format("push: step {} < 0", step));
+  MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan, options_.plan());
+  const auto& np = plan->plan.nodes;
+  if (options_.node >= static_cast<int>(np.size()) ||
+      std::find(np[options_.node].copies.begin(), np[options_.node].copies.end(), copy) ==
+          np[options_.node].copies.end()) {
+    return InvalidArgumentError(
+        fmt::format("push: copy {} is not held by node {} in the plan", copy, options_.node));
+  }
+  const ByteSource entry{SourceKind::kCopy, copy};
+  MEMENTO_RETURN_IF_ERROR(options_.redundancy->Ensure(step));
+  auto* shm_red = dynamic_cast<ShmRedundancyStore*>(options_.redundancy);
+  const uint64_t want = plan->plan.pieces[plan->plan.copies[copy].piece].bytes;
+  if (shm_red != nullptr) {
+    MEMENTO_ASSIGN_OR_RETURN(uint64_t have, shm_red->EntryBytes(step, entry));
+    if (have != want) {
+      return FailedPreconditionError(
+          fmt::format("push: version {} holds copy {} with {} bytes, the plan says {} (made under "
+                      "another plan)",
+                      step, copy, have, want));
+    }
+  }
+  if (total != want) {
+    return InvalidArgumentError(
+        fmt::format("push: copy {} has {} bytes, the sender says total {}", copy, want, total));
+  }
+  if (offset > total || payload.size() > total - offset) {
+    return InvalidArgumentError(fmt::format("push: bytes [{}, +{}) of copy {} exceed its {} bytes",
+                                            offset, payload.size(), copy, total));
+  }
+  if (shm_red != nullptr && j.contains("xxh3")) {
+    // A retry (the sender lost our reply) of a copy already finished with
+    // the same bytes succeeds; other bytes for a finished copy do not.
+    auto finished = shm_red->FinishedChecksum(step, entry);
+    if (finished.ok()) {
+      if (*finished == j["xxh3"].get<uint64_t>()) return std::string("{}");
+      return FailedPreconditionError(
+          fmt::format("push: copy {} of version {} is already finished on node {} with other bytes",
+                      copy, step, options_.node));
+    }
+  }
+  MEMENTO_ASSIGN_OR_RETURN(uint8_t * buf, options_.redundancy->EntryBuffer(step, entry));
+  if (!payload.empty()) std::memcpy(buf + offset, payload.data(), payload.size());
+  if (offset + payload.size() == total) {
+    if (j.contains("xxh3")) {
+      const uint64_t sum = Checksum(buf, total);
+      if (sum != j["xxh3"].get<uint64_t>()) {
+        return DataLossError(fmt::format(
+            "push: copy {} of version {} arrived with checksum {:016x}, the sender's is {:016x} "
+            "(a part is missing or corrupted)",
+            copy, step, sum, j["xxh3"].get<uint64_t>()));
+      }
+    }
+    MEMENTO_RETURN_IF_ERROR(options_.redundancy->FinishEntry(step, entry));
+  }
+  return std::string("{}");
+}
+
+Result<std::string> PeerService::HandleRecover(std::string_view body, Deadline deadline) {
+  MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body, "recover"));
+  if (!j.contains("step") || !j["step"].is_number_integer() || !j.contains("plan_hash") ||
+      !j["plan_hash"].is_number_unsigned() || !j.contains("assemblies") ||
+      !j["assemblies"].is_array()) {
+    return InvalidArgumentError(
+        "recover: body needs integer step, unsigned plan_hash and an assemblies array");
+  }
+  const int64_t step = j["step"].get<int64_t>();
+  if (step < 0) return InvalidArgumentError(fmt::format("recover: step {} < 0", step));
+  MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan, options_.plan());
+  const uint64_t hash = j["plan_hash"].get<uint64_t>();
+  if (hash != plan->hash) {
+    return FailedPreconditionError(
+        fmt::format("recover: caller's plan hash {:016x} differs from node {}'s plan {:016x}", hash,
+                    options_.node, plan->hash));
+  }
+  std::vector<recover::RankAssembly> assemblies;
+  for (const nlohmann::json& ja : j["assemblies"]) {
+    if (!ja.is_object() || !ja.contains("rank") || !ja["rank"].is_number_integer() ||
+        !ja.contains("node") || !ja["node"].is_number_integer() || !ja.contains("recipe")) {
+      return InvalidArgumentError("recover: an assembly needs rank, node and recipe: " + ja.dump());
+    }
+    recover::RankAssembly a;
+    a.rank = ja["rank"].get<int>();
+    a.node = ja["node"].get<int>();
+    a.recipe = ja["recipe"];
+    if (a.node != options_.node) {
+      return InvalidArgumentError(
+          fmt::format("recover: the assembly of rank {} is for node {}, this is node {}", a.rank,
+                      a.node, options_.node));
+    }
+    if (a.rank < 0 || a.rank >= plan->plan.topology.num_ranks() ||
+        plan->plan.topology.rank_node[a.rank] != options_.node) {
+      return InvalidArgumentError(
+          fmt::format("recover: rank {} does not run on node {}", a.rank, options_.node));
+    }
+    assemblies.push_back(std::move(a));
+  }
+  MEMENTO_ASSIGN_OR_RETURN(
+      recover::AssemblyStats stats,
+      recover::ExecuteAssemblies(plan->plan, plan->inventory, options_.job, step, assemblies,
+                                 *reader_, *options_.store, deadline));
+  MEMENTO_LOG_INFO("node {}: rebuilt ranks [{}] of step {} ({} bytes written, {} read) in {:.3f}s",
+                   options_.node, fmt::join(stats.ranks, ","), step, stats.bytes, stats.read_bytes,
+                   stats.total_s);
+  return recover::AssemblyStatsToJson(stats).dump();
+}
+
+Result<std::string> PeerService::HandleSetRestoreTarget(std::string_view body) {
+  MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body, "set restore target"));
+  if (!j.contains("step") || !j["step"].is_number_integer()) {
+    return InvalidArgumentError("set restore target: body needs an integer step: " + j.dump());
+  }
+  if (!options_.set_restore_target) {
+    return FailedPreconditionError("set restore target: this agent takes no restore target");
+  }
+  MEMENTO_RETURN_IF_ERROR(options_.set_restore_target(j["step"].get<int64_t>()));
+  return std::string("{}");
+}
+
+}  // namespace memento::agent

@@ -1,0 +1,182 @@
+// The agent's peer service: serves src/agent/peer_protocol.h to other agents
+// and the launcher over the authenticated RPC transport (src/net), and the
+// ClusterReader that recovery reads bytes through (recover::ByteReader).
+// docs/cluster.md has the flow; docs/peer_service.md the thread model.
+//
+//   kPeerInventory          T0 ranks per step (node store) + T1 entries
+//                           (redundancy store), newest first.
+//   kPeerRead               bytes of a piece (T0 slot, copied and re-checked
+//                           against a concurrent overwrite) or of a copy /
+//                           parity (sent straight from shared memory).
+//   kPeerPush               a peer copy in parts, written into the
+//                           redundancy store, finished (checksummed) at the end.
+//   kPeerRecover            rebuilds T0 slots (recover::ExecuteAssemblies).
+//   kPeerSetRestoreTarget   tells the agent the step the cluster restores.
+//
+// Thread safety: PeerService runs each connection's requests on that
+// connection's thread (net::RpcServer), so the callbacks in the options are
+// called from several threads at once and must be thread-safe. ClusterReader
+// is thread-safe (a small pool of connections per peer).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/piece_reader.h"
+#include "agent/redundancy.h"
+#include "common/mutex.h"
+#include "memento/deadline.h"
+#include "memento/status.h"
+#include "net/job_token.h"
+#include "net/rpc.h"
+#include "recover/source.h"
+#include "shm/node_store.h"
+#include "topo/plan.h"
+
+namespace memento::agent {
+
+// The plan the cluster acts on, with the tensor inventory it was made from
+// and its hash (recover::PlanHash). Immutable once built; shared.
+struct ClusterPlan {
+  topo::Plan plan;
+  topo::Inventory inventory;
+  uint64_t hash = 0;
+};
+std::shared_ptr<const ClusterPlan> MakeClusterPlan(topo::Plan plan, topo::Inventory inventory);
+
+// Returns the current plan, or FailedPrecondition "no plan yet".
+using PlanSource = std::function<Result<std::shared_ptr<const ClusterPlan>>()>;
+// "host:port" of node `node`'s peer service; NotFound / Unavailable when unknown.
+using EndpointSource = std::function<Result<std::string>(int node)>;
+
+// "host:port" -> (host, port). InvalidArgument naming the text otherwise.
+[[nodiscard]] Result<std::pair<std::string, int>> ParseEndpoint(const std::string& endpoint);
+
+// Largest byte count one kPeerRead may ask for (ClusterReader splits larger
+// reads); below the transport's frame limit.
+inline constexpr uint64_t kMaxPeerReadBytes = uint64_t{64} << 20;
+// Largest payload of one kPeerPush part.
+inline constexpr uint64_t kMaxPushPartBytes = uint64_t{8} << 20;
+
+// ---- reading bytes anywhere in the cluster ---------------------------------
+
+struct ClusterReaderOptions {
+  int node = -1;                          // this node
+  PieceReader* pieces = nullptr;          // this node's T0; not owned, outlives the reader
+  RedundancyStore* redundancy = nullptr;  // this node's T1; not owned, outlives the reader
+  PlanSource plan;
+  EndpointSource endpoint_of;
+  size_t connections_per_peer = 4;
+};
+
+// recover::ByteReader for an agent: its own node from memory (PieceReader,
+// RedundancyStore), other nodes through their peer service (kPeerRead,
+// received with RpcClient::CallInto straight into the destination).
+// Connections are pooled per peer (at most connections_per_peer); a broken
+// one is dropped and the next call reconnects (endpoint asked again, so a
+// restarted peer on another port is found). A failed call on a pooled
+// connection is retried once on a fresh one.
+class ClusterReader final : public recover::ByteReader {
+ public:
+  ClusterReader(ClusterReaderOptions options, net::JobToken token);
+  ~ClusterReader() override;
+  Status Read(int node, const recover::ReadRequest& req, void* dst, Deadline deadline) override
+      EXCLUDES(mu_);
+  // Drops every pooled connection (peers restarted, tests).
+  void Reset() EXCLUDES(mu_);
+
+ private:
+  struct Pool {
+    std::vector<std::unique_ptr<net::RpcClient>> idle;
+    size_t open = 0;  // idle + in use
+  };
+  Status ReadLocal(const recover::ReadRequest& req, void* dst);
+  Status ReadRemote(int node, const recover::ReadRequest& req, void* dst, Deadline deadline);
+  // An idle client or a new connection (waits while the pool is full).
+  Result<std::unique_ptr<net::RpcClient>> Acquire(int node, Deadline deadline, bool* pooled)
+      EXCLUDES(mu_);
+  void Release(int node, std::unique_ptr<net::RpcClient> client) EXCLUDES(mu_);
+
+  const ClusterReaderOptions options_;
+  const net::JobToken token_;
+  Mutex mu_;
+  CondVar cv_;
+  std::map<int, Pool> pools_ GUARDED_BY(mu_);
+};
+
+// ---- pushing a peer copy -----------------------------------------------------
+
+// Sends bytes[0, len) as plan Copy `copy_id` of version `step` to the peer
+// service at `endpoint` (kPeerPush), in parts of at most kMaxPushPartBytes,
+// the last one carrying the xxHash3 of the whole copy (the receiver checks it
+// before it finishes the entry). The receiver creates the version if needed.
+// Errors: the receiver's Status (InvalidArgument for a wrong size / id /
+// step, FailedPrecondition when it has no plan or already finished the
+// entry), Unavailable when it cannot be reached.
+[[nodiscard]] Status PushCopy(const std::string& endpoint, const net::JobToken& token, int64_t step,
+                              uint32_t copy_id, const void* bytes, size_t len, Deadline deadline);
+// The same over an existing connection.
+[[nodiscard]] Status PushCopy(net::RpcClient& client, int64_t step, uint32_t copy_id,
+                              const void* bytes, size_t len, Deadline deadline);
+
+// ---- the service ---------------------------------------------------------------
+
+struct PeerServiceOptions {
+  std::string job;
+  int node = -1;
+  std::string host = "127.0.0.1";         // listen address
+  int port = 0;                           // 0: ephemeral (read back with port())
+  std::string advertise_host;             // host in the endpoint peers use; "" = host
+  shm::NodeStore* store = nullptr;        // this node's T0; not owned, outlives the service
+  RedundancyStore* redundancy = nullptr;  // this node's T1; not owned, outlives the service
+  PlanSource plan;                        // required
+  EndpointSource endpoint_of;             // other nodes' peer services (recovery reads)
+  std::function<int64_t()> committed;     // newest committed step, -1 none; may be empty
+  // kPeerSetRestoreTarget; FailedPrecondition to the caller when empty.
+  std::function<Status(int64_t step)> set_restore_target;
+  size_t connections_per_peer = 4;
+};
+
+class PeerService {
+ public:
+  // Starts serving. InvalidArgument when a required option is missing,
+  // Unavailable / ErrnoError when the address cannot be bound.
+  [[nodiscard]] static Result<std::unique_ptr<PeerService>> Start(PeerServiceOptions options,
+                                                                  net::JobToken token);
+  ~PeerService();
+  PeerService(const PeerService&) = delete;
+  PeerService& operator=(const PeerService&) = delete;
+
+  int port() const { return rpc_.port(); }
+  // "advertise_host:port".
+  std::string endpoint() const;
+  // The node's reader (local memory + peers), also used by kPeerRecover.
+  ClusterReader& reader() { return *reader_; }
+  PieceReader& pieces() { return *pieces_; }
+  // This node's inventory (what kPeerInventory answers).
+  recover::NodeInventory Inventory(bool verify);
+  // Connections refused so far (failed authentication).
+  uint64_t refused() const { return rpc_.server() ? rpc_.server()->refused() : 0; }
+  // Stops accepting and closes every connection; idempotent.
+  void Stop() { rpc_.Stop(); }
+
+ private:
+  PeerService(PeerServiceOptions options, net::JobToken token);
+  void RegisterMethods();
+  Status HandleRead(std::string_view body, const net::RpcServer::ReplyFn& reply);
+  Result<std::string> HandlePush(std::string_view body);
+  Result<std::string> HandleRecover(std::string_view body, Deadline deadline);
+  Result<std::string> HandleSetRestoreTarget(std::string_view body);
+
+  const PeerServiceOptions options_;
+  const net::JobToken token_;
+  std::unique_ptr<PieceReader> pieces_;
+  std::unique_ptr<ClusterReader> reader_;
+  net::RpcServer rpc_;
+};
+
+}  // namespace memento::agent

@@ -1,0 +1,582 @@
+#include "agent/peer_service.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "agent/cluster_test_util.h"
+#include "agent/peer_protocol.h"
+#include "agent/redundancy_format.h"
+#include "agent/redundancy_shm.h"
+#include "codec/erasure_code.h"
+#include "common/checksum.h"
+#include "recover/recover.h"
+#include "shm/shm_test_util.h"
+
+namespace memento::agent {
+namespace {
+
+using namespace memento::agent::testing;
+using recover::ByteSource;
+using recover::ReadRequest;
+using recover::SourceKind;
+
+Deadline Soon() { return Deadline::AfterSeconds(20); }
+
+net::JobToken Token(const std::string& secret = "peer-service-test-secret-0123456789") {
+  auto t = net::JobToken::FromSecret(secret);
+  MEMENTO_CHECK(t.ok());
+  return *t;
+}
+
+// `n` nodes (one rank each) in one process, each with a real node store and
+// redundancy store in a shared-memory scratch dir and a peer service on an
+// ephemeral port.
+class Cluster {
+ public:
+  Cluster(int n, topo::Inventory inv, const std::string& policy)
+      : inv_(std::move(inv)), plan_(MakeClusterPlan(MakeTestPlan(n, inv_, policy), inv_)) {
+    for (int node = 0; node < n; ++node) {
+      nodes_.emplace_back(std::make_unique<Node>());
+      StartNode(node, dir_.path() + "/node" + std::to_string(node));
+    }
+  }
+  ~Cluster() {
+    for (auto& n : nodes_) {
+      if (n->service) n->service->Stop();
+    }
+  }
+
+  // A node lost and replaced: its agent stops, its memory is gone, a fresh
+  // agent starts on an empty root (and another port).
+  void ReplaceNode(int node) {
+    Node& nd = *nodes_[node];
+    nd.service.reset();
+    nd.red.reset();
+    nd.store.reset();
+    memento::testing::RemoveTree(nd.root);
+    StartNode(node, nd.root + "-replaced");
+  }
+
+  struct Node {
+    std::string root;
+    std::unique_ptr<shm::NodeStore> store;
+    std::unique_ptr<ShmRedundancyStore> red;
+    std::unique_ptr<PeerService> service;
+    std::atomic<int64_t> restore_target{-1};
+  };
+  Node& node(int i) { return *nodes_[i]; }
+  const topo::Plan& plan() const { return plan_->plan; }
+  const topo::Inventory& inv() const { return inv_; }
+  std::string root(int node_id) const { return nodes_[node_id]->root; }
+  uint64_t hash() const { return plan_->hash; }
+  // Every rank writes its T0 slot `slot` at `step`.
+  void WriteT0(int64_t step, int slot) {
+    for (int r = 0; r < plan().topology.num_ranks(); ++r) {
+      WriteRankSlot(*node(plan().topology.rank_node[r]).store, inv_, r, slot, step);
+    }
+  }
+  // Every node's T1 of `step`, as the save path makes it: parities encoded
+  // from the node's own replica, peer copies pushed over the network by the
+  // piece's node, other copies from local memory.
+  void ProduceRedundancy(int64_t step) {
+    for (size_t n = 0; n < nodes_.size(); ++n) ASSERT_TRUE(node(n).red->Ensure(step).ok());
+    for (const topo::Copy& cp : plan().copies) {
+      const auto bytes = PieceBytes(plan(), inv_, cp.piece, step);
+      if (cp.kind == topo::CopyKind::kPeer) {
+        ASSERT_TRUE(PushCopy(node(cp.node).service->endpoint(), Token(), step, cp.id, bytes.data(),
+                             bytes.size(), Soon())
+                        .ok());
+        continue;
+      }
+      auto buf = node(cp.node).red->EntryBuffer(step, {SourceKind::kCopy, cp.id});
+      ASSERT_TRUE(buf.ok()) << buf.status();
+      std::memcpy(*buf, bytes.data(), bytes.size());
+      ASSERT_TRUE(node(cp.node).red->FinishEntry(step, {SourceKind::kCopy, cp.id}).ok());
+    }
+    for (const topo::Stripe& st : plan().stripes) {
+      auto code = codec::ErasureCode::Create(
+          st.xor_code ? codec::CodeKind::kXor : codec::CodeKind::kRs, st.k, st.f);
+      ASSERT_TRUE(code.ok()) << code.status();
+      std::vector<std::vector<uint8_t>> blocks(st.k, std::vector<uint8_t>(st.block_bytes, 0));
+      std::vector<const uint8_t*> data;
+      for (int i = 0; i < st.k; ++i) {
+        const topo::StripeBlock& b = st.data[i];
+        const auto piece = PieceBytes(plan(), inv_, b.piece, step);
+        std::memcpy(blocks[i].data(), piece.data() + b.offset, b.length);
+        data.push_back(blocks[i].data());
+      }
+      std::vector<uint8_t*> out;
+      for (uint32_t pid : st.parities) {
+        const topo::Parity& par = plan().parities[pid];
+        auto buf = node(par.node).red->EntryBuffer(step, {SourceKind::kParity, pid});
+        ASSERT_TRUE(buf.ok()) << buf.status();
+        out.push_back(*buf);
+      }
+      code->Encode(st.block_bytes, data.data(), out.data());
+      for (uint32_t pid : st.parities) {
+        ASSERT_TRUE(node(plan().parities[pid].node)
+                        .red->FinishEntry(step, {SourceKind::kParity, pid})
+                        .ok());
+      }
+    }
+    for (size_t n = 0; n < nodes_.size(); ++n) ASSERT_TRUE(node(n).red->Complete(step)) << n;
+  }
+  recover::NodeInventory InventoryOf(int node_id) {
+    auto client = Connect(node_id);
+    auto reply = client->Call(kPeerInventory, R"({"verify": true})", Soon());
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    auto inv = recover::NodeInventoryFromJson(nlohmann::json::parse(*reply));
+    EXPECT_TRUE(inv.ok()) << inv.status();
+    return *inv;
+  }
+  std::unique_ptr<net::RpcClient> Connect(int node_id) {
+    auto hp = ParseEndpoint(node(node_id).service->endpoint());
+    EXPECT_TRUE(hp.ok());
+    auto c = net::RpcClient::Connect(hp->first, hp->second, Token(), Soon());
+    EXPECT_TRUE(c.ok()) << c.status();
+    return std::move(c).value();
+  }
+
+ private:
+  void StartNode(int node, const std::string& root) {
+    Node* nd = nodes_[node].get();
+    nd->root = root;
+    auto store = shm::NodeStore::Open({root, kJob, node, 0});
+    ASSERT_TRUE(store.ok()) << store.status();
+    nd->store = std::move(store).value();
+    auto red = ShmRedundancyStore::OpenShm(root, node);
+    ASSERT_TRUE(red.ok()) << red.status();
+    nd->red = std::move(red).value();
+    ASSERT_TRUE(nd->red->SetPlan(plan_->plan).ok());
+    PeerServiceOptions o;
+    o.job = kJob;
+    o.node = node;
+    o.store = nd->store.get();
+    o.redundancy = nd->red.get();
+    o.plan = [this]() -> Result<std::shared_ptr<const ClusterPlan>> { return plan_; };
+    o.endpoint_of = [this](int peer) -> Result<std::string> {
+      if (peer < 0 || peer >= static_cast<int>(nodes_.size()) || !nodes_[peer]->service) {
+        return NotFoundError("no node " + std::to_string(peer));
+      }
+      return nodes_[peer]->service->endpoint();
+    };
+    o.committed = [] { return int64_t{4}; };
+    o.set_restore_target = [nd](int64_t step) {
+      nd->restore_target = step;
+      return Status::Ok();
+    };
+    auto svc = PeerService::Start(std::move(o), Token());
+    ASSERT_TRUE(svc.ok()) << svc.status();
+    nd->service = std::move(svc).value();
+  }
+
+  shm::testing::ShmScratchDir dir_{"memento-peer"};
+  topo::Inventory inv_;
+  std::shared_ptr<const ClusterPlan> plan_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+};
+
+std::vector<uint8_t> CopyBytes(const Cluster& c, uint32_t copy, int64_t step) {
+  return PieceBytes(c.plan(), c.inv(), c.plan().copies[copy].piece, step);
+}
+
+// The first peer copy in the plan (held by another node than its piece's).
+const topo::Copy* FirstPeerCopy(const topo::Plan& plan) {
+  for (const topo::Copy& c : plan.copies) {
+    if (c.kind == topo::CopyKind::kPeer && c.node != plan.pieces[c.piece].node) return &c;
+  }
+  return nullptr;
+}
+
+std::string PushBody(const nlohmann::json& head, std::string_view payload) {
+  const std::string text = head.dump();
+  std::string body(4, '\0');
+  const uint32_t n = static_cast<uint32_t>(text.size());
+  for (int i = 0; i < 4; ++i) body[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return body + text + std::string(payload);
+}
+
+TEST(PeerServiceTest, EndpointParsing) {
+  auto a = ParseEndpoint("127.0.0.1:4000");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->first, "127.0.0.1");
+  EXPECT_EQ(a->second, 4000);
+  auto b = ParseEndpoint("[::1]:80");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->first, "::1");
+  for (const char* bad : {"", "host", "host:", ":80", "h:0", "h:99999", "h:8x"}) {
+    EXPECT_EQ(ParseEndpoint(bad).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(PeerServiceTest, InventoryListsT0AndRedundancyNewestFirst) {
+  Cluster c(3, MakeInventory(3), "xor");
+  c.WriteT0(4, 0);
+  c.WriteT0(5, 1);
+  // Node 1 produces its parities of step 5.
+  ASSERT_TRUE(c.node(1).red->Ensure(5).ok());
+  for (uint32_t id : c.plan().nodes[1].parities) {
+    auto buf = c.node(1).red->EntryBuffer(5, {SourceKind::kParity, id});
+    ASSERT_TRUE(buf.ok());
+    std::memset(*buf, 0x5a, c.plan().parities[id].bytes);
+    ASSERT_TRUE(c.node(1).red->FinishEntry(5, {SourceKind::kParity, id}).ok());
+  }
+  auto client = c.Connect(1);
+  for (bool verify : {false, true}) {
+    auto reply = client->Call(kPeerInventory, nlohmann::json{{"verify", verify}}.dump(), Soon());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    auto inv = recover::NodeInventoryFromJson(nlohmann::json::parse(*reply));
+    ASSERT_TRUE(inv.ok()) << inv.status();
+    EXPECT_EQ(inv->node, 1);
+    EXPECT_EQ(inv->endpoint, c.node(1).service->endpoint());
+    EXPECT_EQ(inv->plan_hash, c.hash());
+    EXPECT_EQ(inv->committed, 4);
+    ASSERT_EQ(inv->versions.size(), 2u);
+    EXPECT_EQ(inv->versions[0].step, 5);
+    EXPECT_EQ(inv->versions[0].ranks, std::vector<int>{1});
+    EXPECT_EQ(inv->versions[0].parities, c.plan().nodes[1].parities);
+    EXPECT_TRUE(inv->versions[0].copies.empty());  // peer copies not pushed yet
+    EXPECT_EQ(inv->versions[1].step, 4);
+    EXPECT_EQ(inv->versions[1].ranks, std::vector<int>{1});
+    EXPECT_TRUE(inv->versions[1].parities.empty());
+  }
+  // An empty body means verify=false; a bad one is InvalidArgument.
+  EXPECT_TRUE(client->Call(kPeerInventory, "", Soon()).ok());
+  EXPECT_EQ(client->Call(kPeerInventory, "{\"verify\": 3}", Soon()).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(PeerServiceTest, ReadsAPieceThatSpansTensorsLocallyAndFromPeers) {
+  Cluster c(3, MakeInventory(3), "xor");
+  c.WriteT0(7, 0);
+  int spanning = 0;
+  for (int rank = 0; rank < 3; ++rank) {
+    const uint32_t piece = SpanningPiece(c.plan(), rank);
+    if (piece == topo::kNoId) continue;
+    ++spanning;
+    const int holder = c.plan().pieces[piece].node;
+    const auto want = PieceBytes(c.plan(), c.inv(), piece, 7);
+    for (int reader_node = 0; reader_node < 3; ++reader_node) {
+      std::vector<uint8_t> got(want.size());
+      ReadRequest req{7, {SourceKind::kPiece, piece}, 0, want.size()};
+      Status s = c.node(reader_node).service->reader().Read(holder, req, got.data(), Soon());
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(got, want) << "piece " << piece << " read by node " << reader_node;
+      // A small sub-range (the reply goes through a scratch buffer).
+      std::vector<uint8_t> sub(10);
+      ReadRequest small{7, {SourceKind::kPiece, piece}, 100, 10};
+      ASSERT_TRUE(
+          c.node(reader_node).service->reader().Read(holder, small, sub.data(), Soon()).ok());
+      EXPECT_TRUE(std::equal(sub.begin(), sub.end(), want.begin() + 100));
+    }
+  }
+  EXPECT_GE(spanning, 1) << "the test plan should cut a piece across tensors";
+  // NotFound travels back as NotFound: a step nobody holds.
+  std::vector<uint8_t> buf(64);
+  const uint32_t p1 = c.plan().ranks[1].pieces[0];
+  EXPECT_EQ(c.node(0)
+                .service->reader()
+                .Read(1, {8, {SourceKind::kPiece, p1}, 0, 64}, buf.data(), Soon())
+                .code(),
+            StatusCode::kNotFound);
+  // Many concurrent reads through the pool.
+  const auto want = PieceBytes(c.plan(), c.inv(), p1, 7);
+  std::vector<std::thread> threads;
+  std::atomic<int> good{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 10; ++i) {
+        std::vector<uint8_t> got(want.size());
+        if (c.node(0)
+                .service->reader()
+                .Read(1, {7, {SourceKind::kPiece, p1}, 0, want.size()}, got.data(), Soon())
+                .ok() &&
+            got == want) {
+          ++good;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(good.load(), 80);
+}
+
+TEST(PeerServiceTest, PushCopyInSeveralPartsThenReadIt) {
+  Cluster c(3, MakeInventory(3), "xor");
+  c.WriteT0(3, 0);
+  const topo::Copy* copy = FirstPeerCopy(c.plan());
+  ASSERT_NE(copy, nullptr) << "the plan should give private state a peer copy";
+  const auto bytes = CopyBytes(c, copy->id, 3);
+  ASSERT_GT(bytes.size(), 300u);
+  // By hand: three parts through the raw protocol.
+  auto client = c.Connect(copy->node);
+  const uint64_t total = bytes.size();
+  const uint64_t cuts[] = {0, 100, 300, total};
+  for (int i = 0; i < 3; ++i) {
+    std::string_view part(reinterpret_cast<const char*>(bytes.data()) + cuts[i],
+                          cuts[i + 1] - cuts[i]);
+    nlohmann::json head = {{"step", 3}, {"copy", copy->id}, {"offset", cuts[i]}, {"total", total}};
+    auto r = client->Call(kPeerPush, PushBody(head, part), Soon());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(*r, "{}");
+    const auto held = c.node(copy->node).red->Holding(3, true).copies;
+    EXPECT_EQ(std::count(held.begin(), held.end(), copy->id), i == 2 ? 1 : 0) << "part " << i;
+  }
+  // Read it back from another node through the reader.
+  const int other = (copy->node + 1) % 3;
+  std::vector<uint8_t> got(total);
+  ReadRequest req{3, {SourceKind::kCopy, copy->id}, 0, total};
+  ASSERT_TRUE(c.node(other).service->reader().Read(copy->node, req, got.data(), Soon()).ok());
+  EXPECT_EQ(got, bytes);
+  // A retried push of the same bytes succeeds; other bytes for the finished
+  // entry are refused, not silently written over it.
+  EXPECT_TRUE(PushCopy(c.node(copy->node).service->endpoint(), Token(), 3, copy->id, bytes.data(),
+                       bytes.size(), Soon())
+                  .ok());
+  auto changed = bytes;
+  changed[0] ^= 1;
+  EXPECT_EQ(PushCopy(c.node(copy->node).service->endpoint(), Token(), 3, copy->id, changed.data(),
+                     changed.size(), Soon())
+                .code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(c.node(other).service->reader().Read(copy->node, req, got.data(), Soon()).ok());
+  EXPECT_EQ(got, bytes);
+  // The client helper, on a fresh step.
+  const auto bytes4 = CopyBytes(c, copy->id, 4);
+  ASSERT_TRUE(PushCopy(c.node(copy->node).service->endpoint(), Token(), 4, copy->id, bytes4.data(),
+                       bytes4.size(), Soon())
+                  .ok());
+  ASSERT_TRUE(
+      c.node(other)
+          .service->reader()
+          .Read(copy->node, {4, {SourceKind::kCopy, copy->id}, 0, total}, got.data(), Soon())
+          .ok());
+  EXPECT_EQ(got, bytes4);
+}
+
+TEST(PeerServiceTest, PushCopyLargerThanOnePart) {
+  // 9 MiB + a bit of private state per rank: the helper sends two parts.
+  Cluster c(2, MakeInventory(2, 4096, 4096, (9 << 20) + 123), "xor");
+  const topo::Copy* copy = FirstPeerCopy(c.plan());
+  ASSERT_NE(copy, nullptr);
+  std::vector<uint8_t> bytes(c.plan().pieces[copy->piece].bytes);
+  ASSERT_GT(bytes.size(), kMaxPushPartBytes);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 131 + (i >> 13));
+  ASSERT_TRUE(PushCopy(c.node(copy->node).service->endpoint(), Token(), 2, copy->id, bytes.data(),
+                       bytes.size(), Soon())
+                  .ok());
+  std::vector<uint8_t> got(bytes.size());
+  ASSERT_TRUE(c.node(copy->node)
+                  .red->Read({2, {SourceKind::kCopy, copy->id}, 0, bytes.size()}, got.data())
+                  .ok());
+  EXPECT_EQ(got, bytes);
+}
+
+TEST(PeerServiceTest, UnauthenticatedPeerIsRefused) {
+  Cluster c(2, MakeInventory(2), "xor");
+  auto hp = ParseEndpoint(c.node(0).service->endpoint());
+  ASSERT_TRUE(hp.ok());
+  auto bad =
+      net::RpcClient::Connect(hp->first, hp->second, Token("another-jobs-secret-abcdefghijklmnop"),
+                              Deadline::AfterSeconds(5));
+  if (bad.ok()) {
+    // The handshake may only fail on the first call.
+    EXPECT_FALSE((*bad)->Call(kPeerInventory, "{}", Deadline::AfterSeconds(5)).ok());
+  }
+  // A reader holding the wrong token cannot read either.
+  ClusterReaderOptions ro;
+  ro.node = 1;
+  ro.plan = [&]() -> Result<std::shared_ptr<const ClusterPlan>> {
+    return MakeClusterPlan(c.plan(), c.inv());
+  };
+  ro.endpoint_of = [&](int n) -> Result<std::string> { return c.node(n).service->endpoint(); };
+  ClusterReader stranger(ro, Token("another-jobs-secret-abcdefghijklmnop"));
+  std::vector<uint8_t> buf(16);
+  Status s =
+      stranger.Read(0, {1, {SourceKind::kPiece, 0}, 0, 16}, buf.data(), Deadline::AfterSeconds(5));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_GE(c.node(0).service->refused(), 1u);
+}
+
+TEST(PeerServiceTest, MalformedRequestsAreInvalidArgument) {
+  Cluster c(3, MakeInventory(3), "xor");
+  const topo::Copy* copy = FirstPeerCopy(c.plan());
+  ASSERT_NE(copy, nullptr);
+  auto client = c.Connect(copy->node);
+  auto code = [&](uint32_t method, const std::string& body) {
+    return client->Call(method, body, Soon()).status().code();
+  };
+  EXPECT_EQ(code(kPeerRead, "garbage"), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(kPeerRead, "[1,2]"), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(kPeerRead, R"({"step":1,"kind":"piece","id":0})"), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(kPeerRead, R"({"step":1,"kind":"blob","id":0,"offset":0,"length":1})"),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(kPeerRead, R"({"step":1,"kind":"piece","id":0,"offset":0,"length":1000000000})"),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(kPeerRead, R"({"step":1,"kind":"piece","id":99999,"offset":0,"length":1})"),
+            StatusCode::kInvalidArgument);
+  // Push: short body, header longer than the body, bad JSON, missing fields,
+  // wrong total, a copy not held by this node, an unknown id, bytes past the end.
+  EXPECT_EQ(code(kPeerPush, "ab"), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(kPeerPush, std::string("\xff\x00\x00\x00{}", 6)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(kPeerPush, PushBody("not json", "")), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(kPeerPush, PushBody({{"step", 1}, {"copy", copy->id}}, "")),
+            StatusCode::kInvalidArgument);
+  const uint64_t total = c.plan().pieces[copy->piece].bytes;
+  EXPECT_EQ(
+      code(kPeerPush,
+           PushBody({{"step", 1}, {"copy", copy->id}, {"offset", 0}, {"total", total + 1}}, "x")),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      code(kPeerPush,
+           PushBody({{"step", -1}, {"copy", copy->id}, {"offset", 0}, {"total", total}}, "x")),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(kPeerPush,
+                 PushBody({{"step", 1}, {"copy", 9999}, {"offset", 0}, {"total", total}}, "x")),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      code(kPeerPush,
+           PushBody({{"step", 1}, {"copy", copy->id}, {"offset", total - 1}, {"total", total}},
+                    "xy")),
+      StatusCode::kInvalidArgument);
+  for (const topo::Copy& other : c.plan().copies) {
+    if (other.node != copy->node) {
+      Status s = client
+                     ->Call(kPeerPush,
+                            PushBody({{"step", 1},
+                                      {"copy", other.id},
+                                      {"offset", 0},
+                                      {"total", c.plan().pieces[other.piece].bytes}},
+                                     "x"),
+                            Soon())
+                     .status();
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(s.message().find("not held by node"), std::string::npos) << s;
+      break;
+    }
+  }
+  // A checksum that does not match the bytes (a lost part) is DataLoss.
+  std::string payload(total, 'z');
+  EXPECT_EQ(code(kPeerPush, PushBody({{"step", 1},
+                                      {"copy", copy->id},
+                                      {"offset", 0},
+                                      {"total", total},
+                                      {"xxh3", Checksum(payload.data(), payload.size()) + 1}},
+                                     payload)),
+            StatusCode::kDataLoss);
+  // Recover / restore target.
+  EXPECT_EQ(code(kPeerRecover, "{}"), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(kPeerRecover, nlohmann::json{{"step", 1},
+                                              {"plan_hash", c.hash() + 1},
+                                              {"assemblies", nlohmann::json::array()}}
+                                   .dump()),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(code(kPeerSetRestoreTarget, "{\"step\": \"x\"}"), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(client->Call(kPeerSetRestoreTarget, "{\"step\": 6}", Soon()).ok());
+  EXPECT_EQ(c.node(copy->node).restore_target.load(), 6);
+  // Unknown method.
+  EXPECT_EQ(code(0x4d45ffff, "{}"), StatusCode::kInvalidArgument);
+  // The connection still works after all that.
+  EXPECT_TRUE(client->Call(kPeerInventory, "{}", Soon()).ok());
+}
+
+TEST(PeerServiceTest, ReadOfACorruptedEntryIsDataLoss) {
+  Cluster c(3, MakeInventory(3), "xor");
+  const int holder = 2;
+  ASSERT_FALSE(c.plan().nodes[holder].parities.empty());
+  const uint32_t parity = c.plan().nodes[holder].parities[0];
+  const uint64_t n = c.plan().parities[parity].bytes;
+  ASSERT_TRUE(c.node(holder).red->Ensure(9).ok());
+  auto buf = c.node(holder).red->EntryBuffer(9, {SourceKind::kParity, parity});
+  ASSERT_TRUE(buf.ok());
+  for (uint64_t i = 0; i < n; ++i) (*buf)[i] = static_cast<uint8_t>(i);
+  ASSERT_TRUE(c.node(holder).red->FinishEntry(9, {SourceKind::kParity, parity}).ok());
+  (*buf)[n / 2] ^= 0x10;  // rot at rest
+  std::vector<uint8_t> got(n);
+  Status s = c.node(0).service->reader().Read(holder, {9, {SourceKind::kParity, parity}, 0, n},
+                                              got.data(), Soon());
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("parity " + std::to_string(parity)), std::string::npos) << s;
+  // The verified inventory leaves it out.
+  auto inv = c.node(holder).service->Inventory(true);
+  for (const auto& v : inv.versions) {
+    EXPECT_EQ(std::count(v.parities.begin(), v.parities.end(), parity), 0);
+  }
+  // A corrupted T0 chunk read by a peer is DataLoss as well.
+  c.WriteT0(9, 0);
+  const uint32_t piece = c.plan().ranks[1].pieces[0];
+  const topo::Segment& seg0 = c.plan().pieces[piece].segments[0];
+  {
+    auto seg = shm::Segment::Open(shm::SlotPath(c.root(1), 1, 0), true);
+    ASSERT_TRUE(seg.ok());
+    auto info = shm::ReadSlot(**seg);
+    ASSERT_TRUE(info.ok());
+    for (const auto& t : info->tensors) {
+      if (t.meta.name == seg0.tensor) shm::SlotData(**seg)[t.offset + seg0.offset] ^= 1;
+    }
+  }
+  std::vector<uint8_t> piece_bytes(c.plan().pieces[piece].bytes);
+  s = c.node(0).service->reader().Read(1, {9, {SourceKind::kPiece, piece}, 0, piece_bytes.size()},
+                                       piece_bytes.data(), Soon());
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("tensor '" + seg0.tensor + "'"), std::string::npos) << s;
+}
+
+// The whole REFT-load path over real sockets: node 1 is lost and replaced by
+// an empty one; the survivors' inventories go to recover::Decide, kPeerRecover
+// makes the new node rebuild its rank's T0 slot from the peers' T0 pieces,
+// parities (decode) and pushed copies; the slot then holds every byte.
+TEST(PeerServiceTest, RecoversALostNodeThroughThePeerProtocol) {
+  for (const char* policy : {"xor", "rs:2", "replicate"}) {
+    SCOPED_TRACE(policy);
+    const int n = 4;
+    Cluster c(n, MakeInventory(n), policy);
+    c.WriteT0(5, 1);
+    c.ProduceRedundancy(5);
+    c.ReplaceNode(1);
+    std::vector<recover::NodeInventory> live;
+    for (int node = 0; node < n; ++node) live.push_back(c.InventoryOf(node));
+    EXPECT_TRUE(live[1].versions.empty());
+    auto d = recover::Decide(c.plan(), live, 5);
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_TRUE(d->from_memory) << d->reason;
+    EXPECT_EQ(d->step, 5);
+    ASSERT_FALSE(d->assemblies.empty());
+    nlohmann::json assemblies = nlohmann::json::array();
+    for (const auto& a : d->assemblies) {
+      EXPECT_EQ(a.node, 1);
+      assemblies.push_back({{"rank", a.rank}, {"node", a.node}, {"recipe", a.recipe}});
+    }
+    auto client = c.Connect(1);
+    // A caller acting on another plan is refused before anything is written.
+    auto stale = client->Call(
+        kPeerRecover,
+        nlohmann::json{{"step", 5}, {"plan_hash", c.hash() ^ 1}, {"assemblies", assemblies}}.dump(),
+        Soon());
+    EXPECT_EQ(stale.status().code(), StatusCode::kFailedPrecondition);
+    auto reply = client->Call(
+        kPeerRecover,
+        nlohmann::json{{"step", 5}, {"plan_hash", c.hash()}, {"assemblies", assemblies}}.dump(),
+        Soon());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    auto stats = nlohmann::json::parse(*reply);
+    EXPECT_EQ(stats["ranks"], nlohmann::json::array({1}));
+    EXPECT_GT(stats["bytes"].get<uint64_t>(), 0u);
+    // Rank 1's slot of step 5 is back, verified, with the exact bytes.
+    EXPECT_EQ(RanksHolding(*c.node(1).store, {1}, 5, /*verify=*/true), std::vector<int>{1});
+    PieceReader reader(c.root(1), kJob);
+    for (const TensorMeta& t : c.inv()[1]) {
+      const auto want = TensorBytes(t, 1, 5);
+      std::vector<uint8_t> got(want.size());
+      ASSERT_TRUE(reader.ReadTensorRange(1, 5, t.name, 0, got.size(), got.data()).ok()) << t.name;
+      EXPECT_EQ(got, want) << t.name;
+    }
+    // The restored node now answers inventories with its rank.
+    EXPECT_EQ(c.InventoryOf(1).versions.at(0).ranks, std::vector<int>{1});
+  }
+}
+
+}  // namespace
+}  // namespace memento::agent

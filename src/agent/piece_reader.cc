@@ -1,0 +1,251 @@
+#include "agent/piece_reader.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "common/checksum.h"
+
+namespace memento::agent {
+
+Result<std::shared_ptr<PieceReader::SlotCache>> PieceReader::Load(int rank, int slot) {
+  const std::string path = shm::SlotPath(root_, rank, slot);
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return NotFoundError("no slot file " + path);
+    return ErrnoError("stat " + path, errno);
+  }
+  MutexLock l(&mu_);
+  std::shared_ptr<SlotCache>& c = slots_[{rank, slot}];
+  if (c == nullptr || c->segment->size() != static_cast<size_t>(st.st_size)) {
+    // First use, or the client grew the slot (a new mapping is needed).
+    MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<shm::Segment> seg,
+                             shm::Segment::Open(path, /*writable=*/false));
+    auto fresh = std::make_shared<SlotCache>();
+    fresh->segment = std::move(seg);
+    c = std::move(fresh);
+  }
+  return c;
+}
+
+Result<std::shared_ptr<PieceReader::SlotCache>> PieceReader::FindSlot(int rank, int64_t step) {
+  std::string why;
+  for (int slot = 0; slot < shm::kSlotsPerRank; ++slot) {
+    auto loaded = Load(rank, slot);
+    if (!loaded.ok()) {
+      if (loaded.status().code() != StatusCode::kNotFound) return loaded.status();
+      continue;
+    }
+    std::shared_ptr<SlotCache> c = *loaded;
+    if (c->segment->size() < shm::kSlotHeaderBytes) continue;
+    const auto* h = reinterpret_cast<const shm::SlotHeader*>(c->segment->data());
+    if (shm::LoadState(h) != shm::SlotState::kComplete ||
+        __atomic_load_n(&h->step, __ATOMIC_ACQUIRE) != step) {
+      continue;
+    }
+    const uint64_t gen = __atomic_load_n(&h->generation, __ATOMIC_ACQUIRE);
+    {
+      MutexLock l(&mu_);
+      if (c->have_info && c->generation == gen) return c;
+    }
+    // A new generation: read and check the header, manifest and table once.
+    auto info = shm::ReadSlot(*c->segment);
+    if (!info.ok()) return info.status();
+    if (info->state != shm::SlotState::kComplete || info->step != step) continue;  // overwritten
+    if (!job_id_.empty() && info->job_id != job_id_) {
+      return FailedPreconditionError(fmt::format("slot {} belongs to job '{}', not '{}'",
+                                                 c->segment->path(), info->job_id, job_id_));
+    }
+    auto fresh = std::make_shared<SlotCache>();
+    fresh->segment = c->segment;
+    fresh->generation = info->generation;
+    fresh->have_info = true;
+    fresh->info = std::move(*info);
+    for (size_t i = 0; i < fresh->info.tensors.size(); ++i) {
+      fresh->tensor_index.emplace(fresh->info.tensors[i].meta.name, i);
+    }
+    fresh->chunk_order.resize(fresh->info.chunks.size());
+    for (size_t i = 0; i < fresh->chunk_order.size(); ++i) fresh->chunk_order[i] = i;
+    std::sort(fresh->chunk_order.begin(), fresh->chunk_order.end(), [&](size_t a, size_t b) {
+      return fresh->info.chunks[a].offset < fresh->info.chunks[b].offset;
+    });
+    fresh->verified.assign(fresh->info.chunks.size(), 0);
+    MutexLock l(&mu_);
+    std::shared_ptr<SlotCache>& slot_ref = slots_[{rank, slot}];
+    if (slot_ref == nullptr || slot_ref->segment == fresh->segment) slot_ref = fresh;
+    return fresh;
+  }
+  return NotFoundError(
+      fmt::format("rank {} has no complete T0 slot of step {} under {}", rank, step, root_));
+}
+
+Status PieceReader::VerifyRange(SlotCache& c, size_t ti, uint64_t begin, uint64_t end) {
+  if (begin >= end) return Status::Ok();
+  const auto& chunks = c.info.chunks;
+  // First chunk (by data offset) that ends after `begin`.
+  auto it = std::partition_point(c.chunk_order.begin(), c.chunk_order.end(), [&](size_t i) {
+    return chunks[i].offset + chunks[i].length <= begin;
+  });
+  std::vector<size_t> todo;
+  {
+    MutexLock l(&mu_);
+    for (; it != c.chunk_order.end() && chunks[*it].offset < end; ++it) {
+      if (chunks[*it].tensor_index == ti && c.verified[*it] == 0) todo.push_back(*it);
+    }
+  }
+  const uint8_t* data = c.segment->data() + c.info.data_offset;
+  for (size_t i : todo) {
+    const shm::ChunkEntry& ch = chunks[i];
+    if (Checksum(data + ch.offset, ch.length) != ch.checksum) {
+      if (!shm::SlotUnchanged(*c.segment, c.info)) {
+        return AbortedError(fmt::format("slot {} (step {}) was overwritten while it was read",
+                                        c.segment->path(), c.info.step));
+      }
+      return DataLossError(fmt::format(
+          "slot {} (rank {}, step {}): chunk {} (bytes {}..{} of tensor '{}') fails its checksum",
+          c.segment->path(), c.info.rank, c.info.step, i, ch.offset, ch.offset + ch.length,
+          c.info.tensors[ch.tensor_index].meta.name));
+    }
+    MutexLock l(&mu_);
+    c.verified[i] = 1;
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// Copies one tensor range out of a checked slot (no generation re-check).
+struct RangeCopy {
+  size_t tensor = 0;
+  uint64_t begin = 0;  // in the data region
+  uint64_t length = 0;
+};
+
+}  // namespace
+
+Status PieceReader::ReadTensorRange(int rank, int64_t step, const std::string& tensor,
+                                    uint64_t offset, uint64_t length, void* dst) {
+  MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindSlot(rank, step));
+  auto t = c->tensor_index.find(tensor);
+  if (t == c->tensor_index.end()) {
+    return NotFoundError(
+        fmt::format("rank {}'s slot of step {} has no tensor '{}'", rank, step, tensor));
+  }
+  const shm::SavedTensor& st = c->info.tensors[t->second];
+  if (offset > st.nbytes || length > st.nbytes - offset) {
+    return InvalidArgumentError(fmt::format("bytes [{}, +{}) of tensor '{}' of rank {}: it has {}",
+                                            offset, length, tensor, rank, st.nbytes));
+  }
+  const uint64_t begin = st.offset + offset;
+  MEMENTO_RETURN_IF_ERROR(VerifyRange(*c, t->second, begin, begin + length));
+  if (length > 0) std::memcpy(dst, c->segment->data() + c->info.data_offset + begin, length);
+  if (!shm::SlotUnchanged(*c->segment, c->info)) {
+    return AbortedError(fmt::format("slot {} (step {}) was overwritten while it was read",
+                                    c->segment->path(), step));
+  }
+  return Status::Ok();
+}
+
+Status PieceReader::ReadPiece(const topo::Plan& plan, uint32_t piece, int64_t step, uint64_t offset,
+                              uint64_t length, void* dst) {
+  if (piece >= plan.pieces.size()) {
+    return InvalidArgumentError(
+        fmt::format("piece {} is not in the plan ({} pieces)", piece, plan.pieces.size()));
+  }
+  const topo::Piece& p = plan.pieces[piece];
+  if (offset > p.bytes || length > p.bytes - offset) {
+    return InvalidArgumentError(fmt::format("bytes [{}, +{}) of piece {} ({}): it has {} bytes",
+                                            offset, length, piece, p.key, p.bytes));
+  }
+  if (length == 0) return Status::Ok();
+  MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindSlot(p.rank, step));
+  // Map the piece range onto its segments.
+  std::vector<RangeCopy> copies;
+  uint64_t pos = 0;
+  const uint64_t end = offset + length;
+  for (const topo::Segment& s : p.segments) {
+    const uint64_t s_begin = pos, s_end = pos + s.length;
+    pos = s_end;
+    if (s_end <= offset || s_begin >= end) continue;
+    auto t = c->tensor_index.find(s.tensor);
+    if (t == c->tensor_index.end()) {
+      return NotFoundError(
+          fmt::format("piece {} ({}): rank {}'s slot of step {} has no tensor '{}'", piece, p.key,
+                      p.rank, step, s.tensor));
+    }
+    const shm::SavedTensor& st = c->info.tensors[t->second];
+    if (s.offset > st.nbytes || s.length > st.nbytes - s.offset) {
+      return FailedPreconditionError(
+          fmt::format("piece {} ({}): segment [{}, +{}) of tensor '{}' exceeds its {} saved bytes",
+                      piece, p.key, s.offset, s.length, s.tensor, st.nbytes));
+    }
+    const uint64_t a = std::max(offset, s_begin), b = std::min(end, s_end);
+    copies.push_back({t->second, st.offset + s.offset + (a - s_begin), b - a});
+  }
+  if (pos != p.bytes) {
+    return FailedPreconditionError(fmt::format(
+        "piece {} ({}): segments sum to {} bytes, piece says {}", piece, p.key, pos, p.bytes));
+  }
+  auto* out = static_cast<uint8_t*>(dst);
+  const uint8_t* data = c->segment->data() + c->info.data_offset;
+  for (const RangeCopy& r : copies) {
+    MEMENTO_RETURN_IF_ERROR(VerifyRange(*c, r.tensor, r.begin, r.begin + r.length));
+    std::memcpy(out, data + r.begin, r.length);
+    out += r.length;
+  }
+  if (!shm::SlotUnchanged(*c->segment, c->info)) {
+    return AbortedError(fmt::format("slot {} (step {}) was overwritten while piece {} was read",
+                                    c->segment->path(), step, piece));
+  }
+  return Status::Ok();
+}
+
+std::vector<int> RanksHolding(shm::NodeStore& store, const std::vector<int>& ranks, int64_t step,
+                              bool verify) {
+  std::vector<int> out;
+  for (int rank : ranks) {
+    for (const shm::SlotStatus& s : store.Inventory(rank)) {
+      if (s.state != shm::SlotState::kComplete || s.step != step) continue;
+      bool intact;
+      if (verify && !s.verified) {
+        intact = store.Verify(rank, s.slot).ok();
+      } else {
+        intact = verify ? s.intact : !(s.verified && !s.intact);
+      }
+      if (intact) {
+        out.push_back(rank);
+        break;
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<std::pair<int64_t, std::vector<int>>> T0Holdings(shm::NodeStore& store, bool verify) {
+  std::map<int64_t, std::set<int>> steps;
+  for (int rank : store.Ranks()) {
+    for (const shm::SlotStatus& s : store.Inventory(rank)) {
+      if (s.state != shm::SlotState::kComplete || s.step < 0) continue;
+      bool intact;
+      if (verify && !s.verified) {
+        intact = store.Verify(rank, s.slot).ok();
+      } else {
+        intact = verify ? s.intact : !(s.verified && !s.intact);
+      }
+      if (intact) steps[s.step].insert(rank);
+    }
+  }
+  std::vector<std::pair<int64_t, std::vector<int>>> out;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    out.emplace_back(it->first, std::vector<int>(it->second.begin(), it->second.end()));
+  }
+  return out;
+}
+
+}  // namespace memento::agent

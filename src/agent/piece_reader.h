@@ -1,0 +1,87 @@
+// Reads plan pieces out of the node's T0 slots (the rank's whole registered
+// state, written by the trainer's client), for the peer service and for the
+// node's own recovery reads. docs/cluster.md, "Recovery".
+//
+// A piece is the concatenation of its segments (tensor, offset, length) of
+// the piece's rank. The reader finds that rank's slot whose header says
+// complete at the asked step, copies the bytes, verifies the checksums of the
+// chunks the bytes lie in (once per chunk per slot generation, then cached),
+// and re-checks the slot's generation afterwards (shm::SlotUnchanged): a
+// trainer that started overwriting the slot meanwhile gives Aborted, never
+// torn bytes.
+//
+// Thread safety: thread-safe. The slot files are mapped read-only, once per
+// (rank, slot) and again when the file grows; one mutex guards the cache and
+// checksums run outside it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/mutex.h"
+#include "memento/status.h"
+#include "shm/node_store.h"
+#include "shm/segment.h"
+#include "shm/slot.h"
+#include "topo/plan.h"
+
+namespace memento::agent {
+
+class PieceReader {
+ public:
+  // `root`: the node store's root (slot files rank<R>.slot<S>). `job_id`:
+  // slots of another job are never served ("" accepts any).
+  PieceReader(std::string root, std::string job_id)
+      : root_(std::move(root)), job_id_(std::move(job_id)) {}
+
+  // Copies bytes [offset, offset + length) of plan piece `piece` of version
+  // `step` into dst. NotFound when the piece's rank has no complete slot of
+  // `step` here (or the slot lacks a segment's tensor), InvalidArgument for a
+  // range past the piece or an unknown piece id, DataLoss naming the chunk
+  // and tensor when a checksum fails, Aborted when the slot was overwritten
+  // while it was read.
+  [[nodiscard]] Status ReadPiece(const topo::Plan& plan, uint32_t piece, int64_t step,
+                                 uint64_t offset, uint64_t length, void* dst) EXCLUDES(mu_);
+
+  // Bytes [offset, offset + length) of tensor `tensor` of `rank`'s slot of
+  // `step` (the same checks as ReadPiece).
+  [[nodiscard]] Status ReadTensorRange(int rank, int64_t step, const std::string& tensor,
+                                       uint64_t offset, uint64_t length, void* dst) EXCLUDES(mu_);
+
+ private:
+  struct SlotCache {
+    std::shared_ptr<shm::Segment> segment;
+    uint64_t generation = 0;
+    bool have_info = false;
+    shm::SlotInfo info;
+    std::map<std::string, size_t> tensor_index;
+    std::vector<size_t> chunk_order;  // chunk indices sorted by data offset
+    std::vector<uint8_t> verified;    // per chunk, this generation: 0 no, 1 good
+  };
+  // The cache entry of `rank`'s slot holding `step` complete; NotFound if none.
+  Result<std::shared_ptr<SlotCache>> FindSlot(int rank, int64_t step) EXCLUDES(mu_);
+  Result<std::shared_ptr<SlotCache>> Load(int rank, int slot) EXCLUDES(mu_);
+  // Verifies the chunks covering data-region bytes [begin, end) of tensor ti.
+  Status VerifyRange(SlotCache& c, size_t ti, uint64_t begin, uint64_t end) EXCLUDES(mu_);
+
+  const std::string root_;
+  const std::string job_id_;
+  Mutex mu_;
+  std::map<std::pair<int, int>, std::shared_ptr<SlotCache>> slots_ GUARDED_BY(mu_);
+};
+
+// Which of `ranks` hold version `step` in T0 on this node: slot complete at
+// `step`; with `verify`, also every chunk checksum verified (NodeStore::Verify,
+// cached per generation by the store). Sorted.
+std::vector<int> RanksHolding(shm::NodeStore& store, const std::vector<int>& ranks, int64_t step,
+                              bool verify);
+
+// Every step held complete by at least one rank of the store, with the ranks
+// (verified as above when `verify`), newest first.
+std::vector<std::pair<int64_t, std::vector<int>>> T0Holdings(shm::NodeStore& store, bool verify);
+
+}  // namespace memento::agent

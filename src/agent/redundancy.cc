@@ -1,0 +1,519 @@
+#include "agent/redundancy.h"
+
+#include <dirent.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "agent/redundancy_format.h"
+#include "agent/redundancy_shm.h"
+#include "common/checksum.h"
+#include "common/log.h"
+#include "recover/recover.h"
+#include "shm/node_store.h"
+
+namespace memento::agent {
+
+using recover::ByteSource;
+using recover::SourceKind;
+
+namespace {
+
+constexpr char kPrefix[] = "red.";
+constexpr size_t kStepDigits = 20;
+
+int64_t WallNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+RedundancyHeader* HeaderOf(const shm::Segment& s) {
+  return reinterpret_cast<RedundancyHeader*>(s.data());
+}
+RedundancyEntry* TableOf(const shm::Segment& s) {
+  return reinterpret_cast<RedundancyEntry*>(s.data() + HeaderOf(s)->table_offset);
+}
+
+uint64_t HeaderChecksum(const RedundancyHeader* h) {
+  return Checksum(h, offsetof(RedundancyHeader, header_checksum));
+}
+
+// Parses "red.<20 digits>"; -1 when the name is not a version file.
+int64_t StepOfName(const std::string& name) {
+  if (name.size() != sizeof(kPrefix) - 1 + kStepDigits || name.compare(0, 4, kPrefix) != 0) {
+    return -1;
+  }
+  int64_t step = 0;
+  for (size_t i = 4; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+bool ValidKind(uint32_t k) {
+  return k == static_cast<uint32_t>(SourceKind::kCopy) ||
+         k == static_cast<uint32_t>(SourceKind::kParity);
+}
+
+std::string DescribeSource(ByteSource e) {
+  return fmt::format("{} {}", recover::SourceKindName(e.kind), e.id);
+}
+
+}  // namespace
+
+std::string RedundancyVersionPath(const std::string& root, int64_t step) {
+  return fmt::format("{}/{}{:020d}", root, kPrefix, step);
+}
+
+uint64_t RedundancyPlanHash(const topo::Plan& plan) { return recover::PlanHash(plan); }
+
+Result<std::unique_ptr<RedundancyStore>> RedundancyStore::Open(const std::string& root, int node) {
+  MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<ShmRedundancyStore> store,
+                           ShmRedundancyStore::OpenShm(root, node));
+  return std::unique_ptr<RedundancyStore>(std::move(store));
+}
+
+Result<std::unique_ptr<ShmRedundancyStore>> ShmRedundancyStore::OpenShm(const std::string& root,
+                                                                        int node) {
+  if (node < 0) return InvalidArgumentError(fmt::format("redundancy store: node {} < 0", node));
+  MEMENTO_RETURN_IF_ERROR(shm::MakePrivateDir(root));
+  std::unique_ptr<ShmRedundancyStore> store(new ShmRedundancyStore(root, node));
+  MEMENTO_RETURN_IF_ERROR(store->Adopt());
+  return store;
+}
+
+std::string ShmRedundancyStore::EntryName(const Version& v, uint32_t index) {
+  const RedundancyEntry& e = TableOf(*v.segment)[index];
+  return fmt::format("{} {} of version {}",
+                     recover::SourceKindName(static_cast<SourceKind>(e.kind)), e.id, v.step);
+}
+
+Status ShmRedundancyStore::Adopt() {
+  DIR* dir = opendir(root_.c_str());
+  if (dir == nullptr) return ErrnoError("opendir " + root_, errno);
+  std::vector<std::pair<int64_t, std::string>> files;
+  while (dirent* d = readdir(dir)) {
+    std::string name = d->d_name;
+    int64_t step = StepOfName(name);
+    if (step >= 0) files.emplace_back(step, root_ + "/" + name);
+  }
+  closedir(dir);
+
+  for (const auto& [step, path] : files) {
+    auto drop = [&, path = path](const std::string& why) {
+      MEMENTO_LOG_WARN("redundancy store: removing {}: {}", path, why);
+      if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+        MEMENTO_LOG_WARN("redundancy store: unlink {}: {}", path, std::strerror(errno));
+      }
+    };
+    auto seg = shm::Segment::Open(path, /*writable=*/true);
+    if (!seg.ok()) {
+      MEMENTO_LOG_WARN("redundancy store: cannot open {}: {}", path, seg.status().ToString());
+      continue;
+    }
+    std::unique_ptr<shm::Segment> segment = std::move(seg).value();
+    if (segment->size() < kRedundancyHeaderBytes) {
+      drop("shorter than a header (torn at creation)");
+      continue;
+    }
+    const RedundancyHeader* h = HeaderOf(*segment);
+    if (LoadState(h) != RedundancyState::kComplete) {
+      drop("not complete (torn by a crash while it was written)");
+      continue;
+    }
+    if (h->magic != kRedundancyMagic || h->format_version != kRedundancyFormatVersion ||
+        h->header_bytes != kRedundancyHeaderBytes || h->header_checksum != HeaderChecksum(h)) {
+      drop("bad magic, version or header checksum");
+      continue;
+    }
+    if (h->step != step) {
+      drop(fmt::format("header says step {}, name says {}", h->step, step));
+      continue;
+    }
+    if (h->node != node_) {
+      MEMENTO_LOG_WARN("redundancy store: {} belongs to node {}, not {}; left alone", path, h->node,
+                       node_);
+      continue;
+    }
+    const uint64_t n = h->num_entries;
+    if (h->table_offset != kRedundancyHeaderBytes ||
+        h->table_offset + n * sizeof(RedundancyEntry) > h->data_offset ||
+        h->data_offset > h->total_bytes || h->total_bytes > segment->size()) {
+      drop("header bounds do not fit the file");
+      continue;
+    }
+    const RedundancyEntry* table = TableOf(*segment);
+    if (Checksum(table, n * sizeof(RedundancyEntry)) != h->table_checksum) {
+      drop("entry table checksum mismatch");
+      continue;
+    }
+    auto v = std::make_shared<Version>();
+    v->step = step;
+    v->plan_hash = h->plan_hash;
+    v->path = path;
+    bool ok = true;
+    for (uint32_t i = 0; i < n && ok; ++i) {
+      const RedundancyEntry& e = table[i];
+      ok = ValidKind(e.kind) && e.done == 1 && e.offset >= h->data_offset &&
+           e.offset % kRedundancyEntryAlignment == 0 && e.offset + e.bytes <= h->total_bytes &&
+           v->index.emplace(std::make_pair(e.kind, e.id), i).second;
+    }
+    if (!ok) {
+      drop("entry table out of bounds, not done or with duplicates");
+      continue;
+    }
+    // Re-verify every entry's bytes (silent corruption while the agent was
+    // down): bad entries are kept but never served or listed.
+    v->check.assign(n, Check::kGood);
+    v->computed.assign(n, 0);
+    for (uint32_t i = 0; i < n; ++i) {
+      const RedundancyEntry& e = table[i];
+      uint64_t sum = Checksum(segment->data() + e.offset, e.bytes);
+      if (sum != e.xxh3) {
+        v->check[i] = Check::kBad;
+        v->computed[i] = sum;
+        MEMENTO_LOG_WARN("redundancy store: {} {} of version {} fails its checksum",
+                         recover::SourceKindName(static_cast<SourceKind>(e.kind)), e.id, step);
+      }
+    }
+    v->done = static_cast<uint32_t>(n);
+    v->complete = true;
+    v->segment = std::move(segment);
+    MutexLock l(&mu_);
+    versions_[step] = std::move(v);
+  }
+  return Status::Ok();
+}
+
+Status ShmRedundancyStore::SetPlan(const topo::Plan& plan) {
+  if (node_ >= static_cast<int>(plan.nodes.size())) {
+    return InvalidArgumentError(fmt::format(
+        "redundancy store: node {} is not in the plan ({} nodes)", node_, plan.nodes.size()));
+  }
+  const topo::NodePlan& np = plan.nodes[node_];
+  std::vector<PlannedEntry> planned;
+  for (uint32_t id : np.copies) {
+    if (id >= plan.copies.size() || plan.copies[id].piece >= plan.pieces.size()) {
+      return InvalidArgumentError(fmt::format("redundancy store: plan copy {} out of range", id));
+    }
+    planned.push_back({SourceKind::kCopy, id, plan.pieces[plan.copies[id].piece].bytes});
+  }
+  for (uint32_t id : np.parities) {
+    if (id >= plan.parities.size()) {
+      return InvalidArgumentError(fmt::format("redundancy store: plan parity {} out of range", id));
+    }
+    planned.push_back({SourceKind::kParity, id, plan.parities[id].bytes});
+  }
+  const uint64_t hash = RedundancyPlanHash(plan);
+  MutexLock l(&mu_);
+  have_plan_ = true;
+  plan_hash_ = hash;
+  planned_ = std::move(planned);
+  for (auto it = versions_.begin(); it != versions_.end();) {
+    if (it->second->plan_hash != hash) {
+      MEMENTO_LOG_INFO(
+          "redundancy store: dropping version {} (made under plan {:016x}, now {:016x})", it->first,
+          it->second->plan_hash, hash);
+      Remove(it->second);
+      it = versions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return Status::Ok();
+}
+
+void ShmRedundancyStore::Remove(const std::shared_ptr<Version>& v) {
+  // Unlink only: readers holding the version keep its mapping until they let go.
+  if (unlink(v->path.c_str()) != 0 && errno != ENOENT) {
+    MEMENTO_LOG_WARN("redundancy store: unlink {}: {}", v->path, std::strerror(errno));
+  }
+}
+
+Status ShmRedundancyStore::Ensure(int64_t step) {
+  if (step < 0) return InvalidArgumentError(fmt::format("redundancy store: step {} < 0", step));
+  MutexLock l(&mu_);
+  if (versions_.count(step) != 0) return Status::Ok();
+  if (!have_plan_) {
+    return FailedPreconditionError(
+        fmt::format("redundancy store: no plan set, cannot create version {}", step));
+  }
+  const uint64_t n = planned_.size();
+  const uint64_t data_offset =
+      shm::AlignUp(kRedundancyHeaderBytes + n * sizeof(RedundancyEntry), kRedundancyDataAlignment);
+  std::vector<uint64_t> offsets;
+  uint64_t end = data_offset;
+  for (const PlannedEntry& p : planned_) {
+    end = shm::AlignUp(end, kRedundancyEntryAlignment);
+    offsets.push_back(end);
+    end += p.bytes;
+  }
+  const uint64_t total = shm::AlignUp(end, kRedundancyDataAlignment);
+  const std::string path = RedundancyVersionPath(root_, step);
+  // A leftover file of this step is not ours (Adopt removed torn ones and we
+  // do not hold this step): start from an empty file.
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoError("unlink " + path, errno);
+  }
+  MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<shm::Segment> segment,
+                           shm::Segment::CreateOrGrow(path, total));
+  RedundancyHeader* h = HeaderOf(*segment);
+  StoreState(h, RedundancyState::kWriting);  // first
+  h->magic = kRedundancyMagic;
+  h->format_version = kRedundancyFormatVersion;
+  h->header_bytes = kRedundancyHeaderBytes;
+  h->step = step;
+  h->plan_hash = plan_hash_;
+  h->node = node_;
+  h->num_entries = static_cast<uint32_t>(n);
+  h->table_offset = kRedundancyHeaderBytes;
+  h->table_checksum = 0;
+  h->data_offset = data_offset;
+  h->total_bytes = total;
+  h->create_wall_ns = WallNs();
+  h->complete_wall_ns = 0;
+  std::memset(h->reserved, 0, sizeof(h->reserved));
+  h->header_checksum = 0;
+  auto v = std::make_shared<Version>();
+  v->step = step;
+  v->plan_hash = plan_hash_;
+  v->path = path;
+  RedundancyEntry* table = TableOf(*segment);
+  for (uint32_t i = 0; i < n; ++i) {
+    RedundancyEntry e{};
+    e.kind = static_cast<uint32_t>(planned_[i].kind);
+    e.id = planned_[i].id;
+    e.offset = offsets[i];
+    e.bytes = planned_[i].bytes;
+    table[i] = e;
+    v->index.emplace(std::make_pair(e.kind, e.id), i);
+  }
+  v->check.assign(n, Check::kUnknown);
+  v->computed.assign(n, 0);
+  v->segment = std::move(segment);
+  if (n == 0) Seal(*v);
+  versions_[step] = std::move(v);
+  return Status::Ok();
+}
+
+void ShmRedundancyStore::Seal(Version& v) {
+  RedundancyHeader* h = HeaderOf(*v.segment);
+  h->table_checksum = Checksum(TableOf(*v.segment), h->num_entries * sizeof(RedundancyEntry));
+  h->complete_wall_ns = WallNs();
+  h->header_checksum = HeaderChecksum(h);
+  StoreState(h, RedundancyState::kComplete);  // last
+  v.complete = true;
+}
+
+Result<std::pair<std::shared_ptr<ShmRedundancyStore::Version>, uint32_t>> ShmRedundancyStore::Find(
+    int64_t step, ByteSource entry) {
+  auto it = versions_.find(step);
+  if (it == versions_.end()) {
+    return NotFoundError(
+        fmt::format("redundancy store of node {} holds no version {}", node_, step));
+  }
+  if (entry.kind == SourceKind::kPiece) {
+    return InvalidArgumentError(fmt::format(
+        "redundancy store holds copies and parities, not pieces (asked for piece {})", entry.id));
+  }
+  auto e = it->second->index.find({static_cast<uint32_t>(entry.kind), entry.id});
+  if (e == it->second->index.end()) {
+    return NotFoundError(
+        fmt::format("{} is not held by node {} in version {}", DescribeSource(entry), node_, step));
+  }
+  return std::make_pair(it->second, e->second);
+}
+
+Result<uint8_t*> ShmRedundancyStore::EntryBuffer(int64_t step, ByteSource entry) {
+  MutexLock l(&mu_);
+  MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
+  const RedundancyEntry& e = TableOf(*found.first->segment)[found.second];
+  if (e.done != 0) {
+    return FailedPreconditionError(fmt::format("{} of version {} on node {} is already finished",
+                                               DescribeSource(entry), step, node_));
+  }
+  return found.first->segment->data() + e.offset;
+}
+
+Result<uint64_t> ShmRedundancyStore::EntryBytes(int64_t step, ByteSource entry) {
+  MutexLock l(&mu_);
+  MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
+  return TableOf(*found.first->segment)[found.second].bytes;
+}
+
+Result<uint64_t> ShmRedundancyStore::FinishedChecksum(int64_t step, ByteSource entry) {
+  MutexLock l(&mu_);
+  MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
+  const RedundancyEntry& e = TableOf(*found.first->segment)[found.second];
+  if (__atomic_load_n(&e.done, __ATOMIC_ACQUIRE) == 0) {
+    return NotFoundError(fmt::format("{} of version {} on node {} is not finished yet",
+                                     DescribeSource(entry), step, node_));
+  }
+  return e.xxh3;
+}
+
+Status ShmRedundancyStore::FinishEntry(int64_t step, ByteSource entry) {
+  std::shared_ptr<Version> v;
+  uint32_t index = 0;
+  {
+    MutexLock l(&mu_);
+    MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
+    std::tie(v, index) = found;
+    if (TableOf(*v->segment)[index].done != 0) {
+      return FailedPreconditionError(fmt::format("{} of version {} on node {} is already finished",
+                                                 DescribeSource(entry), step, node_));
+    }
+  }
+  // The caller is the entry's only writer: checksum its bytes without the lock.
+  RedundancyEntry& e = TableOf(*v->segment)[index];
+  const uint64_t sum = Checksum(v->segment->data() + e.offset, e.bytes);
+  MutexLock l(&mu_);
+  if (e.done != 0) {
+    return FailedPreconditionError(fmt::format("{} of version {} on node {} is already finished",
+                                               DescribeSource(entry), step, node_));
+  }
+  e.xxh3 = sum;
+  __atomic_store_n(&e.done, 1u, __ATOMIC_RELEASE);
+  // Left kUnknown: the first read re-checks the bytes (they may rot at rest).
+  v->check[index] = Check::kUnknown;
+  if (++v->done == v->index.size()) Seal(*v);
+  return Status::Ok();
+}
+
+bool ShmRedundancyStore::Complete(int64_t step) {
+  MutexLock l(&mu_);
+  auto it = versions_.find(step);
+  return it != versions_.end() && it->second->complete;
+}
+
+std::vector<int64_t> ShmRedundancyStore::CompleteVersions() {
+  MutexLock l(&mu_);
+  std::vector<int64_t> out;
+  for (auto it = versions_.rbegin(); it != versions_.rend(); ++it) {
+    if (it->second->complete) out.push_back(it->first);
+  }
+  return out;
+}
+
+std::vector<int64_t> ShmRedundancyStore::Versions() {
+  MutexLock l(&mu_);
+  std::vector<int64_t> out;
+  for (auto it = versions_.rbegin(); it != versions_.rend(); ++it) out.push_back(it->first);
+  return out;
+}
+
+uint64_t ShmRedundancyStore::plan_hash() {
+  MutexLock l(&mu_);
+  return plan_hash_;
+}
+
+recover::VersionHolding ShmRedundancyStore::Holding(int64_t step, bool verify) {
+  recover::VersionHolding out;
+  out.step = step;
+  std::shared_ptr<Version> v;
+  std::vector<uint32_t> done;
+  {
+    MutexLock l(&mu_);
+    auto it = versions_.find(step);
+    if (it == versions_.end()) return out;
+    v = it->second;
+    const RedundancyEntry* table = TableOf(*v->segment);
+    for (uint32_t i = 0; i < v->check.size(); ++i) {
+      if (table[i].done != 0) done.push_back(i);
+    }
+  }
+  const RedundancyEntry* table = TableOf(*v->segment);
+  std::vector<Check> result(done.size());
+  std::vector<uint64_t> sums(done.size(), 0);
+  if (verify) {
+    for (size_t j = 0; j < done.size(); ++j) {
+      const RedundancyEntry& e = table[done[j]];
+      sums[j] = Checksum(v->segment->data() + e.offset, e.bytes);
+      result[j] = sums[j] == e.xxh3 ? Check::kGood : Check::kBad;
+    }
+  }
+  MutexLock l(&mu_);
+  for (size_t j = 0; j < done.size(); ++j) {
+    const uint32_t i = done[j];
+    if (verify) {
+      v->check[i] = result[j];
+      v->computed[i] = sums[j];
+    }
+    if (v->check[i] == Check::kBad) continue;
+    const RedundancyEntry& e = table[i];
+    if (e.kind == static_cast<uint32_t>(SourceKind::kCopy)) {
+      out.copies.push_back(e.id);
+    } else {
+      out.parities.push_back(e.id);
+    }
+  }
+  std::sort(out.copies.begin(), out.copies.end());
+  std::sort(out.parities.begin(), out.parities.end());
+  return out;
+}
+
+Result<ShmRedundancyStore::View> ShmRedundancyStore::ReadView(const recover::ReadRequest& req) {
+  std::shared_ptr<Version> v;
+  uint32_t index = 0;
+  Check check = Check::kUnknown;
+  {
+    MutexLock l(&mu_);
+    MEMENTO_ASSIGN_OR_RETURN(auto found, Find(req.step, req.source));
+    std::tie(v, index) = found;
+    check = v->check[index];
+  }
+  const RedundancyEntry& e = TableOf(*v->segment)[index];
+  if (__atomic_load_n(&e.done, __ATOMIC_ACQUIRE) == 0) {
+    return NotFoundError(fmt::format("{} of version {} on node {} is not finished yet",
+                                     DescribeSource(req.source), req.step, node_));
+  }
+  if (req.offset > e.bytes || req.length > e.bytes - req.offset) {
+    return InvalidArgumentError(
+        fmt::format("read of bytes [{}, +{}) of {} of version {}: the entry has {} bytes",
+                    req.offset, req.length, DescribeSource(req.source), req.step, e.bytes));
+  }
+  if (check == Check::kUnknown) {
+    const uint64_t sum = Checksum(v->segment->data() + e.offset, e.bytes);
+    MutexLock l(&mu_);
+    v->check[index] = sum == e.xxh3 ? Check::kGood : Check::kBad;
+    v->computed[index] = sum;
+    check = v->check[index];
+  }
+  if (check == Check::kBad) {
+    uint64_t computed = 0;
+    {
+      MutexLock l(&mu_);
+      computed = v->computed[index];
+    }
+    return DataLossError(fmt::format(
+        "{} of version {} on node {} fails its checksum (stored {:016x}, computed {:016x})",
+        DescribeSource(req.source), req.step, node_, e.xxh3, computed));
+  }
+  View view;
+  view.data = v->segment->data() + e.offset + req.offset;
+  view.length = req.length;
+  view.keep = std::move(v);
+  return view;
+}
+
+Status ShmRedundancyStore::Read(const recover::ReadRequest& req, void* dst) {
+  MEMENTO_ASSIGN_OR_RETURN(View view, ReadView(req));
+  if (view.length > 0) std::memcpy(dst, view.data, view.length);
+  return Status::Ok();
+}
+
+void ShmRedundancyStore::DropBelow(int64_t keep_from) {
+  MutexLock l(&mu_);
+  for (auto it = versions_.begin(); it != versions_.end() && it->first < keep_from;) {
+    Remove(it->second);
+    it = versions_.erase(it);
+  }
+}
+
+}  // namespace memento::agent

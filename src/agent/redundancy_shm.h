@@ -1,0 +1,108 @@
+// The shared-memory implementation of RedundancyStore (redundancy.h), one
+// file per version (format and crash protocol in redundancy_format.h).
+// RedundancyStore::Open returns one of these; the peer service uses the extra
+// ReadView to send entry bytes straight from shared memory.
+//
+// Thread safety: every method is thread-safe. One mutex guards the version
+// map and the per-entry bookkeeping; checksums are computed outside it.
+// Different entries of one version may be written concurrently; one entry
+// has one writer at a time (the caller's contract).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "agent/redundancy.h"
+#include "common/mutex.h"
+#include "shm/segment.h"
+
+namespace memento::agent {
+
+// <root>/red.<step as 20 digits>.
+std::string RedundancyVersionPath(const std::string& root, int64_t step);
+
+// The plan hash the store records in its files (recover::PlanHash).
+uint64_t RedundancyPlanHash(const topo::Plan& plan);
+
+class ShmRedundancyStore final : public RedundancyStore {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<ShmRedundancyStore>> OpenShm(const std::string& root,
+                                                                           int node);
+
+  Status SetPlan(const topo::Plan& plan) override EXCLUDES(mu_);
+  Status Ensure(int64_t step) override EXCLUDES(mu_);
+  Result<uint8_t*> EntryBuffer(int64_t step, recover::ByteSource entry) override EXCLUDES(mu_);
+  Status FinishEntry(int64_t step, recover::ByteSource entry) override EXCLUDES(mu_);
+  bool Complete(int64_t step) override EXCLUDES(mu_);
+  std::vector<int64_t> CompleteVersions() override EXCLUDES(mu_);
+  recover::VersionHolding Holding(int64_t step, bool verify) override EXCLUDES(mu_);
+  Status Read(const recover::ReadRequest& req, void* dst) override EXCLUDES(mu_);
+  void DropBelow(int64_t keep_from) override EXCLUDES(mu_);
+
+  // Bytes [req.offset, +req.length) of a done entry whose checksum verified
+  // (once, cached), in place in shared memory. `keep` holds the version's
+  // mapping alive while the caller uses `data` (a concurrent DropBelow only
+  // unlinks the file). Errors as Read.
+  struct View {
+    std::shared_ptr<const void> keep;
+    const uint8_t* data = nullptr;
+    uint64_t length = 0;
+  };
+  [[nodiscard]] Result<View> ReadView(const recover::ReadRequest& req) EXCLUDES(mu_);
+
+  // Every version (complete or not), newest first.
+  std::vector<int64_t> Versions() EXCLUDES(mu_);
+  // The entry's size in version `step`; NotFound when it has no such entry.
+  [[nodiscard]] Result<uint64_t> EntryBytes(int64_t step, recover::ByteSource entry) EXCLUDES(mu_);
+  // The stored xxHash3 of a finished entry; NotFound when absent or not finished.
+  [[nodiscard]] Result<uint64_t> FinishedChecksum(int64_t step, recover::ByteSource entry)
+      EXCLUDES(mu_);
+  // PlanHash of the plan set with SetPlan; 0 before.
+  uint64_t plan_hash() EXCLUDES(mu_);
+  int node() const { return node_; }
+  const std::string& root() const { return root_; }
+
+ private:
+  enum class Check : uint8_t { kUnknown = 0, kGood = 1, kBad = 2 };
+  struct Version {
+    int64_t step = -1;
+    uint64_t plan_hash = 0;
+    std::string path;
+    std::unique_ptr<shm::Segment> segment;
+    std::map<std::pair<uint32_t, uint32_t>, uint32_t> index;  // (kind, id) -> table index
+    std::vector<Check> check;                                 // per entry, for the current bytes
+    std::vector<uint64_t> computed;  // the checksum found when check is kBad
+    uint32_t done = 0;
+    bool complete = false;
+  };
+  ShmRedundancyStore(std::string root, int node) : root_(std::move(root)), node_(node) {}
+  Status Adopt() EXCLUDES(mu_);
+  static std::string EntryName(const Version& v, uint32_t index);
+  // Looks up a version and entry. NotFound naming what is missing.
+  Result<std::pair<std::shared_ptr<Version>, uint32_t>> Find(int64_t step,
+                                                             recover::ByteSource entry)
+      REQUIRES(mu_);
+  // Seals the table and header and flips the state to complete.
+  static void Seal(Version& v);
+  void Remove(const std::shared_ptr<Version>& v) REQUIRES(mu_);
+
+  const std::string root_;
+  const int node_;
+  Mutex mu_;
+  std::map<int64_t, std::shared_ptr<Version>> versions_ GUARDED_BY(mu_);
+  bool have_plan_ GUARDED_BY(mu_) = false;
+  uint64_t plan_hash_ GUARDED_BY(mu_) = 0;
+  // The entries of this node's plan, in table order: (kind, id, bytes).
+  struct PlannedEntry {
+    recover::SourceKind kind;
+    uint32_t id;
+    uint64_t bytes;
+  };
+  std::vector<PlannedEntry> planned_ GUARDED_BY(mu_);
+};
+
+}  // namespace memento::agent

@@ -1,0 +1,357 @@
+#include "launch/cluster.h"
+
+#include <algorithm>
+#include <map>
+#include <thread>
+
+#include "agent/peer_protocol.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "coord/keys.h"
+#include "net/rpc.h"
+
+namespace memento::launch {
+
+using nlohmann::json;
+
+std::string NodeName(int index) { return "node" + std::to_string(index); }
+
+// ---- topology ---------------------------------------------------------------
+
+json TopologyToJson(const JobTopology& t) {
+  return {{"dp", t.topology.dp},
+          {"tp", t.topology.tp},
+          {"pp", t.topology.pp},
+          {"zero", t.topology.zero_stage},
+          {"rank_node", t.topology.rank_node},
+          {"policy", topo::PolicyName(t.policy)},
+          {"local_copy", t.policy.local_copy == topo::LocalCopy::kFull ? "full" : "sharded"}};
+}
+
+Result<JobTopology> TopologyFromJson(const json& j) {
+  JobTopology t;
+  try {
+    t.topology.dp = j.at("dp").get<int>();
+    t.topology.tp = j.at("tp").get<int>();
+    t.topology.pp = j.at("pp").get<int>();
+    t.topology.zero_stage = j.at("zero").get<int>();
+    t.topology.rank_node = j.at("rank_node").get<std::vector<int>>();
+    MEMENTO_ASSIGN_OR_RETURN(t.policy, topo::ParsePolicy(j.at("policy").get<std::string>()));
+    if (j.value("local_copy", std::string("sharded")) == "full") {
+      t.policy.local_copy = topo::LocalCopy::kFull;
+    }
+  } catch (const json::exception& e) {
+    return InvalidArgumentError(std::string("malformed topology: ") + e.what());
+  }
+  MEMENTO_RETURN_IF_ERROR(t.topology.Validate());
+  return t;
+}
+
+json TensorMetaToJson(const TensorMeta& m) {
+  return {{"name", m.name},
+          {"dtype", std::string(DTypeName(m.dtype))},
+          {"shape", m.shape},
+          {"state_class", std::string(StateClassName(m.state_class))},
+          {"global_numel", m.global_numel},
+          {"shard_offset", m.shard_offset}};
+}
+
+Result<TensorMeta> TensorMetaFromJson(const json& j) {
+  TensorMeta m;
+  try {
+    m.name = j.at("name").get<std::string>();
+    const json& dt = j.at("dtype");
+    if (dt.is_string()) {
+      MEMENTO_ASSIGN_OR_RETURN(m.dtype, ParseDType(dt.get<std::string>()));
+    } else {
+      m.dtype = static_cast<DType>(dt.get<int>());
+    }
+    m.shape = j.at("shape").get<std::vector<int64_t>>();
+    const json& sc = j.contains("state_class") ? j.at("state_class") : j.at("class");
+    if (sc.is_string()) {
+      MEMENTO_ASSIGN_OR_RETURN(m.state_class, ParseStateClass(sc.get<std::string>()));
+    } else {
+      m.state_class = static_cast<StateClass>(sc.get<int>());
+    }
+    m.global_numel = j.value("global_numel", int64_t{0});
+    m.shard_offset = j.value("shard_offset", int64_t{0});
+  } catch (const json::exception& e) {
+    return InvalidArgumentError(std::string("malformed tensor description: ") + e.what());
+  }
+  return m;
+}
+
+Result<std::vector<TensorMeta>> TensorListFromJson(const json& j) {
+  const json& list = j.is_object() && j.contains("tensors") ? j.at("tensors") : j;
+  if (!list.is_array()) return InvalidArgumentError("tensor list: expected a JSON array");
+  std::vector<TensorMeta> out;
+  for (const json& t : list) {
+    MEMENTO_ASSIGN_OR_RETURN(TensorMeta m, TensorMetaFromJson(t));
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+Status PublishTopology(coord::Store& store, const std::string& job, const JobTopology& t,
+                       Deadline deadline) {
+  coord::JobKeys keys(job);
+  return store.Set(keys.Topology(), TopologyToJson(t).dump(), deadline).status();
+}
+
+namespace {
+
+Result<json> ParseJson(const std::string& text, const std::string& what) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgumentError(what + " is not JSON: " + text.substr(0, 200));
+  return j;
+}
+
+}  // namespace
+
+Result<JobTopology> ReadTopology(coord::Store& store, const std::string& job, Deadline deadline) {
+  coord::JobKeys keys(job);
+  MEMENTO_ASSIGN_OR_RETURN(coord::KeyValue kv, store.Get(keys.Topology(), deadline));
+  MEMENTO_ASSIGN_OR_RETURN(json j, ParseJson(kv.value, keys.Topology()));
+  return TopologyFromJson(j);
+}
+
+Result<topo::Inventory> ReadInventory(coord::Store& store, const std::string& job, int world_size,
+                                      Deadline deadline) {
+  coord::JobKeys keys(job);
+  MEMENTO_ASSIGN_OR_RETURN(coord::ListResult list, store.List(keys.InventoryPrefix(), deadline));
+  topo::Inventory inv(static_cast<size_t>(world_size));
+  std::vector<bool> have(static_cast<size_t>(world_size), false);
+  for (const coord::KeyValue& kv : list.kvs) {
+    const std::string rank_text = kv.key.substr(keys.InventoryPrefix().size());
+    char* end = nullptr;
+    long rank = std::strtol(rank_text.c_str(), &end, 10);
+    if (rank_text.empty() || *end != '\0' || rank < 0 || rank >= world_size) continue;
+    MEMENTO_ASSIGN_OR_RETURN(json j, ParseJson(kv.value, kv.key));
+    auto tensors = TensorListFromJson(j);
+    if (!tensors.ok()) return tensors.status().WithContext(kv.key);
+    inv[static_cast<size_t>(rank)] = std::move(*tensors);
+    have[static_cast<size_t>(rank)] = true;
+  }
+  std::string missing;
+  int n_missing = 0;
+  for (int r = 0; r < world_size; ++r) {
+    if (have[static_cast<size_t>(r)]) continue;
+    if (n_missing < 8) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    ++n_missing;
+  }
+  if (n_missing > 0) {
+    return NotFoundError("no inventory yet for " + std::to_string(n_missing) +
+                         " rank(s): " + missing + (n_missing > 8 ? ", ..." : ""));
+  }
+  return inv;
+}
+
+Result<topo::Plan> PlanFromStore(coord::Store& store, const std::string& job, Deadline deadline) {
+  MEMENTO_ASSIGN_OR_RETURN(JobTopology t, ReadTopology(store, job, deadline));
+  MEMENTO_ASSIGN_OR_RETURN(topo::Inventory inv,
+                           ReadInventory(store, job, t.topology.num_ranks(), deadline));
+  return topo::MakePlan(t.topology, inv, t.policy);
+}
+
+Result<std::vector<std::string>> ReadEndpoints(coord::Store& store, const std::string& job,
+                                               int num_nodes, Deadline deadline) {
+  coord::JobKeys keys(job);
+  MEMENTO_ASSIGN_OR_RETURN(coord::ListResult list, store.List(keys.NodesPrefix(), deadline));
+  std::vector<std::string> out(static_cast<size_t>(num_nodes));
+  for (const coord::KeyValue& kv : list.kvs) {
+    const std::string name = kv.key.substr(keys.NodesPrefix().size());
+    for (int i = 0; i < num_nodes; ++i) {
+      if (name == NodeName(i)) out[static_cast<size_t>(i)] = kv.value;
+    }
+  }
+  return out;
+}
+
+// ---- recovery -----------------------------------------------------------------
+
+json ClusterRecovery::ToJson() const {
+  json nodes_j = json::array();
+  for (const NodeRecoveryStats& n : nodes) {
+    nodes_j.push_back({{"node", n.node},
+                       {"ranks", n.ranks},
+                       {"bytes", n.bytes},
+                       {"transfer_s", n.transfer_s},
+                       {"decode_s", n.decode_s},
+                       {"write_s", n.write_s},
+                       {"total_s", n.total_s}});
+  }
+  return {{"decision", recover::DecisionToJson(decision)},
+          {"committed", committed},
+          {"unreachable", unreachable},
+          {"nodes", nodes_j},
+          {"inventory_plan_s", inventory_plan_s},
+          {"transfer_s", transfer_s},
+          {"decode_s", decode_s},
+          {"write_s", write_s},
+          {"rebuild_s", rebuild_s},
+          {"total_s", total_s},
+          {"rebuilt_bytes", rebuilt_bytes}};
+}
+
+namespace {
+
+Result<std::unique_ptr<net::RpcClient>> ConnectPeer(const std::string& endpoint,
+                                                    const net::JobToken& token, Deadline deadline) {
+  size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos) {
+    return InvalidArgumentError("agent endpoint '" + endpoint + "' is not host:port");
+  }
+  char* end = nullptr;
+  long port = std::strtol(endpoint.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || port <= 0 || port > 65535) {
+    return InvalidArgumentError("agent endpoint '" + endpoint + "' has a bad port");
+  }
+  return net::RpcClient::Connect(endpoint.substr(0, colon), static_cast<int>(port), token,
+                                 deadline);
+}
+
+Result<std::string> CallPeer(const std::string& endpoint, const net::JobToken& token,
+                             uint32_t method, const std::string& body, Deadline deadline) {
+  MEMENTO_ASSIGN_OR_RETURN(auto client, ConnectPeer(endpoint, token, deadline));
+  return client->Call(method, body, deadline);
+}
+
+double NumberOr(const json& j, const char* key, double def) {
+  if (j.contains(key) && j[key].is_number()) return j[key].get<double>();
+  return def;
+}
+
+}  // namespace
+
+Result<ClusterRecovery> RecoverCluster(coord::Store& store, const topo::Plan& plan,
+                                       const net::JobToken& token, const RecoverOptions& options,
+                                       Deadline deadline) {
+  Stopwatch total;
+  ClusterRecovery out;
+  const int n = options.num_nodes;
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<std::string> endpoints,
+                           ReadEndpoints(store, options.job, n, deadline));
+
+  // 2. Inventory from every agent, in parallel.
+  std::vector<Result<recover::NodeInventory>> answers(static_cast<size_t>(n),
+                                                      UnavailableError("not asked"));
+  {
+    const std::string body = json{{"verify", options.verify}}.dump();
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) {
+      if (endpoints[static_cast<size_t>(i)].empty()) {
+        answers[static_cast<size_t>(i)] =
+            UnavailableError("node " + std::to_string(i) + " has no live agent in the store");
+        continue;
+      }
+      threads.emplace_back([&, i] {
+        auto reply = CallPeer(endpoints[static_cast<size_t>(i)], token, agent::kPeerInventory, body,
+                              deadline);
+        if (!reply.ok()) {
+          answers[static_cast<size_t>(i)] = reply.status();
+          return;
+        }
+        json j = json::parse(*reply, nullptr, false);
+        if (j.is_discarded()) {
+          answers[static_cast<size_t>(i)] = InvalidArgumentError("inventory reply is not JSON");
+          return;
+        }
+        answers[static_cast<size_t>(i)] = recover::NodeInventoryFromJson(j);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  out.committed = options.committed;
+  for (int i = 0; i < n; ++i) {
+    auto& a = answers[static_cast<size_t>(i)];
+    if (!a.ok()) {
+      MEMENTO_LOG_WARN("recovery: node {} does not answer the inventory: {}", i,
+                       a.status().ToString());
+      out.unreachable.push_back(i);
+      continue;
+    }
+    if (a->node != i) {
+      return InternalError("node " + std::to_string(i) + "'s agent answers as node " +
+                           std::to_string(a->node));
+    }
+    out.committed = std::max(out.committed, a->committed);
+    out.inventories.push_back(std::move(*a));
+  }
+
+  // 3. Plan.
+  MEMENTO_ASSIGN_OR_RETURN(out.decision, recover::Decide(plan, out.inventories, out.committed));
+  out.inventory_plan_s = total.Seconds();
+  if (!out.decision.from_memory) {
+    out.total_s = total.Seconds();
+    return out;
+  }
+
+  // 4. Execute: kPeerRecover to every node with assemblies, in parallel.
+  const uint64_t plan_hash = recover::PlanHash(plan);
+  std::map<int, std::vector<recover::RankAssembly>> by_node;
+  for (const recover::RankAssembly& a : out.decision.assemblies) by_node[a.node].push_back(a);
+  Stopwatch rebuild;
+  {
+    std::vector<int> order;
+    for (const auto& [node, list] : by_node) order.push_back(node);
+    std::vector<Result<std::string>> replies(order.size(), UnavailableError("not asked"));
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < order.size(); ++k) {
+      const int node = order[k];
+      if (node < 0 || node >= n || endpoints[static_cast<size_t>(node)].empty()) {
+        replies[k] = UnavailableError("node " + std::to_string(node) + " has no live agent");
+        continue;
+      }
+      // The assemblies in the decision's own JSON form (recover::DecisionToJson).
+      recover::Decision part;
+      part.from_memory = true;
+      part.step = out.decision.step;
+      part.assemblies = by_node[node];
+      json body = {{"step", out.decision.step},
+                   {"plan_hash", plan_hash},
+                   {"assemblies", recover::DecisionToJson(part).at("assemblies")}};
+      threads.emplace_back([&, k, node, text = body.dump()] {
+        replies[k] = CallPeer(endpoints[static_cast<size_t>(node)], token, agent::kPeerRecover,
+                              text, deadline);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (size_t k = 0; k < order.size(); ++k) {
+      if (!replies[k].ok()) {
+        return replies[k].status().WithContext("recovery on node " + std::to_string(order[k]));
+      }
+      json j = json::parse(*replies[k], nullptr, false);
+      NodeRecoveryStats s;
+      s.node = order[k];
+      if (!j.is_discarded() && j.is_object()) {
+        if (j.contains("ranks") && j["ranks"].is_array()) {
+          s.ranks = j["ranks"].get<std::vector<int>>();
+        }
+        s.bytes = j.value("bytes", uint64_t{0});
+        s.transfer_s = NumberOr(j, "transfer_s", 0);
+        s.decode_s = NumberOr(j, "decode_s", 0);
+        s.write_s = NumberOr(j, "write_s", 0);
+        s.total_s = NumberOr(j, "total_s", 0);
+      }
+      out.transfer_s = std::max(out.transfer_s, s.transfer_s);
+      out.decode_s = std::max(out.decode_s, s.decode_s);
+      out.write_s = std::max(out.write_s, s.write_s);
+      out.rebuilt_bytes += s.bytes;
+      out.nodes.push_back(std::move(s));
+    }
+  }
+  out.rebuild_s = rebuild.Seconds();
+
+  // 5. Target: every agent answers its trainers' restore query with this step.
+  const std::string target = json{{"step", out.decision.step}}.dump();
+  for (int i = 0; i < n; ++i) {
+    if (endpoints[static_cast<size_t>(i)].empty()) continue;
+    auto r = CallPeer(endpoints[static_cast<size_t>(i)], token, agent::kPeerSetRestoreTarget,
+                      target, deadline);
+    if (!r.ok()) return r.status().WithContext("set restore target on node " + std::to_string(i));
+  }
+  out.total_s = total.Seconds();
+  return out;
+}
+
+}  // namespace memento::launch

@@ -1,0 +1,114 @@
+// The launcher's view of a cluster job in the coordination store, and the
+// recovery orchestration of docs/cluster.md ("Recovery", steps 2-6):
+//
+//   PublishTopology   /memento/<job>/topology (the launcher, before agents start)
+//   ReadInventory     every rank's registered tensors (/memento/<job>/inventory/<rank>)
+//   PlanFromStore     topo::MakePlan(topology, inventory, policy): what every agent computes
+//   RecoverCluster    inventory (kPeerInventory, verify) from every agent, recover::Decide,
+//                     kPeerRecover to the nodes with assemblies, kPeerSetRestoreTarget on all
+//
+// `memento launch` calls them; `memento bench recover` and tests may too.
+//
+// Thread safety: free functions; RecoverCluster uses its own threads (one per
+// node) and the thread-safe Store.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "coord/store.h"
+#include "memento/deadline.h"
+#include "memento/status.h"
+#include "memento/types.h"
+#include "net/job_token.h"
+#include "recover/recover.h"
+#include "topo/plan.h"
+
+namespace memento::launch {
+
+// The store name of node `index` (membership, signals, completed reports):
+// "node0", "node1", ... (the agent's ClusterNodeName).
+std::string NodeName(int index);
+
+// What `memento launch` publishes at /memento/<job>/topology.
+struct JobTopology {
+  topo::Topology topology;
+  topo::Policy policy;
+};
+nlohmann::json TopologyToJson(const JobTopology& t);
+[[nodiscard]] Result<JobTopology> TopologyFromJson(const nlohmann::json& j);
+
+// TensorMeta <-> JSON ({"name","dtype":"F32","shape":[..],"state_class":"replicated",
+// "global_numel","shard_offset"}) as in /memento/<job>/inventory/<rank>: a list of
+// them (or {"tensors": [...]}).
+nlohmann::json TensorMetaToJson(const TensorMeta& m);
+[[nodiscard]] Result<TensorMeta> TensorMetaFromJson(const nlohmann::json& j);
+[[nodiscard]] Result<std::vector<TensorMeta>> TensorListFromJson(const nlohmann::json& j);
+
+[[nodiscard]] Status PublishTopology(coord::Store& store, const std::string& job,
+                                     const JobTopology& t, Deadline deadline);
+[[nodiscard]] Result<JobTopology> ReadTopology(coord::Store& store, const std::string& job,
+                                               Deadline deadline);
+
+// Every rank's tensors from the store. NotFound (naming the missing ranks)
+// until every rank of the topology published its inventory.
+[[nodiscard]] Result<topo::Inventory> ReadInventory(coord::Store& store, const std::string& job,
+                                                    int world_size, Deadline deadline);
+
+// The job's plan as the agents compute it. NotFound while inventories are missing.
+[[nodiscard]] Result<topo::Plan> PlanFromStore(coord::Store& store, const std::string& job,
+                                               Deadline deadline);
+
+// The endpoints ("host:port") of the live agents, by node index (empty: absent).
+[[nodiscard]] Result<std::vector<std::string>> ReadEndpoints(coord::Store& store,
+                                                             const std::string& job, int num_nodes,
+                                                             Deadline deadline);
+
+// One node's answer to kPeerRecover.
+struct NodeRecoveryStats {
+  int node = -1;
+  std::vector<int> ranks;
+  uint64_t bytes = 0;
+  double transfer_s = 0, decode_s = 0, write_s = 0, total_s = 0;
+};
+
+struct ClusterRecovery {
+  recover::Decision decision;
+  std::vector<recover::NodeInventory> inventories;  // the agents that answered
+  std::vector<int> unreachable;                     // nodes that did not answer
+  std::vector<NodeRecoveryStats> nodes;             // nodes that rebuilt ranks
+  int64_t committed = -1;                           // the newest commit known
+  // Seconds: inventory + Decide, the slowest node's transfer / decode / write,
+  // the kPeerRecover round, and everything (inventory to restore target set).
+  double inventory_plan_s = 0;
+  double transfer_s = 0, decode_s = 0, write_s = 0;
+  double rebuild_s = 0;
+  double total_s = 0;
+  uint64_t rebuilt_bytes = 0;
+  nlohmann::json ToJson() const;
+};
+
+struct RecoverOptions {
+  std::string job;
+  int num_nodes = 0;
+  // The newest committed step known to the caller (the store's commit/latest);
+  // the agents' CommitLogs may raise it.
+  int64_t committed = -1;
+  // Checksum every slot and redundancy entry before listing it (docs/cluster.md).
+  bool verify = true;
+};
+
+// Recovery steps 2-5 of docs/cluster.md against the live agents. Returns OK
+// with decision.from_memory == false when memory cannot rebuild any committed
+// version (decision.reason names the lost pieces); nothing was changed then.
+// Errors: an agent that fails kPeerRecover or kPeerSetRestoreTarget (the
+// message names the node).
+// `token` authenticates the launcher to the agents' peer services.
+[[nodiscard]] Result<ClusterRecovery> RecoverCluster(coord::Store& store, const topo::Plan& plan,
+                                                     const net::JobToken& token,
+                                                     const RecoverOptions& options,
+                                                     Deadline deadline);
+
+}  // namespace memento::launch

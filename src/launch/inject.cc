@@ -1,0 +1,110 @@
+#include "launch/inject.h"
+
+#include <charconv>
+
+namespace memento::launch {
+
+std::string_view InjectKindName(InjectKind kind) {
+  switch (kind) {
+    case InjectKind::kKillRank:
+      return "kill-rank";
+    case InjectKind::kKillAgent:
+      return "kill-agent";
+    case InjectKind::kKillNode:
+      return "kill-node";
+    case InjectKind::kCorruptRank:
+      return "corrupt-rank";
+  }
+  return "?";
+}
+
+std::string Injection::ToString() const {
+  return std::string(InjectKindName(kind)) + ":" + std::to_string(target) +
+         "@step=" + std::to_string(step);
+}
+
+namespace {
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+template <typename T>
+bool ParseNumber(std::string_view s, T* out) {
+  if (s.empty()) return false;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && ptr == s.data() + s.size();
+}
+
+Result<Injection> ParseOne(std::string_view entry, int world_size, int num_nodes) {
+  const std::string quoted = "'" + std::string(entry) + "'";
+  const std::string form =
+      " (expected kill-rank:R@step=N, kill-agent:I@step=N, kill-node:I@step=N or "
+      "corrupt-rank:R@step=N)";
+  size_t colon = entry.find(':');
+  size_t at = entry.find('@');
+  if (colon == std::string_view::npos || at == std::string_view::npos || at < colon) {
+    return InvalidArgumentError("injection " + quoted + form);
+  }
+  std::string_view kind = entry.substr(0, colon);
+  std::string_view target = entry.substr(colon + 1, at - colon - 1);
+  std::string_view when = entry.substr(at + 1);
+  Injection inj;
+  if (kind == "kill-rank") {
+    inj.kind = InjectKind::kKillRank;
+  } else if (kind == "kill-agent") {
+    inj.kind = InjectKind::kKillAgent;
+  } else if (kind == "kill-node") {
+    inj.kind = InjectKind::kKillNode;
+  } else if (kind == "corrupt-rank") {
+    inj.kind = InjectKind::kCorruptRank;
+  } else {
+    return InvalidArgumentError("injection " + quoted + ": unknown kind '" + std::string(kind) +
+                                "'" + form);
+  }
+  if (!ParseNumber(target, &inj.target) || inj.target < 0) {
+    return InvalidArgumentError("injection " + quoted + ": target '" + std::string(target) +
+                                "' is not a non-negative integer");
+  }
+  const bool rank = inj.kind == InjectKind::kKillRank || inj.kind == InjectKind::kCorruptRank;
+  const int limit = rank ? world_size : num_nodes;
+  if (inj.target >= limit) {
+    return InvalidArgumentError("injection " + quoted + ": " + (rank ? "rank " : "node ") +
+                                std::to_string(inj.target) + " does not exist (the job has " +
+                                std::to_string(limit) + (rank ? " ranks)" : " nodes)"));
+  }
+  if (when.substr(0, 5) != "step=") {
+    return InvalidArgumentError("injection " + quoted + ": expected '@step=N' after the target");
+  }
+  if (!ParseNumber(when.substr(5), &inj.step) || inj.step < 0) {
+    return InvalidArgumentError("injection " + quoted + ": step '" + std::string(when.substr(5)) +
+                                "' is not a non-negative integer");
+  }
+  return inj;
+}
+
+}  // namespace
+
+Result<std::vector<Injection>> ParseInjections(std::string_view text, int world_size,
+                                               int num_nodes) {
+  std::vector<Injection> out;
+  text = Trim(text);
+  if (text.empty()) return out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view entry = Trim(text.substr(start, end - start));
+    if (entry.empty()) {
+      return InvalidArgumentError("injection list '" + std::string(text) + "' has an empty entry");
+    }
+    MEMENTO_ASSIGN_OR_RETURN(Injection inj, ParseOne(entry, world_size, num_nodes));
+    out.push_back(inj);
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace memento::launch

@@ -1,0 +1,75 @@
+#include "launch/inject.h"
+
+#include "gtest/gtest.h"
+
+namespace memento::launch {
+namespace {
+
+TEST(ParseInjections, Empty) {
+  auto r = ParseInjections("", 8, 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->empty());
+  r = ParseInjections("  ", 8, 4);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->empty());
+}
+
+TEST(ParseInjections, Several) {
+  auto r = ParseInjections("kill-rank:3@step=40, kill-node:1@step=80,kill-agent:0@step=0", 8, 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 3u);
+  EXPECT_EQ((*r)[0].kind, InjectKind::kKillRank);
+  EXPECT_EQ((*r)[0].target, 3);
+  EXPECT_EQ((*r)[0].step, 40);
+  EXPECT_EQ((*r)[1].kind, InjectKind::kKillNode);
+  EXPECT_EQ((*r)[1].target, 1);
+  EXPECT_EQ((*r)[1].step, 80);
+  EXPECT_EQ((*r)[2].kind, InjectKind::kKillAgent);
+  EXPECT_EQ((*r)[2].step, 0);
+  EXPECT_EQ((*r)[0].ToString(), "kill-rank:3@step=40");
+  EXPECT_EQ((*r)[1].ToString(), "kill-node:1@step=80");
+  EXPECT_EQ((*r)[2].ToString(), "kill-agent:0@step=0");
+}
+
+TEST(ParseInjections, RoundTrip) {
+  for (const char* text :
+       {"kill-rank:7@step=12345678901", "kill-node:3@step=1", "corrupt-rank:5@step=9"}) {
+    auto r = ParseInjections(text, 8, 4);
+    ASSERT_TRUE(r.ok()) << text << ": " << r.status();
+    ASSERT_EQ(r->size(), 1u);
+    EXPECT_EQ((*r)[0].ToString(), text);
+  }
+}
+
+TEST(ParseInjections, BadInputNamesTheEntry) {
+  struct Case {
+    const char* text;
+    const char* needle;
+  } cases[] = {
+      {"kill-rank:8@step=1", "rank 8 does not exist (the job has 8 ranks)"},
+      {"kill-node:4@step=1", "node 4 does not exist (the job has 4 nodes)"},
+      {"kill-agent:4@step=1", "node 4 does not exist"},
+      {"corrupt-rank:9@step=1", "rank 9 does not exist"},
+      {"kill-rack:1@step=1", "unknown kind 'kill-rack'"},
+      {"kill-rank:x@step=1", "target 'x'"},
+      {"kill-rank:-1@step=1", "target '-1'"},
+      {"kill-rank:1@step=", "step ''"},
+      {"kill-rank:1@step=4x", "step '4x'"},
+      {"kill-rank:1@step=-3", "step '-3'"},
+      {"kill-rank:1@at=3", "expected '@step=N'"},
+      {"kill-rank 1", "'kill-rank 1'"},
+      {"kill-rank:1@step=3,", "empty entry"},
+      {",kill-rank:1@step=3", "empty entry"},
+      {"kill-rank@step=3:1", "'kill-rank@step=3:1'"},
+  };
+  for (const Case& c : cases) {
+    auto r = ParseInjections(c.text, 8, 4);
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.text;
+    EXPECT_NE(r.status().message().find(c.needle), std::string::npos)
+        << c.text << " -> " << r.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace memento::launch

@@ -1,0 +1,724 @@
+#include "launch/launcher.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/subprocess.h"
+#include "coord/commit.h"
+#include "coord/embedded_store.h"
+#include "coord/keys.h"
+#include "coord/membership.h"
+#include "launch/cluster.h"
+#include "net/job_token.h"
+#include "recover/recover.h"
+#include "shm/node_store.h"
+#include "shm/slot_format.h"
+#include "tier/discovery.h"
+#include "tier/env.h"
+
+namespace memento::launch {
+
+using nlohmann::json;
+
+// ---- reports ------------------------------------------------------------------
+
+json RecoveryReport::ToJson() const {
+  return {{"n", n},
+          {"attempt", attempt},
+          {"cause", cause},
+          {"committed", committed},
+          {"step", step},
+          {"lost_nodes", lost_nodes},
+          {"detect_s", detect_s},
+          {"restart_s", restart_s},
+          {"inventory_plan_s", inventory_plan_s},
+          {"transfer_s", transfer_s},
+          {"decode_s", decode_s},
+          {"write_s", write_s},
+          {"total_s", total_s},
+          {"rebuilt_bytes", rebuilt_bytes},
+          {"reason", reason}};
+}
+
+std::string RecoveryReport::ToString() const {
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "recovery %d: restored step %lld (committed %lld) in %.3f s: detect %.3f, "
+                "restart %.3f, inventory+plan %.3f, transfer %.3f, decode %.3f, write %.3f s; "
+                "%llu bytes rebuilt",
+                n, static_cast<long long>(step), static_cast<long long>(committed), total_s,
+                detect_s, restart_s, inventory_plan_s, transfer_s, decode_s, write_s,
+                static_cast<unsigned long long>(rebuilt_bytes));
+  return buf;
+}
+
+json LaunchSummary::ToJson() const {
+  json r = json::array();
+  for (const RecoveryReport& x : recoveries) r.push_back(x.ToJson());
+  return {{"success", success},   {"exit_code", exit_code},
+          {"attempts", attempts}, {"committed", final_committed},
+          {"failures", failures}, {"recoveries", r},
+          {"message", message}};
+}
+
+std::string LaunchSummary::ToString() const {
+  std::string s = "memento launch: " + std::string(success ? "job finished" : "job FAILED") +
+                  " after " + std::to_string(attempts) + " attempt(s); newest committed step " +
+                  std::to_string(final_committed) + "\n";
+  if (!message.empty()) s += "  " + message + "\n";
+  s += "  failures: " + std::to_string(failures.size()) + "\n";
+  for (const std::string& f : failures) s += "    - " + f + "\n";
+  s += "  recoveries: " + std::to_string(recoveries.size()) + "\n";
+  for (const RecoveryReport& r : recoveries) s += "    - " + r.ToString() + "\n";
+  return s;
+}
+
+// ---- options ------------------------------------------------------------------
+
+Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
+  if (o.nodes < 1)
+    return InvalidArgumentError("--nodes must be >= 1, got " + std::to_string(o.nodes));
+  if (o.ranks_per_node < 1) {
+    return InvalidArgumentError("--ranks-per-node must be >= 1, got " +
+                                std::to_string(o.ranks_per_node));
+  }
+  if (o.tp < 1 || o.pp < 1 || o.dp < 0) {
+    return InvalidArgumentError("--dp, --tp and --pp must be >= 1");
+  }
+  const int world = o.nodes * o.ranks_per_node;
+  if (o.dp == 0) {
+    if (world % (o.tp * o.pp) != 0) {
+      return InvalidArgumentError("world size " + std::to_string(world) +
+                                  " (nodes x ranks-per-node) is not a multiple of tp x pp = " +
+                                  std::to_string(o.tp * o.pp));
+    }
+    o.dp = world / (o.tp * o.pp);
+  }
+  if (o.dp * o.tp * o.pp != world) {
+    return InvalidArgumentError("dp x tp x pp = " + std::to_string(o.dp * o.tp * o.pp) +
+                                " but nodes x ranks-per-node = " + std::to_string(world));
+  }
+  MEMENTO_RETURN_IF_ERROR(
+      topo::Topology::Uniform(o.dp, o.tp, o.pp, o.zero, o.ranks_per_node).status());
+  MEMENTO_RETURN_IF_ERROR(topo::ParsePolicy(o.policy).status());
+  if (o.trainer.empty()) return InvalidArgumentError("no trainer command (give it after --)");
+  if (o.max_restarts < 0) return InvalidArgumentError("--max-restarts must be >= 0");
+  if (o.job.empty()) o.job = "launch-" + std::to_string(getpid());
+  MEMENTO_RETURN_IF_ERROR(coord::ValidateName("job", o.job));
+  if (o.run_dir.empty()) o.run_dir = "/dev/shm/memento-launch/" + o.job;
+  if (o.memento_binary.empty()) {
+    char buf[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+    if (n <= 0) return ErrnoError("readlink /proc/self/exe", errno);
+    o.memento_binary.assign(buf, static_cast<size_t>(n));
+  }
+  auto inj = ParseInjections(o.inject, world, o.nodes);
+  if (!inj.ok()) return inj.status();
+  std::unique_ptr<Launcher> l(new Launcher(std::move(o)));
+  l->injections_ = std::move(*inj);
+  return l;
+}
+
+Launcher::~Launcher() = default;
+
+// ---- the supervisor -------------------------------------------------------------
+
+namespace {
+
+std::string Substitute(std::string arg, const std::map<std::string, std::string>& vars) {
+  for (const auto& [name, value] : vars) {
+    const std::string pat = "{" + name + "}";
+    size_t pos = 0;
+    while ((pos = arg.find(pat, pos)) != std::string::npos) {
+      arg.replace(pos, pat.size(), value);
+      pos += value.size();
+    }
+  }
+  return arg;
+}
+
+Status MakeDirs(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return InternalError("mkdir -p " + path + ": " + ec.message());
+  chmod(path.c_str(), 0700);
+  return Status::Ok();
+}
+
+void RemoveAll(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+Status WriteTokenFile(const std::string& path, const net::JobToken& token) {
+  unlink(path.c_str());
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError("create token file " + path, errno);
+  const std::string s = token.secret() + "\n";
+  ssize_t w = write(fd, s.data(), s.size());
+  int err = errno;
+  close(fd);
+  if (w != static_cast<ssize_t>(s.size())) return ErrnoError("write token file " + path, err);
+  return Status::Ok();
+}
+
+void AppendLine(const std::string& path, const std::string& line) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  std::string l = line + "\n";
+  (void)!write(fd, l.data(), l.size());
+  close(fd);
+}
+
+// corrupt-rank: flips one byte in the middle of the data region of the T0
+// slot of `rank` under `root` that holds `step` complete. Returns which slot.
+Result<int> CorruptSlot(const std::string& root, int rank, int64_t step) {
+  for (int slot = 0; slot < shm::kSlotsPerRank; ++slot) {
+    const std::string path = shm::SlotPath(root, rank, slot);
+    int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) continue;
+    shm::SlotHeader h{};
+    bool done = false;
+    if (pread(fd, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h)) && h.step == step &&
+        h.state == static_cast<uint32_t>(shm::SlotState::kComplete) && h.data_bytes > 0) {
+      const off_t at = static_cast<off_t>(h.data_offset + h.data_bytes / 2);
+      uint8_t b = 0;
+      if (pread(fd, &b, 1, at) == 1) {
+        b ^= 0x5a;
+        done = pwrite(fd, &b, 1, at) == 1;
+      }
+    }
+    close(fd);
+    if (done) return slot;
+  }
+  return NotFoundError("rank " + std::to_string(rank) + " has no complete slot of step " +
+                       std::to_string(step) + " under " + root);
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+struct Launcher::State {
+  const LaunchOptions& o;
+  int world = 0;
+  JobTopology topology;
+  net::JobToken token;
+  std::string token_path, store_url, logs;
+  std::unique_ptr<coord::EmbeddedStoreServer> server;
+  coord::Store* store = nullptr;  // server->store(); valid while server lives
+  std::unique_ptr<coord::CommitCoordinator> coordinator;
+  std::optional<topo::Plan> plan;
+  std::vector<Subprocess> agents;
+  std::vector<bool> node_lost;
+  std::vector<Subprocess> trainers;
+  std::vector<bool> trainer_done;
+  int attempt = 0;
+  std::optional<TimePoint> injected_at;  // the last injected failure
+  std::vector<bool> fired;
+  Stopwatch progress_clock;
+  int64_t last_progress_step = -2;
+
+  explicit State(const LaunchOptions& options, net::JobToken t) : o(options), token(std::move(t)) {}
+
+  std::string Root(int node) const { return o.run_dir + "/node" + std::to_string(node); }
+  int NodeOf(int rank) const { return rank / o.ranks_per_node; }
+
+  void Say(const std::string& line) const {
+    std::printf("[launch] %s\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  int64_t Committed() {
+    auto r = coord::ReadLatestCommit(*store, o.job, Deadline::AfterSeconds(5));
+    return r.ok() ? *r : -1;
+  }
+
+  // The highest step any node signalled (SNAP / COMPLETED), or committed.
+  int64_t ReachedStep() {
+    int64_t best = Committed();
+    coord::JobKeys keys(o.job);
+    auto list = store->List(keys.SignalPrefix(), Deadline::AfterSeconds(5));
+    if (list.ok()) {
+      for (const auto& kv : list->kvs) {
+        auto rec = coord::SignalRecord::Decode(kv.value);
+        if (rec.ok() && rec->signal == coord::NodeSignal::kCompleted) {
+          best = std::max(best, rec->step);
+        }
+      }
+    }
+    return best;
+  }
+
+  Status StartCoordinator(Deadline deadline) {
+    coordinator.reset();
+    std::set<std::string> members;
+    for (int i = 0; i < o.nodes; ++i) members.insert(NodeName(i));
+    MEMENTO_ASSIGN_OR_RETURN(
+        coordinator, coord::CommitCoordinator::Start(store, o.job, members, deadline, nullptr));
+    return Status::Ok();
+  }
+
+  Status StartAgent(int node, bool fresh_root) {
+    const std::string root = Root(node);
+    if (fresh_root) RemoveAll(root);
+    unlink((root + "/agent.sock").c_str());  // a stale socket would look ready
+    // A dead agent's lease would keep its old endpoint in the store for a TTL.
+    coord::JobKeys keys(o.job);
+    auto kv = store->Get(keys.Node(NodeName(node)), Deadline::AfterSeconds(5));
+    if (kv.ok() && kv->lease != 0) {
+      store->RevokeLease(kv->lease, Deadline::AfterSeconds(5)).IgnoreError();
+    }
+    SpawnOptions so;
+    so.argv = {o.memento_binary,     "agent",    "--job",    o.job,        "--node",
+               std::to_string(node), "--root",   root,       "--store",    store_url,
+               "--token-file",       token_path, "--listen", "127.0.0.1:0"};
+    if (!o.durable_dir.empty()) {
+      so.argv.push_back("--durable-dir");
+      so.argv.push_back(o.durable_dir);
+    }
+    for (const auto& a : o.agent_args) so.argv.push_back(a);
+    so.log_path = logs + "/agent" + std::to_string(node) + ".log";
+    AppendLine(so.log_path, "---- memento launch: agent for node " + std::to_string(node) +
+                                (fresh_root ? " on an empty root" : "") + " ----");
+    MEMENTO_ASSIGN_OR_RETURN(agents[static_cast<size_t>(node)], Subprocess::Spawn(so));
+    node_lost[static_cast<size_t>(node)] = false;
+    return Status::Ok();
+  }
+
+  Status WaitAgentsReady(Deadline deadline) {
+    for (int i = 0; i < o.nodes; ++i) {
+      const std::string sock = Root(i) + "/agent.sock";
+      while (!FileExists(sock)) {
+        Subprocess& a = agents[static_cast<size_t>(i)];
+        if (auto st = a.Poll()) {
+          const std::string log = logs + "/agent" + std::to_string(i) + ".log";
+          return UnavailableError("the agent of node " + std::to_string(i) + " exited (" +
+                                  st->ToString() + ") before it was ready; " + log + ":\n" +
+                                  TailFile(log, 1500));
+        }
+        if (deadline.expired()) {
+          return DeadlineExceededError("the agent of node " + std::to_string(i) +
+                                       " did not start listening in time (no " + sock + ")");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Every node's agent has (re)joined the membership with an endpoint.
+  Status WaitEndpoints(Deadline deadline) {
+    while (true) {
+      MEMENTO_ASSIGN_OR_RETURN(auto eps, ReadEndpoints(*store, o.job, o.nodes, deadline));
+      std::string missing;
+      for (int i = 0; i < o.nodes; ++i) {
+        if (eps[static_cast<size_t>(i)].empty()) missing += " " + std::to_string(i);
+      }
+      if (missing.empty()) return Status::Ok();
+      for (int i = 0; i < o.nodes; ++i) {
+        if (auto st = agents[static_cast<size_t>(i)].Poll()) {
+          return UnavailableError("the agent of node " + std::to_string(i) + " exited (" +
+                                  st->ToString() + ") while rejoining");
+        }
+      }
+      if (deadline.expired()) {
+        return DeadlineExceededError("agents of nodes" + missing +
+                                     " did not join the membership in time");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  Status StartTrainers() {
+    const std::string rdzv = o.run_dir + "/rendezvous." + std::to_string(attempt);
+    RemoveAll(rdzv);
+    MEMENTO_RETURN_IF_ERROR(MakeDirs(rdzv));
+    trainers.clear();
+    trainers.resize(static_cast<size_t>(world));
+    trainer_done.assign(static_cast<size_t>(world), false);
+    for (int r = 0; r < world; ++r) {
+      const int node = NodeOf(r);
+      std::map<std::string, std::string> vars = {{"rank", std::to_string(r)},
+                                                 {"node", std::to_string(node)},
+                                                 {"world_size", std::to_string(world)},
+                                                 {"job", o.job},
+                                                 {"run_dir", o.run_dir},
+                                                 {"node_dir", Root(node)},
+                                                 {"attempt", std::to_string(attempt)},
+                                                 {"rendezvous", rdzv},
+                                                 {"dp", std::to_string(o.dp)},
+                                                 {"tp", std::to_string(o.tp)},
+                                                 {"pp", std::to_string(o.pp)}};
+      SpawnOptions so;
+      for (const std::string& a : o.trainer) so.argv.push_back(Substitute(a, vars));
+      so.env = {"MEMENTO_JOB=" + o.job,
+                "MEMENTO_RANK=" + std::to_string(r),
+                "MEMENTO_WORLD_SIZE=" + std::to_string(world),
+                "MEMENTO_NODE=" + std::to_string(node),
+                "MEMENTO_RUN_DIR=" + Root(node),
+                "MEMENTO_RENDEZVOUS=" + rdzv,
+                "MEMENTO_ATTEMPT=" + std::to_string(attempt),
+                "MEMENTO_DP=" + std::to_string(o.dp),
+                "MEMENTO_TP=" + std::to_string(o.tp),
+                "MEMENTO_PP=" + std::to_string(o.pp),
+                "MEMENTO_ZERO=" + std::to_string(o.zero),
+                "MEMENTO_STORE=" + store_url,
+                "MEMENTO_TOKEN_FILE=" + token_path};
+      so.log_path = logs + "/rank" + std::to_string(r) + ".log";
+      AppendLine(so.log_path, "---- memento launch: rank " + std::to_string(r) + " attempt " +
+                                  std::to_string(attempt) + " ----");
+      auto p = Subprocess::Spawn(so);
+      if (!p.ok()) return p.status().WithContext("start trainer rank " + std::to_string(r));
+      trainers[static_cast<size_t>(r)] = std::move(*p);
+    }
+    return Status::Ok();
+  }
+
+  void StopTrainers() {
+    for (Subprocess& t : trainers) {
+      if (t.running()) t.Kill(SIGTERM).IgnoreError();
+    }
+    for (Subprocess& t : trainers) {
+      if (t.pid() > 0) t.Terminate(2.0);
+    }
+  }
+
+  void StopAgents() {
+    for (Subprocess& a : agents) {
+      if (a.running()) a.Kill(SIGTERM).IgnoreError();
+    }
+    for (Subprocess& a : agents) {
+      if (a.pid() > 0) a.Terminate(5.0);
+    }
+  }
+
+  void MaybePublishPlan() {
+    if (plan.has_value()) return;
+    auto p = PlanFromStore(*store, o.job, Deadline::AfterSeconds(5));
+    if (!p.ok()) {
+      if (p.status().code() != StatusCode::kNotFound) {
+        Say("cannot compute the plan: " + p.status().ToString());
+      }
+      return;
+    }
+    const uint64_t hash = recover::PlanHash(*p);
+    coord::JobKeys keys(o.job);
+    auto st = store->Set(keys.PlanHash(), std::to_string(hash), Deadline::AfterSeconds(5));
+    if (!st.ok()) {
+      Say("cannot publish the plan hash: " + st.status().ToString());
+      return;
+    }
+    if (!o.quiet) {
+      Say("plan " + std::to_string(hash) + ": policy " + topo::PolicyName(p->policy) +
+          ", protection " + std::to_string(p->protection) + " node failure(s), " +
+          std::to_string(p->total_state_bytes) + " state bytes, " +
+          std::to_string(p->total_held_bytes) + " bytes held");
+    }
+    plan = std::move(*p);
+  }
+};
+
+Result<LaunchSummary> Launcher::Run() {
+  const LaunchOptions& o = options_;
+  LaunchSummary summary;
+  MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Generate());
+  State s(o, std::move(token));
+  s.world = o.nodes * o.ranks_per_node;
+  MEMENTO_ASSIGN_OR_RETURN(s.topology.topology,
+                           topo::Topology::Uniform(o.dp, o.tp, o.pp, o.zero, o.ranks_per_node));
+  MEMENTO_ASSIGN_OR_RETURN(s.topology.policy, topo::ParsePolicy(o.policy));
+  s.fired.assign(injections_.size(), false);
+  s.agents.resize(static_cast<size_t>(o.nodes));
+  s.node_lost.assign(static_cast<size_t>(o.nodes), false);
+
+  MEMENTO_RETURN_IF_ERROR(MakeDirs(o.run_dir));
+  s.logs = o.run_dir + "/logs";
+  MEMENTO_RETURN_IF_ERROR(MakeDirs(s.logs));
+  s.token_path = o.run_dir + "/job.token";
+  MEMENTO_RETURN_IF_ERROR(WriteTokenFile(s.token_path, s.token));
+  MEMENTO_ASSIGN_OR_RETURN(s.server, coord::EmbeddedStoreServer::Start("127.0.0.1", 0, s.token));
+  s.store = &s.server->store();
+  s.store_url = "tcp://127.0.0.1:" + std::to_string(s.server->port());
+  const Deadline setup = Deadline::AfterSeconds(o.agent_start_timeout_s);
+  MEMENTO_RETURN_IF_ERROR(PublishTopology(*s.store, o.job, s.topology, setup));
+  MEMENTO_RETURN_IF_ERROR(s.StartCoordinator(setup));
+  if (!o.quiet) {
+    s.Say("job " + o.job + ": " + std::to_string(o.nodes) + " node(s) x " +
+          std::to_string(o.ranks_per_node) + " rank(s), dp " + std::to_string(o.dp) + " tp " +
+          std::to_string(o.tp) + " pp " + std::to_string(o.pp) + " zero " + std::to_string(o.zero) +
+          ", policy " + o.policy + "; store " + s.store_url + "; run dir " + o.run_dir);
+    for (const Injection& inj : injections_) s.Say("will inject " + inj.ToString());
+  }
+
+  // Everything below ends through `finish`, which stops the children.
+  auto finish = [&](bool success, int code, std::string message) -> Result<LaunchSummary> {
+    s.StopTrainers();
+    s.StopAgents();
+    summary.final_committed = s.Committed();
+    s.coordinator.reset();
+    s.server->Stop();
+    if (!o.keep_run_dir) {
+      for (int i = 0; i < o.nodes; ++i) RemoveAll(s.Root(i));
+      for (int a = 0; a <= s.attempt; ++a) {
+        RemoveAll(o.run_dir + "/rendezvous." + std::to_string(a));
+      }
+      unlink(s.token_path.c_str());
+    }
+    summary.success = success;
+    summary.exit_code = code;
+    summary.message = std::move(message);
+    summary.attempts = s.attempt + 1;
+    return summary;
+  };
+
+  for (int i = 0; i < o.nodes; ++i) {
+    Status st = s.StartAgent(i, /*fresh_root=*/false);
+    if (!st.ok()) return finish(false, 1, st.ToString());
+  }
+  if (Status st = s.WaitAgentsReady(setup); !st.ok()) return finish(false, 1, st.ToString());
+  if (!o.quiet) s.Say("agents ready; starting " + std::to_string(s.world) + " trainer(s)");
+  if (Status st = s.StartTrainers(); !st.ok()) return finish(false, 1, st.ToString());
+
+  int restarts = 0;
+  while (true) {
+    if (stop_requested_.load()) return finish(false, 130, "stopped by a signal");
+    s.MaybePublishPlan();
+
+    // Injections.
+    if (!injections_.empty()) {
+      const int64_t reached = s.ReachedStep();
+      for (size_t k = 0; k < injections_.size(); ++k) {
+        const Injection& inj = injections_[k];
+        if (s.fired[k] || reached < inj.step) continue;
+        s.fired[k] = true;
+        s.injected_at = Now();
+        s.Say("injecting " + inj.ToString() + " (job at step " + std::to_string(reached) + ")");
+        if (inj.kind == InjectKind::kKillRank) {
+          s.trainers[static_cast<size_t>(inj.target)].Kill(SIGKILL).IgnoreError();
+        } else if (inj.kind == InjectKind::kCorruptRank) {
+          const int64_t committed = s.Committed();
+          auto slot = CorruptSlot(s.Root(s.NodeOf(inj.target)), inj.target, committed);
+          s.Say(slot.ok() ? "flipped a byte in slot " + std::to_string(*slot) + " of rank " +
+                                std::to_string(inj.target) + " (committed step " +
+                                std::to_string(committed) + ")"
+                          : "corrupt-rank: " + slot.status().ToString());
+          // Silent corruption is no failure by itself: the next recovery finds it.
+          s.injected_at.reset();
+        } else {
+          Subprocess& a = s.agents[static_cast<size_t>(inj.target)];
+          a.Kill(SIGKILL).IgnoreError();
+          if (inj.kind == InjectKind::kKillNode) {
+            for (int r = 0; r < s.world; ++r) {
+              if (s.NodeOf(r) == inj.target) {
+                s.trainers[static_cast<size_t>(r)].Kill(SIGKILL).IgnoreError();
+              }
+            }
+            // The host is gone with its memory: nothing of the root survives.
+            (void)a.Wait(Deadline::AfterSeconds(10));
+            for (int r = 0; r < s.world; ++r) {
+              if (s.NodeOf(r) == inj.target) {
+                (void)s.trainers[static_cast<size_t>(r)].Wait(Deadline::AfterSeconds(10));
+              }
+            }
+            RemoveAll(s.Root(inj.target));
+            s.node_lost[static_cast<size_t>(inj.target)] = true;
+          }
+        }
+      }
+    }
+
+    // Children.
+    std::string cause;
+    for (int i = 0; i < o.nodes && cause.empty(); ++i) {
+      if (auto st = s.agents[static_cast<size_t>(i)].Poll()) {
+        cause = s.node_lost[static_cast<size_t>(i)]
+                    ? "node " + std::to_string(i) + " lost (agent and trainers killed, memory gone)"
+                    : "the agent of node " + std::to_string(i) + " died (" + st->ToString() + ")";
+      }
+    }
+    bool all_done = true;
+    for (int r = 0; r < s.world; ++r) {
+      if (s.trainer_done[static_cast<size_t>(r)]) continue;
+      auto st = s.trainers[static_cast<size_t>(r)].Poll();
+      if (!st.has_value()) {
+        all_done = false;
+        continue;
+      }
+      if (st->ok()) {
+        s.trainer_done[static_cast<size_t>(r)] = true;
+        continue;
+      }
+      all_done = false;
+      if (cause.empty()) {
+        cause = "rank " + std::to_string(r) + " (node " + std::to_string(s.NodeOf(r)) +
+                ") failed: " + st->ToString();
+      }
+    }
+    if (cause.empty() && all_done) {
+      if (!o.quiet) s.Say("every trainer finished");
+      return finish(true, 0, "every trainer exited 0");
+    }
+
+    if (!cause.empty()) {
+      // ---- recovery -------------------------------------------------------------
+      const TimePoint detected = Now();
+      RecoveryReport rep;
+      rep.n = static_cast<int>(summary.recoveries.size());
+      rep.cause = cause;
+      rep.detect_s = s.injected_at ? SecondsBetween(*s.injected_at, detected) : 0.0;
+      s.injected_at.reset();
+      summary.failures.push_back(cause);
+      s.Say("failure: " + cause);
+      if (restarts >= o.max_restarts) {
+        return finish(false, 1,
+                      "giving up: " + std::to_string(summary.failures.size()) +
+                          " failure(s), --max-restarts " + std::to_string(o.max_restarts));
+      }
+      ++restarts;
+      s.StopTrainers();
+      const Deadline agents_deadline = Deadline::AfterSeconds(o.agent_start_timeout_s);
+      for (int i = 0; i < o.nodes; ++i) {
+        Subprocess& a = s.agents[static_cast<size_t>(i)];
+        if (a.running()) continue;
+        const bool lost = s.node_lost[static_cast<size_t>(i)];
+        if (lost) rep.lost_nodes.push_back(i);
+        s.Say(lost ? "replacing node " + std::to_string(i) + " by a fresh agent on an empty root"
+                   : "restarting the agent of node " + std::to_string(i) + " on its root");
+        if (Status st = s.StartAgent(i, lost); !st.ok()) return finish(false, 1, st.ToString());
+      }
+      if (Status st = s.WaitAgentsReady(agents_deadline); !st.ok()) {
+        return finish(false, 1, st.ToString());
+      }
+      rep.committed = s.Committed();
+      if (s.plan.has_value() && rep.committed >= 0) {
+        if (Status st = s.WaitEndpoints(agents_deadline); !st.ok()) {
+          return finish(false, 1, st.ToString());
+        }
+      }
+      rep.restart_s = SecondsBetween(detected, Now());
+
+      if (s.plan.has_value() && rep.committed >= 0) {
+        RecoverOptions ro;
+        ro.job = o.job;
+        ro.num_nodes = o.nodes;
+        ro.committed = rep.committed;
+        auto rec = RecoverCluster(*s.store, *s.plan, s.token, ro,
+                                  Deadline::AfterSeconds(o.recovery_timeout_s));
+        if (!rec.ok()) return finish(false, 1, "recovery failed: " + rec.status().ToString());
+        rep.reason = rec->decision.reason;
+        for (int n : rec->decision.lost_nodes) {
+          if (std::find(rep.lost_nodes.begin(), rep.lost_nodes.end(), n) == rep.lost_nodes.end()) {
+            rep.lost_nodes.push_back(n);
+          }
+        }
+        if (!rec->decision.from_memory) {
+          std::string msg = "memory cannot rebuild any committed version: " + rec->decision.reason;
+          if (!o.durable_dir.empty()) {
+            tier::DurableVersionSource durable(tier::Env::Default(), o.durable_dir);
+            auto latest = durable.LatestComplete(Deadline::AfterSeconds(30));
+            if (latest.ok() && latest->has_value()) {
+              msg += "; the durable tier " + o.durable_dir + " holds step " +
+                     std::to_string(**latest) +
+                     ": restart the job from it (loading it is not automatic in this version)";
+            } else {
+              msg += "; the durable tier " + o.durable_dir + " holds no complete version" +
+                     (latest.ok() ? "" : " (" + latest.status().ToString() + ")");
+            }
+          } else {
+            msg += " (no --durable-dir to fall back to)";
+          }
+          s.Say(msg);
+          json record = rep.ToJson();
+          record["recovery"] = rec->ToJson();
+          record["from_memory"] = false;
+          coord::JobKeys keys(o.job);
+          s.store->Set(keys.Recovery(rep.n), record.dump(), Deadline::AfterSeconds(5))
+              .status()
+              .IgnoreError();
+          summary.recoveries.push_back(rep);
+          return finish(false, 3, msg);
+        }
+        rep.step = rec->decision.step;
+        rep.inventory_plan_s = rec->inventory_plan_s;
+        rep.transfer_s = rec->transfer_s;
+        rep.decode_s = rec->decode_s;
+        rep.write_s = rec->write_s;
+        rep.rebuilt_bytes = rec->rebuilt_bytes;
+        s.Say("decision: " + rec->decision.reason);
+      } else {
+        rep.reason = s.plan.has_value() ? "no committed version yet: the trainers start over"
+                                        : "not every rank registered its state yet: the "
+                                          "trainers start over";
+        s.Say(rep.reason);
+      }
+
+      // The commit rule starts over from the restored step: reports of later
+      // steps from the failed attempt must not count towards new commits.
+      {
+        coord::JobKeys keys(o.job);
+        auto list = s.store->List(keys.CompletedPrefix(), Deadline::AfterSeconds(5));
+        s.coordinator.reset();
+        if (list.ok()) {
+          for (const auto& kv : list->kvs) {
+            s.store->Delete(kv.key, Deadline::AfterSeconds(5)).status().IgnoreError();
+          }
+        }
+        if (Status st = s.StartCoordinator(Deadline::AfterSeconds(10)); !st.ok()) {
+          return finish(false, 1, st.ToString());
+        }
+      }
+
+      ++s.attempt;
+      rep.attempt = s.attempt;
+      rep.total_s = SecondsBetween(detected, Now()) + rep.detect_s;
+      {
+        coord::JobKeys keys(o.job);
+        json restore = {{"step", rep.step}, {"attempt", s.attempt}};
+        s.store->Set(keys.Restore(), restore.dump(), Deadline::AfterSeconds(5))
+            .status()
+            .IgnoreError();
+        s.store->Set(keys.Recovery(rep.n), rep.ToJson().dump(), Deadline::AfterSeconds(5))
+            .status()
+            .IgnoreError();
+      }
+      s.Say(rep.ToString());
+      summary.recoveries.push_back(rep);
+      if (Status st = s.StartTrainers(); !st.ok()) return finish(false, 1, st.ToString());
+      continue;
+    }
+
+    if (!o.quiet && s.progress_clock.Seconds() >= 2.0) {
+      s.progress_clock.Reset();
+      const int64_t c = s.Committed();
+      if (c != s.last_progress_step) {
+        int running = 0;
+        for (const Subprocess& t : s.trainers) running += t.running() ? 1 : 0;
+        s.Say("attempt " + std::to_string(s.attempt) + ": committed step " + std::to_string(c) +
+              ", " + std::to_string(running) + "/" + std::to_string(s.world) +
+              " trainer(s) running");
+        s.last_progress_step = c;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace memento::launch

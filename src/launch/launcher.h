@@ -1,0 +1,119 @@
+// `memento launch`: runs a cluster job of N simulated nodes on this machine
+// (docs/launch.md, docs/cluster.md).
+//
+//   - hosts the coordination store in-process (coord::EmbeddedStoreServer on
+//     127.0.0.1, ephemeral port) and the CommitCoordinator over all N nodes;
+//   - writes the job token file (0600) and /memento/<job>/topology, and
+//     /memento/<job>/plan_hash once every rank's inventory is in the store;
+//   - starts one `memento agent` per node (root RUN/node<i>) and the trainers
+//     with the environment of docs/cluster.md ("{rank}"... substituted in
+//     their arguments);
+//   - on a failure (a trainer exits non-zero or dies, an agent dies), stops
+//     every trainer like torchrun's elastic agent, replaces a lost node by a
+//     fresh agent on an empty root (an agent that died alone restarts on its
+//     root and adopts it), runs the recovery (launch/cluster.h), stores
+//     /memento/<job>/restore and /memento/<job>/recovery/<n>, and restarts
+//     every trainer with attempt + 1 and a fresh rendezvous directory;
+//   - injects failures (launch/inject.h).
+//
+// Thread model: Run() is a single supervisor loop on the caller's thread
+// (polls children, the store and the injections every 20 ms); the store
+// server and the commit coordinator have their own threads (src/coord);
+// RecoverCluster uses short-lived threads, one per node. RequestStop() is
+// async-signal-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "launch/inject.h"
+#include "memento/status.h"
+
+namespace memento::launch {
+
+struct LaunchOptions {
+  std::string job;  // empty: "launch-<pid>"
+  int nodes = 1;
+  int ranks_per_node = 1;
+  int dp = 0;  // 0: world / (tp * pp)
+  int tp = 1;
+  int pp = 1;
+  int zero = 0;  // ZeRO stage (0 or 1; 3 = no inherent redundancy)
+  std::string policy = "xor";
+  // Agents stream committed versions here (`memento agent --durable-dir`).
+  std::string durable_dir;
+  std::string inject;  // launch/inject.h
+  int max_restarts = 3;
+  // Node roots (node<i>), logs (logs/), the token file and rendezvous dirs.
+  // Empty: /dev/shm/memento-launch/<job>.
+  std::string run_dir;
+  bool keep_run_dir = false;  // keep node roots (shared memory) after the job
+  // The `memento` binary that runs the agents; empty: this executable.
+  std::string memento_binary;
+  std::vector<std::string> agent_args;  // extra flags for every agent
+  // TRAINER ARGS ({rank}, {node}, {world_size}, {job}, {run_dir}, {attempt},
+  // {rendezvous}, {dp}, {tp}, {pp}, {node_dir} are substituted).
+  std::vector<std::string> trainer;
+  double agent_start_timeout_s = 60;
+  double recovery_timeout_s = 120;
+  // Progress lines on stdout (failures and recoveries are always printed).
+  bool quiet = false;
+};
+
+struct RecoveryReport {
+  int n = 0;
+  int attempt = 0;  // the attempt the trainers restart with
+  std::string cause;
+  int64_t committed = -1;  // newest committed step at the failure
+  int64_t step = -1;       // the step restored; -1: restarted from scratch
+  std::vector<int> lost_nodes;
+  double detect_s = 0, restart_s = 0, inventory_plan_s = 0, transfer_s = 0, decode_s = 0,
+         write_s = 0, total_s = 0;
+  uint64_t rebuilt_bytes = 0;
+  std::string reason;
+  nlohmann::json ToJson() const;
+  std::string ToString() const;  // one line with the breakdown
+};
+
+struct LaunchSummary {
+  bool success = false;
+  int exit_code = 1;
+  int attempts = 1;
+  int64_t final_committed = -1;
+  std::vector<std::string> failures;
+  std::vector<RecoveryReport> recoveries;
+  std::string message;  // why it ended
+  nlohmann::json ToJson() const;
+  std::string ToString() const;
+};
+
+class Launcher {
+ public:
+  // InvalidArgument naming the bad option (sizes, policy, injections, no trainer).
+  [[nodiscard]] static Result<std::unique_ptr<Launcher>> Create(LaunchOptions options);
+  ~Launcher();
+
+  // Runs the job to its end: every trainer exited 0 (success), a failure that
+  // cannot be recovered, more than max_restarts failures, or RequestStop().
+  // Children are stopped and node roots removed (unless keep_run_dir) before
+  // it returns. An error Status only for setup failures (store, run dir).
+  [[nodiscard]] Result<LaunchSummary> Run();
+
+  // Async-signal-safe: makes Run() stop the job and return.
+  void RequestStop() { stop_requested_.store(true); }
+
+  const LaunchOptions& options() const { return options_; }
+
+ private:
+  explicit Launcher(LaunchOptions options) : options_(std::move(options)) {}
+  struct State;
+  LaunchOptions options_;
+  std::vector<Injection> injections_;
+  std::atomic<bool> stop_requested_{false};
+};
+
+}  // namespace memento::launch

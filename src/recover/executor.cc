@@ -1,0 +1,500 @@
+// Recovery executor: rebuilds ranks' T0 slots from the recipes Decide() wrote
+// (REFT 4.3 distributed in-memory loading: every piece is fetched from the
+// node that holds it, in parallel, and decoded where only parity is left).
+// docs/recovery.md, "Executor" and "Threads".
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include "codec/erasure_code.h"
+#include "common/checksum.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mutex.h"
+#include "fmt/format.h"
+#include "recover/recipe.h"
+#include "recover/recover.h"
+#include "shm/segment.h"
+#include "shm/slot.h"
+
+namespace memento::recover {
+namespace {
+
+// A contiguous range of a piece and where it lives in the slot's data region.
+struct Extent {
+  uint64_t piece_offset;
+  uint64_t slot_offset;
+  uint64_t length;
+};
+
+// One rank being rebuilt.
+struct RankJob {
+  Recipe recipe;
+  shm::SlotLayout layout;
+  int slot = -1;
+  std::unique_ptr<shm::Segment> segment;            // writable mapping of the target slot
+  uint8_t* data = nullptr;                          // its data region
+  std::map<uint32_t, std::vector<Extent>> extents;  // piece -> extents, by piece offset
+};
+
+// One unit of parallel work: a window of a whole-piece read, or a window of
+// one decoded stripe block.
+struct Unit {
+  size_t job = 0;
+  size_t part = 0;
+  size_t block = 0;  // decode units
+  uint64_t begin = 0;
+  uint64_t length = 0;
+};
+
+// Runs fn(i, worker) for i in [0, n) on `threads` threads; the first error
+// stops the rest and is returned.
+template <typename Fn>
+Status ParallelFor(size_t n, int threads, Fn&& fn) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  Mutex mu;
+  Status first;
+  auto worker = [&](int w) {
+    while (!failed.load(std::memory_order_relaxed)) {
+      const size_t i = next.fetch_add(1);
+      if (i >= n) return;
+      Status st = fn(i, w);
+      if (!st.ok()) {
+        MutexLock l(&mu);
+        if (first.ok()) first = st;
+        failed.store(true);
+      }
+    }
+  };
+  const int count =
+      static_cast<int>(std::min<size_t>(std::max(threads, 1), std::max<size_t>(n, 1)));
+  std::vector<std::thread> pool;
+  for (int w = 1; w < count; ++w) pool.emplace_back(worker, w);
+  worker(0);
+  for (auto& t : pool) t.join();
+  MutexLock l(&mu);
+  return first;
+}
+
+const codec::ErasureCode* CodeFor(std::map<std::tuple<bool, int, int>, codec::ErasureCode>* cache,
+                                  const topo::Stripe& s, Status* st) {
+  auto key = std::make_tuple(s.xor_code, s.k, s.f);
+  auto it = cache->find(key);
+  if (it == cache->end()) {
+    auto code = codec::ErasureCode::Create(
+        s.xor_code ? codec::CodeKind::kXor : codec::CodeKind::kRs, s.k, s.f);
+    if (!code.ok()) {
+      *st = code.status();
+      return nullptr;
+    }
+    it = cache->emplace(key, std::move(*code)).first;
+  }
+  return &it->second;
+}
+
+std::string Describe(const SourceRange& r, int64_t step) {
+  return fmt::format("{} {} bytes [{}, {}) on node {} at step {}", SourceKindName(r.source.kind),
+                     r.source.id, r.offset, r.offset + r.length, r.node, step);
+}
+
+// Checks a recipe against the plan: every non-empty piece of the rank exactly
+// once, every range inside its source, decode blocks that tile their piece.
+Status CheckRecipe(const topo::Plan& plan, const Recipe& r) {
+  auto bad = [&](const std::string& what) {
+    return InvalidArgumentError(
+        fmt::format("recipe of rank {} (step {}): {}", r.rank, r.step, what));
+  };
+  std::set<uint32_t> want;
+  const int g = plan.ranks[r.rank].group;
+  for (const topo::Piece& p : plan.pieces) {
+    if (p.bytes == 0) continue;
+    if ((p.kind == topo::PieceKind::kReplicatedShard && p.group == g) ||
+        (p.kind != topo::PieceKind::kReplicatedShard && p.rank == r.rank)) {
+      want.insert(p.id);
+    }
+  }
+  std::set<uint32_t> have;
+  const int num_nodes = static_cast<int>(plan.nodes.size());
+  auto check_range = [&](const SourceRange& s, uint64_t limit) -> Status {
+    if (s.node < 0 || s.node >= num_nodes) return bad(fmt::format("source node {}", s.node));
+    uint64_t size = 0;
+    switch (s.source.kind) {
+      case SourceKind::kPiece:
+        if (s.source.id >= plan.pieces.size()) return bad("piece id out of range");
+        size = plan.pieces[s.source.id].bytes;
+        break;
+      case SourceKind::kCopy:
+        if (s.source.id >= plan.copies.size()) return bad("copy id out of range");
+        size = plan.pieces[plan.copies[s.source.id].piece].bytes;
+        break;
+      case SourceKind::kParity:
+        if (s.source.id >= plan.parities.size()) return bad("parity id out of range");
+        size = plan.parities[s.source.id].bytes;
+        break;
+    }
+    if (s.offset > size || s.length > size - s.offset || s.length > limit) {
+      return bad("range out of bounds: " + Describe(s, r.step));
+    }
+    return Status::Ok();
+  };
+  for (const PiecePart& part : r.parts) {
+    if (part.piece >= plan.pieces.size() || !want.count(part.piece) ||
+        !have.insert(part.piece).second) {
+      return bad(fmt::format("piece {} is not one of the rank's, or repeated", part.piece));
+    }
+    const topo::Piece& p = plan.pieces[part.piece];
+    if (part.bytes != p.bytes)
+      return bad(fmt::format("{} has {} bytes, not {}", p.key, p.bytes, part.bytes));
+    if (part.op == PiecePart::Op::kRead) {
+      MEMENTO_RETURN_IF_ERROR(check_range(part.read, p.bytes));
+      if (part.read.offset != 0 || part.read.length != p.bytes ||
+          part.read.source.kind == SourceKind::kParity ||
+          (part.read.source.kind == SourceKind::kPiece && part.read.source.id != part.piece) ||
+          (part.read.source.kind == SourceKind::kCopy &&
+           plan.copies[part.read.source.id].piece != part.piece)) {
+        return bad("read of " + p.key + " does not name the whole piece or a copy of it");
+      }
+      continue;
+    }
+    uint64_t covered = 0;
+    std::set<std::pair<uint32_t, int>> seen;
+    for (const DecodeBlock& b : part.blocks) {
+      if (b.stripe >= plan.stripes.size()) return bad("stripe id out of range");
+      const topo::Stripe& s = plan.stripes[b.stripe];
+      if (b.target < 0 || b.target >= s.k || s.data[b.target].piece != part.piece ||
+          s.data[b.target].offset != b.offset || s.data[b.target].length != b.length ||
+          !seen.insert({b.stripe, b.target}).second) {
+        return bad(fmt::format("decode block (stripe {}, target {}) is not a block of {}", b.stripe,
+                               b.target, p.key));
+      }
+      if (static_cast<int>(b.inputs.size()) != s.k) {
+        return bad(fmt::format("stripe {} decode has {} inputs, needs k={}", b.stripe,
+                               b.inputs.size(), s.k));
+      }
+      std::set<int> idx;
+      for (const DecodeInput& in : b.inputs) {
+        if (in.index < 0 || in.index >= s.k + s.f || in.index == b.target ||
+            !idx.insert(in.index).second) {
+          return bad(fmt::format("stripe {} decode input index {}", b.stripe, in.index));
+        }
+        if (in.zero) {
+          if (in.index >= s.k || s.data[in.index].length != 0) {
+            return bad(fmt::format("stripe {} block {} is not empty", b.stripe, in.index));
+          }
+          continue;
+        }
+        MEMENTO_RETURN_IF_ERROR(check_range(in.range, s.block_bytes));
+      }
+      covered += b.length;
+    }
+    if (covered != p.bytes) {
+      return bad(
+          fmt::format("decode blocks cover {} of the {} bytes of {}", covered, p.bytes, p.key));
+    }
+  }
+  if (have.size() != want.size()) {
+    return bad(fmt::format("names {} of the rank's {} non-empty pieces", have.size(), want.size()));
+  }
+  return Status::Ok();
+}
+
+// The slot to rebuild into: -1 when one already holds `step` intact (nothing
+// to do). Prefers an empty, torn or corrupt slot, then the older version;
+// the newer of two intact versions is never overwritten.
+Result<int> ChooseSlot(shm::NodeStore& store, int rank, int64_t step) {
+  std::vector<shm::SlotStatus> slots = store.Inventory(rank);
+  int best = -1;
+  int64_t best_score = 0;
+  for (const shm::SlotStatus& s : slots) {
+    const bool complete = s.state == shm::SlotState::kComplete;
+    bool corrupt = complete && !s.error.empty();
+    if (complete && !corrupt && s.step == step) {
+      // Checked now: a slot of `step` that fails its checksums is the one
+      // to rebuild into, before any intact older version.
+      if (store.Verify(rank, s.slot).ok()) return -1;
+      corrupt = true;
+    }
+    const int64_t score = complete && !corrupt ? s.step : INT64_MIN;
+    if (best < 0 || score < best_score) {
+      best = s.slot;
+      best_score = score;
+    }
+  }
+  if (best < 0) return InternalError(fmt::format("rank {} has no slots after EnsureSlots", rank));
+  if (best_score > step) {
+    MEMENTO_LOG_WARN(
+        "recover: rank {}: overwriting slot {} (step {}) to rebuild older step {}; "
+        "the newer slot is kept",
+        rank, best, best_score, step);
+  }
+  return best;
+}
+
+}  // namespace
+
+Result<AssemblyStats> ExecuteAssemblies(const topo::Plan& plan, const topo::Inventory& inventory,
+                                        const std::string& job_id, int64_t step,
+                                        const std::vector<RankAssembly>& assemblies,
+                                        ByteReader& reader, shm::NodeStore& store,
+                                        Deadline deadline) {
+  return ExecuteAssembliesWithOptions(plan, inventory, job_id, step, assemblies, reader, store,
+                                      deadline, ExecuteOptions{});
+}
+
+Result<AssemblyStats> ExecuteAssembliesWithOptions(
+    const topo::Plan& plan, const topo::Inventory& inventory, const std::string& job_id,
+    int64_t step, const std::vector<RankAssembly>& assemblies, ByteReader& reader,
+    shm::NodeStore& store, Deadline deadline, const ExecuteOptions& options) {
+  Stopwatch total;
+  AssemblyStats stats;
+  if (options.window_bytes == 0 || options.chunk_bytes == 0 || options.threads < 1) {
+    return InvalidArgumentError("execute options: window, chunk and threads must be > 0");
+  }
+  if (inventory.size() != plan.ranks.size()) {
+    return InvalidArgumentError(
+        fmt::format("inventory has {} ranks, the plan {}", inventory.size(), plan.ranks.size()));
+  }
+  const int node = store.options().node;
+  // Parse and check everything before touching a slot.
+  std::vector<RankJob> jobs;
+  std::set<int> ranks_seen;
+  for (const RankAssembly& a : assemblies) {
+    MEMENTO_ASSIGN_OR_RETURN(Recipe recipe, RecipeFromJson(a.recipe));
+    if (a.rank < 0 || a.rank >= static_cast<int>(plan.ranks.size()) || recipe.rank != a.rank ||
+        recipe.step != step || recipe.node != a.node || a.node != node ||
+        plan.topology.rank_node[a.rank] != node) {
+      return InvalidArgumentError(fmt::format(
+          "assembly of rank {} (recipe rank {}, step {}, node {}) does not belong to step {} on "
+          "node {}",
+          a.rank, recipe.rank, recipe.step, a.node, step, node));
+    }
+    if (!ranks_seen.insert(a.rank).second) {
+      return InvalidArgumentError(fmt::format("rank {} is assembled twice", a.rank));
+    }
+    MEMENTO_RETURN_IF_ERROR(CheckRecipe(plan, recipe));
+    RankJob job;
+    job.recipe = std::move(recipe);
+    MEMENTO_ASSIGN_OR_RETURN(
+        job.layout, shm::ComputeSlotLayout(job_id, a.rank, inventory[a.rank], options.chunk_bytes));
+    std::map<std::string, const shm::SavedTensor*> by_name;
+    for (const shm::SavedTensor& t : job.layout.tensors) by_name[t.meta.name] = &t;
+    for (const PiecePart& part : job.recipe.parts) {
+      std::vector<Extent>& ext = job.extents[part.piece];
+      uint64_t at = 0;
+      for (const topo::Segment& seg : plan.pieces[part.piece].segments) {
+        auto it = by_name.find(seg.tensor);
+        if (it == by_name.end() || seg.offset + seg.length > it->second->nbytes) {
+          return InvalidArgumentError(
+              fmt::format("rank {}: piece {} names bytes [{}, {}) of tensor '{}', which the rank's "
+                          "inventory does not register with that size",
+                          a.rank, plan.pieces[part.piece].key, seg.offset, seg.offset + seg.length,
+                          seg.tensor));
+        }
+        ext.push_back(Extent{at, it->second->offset + seg.offset, seg.length});
+        at += seg.length;
+      }
+    }
+    jobs.push_back(std::move(job));
+  }
+
+  if (deadline.expired()) {
+    return DeadlineExceededError(
+        fmt::format("recovery of step {} on node {}: deadline passed before it began", step, node));
+  }
+  // Slots: allocate and choose for every rank first (an allocation failure
+  // leaves every slot as it was), then mark them kWriting (a crash or an
+  // error from here on leaves them not complete).
+  std::vector<RankJob*> todo;
+  for (RankJob& job : jobs) {
+    const int rank = job.recipe.rank;
+    MEMENTO_ASSIGN_OR_RETURN(std::vector<std::string> paths,
+                             store.EnsureSlots(rank, job.layout.total_bytes));
+    MEMENTO_ASSIGN_OR_RETURN(job.slot, ChooseSlot(store, rank, step));
+    if (job.slot < 0) {
+      MEMENTO_LOG_INFO("recover: rank {} already holds step {} intact", rank, step);
+      continue;
+    }
+    MEMENTO_ASSIGN_OR_RETURN(job.segment, shm::Segment::Open(paths[job.slot], /*writable=*/true));
+    if (job.segment->size() < job.layout.total_bytes) {
+      return InternalError(fmt::format("slot {} of rank {} is {} bytes, needs {}", job.slot, rank,
+                                       job.segment->size(), job.layout.total_bytes));
+    }
+    todo.push_back(&job);
+  }
+  for (RankJob* job : todo) {
+    shm::BeginSlotWrite(*job->segment, job->layout, job->slot, step);
+    job->data = shm::SlotData(*job->segment);
+  }
+
+  // Units of work over every rank: reads and decodes in windows.
+  std::vector<Unit> units;
+  for (size_t j = 0; j < todo.size(); ++j) {
+    const Recipe& r = todo[j]->recipe;
+    for (size_t p = 0; p < r.parts.size(); ++p) {
+      const PiecePart& part = r.parts[p];
+      if (part.op == PiecePart::Op::kRead) {
+        for (uint64_t w = 0; w < part.bytes; w += options.window_bytes) {
+          units.push_back(Unit{j, p, 0, w, std::min(options.window_bytes, part.bytes - w)});
+        }
+        continue;
+      }
+      for (size_t b = 0; b < part.blocks.size(); ++b) {
+        const uint64_t len = part.blocks[b].length;
+        for (uint64_t w = 0; w < len; w += options.window_bytes) {
+          units.push_back(Unit{j, p, b, w, std::min(options.window_bytes, len - w)});
+        }
+      }
+    }
+  }
+  // One decoder per decoded block, made up front (immutable, shared by workers).
+  std::map<std::tuple<bool, int, int>, codec::ErasureCode> codes;
+  std::map<std::pair<size_t, std::pair<size_t, size_t>>, codec::Decoder> decoders;
+  for (const Unit& u : units) {
+    const PiecePart& part = todo[u.job]->recipe.parts[u.part];
+    if (part.op != PiecePart::Op::kDecode) continue;
+    auto key = std::make_pair(u.job, std::make_pair(u.part, u.block));
+    if (decoders.count(key)) continue;
+    const DecodeBlock& b = part.blocks[u.block];
+    Status st;
+    const codec::ErasureCode* code = CodeFor(&codes, plan.stripes[b.stripe], &st);
+    if (code == nullptr) return st;
+    std::vector<int> avail;
+    for (const DecodeInput& in : b.inputs) avail.push_back(in.index);
+    MEMENTO_ASSIGN_OR_RETURN(codec::Decoder dec, code->MakeDecoder(avail, {b.target}));
+    decoders.emplace(key, std::move(dec));
+  }
+
+  struct WorkerStats {
+    double transfer_s = 0, decode_s = 0, write_s = 0;
+    uint64_t read_bytes = 0;
+    std::vector<std::vector<uint8_t>> buffers;  // decode scratch: k inputs + 1 output
+  };
+  const int threads = std::max(1, options.threads);
+  std::vector<WorkerStats> ws(threads);
+
+  auto read = [&](WorkerStats& w, const Recipe& r, const SourceRange& src, uint64_t offset,
+                  uint64_t length, void* dst) -> Status {
+    if (deadline.expired()) {
+      return DeadlineExceededError(
+          fmt::format("recovery of rank {} ran past its deadline", r.rank));
+    }
+    ReadRequest req;
+    req.step = r.step;
+    req.source = src.source;
+    req.offset = src.offset + offset;
+    req.length = length;
+    Stopwatch sw;
+    Status st = reader.Read(src.node, req, dst, deadline);
+    w.transfer_s += sw.Seconds();
+    if (!st.ok()) {
+      SourceRange what = src;
+      what.offset = req.offset;
+      what.length = length;
+      return Status(st.code(), fmt::format("recovery of rank {}: reading {} failed: {}", r.rank,
+                                           Describe(what, r.step), st.message()));
+    }
+    w.read_bytes += length;
+    return Status::Ok();
+  };
+
+  Status st = ParallelFor(units.size(), threads, [&](size_t i, int wi) -> Status {
+    WorkerStats& w = ws[wi];
+    const Unit& u = units[i];
+    RankJob& job = *todo[u.job];
+    const PiecePart& part = job.recipe.parts[u.part];
+    const std::vector<Extent>& ext = job.extents.at(part.piece);
+    // Piece range [a, a + n) <-> the slot, extent by extent.
+    auto for_each_extent = [&](uint64_t a, uint64_t n, auto&& fn) -> Status {
+      for (const Extent& e : ext) {
+        const uint64_t lo = std::max(a, e.piece_offset);
+        const uint64_t hi = std::min(a + n, e.piece_offset + e.length);
+        if (lo >= hi) continue;
+        MEMENTO_RETURN_IF_ERROR(
+            fn(lo - a, job.data + e.slot_offset + (lo - e.piece_offset), hi - lo));
+      }
+      return Status::Ok();
+    };
+    if (part.op == PiecePart::Op::kRead) {
+      // Straight into the slot: no staging copy.
+      return for_each_extent(u.begin, u.length, [&](uint64_t rel, uint8_t* dst, uint64_t n) {
+        return read(w, job.recipe, part.read, u.begin + rel, n, dst);
+      });
+    }
+    const DecodeBlock& b = part.blocks[u.block];
+    const codec::Decoder& dec = decoders.at(std::make_pair(u.job, std::make_pair(u.part, u.block)));
+    const size_t k = b.inputs.size();
+    if (w.buffers.size() < k + 1) w.buffers.resize(k + 1);
+    std::vector<const uint8_t*> in(k);
+    for (size_t x = 0; x < k; ++x) {
+      std::vector<uint8_t>& buf = w.buffers[x];
+      if (buf.size() < u.length) buf.resize(u.length);
+      const DecodeInput& src = b.inputs[x];
+      // Data blocks are zero-padded to block_bytes; parity is block_bytes long.
+      const uint64_t have = src.zero || u.begin >= src.range.length
+                                ? 0
+                                : std::min(u.length, src.range.length - u.begin);
+      if (have > 0) {
+        MEMENTO_RETURN_IF_ERROR(read(w, job.recipe, src.range, u.begin, have, buf.data()));
+      }
+      std::memset(buf.data() + have, 0, u.length - have);
+      in[x] = buf.data();
+    }
+    std::vector<uint8_t>& out = w.buffers[k];
+    if (out.size() < u.length) out.resize(u.length);
+    uint8_t* outp = out.data();
+    Stopwatch sw;
+    dec.Decode(u.length, in.data(), &outp);
+    w.decode_s += sw.Seconds();
+    sw.Reset();
+    Status s =
+        for_each_extent(b.offset + u.begin, u.length, [&](uint64_t rel, uint8_t* dst, uint64_t n) {
+          std::memcpy(dst, outp + rel, n);
+          return Status::Ok();
+        });
+    w.write_s += sw.Seconds();
+    return s;
+  });
+  for (const WorkerStats& w : ws) {
+    stats.transfer_s += w.transfer_s;
+    stats.decode_s += w.decode_s;
+    stats.write_s += w.write_s;
+    stats.read_bytes += w.read_bytes;
+  }
+  if (!st.ok()) return st;  // the slots stay kWriting: never taken for complete
+
+  // Chunk checksums (parallel over every chunk), then complete and verify.
+  Stopwatch sw;
+  std::vector<std::pair<RankJob*, size_t>> chunks;
+  for (RankJob* job : todo) {
+    for (size_t c = 0; c < job->layout.chunks.size(); ++c) chunks.emplace_back(job, c);
+  }
+  MEMENTO_RETURN_IF_ERROR(ParallelFor(chunks.size(), threads, [&](size_t i, int) -> Status {
+    RankJob* job = chunks[i].first;
+    shm::ChunkEntry* table = shm::SlotTable(*job->segment);
+    shm::ChunkEntry& e = table[chunks[i].second];
+    e.checksum = Checksum(job->data + e.offset, e.length);
+    return Status::Ok();
+  }));
+  for (RankJob* job : todo) {
+    shm::CompleteSlotWrite(*job->segment);
+    Status v = store.Verify(job->recipe.rank, job->slot);
+    if (!v.ok()) {
+      return Status(v.code(), fmt::format("rank {}: rebuilt slot {} of step {} does not verify: {}",
+                                          job->recipe.rank, job->slot, step, v.message()));
+    }
+    stats.bytes += job->layout.data_bytes;
+    stats.ranks.push_back(job->recipe.rank);
+    MEMENTO_LOG_INFO("recover: rebuilt rank {} step {} in slot {} ({} bytes)", job->recipe.rank,
+                     step, job->slot, job->layout.data_bytes);
+  }
+  stats.write_s += sw.Seconds();
+  stats.total_s = total.Seconds();
+  return stats;
+}
+
+}  // namespace memento::recover

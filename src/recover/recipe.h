@@ -1,0 +1,89 @@
+// The recipe inside a RankAssembly (recover.h): how every byte of one rank's
+// state at one version is obtained. Decide() writes it, ExecuteAssemblies()
+// follows it; the JSON form travels in the peer protocol's recover call.
+// docs/recovery.md, "Recipe".
+//
+// A rank's state is the concatenation of plan pieces (topo/plan.h): the
+// replicated pieces of its sharding group, its dp_shard piece and its private
+// piece. Each piece's bytes scatter into the rank's tensors through the
+// piece's segments. A recipe lists one part per non-empty piece:
+//   read    the whole piece from one node: its primary (kPiece, the T0 slot of
+//           Piece::rank there) or a copy (kCopy) in that node's T1
+//   decode  per non-empty stripe block of the piece, exactly k inputs (data
+//           block ranges read from a piece or copy, parities, or zeros)
+//
+// Thread safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "memento/status.h"
+#include "recover/recover.h"
+#include "recover/source.h"
+
+namespace memento::recover {
+
+// Bytes [offset, offset + length) of `source` on `node`.
+struct SourceRange {
+  int node = -1;
+  ByteSource source;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// One input of a decode: stripe block `index` (codec numbering: data 0..k-1,
+// parity k..k+f-1). Data blocks read `range` and are zero-padded to the
+// stripe's block_bytes; `zero` marks an empty data block (nothing to read).
+struct DecodeInput {
+  int index = 0;
+  bool zero = false;
+  SourceRange range;
+};
+
+// Bytes [offset, offset + length) of the piece are stripe block `target`.
+struct DecodeBlock {
+  uint32_t stripe = 0;
+  int target = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  std::vector<DecodeInput> inputs;  // exactly the stripe's k
+};
+
+struct PiecePart {
+  enum class Op : uint8_t { kRead = 0, kDecode = 1 };
+  uint32_t piece = 0;
+  std::string key;  // Piece::key, for logs
+  uint64_t bytes = 0;
+  Op op = Op::kRead;
+  SourceRange read;                 // kRead: [0, bytes) of a kPiece or kCopy source
+  std::vector<DecodeBlock> blocks;  // kDecode
+};
+
+struct Recipe {
+  int64_t step = -1;
+  int rank = -1;
+  int node = -1;  // where the rank's slot is rebuilt
+  std::vector<PiecePart> parts;
+};
+
+nlohmann::json RecipeToJson(const Recipe& recipe);
+// InvalidArgument naming the field when `j` is not a recipe.
+[[nodiscard]] Result<Recipe> RecipeFromJson(const nlohmann::json& j);
+
+// Tuning of the executor (tests shrink the window to exercise splitting).
+struct ExecuteOptions {
+  uint64_t window_bytes = uint64_t{4} << 20;  // largest single read / decode unit
+  uint64_t chunk_bytes = uint64_t{4} << 20;   // slot chunk size (must match the client's)
+  int threads = 4;                            // parallel readers / decoders
+};
+
+// ExecuteAssemblies (recover.h) with explicit options.
+[[nodiscard]] Result<AssemblyStats> ExecuteAssembliesWithOptions(
+    const topo::Plan& plan, const topo::Inventory& inventory, const std::string& job_id,
+    int64_t step, const std::vector<RankAssembly>& assemblies, ByteReader& reader,
+    shm::NodeStore& store, Deadline deadline, const ExecuteOptions& options);
+
+}  // namespace memento::recover

@@ -1,0 +1,806 @@
+// Decide + ExecuteAssemblies on real bytes: every node's T0 (the ranks' whole
+// state) and T1 (copies; parities computed with the real codec) are built here
+// from random rank states; an in-memory ByteReader serves them and refuses
+// (and records) any read of a lost node or of bytes a node did not list; the
+// executor writes real slots of a shm::NodeStore, which are read back with
+// ReadSlot + VerifySlotData and compared byte for byte with the original.
+#include "recover/recover.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+
+#include "codec/erasure_code.h"
+#include "common/checksum.h"
+#include "common/mutex.h"
+#include "common/test_util.h"
+#include "recover/recipe.h"
+#include "shm/node_store.h"
+#include "shm/segment.h"
+#include "shm/slot.h"
+#include "topo/plan.h"
+
+namespace memento::recover {
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+using RankState = std::map<std::string, Bytes>;  // tensor -> bytes
+
+constexpr char kJob[] = "recjob";
+
+TensorMeta Tensor(std::string name, DType dtype, int64_t numel, StateClass cls) {
+  TensorMeta t;
+  t.name = std::move(name);
+  t.dtype = dtype;
+  t.shape = {numel};
+  t.state_class = cls;
+  return t;
+}
+
+Bytes Gather(const RankState& s, const std::vector<topo::Segment>& segs) {
+  Bytes out;
+  for (const topo::Segment& g : segs) {
+    const Bytes& t = s.at(g.tensor);
+    out.insert(out.end(), t.begin() + g.offset, t.begin() + g.offset + g.length);
+  }
+  return out;
+}
+
+const codec::ErasureCode& CodeFor(bool xor_code, int k, int f) {
+  static auto* cache = new std::map<std::tuple<bool, int, int>, codec::ErasureCode>();
+  auto key = std::make_tuple(xor_code, k, f);
+  auto it = cache->find(key);
+  if (it == cache->end()) {
+    auto code =
+        codec::ErasureCode::Create(xor_code ? codec::CodeKind::kXor : codec::CodeKind::kRs, k, f);
+    EXPECT_TRUE(code.ok());
+    it = cache->emplace(key, std::move(*code)).first;
+  }
+  return it->second;
+}
+
+// One version everywhere in the cluster.
+struct Version {
+  std::vector<RankState> ranks;                               // T0, by rank
+  std::vector<std::unordered_map<uint32_t, Bytes>> copies;    // node -> Copy id -> bytes
+  std::vector<std::unordered_map<uint32_t, Bytes>> parities;  // node -> Parity id -> bytes
+};
+
+class Cluster {
+ public:
+  Cluster(const topo::Topology& t, std::mt19937_64& rng) : topo_(t) {
+    inv_.resize(t.num_ranks());
+    auto rnd = [&](int lo, int hi) { return lo + static_cast<int>(rng() % (hi - lo + 1)); };
+    for (int pp = 0; pp < t.pp; ++pp) {
+      for (int tp = 0; tp < t.tp; ++tp) {
+        const std::vector<TensorMeta> repl = {
+            Tensor("w", DType::kFloat32, rnd(50, 700), StateClass::kReplicated),
+            Tensor("b", DType::kBFloat16, rnd(1, 40), StateClass::kReplicated),
+            Tensor("emb", DType::kUInt8, rnd(1, 1500), StateClass::kReplicated),
+        };
+        for (int dp = 0; dp < t.dp; ++dp) {
+          const int r = t.Rank(dp, tp, pp);
+          inv_[r] = repl;
+          if (t.zero_stage != 0) {
+            inv_[r].push_back(Tensor("opt", DType::kFloat32, rnd(1, 300), StateClass::kDpSharded));
+          }
+          inv_[r].push_back(Tensor("rng", DType::kUInt8, rnd(1, 40), StateClass::kPrivate));
+        }
+      }
+    }
+  }
+
+  const topo::Inventory& inventory() const { return inv_; }
+
+  // Random rank states for `step` (replicated tensors equal across a sharding
+  // group) and the redundancy of `plan` computed from them.
+  void AddVersion(const topo::Plan& plan, int64_t step, std::mt19937_64& rng) {
+    Version v;
+    v.ranks.resize(topo_.num_ranks());
+    for (int pp = 0; pp < topo_.pp; ++pp) {
+      for (int tp = 0; tp < topo_.tp; ++tp) {
+        RankState shared;
+        for (int dp = 0; dp < topo_.dp; ++dp) {
+          const int r = topo_.Rank(dp, tp, pp);
+          for (const TensorMeta& m : inv_[r]) {
+            const bool repl = m.state_class == StateClass::kReplicated;
+            if (repl && shared.count(m.name)) {
+              v.ranks[r][m.name] = shared[m.name];
+              continue;
+            }
+            Bytes b(m.nbytes());
+            for (auto& x : b) x = static_cast<uint8_t>(rng());
+            if (repl) shared[m.name] = b;
+            v.ranks[r][m.name] = std::move(b);
+          }
+        }
+      }
+    }
+    const size_t nodes = plan.nodes.size();
+    v.copies.resize(nodes);
+    v.parities.resize(nodes);
+    for (const topo::Copy& c : plan.copies) {
+      const topo::Piece& p = plan.pieces[c.piece];
+      // ARC / local copies come from the holder's own replica; AOR and peer
+      // copies carry the piece's bytes.
+      const bool own_replica =
+          c.kind == topo::CopyKind::kArc || c.kind == topo::CopyKind::kLocalFull;
+      const int from = own_replica ? c.producer_rank : p.rank;
+      v.copies[c.node][c.id] = Gather(v.ranks[from], p.segments);
+    }
+    for (const topo::Stripe& s : plan.stripes) {
+      const codec::ErasureCode& code = CodeFor(s.xor_code, s.k, s.f);
+      for (int j = 0; j < s.f; ++j) {
+        const topo::Parity& par = plan.parities[s.parities[j]];
+        std::vector<Bytes> blocks(s.k, Bytes(s.block_bytes, 0));
+        std::vector<const uint8_t*> dp;
+        for (int i = 0; i < s.k; ++i) {
+          const topo::StripeBlock& b = s.data[i];
+          const Bytes local = Gather(v.ranks[par.producer_rank], plan.pieces[b.piece].segments);
+          std::memcpy(blocks[i].data(), local.data() + b.offset, b.length);
+          dp.push_back(blocks[i].data());
+        }
+        std::vector<Bytes> out(s.f, Bytes(s.block_bytes));
+        std::vector<uint8_t*> op;
+        for (auto& o : out) op.push_back(o.data());
+        code.Encode(s.block_bytes, dp.data(), op.data());
+        v.parities[par.node][par.id] = out[j];
+      }
+    }
+    versions_[step] = std::move(v);
+  }
+
+  const Version& version(int64_t step) const { return versions_.at(step); }
+
+  // Every node's full inventory (all versions, newest first).
+  std::vector<NodeInventory> Inventories(const topo::Plan& plan, int64_t committed) const {
+    const uint64_t hash = PlanHash(plan);
+    std::vector<NodeInventory> out;
+    for (const topo::NodePlan& np : plan.nodes) {
+      NodeInventory inv;
+      inv.node = np.node;
+      inv.endpoint = "127.0.0.1:" + std::to_string(9000 + np.node);
+      inv.plan_hash = hash;
+      inv.committed = committed;
+      for (auto it = versions_.rbegin(); it != versions_.rend(); ++it) {
+        VersionHolding h;
+        h.step = it->first;
+        h.ranks = np.ranks;
+        h.copies = np.copies;
+        h.parities = np.parities;
+        inv.versions.push_back(h);
+      }
+      out.push_back(std::move(inv));
+    }
+    return out;
+  }
+
+ private:
+  topo::Topology topo_;
+  topo::Inventory inv_;
+  std::map<int64_t, Version> versions_;
+};
+
+std::vector<NodeInventory> Without(std::vector<NodeInventory> invs, const std::vector<int>& lost) {
+  invs.erase(std::remove_if(invs.begin(), invs.end(),
+                            [&](const NodeInventory& i) {
+                              return std::count(lost.begin(), lost.end(), i.node) > 0;
+                            }),
+             invs.end());
+  return invs;
+}
+
+// Serves the bytes of live nodes exactly as listed in their inventories.
+class MemoryReader : public ByteReader {
+ public:
+  MemoryReader(const topo::Plan& plan, const Cluster& cluster, std::vector<NodeInventory> listed)
+      : plan_(plan), cluster_(cluster), listed_(std::move(listed)) {}
+
+  void FailNode(int node) { fail_node_ = node; }
+
+  Status Read(int node, const ReadRequest& req, void* dst, Deadline) override {
+    MutexLock l(&mu_);
+    ++reads_;
+    if (node == fail_node_) return UnavailableError("injected: node unreachable");
+    const NodeInventory* inv = nullptr;
+    for (const NodeInventory& i : listed_) {
+      if (i.node == node) inv = &i;
+    }
+    auto refuse = [&](const std::string& why) {
+      violations_.push_back("node " + std::to_string(node) + " " + ToJson(req).dump() + ": " + why);
+      return NotFoundError(why);
+    };
+    if (inv == nullptr) return refuse("lost node");
+    const VersionHolding* h = nullptr;
+    for (const VersionHolding& v : inv->versions) {
+      if (v.step == req.step) h = &v;
+    }
+    if (h == nullptr) return refuse("step not listed");
+    const Version& v = cluster_.version(req.step);
+    auto has = [](const auto& vec, auto x) { return std::count(vec.begin(), vec.end(), x) > 0; };
+    Bytes bytes;
+    switch (req.source.kind) {
+      case SourceKind::kPiece: {
+        const topo::Piece& p = plan_.pieces.at(req.source.id);
+        if (p.node != node || !has(h->ranks, p.rank)) return refuse("piece's rank not listed");
+        bytes = Gather(v.ranks[p.rank], p.segments);
+        piece_reads_.insert(req.source.id);
+        break;
+      }
+      case SourceKind::kCopy:
+        if (plan_.copies.at(req.source.id).node != node || !has(h->copies, req.source.id)) {
+          return refuse("copy not listed");
+        }
+        bytes = v.copies[node].at(req.source.id);
+        break;
+      case SourceKind::kParity:
+        if (plan_.parities.at(req.source.id).node != node || !has(h->parities, req.source.id)) {
+          return refuse("parity not listed");
+        }
+        bytes = v.parities[node].at(req.source.id);
+        break;
+    }
+    if (req.offset > bytes.size() || req.length > bytes.size() - req.offset) {
+      return refuse("out of bounds");
+    }
+    std::memcpy(dst, bytes.data() + req.offset, req.length);
+    read_bytes_ += req.length;
+    return Status::Ok();
+  }
+
+  std::vector<std::string> violations() {
+    MutexLock l(&mu_);
+    return violations_;
+  }
+  int reads() {
+    MutexLock l(&mu_);
+    return reads_;
+  }
+  std::set<uint32_t> piece_reads() {
+    MutexLock l(&mu_);
+    return piece_reads_;
+  }
+
+ private:
+  const topo::Plan& plan_;
+  const Cluster& cluster_;
+  const std::vector<NodeInventory> listed_;
+  int fail_node_ = -1;
+  Mutex mu_;
+  std::vector<std::string> violations_ GUARDED_BY(mu_);
+  std::set<uint32_t> piece_reads_ GUARDED_BY(mu_);
+  int reads_ GUARDED_BY(mu_) = 0;
+  uint64_t read_bytes_ GUARDED_BY(mu_) = 0;
+};
+
+std::unique_ptr<shm::NodeStore> OpenStore(const std::string& dir, int node) {
+  shm::NodeStoreOptions o;
+  o.root = dir + "/node" + std::to_string(node);
+  o.job_id = kJob;
+  o.node = node;
+  auto store = shm::NodeStore::Open(o);
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? std::move(*store) : nullptr;
+}
+
+// The rank's slot holding `step`, read back, verified and compared with the
+// original state byte for byte.
+void ExpectSlotHolds(shm::NodeStore& store, int rank, int64_t step, const RankState& want,
+                     const std::string& where) {
+  int found = 0;
+  for (const shm::SlotStatus& s : store.Inventory(rank)) {
+    if (s.state != shm::SlotState::kComplete || s.step != step) continue;
+    ++found;
+    EXPECT_TRUE(s.intact) << where << ": " << s.error;
+    auto seg = shm::Segment::Open(shm::SlotPath(store.options().root, rank, s.slot), false);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    auto info = shm::ReadSlot(**seg);
+    ASSERT_TRUE(info.ok()) << info.status();
+    ASSERT_TRUE(shm::VerifySlotData(**seg, *info).ok()) << where;
+    EXPECT_EQ(info->rank, rank);
+    EXPECT_EQ(info->job_id, kJob);
+    ASSERT_EQ(info->tensors.size(), want.size()) << where;
+    for (const shm::SavedTensor& t : info->tensors) {
+      const Bytes& w = want.at(t.meta.name);
+      ASSERT_EQ(t.nbytes, w.size()) << where << " " << t.meta.name;
+      const uint8_t* got = (*seg)->data() + info->data_offset + t.offset;
+      EXPECT_EQ(std::memcmp(got, w.data(), w.size()), 0)
+          << where << ": rank " << rank << " tensor " << t.meta.name << " differs";
+    }
+  }
+  EXPECT_EQ(found, 1) << where << ": rank " << rank << " has no complete slot of step " << step;
+}
+
+ExecuteOptions SmallWindows() {
+  ExecuteOptions o;
+  o.window_bytes = 192;  // many units per piece: splitting and parallel reads
+  o.chunk_bytes = 1024;
+  o.threads = 3;
+  return o;
+}
+
+// Runs every node's assemblies on fresh stores and checks the rebuilt slots.
+void ExecuteAndCheck(const topo::Plan& plan, const Cluster& cluster, const Decision& d,
+                     MemoryReader& reader, const std::string& where) {
+  testing::ScratchDir dir("recover-test");
+  std::map<int, std::vector<RankAssembly>> by_node;
+  for (const RankAssembly& a : d.assemblies) by_node[a.node].push_back(a);
+  for (const auto& [node, list] : by_node) {
+    auto store = OpenStore(dir.path(), node);
+    ASSERT_NE(store, nullptr);
+    auto stats = ExecuteAssembliesWithOptions(plan, cluster.inventory(), kJob, d.step, list, reader,
+                                              *store, Deadline::AfterSeconds(60), SmallWindows());
+    ASSERT_TRUE(stats.ok()) << where << ": " << stats.status();
+    EXPECT_EQ(stats->ranks.size(), list.size());
+    EXPECT_GT(stats->read_bytes, 0u);
+    for (const RankAssembly& a : list) {
+      ExpectSlotHolds(*store, a.rank, d.step, cluster.version(d.step).ranks[a.rank], where);
+    }
+  }
+  EXPECT_TRUE(reader.violations().empty())
+      << where << ": " << (reader.violations().empty() ? "" : reader.violations()[0]);
+}
+
+std::vector<int> RanksOn(const topo::Plan& plan, const std::vector<int>& nodes) {
+  std::vector<int> out;
+  for (int n : nodes) {
+    for (int r : plan.nodes[n].ranks) out.push_back(r);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<int> AssembledRanks(const Decision& d) {
+  std::vector<int> out;
+  for (const RankAssembly& a : d.assemblies) out.push_back(a.rank);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// ---- whole-node losses on every topology and policy -------------------------
+
+struct Shape {
+  const char* name;
+  int dp, tp, pp, zero, ranks_per_node;
+};
+
+class NodeLossTest : public ::testing::TestWithParam<std::tuple<Shape, const char*>> {};
+
+TEST_P(NodeLossTest, EveryOneAndTwoNodeLoss) {
+  const Shape shape = std::get<0>(GetParam());
+  const std::string policy_name = std::get<1>(GetParam());
+  const uint64_t seed = testing::TestSeed("NodeLossTest");
+  std::mt19937_64 rng(seed);
+  auto topo =
+      topo::Topology::Uniform(shape.dp, shape.tp, shape.pp, shape.zero, shape.ranks_per_node);
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  Cluster cluster(*topo, rng);
+  auto policy = topo::ParsePolicy(policy_name);
+  ASSERT_TRUE(policy.ok());
+  auto plan = topo::MakePlan(*topo, cluster.inventory(), *policy);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  cluster.AddVersion(*plan, 10, rng);
+  const auto all = cluster.Inventories(*plan, 10);
+  const int num_nodes = topo->num_nodes();
+
+  // No loss: nothing to rebuild.
+  auto none = Decide(*plan, all, 10);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->from_memory);
+  EXPECT_EQ(none->step, 10);
+  EXPECT_TRUE(none->assemblies.empty());
+  EXPECT_NE(none->reason.find("nothing to rebuild"), std::string::npos) << none->reason;
+
+  std::vector<std::vector<int>> sets;
+  for (int a = 0; a < num_nodes; ++a) {
+    sets.push_back({a});
+    for (int b = a + 1; b < num_nodes; ++b) sets.push_back({a, b});
+  }
+  int recovered = 0;
+  for (const std::vector<int>& lost : sets) {
+    std::string where =
+        std::string(shape.name) + " " + policy_name + " seed=" + std::to_string(seed) + " lost=";
+    for (int n : lost) where += std::to_string(n) + ",";
+    const auto live = Without(all, lost);
+    auto d = Decide(*plan, live, 10);
+    ASSERT_TRUE(d.ok()) << where << d.status();
+    // The verdict agrees with the plan's own recovery for whole-node losses.
+    auto rec = topo::Recover(*plan, lost);
+    ASSERT_TRUE(rec.ok());
+    EXPECT_EQ(d->from_memory, rec->recoverable) << where << ": " << d->reason;
+    EXPECT_EQ(d->lost_nodes, lost) << where;
+    if (lost.size() <= static_cast<size_t>(plan->protection)) {
+      EXPECT_TRUE(d->from_memory) << where << ": " << d->reason;
+    }
+    if (!d->from_memory) {
+      EXPECT_EQ(d->reason.rfind("not recoverable from memory", 0), 0u) << d->reason;
+      // Names at least one lost piece with its node.
+      bool named = false;
+      for (int n : lost) {
+        for (uint32_t p : plan->nodes[n].pieces) {
+          named |= d->reason.find(plan->pieces[p].key + " (node " + std::to_string(n) + ")") !=
+                   std::string::npos;
+        }
+      }
+      EXPECT_TRUE(named) << where << ": " << d->reason;
+      EXPECT_TRUE(d->assemblies.empty());
+      continue;
+    }
+    ++recovered;
+    EXPECT_EQ(d->step, 10);
+    EXPECT_EQ(AssembledRanks(*d), RanksOn(*plan, lost)) << where;
+    // A fresh agent on an empty root in place of a lost node answers with
+    // no versions: the same decision.
+    std::vector<NodeInventory> fresh = live;
+    for (int n : lost) {
+      NodeInventory empty;
+      empty.node = n;
+      fresh.push_back(empty);
+    }
+    auto df = Decide(*plan, fresh, 10);
+    ASSERT_TRUE(df.ok());
+    EXPECT_EQ(DecisionToJson(*df), DecisionToJson(*d)) << where;
+    // Through JSON, as the launcher sends it.
+    auto back = DecisionFromJson(DecisionToJson(*d));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(DecisionToJson(*back), DecisionToJson(*d));
+    MemoryReader reader(*plan, cluster, live);
+    ExecuteAndCheck(*plan, cluster, *back, reader, where);
+    if (HasFatalFailure()) return;
+  }
+  if (policy_name != "none") {
+    EXPECT_GT(recovered, 0);
+  } else {
+    EXPECT_EQ(recovered, 0);
+  }
+}
+
+const Shape kShapes[] = {
+    {"dp4", 4, 1, 1, 1, 1},
+    {"dp2xpp2", 2, 1, 2, 1, 1},
+    {"dp4xtp2_2pn", 4, 2, 1, 1, 2},
+};
+
+INSTANTIATE_TEST_SUITE_P(Topologies, NodeLossTest,
+                         ::testing::Combine(::testing::ValuesIn(kShapes),
+                                            ::testing::Values("replicate", "xor", "rs:2", "peer:2",
+                                                              "none")),
+                         [](const ::testing::TestParamInfo<NodeLossTest::ParamType>& info) {
+                           std::string p = std::get<1>(info.param);
+                           std::replace(p.begin(), p.end(), ':', '_');
+                           return std::string(std::get<0>(info.param).name) + "_" + p;
+                         });
+
+// ---- specific cases -----------------------------------------------------------
+
+struct Fixture {
+  topo::Topology topo;
+  std::unique_ptr<Cluster> cluster;
+  topo::Plan plan;
+};
+
+Fixture Make(int dp, int tp, int pp, int rpn, const char* policy, std::mt19937_64& rng,
+             std::vector<int64_t> steps = {10}) {
+  Fixture f;
+  f.topo = *topo::Topology::Uniform(dp, tp, pp, 1, rpn);
+  f.cluster = std::make_unique<Cluster>(f.topo, rng);
+  auto plan = topo::MakePlan(f.topo, f.cluster->inventory(), *topo::ParsePolicy(policy));
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  f.plan = std::move(*plan);
+  for (int64_t s : steps) f.cluster->AddVersion(f.plan, s, rng);
+  return f;
+}
+
+bool UsesDecode(const Decision& d) {
+  for (const RankAssembly& a : d.assemblies) {
+    for (const auto& part : a.recipe.at("parts")) {
+      if (part.at("op") == "decode") return true;
+    }
+  }
+  return false;
+}
+
+TEST(DecideTest, TwoLostNodesInOneShardingGroupUnderRs2) {
+  const uint64_t seed = testing::TestSeed("DecideTest.Rs2");
+  std::mt19937_64 rng(seed);
+  Fixture f = Make(4, 1, 1, 1, "rs:2", rng);
+  const auto live = Without(f.cluster->Inventories(f.plan, 10), {0, 1});
+  auto d = Decide(f.plan, live, 10);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(d->from_memory) << d->reason;
+  EXPECT_TRUE(UsesDecode(*d)) << "rs:2 without two nodes must decode sg0";
+  EXPECT_NE(d->reason.find("decode"), std::string::npos) << d->reason;
+  std::fprintf(stderr, "reason: %s\n", d->reason.c_str());
+  EXPECT_EQ(AssembledRanks(*d), (std::vector<int>{0, 1}));
+  MemoryReader reader(f.plan, *f.cluster, live);
+  ExecuteAndCheck(f.plan, *f.cluster, *d, reader, "rs2 seed=" + std::to_string(seed));
+
+  // The same loss under xor is beyond protection: the reason names the pieces.
+  Fixture x = Make(4, 1, 1, 1, "xor", rng);
+  auto dx = Decide(x.plan, Without(x.cluster->Inventories(x.plan, 10), {0, 1}), 10);
+  ASSERT_TRUE(dx.ok());
+  EXPECT_FALSE(dx->from_memory);
+  EXPECT_EQ(dx->step, -1);
+  EXPECT_EQ(dx->reason.rfind("not recoverable from memory", 0), 0u) << dx->reason;
+  EXPECT_NE(dx->reason.find("sg0/r0 (node 0)"), std::string::npos) << dx->reason;
+  EXPECT_NE(dx->reason.find("(node 1)"), std::string::npos) << dx->reason;
+  EXPECT_EQ(dx->lost_nodes, (std::vector<int>{0, 1}));
+  std::fprintf(stderr, "reason: %s\n", dx->reason.c_str());
+}
+
+TEST(DecideTest, CorruptRankOnLiveNodeIsRebuiltFromRedundancy) {
+  const uint64_t seed = testing::TestSeed("DecideTest.Corrupt");
+  std::mt19937_64 rng(seed);
+  Fixture f = Make(4, 2, 1, 2, "xor", rng);  // node n runs ranks 2n (tp 0) and 2n+1 (tp 1)
+  auto live = f.cluster->Inventories(f.plan, 10);
+  // Node 1's verification found rank 3's slot corrupt: it is not listed.
+  auto& ranks = live[1].versions[0].ranks;
+  ranks.erase(std::remove(ranks.begin(), ranks.end(), 3), ranks.end());
+  auto d = Decide(f.plan, live, 10);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(d->from_memory) << d->reason;
+  EXPECT_TRUE(d->lost_nodes.empty());
+  ASSERT_EQ(AssembledRanks(*d), std::vector<int>{3});
+  EXPECT_EQ(d->assemblies[0].node, 1);
+  EXPECT_TRUE(UsesDecode(*d));
+  MemoryReader reader(f.plan, *f.cluster, live);
+  ExecuteAndCheck(f.plan, *f.cluster, *d, reader, "corrupt seed=" + std::to_string(seed));
+  // Rank 3's own pieces were never read from its slot.
+  for (uint32_t p : reader.piece_reads()) EXPECT_NE(f.plan.pieces[p].rank, 3) << p;
+
+  // The corrupt rank plus the loss of node 2 (ranks 4 in sg0 and 5 in sg1):
+  // sg0 lost one block and is rebuildable, sg1 lost two (rank 3's and rank
+  // 5's pieces) under xor, and only sg1's pieces are named.
+  auto live2 = Without(live, {2});
+  auto d2 = Decide(f.plan, live2, 10);
+  ASSERT_TRUE(d2.ok());
+  EXPECT_FALSE(d2->from_memory) << d2->reason;
+  EXPECT_NE(d2->reason.find("sg1/"), std::string::npos) << d2->reason;
+  EXPECT_EQ(d2->reason.find("sg0/"), std::string::npos) << d2->reason;
+}
+
+TEST(DecideTest, ChoosesCommittedNotNewer) {
+  const uint64_t seed = testing::TestSeed("DecideTest.Committed");
+  std::mt19937_64 rng(seed);
+  Fixture f = Make(4, 1, 1, 1, "xor", rng, {10, 12});
+  const auto live = Without(f.cluster->Inventories(f.plan, 10), {2});
+  auto d = Decide(f.plan, live, 10);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(d->from_memory) << d->reason;
+  EXPECT_EQ(d->step, 10);
+  MemoryReader reader(f.plan, *f.cluster, live);
+  ExecuteAndCheck(f.plan, *f.cluster, *d, reader, "committed seed=" + std::to_string(seed));
+  for (const RankAssembly& a : d->assemblies) EXPECT_EQ(a.recipe.at("step"), 10);
+
+  auto d12 = Decide(f.plan, live, 12);
+  ASSERT_TRUE(d12.ok());
+  EXPECT_EQ(d12->step, 12);
+  // Nothing committed: nothing to restore.
+  auto dn = Decide(f.plan, live, -1);
+  ASSERT_TRUE(dn.ok());
+  EXPECT_FALSE(dn->from_memory);
+  EXPECT_NE(dn->reason.find("no live node holds a version"), std::string::npos) << dn->reason;
+}
+
+TEST(DecideTest, FallsBackToAnOlderVersionWhenTheNewestIsNotRebuildable) {
+  const uint64_t seed = testing::TestSeed("DecideTest.Older");
+  std::mt19937_64 rng(seed);
+  Fixture f = Make(4, 1, 1, 1, "xor", rng, {10, 12});
+  auto live = Without(f.cluster->Inventories(f.plan, 12), {1});
+  // Node 2 never finished step 12 (neither T0 nor T1).
+  for (NodeInventory& inv : live) {
+    if (inv.node == 2) inv.versions.erase(inv.versions.begin());
+  }
+  auto d = Decide(f.plan, live, 12);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(d->from_memory) << d->reason;
+  EXPECT_EQ(d->step, 10);
+  EXPECT_EQ(d->lost_nodes, std::vector<int>{1});
+  EXPECT_NE(d->reason.find("newer step 12"), std::string::npos) << d->reason;
+  std::fprintf(stderr, "reason: %s\n", d->reason.c_str());
+  MemoryReader reader(f.plan, *f.cluster, live);
+  ExecuteAndCheck(f.plan, *f.cluster, *d, reader, "older seed=" + std::to_string(seed));
+}
+
+TEST(DecideTest, RedundancyOfAnotherPlanIsNotUsed) {
+  std::mt19937_64 rng(7);
+  Fixture f = Make(4, 1, 1, 1, "xor", rng);
+  auto live = Without(f.cluster->Inventories(f.plan, 10), {3});
+  auto fresh = Decide(f.plan, live, 10);
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_TRUE(fresh->from_memory) << fresh->reason;
+  // Under xor, rebuilding node 3's piece needs the parity node 0 holds (stripe
+  // 0). Made under another plan, node 0's redundancy addresses other bytes.
+  live[0].plan_hash ^= 1;
+  auto d = Decide(f.plan, live, 10);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->from_memory) << d->reason;
+  EXPECT_NE(d->reason.find("another plan"), std::string::npos) << d->reason;
+  EXPECT_NE(d->reason.find("sg0/r3 (node 3)"), std::string::npos) << d->reason;
+  EXPECT_EQ(PlanHash(f.plan), PlanHash(f.plan));
+  Fixture g = Make(4, 1, 1, 1, "replicate", rng);
+  EXPECT_NE(PlanHash(f.plan), PlanHash(g.plan));
+}
+
+TEST(DecideTest, RejectsBadInventories) {
+  std::mt19937_64 rng(3);
+  Fixture f = Make(2, 1, 1, 1, "xor", rng);
+  auto live = f.cluster->Inventories(f.plan, 10);
+  live[0].node = 7;
+  auto d = Decide(f.plan, live, 10);
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  live[0].node = 1;
+  d = Decide(f.plan, live, 10);
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("two inventories"), std::string::npos);
+  EXPECT_EQ(DecisionFromJson(nlohmann::json{{"step", 1}}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(RecipeFromJson(
+                nlohmann::json{
+                    {"step", 1},
+                    {"rank", 0},
+                    {"node", 0},
+                    {"parts", {{{"piece", 0}, {"key", "x"}, {"bytes", 1}, {"op", "teleport"}}}}})
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
+// ---- executor specifics --------------------------------------------------------
+
+// Writes `state` as a complete version of `rank` into slot `slot`, as a
+// trainer would.
+void WriteSlot(shm::NodeStore& store, const std::vector<TensorMeta>& tensors, int rank, int slot,
+               int64_t step, const RankState& state) {
+  auto layout = shm::ComputeSlotLayout(kJob, rank, tensors, 1024);
+  ASSERT_TRUE(layout.ok());
+  auto paths = store.EnsureSlots(rank, layout->total_bytes);
+  ASSERT_TRUE(paths.ok());
+  auto seg = shm::Segment::Open((*paths)[slot], true);
+  ASSERT_TRUE(seg.ok());
+  shm::BeginSlotWrite(**seg, *layout, slot, step);
+  uint8_t* data = shm::SlotData(**seg);
+  for (const shm::SavedTensor& t : layout->tensors) {
+    const Bytes& b = state.at(t.meta.name);
+    std::memcpy(data + t.offset, b.data(), b.size());
+  }
+  shm::ChunkEntry* table = shm::SlotTable(**seg);
+  for (size_t i = 0; i < layout->chunks.size(); ++i) {
+    table[i].checksum = Checksum(data + table[i].offset, table[i].length);
+  }
+  shm::CompleteSlotWrite(**seg);
+  ASSERT_TRUE(store.Verify(rank, slot).ok());
+}
+
+TEST(ExecuteTest, AFailingSourceNamesNodeSourceAndStep) {
+  std::mt19937_64 rng(11);
+  Fixture f = Make(4, 1, 1, 1, "replicate", rng);
+  const auto live = Without(f.cluster->Inventories(f.plan, 10), {1});
+  auto d = Decide(f.plan, live, 10);
+  ASSERT_TRUE(d.ok() && d->from_memory);
+  MemoryReader reader(f.plan, *f.cluster, live);
+  reader.FailNode(2);
+  testing::ScratchDir dir("recover-test");
+  auto store = OpenStore(dir.path(), 1);
+  auto stats =
+      ExecuteAssembliesWithOptions(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader,
+                                   *store, Deadline::AfterSeconds(60), SmallWindows());
+  ASSERT_FALSE(stats.ok());
+  EXPECT_EQ(stats.status().code(), StatusCode::kUnavailable) << stats.status();
+  const std::string msg = stats.status().message();
+  EXPECT_NE(msg.find("on node 2 at step 10"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+  EXPECT_TRUE(msg.find("piece ") != std::string::npos || msg.find("copy ") != std::string::npos)
+      << msg;
+  // The half-written slot is not complete.
+  for (const shm::SlotStatus& s : store->Inventory(1)) {
+    EXPECT_NE(s.state, shm::SlotState::kComplete) << "slot " << s.slot;
+  }
+}
+
+TEST(ExecuteTest, KeepsANewerSlotAndSkipsAnIntactOne) {
+  std::mt19937_64 rng(13);
+  Fixture f = Make(2, 1, 1, 1, "replicate", rng, {10, 20});
+  const auto live = Without(f.cluster->Inventories(f.plan, 10), {0});
+  auto d = Decide(f.plan, live, 10);
+  ASSERT_TRUE(d.ok() && d->from_memory) << d->reason;
+  testing::ScratchDir dir("recover-test");
+  auto store = OpenStore(dir.path(), 0);
+  // Slot 0 of rank 0 holds a newer version (20), slot 1 is empty.
+  WriteSlot(*store, f.cluster->inventory()[0], 0, 0, 20, f.cluster->version(20).ranks[0]);
+  MemoryReader reader(f.plan, *f.cluster, live);
+  auto stats =
+      ExecuteAssembliesWithOptions(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader,
+                                   *store, Deadline::AfterSeconds(60), SmallWindows());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->ranks, std::vector<int>{0});
+  EXPECT_GT(stats->bytes, 0u);
+  ExpectSlotHolds(*store, 0, 10, f.cluster->version(10).ranks[0], "rebuilt");
+  ExpectSlotHolds(*store, 0, 20, f.cluster->version(20).ranks[0], "kept");
+  // Again: step 10 is already there, nothing is read or written.
+  const int reads = reader.reads();
+  auto again =
+      ExecuteAssembliesWithOptions(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader,
+                                   *store, Deadline::AfterSeconds(60), SmallWindows());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->ranks.empty());
+  EXPECT_EQ(reader.reads(), reads);
+  ExpectSlotHolds(*store, 0, 20, f.cluster->version(20).ranks[0], "kept again");
+  const nlohmann::json j = AssemblyStatsToJson(*stats);
+  EXPECT_TRUE(j.contains("transfer_s") && j.contains("decode_s") && j.contains("write_s"));
+}
+
+TEST(ExecuteTest, RejectsAssembliesForAnotherNodeOrTamperedRecipes) {
+  std::mt19937_64 rng(17);
+  Fixture f = Make(4, 1, 1, 1, "xor", rng);
+  const auto live = Without(f.cluster->Inventories(f.plan, 10), {1});
+  auto d = Decide(f.plan, live, 10);
+  ASSERT_TRUE(d.ok() && d->from_memory);
+  MemoryReader reader(f.plan, *f.cluster, live);
+  testing::ScratchDir dir("recover-test");
+  auto other = OpenStore(dir.path(), 2);
+  auto st = ExecuteAssemblies(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader,
+                              *other, Deadline::AfterSeconds(60));
+  EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument) << st.status();
+  auto store = OpenStore(dir.path(), 1);
+  st = ExecuteAssemblies(f.plan, f.cluster->inventory(), kJob, 11, d->assemblies, reader, *store,
+                         Deadline::AfterSeconds(60));
+  EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument) << st.status();
+  // A recipe that drops a piece would leave bytes unwritten: refused.
+  auto tampered = d->assemblies;
+  tampered[0].recipe["parts"].erase(0);
+  st = ExecuteAssemblies(f.plan, f.cluster->inventory(), kJob, 10, tampered, reader, *store,
+                         Deadline::AfterSeconds(60));
+  EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument) << st.status();
+  EXPECT_EQ(reader.reads(), 0);
+  // A deadline already past: nothing is read.
+  st = ExecuteAssemblies(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader, *store,
+                         Deadline(Now()));
+  EXPECT_EQ(st.status().code(), StatusCode::kDeadlineExceeded) << st.status();
+  EXPECT_EQ(reader.reads(), 0);
+  // The default options (4 MiB windows and chunks) rebuild the same bytes.
+  auto ok = ExecuteAssemblies(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader,
+                              *store, Deadline::AfterSeconds(60));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ExpectSlotHolds(*store, 1, 10, f.cluster->version(10).ranks[1], "default options");
+}
+
+TEST(ExecuteTest, RebuildsIntoTheCorruptSlotAndKeepsAnOlderIntactOne) {
+  std::mt19937_64 rng(19);
+  Fixture f = Make(2, 1, 1, 1, "replicate", rng, {8, 10});
+  testing::ScratchDir dir("recover-test");
+  auto store = OpenStore(dir.path(), 1);
+  WriteSlot(*store, f.cluster->inventory()[1], 1, 0, 8, f.cluster->version(8).ranks[1]);
+  WriteSlot(*store, f.cluster->inventory()[1], 1, 1, 10, f.cluster->version(10).ranks[1]);
+  {  // A bit flips in step 10's data.
+    auto seg = shm::Segment::Open(shm::SlotPath(store->options().root, 1, 1), true);
+    ASSERT_TRUE(seg.ok());
+    auto info = shm::ReadSlot(**seg);
+    ASSERT_TRUE(info.ok());
+    (*seg)->data()[info->data_offset + info->tensors[0].offset] ^= 0x10;
+  }
+  auto live = f.cluster->Inventories(f.plan, 10);
+  // Node 1's verification dropped rank 1 at step 10.
+  ASSERT_EQ(live[1].versions[0].step, 10);
+  live[1].versions[0].ranks.clear();
+  auto d = Decide(f.plan, live, 10);
+  ASSERT_TRUE(d.ok() && d->from_memory) << d->reason;
+  ASSERT_EQ(AssembledRanks(*d), std::vector<int>{1});
+  MemoryReader reader(f.plan, *f.cluster, live);
+  auto stats =
+      ExecuteAssembliesWithOptions(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader,
+                                   *store, Deadline::AfterSeconds(60), SmallWindows());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->ranks, std::vector<int>{1});
+  ExpectSlotHolds(*store, 1, 10, f.cluster->version(10).ranks[1], "rebuilt over the corrupt slot");
+  ExpectSlotHolds(*store, 1, 8, f.cluster->version(8).ranks[1], "older version kept");
+}
+
+}  // namespace
+}  // namespace memento::recover
