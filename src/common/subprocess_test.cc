@@ -1,0 +1,164 @@
+#include "common/subprocess.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "common/test_util.h"
+#include "gtest/gtest.h"
+
+namespace memento {
+namespace {
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(Subprocess, ExitCodeAndLogFile) {
+  testing::ScratchDir dir("subprocess");
+  SpawnOptions o;
+  o.argv = {"sh", "-c", "echo out; echo err >&2; exit 3"};
+  o.log_path = dir.path() + "/log";
+  auto p = Subprocess::Spawn(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto st = p->Wait(Deadline::AfterSeconds(30));
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->code, 3);
+  EXPECT_EQ(st->signal, 0);
+  EXPECT_FALSE(st->ok());
+  EXPECT_EQ(st->ToString(), "exit code 3");
+  EXPECT_EQ(ReadAll(o.log_path), "out\nerr\n");
+  EXPECT_FALSE(p->running());
+}
+
+TEST(Subprocess, EnvironmentIsAddedAndOverrides) {
+  testing::ScratchDir dir("subprocess");
+  setenv("MEMENTO_SUBPROCESS_TEST_A", "parent", 1);
+  SpawnOptions o;
+  o.argv = {"sh", "-c", "echo $MEMENTO_SUBPROCESS_TEST_A $MEMENTO_SUBPROCESS_TEST_B"};
+  o.env = {"MEMENTO_SUBPROCESS_TEST_B=two", "MEMENTO_SUBPROCESS_TEST_A=child"};
+  o.log_path = dir.path() + "/log";
+  auto p = Subprocess::Spawn(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto st = p->Wait(Deadline::AfterSeconds(30));
+  ASSERT_TRUE(st.ok() && st->ok());
+  EXPECT_EQ(ReadAll(o.log_path), "child two\n");
+  unsetenv("MEMENTO_SUBPROCESS_TEST_A");
+}
+
+TEST(Subprocess, KillWithARealSignal) {
+  SpawnOptions o;
+  o.argv = {"sleep", "60"};
+  auto p = Subprocess::Spawn(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->running());
+  EXPECT_FALSE(p->Poll().has_value());
+  auto early = p->Wait(Deadline::AfterSeconds(0.05));
+  EXPECT_EQ(early.status().code(), StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(p->Kill(SIGKILL).ok());
+  auto st = p->Wait(Deadline::AfterSeconds(30));
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->signal, SIGKILL);
+  EXPECT_NE(st->ToString().find("signal 9"), std::string::npos) << st->ToString();
+  // Killing a reaped child is a no-op.
+  EXPECT_TRUE(p->Kill(SIGKILL).ok());
+}
+
+TEST(Subprocess, TerminateEscalatesToSigkill) {
+  SpawnOptions o;
+  // Ignores SIGTERM: Terminate must fall back to SIGKILL after the grace.
+  o.argv = {"sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"};
+  auto p = Subprocess::Spawn(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  usleep(100 * 1000);
+  ExitStatus st = p->Terminate(0.2);
+  EXPECT_EQ(st.signal, SIGKILL) << st.ToString();
+}
+
+TEST(Subprocess, TerminateGraceful) {
+  SpawnOptions o;
+  o.argv = {"sleep", "60"};
+  auto p = Subprocess::Spawn(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ExitStatus st = p->Terminate(10);
+  EXPECT_EQ(st.signal, SIGTERM) << st.ToString();
+}
+
+TEST(Subprocess, DestructorKillsARunningChild) {
+  pid_t pid = -1;
+  {
+    SpawnOptions o;
+    o.argv = {"sleep", "60"};
+    auto p = Subprocess::Spawn(o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    pid = p->pid();
+    Subprocess moved = std::move(*p);
+    EXPECT_EQ(p->pid(), -1);
+    EXPECT_EQ(moved.pid(), pid);
+  }
+  // Reaped by the destructor: the pid no longer names our child.
+  EXPECT_NE(kill(pid, 0), 0);
+}
+
+TEST(Subprocess, KillGroupReachesGrandchildren) {
+  testing::ScratchDir dir("subprocess");
+  SpawnOptions o;
+  const std::string pidfile = dir.path() + "/grandchild";
+  o.argv = {"sh", "-c", "sleep 60 & echo $! > " + pidfile + "; wait"};
+  o.new_process_group = true;
+  auto p = Subprocess::Spawn(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  pid_t grandchild = 0;
+  for (int i = 0; i < 3000 && grandchild == 0; ++i) {
+    std::ifstream in(pidfile);
+    in >> grandchild;
+    if (grandchild == 0) usleep(1000);
+  }
+  ASSERT_GT(grandchild, 0);
+  ASSERT_TRUE(p->KillGroup(SIGKILL).ok());
+  auto st = p->Wait(Deadline::AfterSeconds(30));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->signal, SIGKILL);
+  // The grandchild (reparented to init or a subreaper) dies too.
+  bool gone = false;
+  for (int i = 0; i < 3000 && !gone; ++i) {
+    std::ifstream stat("/proc/" + std::to_string(grandchild) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    gone = !stat || line.find(") Z") != std::string::npos;
+    if (!gone) usleep(1000);
+  }
+  EXPECT_TRUE(gone);
+}
+
+TEST(Subprocess, MissingProgramIsNotFoundBeforeFork) {
+  SpawnOptions o;
+  o.argv = {"/nonexistent/memento-nothing"};
+  auto p = Subprocess::Spawn(o);
+  EXPECT_EQ(p.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(p.status().message().find("/nonexistent/memento-nothing"), std::string::npos);
+  o.argv = {"memento-surely-not-on-path"};
+  EXPECT_EQ(Subprocess::Spawn(o).status().code(), StatusCode::kNotFound);
+  o.argv = {};
+  EXPECT_EQ(Subprocess::Spawn(o).status().code(), StatusCode::kInvalidArgument);
+  o.argv = {"true"};
+  o.env = {"NOEQUALS"};
+  EXPECT_EQ(Subprocess::Spawn(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Subprocess, TailFile) {
+  testing::ScratchDir dir("subprocess");
+  const std::string path = dir.path() + "/f";
+  std::ofstream(path) << "0123456789";
+  EXPECT_EQ(TailFile(path, 4), "6789");
+  EXPECT_EQ(TailFile(path, 100), "0123456789");
+  EXPECT_EQ(TailFile(dir.path() + "/missing"), "");
+}
+
+}  // namespace
+}  // namespace memento
