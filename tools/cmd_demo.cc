@@ -705,6 +705,11 @@ int RunClusterDemo(const DemoArgs& a, int64_t steps) {
     return finish(1);
   }
   std::printf("run 1: %s", failed->summary.ToString().c_str());
+  if (!failed->summary.success) {
+    std::printf("RESULT: run 1 did not finish (%s); logs in %s/failures/run/logs\n",
+                failed->summary.message.c_str(), work.c_str());
+    return finish(1);
+  }
   std::printf("== run 2: the same job without failures ==\n");
   std::fflush(stdout);
   auto clean = RunCluster(a, "reference", work + "/reference", "", steps);
@@ -713,6 +718,11 @@ int RunClusterDemo(const DemoArgs& a, int64_t steps) {
     return finish(1);
   }
   std::printf("run 2: %s", clean->summary.ToString().c_str());
+  if (!clean->summary.success) {
+    std::printf("RESULT: run 2 did not finish (%s); logs in %s/reference/run/logs\n",
+                clean->summary.message.c_str(), work.c_str());
+    return finish(1);
+  }
 
   // ---- the report ----
   std::printf("\n==== memento demo report ====\n");
