@@ -32,11 +32,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -130,7 +135,7 @@ Result<std::string> WaitEndpoint(coord::Store& store, int nodes, int node, const
   while (true) {
     auto eps = launch::ReadEndpoints(store, kJob, nodes, deadline);
     if (eps.ok() && !(*eps)[node].empty() && (*eps)[node] != old) return (*eps)[node];
-    if (deadline.Expired()) {
+    if (deadline.expired()) {
       return DeadlineExceededError("node " + std::to_string(node) +
                                    " did not join the membership (see its agent log)");
     }
@@ -225,7 +230,7 @@ Result<nlohmann::json> Run(const Args& a) {
     while (true) {
       auto latest = coord::ReadLatestCommit(store, kJob, commit_deadline);
       if (latest.ok() && *latest >= 1) break;
-      if (commit_deadline.Expired()) {
+      if (commit_deadline.expired()) {
         return DeadlineExceededError("step 1 was not committed in 120 s (agent logs in " + base +
                                      ", --keep keeps them)");
       }
