@@ -63,8 +63,13 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
-  std::printf("memento agent ready: job=%s node=%d root=%s\n", options.job_id.c_str(), options.node,
-              (*agent)->root().c_str());
+  if ((*agent)->cluster() != nullptr) {
+    std::printf("memento agent ready: job=%s node=%d root=%s endpoint=%s\n", options.job_id.c_str(),
+                options.node, (*agent)->root().c_str(), (*agent)->cluster()->endpoint().c_str());
+  } else {
+    std::printf("memento agent ready: job=%s node=%d root=%s\n", options.job_id.c_str(),
+                options.node, (*agent)->root().c_str());
+  }
   std::fflush(stdout);
   Status st = (*agent)->Serve();
   g_agent = nullptr;
@@ -102,6 +107,22 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--keep-every", durable.keep_every,
                   "Also keep durable versions whose step is a multiple of M (0: none)")
       ->default_val(0);
+  // Cluster mode (docs/cluster.md, "Agent in cluster mode").
+  cmd->add_option("--store", options.cluster.store_url,
+                  "Coordination store (tcp://HOST:PORT): run in cluster mode (membership, "
+                  "commits, redundancy for the other nodes, peer service)");
+  cmd->add_option("--token-file", options.cluster.token_file,
+                  "The job token file (mode 0600; default $MEMENTO_JOB_TOKEN)");
+  cmd->add_option("--listen", options.cluster.listen,
+                  "Peer service address HOST:PORT (port 0: any free port)")
+      ->default_val("127.0.0.1:0");
+  cmd->add_option("--lease-ttl", options.cluster.lease_ttl_s,
+                  "Membership lease in seconds (the node reads OFFLINE this long after it dies)")
+      ->default_val(3.0);
+  cmd->add_option("--hold-timeout", options.cluster.hold_timeout_s,
+                  "Seconds a reported step that does not commit stays protected from the "
+                  "trainers, and the longest wait for the copies peers push")
+      ->default_val(10.0);
   cmd->callback([&ctx] { ctx.exit_code = RunAgent(options, durable, budget, bandwidth); });
 }
 

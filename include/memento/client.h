@@ -92,6 +92,12 @@ struct SnapshotStats {
   uint64_t bytes_idle = 0;         // HAS layer 1 (inside idle windows)
   uint64_t bytes_compute = 0;      // HAS layer 2 (beside computation)
   uint64_t bytes_communicate = 0;  // HAS layer 3
+  // Cluster mode (docs/cluster.md): this step was not written because the
+  // only slot it could take holds a newer-than-committed version the agent is
+  // still protecting (making its redundancy or waiting for its commit). A
+  // skipped snapshot is a success: the step simply does not become a version.
+  bool skipped = false;
+  uint64_t skipped_total = 0;  // snapshots skipped since Connect()
 };
 
 // Statistics of the last Restore().
@@ -129,7 +135,10 @@ class Client {
 
   // Starts snapshotting the registered state as version `step` and returns
   // at once. REQUIRES: sealed; step greater than every earlier snapshot's.
-  // A snapshot still running is fenced first.
+  // A snapshot still running is fenced first. In cluster mode the slot that
+  // holds the newest globally committed version is never overwritten; when
+  // the other slot holds a newer version the agent is still protecting, the
+  // step is skipped (OK; LastSnapshotStats().skipped).
   virtual Status Snapshot(int64_t step) = 0;
 
   // Waits until the last snapshot is complete in shared memory (the only call
@@ -137,7 +146,11 @@ class Client {
   virtual Status Fence(Deadline deadline = Deadline::Infinite()) = 0;
 
   // Loads the newest committed version into the registered tensors and
-  // returns its step. NotFound when there is none. When a saved tensor's name,
+  // returns its step. NotFound when there is none. In cluster mode (the
+  // agent runs with --store) the agent decides the step: the cluster's
+  // restore target when the launcher set one, else the newest step in the
+  // agent's commit log; exactly that step is loaded, as Restore(step) does
+  // (no fallback to another step; NotFound when nothing is committed). When a saved tensor's name,
   // dtype or shape differs from the registered one, InvalidArgument listing
   // every difference, and nothing is written. A version that fails its
   // checksums is skipped (DataLoss is returned only when no intact version is

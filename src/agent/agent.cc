@@ -28,6 +28,7 @@ Agent::~Agent() {
   for (auto& t : conn_threads_) t.thread.join();
   if (verifier_.joinable()) verifier_.join();
   durable_.reset();  // no connection thread can offer a version any more
+  cluster_.reset();
   if (listen_fd_ >= 0) close(listen_fd_);
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
   for (int fd : stop_pipe_) {
@@ -66,6 +67,15 @@ Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options,
     MEMENTO_ASSIGN_OR_RETURN(
         agent->durable_, DurableStreamer::Start(durable, options.job_id, options.node, agent->root_,
                                                 agent->store_.get()));
+  }
+  if (!options.cluster.store_url.empty()) {
+    MEMENTO_ASSIGN_OR_RETURN(
+        agent->cluster_, Cluster::Start(options.cluster, options.job_id, options.node, agent->root_,
+                                        agent->store_.get()));
+  } else if (unlink(shm::CommitWordPath(agent->root_).c_str()) == 0) {
+    // A single-node agent on a root that a cluster agent used: without the
+    // file the trainers go back to the single-node slot rule.
+    MEMENTO_LOG_INFO("removed the commit word of an earlier cluster-mode agent");
   }
   if (pipe2(agent->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return ErrnoError("pipe", errno);
   agent->verifier_ = std::thread([a = agent.get()] { a->VerifierLoop(); });
@@ -158,6 +168,12 @@ void Agent::HandleConnection(int fd) {
     }
   }
   if (rank >= 0) MEMENTO_LOG_INFO("rank {} disconnected", rank);
+  bool stopping = false;
+  {
+    MutexLock l(&mu_);
+    stopping = stopping_;
+  }
+  if (rank >= 0 && cluster_ != nullptr && !stopping) cluster_->OnTrainerGone(rank);
   MutexLock l(&mu_);
   auto owner = rank_owner_.find(rank);
   if (owner != rank_owner_.end() && cred.ok() && owner->second == cred->pid) {
@@ -220,6 +236,14 @@ json Agent::Handle(const json& req, pid_t peer_pid, int* conn_rank) {
         return shm::StatusToJson(paths.status());
       }
       MEMENTO_LOG_INFO("rank {} sealed: 2 slots of {} bytes", rank, bytes);
+      if (cluster_ != nullptr) {
+        if (!req.contains("manifest")) {
+          return shm::StatusToJson(FailedPreconditionError(
+              "this agent runs in cluster mode and needs the rank's tensors (a client of this "
+              "version sends them with seal)"));
+        }
+        cluster_->OnSeal(rank, req.at("manifest").get<std::string>());
+      }
       json r = shm::StatusToJson(Status::Ok());
       r["paths"] = *paths;
       return r;
@@ -230,7 +254,21 @@ json Agent::Handle(const json& req, pid_t peer_pid, int* conn_rank) {
                         slot);
       if (options_.verify_on_complete) EnqueueVerify(rank, slot);
       if (durable_) durable_->OnComplete(rank, req.at("step").get<int64_t>());
+      if (cluster_) cluster_->OnComplete(rank, slot, req.at("step").get<int64_t>());
       return shm::StatusToJson(Status::Ok());
+    }
+    if (op == "skipped") {
+      if (cluster_) cluster_->OnSkipped(rank, req.at("step").get<int64_t>());
+      return shm::StatusToJson(Status::Ok());
+    }
+    if (op == "target") {
+      if (cluster_ == nullptr) {
+        return shm::StatusToJson(FailedPreconditionError(
+            "op 'target' needs an agent in cluster mode (--store); this one runs alone"));
+      }
+      json r = shm::StatusToJson(Status::Ok());
+      r["step"] = cluster_->RestoreTarget();
+      return r;
     }
     if (op == "verify") {
       int slot = req.at("slot").get<int>();

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/cluster.h"
 #include "agent/durable.h"
 #include "common/mutex.h"
 #include "memento/status.h"
@@ -40,6 +41,9 @@ struct AgentOptions {
   // step, competing with training for memory bandwidth; slots are verified
   // anyway on adoption, on a version listing and by every restore.
   bool verify_on_complete = false;
+  // Cluster mode (docs/cluster.md) when cluster.store_url is set: store,
+  // membership, commits, redundancy (T1) and the peer service.
+  ClusterOptions cluster = {};
 };
 
 class Agent {
@@ -66,6 +70,8 @@ class Agent {
   shm::NodeStore& store() { return *store_; }
   // Null without a durable directory.
   DurableStreamer* durable() { return durable_.get(); }
+  // Null without --store.
+  Cluster* cluster() { return cluster_.get(); }
 
  private:
   Agent() = default;
@@ -96,6 +102,7 @@ class Agent {
   std::vector<ConnThread> conn_threads_;  // touched by Serve() and ~Agent only
   std::thread verifier_;
   std::unique_ptr<DurableStreamer> durable_;  // reads store_'s slots; reset first
+  std::unique_ptr<Cluster> cluster_;          // reads store_'s slots; reset with durable_
 };
 
 }  // namespace memento::agent

@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "fmt/format.h"
+#include "shm/commit_word.h"
 #include "shm/node_store.h"
 #include "shm/protocol.h"
 #include "shm/slot.h"
@@ -97,7 +98,12 @@ class ClientImpl final : public Client {
     for (const Registered& r : tensors_) metas.push_back(r.meta);
     MEMENTO_ASSIGN_OR_RETURN(layout_, shm::ComputeSlotLayout(options_.job_id, options_.rank, metas,
                                                              options_.chunk_bytes));
-    json req = {{"op", "seal"}, {"rank", options_.rank}, {"bytes", layout_.total_bytes}};
+    // The manifest lets an agent in cluster mode publish this rank's
+    // inventory (docs/cluster.md); a single-node agent ignores it.
+    json req = {{"op", "seal"},
+                {"rank", options_.rank},
+                {"bytes", layout_.total_bytes},
+                {"manifest", layout_.manifest}};
     MEMENTO_ASSIGN_OR_RETURN(json reply, Call(req, Deadline::AfterSeconds(600)));
     std::vector<std::string> paths;
     try {
@@ -146,6 +152,7 @@ class ClientImpl final : public Client {
       runner_->OnPhase(phase_.load(std::memory_order_relaxed));
       runner_ptr_.store(runner_.get(), std::memory_order_release);
     }
+    MapCommitWord();
     sealed_ = true;
     return Status::Ok();
   }
@@ -159,10 +166,10 @@ class ClientImpl final : public Client {
           step, last_step_, options_.rank));
     }
     last_step_ = step;
-    // Overwrite the slot that does not hold the newest complete version.
-    // (The cluster layer will refine this to "not the newest globally
-    // committed version".)
+    // Overwrite the slot that does not hold the newest complete version;
+    // in cluster mode, the one that does not hold the newest committed one.
     int target = NewestSlot() == 0 ? 1 : 0;
+    if (MapCommitWord() && !ClusterTarget(step, &target)) return Status::Ok();  // skipped
     const shm::Segment& seg = *segments_[target];
     shm::BeginSlotWrite(seg, layout_, target, step);
     uint8_t* data = shm::SlotData(seg);
@@ -207,6 +214,7 @@ class ClientImpl final : public Client {
     stats.copy_s = job_->copy_seconds();
     stats.fence_wait_s = was_done ? 0 : sw.Seconds();
     stats.bytes_compute = stats.bytes;
+    stats.skipped_total = skipped_total_;
     {
       MutexLock l(&stats_mu_);
       snapshot_stats_ = stats;
@@ -215,7 +223,27 @@ class ClientImpl final : public Client {
     return st;
   }
 
-  Result<int64_t> Restore() override { return RestoreVersion(std::nullopt); }
+  Result<int64_t> Restore() override {
+    if (!sealed_) return FailedPreconditionError("Restore() before Seal()");
+    if (!MapCommitWord()) return RestoreVersion(std::nullopt);
+    // Cluster mode: every rank must load the same step; the agent knows it.
+    json req = {{"op", "target"}, {"rank", options_.rank}};
+    MEMENTO_ASSIGN_OR_RETURN(json reply, Call(req, Deadline::AfterSeconds(60)));
+    int64_t step = -1;
+    try {
+      step = reply.at("step").get<int64_t>();
+    } catch (const std::exception& e) {
+      return DataLossError(std::string("malformed target reply: ") + e.what());
+    }
+    if (step < 0) {
+      return NotFoundError(fmt::format(
+          "no committed version of job {} yet (rank {}; the agent at {} has none in its commit "
+          "log and no restore target)",
+          options_.job_id, options_.rank, dir_));
+    }
+    MEMENTO_LOG_INFO("restore: the agent's target is step {}", step);
+    return RestoreVersion(step);
+  }
 
   Result<int64_t> Restore(int64_t step) override {
     if (step < 0) return InvalidArgumentError(fmt::format("Restore({}): step < 0", step));
@@ -403,6 +431,7 @@ class ClientImpl final : public Client {
     has_active_ = false;
     SnapshotStats stats;
     stats.step = has_step_;
+    stats.skipped_total = skipped_total_;
     if (r.ok()) {
       has::FillSnapshotStats(*r, &stats);
       MEMENTO_LOG_DEBUG(
@@ -416,6 +445,83 @@ class ClientImpl final : public Client {
       snapshot_stats_ = stats;
     }
     return r.status();
+  }
+
+  // Cluster mode: maps <dir>/commit.word once it exists (the agent creates
+  // it when it runs with --store). Returns whether the client is in cluster
+  // mode.
+  bool MapCommitWord() {
+    if (commit_word_ != nullptr) return true;
+    std::string path = shm::CommitWordPath(dir_);
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(shm::CommitWord))
+      return false;
+    auto seg = shm::Segment::Open(path, /*writable=*/true);
+    if (!seg.ok()) {
+      MEMENTO_LOG_WARN("cannot map the commit word {}: {}", path, seg.status().ToString());
+      return false;
+    }
+    auto* w = reinterpret_cast<shm::CommitWord*>((*seg)->data());
+    if (!shm::CommitWordValid(w)) return false;
+    commit_word_seg_ = std::move(*seg);
+    commit_word_ = w;
+    MEMENTO_LOG_INFO("cluster mode: following the agent's commit word {} (committed step {})", path,
+                     shm::LoadWord(&w->committed));
+    return true;
+  }
+
+  // The complete step a slot holds, -1 when it holds none. Only this rank
+  // writes its slots (the agent writes them only while the trainers are
+  // stopped, in recovery), so reading the header directly is safe here.
+  int64_t SlotStep(int s) const {
+    const auto* h = reinterpret_cast<const shm::SlotHeader*>(segments_[s]->data());
+    if (shm::LoadState(h) != shm::SlotState::kComplete) return -1;
+    return h->step;
+  }
+
+  // Cluster mode target choice for Snapshot(step) (docs/cluster.md, save
+  // path 5). Sets *target to the slot that does not hold the newest
+  // committed version. Returns false when the snapshot must be skipped: that
+  // slot holds a newer version the agent protects (hold word). The claim
+  // handshake with the agent (shm/commit_word.h) makes "the agent keeps
+  // that version" and "this client overwrites it" exclusive.
+  bool ClusterTarget(int64_t step, int* target) {
+    shm::CommitWord* w = commit_word_;
+    const int64_t committed = shm::LoadWord(&w->committed);
+    for (int s = 0; s < shm::kSlotsPerRank; ++s) {
+      if (committed >= 0 && SlotStep(s) == committed) *target = s == 0 ? 1 : 0;
+    }
+    const int64_t victim = SlotStep(*target);
+    if (victim < 0 || victim <= committed) return true;
+    const bool can_claim = options_.rank < shm::kCommitWordMaxRanks;
+    if (can_claim) {
+      shm::StoreWord(&w->claim[options_.rank], victim);
+      shm::FullFence();
+    }
+    const int64_t hold = shm::LoadWord(&w->hold);
+    if (hold != victim) return true;  // the agent will see the claim if it comes to it
+    if (can_claim) shm::StoreWord(&w->claim[options_.rank], -1);
+    ++skipped_total_;
+    MEMENTO_LOG_DEBUG(
+        "snapshot {} skipped: slot {} holds step {}, which the agent protects (committed {})", step,
+        *target, victim, committed);
+    SnapshotStats stats;
+    stats.step = step;
+    stats.skipped = true;
+    stats.skipped_total = skipped_total_;
+    {
+      MutexLock l(&stats_mu_);
+      snapshot_stats_ = stats;
+    }
+    // Tell the agent at once: the other nodes stop protecting `step`, which
+    // cannot commit without this node (docs/cluster_save.md, "Skips").
+    json req = {{"op", "skipped"}, {"rank", options_.rank}, {"step", step}};
+    auto reply = Call(req, Deadline::AfterSeconds(2), /*reconnect_s=*/0);
+    if (!reply.ok()) {
+      MEMENTO_LOG_WARN("snapshot {} skipped; the agent was not told: {}", step,
+                       reply.status().ToString());
+    }
+    return false;
   }
 
   int NewestSlot() EXCLUDES(slot_mu_) {
@@ -558,6 +664,12 @@ class ClientImpl final : public Client {
   int has_target_ = -1;
   int64_t has_step_ = -1;
   int has_chunk_delay_us_ = 0;
+
+  // Cluster mode (null otherwise): the agent's commit word, mapped writable
+  // for this rank's claim entry.
+  std::unique_ptr<shm::Segment> commit_word_seg_;
+  shm::CommitWord* commit_word_ = nullptr;
+  uint64_t skipped_total_ = 0;
 
   Mutex slot_mu_;
   int newest_slot_ GUARDED_BY(slot_mu_) = -1;

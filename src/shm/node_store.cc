@@ -271,4 +271,11 @@ uint64_t NodeStore::allocated_bytes() {
   return n;
 }
 
+std::shared_ptr<Segment> NodeStore::SlotSegment(int rank, int slot) {
+  MutexLock l(&mu_);
+  auto it = slots_.find({rank, slot});
+  if (it == slots_.end()) return nullptr;
+  return it->second.segment;
+}
+
 }  // namespace memento::shm

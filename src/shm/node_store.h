@@ -87,6 +87,9 @@ class NodeStore {
   // Both slots of `rank` (re-reading their headers); empty when unknown.
   std::vector<SlotStatus> Inventory(int rank) EXCLUDES(mu_);
   std::vector<int> Ranks() EXCLUDES(mu_);
+  // The mapping of slot `slot` of `rank` (read-only for the agent), null when
+  // unknown. Shared: stays valid after the slot is reallocated (grown).
+  std::shared_ptr<Segment> SlotSegment(int rank, int slot) EXCLUDES(mu_);
   uint64_t allocated_bytes() EXCLUDES(mu_);
   const NodeStoreOptions& options() const { return options_; }
 

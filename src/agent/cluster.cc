@@ -1,0 +1,877 @@
+#include "agent/cluster.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "agent/peer_protocol.h"
+#include "codec/erasure_code.h"
+#include "common/checksum.h"
+#include "common/log.h"
+#include "coord/keys.h"
+#include "fmt/format.h"
+#include "shm/slot.h"
+#include "topo/plan_json.h"
+
+namespace memento::agent {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr double kStoreCallS = 10.0;
+constexpr size_t kPushChunkBytes = size_t{8} << 20;
+constexpr size_t kEncodeChunkBytes = size_t{1} << 20;
+
+// xxHash3 of the plan's JSON text: recover::PlanHash's definition
+// (src/recover/recover.h), computed here so that the agent does not need the
+// recovery executor to check the plan it acts on.
+uint64_t HashOfPlan(const topo::Plan& plan) {
+  std::string text = topo::PlanToJson(plan).dump();
+  return Checksum(text.data(), text.size());
+}
+
+Result<std::pair<std::string, int>> SplitHostPort(const std::string& hp) {
+  size_t colon = hp.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == hp.size()) {
+    return InvalidArgumentError("address '" + hp + "' is not host:port");
+  }
+  char* end = nullptr;
+  long port = std::strtol(hp.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || port < 0 || port > 65535) {
+    return InvalidArgumentError("address '" + hp + "' has a bad port");
+  }
+  return std::make_pair(hp.substr(0, colon), static_cast<int>(port));
+}
+
+}  // namespace
+
+std::string ClusterNodeName(int node) { return "node" + std::to_string(node); }
+
+Result<ClusterTopology> ParseClusterTopology(const std::string& text) {
+  ClusterTopology out;
+  try {
+    json j = json::parse(text);
+    topo::Topology& t = out.topology;
+    t.dp = j.at("dp").get<int>();
+    t.tp = j.value("tp", 1);
+    t.pp = j.value("pp", 1);
+    if (j.contains("zero")) {
+      t.zero_stage = j.at("zero").get<int>();
+    } else {
+      t.zero_stage = j.value("zero_stage", 0);
+    }
+    t.rank_node = j.at("rank_node").get<std::vector<int>>();
+    if (j.contains("node_rack")) t.node_rack = j.at("node_rack").get<std::vector<std::string>>();
+    MEMENTO_ASSIGN_OR_RETURN(out.policy, topo::ParsePolicy(j.value("policy", std::string("xor"))));
+    std::string local = j.value("local_copy", std::string("sharded"));
+    if (local == "full") {
+      out.policy.local_copy = topo::LocalCopy::kFull;
+    } else if (local != "sharded") {
+      return InvalidArgumentError("topology: local_copy '" + local + "' is not full or sharded");
+    }
+  } catch (const json::exception& e) {
+    return InvalidArgumentError(std::string("malformed topology: ") + e.what() + ": " + text);
+  }
+  MEMENTO_RETURN_IF_ERROR(out.topology.Validate());
+  return out;
+}
+
+std::string ClusterTopologyToJson(const topo::Topology& t, const topo::Policy& policy) {
+  json j = {{"dp", t.dp},
+            {"tp", t.tp},
+            {"pp", t.pp},
+            {"zero", t.zero_stage},
+            {"rank_node", t.rank_node},
+            {"policy", topo::PolicyName(policy)},
+            {"local_copy", policy.local_copy == topo::LocalCopy::kFull ? "full" : "sharded"}};
+  if (!t.node_rack.empty()) j["node_rack"] = t.node_rack;
+  return j.dump();
+}
+
+std::string TensorListToJson(const std::vector<TensorMeta>& tensors) {
+  json arr = json::array();
+  for (const TensorMeta& m : tensors) {
+    arr.push_back({{"name", m.name},
+                   {"dtype", std::string(DTypeName(m.dtype))},
+                   {"shape", m.shape},
+                   {"state_class", std::string(StateClassName(m.state_class))},
+                   {"global_numel", m.global_numel},
+                   {"shard_offset", m.shard_offset}});
+  }
+  return arr.dump();
+}
+
+Result<std::vector<TensorMeta>> TensorListFromJson(const std::string& text) {
+  std::vector<TensorMeta> out;
+  try {
+    json arr = json::parse(text);
+    if (!arr.is_array()) return InvalidArgumentError("tensor list is not a JSON array: " + text);
+    for (const json& e : arr) {
+      TensorMeta m;
+      m.name = e.at("name").get<std::string>();
+      MEMENTO_ASSIGN_OR_RETURN(m.dtype, ParseDType(e.at("dtype").get<std::string>()));
+      m.shape = e.at("shape").get<std::vector<int64_t>>();
+      MEMENTO_ASSIGN_OR_RETURN(m.state_class,
+                               ParseStateClass(e.at("state_class").get<std::string>()));
+      m.global_numel = e.value("global_numel", int64_t{0});
+      m.shard_offset = e.value("shard_offset", int64_t{0});
+      out.push_back(std::move(m));
+    }
+  } catch (const json::exception& e) {
+    return InvalidArgumentError(std::string("malformed tensor list: ") + e.what());
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+
+Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
+                                                const std::string& job, int node,
+                                                const std::string& root, shm::NodeStore* store) {
+  std::unique_ptr<Cluster> c(new Cluster());
+  c->options_ = options;
+  c->job_ = job;
+  c->node_ = node;
+  c->node_name_ = ClusterNodeName(node);
+  c->root_ = root;
+  c->node_store_ = store;
+  if (!(options.hold_timeout_s > 0)) return InvalidArgumentError("hold timeout must be > 0");
+  MEMENTO_ASSIGN_OR_RETURN(c->log_, coord::CommitLog::Open(root + "/commit.log"));
+  int64_t committed = -1;
+  if (auto latest = c->log_->latest()) committed = latest->step;
+  c->committed_.store(committed);
+
+  // The commit word: trainers switch to the cluster rule when it exists.
+  MEMENTO_ASSIGN_OR_RETURN(
+      c->word_seg_, shm::Segment::CreateOrGrow(shm::CommitWordPath(root), sizeof(shm::CommitWord)));
+  c->word_ = reinterpret_cast<shm::CommitWord*>(c->word_seg_->data());
+  shm::InitCommitWord(c->word_, committed);
+
+  MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Load(options.token_file));
+  c->token_ = std::make_unique<net::JobToken>(std::move(token));
+  MEMENTO_ASSIGN_OR_RETURN(c->store_,
+                           coord::OpenStore(options.store_url, options.token_file,
+                                            Deadline::AfterSeconds(options.store_timeout_s)));
+  MEMENTO_ASSIGN_OR_RETURN(c->red_, RedundancyStore::Open(root, node));
+  MEMENTO_RETURN_IF_ERROR(c->StartPeerService());
+
+  coord::MembershipOptions mo;
+  mo.job = job;
+  mo.node = c->node_name_;
+  mo.endpoint = c->endpoint_;
+  mo.ttl_s = options.lease_ttl_s;
+  coord::Store* st = c->store_.get();
+  coord::CommitLog* log = c->log_.get();
+  mo.on_reregister = [st, log, job] {
+    return coord::RepublishCommits(*st, job, *log, Deadline::AfterSeconds(kStoreCallS));
+  };
+  MEMENTO_ASSIGN_OR_RETURN(
+      c->membership_, coord::Membership::Join(c->store_.get(), mo,
+                                              Deadline::AfterSeconds(options.store_timeout_s)));
+  if (committed >= 0) {
+    // A restarted store learns the last commit from any agent that saw it.
+    coord::RepublishCommits(*c->store_, job, *c->log_, Deadline::AfterSeconds(kStoreCallS))
+        .IgnoreError();
+  }
+  Cluster* self = c.get();
+  MEMENTO_ASSIGN_OR_RETURN(c->follower_, coord::CommitFollower::Start(
+                                             c->store_.get(), job, c->log_.get(),
+                                             [self](int64_t s) { self->OnCommit(s); },
+                                             Deadline::AfterSeconds(options.store_timeout_s)));
+
+  c->skip_watcher_ = std::make_unique<coord::Watcher>(
+      c->store_.get(), coord::JobKeys(job).prefix() + "skipped/", 0,
+      [self](const coord::WatchEvent& ev) {
+        if (ev.type != coord::WatchEvent::Type::kPut) return;
+        // .../skipped/<20-digit step>/<node>
+        std::string tail = ev.kv.key.substr(coord::JobKeys(self->job_).prefix().size() + 8);
+        auto step = coord::ParseStep(tail.substr(0, tail.find('/')));
+        if (!step.ok() || *step <= self->committed_.load()) return;
+        {
+          MutexLock l(&self->mu_);
+          self->dead_.insert(*step);
+        }
+        self->cv_.SignalAll();
+      });
+
+  // Ranks whose slots this node already holds (an agent restarted on its
+  // root): their inventories come from the adopted slots' manifests.
+  for (int rank : store->Ranks()) {
+    for (int slot = 0; slot < shm::kSlotsPerRank; ++slot) {
+      auto seg = store->SlotSegment(rank, slot);
+      if (seg == nullptr) continue;
+      auto info = shm::ReadSlot(*seg);
+      if (!info.ok() || info->state != shm::SlotState::kComplete) continue;
+      std::vector<TensorMeta> metas;
+      for (const auto& t : info->tensors) metas.push_back(t.meta);
+      MutexLock l(&c->mu_);
+      c->manifests_[rank] = TensorListToJson(metas);
+    }
+  }
+  c->thread_ = std::thread([self] { self->Run(); });
+  MEMENTO_LOG_INFO("cluster mode: node {} ({}) joined job {} at {}, peer service {}, committed {}",
+                   node, c->node_name_, job, options.store_url, c->endpoint_, committed);
+  return c;
+}
+
+Cluster::~Cluster() {
+  {
+    MutexLock l(&mu_);
+    stop_ = true;
+  }
+  cv_.SignalAll();
+  if (thread_.joinable()) thread_.join();
+  follower_.reset();
+  skip_watcher_.reset();
+  membership_.reset();  // the lease expires on its own, like a crash
+  StopPeerService();
+  peers_.clear();
+}
+
+void Cluster::OnSeal(int rank, const std::string& manifest) {
+  auto tensors = shm::ParseManifest(manifest);
+  if (!tensors.ok()) {
+    MEMENTO_LOG_ERROR("rank {} sealed with an unreadable manifest: {}", rank,
+                      tensors.status().ToString());
+    return;
+  }
+  std::vector<TensorMeta> metas;
+  for (const auto& t : *tensors) metas.push_back(t.meta);
+  bool was_unhealthy = false;
+  {
+    MutexLock l(&mu_);
+    std::string text = TensorListToJson(metas);
+    auto it = manifests_.find(rank);
+    if (it == manifests_.end() || it->second != text) {
+      manifests_[rank] = std::move(text);
+      published_.erase(rank);
+    }
+    was_unhealthy = unhealthy_;
+    unhealthy_ = false;
+  }
+  cv_.SignalAll();
+  if (was_unhealthy) {
+    membership_
+        ->SetSignal(coord::NodeSignal::kHealthy, committed_.load(),
+                    fmt::format("rank {} sealed", rank), Deadline::AfterSeconds(kStoreCallS))
+        .IgnoreError();
+  }
+}
+
+void Cluster::OnComplete(int rank, int slot, int64_t step) {
+  (void)slot;  // the cluster thread finds the slot by its header
+  {
+    MutexLock l(&mu_);
+    if (step <= committed_.load()) return;
+    completes_[step].insert(rank);
+  }
+  cv_.SignalAll();
+}
+
+std::string Cluster::SkippedKey(int64_t step, const std::string& node) const {
+  return coord::JobKeys(job_).prefix() + "skipped/" + coord::StepKey(step) + "/" + node;
+}
+
+void Cluster::OnSkipped(int rank, int64_t step) {
+  if (step <= committed_.load()) return;
+  {
+    MutexLock l(&mu_);
+    if (!dead_.insert(step).second) return;  // told already
+  }
+  cv_.SignalAll();
+  auto r =
+      store_->Set(SkippedKey(step, node_name_), std::to_string(rank), Deadline::AfterSeconds(2));
+  if (!r.ok())
+    MEMENTO_LOG_WARN("could not publish the skip of step {}: {}", step, r.status().ToString());
+}
+
+bool Cluster::Dead(int64_t step) {
+  MutexLock l(&mu_);
+  return dead_.count(step) != 0;
+}
+
+void Cluster::OnTrainerGone(int rank) {
+  {
+    MutexLock l(&mu_);
+    unhealthy_ = true;
+  }
+  Status st = membership_->SetSignal(coord::NodeSignal::kUnhealthy, committed_.load(),
+                                     fmt::format("rank {} disconnected", rank),
+                                     Deadline::AfterSeconds(kStoreCallS));
+  if (!st.ok()) MEMENTO_LOG_WARN("could not signal UNHEALTHY: {}", st.ToString());
+}
+
+int64_t Cluster::RestoreTarget() {
+  MutexLock l(&mu_);
+  if (restore_target_ >= 0) return restore_target_;
+  auto latest = log_->latest();
+  return latest ? latest->step : -1;
+}
+
+void Cluster::SetRestoreTarget(int64_t step) {
+  MutexLock l(&mu_);
+  restore_target_ = step;
+  MEMENTO_LOG_INFO("restore target: step {}", step);
+}
+
+ClusterStats Cluster::stats() {
+  MutexLock l(&mu_);
+  ClusterStats s = stats_;
+  s.committed = committed_.load();
+  return s;
+}
+
+// ---- commit word -------------------------------------------------------------
+
+void Cluster::SetHold(int64_t step) {
+  shm::StoreWord(&word_->hold, step);
+  __atomic_add_fetch(&word_->generation, 1, __ATOMIC_SEQ_CST);
+  shm::FullFence();
+}
+
+void Cluster::ReleaseHold(int64_t step) {
+  int64_t expected = step;
+  __atomic_compare_exchange_n(&word_->hold, &expected, int64_t{-1}, false, __ATOMIC_SEQ_CST,
+                              __ATOMIC_SEQ_CST);
+  __atomic_add_fetch(&word_->generation, 1, __ATOMIC_SEQ_CST);
+}
+
+void Cluster::OnCommit(int64_t step) {
+  // The log already has the record (CommitFollower appends first).
+  int64_t prev = committed_.load();
+  while (prev < step && !committed_.compare_exchange_weak(prev, step)) {
+  }
+  shm::StoreWord(&word_->committed, step);
+  int64_t hold = shm::LoadWord(&word_->hold);
+  if (hold >= 0 && hold <= step) ReleaseHold(hold);
+  __atomic_add_fetch(&word_->generation, 1, __ATOMIC_SEQ_CST);
+  red_->DropBelow(step);
+  {
+    MutexLock l(&mu_);
+    if (restore_target_ >= 0 && step > restore_target_) restore_target_ = -1;
+    completes_.erase(completes_.begin(), completes_.upper_bound(step));
+    dead_.erase(dead_.begin(), dead_.upper_bound(step));
+  }
+  // This node's skip records of steps that can no longer matter.
+  coord::JobKeys keys(job_);
+  auto listing = store_->List(keys.prefix() + "skipped/", Deadline::AfterSeconds(kStoreCallS));
+  if (listing.ok()) {
+    for (const auto& kv : listing->kvs) {
+      std::string tail = kv.key.substr(keys.prefix().size() + 8);
+      size_t slash = tail.find('/');
+      auto s = coord::ParseStep(tail.substr(0, slash));
+      if (s.ok() && *s <= step && slash != std::string::npos &&
+          tail.substr(slash + 1) == node_name_) {
+        store_->Delete(kv.key, Deadline::AfterSeconds(kStoreCallS)).status().IgnoreError();
+      }
+    }
+  }
+  cv_.SignalAll();
+  MEMENTO_LOG_DEBUG("committed step {}", step);
+}
+
+void Cluster::Abandon(int64_t step, const std::string& why) {
+  ReleaseHold(step);
+  {
+    MutexLock l(&mu_);
+    ++stats_.abandoned;
+  }
+  MEMENTO_LOG_INFO("step {} abandoned: {}", step, why);
+}
+
+// ---- cluster thread ----------------------------------------------------------
+
+void Cluster::Run() {
+  TimePoint last_progress = Now();
+  for (;;) {
+    {
+      MutexLock l(&mu_);
+      if (stop_) return;
+      cv_.WaitUntil(&l, Now() + std::chrono::milliseconds(50));
+      if (stop_) return;
+    }
+    PublishInventories();
+    if (!ready_.load()) {
+      TrySetup();
+      if (!ready_.load() && Now() - last_progress > std::chrono::seconds(5)) {
+        last_progress = Now();
+        MEMENTO_LOG_INFO("cluster mode: still waiting for the topology and every rank's inventory");
+      }
+      continue;
+    }
+    // A reported step that some node skipped can never commit: release it at
+    // once, so that every node writes the next step. One that does not commit
+    // in time is released too (another node must have abandoned it).
+    if (reported_ >= 0 && reported_ > committed_.load() && Dead(reported_)) {
+      ReleaseHold(reported_);
+      MEMENTO_LOG_INFO("step {} was skipped by another node; its hold is released", reported_);
+      reported_ = -1;
+    }
+    if (reported_ >= 0 && reported_ > committed_.load() &&
+        Now() - reported_at_ > std::chrono::duration_cast<Duration>(
+                                   std::chrono::duration<double>(options_.hold_timeout_s))) {
+      if (shm::LoadWord(&word_->hold) == reported_) {
+        ReleaseHold(reported_);
+        MEMENTO_LOG_INFO("step {} did not commit within {} s; its hold is released", reported_,
+                         options_.hold_timeout_s);
+      }
+      reported_ = -1;
+    }
+    // The newest step every local rank completed (older ones are superseded).
+    int64_t step = -1;
+    {
+      MutexLock l(&mu_);
+      for (auto it = completes_.rbegin(); it != completes_.rend(); ++it) {
+        bool all = std::all_of(local_ranks_.begin(), local_ranks_.end(),
+                               [&](int r) { return it->second.count(r) > 0; });
+        if (all && it->first > last_attempt_) {
+          step = it->first;
+          break;
+        }
+      }
+      if (step >= 0) completes_.erase(completes_.begin(), completes_.find(step));
+    }
+    if (step < 0 || step <= committed_.load()) continue;
+    last_attempt_ = step;
+    if (Dead(step)) {
+      MEMENTO_LOG_DEBUG("step {} was skipped by another node; no redundancy made", step);
+      continue;
+    }
+    if (Produce(step)) {
+      reported_ = step;
+      reported_at_ = Now();
+    }
+  }
+}
+
+void Cluster::PublishInventories() {
+  std::map<int, std::string> todo;
+  {
+    MutexLock l(&mu_);
+    for (const auto& [rank, text] : manifests_) {
+      if (published_.count(rank) == 0) todo[rank] = text;
+    }
+  }
+  coord::JobKeys keys(job_);
+  for (const auto& [rank, text] : todo) {
+    auto r = store_->Set(keys.Inventory(rank), text, Deadline::AfterSeconds(kStoreCallS));
+    if (!r.ok()) {
+      MEMENTO_LOG_WARN("could not publish the inventory of rank {}: {}", rank,
+                       r.status().ToString());
+      continue;
+    }
+    MEMENTO_LOG_INFO("published the inventory of rank {}", rank);
+    MutexLock l(&mu_);
+    if (manifests_[rank] == text) published_.insert(rank);
+  }
+}
+
+void Cluster::TrySetup() {
+  coord::JobKeys keys(job_);
+  auto topo_kv = store_->Get(keys.Topology(), Deadline::AfterSeconds(kStoreCallS));
+  if (!topo_kv.ok()) {
+    if (topo_kv.status().code() != StatusCode::kNotFound) {
+      MEMENTO_LOG_WARN("reading the topology: {}", topo_kv.status().ToString());
+    }
+    return;
+  }
+  auto ct = ParseClusterTopology(topo_kv->value);
+  if (!ct.ok()) {
+    MEMENTO_LOG_ERROR("the job's topology is unusable: {}", ct.status().ToString());
+    return;
+  }
+  const int ranks = ct->topology.num_ranks();
+  auto listing = store_->List(keys.InventoryPrefix(), Deadline::AfterSeconds(kStoreCallS));
+  if (!listing.ok()) return;
+  topo::Inventory inventory(ranks);
+  int have = 0;
+  for (const auto& kv : listing->kvs) {
+    std::string tail = kv.key.substr(keys.InventoryPrefix().size());
+    char* end = nullptr;
+    long r = std::strtol(tail.c_str(), &end, 10);
+    if (*end != '\0' || r < 0 || r >= ranks) continue;
+    auto metas = TensorListFromJson(kv.value);
+    if (!metas.ok()) {
+      MEMENTO_LOG_ERROR("inventory of rank {}: {}", r, metas.status().ToString());
+      return;
+    }
+    inventory[r] = std::move(*metas);
+    ++have;
+  }
+  if (have < ranks) return;
+  auto plan = topo::MakePlan(ct->topology, inventory, ct->policy);
+  if (!plan.ok()) {
+    MEMENTO_LOG_ERROR("cannot plan the job: {}", plan.status().ToString());
+    membership_
+        ->SetSignal(coord::NodeSignal::kUnhealthy, committed_.load(),
+                    "no plan: " + plan.status().message(), Deadline::AfterSeconds(kStoreCallS))
+        .IgnoreError();
+    return;
+  }
+  const uint64_t hash = HashOfPlan(*plan);
+  auto published = store_->Get(keys.PlanHash(), Deadline::AfterSeconds(kStoreCallS));
+  if (published.ok() && published->value != std::to_string(hash)) {
+    MEMENTO_LOG_ERROR(
+        "the plan computed on node {} (hash {}) differs from the launcher's (plan_hash {}): no "
+        "redundancy is produced until they agree",
+        node_, hash, published->value);
+    return;
+  }
+  Status st = red_->SetPlan(*plan);
+  if (!st.ok()) {
+    MEMENTO_LOG_ERROR("redundancy store: {}", st.ToString());
+    return;
+  }
+  plan_ = std::move(*plan);
+  local_ranks_.clear();
+  for (int r = 0; r < ranks; ++r) {
+    if (ct->topology.rank_node[r] == node_) local_ranks_.push_back(r);
+  }
+  SetPeerPlan();
+  ready_.store(true);
+  const topo::NodePlan& np = plan_.nodes[node_];
+  MEMENTO_LOG_INFO(
+      "cluster plan {} ({}): node {} runs ranks [{}], holds {} copies and {} parities "
+      "({} bytes), protection {}",
+      hash, topo::PolicyName(plan_.policy), node_, fmt::join(local_ranks_, ", "), np.copies.size(),
+      np.parities.size(), np.copy_bytes + np.parity_bytes, plan_.protection);
+}
+
+// ---- T1 production -------------------------------------------------------------
+
+Status Cluster::ReadPiece(const RankView& view, uint32_t piece_id, uint64_t offset, uint64_t n,
+                          uint8_t* dst) const {
+  const topo::Piece& piece = plan_.pieces[piece_id];
+  if (offset + n > piece.bytes) {
+    return InternalError(
+        fmt::format("read [{}, +{}) past piece {} ({} bytes)", offset, n, piece.key, piece.bytes));
+  }
+  const uint8_t* data = view.segment->data() + view.info.data_offset;
+  uint64_t pos = 0;  // piece offset of the current segment
+  for (const topo::Segment& s : piece.segments) {
+    if (n == 0) break;
+    if (offset < pos + s.length) {
+      const shm::SavedTensor* t = nullptr;
+      for (const auto& saved : view.info.tensors) {
+        if (saved.meta.name == s.tensor) t = &saved;
+      }
+      if (t == nullptr || s.offset + s.length > t->nbytes) {
+        return FailedPreconditionError(
+            fmt::format("rank {} step {} has no bytes [{}, +{}) of tensor '{}' (piece {})",
+                        view.rank, view.info.step, s.offset, s.length, s.tensor, piece.key));
+      }
+      uint64_t in = offset - pos;
+      uint64_t take = std::min(n, s.length - in);
+      std::memcpy(dst, data + t->offset + s.offset + in, take);
+      dst += take;
+      offset += take;
+      n -= take;
+    }
+    pos += s.length;
+  }
+  if (n != 0) return InternalError("piece segments shorter than the piece");
+  return Status::Ok();
+}
+
+Status Cluster::ProduceEntries(int64_t step, std::map<int, RankView>& views) {
+  const topo::NodePlan& np = plan_.nodes[node_];
+  auto view_of = [&](int rank) -> Result<const RankView*> {
+    auto it = views.find(rank);
+    if (it == views.end()) {
+      return InternalError(fmt::format("rank {} is not on node {}", rank, node_));
+    }
+    return &it->second;
+  };
+  for (uint32_t pid : np.parities) {
+    const topo::Parity& par = plan_.parities[pid];
+    const topo::Stripe& stripe = plan_.stripes[par.stripe];
+    MEMENTO_ASSIGN_OR_RETURN(const RankView* view, view_of(par.producer_rank));
+    MEMENTO_ASSIGN_OR_RETURN(
+        codec::ErasureCode code,
+        codec::ErasureCode::Create(stripe.xor_code ? codec::CodeKind::kXor : codec::CodeKind::kRs,
+                                   stripe.k, stripe.f));
+    MEMENTO_ASSIGN_OR_RETURN(uint8_t * out,
+                             red_->EntryBuffer(step, {recover::SourceKind::kParity, pid}));
+    Status st = codec::EncodeStream(
+        code, stripe.block_bytes, kEncodeChunkBytes,
+        [&](size_t off, size_t n, uint8_t* const* chunks) -> Status {
+          for (int i = 0; i < stripe.k; ++i) {
+            const topo::StripeBlock& b = stripe.data[i];
+            uint64_t have = off < b.length ? std::min<uint64_t>(n, b.length - off) : 0;
+            if (have > 0) {
+              MEMENTO_RETURN_IF_ERROR(ReadPiece(*view, b.piece, b.offset + off, have, chunks[i]));
+            }
+            if (have < n) std::memset(chunks[i] + have, 0, n - have);  // zero padding
+          }
+          return Status::Ok();
+        },
+        [&](size_t off, size_t n, const uint8_t* const* parity) -> Status {
+          std::memcpy(out + off, parity[par.index], n);
+          return Status::Ok();
+        });
+    MEMENTO_RETURN_IF_ERROR(st);
+    MEMENTO_RETURN_IF_ERROR(red_->FinishEntry(step, {recover::SourceKind::kParity, pid}));
+  }
+  for (uint32_t cid : np.copies) {
+    const topo::Copy& c = plan_.copies[cid];
+    if (c.kind != topo::CopyKind::kArc && c.kind != topo::CopyKind::kLocalFull) continue;
+    MEMENTO_ASSIGN_OR_RETURN(const RankView* view, view_of(c.producer_rank));
+    MEMENTO_ASSIGN_OR_RETURN(uint8_t * out,
+                             red_->EntryBuffer(step, {recover::SourceKind::kCopy, cid}));
+    MEMENTO_RETURN_IF_ERROR(ReadPiece(*view, c.piece, 0, plan_.pieces[c.piece].bytes, out));
+    MEMENTO_RETURN_IF_ERROR(red_->FinishEntry(step, {recover::SourceKind::kCopy, cid}));
+  }
+  return Status::Ok();
+}
+
+Result<std::string> Cluster::NodeEndpoint(int node) {
+  coord::JobKeys keys(job_);
+  MEMENTO_ASSIGN_OR_RETURN(coord::KeyValue kv, store_->Get(keys.Node(ClusterNodeName(node)),
+                                                           Deadline::AfterSeconds(kStoreCallS)));
+  return kv.value;
+}
+
+Status Cluster::PushCopies(int64_t step, std::map<int, RankView>& views) {
+  std::vector<uint8_t> buf;
+  for (const topo::Copy& c : plan_.copies) {
+    if (c.kind != topo::CopyKind::kPeer && c.kind != topo::CopyKind::kAor) continue;
+    const topo::Piece& piece = plan_.pieces[c.piece];
+    if (piece.node != node_) continue;
+    auto it = views.find(piece.rank);
+    if (it == views.end())
+      return InternalError(fmt::format("piece {} has no local rank", piece.key));
+    buf.resize(piece.bytes);
+    MEMENTO_RETURN_IF_ERROR(ReadPiece(it->second, c.piece, 0, piece.bytes, buf.data()));
+    Deadline deadline = Deadline::AfterSeconds(options_.hold_timeout_s);
+    Status st;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      auto& client = peers_[c.node];
+      if (client == nullptr || client->broken()) {
+        client.reset();
+        MEMENTO_ASSIGN_OR_RETURN(std::string ep, NodeEndpoint(c.node));
+        MEMENTO_ASSIGN_OR_RETURN(auto hp, SplitHostPort(ep));
+        auto conn = net::RpcClient::Connect(hp.first, hp.second, *token_, deadline);
+        if (!conn.ok()) {
+          st = conn.status();
+          continue;
+        }
+        client = std::move(*conn);
+      }
+      st = Status::Ok();
+      uint64_t offset = 0;
+      do {
+        uint64_t n = std::min<uint64_t>(kPushChunkBytes, piece.bytes - offset);
+        std::string head =
+            json{{"step", step}, {"copy", c.id}, {"offset", offset}, {"total", piece.bytes}}.dump();
+        uint32_t len = static_cast<uint32_t>(head.size());
+        uint8_t len_le[4] = {static_cast<uint8_t>(len), static_cast<uint8_t>(len >> 8),
+                             static_cast<uint8_t>(len >> 16), static_cast<uint8_t>(len >> 24)};
+        net::ConstBuffer parts[3] = {
+            {len_le, 4}, {head.data(), head.size()}, {buf.data() + offset, n}};
+        auto r = client->CallParts(kPeerPush, parts, 3, deadline);
+        if (!r.ok()) {
+          st = r.status();
+          break;
+        }
+        offset += n;
+      } while (offset < piece.bytes);
+      if (st.ok()) break;
+    }
+    if (!st.ok()) {
+      return Status(st.code(), fmt::format("pushing copy {} of piece {} (step {}) to node {}: {}",
+                                           c.id, piece.key, step, c.node, st.message()));
+    }
+    MutexLock l(&mu_);
+    stats_.pushed_bytes += static_cast<int64_t>(piece.bytes);
+  }
+  return Status::Ok();
+}
+
+bool Cluster::Produce(int64_t step) {
+  // 1. Hold first, then look at the claims (shm/commit_word.h): a trainer
+  //    that already decided to overwrite a slot of `step` wins.
+  SetHold(step);
+  for (int r : local_ranks_) {
+    if (r < shm::kCommitWordMaxRanks && shm::LoadWord(&word_->claim[r]) == step) {
+      Abandon(step, fmt::format("rank {} is overwriting its slot of it", r));
+      return false;
+    }
+  }
+  // 2. The local ranks' slots of `step`.
+  std::map<int, RankView> views;
+  for (int r : local_ranks_) {
+    RankView v;
+    v.rank = r;
+    for (int slot = 0; slot < shm::kSlotsPerRank && v.slot < 0; ++slot) {
+      auto seg = node_store_->SlotSegment(r, slot);
+      if (seg == nullptr) continue;
+      auto info = shm::ReadSlot(*seg);
+      if (info.ok() && info->state == shm::SlotState::kComplete && info->step == step) {
+        v.slot = slot;
+        v.segment = std::move(seg);
+        v.info = std::move(*info);
+      }
+    }
+    if (v.slot < 0) {
+      Abandon(step, fmt::format("rank {} no longer holds it", r));
+      return false;
+    }
+    // The T0 bytes the redundancy is made of must be right.
+    Status st = shm::VerifySlotData(*v.segment, v.info);
+    if (!st.ok()) {
+      Abandon(step, fmt::format("rank {} slot {}: {}", r, v.slot, st.ToString()));
+      return false;
+    }
+    views.emplace(r, std::move(v));
+  }
+  auto unchanged = [&]() -> std::string {
+    for (const auto& [r, v] : views) {
+      if (!shm::SlotUnchanged(*v.segment, v.info)) {
+        return fmt::format("rank {} rewrote slot {} while it was read", r, v.slot);
+      }
+    }
+    return "";
+  };
+  // 3. Own entries, then the copies peers hold of this node's pieces.
+  Status st = red_->Ensure(step);
+  if (st.ok()) st = ProduceEntries(step, views);
+  if (st.ok()) st = PushCopies(step, views);
+  if (!st.ok()) {
+    Abandon(step, st.ToString());
+    return false;
+  }
+  std::string changed = unchanged();
+  if (!changed.empty()) {
+    Abandon(step, changed);
+    return false;
+  }
+  // 4. Every entry of `step`, the ones peers push included.
+  Deadline deadline = Deadline::AfterSeconds(options_.hold_timeout_s);
+  while (!red_->Complete(step)) {
+    if (deadline.expired() || committed_.load() >= step || Dead(step)) {
+      Abandon(step, Dead(step) ? "another node skipped it"
+                               : "the copies peers push of it did not all arrive");
+      return false;
+    }
+    MutexLock l(&mu_);
+    if (stop_) return false;
+    cv_.WaitUntil(&l, Now() + std::chrono::milliseconds(5));
+  }
+  changed = unchanged();
+  if (!changed.empty()) {
+    Abandon(step, changed);
+    return false;
+  }
+  // 5. COMPLETED. The hold stays until `step` (or a newer one) commits or
+  //    the hold timeout passes.
+  st = membership_->SetSignal(coord::NodeSignal::kCompleted, step, "",
+                              Deadline::AfterSeconds(kStoreCallS));
+  if (st.ok()) {
+    st = coord::ReportCompleted(*store_, job_, node_name_, step,
+                                Deadline::AfterSeconds(kStoreCallS));
+  }
+  if (!st.ok()) {
+    Abandon(step, "reporting it: " + st.ToString());
+    return false;
+  }
+  {
+    MutexLock l(&mu_);
+    ++stats_.produced;
+  }
+  MEMENTO_LOG_DEBUG("step {}: redundancy done, reported COMPLETED", step);
+  return true;
+}
+
+// ---- peer service ------------------------------------------------------------
+
+Status Cluster::StartPeerService() {
+  MEMENTO_ASSIGN_OR_RETURN(auto hp, SplitHostPort(options_.listen));
+  pieces_ = std::make_unique<PieceReader>(root_, job_);
+  rpc_ = std::make_unique<net::RpcServer>();
+  // kPeerPush: bytes of a copy of one of the sender's pieces, for our T1.
+  rpc_->Register(kPeerPush, [this](std::string_view body, Deadline) -> Result<std::string> {
+    if (body.size() < 4) return InvalidArgumentError("push: body shorter than its header");
+    const auto* b = reinterpret_cast<const uint8_t*>(body.data());
+    uint32_t n = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
+    if (body.size() < 4 + uint64_t{n}) return InvalidArgumentError("push: truncated header");
+    int64_t step = -1;
+    uint32_t copy = 0;
+    uint64_t offset = 0, total = 0;
+    try {
+      json h = json::parse(body.substr(4, n));
+      step = h.at("step").get<int64_t>();
+      copy = h.at("copy").get<uint32_t>();
+      offset = h.at("offset").get<uint64_t>();
+      total = h.at("total").get<uint64_t>();
+    } catch (const json::exception& e) {
+      return InvalidArgumentError(std::string("push: malformed header: ") + e.what());
+    }
+    if (!ready_.load()) return UnavailableError("push: node has no plan yet");
+    std::string_view payload = body.substr(4 + n);
+    if (copy >= plan_.copies.size() || plan_.copies[copy].node != node_) {
+      return InvalidArgumentError(fmt::format("push: copy {} is not held by node {}", copy, node_));
+    }
+    const uint64_t bytes = plan_.pieces[plan_.copies[copy].piece].bytes;
+    if (total != bytes || offset + payload.size() > bytes) {
+      return InvalidArgumentError(fmt::format("push: copy {} is {} bytes; got [{}, +{}) of {}",
+                                              copy, bytes, offset, payload.size(), total));
+    }
+    if (step <= committed_.load()) return FailedPreconditionError("push: step already committed");
+    MEMENTO_RETURN_IF_ERROR(red_->Ensure(step));
+    recover::ByteSource src{recover::SourceKind::kCopy, copy};
+    MEMENTO_ASSIGN_OR_RETURN(uint8_t * dst, red_->EntryBuffer(step, src));
+    std::memcpy(dst + offset, payload.data(), payload.size());
+    if (offset + payload.size() == total) {
+      MEMENTO_RETURN_IF_ERROR(red_->FinishEntry(step, src));
+      cv_.SignalAll();
+    }
+    return std::string("{}");
+  });
+  // kPeerRead: bytes of a piece (T0) or of a T1 entry.
+  rpc_->Register(kPeerRead, [this](std::string_view body, Deadline) -> Result<std::string> {
+    json j;
+    try {
+      j = json::parse(body);
+    } catch (const json::exception& e) {
+      return InvalidArgumentError(std::string("read: malformed request: ") + e.what());
+    }
+    MEMENTO_ASSIGN_OR_RETURN(recover::ReadRequest req, recover::ReadRequestFromJson(j));
+    if (!ready_.load()) return UnavailableError("read: node has no plan yet");
+    std::string out(req.length, '\0');
+    if (req.source.kind == recover::SourceKind::kPiece) {
+      if (req.source.id >= plan_.pieces.size()) return InvalidArgumentError("read: no such piece");
+      MEMENTO_RETURN_IF_ERROR(
+          pieces_->ReadPiece(plan_, req.source.id, req.step, req.offset, req.length, out.data()));
+    } else {
+      MEMENTO_RETURN_IF_ERROR(red_->Read(req, out.data()));
+    }
+    return out;
+  });
+  rpc_->Register(kPeerSetRestoreTarget,
+                 [this](std::string_view body, Deadline) -> Result<std::string> {
+                   try {
+                     SetRestoreTarget(json::parse(body).at("step").get<int64_t>());
+                   } catch (const json::exception& e) {
+                     return InvalidArgumentError(std::string("restore target: ") + e.what());
+                   }
+                   return std::string("{}");
+                 });
+  net::ServerOptions so;
+  so.host = hp.first;
+  so.port = hp.second;
+  MEMENTO_RETURN_IF_ERROR(rpc_->Start(so, *token_));
+  endpoint_ = hp.first + ":" + std::to_string(rpc_->port());
+  return Status::Ok();
+}
+
+void Cluster::SetPeerPlan() {}
+
+void Cluster::StopPeerService() {
+  if (rpc_) rpc_->Stop();
+}
+
+}  // namespace memento::agent

@@ -1,0 +1,210 @@
+// The agent's cluster mode (docs/cluster.md, "Save path of version s" and
+// "Agent in cluster mode"): what `memento agent --store ...` adds to the
+// single-node agent.
+//
+//   - publishes each local rank's inventory (inventory/<rank>, from the
+//     rank's seal or its adopted slots), waits for the job's topology and
+//     every rank's inventory, computes the plan (topo::MakePlan, the same on
+//     every node) and checks it against plan_hash when the launcher set one;
+//   - joins the membership (lease; endpoint = the peer service address),
+//     follows commits into <root>/commit.log and the commit word
+//     (<root>/commit.word, shm/commit_word.h) that the trainers read;
+//   - when every local rank has step s complete: produces this node's T1
+//     entries of s (parities by the codec and ARC / local copies, from its own
+//     T0 slots, no network) and pushes the peer / AOR copies other nodes hold
+//     of its pieces; then, with its T0 slots of s verified and every T1 entry
+//     of s done (the pushed ones included), SetSignal(COMPLETED, s) and
+//     ReportCompleted(s). A trainer that overwrites a slot during this
+//     abandons s (hold word + claims + slot generation; nothing torn is kept).
+//
+// Thread model: one cluster thread (setup, then T1 production one step at a
+// time, hold timeouts); the commit follower's watcher thread (OnCommit); the
+// membership heartbeat; the peer service's threads. The agent's connection
+// threads call OnSeal / OnComplete / OnTrainerGone / RestoreTarget.
+//
+// Thread safety: every public method is thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/piece_reader.h"
+#include "agent/redundancy.h"
+#include "common/mutex.h"
+#include "coord/commit.h"
+#include "coord/membership.h"
+#include "coord/store.h"
+#include "memento/status.h"
+#include "memento/types.h"
+#include "net/job_token.h"
+#include "net/rpc.h"
+#include "shm/commit_word.h"
+#include "shm/node_store.h"
+#include "shm/segment.h"
+#include "topo/plan.h"
+
+namespace memento::agent {
+
+struct ClusterOptions {
+  std::string store_url;   // tcp://host:port (coord::OpenStore)
+  std::string token_file;  // the job token (else MEMENTO_JOB_TOKEN)
+  // Address of this node's peer service: "host:port" (port 0: ephemeral).
+  // The endpoint published in the membership is host:<bound port>.
+  std::string listen = "127.0.0.1:0";
+  double lease_ttl_s = 3.0;
+  // How long the agent keeps the hold on a reported step that has not
+  // committed (and waits for the copies its peers push) before it lets the
+  // trainers overwrite it. Keeps a node from stalling on a step that another
+  // node abandoned.
+  double hold_timeout_s = 10.0;
+  // How long Start() waits for the store to answer.
+  double store_timeout_s = 30.0;
+};
+
+// The membership name of node `node`: "node<N>" (the CommitCoordinator's
+// member set is these names).
+std::string ClusterNodeName(int node);
+
+// /memento/<job>/topology: {"dp", "tp", "pp", "zero" (or "zero_stage"),
+// "rank_node": [...], "policy": "xor" | "replicate" | "rs:2" | ...,
+// optional "local_copy": "full" | "sharded", "node_rack": [...]}.
+struct ClusterTopology {
+  topo::Topology topology;
+  topo::Policy policy;
+};
+[[nodiscard]] Result<ClusterTopology> ParseClusterTopology(const std::string& text);
+std::string ClusterTopologyToJson(const topo::Topology& topology, const topo::Policy& policy);
+
+// /memento/<job>/inventory/<rank>: the rank's registered tensors, a JSON list
+// of {"name", "dtype", "shape", "state_class", "global_numel",
+// "shard_offset"} in registration order.
+std::string TensorListToJson(const std::vector<TensorMeta>& tensors);
+[[nodiscard]] Result<std::vector<TensorMeta>> TensorListFromJson(const std::string& text);
+
+// Counters of the save path (tests, logs).
+struct ClusterStats {
+  int64_t produced = 0;   // versions whose T1 this node produced and reported
+  int64_t abandoned = 0;  // versions given up (slot rewritten, claim, timeout)
+  int64_t pushed_bytes = 0;
+  int64_t committed = -1;
+};
+
+class Cluster {
+ public:
+  // Opens the store, the commit log and commit word, the redundancy store,
+  // starts the peer service, joins the membership and the commit follower,
+  // and starts the cluster thread (which waits for the topology and the
+  // inventories in the background: Start() does not).
+  [[nodiscard]] static Result<std::unique_ptr<Cluster>> Start(const ClusterOptions& options,
+                                                              const std::string& job, int node,
+                                                              const std::string& root,
+                                                              shm::NodeStore* store);
+  ~Cluster();
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+
+  // A trainer sealed `rank` with these tensors (the slot manifest's JSON).
+  void OnSeal(int rank, const std::string& manifest) EXCLUDES(mu_);
+  // Rank `rank` wrote step `step` into `slot` and marked it complete.
+  void OnComplete(int rank, int slot, int64_t step) EXCLUDES(mu_);
+  // Rank `rank` skipped its snapshot of `step` (its slot was held): this node
+  // will never have `step`, so no node keeps protecting it. Published at
+  // /memento/<job>/skipped/<step>/<node> (deleted once a newer step commits).
+  void OnSkipped(int rank, int64_t step) EXCLUDES(mu_);
+  // The trainer of `rank` disconnected (exited or died): UNHEALTHY.
+  void OnTrainerGone(int rank) EXCLUDES(mu_);
+  // The step trainers restore: the launcher's restore target, else the
+  // newest step of the commit log; -1 when none.
+  int64_t RestoreTarget() EXCLUDES(mu_);
+  // kPeerSetRestoreTarget: the cluster restores `step`; kept until a newer
+  // step commits.
+  void SetRestoreTarget(int64_t step) EXCLUDES(mu_);
+
+  std::string endpoint() const { return endpoint_; }
+  ClusterStats stats() EXCLUDES(mu_);
+
+ private:
+  Cluster() = default;
+  // A local rank's T0 slot of one version, as the cluster thread reads it.
+  struct RankView {
+    int rank = -1;
+    int slot = -1;
+    std::shared_ptr<shm::Segment> segment;
+    shm::SlotInfo info;
+  };
+
+  void Run();
+  void PublishInventories() EXCLUDES(mu_);
+  void TrySetup() EXCLUDES(mu_);
+  void OnCommit(int64_t step) EXCLUDES(mu_);
+  // T1 of `step`; false (and the hold released) when the step is abandoned.
+  bool Produce(int64_t step);
+  Status ProduceEntries(int64_t step, std::map<int, RankView>& views);
+  Status PushCopies(int64_t step, std::map<int, RankView>& views);
+  // Bytes [offset, offset + n) of plan piece `piece`, read from `view`'s slot.
+  Status ReadPiece(const RankView& view, uint32_t piece, uint64_t offset, uint64_t n,
+                   uint8_t* dst) const;
+  Result<std::string> NodeEndpoint(int node);
+  // The peer service (RPC server: inventory, read, push, recover, restore
+  // target): started before the membership join (its address is the node's
+  // endpoint), told the plan once it is known, stopped first.
+  Status StartPeerService();
+  void SetPeerPlan();
+  void StopPeerService();
+  void SetHold(int64_t step);
+  void ReleaseHold(int64_t step);
+  void Abandon(int64_t step, const std::string& why) EXCLUDES(mu_);
+  bool Dead(int64_t step) EXCLUDES(mu_);
+  std::string SkippedKey(int64_t step, const std::string& node) const;
+
+  ClusterOptions options_;
+  std::string job_;
+  int node_ = 0;
+  std::string node_name_;
+  std::string root_;
+  std::string endpoint_;
+  shm::NodeStore* node_store_ = nullptr;  // owned by the Agent, outlives this
+  std::unique_ptr<coord::Store> store_;
+  std::unique_ptr<net::JobToken> token_;
+  std::unique_ptr<coord::CommitLog> log_;
+  std::unique_ptr<shm::Segment> word_seg_;
+  shm::CommitWord* word_ = nullptr;  // in word_seg_
+  std::unique_ptr<RedundancyStore> red_;
+  // The peer service's RPC server (kPeerPush, kPeerRead, kPeerSetRestoreTarget).
+  std::unique_ptr<net::RpcServer> rpc_;
+  std::unique_ptr<coord::Membership> membership_;
+  std::unique_ptr<coord::CommitFollower> follower_;
+  std::unique_ptr<coord::Watcher> skip_watcher_;  // skipped/: steps that cannot commit
+  std::atomic<int64_t> committed_{-1};
+
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::map<int, std::string> manifests_ GUARDED_BY(mu_);  // rank -> tensor list JSON
+  std::set<int> published_ GUARDED_BY(mu_);
+  std::map<int64_t, std::set<int>> completes_ GUARDED_BY(mu_);  // step -> local ranks
+  std::set<int64_t> dead_ GUARDED_BY(mu_);  // uncommitted steps some node skipped
+  int64_t restore_target_ GUARDED_BY(mu_) = -1;
+  bool unhealthy_ GUARDED_BY(mu_) = false;
+  ClusterStats stats_ GUARDED_BY(mu_);
+  // Set once by the cluster thread (then read-only): the plan and topology.
+  std::atomic<bool> ready_{false};
+  topo::Plan plan_;
+  std::vector<int> local_ranks_;
+  std::unique_ptr<PieceReader> pieces_;
+
+  // Cluster thread only.
+  int64_t last_attempt_ = -1;
+  int64_t reported_ = -1;
+  TimePoint reported_at_{};
+  std::map<int, std::unique_ptr<net::RpcClient>> peers_;
+  std::thread thread_;
+};
+
+}  // namespace memento::agent

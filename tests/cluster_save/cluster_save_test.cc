@@ -1,0 +1,347 @@
+// The cluster save path end to end (docs/cluster.md): an embedded store and a
+// commit coordinator in this process, four `memento agent --store ...`
+// processes (one node each, own shared-memory root), four trainer processes
+// (cluster_trainer.cc: replicated params, dp_sharded optimizer state, a
+// private cursor; DP = 4, ZeRO-1, in lockstep like an all-reduce). Checks that versions commit,
+// that every node's T1 entries equal the parities / copies recomputed here from the T0 bytes with
+// the slow reference codec, and that a trainer killed with SIGKILL in the middle of a snapshot
+// never takes the committed version away.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <set>
+
+#include "../shm/proc_util.h"
+#include "agent/cluster.h"
+#include "agent/peer_protocol.h"
+#include "codec/reference_codec.h"
+#include "common/check.h"
+#include "common/test_util.h"
+#include "coord/commit.h"
+#include "coord/embedded_store.h"
+#include "coord/keys.h"
+#include "net/rpc.h"
+#include "recover/source.h"
+#include "shm/shm_test_util.h"
+#include "shm/slot.h"
+#include "topo/plan.h"
+
+namespace memento {
+namespace {
+
+using shm::testing::Progress;
+using shm::testing::ReadProgress;
+using shm::testing::Spawn;
+using shm::testing::WaitExit;
+
+constexpr int kNodes = 4;
+constexpr const char* kJob = "savejob";
+constexpr const char* kSecret = "cluster-save-test-token-0123456789abcdef";
+
+class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    token_file_ = tmp_.path() + "/token";
+    {
+      std::ofstream f(token_file_);
+      f << kSecret;
+    }
+    chmod(token_file_.c_str(), 0600);
+    auto server = coord::EmbeddedStoreServer::Start("127.0.0.1", 0,
+                                                    net::JobToken::FromSecret(kSecret).value());
+    MEMENTO_CHECK_OK(server.status());
+    server_ = std::move(*server);
+    store_ = &server_->store();
+    std::set<std::string> members;
+    for (int n = 0; n < kNodes; ++n) members.insert(agent::ClusterNodeName(n));
+    auto coordinator =
+        coord::CommitCoordinator::Start(store_, kJob, members, Deadline::AfterSeconds(10));
+    MEMENTO_CHECK_OK(coordinator.status());
+    coordinator_ = std::move(*coordinator);
+  }
+  void TearDown() override {
+    for (pid_t p : trainers_) {
+      if (p > 0) shm::testing::KillAndReap(p);
+    }
+    for (pid_t p : agents_) {
+      if (p > 0) {
+        kill(p, SIGTERM);
+        if (WaitExit(p, 10) == -1) ADD_FAILURE() << "an agent did not stop on SIGTERM";
+      }
+    }
+    coordinator_.reset();
+    server_.reset();
+  }
+
+  std::string Root(int node) { return shm_.path() + "/node" + std::to_string(node); }
+  std::string Log(const std::string& name) { return tmp_.path() + "/" + name + ".log"; }
+
+  void SetTopology(const std::string& policy) {
+    auto p = topo::ParsePolicy(policy);
+    MEMENTO_CHECK_OK(p.status());
+    auto t = topo::Topology::Uniform(kNodes, 1, 1, /*zero_stage=*/1, /*ranks_per_node=*/1);
+    MEMENTO_CHECK_OK(t.status());
+    topology_ = *t;
+    MEMENTO_CHECK_OK(store_
+                         ->Set(coord::JobKeys(kJob).Topology(),
+                               agent::ClusterTopologyToJson(*t, *p), Deadline::AfterSeconds(5))
+                         .status());
+    policy_ = *p;
+  }
+
+  void StartAgents() {
+    std::string url = "tcp://127.0.0.1:" + std::to_string(server_->port());
+    for (int n = 0; n < kNodes; ++n) {
+      agents_.push_back(Spawn({MEMENTO_BIN, "agent", "--job", kJob, "--node", std::to_string(n),
+                               "--root", Root(n), "--store", url, "--token-file", token_file_,
+                               "--listen", "127.0.0.1:0", "--hold-timeout", "5"},
+                              Log("agent" + std::to_string(n))));
+    }
+    for (int n = 0; n < kNodes; ++n) {
+      std::string log = Log("agent" + std::to_string(n));
+      Deadline d = Deadline::AfterSeconds(20);
+      for (;;) {
+        std::ifstream in(log);
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        if (text.find("memento agent ready") != std::string::npos) break;
+        ASSERT_FALSE(d.expired()) << "agent " << n << " did not start:\n" << text;
+        usleep(20000);
+      }
+    }
+  }
+
+  pid_t StartTrainer(int rank, int64_t steps, double sleep_s, size_t bytes,
+                     const std::vector<std::string>& env = {}) {
+    std::string barrier = tmp_.path() + "/barrier";
+    mkdir(barrier.c_str(), 0700);
+    return Spawn({CLUSTER_TRAINER_BIN, "--job", kJob, "--dir", Root(rank), "--rank",
+                  std::to_string(rank), "--world", std::to_string(kNodes), "--bytes",
+                  std::to_string(bytes), "--steps", std::to_string(steps), "--step-sleep",
+                  std::to_string(sleep_s), "--progress", ProgressPath(rank), "--barrier", barrier},
+                 Log("trainer" + std::to_string(rank)), env);
+  }
+  std::string ProgressPath(int rank) { return tmp_.path() + "/progress" + std::to_string(rank); }
+
+  int64_t Committed() {
+    auto c = coord::ReadLatestCommit(*store_, kJob, Deadline::AfterSeconds(5));
+    return c.ok() ? *c : -1;
+  }
+  int64_t WaitCommitted(int64_t at_least, double timeout_s) {
+    Deadline d = Deadline::AfterSeconds(timeout_s);
+    int64_t c = Committed();
+    while (c < at_least && !d.expired()) {
+      usleep(20000);
+      c = Committed();
+    }
+    return c;
+  }
+
+  // The plan every agent computed: from the inventories they published.
+  topo::Plan ThePlan() {
+    topo::Inventory inv(topology_.num_ranks());
+    for (int r = 0; r < topology_.num_ranks(); ++r) {
+      auto kv = store_->Get(coord::JobKeys(kJob).Inventory(r), Deadline::AfterSeconds(5));
+      MEMENTO_CHECK_OK(kv.status());
+      auto metas = agent::TensorListFromJson(kv->value);
+      MEMENTO_CHECK_OK(metas.status());
+      inv[r] = *metas;
+    }
+    auto plan = topo::MakePlan(topology_, inv, policy_);
+    MEMENTO_CHECK_OK(plan.status());
+    return *plan;
+  }
+
+  // Bytes of plan piece `id` at `step`, read here from the piece's rank's T0
+  // slot file (checksums verified).
+  std::vector<uint8_t> PieceBytes(const topo::Plan& plan, uint32_t id, int64_t step) {
+    const topo::Piece& p = plan.pieces[id];
+    for (int s = 0; s < 2; ++s) {
+      auto seg = shm::Segment::Open(shm::SlotPath(Root(p.node), p.rank, s), false);
+      MEMENTO_CHECK_OK(seg.status());
+      auto info = shm::ReadSlot(**seg);
+      if (!info.ok() || info->state != shm::SlotState::kComplete || info->step != step) continue;
+      MEMENTO_CHECK_OK(shm::VerifySlotData(**seg, *info));
+      std::vector<uint8_t> out;
+      for (const topo::Segment& sg : p.segments) {
+        for (const auto& t : info->tensors) {
+          if (t.meta.name != sg.tensor) continue;
+          const uint8_t* b = (*seg)->data() + info->data_offset + t.offset + sg.offset;
+          out.insert(out.end(), b, b + sg.length);
+        }
+      }
+      MEMENTO_CHECK(out.size() == p.bytes);
+      return out;
+    }
+    ADD_FAILURE() << "rank " << p.rank << " on node " << p.node << " holds no step " << step;
+    return std::vector<uint8_t>(p.bytes);
+  }
+
+  // Reads a T1 entry of node `node` through its peer service (kPeerRead).
+  std::vector<uint8_t> ReadEntry(int node, recover::SourceKind kind, uint32_t id, int64_t step,
+                                 uint64_t bytes) {
+    auto ep = store_->Get(coord::JobKeys(kJob).Node(agent::ClusterNodeName(node)),
+                          Deadline::AfterSeconds(5));
+    MEMENTO_CHECK_OK(ep.status());
+    size_t colon = ep->value.rfind(':');
+    auto client = net::RpcClient::Connect(
+        ep->value.substr(0, colon), std::stoi(ep->value.substr(colon + 1)),
+        net::JobToken::FromSecret(kSecret).value(), Deadline::AfterSeconds(5));
+    MEMENTO_CHECK_OK(client.status());
+    recover::ReadRequest req;
+    req.step = step;
+    req.source = {kind, id};
+    req.offset = 0;
+    req.length = bytes;
+    std::vector<uint8_t> out(bytes);
+    auto n = (*client)->CallInto(agent::kPeerRead, recover::ToJson(req).dump(), out.data(),
+                                 out.size(), Deadline::AfterSeconds(10));
+    EXPECT_TRUE(n.ok()) << "node " << node << " " << recover::SourceKindName(kind) << " " << id
+                        << ": " << n.status().ToString();
+    if (n.ok()) EXPECT_EQ(*n, bytes);
+    return out;
+  }
+
+  // Every T1 entry of `step` on every node equals what it must be.
+  void CheckRedundancy(int64_t step) {
+    topo::Plan plan = ThePlan();
+    int checked = 0;
+    for (const topo::Copy& c : plan.copies) {
+      std::vector<uint8_t> want = PieceBytes(plan, c.piece, step);
+      std::vector<uint8_t> got =
+          ReadEntry(c.node, recover::SourceKind::kCopy, c.id, step, plan.pieces[c.piece].bytes);
+      EXPECT_TRUE(got == want) << "copy " << c.id << " (" << topo::CopyKindName(c.kind)
+                               << ") of piece " << plan.pieces[c.piece].key << " on node "
+                               << c.node;
+      ++checked;
+    }
+    for (const topo::Stripe& s : plan.stripes) {
+      std::vector<std::vector<uint8_t>> data(s.k, std::vector<uint8_t>(s.block_bytes, 0));
+      for (int i = 0; i < s.k; ++i) {
+        const topo::StripeBlock& b = s.data[i];
+        if (b.length == 0) continue;
+        std::vector<uint8_t> piece = PieceBytes(plan, b.piece, step);
+        std::copy(piece.begin() + b.offset, piece.begin() + b.offset + b.length, data[i].begin());
+      }
+      std::vector<std::vector<uint8_t>> parity(s.f, std::vector<uint8_t>(s.block_bytes));
+      std::vector<const uint8_t*> in;
+      std::vector<uint8_t*> out;
+      for (auto& d : data) in.push_back(d.data());
+      for (auto& p : parity) out.push_back(p.data());
+      codec::reference::Encode(codec::reference::GeneratorMatrix(s.xor_code, s.k, s.f), s.k, s.f,
+                               s.block_bytes, in.data(), out.data());
+      for (int j = 0; j < s.f; ++j) {
+        const topo::Parity& par = plan.parities[s.parities[j]];
+        std::vector<uint8_t> got =
+            ReadEntry(par.node, recover::SourceKind::kParity, par.id, step, par.bytes);
+        EXPECT_TRUE(got == parity[j])
+            << "parity " << par.id << " of stripe " << s.id << " on node " << par.node;
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 0);
+    std::fprintf(stderr, "policy %s: %d T1 entries of step %lld match\n",
+                 topo::PolicyName(policy_).c_str(), checked, static_cast<long long>(step));
+  }
+
+  memento::testing::ScratchDir tmp_{"cluster-save"};
+  shm::testing::ShmScratchDir shm_{"cluster-save"};
+  std::string token_file_;
+  std::unique_ptr<coord::EmbeddedStoreServer> server_;
+  coord::Store* store_ = nullptr;
+  std::unique_ptr<coord::CommitCoordinator> coordinator_;
+  topo::Topology topology_;
+  topo::Policy policy_;
+  std::vector<pid_t> agents_;
+  std::vector<pid_t> trainers_;
+};
+
+TEST_P(ClusterSaveTest, VersionsCommitWithTheRedundancyThePlanSays) {
+  SetTopology(GetParam());
+  StartAgents();
+  constexpr int64_t kSteps = 8;
+  for (int r = 0; r < kNodes; ++r) trainers_.push_back(StartTrainer(r, kSteps, 0.15, 1 << 20));
+  for (int r = 0; r < kNodes; ++r) {
+    int st = WaitExit(trainers_[r], 40);
+    trainers_[r] = -1;
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        << "trainer " << r << ": " << ReadProgress(ProgressPath(r)).error;
+  }
+  int64_t committed = WaitCommitted(kSteps, 5);
+  ASSERT_GE(committed, 1) << "no version committed";
+  auto commits = store_->List(coord::JobKeys(kJob).CommitPrefix(), Deadline::AfterSeconds(5));
+  ASSERT_TRUE(commits.ok());
+  EXPECT_GE(commits->kvs.size(), 3u) << "commit/latest and at least two commit records";
+  CheckRedundancy(committed);
+  // Each node's T0 still holds the committed version, intact.
+  for (int r = 0; r < kNodes; ++r) {
+    Progress p = ReadProgress(ProgressPath(r));
+    ASSERT_TRUE(p.digests.count(committed));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, ClusterSaveTest, ::testing::Values("xor", "replicate", "rs:2"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n) {
+                             if (ch == ':') ch = '_';
+                           }
+                           return n;
+                         });
+
+class ClusterKillTest : public ClusterSaveTest {};
+
+TEST_F(ClusterKillTest, TrainerKilledMidSnapshotKeepsTheCommittedVersion) {
+  SetTopology("xor");
+  StartAgents();
+  // Slow copies for rank 0 (16 chunks of 256 KiB, 20 ms each) so that the
+  // kill lands inside one; the barrier keeps the other ranks in step.
+  std::vector<std::string> slow = {"MEMENTO_TEST_COPY_DELAY_US=20000"};
+  for (int r = 0; r < kNodes; ++r) {
+    trainers_.push_back(
+        StartTrainer(r, 1000, 0.02, 4 << 20, r == 0 ? slow : std::vector<std::string>{}));
+  }
+  ASSERT_GE(WaitCommitted(2, 30), 2) << "nothing committed";
+  // Kill rank 0 right after it started a snapshot.
+  Deadline d = Deadline::AfterSeconds(20);
+  int64_t started = ReadProgress(ProgressPath(0)).max_started;
+  while (ReadProgress(ProgressPath(0)).max_started == started && !d.expired()) usleep(1000);
+  const int64_t committed_before = Committed();
+  shm::testing::KillAndReap(trainers_[0]);
+  trainers_[0] = -1;
+  Progress before = ReadProgress(ProgressPath(0));
+  usleep(500000);  // the other ranks keep training; node 0 cannot complete anything
+  const int64_t committed = Committed();
+  EXPECT_GE(committed, committed_before) << "commit/latest never goes back";
+  ASSERT_TRUE(before.digests.count(committed)) << "rank 0 never reached step " << committed;
+  EXPECT_LT(committed, before.max_started) << "the killed snapshot cannot be committed";
+  // Node 0's T0 still holds the committed version of rank 0, intact.
+  bool held = false;
+  for (int s = 0; s < 2; ++s) {
+    auto seg = shm::Segment::Open(shm::SlotPath(Root(0), 0, s), false);
+    ASSERT_TRUE(seg.ok());
+    auto info = shm::ReadSlot(**seg);
+    if (info.ok() && info->state == shm::SlotState::kComplete && info->step == committed) {
+      EXPECT_TRUE(shm::VerifySlotData(**seg, *info).ok());
+      held = true;
+    }
+  }
+  EXPECT_TRUE(held) << "node 0 lost its T0 of committed step " << committed;
+  for (int r = 1; r < kNodes; ++r) {
+    shm::testing::KillAndReap(trainers_[r]);
+    trainers_[r] = -1;
+  }
+  // The restarted trainer asks its agent for the step (commit log) and
+  // loads exactly that version's bytes.
+  unlink(ProgressPath(0).c_str());
+  pid_t again = StartTrainer(0, committed, 0, 4 << 20);
+  int st = WaitExit(again, 30);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadProgress(ProgressPath(0)).error;
+  Progress after = ReadProgress(ProgressPath(0));
+  ASSERT_EQ(after.restored.size(), 1u);
+  EXPECT_EQ(after.restored[0].first, committed);
+  EXPECT_EQ(after.restored[0].second, before.digests.at(committed));
+}
+
+}  // namespace
+}  // namespace memento

@@ -1,0 +1,147 @@
+// The client's cluster-mode slot rule (docs/cluster.md, save path 5) against
+// a real agent in a thread and a real commit word in shared memory. The test
+// plays the cluster agent's part on the word (committed / hold), so that the
+// rule is checked step by step without a cluster.
+#include "shm/commit_word.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "../shm/agent_fixture.h"
+#include "common/check.h"
+#include "memento/client.h"
+#include "shm/segment.h"
+#include "shm/shm_test_util.h"
+
+namespace memento {
+namespace {
+
+using testing::AgentThread;
+using testing::State;
+
+class CommitWordTest : public ::testing::Test {
+ protected:
+  CommitWordTest() : root_(dir_.path() + "/jobc/node0") {}
+  ClientOptions Options(int rank = 0) {
+    ClientOptions o;
+    o.job_id = "jobc";
+    o.rank = rank;
+    o.world_size = 2;
+    o.agent_dir = root_;
+    o.copy_threads = 1;
+    o.chunk_bytes = 256 << 10;
+    o.connect_timeout_s = 2;
+    return o;
+  }
+  // Creates the commit word as an agent in cluster mode does.
+  shm::CommitWord* MakeWord(int64_t committed) {
+    auto seg = shm::Segment::CreateOrGrow(shm::CommitWordPath(root_), sizeof(shm::CommitWord));
+    MEMENTO_CHECK_OK(seg.status());
+    word_seg_ = std::move(*seg);
+    auto* w = reinterpret_cast<shm::CommitWord*>(word_seg_->data());
+    shm::InitCommitWord(w, committed);
+    return w;
+  }
+  std::vector<int64_t> Held(Client& c) {
+    auto v = c.ListVersions();
+    MEMENTO_CHECK_OK(v.status());
+    std::vector<int64_t> steps;
+    for (const auto& x : *v) steps.push_back(x.step);
+    std::sort(steps.begin(), steps.end());
+    return steps;
+  }
+  shm::testing::ShmScratchDir dir_;
+  std::string root_;
+  std::unique_ptr<shm::Segment> word_seg_;
+};
+
+TEST_F(CommitWordTest, NeverOverwritesTheCommittedVersionAndSkipsHeldOnes) {
+  AgentThread agent({"jobc", 0, root_, 0});
+  State s(20000);
+  auto c = Client::Connect(Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(s.Register(**c).ok());
+  ASSERT_TRUE((*c)->Seal().ok());
+  s.Fill(1);
+  ASSERT_TRUE((*c)->Snapshot(1).ok());
+  ASSERT_TRUE((*c)->Fence().ok());
+
+  // Cluster mode from here on: step 1 is committed everywhere.
+  shm::CommitWord* w = MakeWord(/*committed=*/1);
+  s.Fill(2);
+  ASSERT_TRUE((*c)->Snapshot(2).ok());
+  ASSERT_TRUE((*c)->Fence().ok());
+  EXPECT_EQ(Held(**c), (std::vector<int64_t>{1, 2}));
+  // Single-node rule would overwrite step 1 (not the newest); the commit
+  // word says 1 is the committed one, and 2 is not held: 3 replaces 2.
+  s.Fill(3);
+  ASSERT_TRUE((*c)->Snapshot(3).ok());
+  ASSERT_TRUE((*c)->Fence().ok());
+  EXPECT_FALSE((*c)->LastSnapshotStats().skipped);
+  EXPECT_EQ(Held(**c), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(shm::LoadWord(&w->claim[0]), 2) << "the client claims the step it overwrites";
+
+  // The agent protects step 3: step 4 is skipped, nothing is written.
+  shm::StoreWord(&w->hold, 3);
+  s.Fill(4);
+  ASSERT_TRUE((*c)->Snapshot(4).ok());
+  ASSERT_TRUE((*c)->Fence().ok());
+  SnapshotStats st = (*c)->LastSnapshotStats();
+  EXPECT_TRUE(st.skipped);
+  EXPECT_EQ(st.step, 4);
+  EXPECT_EQ(st.skipped_total, 1u);
+  EXPECT_EQ(shm::LoadWord(&w->claim[0]), -1) << "a skipped snapshot withdraws its claim";
+  s.Fill(5);
+  ASSERT_TRUE((*c)->Snapshot(5).ok());
+  EXPECT_TRUE((*c)->LastSnapshotStats().skipped);
+  EXPECT_EQ((*c)->LastSnapshotStats().skipped_total, 2u);
+  EXPECT_EQ(Held(**c), (std::vector<int64_t>{1, 3}));
+
+  // Step 3 commits (hold released): the next snapshot replaces step 1.
+  shm::StoreWord(&w->committed, 3);
+  shm::StoreWord(&w->hold, -1);
+  s.Fill(6);
+  ASSERT_TRUE((*c)->Snapshot(6).ok());
+  ASSERT_TRUE((*c)->Fence().ok());
+  st = (*c)->LastSnapshotStats();
+  EXPECT_FALSE(st.skipped);
+  EXPECT_EQ(st.skipped_total, 2u);
+  EXPECT_EQ(Held(**c), (std::vector<int64_t>{3, 6}));
+
+  // Exactly the committed version's bytes are still there.
+  s.Fill(3);
+  uint64_t want = s.Digest();
+  s.Fill(99);
+  ASSERT_EQ(*(*c)->Restore(3), 3);
+  EXPECT_EQ(s.Digest(), want);
+}
+
+TEST_F(CommitWordTest, WithoutTheWordTheSingleNodeRuleHolds) {
+  {
+    // A word left by an earlier cluster-mode agent is removed by a
+    // single-node agent.
+    ASSERT_TRUE(shm::MakePrivateDir(root_).ok());
+    MakeWord(5);
+    word_seg_.reset();
+  }
+  AgentThread agent({"jobc", 0, root_, 0});
+  State s(20000);
+  auto c = Client::Connect(Options());
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(s.Register(**c).ok());
+  ASSERT_TRUE((*c)->Seal().ok());
+  for (int step = 1; step <= 3; ++step) {
+    s.Fill(step);
+    ASSERT_TRUE((*c)->Snapshot(step).ok());
+    ASSERT_TRUE((*c)->Fence().ok());
+    EXPECT_FALSE((*c)->LastSnapshotStats().skipped);
+  }
+  EXPECT_EQ(Held(**c), (std::vector<int64_t>{2, 3}));
+  // Restore() is today's: the newest intact version.
+  EXPECT_EQ(*(*c)->Restore(), 3);
+}
+
+}  // namespace
+}  // namespace memento
