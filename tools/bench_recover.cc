@@ -168,9 +168,15 @@ Result<nlohmann::json> Run(const Args& a) {
   std::fprintf(stderr, "bench recover: work dir %s\n", base.c_str());
   std::vector<AgentProcess> agents;
   std::vector<std::unique_ptr<Client>> clients;
+  // Outlive the agents: they are stopped first (an agent without its store
+  // retries until its deadlines pass).
+  std::unique_ptr<coord::EmbeddedStoreServer> server;
+  std::unique_ptr<coord::CommitCoordinator> coordinator;
   auto cleanup = [&] {
     clients.clear();
     for (AgentProcess& p : agents) StopAgent(p, SIGTERM);
+    coordinator.reset();
+    server.reset();
     if (!a.keep) {
       std::error_code ec;
       std::filesystem::remove_all(base, ec);
@@ -187,14 +193,13 @@ Result<nlohmann::json> Run(const Args& a) {
       close(fd);
       if (!ok) return ErrnoError("write " + token_file, errno);
     }
-    MEMENTO_ASSIGN_OR_RETURN(auto server, coord::EmbeddedStoreServer::Start("127.0.0.1", 0, token));
+    MEMENTO_ASSIGN_OR_RETURN(server, coord::EmbeddedStoreServer::Start("127.0.0.1", 0, token));
     coord::Store& store = server->store();
     const std::string url = "tcp://127.0.0.1:" + std::to_string(server->port());
     std::set<std::string> members;
     for (int i = 0; i < a.nodes; ++i) members.insert(launch::NodeName(i));
-    MEMENTO_ASSIGN_OR_RETURN(
-        auto coordinator,
-        coord::CommitCoordinator::Start(&store, kJob, members, Deadline::AfterSeconds(10)));
+    MEMENTO_ASSIGN_OR_RETURN(coordinator, coord::CommitCoordinator::Start(
+                                              &store, kJob, members, Deadline::AfterSeconds(10)));
     launch::JobTopology jt;
     jt.topology.dp = a.nodes;
     for (int i = 0; i < a.nodes; ++i) jt.topology.rank_node.push_back(i);

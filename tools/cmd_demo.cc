@@ -666,7 +666,12 @@ std::vector<int64_t> StepsHit(const ClusterRun& run) {
 }
 
 int RunClusterDemo(const DemoArgs& a, int64_t steps) {
+  // The store and the coordinator run in this process: their info lines
+  // (every commit) would drown the report. Children keep the default level.
+  const bool quiet_log = std::getenv("MEMENTO_LOG_LEVEL") == nullptr;
+  if (quiet_log) setenv("MEMENTO_LOG_LEVEL", "warn", 1);
   InitLogging("demo");
+  if (quiet_log) unsetenv("MEMENTO_LOG_LEVEL");
   Stopwatch total;
   char tmpl[] = "/dev/shm/memento-demo-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return ReportStatus(ErrnoError("mkdtemp", errno));
