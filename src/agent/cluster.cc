@@ -1,6 +1,7 @@
 #include "agent/cluster.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,6 +14,7 @@
 #include "common/log.h"
 #include "coord/keys.h"
 #include "fmt/format.h"
+#include "recover/recover.h"
 #include "shm/slot.h"
 #include "topo/plan_json.h"
 
@@ -23,26 +25,18 @@ using nlohmann::json;
 namespace {
 
 constexpr double kStoreCallS = 10.0;
-constexpr size_t kPushChunkBytes = size_t{8} << 20;
 constexpr size_t kEncodeChunkBytes = size_t{1} << 20;
 
-// xxHash3 of the plan's JSON text: recover::PlanHash's definition
-// (src/recover/recover.h), computed here so that the agent does not need the
-// recovery executor to check the plan it acts on.
-uint64_t HashOfPlan(const topo::Plan& plan) {
-  std::string text = topo::PlanToJson(plan).dump();
-  return Checksum(text.data(), text.size());
-}
-
-Result<std::pair<std::string, int>> SplitHostPort(const std::string& hp) {
+// "host:port" with port 0 allowed (ephemeral), unlike a peer's endpoint.
+Result<std::pair<std::string, int>> ParseListen(const std::string& hp) {
   size_t colon = hp.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == hp.size()) {
-    return InvalidArgumentError("address '" + hp + "' is not host:port");
+    return InvalidArgumentError("--listen '" + hp + "' is not HOST:PORT");
   }
   char* end = nullptr;
   long port = std::strtol(hp.c_str() + colon + 1, &end, 10);
   if (*end != '\0' || port < 0 || port > 65535) {
-    return InvalidArgumentError("address '" + hp + "' has a bad port");
+    return InvalidArgumentError("--listen '" + hp + "' has a bad port (0..65535; 0: any)");
   }
   return std::make_pair(hp.substr(0, colon), static_cast<int>(port));
 }
@@ -277,14 +271,18 @@ std::string Cluster::SkippedKey(int64_t step, const std::string& node) const {
 }
 
 void Cluster::OnSkipped(int rank, int64_t step) {
+  (void)rank;
+  PublishDead(step);
+}
+
+void Cluster::PublishDead(int64_t step) {
   if (step <= committed_.load()) return;
   {
     MutexLock l(&mu_);
     if (!dead_.insert(step).second) return;  // told already
   }
   cv_.SignalAll();
-  auto r =
-      store_->Set(SkippedKey(step, node_name_), std::to_string(rank), Deadline::AfterSeconds(2));
+  auto r = store_->Set(SkippedKey(step, node_name_), "", Deadline::AfterSeconds(2));
   if (!r.ok())
     MEMENTO_LOG_WARN("could not publish the skip of step {}: {}", step, r.status().ToString());
 }
@@ -381,6 +379,9 @@ void Cluster::Abandon(int64_t step, const std::string& why) {
     ++stats_.abandoned;
   }
   MEMENTO_LOG_INFO("step {} abandoned: {}", step, why);
+  // This node will never report `step`: the others must not keep it either
+  // (the same record as a trainer's skip).
+  PublishDead(step);
 }
 
 // ---- cluster thread ----------------------------------------------------------
@@ -512,7 +513,7 @@ void Cluster::TrySetup() {
         .IgnoreError();
     return;
   }
-  const uint64_t hash = HashOfPlan(*plan);
+  const uint64_t hash = recover::PlanHash(*plan);
   auto published = store_->Get(keys.PlanHash(), Deadline::AfterSeconds(kStoreCallS));
   if (published.ok() && published->value != std::to_string(hash)) {
     MEMENTO_LOG_ERROR(
@@ -521,12 +522,18 @@ void Cluster::TrySetup() {
         node_, hash, published->value);
     return;
   }
+  if (node_ >= static_cast<int>(plan->nodes.size())) {
+    MEMENTO_LOG_ERROR("node {} is not in the job's topology ({} nodes): it holds nothing", node_,
+                      plan->nodes.size());
+    return;
+  }
   Status st = red_->SetPlan(*plan);
   if (!st.ok()) {
     MEMENTO_LOG_ERROR("redundancy store: {}", st.ToString());
     return;
   }
   plan_ = std::move(*plan);
+  inventory_ = std::move(inventory);
   local_ranks_.clear();
   for (int r = 0; r < ranks; ++r) {
     if (ct->topology.rank_node[r] == node_) local_ranks_.push_back(r);
@@ -653,7 +660,7 @@ Status Cluster::PushCopies(int64_t step, std::map<int, RankView>& views) {
       if (client == nullptr || client->broken()) {
         client.reset();
         MEMENTO_ASSIGN_OR_RETURN(std::string ep, NodeEndpoint(c.node));
-        MEMENTO_ASSIGN_OR_RETURN(auto hp, SplitHostPort(ep));
+        MEMENTO_ASSIGN_OR_RETURN(auto hp, ParseEndpoint(ep));
         auto conn = net::RpcClient::Connect(hp.first, hp.second, *token_, deadline);
         if (!conn.ok()) {
           st = conn.status();
@@ -661,25 +668,18 @@ Status Cluster::PushCopies(int64_t step, std::map<int, RankView>& views) {
         }
         client = std::move(*conn);
       }
-      st = Status::Ok();
-      uint64_t offset = 0;
-      do {
-        uint64_t n = std::min<uint64_t>(kPushChunkBytes, piece.bytes - offset);
-        std::string head =
-            json{{"step", step}, {"copy", c.id}, {"offset", offset}, {"total", piece.bytes}}.dump();
-        uint32_t len = static_cast<uint32_t>(head.size());
-        uint8_t len_le[4] = {static_cast<uint8_t>(len), static_cast<uint8_t>(len >> 8),
-                             static_cast<uint8_t>(len >> 16), static_cast<uint8_t>(len >> 24)};
-        net::ConstBuffer parts[3] = {
-            {len_le, 4}, {head.data(), head.size()}, {buf.data() + offset, n}};
-        auto r = client->CallParts(kPeerPush, parts, 3, deadline);
-        if (!r.ok()) {
-          st = r.status();
-          break;
-        }
-        offset += n;
-      } while (offset < piece.bytes);
+      st = PushCopy(*client, step, c.id, buf.data(), buf.size(), deadline);
       if (st.ok()) break;
+      if (st.code() == StatusCode::kFailedPrecondition && !deadline.expired() && !Dead(step) &&
+          committed_.load() < step) {
+        // The receiver has no plan yet (it is still waiting for the
+        // inventories): try again shortly.
+        usleep(20000);
+        attempt = -1;
+        continue;
+      }
+      // A broken connection (peer restarted) is retried once on a fresh one.
+      if (!client->broken()) break;
     }
     if (!st.ok()) {
       return Status(st.code(), fmt::format("pushing copy {} of piece {} (step {}) to node {}: {}",
@@ -789,89 +789,43 @@ bool Cluster::Produce(int64_t step) {
 // ---- peer service ------------------------------------------------------------
 
 Status Cluster::StartPeerService() {
-  MEMENTO_ASSIGN_OR_RETURN(auto hp, SplitHostPort(options_.listen));
-  pieces_ = std::make_unique<PieceReader>(root_, job_);
-  rpc_ = std::make_unique<net::RpcServer>();
-  // kPeerPush: bytes of a copy of one of the sender's pieces, for our T1.
-  rpc_->Register(kPeerPush, [this](std::string_view body, Deadline) -> Result<std::string> {
-    if (body.size() < 4) return InvalidArgumentError("push: body shorter than its header");
-    const auto* b = reinterpret_cast<const uint8_t*>(body.data());
-    uint32_t n = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
-    if (body.size() < 4 + uint64_t{n}) return InvalidArgumentError("push: truncated header");
-    int64_t step = -1;
-    uint32_t copy = 0;
-    uint64_t offset = 0, total = 0;
-    try {
-      json h = json::parse(body.substr(4, n));
-      step = h.at("step").get<int64_t>();
-      copy = h.at("copy").get<uint32_t>();
-      offset = h.at("offset").get<uint64_t>();
-      total = h.at("total").get<uint64_t>();
-    } catch (const json::exception& e) {
-      return InvalidArgumentError(std::string("push: malformed header: ") + e.what());
+  MEMENTO_ASSIGN_OR_RETURN(auto hp, ParseListen(options_.listen));
+  PeerServiceOptions po;
+  po.job = job_;
+  po.node = node_;
+  po.host = hp.first;
+  po.port = hp.second;
+  po.store = node_store_;
+  po.redundancy = red_.get();
+  po.plan = [this]() -> Result<std::shared_ptr<const ClusterPlan>> {
+    MutexLock l(&plan_mu_);
+    if (cluster_plan_ == nullptr) {
+      return FailedPreconditionError(
+          fmt::format("node {} has no plan yet (waiting for the topology and every rank's "
+                      "inventory)",
+                      node_));
     }
-    if (!ready_.load()) return UnavailableError("push: node has no plan yet");
-    std::string_view payload = body.substr(4 + n);
-    if (copy >= plan_.copies.size() || plan_.copies[copy].node != node_) {
-      return InvalidArgumentError(fmt::format("push: copy {} is not held by node {}", copy, node_));
-    }
-    const uint64_t bytes = plan_.pieces[plan_.copies[copy].piece].bytes;
-    if (total != bytes || offset + payload.size() > bytes) {
-      return InvalidArgumentError(fmt::format("push: copy {} is {} bytes; got [{}, +{}) of {}",
-                                              copy, bytes, offset, payload.size(), total));
-    }
-    if (step <= committed_.load()) return FailedPreconditionError("push: step already committed");
-    MEMENTO_RETURN_IF_ERROR(red_->Ensure(step));
-    recover::ByteSource src{recover::SourceKind::kCopy, copy};
-    MEMENTO_ASSIGN_OR_RETURN(uint8_t * dst, red_->EntryBuffer(step, src));
-    std::memcpy(dst + offset, payload.data(), payload.size());
-    if (offset + payload.size() == total) {
-      MEMENTO_RETURN_IF_ERROR(red_->FinishEntry(step, src));
-      cv_.SignalAll();
-    }
-    return std::string("{}");
-  });
-  // kPeerRead: bytes of a piece (T0) or of a T1 entry.
-  rpc_->Register(kPeerRead, [this](std::string_view body, Deadline) -> Result<std::string> {
-    json j;
-    try {
-      j = json::parse(body);
-    } catch (const json::exception& e) {
-      return InvalidArgumentError(std::string("read: malformed request: ") + e.what());
-    }
-    MEMENTO_ASSIGN_OR_RETURN(recover::ReadRequest req, recover::ReadRequestFromJson(j));
-    if (!ready_.load()) return UnavailableError("read: node has no plan yet");
-    std::string out(req.length, '\0');
-    if (req.source.kind == recover::SourceKind::kPiece) {
-      if (req.source.id >= plan_.pieces.size()) return InvalidArgumentError("read: no such piece");
-      MEMENTO_RETURN_IF_ERROR(
-          pieces_->ReadPiece(plan_, req.source.id, req.step, req.offset, req.length, out.data()));
-    } else {
-      MEMENTO_RETURN_IF_ERROR(red_->Read(req, out.data()));
-    }
-    return out;
-  });
-  rpc_->Register(kPeerSetRestoreTarget,
-                 [this](std::string_view body, Deadline) -> Result<std::string> {
-                   try {
-                     SetRestoreTarget(json::parse(body).at("step").get<int64_t>());
-                   } catch (const json::exception& e) {
-                     return InvalidArgumentError(std::string("restore target: ") + e.what());
-                   }
-                   return std::string("{}");
-                 });
-  net::ServerOptions so;
-  so.host = hp.first;
-  so.port = hp.second;
-  MEMENTO_RETURN_IF_ERROR(rpc_->Start(so, *token_));
-  endpoint_ = hp.first + ":" + std::to_string(rpc_->port());
+    return cluster_plan_;
+  };
+  po.endpoint_of = [this](int node) { return NodeEndpoint(node); };
+  po.committed = [this] { return committed_.load(); };
+  po.set_restore_target = [this](int64_t step) {
+    SetRestoreTarget(step);
+    return Status::Ok();
+  };
+  MEMENTO_ASSIGN_OR_RETURN(peer_, PeerService::Start(std::move(po), *token_));
+  endpoint_ = peer_->endpoint();
   return Status::Ok();
 }
 
-void Cluster::SetPeerPlan() {}
+void Cluster::SetPeerPlan() {
+  auto cp = MakeClusterPlan(plan_, inventory_);
+  MutexLock l(&plan_mu_);
+  cluster_plan_ = std::move(cp);
+}
 
 void Cluster::StopPeerService() {
-  if (rpc_) rpc_->Stop();
+  if (peer_) peer_->Stop();
 }
 
 }  // namespace memento::agent

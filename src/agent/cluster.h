@@ -34,7 +34,7 @@
 #include <thread>
 #include <vector>
 
-#include "agent/piece_reader.h"
+#include "agent/peer_service.h"
 #include "agent/redundancy.h"
 #include "common/mutex.h"
 #include "coord/commit.h"
@@ -161,6 +161,9 @@ class Cluster {
   void ReleaseHold(int64_t step);
   void Abandon(int64_t step, const std::string& why) EXCLUDES(mu_);
   bool Dead(int64_t step) EXCLUDES(mu_);
+  // Records (and publishes at skipped/<step>/<node>) that this node will
+  // never report `step`: every node releases its hold on it.
+  void PublishDead(int64_t step) EXCLUDES(mu_);
   std::string SkippedKey(int64_t step, const std::string& node) const;
 
   ClusterOptions options_;
@@ -176,8 +179,7 @@ class Cluster {
   std::unique_ptr<shm::Segment> word_seg_;
   shm::CommitWord* word_ = nullptr;  // in word_seg_
   std::unique_ptr<RedundancyStore> red_;
-  // The peer service's RPC server (kPeerPush, kPeerRead, kPeerSetRestoreTarget).
-  std::unique_ptr<net::RpcServer> rpc_;
+  std::unique_ptr<PeerService> peer_;
   std::unique_ptr<coord::Membership> membership_;
   std::unique_ptr<coord::CommitFollower> follower_;
   std::unique_ptr<coord::Watcher> skip_watcher_;  // skipped/: steps that cannot commit
@@ -197,7 +199,10 @@ class Cluster {
   std::atomic<bool> ready_{false};
   topo::Plan plan_;
   std::vector<int> local_ranks_;
-  std::unique_ptr<PieceReader> pieces_;
+  topo::Inventory inventory_;
+  // What the peer service acts on (null until the plan is known).
+  Mutex plan_mu_;
+  std::shared_ptr<const ClusterPlan> cluster_plan_ GUARDED_BY(plan_mu_);
 
   // Cluster thread only.
   int64_t last_attempt_ = -1;

@@ -106,6 +106,11 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
         std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
         if (text.find("memento agent ready") != std::string::npos) break;
         ASSERT_FALSE(d.expired()) << "agent " << n << " did not start:\n" << text;
+        int st = 0;
+        if (waitpid(agents_[n], &st, WNOHANG) == agents_[n]) {
+          agents_[n] = -1;
+          FAIL() << "agent " << n << " exited:\n" << text;
+        }
         usleep(20000);
       }
     }
@@ -258,7 +263,7 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(ClusterSaveTest, VersionsCommitWithTheRedundancyThePlanSays) {
   SetTopology(GetParam());
-  StartAgents();
+  ASSERT_NO_FATAL_FAILURE(StartAgents());
   constexpr int64_t kSteps = 8;
   for (int r = 0; r < kNodes; ++r) trainers_.push_back(StartTrainer(r, kSteps, 0.15, 1 << 20));
   for (int r = 0; r < kNodes; ++r) {
@@ -293,7 +298,7 @@ class ClusterKillTest : public ClusterSaveTest {};
 
 TEST_F(ClusterKillTest, TrainerKilledMidSnapshotKeepsTheCommittedVersion) {
   SetTopology("xor");
-  StartAgents();
+  ASSERT_NO_FATAL_FAILURE(StartAgents());
   // Slow copies for rank 0 (16 chunks of 256 KiB, 20 ms each) so that the
   // kill lands inside one; the barrier keeps the other ranks in step.
   std::vector<std::string> slow = {"MEMENTO_TEST_COPY_DELAY_US=20000"};
