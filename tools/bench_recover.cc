@@ -196,6 +196,9 @@ Result<nlohmann::json> Run(const Args& a) {
     MEMENTO_ASSIGN_OR_RETURN(server, coord::EmbeddedStoreServer::Start("127.0.0.1", 0, token));
     coord::Store& store = server->store();
     const std::string url = "tcp://127.0.0.1:" + std::to_string(server->port());
+    std::fprintf(stderr,
+                 "bench recover: store %s (memento inspect --store %s --job %s --token-file %s)\n",
+                 url.c_str(), url.c_str(), kJob, token_file.c_str());
     std::set<std::string> members;
     for (int i = 0; i < a.nodes; ++i) members.insert(launch::NodeName(i));
     MEMENTO_ASSIGN_OR_RETURN(coordinator, coord::CommitCoordinator::Start(
