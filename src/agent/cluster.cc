@@ -424,6 +424,7 @@ void Cluster::Run() {
     }
     // The newest step every local rank completed (older ones are superseded).
     int64_t step = -1;
+    std::vector<int64_t> superseded;
     {
       MutexLock l(&mu_);
       for (auto it = completes_.rbegin(); it != completes_.rend(); ++it) {
@@ -434,8 +435,15 @@ void Cluster::Run() {
           break;
         }
       }
-      if (step >= 0) completes_.erase(completes_.begin(), completes_.find(step));
+      if (step >= 0) {
+        for (auto it = completes_.begin(); it != completes_.end() && it->first < step; ++it) {
+          if (it->first > last_attempt_) superseded.push_back(it->first);
+        }
+        completes_.erase(completes_.begin(), completes_.find(step));
+      }
     }
+    // Older steps this node will now never report: no node waits for them.
+    for (int64_t s : superseded) PublishDead(s);
     if (step < 0 || step <= committed_.load()) continue;
     last_attempt_ = step;
     if (Dead(step)) {

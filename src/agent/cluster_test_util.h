@@ -75,7 +75,7 @@ inline std::vector<uint8_t> TensorBytes(const TensorMeta& t, int rank, int64_t s
 class SlotWriter {
  public:
   SlotWriter(shm::NodeStore& store, const topo::Inventory& inv, int rank, int slot)
-      : inv_(inv), rank_(rank), slot_(slot) {
+      : rank_(rank), slot_(slot) {
     auto layout = shm::ComputeSlotLayout(kJob, rank, inv[rank], kChunkBytes);
     MEMENTO_CHECK(layout.ok());
     layout_ = std::move(layout).value();
@@ -102,7 +102,6 @@ class SlotWriter {
   const shm::Segment& segment() const { return *segment_; }
 
  private:
-  const topo::Inventory& inv_;
   int rank_, slot_;
   shm::SlotLayout layout_;
   std::unique_ptr<shm::Segment> segment_;

@@ -152,7 +152,7 @@ Result<std::unique_ptr<net::RpcClient>> ClusterReader::Acquire(int node, Deadlin
   if (!c.ok()) {
     MutexLock l(&mu_);
     --pools_[node].open;
-    cv_.Signal();
+    cv_.SignalAll();
     Status s = c.status();
     return UnavailableError(fmt::format("cannot reach node {}{}: {}", node,
                                         endpoint.ok() ? " at " + *endpoint : "", s.ToString()));
@@ -168,7 +168,7 @@ void ClusterReader::Release(int node, std::unique_ptr<net::RpcClient> client) {
   } else {
     --pool.open;
   }
-  cv_.Signal();
+  cv_.SignalAll();
 }
 
 Status ClusterReader::ReadRemote(int node, const ReadRequest& req, void* dst, Deadline deadline) {
@@ -356,10 +356,11 @@ Status PeerService::HandleRead(std::string_view body, const net::RpcServer::Repl
   if (req.source.kind == SourceKind::kPiece) {
     // T0 slots can be overwritten by a trainer: copy, re-check, then send.
     MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan, options_.plan());
-    std::string buf(req.length, '\0');
-    MEMENTO_RETURN_IF_ERROR(pieces_->ReadPiece(plan->plan, req.source.id, req.step, req.offset,
-                                               req.length, buf.data()));
-    net::ConstBuffer part{buf.data(), buf.size()};
+    // Not zero-filled: ReadPiece writes every byte before it is sent.
+    std::unique_ptr<uint8_t[]> buf(new uint8_t[std::max<uint64_t>(req.length, 1)]);
+    MEMENTO_RETURN_IF_ERROR(
+        pieces_->ReadPiece(plan->plan, req.source.id, req.step, req.offset, req.length, buf.get()));
+    net::ConstBuffer part{buf.get(), req.length};
     return reply(&part, 1);
   }
   if (auto* shm_red = dynamic_cast<ShmRedundancyStore*>(options_.redundancy)) {
@@ -397,6 +398,16 @@ Result<std::string> PeerService::HandlePush(std::string_view body) {
   const uint64_t total = j["total"].get<uint64_t>();
   if (step < 0) return InvalidArgumentError(fmt::format("push: step {} < 0", step));
   MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan, options_.plan());
+  // A copy of a step at or below the newest commit comes too late: this node
+  // already dropped (or never needs) that version's redundancy.
+  if (options_.committed) {
+    const int64_t committed = options_.committed();
+    if (step <= committed) {
+      return FailedPreconditionError(
+          fmt::format("push: step {} is not newer than the committed step {} on node {}", step,
+                      committed, options_.node));
+    }
+  }
   const auto& np = plan->plan.nodes;
   if (options_.node >= static_cast<int>(np.size()) ||
       std::find(np[options_.node].copies.begin(), np[options_.node].copies.end(), copy) ==
@@ -436,19 +447,32 @@ Result<std::string> PeerService::HandlePush(std::string_view body) {
                       copy, step, options_.node));
     }
   }
-  MEMENTO_ASSIGN_OR_RETURN(uint8_t * buf, options_.redundancy->EntryBuffer(step, entry));
+  // With the shm store the version stays mapped while this thread writes
+  // into it, whatever a concurrent commit drops.
+  ShmRedundancyStore::WriteView pinned;
+  uint8_t* buf = nullptr;
+  if (shm_red != nullptr) {
+    MEMENTO_ASSIGN_OR_RETURN(pinned, shm_red->PinEntryBuffer(step, entry));
+    buf = pinned.data;
+  } else {
+    MEMENTO_ASSIGN_OR_RETURN(buf, options_.redundancy->EntryBuffer(step, entry));
+  }
   if (!payload.empty()) std::memcpy(buf + offset, payload.data(), payload.size());
   if (offset + payload.size() == total) {
-    if (j.contains("xxh3")) {
-      const uint64_t sum = Checksum(buf, total);
-      if (sum != j["xxh3"].get<uint64_t>()) {
+    if (j.contains("xxh3") && shm_red != nullptr) {
+      // One checksum pass: compared with the sender's and stored.
+      MEMENTO_RETURN_IF_ERROR(
+          shm_red->FinishEntryExpecting(step, entry, j["xxh3"].get<uint64_t>()));
+    } else {
+      if (j.contains("xxh3") && Checksum(buf, total) != j["xxh3"].get<uint64_t>()) {
         return DataLossError(fmt::format(
-            "push: copy {} of version {} arrived with checksum {:016x}, the sender's is {:016x} "
-            "(a part is missing or corrupted)",
-            copy, step, sum, j["xxh3"].get<uint64_t>()));
+            "push: copy {} of version {} does not match the sender's checksum (a part is missing "
+            "or corrupted)",
+            copy, step));
       }
+      MEMENTO_RETURN_IF_ERROR(options_.redundancy->FinishEntry(step, entry));
     }
-    MEMENTO_RETURN_IF_ERROR(options_.redundancy->FinishEntry(step, entry));
+    if (options_.on_push_finished) options_.on_push_finished(step, entry);
   }
   return std::string("{}");
 }

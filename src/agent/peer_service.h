@@ -104,7 +104,7 @@ class ClusterReader final : public recover::ByteReader {
   const ClusterReaderOptions options_;
   const net::JobToken token_;
   Mutex mu_;
-  CondVar cv_;
+  CondVar cv_;  // a connection was released or closed (waiters of every peer share it)
   std::map<int, Pool> pools_ GUARDED_BY(mu_);
 };
 
@@ -138,6 +138,9 @@ struct PeerServiceOptions {
   std::function<int64_t()> committed;     // newest committed step, -1 none; may be empty
   // kPeerSetRestoreTarget; FailedPrecondition to the caller when empty.
   std::function<Status(int64_t step)> set_restore_target;
+  // Called (no lock held) after a pushed copy was finished in the redundancy
+  // store, e.g. to wake the save path waiting for its T1 of `step`. May be empty.
+  std::function<void(int64_t step, recover::ByteSource entry)> on_push_finished;
   size_t connections_per_peer = 4;
 };
 

@@ -65,12 +65,20 @@ class Cluster {
     std::unique_ptr<ShmRedundancyStore> red;
     std::unique_ptr<PeerService> service;
     std::atomic<int64_t> restore_target{-1};
+    std::atomic<int64_t> committed{-1};
+    std::atomic<int> pushes_finished{0};
+    std::atomic<int64_t> last_pushed_step{-1};
   };
   Node& node(int i) { return *nodes_[i]; }
   const topo::Plan& plan() const { return plan_->plan; }
   const topo::Inventory& inv() const { return inv_; }
   std::string root(int node_id) const { return nodes_[node_id]->root; }
   uint64_t hash() const { return plan_->hash; }
+  // The agent process restarts: same memory, a new peer service on a new port.
+  void RestartService(int node_id) {
+    nodes_[node_id]->service.reset();
+    StartService(node_id);
+  }
   // Every rank writes its T0 slot `slot` at `step`.
   void WriteT0(int64_t step, int slot) {
     for (int r = 0; r < plan().topology.num_ranks(); ++r) {
@@ -150,6 +158,10 @@ class Cluster {
     ASSERT_TRUE(red.ok()) << red.status();
     nd->red = std::move(red).value();
     ASSERT_TRUE(nd->red->SetPlan(plan_->plan).ok());
+    StartService(node);
+  }
+  void StartService(int node) {
+    Node* nd = nodes_[node].get();
     PeerServiceOptions o;
     o.job = kJob;
     o.node = node;
@@ -162,7 +174,12 @@ class Cluster {
       }
       return nodes_[peer]->service->endpoint();
     };
-    o.committed = [] { return int64_t{4}; };
+    o.committed = [nd] { return nd->committed.load(); };
+    o.on_push_finished = [nd](int64_t step, ByteSource e) {
+      EXPECT_EQ(e.kind, SourceKind::kCopy);
+      nd->pushes_finished.fetch_add(1);
+      nd->last_pushed_step = step;
+    };
     o.set_restore_target = [nd](int64_t step) {
       nd->restore_target = step;
       return Status::Ok();
@@ -213,6 +230,7 @@ TEST(PeerServiceTest, EndpointParsing) {
 
 TEST(PeerServiceTest, InventoryListsT0AndRedundancyNewestFirst) {
   Cluster c(3, MakeInventory(3), "xor");
+  c.node(1).committed = 4;
   c.WriteT0(4, 0);
   c.WriteT0(5, 1);
   // Node 1 produces its parities of step 5.
@@ -323,7 +341,10 @@ TEST(PeerServiceTest, PushCopyInSeveralPartsThenReadIt) {
     EXPECT_EQ(*r, "{}");
     const auto held = c.node(copy->node).red->Holding(3, true).copies;
     EXPECT_EQ(std::count(held.begin(), held.end(), copy->id), i == 2 ? 1 : 0) << "part " << i;
+    // The finish callback fires once, after the last part.
+    EXPECT_EQ(c.node(copy->node).pushes_finished.load(), i == 2 ? 1 : 0) << "part " << i;
   }
+  EXPECT_EQ(c.node(copy->node).last_pushed_step.load(), 3);
   // Read it back from another node through the reader.
   const int other = (copy->node + 1) % 3;
   std::vector<uint8_t> got(total);
@@ -343,6 +364,12 @@ TEST(PeerServiceTest, PushCopyInSeveralPartsThenReadIt) {
             StatusCode::kFailedPrecondition);
   ASSERT_TRUE(c.node(other).service->reader().Read(copy->node, req, got.data(), Soon()).ok());
   EXPECT_EQ(got, bytes);
+  // A push of a step not newer than the node's committed one is refused.
+  c.node(copy->node).committed = 3;
+  Status late = PushCopy(c.node(copy->node).service->endpoint(), Token(), 2, copy->id, bytes.data(),
+                         bytes.size(), Soon());
+  EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition) << late;
+  EXPECT_NE(late.message().find("committed"), std::string::npos) << late;
   // The client helper, on a fresh step.
   const auto bytes4 = CopyBytes(c, copy->id, 4);
   ASSERT_TRUE(PushCopy(c.node(copy->node).service->endpoint(), Token(), 4, copy->id, bytes4.data(),
@@ -372,6 +399,28 @@ TEST(PeerServiceTest, PushCopyLargerThanOnePart) {
                   .red->Read({2, {SourceKind::kCopy, copy->id}, 0, bytes.size()}, got.data())
                   .ok());
   EXPECT_EQ(got, bytes);
+}
+
+TEST(PeerServiceTest, ReaderReconnectsToARestartedPeer) {
+  Cluster c(2, MakeInventory(2), "xor");
+  c.WriteT0(3, 0);
+  const uint32_t piece = c.plan().ranks[1].pieces[0];
+  const auto want = PieceBytes(c.plan(), c.inv(), piece, 3);
+  std::vector<uint8_t> got(want.size());
+  const ReadRequest req{3, {SourceKind::kPiece, piece}, 0, want.size()};
+  ClusterReader& reader = c.node(0).service->reader();
+  ASSERT_TRUE(reader.Read(1, req, got.data(), Soon()).ok());  // pools a connection
+  const std::string before = c.node(1).service->endpoint();
+  c.RestartService(1);
+  ASSERT_NE(c.node(1).service->endpoint(), before);
+  std::fill(got.begin(), got.end(), 0);
+  Status s = reader.Read(1, req, got.data(), Soon());
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got, want);
+  // A peer that is gone for good is Unavailable (not a hang).
+  c.node(1).service->Stop();
+  s = reader.Read(1, req, got.data(), Deadline::AfterSeconds(5));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
 }
 
 TEST(PeerServiceTest, UnauthenticatedPeerIsRefused) {
@@ -466,6 +515,15 @@ TEST(PeerServiceTest, MalformedRequestsAreInvalidArgument) {
                                       {"xxh3", Checksum(payload.data(), payload.size()) + 1}},
                                      payload)),
             StatusCode::kDataLoss);
+  // The entry was left unfinished: the right bytes still go in.
+  EXPECT_EQ(code(kPeerPush, PushBody({{"step", 1},
+                                      {"copy", copy->id},
+                                      {"offset", 0},
+                                      {"total", total},
+                                      {"xxh3", Checksum(payload.data(), payload.size())}},
+                                     payload)),
+            StatusCode::kOk);
+  EXPECT_EQ(c.node(copy->node).red->Holding(1, true).copies, std::vector<uint32_t>{copy->id});
   // Recover / restore target.
   EXPECT_EQ(code(kPeerRecover, "{}"), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(kPeerRecover, nlohmann::json{{"step", 1},

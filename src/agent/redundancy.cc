@@ -213,6 +213,9 @@ Status ShmRedundancyStore::SetPlan(const topo::Plan& plan) {
   const uint64_t hash = RedundancyPlanHash(plan);
   MutexLock l(&mu_);
   have_plan_ = true;
+  if (hash != plan_hash_) {
+    for (auto& [step, superseded] : creating_) superseded = true;
+  }
   plan_hash_ = hash;
   planned_ = std::move(planned);
   for (auto it = versions_.begin(); it != versions_.end();) {
@@ -238,18 +241,50 @@ void ShmRedundancyStore::Remove(const std::shared_ptr<Version>& v) {
 
 Status ShmRedundancyStore::Ensure(int64_t step) {
   if (step < 0) return InvalidArgumentError(fmt::format("redundancy store: step {} < 0", step));
-  MutexLock l(&mu_);
-  if (versions_.count(step) != 0) return Status::Ok();
-  if (!have_plan_) {
-    return FailedPreconditionError(
-        fmt::format("redundancy store: no plan set, cannot create version {}", step));
+  std::vector<PlannedEntry> planned;
+  uint64_t plan_hash = 0;
+  {
+    MutexLock l(&mu_);
+    // Another thread (the save path, a push) may be creating this version:
+    // wait for it rather than create it twice.
+    while (creating_.count(step) != 0) created_cv_.Wait(&l);
+    if (versions_.count(step) != 0) return Status::Ok();
+    if (!have_plan_) {
+      return FailedPreconditionError(
+          fmt::format("redundancy store: no plan set, cannot create version {}", step));
+    }
+    creating_[step] = false;
+    planned = planned_;
+    plan_hash = plan_hash_;
   }
-  const uint64_t n = planned_.size();
+  // Allocating and populating the file can take a while for large entries:
+  // done without the lock, so reads and other versions are not held up.
+  Result<std::shared_ptr<Version>> made = CreateVersion(step, planned, plan_hash);
+  MutexLock l(&mu_);
+  const bool superseded = creating_[step];
+  creating_.erase(step);
+  created_cv_.SignalAll();
+  MEMENTO_RETURN_IF_ERROR(made.status());
+  std::shared_ptr<Version> v = std::move(made).value();
+  if (superseded) {
+    Remove(v);
+    return AbortedError(fmt::format(
+        "redundancy store: version {} was superseded (new plan or newer commit) while it was "
+        "created",
+        step));
+  }
+  versions_[step] = std::move(v);
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<ShmRedundancyStore::Version>> ShmRedundancyStore::CreateVersion(
+    int64_t step, const std::vector<PlannedEntry>& planned, uint64_t plan_hash) {
+  const uint64_t n = planned.size();
   const uint64_t data_offset =
       shm::AlignUp(kRedundancyHeaderBytes + n * sizeof(RedundancyEntry), kRedundancyDataAlignment);
   std::vector<uint64_t> offsets;
   uint64_t end = data_offset;
-  for (const PlannedEntry& p : planned_) {
+  for (const PlannedEntry& p : planned) {
     end = shm::AlignUp(end, kRedundancyEntryAlignment);
     offsets.push_back(end);
     end += p.bytes;
@@ -269,7 +304,7 @@ Status ShmRedundancyStore::Ensure(int64_t step) {
   h->format_version = kRedundancyFormatVersion;
   h->header_bytes = kRedundancyHeaderBytes;
   h->step = step;
-  h->plan_hash = plan_hash_;
+  h->plan_hash = plan_hash;
   h->node = node_;
   h->num_entries = static_cast<uint32_t>(n);
   h->table_offset = kRedundancyHeaderBytes;
@@ -282,15 +317,15 @@ Status ShmRedundancyStore::Ensure(int64_t step) {
   h->header_checksum = 0;
   auto v = std::make_shared<Version>();
   v->step = step;
-  v->plan_hash = plan_hash_;
+  v->plan_hash = plan_hash;
   v->path = path;
   RedundancyEntry* table = TableOf(*segment);
   for (uint32_t i = 0; i < n; ++i) {
     RedundancyEntry e{};
-    e.kind = static_cast<uint32_t>(planned_[i].kind);
-    e.id = planned_[i].id;
+    e.kind = static_cast<uint32_t>(planned[i].kind);
+    e.id = planned[i].id;
     e.offset = offsets[i];
-    e.bytes = planned_[i].bytes;
+    e.bytes = planned[i].bytes;
     table[i] = e;
     v->index.emplace(std::make_pair(e.kind, e.id), i);
   }
@@ -298,8 +333,7 @@ Status ShmRedundancyStore::Ensure(int64_t step) {
   v->computed.assign(n, 0);
   v->segment = std::move(segment);
   if (n == 0) Seal(*v);
-  versions_[step] = std::move(v);
-  return Status::Ok();
+  return v;
 }
 
 void ShmRedundancyStore::Seal(Version& v) {
@@ -341,6 +375,22 @@ Result<uint8_t*> ShmRedundancyStore::EntryBuffer(int64_t step, ByteSource entry)
   return found.first->segment->data() + e.offset;
 }
 
+Result<ShmRedundancyStore::WriteView> ShmRedundancyStore::PinEntryBuffer(int64_t step,
+                                                                         ByteSource entry) {
+  MutexLock l(&mu_);
+  MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
+  const RedundancyEntry& e = TableOf(*found.first->segment)[found.second];
+  if (e.done != 0) {
+    return FailedPreconditionError(fmt::format("{} of version {} on node {} is already finished",
+                                               DescribeSource(entry), step, node_));
+  }
+  WriteView view;
+  view.data = found.first->segment->data() + e.offset;
+  view.bytes = e.bytes;
+  view.keep = std::move(found.first);
+  return view;
+}
+
 Result<uint64_t> ShmRedundancyStore::EntryBytes(int64_t step, ByteSource entry) {
   MutexLock l(&mu_);
   MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
@@ -359,6 +409,16 @@ Result<uint64_t> ShmRedundancyStore::FinishedChecksum(int64_t step, ByteSource e
 }
 
 Status ShmRedundancyStore::FinishEntry(int64_t step, ByteSource entry) {
+  return FinishEntryImpl(step, entry, nullptr);
+}
+
+Status ShmRedundancyStore::FinishEntryExpecting(int64_t step, ByteSource entry,
+                                                uint64_t expected_xxh3) {
+  return FinishEntryImpl(step, entry, &expected_xxh3);
+}
+
+Status ShmRedundancyStore::FinishEntryImpl(int64_t step, ByteSource entry,
+                                           const uint64_t* expected) {
   std::shared_ptr<Version> v;
   uint32_t index = 0;
   {
@@ -373,6 +433,12 @@ Status ShmRedundancyStore::FinishEntry(int64_t step, ByteSource entry) {
   // The caller is the entry's only writer: checksum its bytes without the lock.
   RedundancyEntry& e = TableOf(*v->segment)[index];
   const uint64_t sum = Checksum(v->segment->data() + e.offset, e.bytes);
+  if (expected != nullptr && sum != *expected) {
+    return DataLossError(fmt::format(
+        "{} of version {} on node {}: its bytes have checksum {:016x}, the producer's is {:016x} "
+        "(a part is missing or corrupted); left unfinished",
+        DescribeSource(entry), step, node_, sum, *expected));
+  }
   MutexLock l(&mu_);
   if (e.done != 0) {
     return FailedPreconditionError(fmt::format("{} of version {} on node {} is already finished",
@@ -510,6 +576,9 @@ Status ShmRedundancyStore::Read(const recover::ReadRequest& req, void* dst) {
 
 void ShmRedundancyStore::DropBelow(int64_t keep_from) {
   MutexLock l(&mu_);
+  for (auto& [step, superseded] : creating_) {
+    if (step < keep_from) superseded = true;
+  }
   for (auto it = versions_.begin(); it != versions_.end() && it->first < keep_from;) {
     Remove(it->second);
     it = versions_.erase(it);

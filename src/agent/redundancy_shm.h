@@ -54,10 +54,26 @@ class ShmRedundancyStore final : public RedundancyStore {
   };
   [[nodiscard]] Result<View> ReadView(const recover::ReadRequest& req) EXCLUDES(mu_);
 
+  // EntryBuffer that also pins the version: `keep` holds its mapping alive,
+  // so a concurrent DropBelow (a newer commit) cannot unmap the bytes while
+  // the caller writes them (FinishEntry then reports NotFound). Errors as
+  // EntryBuffer.
+  struct WriteView {
+    std::shared_ptr<void> keep;
+    uint8_t* data = nullptr;
+    uint64_t bytes = 0;
+  };
+  [[nodiscard]] Result<WriteView> PinEntryBuffer(int64_t step, recover::ByteSource entry)
+      EXCLUDES(mu_);
+
   // Every version (complete or not), newest first.
   std::vector<int64_t> Versions() EXCLUDES(mu_);
   // The entry's size in version `step`; NotFound when it has no such entry.
   [[nodiscard]] Result<uint64_t> EntryBytes(int64_t step, recover::ByteSource entry) EXCLUDES(mu_);
+  // FinishEntry that first compares the bytes' checksum with the producer's
+  // (one pass): DataLoss, entry left unfinished, when they differ.
+  [[nodiscard]] Status FinishEntryExpecting(int64_t step, recover::ByteSource entry,
+                                            uint64_t expected_xxh3) EXCLUDES(mu_);
   // The stored xxHash3 of a finished entry; NotFound when absent or not finished.
   [[nodiscard]] Result<uint64_t> FinishedChecksum(int64_t step, recover::ByteSource entry)
       EXCLUDES(mu_);
@@ -86,6 +102,17 @@ class ShmRedundancyStore final : public RedundancyStore {
   Result<std::pair<std::shared_ptr<Version>, uint32_t>> Find(int64_t step,
                                                              recover::ByteSource entry)
       REQUIRES(mu_);
+  struct PlannedEntry {
+    recover::SourceKind kind;
+    uint32_t id;
+    uint64_t bytes;
+  };
+  // Creates, lays out and maps the file of a new version (no lock held).
+  Result<std::shared_ptr<Version>> CreateVersion(int64_t step,
+                                                 const std::vector<PlannedEntry>& planned,
+                                                 uint64_t plan_hash);
+  Status FinishEntryImpl(int64_t step, recover::ByteSource entry, const uint64_t* expected)
+      EXCLUDES(mu_);
   // Seals the table and header and flips the state to complete.
   static void Seal(Version& v);
   void Remove(const std::shared_ptr<Version>& v) REQUIRES(mu_);
@@ -96,13 +123,12 @@ class ShmRedundancyStore final : public RedundancyStore {
   std::map<int64_t, std::shared_ptr<Version>> versions_ GUARDED_BY(mu_);
   bool have_plan_ GUARDED_BY(mu_) = false;
   uint64_t plan_hash_ GUARDED_BY(mu_) = 0;
-  // The entries of this node's plan, in table order: (kind, id, bytes).
-  struct PlannedEntry {
-    recover::SourceKind kind;
-    uint32_t id;
-    uint64_t bytes;
-  };
+  // The entries of this node's plan, in table order.
   std::vector<PlannedEntry> planned_ GUARDED_BY(mu_);
+  // Versions whose file is being made (no lock held), with whether a new
+  // plan or a DropBelow past them arrived meanwhile (then they are discarded).
+  std::map<int64_t, bool> creating_ GUARDED_BY(mu_);
+  CondVar created_cv_;  // signalled when a creation ends
 };
 
 }  // namespace memento::agent

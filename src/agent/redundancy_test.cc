@@ -1,7 +1,9 @@
 #include "agent/redundancy.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -181,11 +183,15 @@ TEST_F(RedundancyTest, ConcurrentEntries) {
   ASSERT_TRUE((*store)->SetPlan(plan).ok());
   const auto entries = EntriesOf(plan, 1);
   ASSERT_GE(entries.size(), 2u);
-  for (int64_t step = 10; step < 13; ++step) ASSERT_TRUE((*store)->Ensure(step).ok());
+  // Every writer creates the version itself (as the save path and pushes
+  // do): one file per version, nobody sees a half-made one.
   std::vector<std::thread> threads;
   for (int64_t step = 10; step < 13; ++step) {
     for (ByteSource e : entries) {
-      threads.emplace_back([&, step, e] { WriteEntry(**store, plan, step, e); });
+      threads.emplace_back([&, step, e] {
+        ASSERT_TRUE((*store)->Ensure(step).ok());
+        WriteEntry(**store, plan, step, e);
+      });
     }
   }
   for (auto& t : threads) t.join();
@@ -220,6 +226,51 @@ TEST_F(RedundancyTest, TornVersionIsRemovedOnReopen) {
   ASSERT_TRUE((*store)->SetPlan(plan).ok());
   WriteVersion(**store, plan, 1, 8);
   EXPECT_EQ((*store)->CompleteVersions(), (std::vector<int64_t>{8, 7}));
+}
+
+// A real agent process killed with SIGKILL in the middle of version 2 (one
+// entry finished, one half written): the restarted store keeps version 1 and
+// removes version 2.
+TEST_F(RedundancyTest, ProcessKilledMidVersionLeavesItTorn) {
+  const topo::Plan plan = MakeTestPlan("xor");
+  const auto entries = EntriesOf(plan, 1);
+  ASSERT_GE(entries.size(), 2u);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(ready[0]);
+    auto store = RedundancyStore::Open(root(), 1);
+    if (!store.ok() || !(*store)->SetPlan(plan).ok()) _exit(2);
+    WriteVersion(**store, plan, 1, 1);
+    if (!(*store)->Ensure(2).ok()) _exit(3);
+    WriteEntry(**store, plan, 2, entries[0]);
+    auto buf = (*store)->EntryBuffer(2, entries[1]);
+    if (!buf.ok()) _exit(4);
+    std::memset(*buf, 0xab, BytesOf(plan, entries[1]) / 2);
+    char c = 1;
+    if (write(ready[1], &c, 1) != 1) _exit(5);
+    for (;;) pause();  // killed here, mid-version
+  }
+  close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1) << "child failed before the kill point";
+  close(ready[0]);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  ASSERT_EQ(access(RedundancyVersionPath(root(), 2).c_str(), F_OK), 0);
+  auto store = RedundancyStore::Open(root(), 1);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->CompleteVersions(), std::vector<int64_t>{1});
+  EXPECT_NE(access(RedundancyVersionPath(root(), 2).c_str(), F_OK), 0);
+  for (ByteSource e : entries) {
+    std::vector<uint8_t> got(BytesOf(plan, e));
+    ASSERT_TRUE((*store)->Read({1, e, 0, got.size()}, got.data()).ok());
+    EXPECT_EQ(got, Content(1, e, got.size()));
+  }
 }
 
 TEST_F(RedundancyTest, CorruptedHeaderIsRemovedOnReopen) {
@@ -305,8 +356,14 @@ TEST_F(RedundancyTest, DropBelow) {
   EXPECT_EQ(std::memcmp(view->data, want.data(), n), 0);
   std::vector<uint8_t> buf(8);
   EXPECT_EQ((*store)->Read({2, e, 0, 8}, buf.data()).code(), StatusCode::kNotFound);
+  // A writer that pinned an entry of version 5 keeps writable memory across
+  // the drop; finishing it afterwards is NotFound, never a crash.
+  auto pinned = shm_store->PinEntryBuffer(5, e);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
   (*store)->DropBelow(6);
   EXPECT_TRUE(shm_store->Versions().empty());
+  std::memset(pinned->data, 0x33, pinned->bytes);
+  EXPECT_EQ((*store)->FinishEntry(5, e).code(), StatusCode::kNotFound);
 }
 
 TEST_F(RedundancyTest, SetPlanWithAnotherPlanDropsVersions) {

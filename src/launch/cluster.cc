@@ -265,8 +265,17 @@ Result<ClusterRecovery> RecoverCluster(coord::Store& store, const topo::Plan& pl
   for (int i = 0; i < n; ++i) {
     auto& a = answers[static_cast<size_t>(i)];
     if (!a.ok()) {
-      MEMENTO_LOG_WARN("recovery: node {} does not answer the inventory: {}", i,
-                       a.status().ToString());
+      const Status& st = a.status();
+      if (st.code() == StatusCode::kInvalidArgument &&
+          st.message().find("unknown rpc method") != std::string::npos) {
+        return FailedPreconditionError(
+            "the agent of node " + std::to_string(i) +
+            " does not serve the peer inventory (kPeerInventory): " + st.message());
+      }
+      if (st.code() != StatusCode::kUnavailable && st.code() != StatusCode::kDeadlineExceeded) {
+        return st.WithContext("inventory of node " + std::to_string(i));
+      }
+      MEMENTO_LOG_WARN("recovery: node {} does not answer the inventory: {}", i, st.ToString());
       out.unreachable.push_back(i);
       continue;
     }
@@ -311,8 +320,18 @@ Result<ClusterRecovery> RecoverCluster(coord::Store& store, const topo::Plan& pl
                    {"plan_hash", plan_hash},
                    {"assemblies", recover::DecisionToJson(part).at("assemblies")}};
       threads.emplace_back([&, k, node, text = body.dump()] {
-        replies[k] = CallPeer(endpoints[static_cast<size_t>(node)], token, agent::kPeerRecover,
-                              text, deadline);
+        // A replacement agent answers FailedPrecondition until it has computed
+        // the plan from the store (moments after it joined): retry for a while.
+        Stopwatch waited;
+        while (true) {
+          replies[k] = CallPeer(endpoints[static_cast<size_t>(node)], token, agent::kPeerRecover,
+                                text, deadline);
+          if (replies[k].ok() || replies[k].status().code() != StatusCode::kFailedPrecondition ||
+              deadline.expired() || waited.Seconds() > 15) {
+            break;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
       });
     }
     for (auto& t : threads) t.join();

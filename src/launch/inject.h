@@ -7,7 +7,8 @@
 //   kill-node:I@step=N    SIGKILL node I's agent and trainers and delete its
 //                         root: the host is lost with everything in it
 //   corrupt-rank:R@step=N flip one byte in the data of rank R's T0 slot that
-//                         holds the newest committed step (silent corruption
+//                         holds the newest committed step, once the next
+//                         failure has stopped the trainers (silent corruption
 //                         at rest: recovery must detect it and rebuild the rank)
 //
 // Several injections are separated by commas. "The job reaches step N" means

@@ -56,6 +56,11 @@ json RecoveryReport::ToJson() const {
 
 std::string RecoveryReport::ToString() const {
   char buf[512];
+  if (step < 0) {
+    std::snprintf(buf, sizeof(buf), "recovery %d: restarted from scratch in %.3f s (%s)", n,
+                  total_s, reason.c_str());
+    return buf;
+  }
   std::snprintf(buf, sizeof(buf),
                 "recovery %d: restored step %lld (committed %lld) in %.3f s: detect %.3f, "
                 "restart %.3f, inventory+plan %.3f, transfer %.3f, decode %.3f, write %.3f s; "
@@ -233,6 +238,7 @@ struct Launcher::State {
   int attempt = 0;
   std::optional<TimePoint> injected_at;  // the last injected failure
   std::vector<bool> fired;
+  std::vector<int> pending_corruptions;  // corrupt-rank targets
   Stopwatch progress_clock;
   int64_t last_progress_step = -2;
 
@@ -514,13 +520,10 @@ Result<LaunchSummary> Launcher::Run() {
         if (inj.kind == InjectKind::kKillRank) {
           s.trainers[static_cast<size_t>(inj.target)].Kill(SIGKILL).IgnoreError();
         } else if (inj.kind == InjectKind::kCorruptRank) {
-          const int64_t committed = s.Committed();
-          auto slot = CorruptSlot(s.Root(s.NodeOf(inj.target)), inj.target, committed);
-          s.Say(slot.ok() ? "flipped a byte in slot " + std::to_string(*slot) + " of rank " +
-                                std::to_string(inj.target) + " (committed step " +
-                                std::to_string(committed) + ")"
-                          : "corrupt-rank: " + slot.status().ToString());
-          // Silent corruption is no failure by itself: the next recovery finds it.
+          // Applied when the next failure has stopped the trainers, to the
+          // newest committed version (the one that recovery then restores):
+          // corruption at rest that only the recovery's verification can find.
+          s.pending_corruptions.push_back(inj.target);
           s.injected_at.reset();
         } else {
           Subprocess& a = s.agents[static_cast<size_t>(inj.target)];
@@ -615,6 +618,14 @@ Result<LaunchSummary> Launcher::Run() {
       }
       rep.restart_s = SecondsBetween(detected, Now());
 
+      for (int rank : s.pending_corruptions) {
+        auto slot = CorruptSlot(s.Root(s.NodeOf(rank)), rank, rep.committed);
+        s.Say(slot.ok() ? "flipped a byte in slot " + std::to_string(*slot) + " of rank " +
+                              std::to_string(rank) + " (committed step " +
+                              std::to_string(rep.committed) + ")"
+                        : "corrupt-rank: " + slot.status().ToString());
+      }
+      s.pending_corruptions.clear();
       if (s.plan.has_value() && rep.committed >= 0) {
         RecoverOptions ro;
         ro.job = o.job;

@@ -331,12 +331,26 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     job->data = shm::SlotData(*job->segment);
   }
 
-  // Units of work over every rank: reads and decodes in windows.
+  // Units of work over every rank: reads and decodes in windows. A piece
+  // that several ranks here need (the replicated state of DP ranks sharing
+  // this node) is fetched once, into the first rank's slot, and copied from
+  // there to the others afterwards.
   std::vector<Unit> units;
+  std::map<uint32_t, size_t> fetched_by;  // piece -> index in todo of the rank that fetches it
+  struct LocalCopy {
+    size_t from, to;
+    uint32_t piece;
+  };
+  std::vector<LocalCopy> local_copies;
   for (size_t j = 0; j < todo.size(); ++j) {
     const Recipe& r = todo[j]->recipe;
     for (size_t p = 0; p < r.parts.size(); ++p) {
       const PiecePart& part = r.parts[p];
+      auto [it, first] = fetched_by.emplace(part.piece, j);
+      if (!first) {
+        local_copies.push_back(LocalCopy{it->second, j, part.piece});
+        continue;
+      }
       if (part.op == PiecePart::Op::kRead) {
         for (uint64_t w = 0; w < part.bytes; w += options.window_bytes) {
           units.push_back(Unit{j, p, 0, w, std::min(options.window_bytes, part.bytes - w)});
@@ -466,6 +480,25 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     stats.read_bytes += w.read_bytes;
   }
   if (!st.ok()) return st;  // the slots stay kWriting: never taken for complete
+
+  // Pieces fetched once for several ranks: slot to slot.
+  Stopwatch copy_sw;
+  MEMENTO_RETURN_IF_ERROR(ParallelFor(local_copies.size(), threads, [&](size_t i, int) -> Status {
+    const LocalCopy& c = local_copies[i];
+    const RankJob& from = *todo[c.from];
+    const RankJob& to = *todo[c.to];
+    for (const Extent& src : from.extents.at(c.piece)) {
+      for (const Extent& dst : to.extents.at(c.piece)) {
+        const uint64_t lo = std::max(src.piece_offset, dst.piece_offset);
+        const uint64_t hi = std::min(src.piece_offset + src.length, dst.piece_offset + dst.length);
+        if (lo >= hi) continue;
+        std::memcpy(to.data + dst.slot_offset + (lo - dst.piece_offset),
+                    from.data + src.slot_offset + (lo - src.piece_offset), hi - lo);
+      }
+    }
+    return Status::Ok();
+  }));
+  stats.write_s += copy_sw.Seconds();
 
   // Chunk checksums (parallel over every chunk), then complete and verify.
   Stopwatch sw;

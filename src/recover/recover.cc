@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <map>
 #include <set>
-#include <unordered_map>
 
 #include "common/checksum.h"
 #include "fmt/format.h"
@@ -222,12 +221,15 @@ struct Cost {
   uint64_t decode_bytes = 0;   // bytes rebuilt by decoding
 };
 
-void AddCost(const Recipe& r, Cost* c) {
+// `fetched`: (node, piece) already counted; the executor fetches a piece
+// once per node however many of its ranks need it.
+void AddCost(const Recipe& r, std::set<std::pair<int, uint32_t>>* fetched, Cost* c) {
   auto add = [&](const SourceRange& s) {
     c->read_bytes += s.length;
     if (s.node != r.node) c->network_bytes += s.length;
   };
   for (const PiecePart& p : r.parts) {
+    if (!fetched->insert({r.node, p.piece}).second) continue;
     if (p.op == PiecePart::Op::kRead) {
       add(p.read);
       continue;
@@ -410,6 +412,11 @@ Result<Recipe> RecipeFromJson(const nlohmann::json& j) {
 
 Result<Decision> Decide(const topo::Plan& plan, const std::vector<NodeInventory>& live,
                         int64_t committed) {
+  return Decide(plan, PlanHash(plan), live, committed);
+}
+
+Result<Decision> Decide(const topo::Plan& plan, uint64_t plan_hash,
+                        const std::vector<NodeInventory>& live, int64_t committed) {
   const int num_nodes = static_cast<int>(plan.nodes.size());
   if (plan.ranks.size() != plan.topology.rank_node.size()) {
     return InvalidArgumentError(fmt::format("plan has {} ranks but its topology maps {}",
@@ -430,7 +437,6 @@ Result<Decision> Decide(const topo::Plan& plan, const std::vector<NodeInventory>
       if (v.step >= 0 && v.step <= committed) steps.insert(v.step);
     }
   }
-  const uint64_t plan_hash = PlanHash(plan);
   std::vector<int> stale;  // live nodes whose redundancy was made under another plan
   for (const NodeInventory* inv : by_node) {
     if (inv == nullptr || inv->plan_hash == plan_hash) continue;
@@ -462,9 +468,10 @@ Result<Decision> Decide(const topo::Plan& plan, const std::vector<NodeInventory>
     d.step = *it;
     d.lost_nodes = view.lost_nodes;
     Cost cost;
+    std::set<std::pair<int, uint32_t>> fetched;
     std::map<int, std::vector<int>> by_target;
     for (Recipe& r : a.recipes) {
-      AddCost(r, &cost);
+      AddCost(r, &fetched, &cost);
       by_target[r.node].push_back(r.rank);
       RankAssembly ra;
       ra.rank = r.rank;
@@ -491,7 +498,16 @@ Result<Decision> Decide(const topo::Plan& plan, const std::vector<NodeInventory>
     return d;
   }
   // Nothing restorable from memory.
-  if (steps.empty()) {
+  if (steps.empty() && committed >= 0) {
+    // No live node holds any version: name what the committed one lacks.
+    const StepView view = ViewOf(plan, by_node, plan_hash, committed);
+    const Attempt a = TryStep(plan, index, view);
+    d.lost_nodes = view.lost_nodes;
+    d.reason = fmt::format(
+        "not recoverable from memory: no live node holds a version <= committed step {}; "
+        "step {}: pieces {} (lost nodes [{}])",
+        committed, committed, Join(a.unrecoverable, ", "), JoinInts(view.lost_nodes));
+  } else if (steps.empty()) {
     for (int n = 0; n < num_nodes; ++n) {
       if (by_node[n] == nullptr) d.lost_nodes.push_back(n);
     }

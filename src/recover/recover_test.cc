@@ -18,6 +18,7 @@
 
 #include "codec/erasure_code.h"
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/test_util.h"
 #include "recover/recipe.h"
@@ -462,9 +463,10 @@ TEST_P(NodeLossTest, EveryOneAndTwoNodeLoss) {
 }
 
 const Shape kShapes[] = {
-    {"dp4", 4, 1, 1, 1, 1},
-    {"dp2xpp2", 2, 1, 2, 1, 1},
-    {"dp4xtp2_2pn", 4, 2, 1, 1, 2},
+    {"dp4", 4, 1, 1, 1, 1},           {"dp2xpp2", 2, 1, 2, 1, 1}, {"dp4xtp2_2pn", 4, 2, 1, 1, 2},
+    {"dp4_2pn", 4, 1, 1, 1, 2},        // two DP ranks of one sharding group per node
+    {"dp2xpp2_zero0", 2, 1, 2, 0, 1},  // no dp_shard pieces
+    {"dp4_zero3", 4, 1, 1, 3, 1},      // no replicated pieces: peer copies only
 };
 
 INSTANTIATE_TEST_SUITE_P(Topologies, NodeLossTest,
@@ -771,6 +773,33 @@ TEST(ExecuteTest, RejectsAssembliesForAnotherNodeOrTamperedRecipes) {
   ExpectSlotHolds(*store, 1, 10, f.cluster->version(10).ranks[1], "default options");
 }
 
+TEST(ExecuteTest, APieceTwoRanksNeedIsFetchedOnce) {
+  std::mt19937_64 rng(23);
+  Fixture f = Make(4, 1, 1, 2, "replicate", rng);  // node 0 runs ranks 0 and 1 (both sg0)
+  const auto live = Without(f.cluster->Inventories(f.plan, 10), {0});
+  auto d = Decide(f.plan, live, 10);
+  ASSERT_TRUE(d.ok() && d->from_memory) << d->reason;
+  ASSERT_EQ(AssembledRanks(*d), (std::vector<int>{0, 1}));
+  uint64_t want = 0;  // every piece of sg0 once, plus both ranks' own pieces
+  for (const topo::Piece& p : f.plan.pieces) {
+    const bool replicated = p.kind == topo::PieceKind::kReplicatedShard;
+    if ((replicated && p.group == 0) || (!replicated && (p.rank == 0 || p.rank == 1))) {
+      want += p.bytes;
+    }
+  }
+  testing::ScratchDir dir("recover-test");
+  auto store = OpenStore(dir.path(), 0);
+  MemoryReader reader(f.plan, *f.cluster, live);
+  auto stats =
+      ExecuteAssembliesWithOptions(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader,
+                                   *store, Deadline::AfterSeconds(60), SmallWindows());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->read_bytes, want);
+  for (int r : {0, 1}) {
+    ExpectSlotHolds(*store, r, 10, f.cluster->version(10).ranks[r], "rank " + std::to_string(r));
+  }
+}
+
 TEST(ExecuteTest, RebuildsIntoTheCorruptSlotAndKeepsAnOlderIntactOne) {
   std::mt19937_64 rng(19);
   Fixture f = Make(2, 1, 1, 1, "replicate", rng, {8, 10});
@@ -801,6 +830,130 @@ TEST(ExecuteTest, RebuildsIntoTheCorruptSlotAndKeepsAnOlderIntactOne) {
   ExpectSlotHolds(*store, 1, 10, f.cluster->version(10).ranks[1], "rebuilt over the corrupt slot");
   ExpectSlotHolds(*store, 1, 8, f.cluster->version(8).ranks[1], "older version kept");
 }
+
+}  // namespace
+}  // namespace memento::recover
+
+namespace memento::recover {
+namespace {
+
+// A plan of 1024 ranks on 128 nodes: decisions stay exact (and quick) at a
+// size where every node loss touches 8 sharding groups of 32 nodes each.
+TEST(DecideTest, LargePlan) {
+  auto topo = topo::Topology::Uniform(32, 8, 4, 1, 8);
+  ASSERT_TRUE(topo.ok());
+  topo::Inventory inv(topo->num_ranks());
+  for (int r = 0; r < topo->num_ranks(); ++r) {
+    inv[r] = {Tensor("w", DType::kBFloat16, 4096, StateClass::kReplicated),
+              Tensor("opt", DType::kFloat32, 777, StateClass::kDpSharded),
+              Tensor("rng", DType::kUInt8, 16, StateClass::kPrivate)};
+  }
+  auto plan = topo::MakePlan(*topo, inv, *topo::ParsePolicy("xor"));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Stopwatch hash_sw;
+  const uint64_t hash = PlanHash(*plan);
+  std::fprintf(stderr, "PlanHash of 1024 ranks: %.3f s (not asserted)\n", hash_sw.Seconds());
+  std::vector<NodeInventory> all;
+  for (const topo::NodePlan& np : plan->nodes) {
+    NodeInventory n;
+    n.node = np.node;
+    n.plan_hash = hash;
+    for (int64_t step : {30, 20}) {
+      n.versions.push_back(VersionHolding{step, np.ranks, np.copies, np.parities});
+    }
+    all.push_back(std::move(n));
+  }
+  for (const std::vector<int>& lost : std::vector<std::vector<int>>{{5}, {5, 40}, {5, 6}}) {
+    Stopwatch sw;
+    auto d = Decide(*plan, hash, Without(all, lost), 30);
+    const double s = sw.Seconds();
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto rec = topo::Recover(*plan, lost);
+    ASSERT_TRUE(rec.ok());
+    EXPECT_EQ(d->from_memory, rec->recoverable) << d->reason.substr(0, 300);
+    if (d->from_memory) {
+      EXPECT_EQ(d->step, 30);
+      EXPECT_EQ(AssembledRanks(*d), RanksOn(*plan, lost));
+      for (const RankAssembly& a : d->assemblies) {
+        auto r = RecipeFromJson(a.recipe);
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_FALSE(r->parts.empty());
+      }
+    }
+    std::fprintf(stderr, "1024 ranks, lost %zu node(s): from_memory=%d in %.3f s (not asserted)\n",
+                 lost.size(), d->from_memory, s);
+  }
+}
+
+}  // namespace
+}  // namespace memento::recover
+
+namespace memento::recover {
+namespace {
+
+// Random partial holdings: nodes lose ranks' T0 slots and T1 entries
+// independently, some nodes are gone. Whatever Decide plans must read only
+// listed bytes (the reader refuses anything else) and rebuild every rank that
+// is not listed, byte for byte.
+class PartialHoldingsTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(PartialHoldingsTest, RecipesReadOnlyListedBytes) {
+  const Shape shape = GetParam();
+  const uint64_t seed = testing::TestSeed("PartialHoldingsTest");
+  std::mt19937_64 rng(seed);
+  auto topo =
+      topo::Topology::Uniform(shape.dp, shape.tp, shape.pp, shape.zero, shape.ranks_per_node);
+  ASSERT_TRUE(topo.ok());
+  Cluster cluster(*topo, rng);
+  int recovered = 0, refused = 0;
+  for (const char* policy_name : {"replicate", "xor", "rs:2", "peer:2"}) {
+    auto plan = topo::MakePlan(*topo, cluster.inventory(), *topo::ParsePolicy(policy_name));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    cluster.AddVersion(*plan, 10, rng);
+    for (int trial = 0; trial < 12; ++trial) {
+      const std::string where = std::string(shape.name) + " " + policy_name +
+                                " seed=" + std::to_string(seed) + " trial=" + std::to_string(trial);
+      auto coin = [&](int percent) { return static_cast<int>(rng() % 100) < percent; };
+      std::vector<NodeInventory> live;
+      std::set<int> listed_ranks;
+      for (NodeInventory& inv : cluster.Inventories(*plan, 10)) {
+        if (coin(15)) continue;  // node gone
+        VersionHolding& h = inv.versions[0];
+        auto thin = [&](auto& v, int percent) {
+          v.erase(std::remove_if(v.begin(), v.end(), [&](auto) { return coin(percent); }), v.end());
+        };
+        thin(h.ranks, 12);
+        thin(h.copies, 20);
+        thin(h.parities, 20);
+        listed_ranks.insert(h.ranks.begin(), h.ranks.end());
+        live.push_back(std::move(inv));
+      }
+      auto d = Decide(*plan, live, 10);
+      ASSERT_TRUE(d.ok()) << where << d.status();
+      if (!d->from_memory) {
+        ++refused;
+        EXPECT_EQ(d->reason.rfind("not recoverable from memory", 0), 0u) << where;
+        continue;
+      }
+      ++recovered;
+      std::vector<int> missing;
+      for (int r = 0; r < topo->num_ranks(); ++r) {
+        if (!listed_ranks.count(r)) missing.push_back(r);
+      }
+      EXPECT_EQ(AssembledRanks(*d), missing) << where;
+      MemoryReader reader(*plan, cluster, live);
+      ExecuteAndCheck(*plan, cluster, *d, reader, where);
+      if (HasFatalFailure()) return;
+    }
+  }
+  std::fprintf(stderr, "%s: %d recovered, %d not recoverable\n", shape.name, recovered, refused);
+  EXPECT_GT(recovered, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Topologies, PartialHoldingsTest, ::testing::ValuesIn(kShapes),
+                         [](const ::testing::TestParamInfo<Shape>& info) {
+                           return std::string(info.param.name);
+                         });
 
 }  // namespace
 }  // namespace memento::recover

@@ -16,11 +16,12 @@
 // recomputation bit for bit.
 //
 // Each step: Fence() (the copy of the previous snapshot must be done before
-// the state mutates), Update(s), Snapshot(s). At start: Restore() (in cluster
-// mode the cluster's restore target) and check the loaded state against the
-// recomputed state(s): a mismatch writes <out>/rank<r>.mismatch and exits 2.
-// At the end: <out>/rank<r>.digest = "<steps> <digest>" and exit 0.
-// Every restore appends "<attempt> <step>" to <out>/rank<r>.restores.
+// the state mutates), Update(s), Snapshot(s), a barrier with the other ranks
+// in $MEMENTO_RENDEZVOUS (lock step, like a real job's collectives). At start: Restore() (in
+// cluster mode the cluster's restore target) and check the loaded state against the recomputed
+// state(s): a mismatch writes <out>/rank<r>.mismatch and exits 2. At the end: <out>/rank<r>.digest
+// = "<steps> <digest>" and exit 0. Every restore appends "<attempt> <step>" to
+// <out>/rank<r>.restores.
 //
 // --reference: no memento; prints the digest of state(--steps) and exits.
 #include <fcntl.h>
@@ -151,6 +152,26 @@ void WriteFileAtomic(const std::string& path, const std::string& text) {
   std::exit(code);
 }
 
+// The ranks of a real job move in lock step (their collectives wait for each
+// other); a file barrier in the attempt's rendezvous directory does the same:
+// every rank creates <dir>/<step>.<rank> and waits for the others' files.
+void Barrier(const std::string& dir, int64_t step, int rank, int world) {
+  if (dir.empty()) return;
+  const std::string base = dir + "/" + std::to_string(step) + ".";
+  AppendFile(base + std::to_string(rank), "");
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (int r = 0; r < world; ++r) {
+    const std::string path = base + std::to_string(r);
+    while (access(path.c_str(), F_OK) != 0) {
+      if (std::chrono::steady_clock::now() > give_up) {
+        Fail("barrier of step " + std::to_string(step) + ": rank " + std::to_string(r) +
+             " never arrived");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,6 +179,7 @@ int main(int argc, char** argv) {
   int64_t steps = 40;
   size_t n = 16384;
   int step_ms = 10;
+  int warmup_ms = 0;
   std::string out;
   bool reference = false;
   Layout l;
@@ -170,6 +192,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "Train steps 1..N");
   app.add_option("--elements", n, "Elements of the replicated tensor w (others scale with it)");
   app.add_option("--step-ms", step_ms, "Sleep after each step (simulated forward/backward)");
+  app.add_option("--warmup-ms", warmup_ms,
+                 "Sleep before the first step of every attempt (data loading; gives the agents "
+                 "time to compute the plan)");
   app.add_option("--out", out, "Directory for rank<r>.digest / .restores / .mismatch");
   app.add_option("--rank", l.rank, "Rank (default $MEMENTO_RANK)");
   app.add_option("--dp", l.dp, "DP size (default $MEMENTO_DP)");
@@ -190,6 +215,7 @@ int main(int argc, char** argv) {
   if (out.empty()) Fail("--out is required");
   const std::string prefix = out + "/rank" + std::to_string(l.rank);
   const int attempt = EnvInt("MEMENTO_ATTEMPT", 0);
+  const std::string rendezvous = EnvStr("MEMENTO_RENDEZVOUS", "");
 
   memento::ClientOptions opts;
   opts.job_id = EnvStr("MEMENTO_JOB", "workload");
@@ -252,6 +278,7 @@ int main(int argc, char** argv) {
     Fail("restore: " + restored.status().ToString());
   }
   std::fflush(stdout);
+  if (warmup_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(warmup_ms));
 
   for (int64_t step = start; step <= steps; ++step) {
     if (memento::Status st = c.Fence(memento::Deadline::AfterSeconds(60)); !st.ok()) {
@@ -262,6 +289,7 @@ int main(int argc, char** argv) {
       Fail("snapshot " + std::to_string(step) + ": " + st.ToString());
     }
     if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+    Barrier(rendezvous, step, l.rank, l.world);
   }
   if (memento::Status st = c.Fence(memento::Deadline::AfterSeconds(60)); !st.ok()) {
     Fail("final fence: " + st.ToString());

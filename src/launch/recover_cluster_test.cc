@@ -1,0 +1,290 @@
+// RecoverCluster (the launcher's recovery orchestration) against real agent
+// peer services in this process: real node stores and redundancy stores in
+// shared memory, the peer protocol over authenticated TCP, endpoints in a
+// coordination store, recover::Decide and kPeerRecover / kPeerSetRestoreTarget.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "agent/cluster_test_util.h"
+#include "agent/peer_protocol.h"
+#include "agent/peer_service.h"
+#include "agent/redundancy_shm.h"
+#include "codec/erasure_code.h"
+#include "coord/keys.h"
+#include "coord/memory_store.h"
+#include "gtest/gtest.h"
+#include "launch/cluster.h"
+#include "recover/recover.h"
+#include "shm/node_store.h"
+#include "shm/shm_test_util.h"
+#include "shm/slot_format.h"
+
+namespace memento::launch {
+namespace {
+
+using namespace memento::agent::testing;  // NOLINT: the agent's cluster test helpers
+using recover::SourceKind;
+
+Deadline Soon() { return Deadline::AfterSeconds(30); }
+
+net::JobToken Token() {
+  auto t = net::JobToken::FromSecret("launch-recover-cluster-test-0123456789");
+  MEMENTO_CHECK(t.ok());
+  return *t;
+}
+
+// `n` one-rank nodes with peer services on ephemeral ports; each node's
+// endpoint is registered in the store under nodes/node<i> like the membership
+// does.
+class TestCluster {
+ public:
+  TestCluster(int n, const std::string& policy)
+      : inv_(MakeInventory(n)), plan_(agent::MakeClusterPlan(MakeTestPlan(n, inv_, policy), inv_)) {
+    for (int i = 0; i < n; ++i) {
+      nodes_.emplace_back(std::make_unique<Node>());
+      StartNode(i, dir_.path() + "/node" + std::to_string(i));
+    }
+  }
+  ~TestCluster() {
+    for (auto& n : nodes_) {
+      if (n->service) n->service->Stop();
+    }
+  }
+
+  struct Node {
+    std::string root;
+    std::unique_ptr<shm::NodeStore> store;
+    std::unique_ptr<agent::ShmRedundancyStore> red;
+    std::unique_ptr<agent::PeerService> service;
+    std::atomic<int64_t> restore_target{-1};
+  };
+  Node& node(int i) { return *nodes_[static_cast<size_t>(i)]; }
+  const topo::Plan& plan() const { return plan_->plan; }
+  coord::MemoryStore& store() { return store_; }
+
+  void WriteT0(int64_t step, int slot) {
+    for (int r = 0; r < plan().topology.num_ranks(); ++r) {
+      WriteRankSlot(*node(plan().topology.rank_node[static_cast<size_t>(r)]).store, inv_, r, slot,
+                    step);
+    }
+  }
+
+  // T1 of `step` as the save path makes it (parities encoded, copies copied).
+  void ProduceRedundancy(int64_t step) {
+    for (auto& n : nodes_) ASSERT_TRUE(n->red->Ensure(step).ok());
+    for (const topo::Copy& cp : plan().copies) {
+      const auto bytes = PieceBytes(plan(), inv_, cp.piece, step);
+      auto buf = node(cp.node).red->EntryBuffer(step, {SourceKind::kCopy, cp.id});
+      ASSERT_TRUE(buf.ok()) << buf.status();
+      std::memcpy(*buf, bytes.data(), bytes.size());
+      ASSERT_TRUE(node(cp.node).red->FinishEntry(step, {SourceKind::kCopy, cp.id}).ok());
+    }
+    for (const topo::Stripe& st : plan().stripes) {
+      auto code = codec::ErasureCode::Create(
+          st.xor_code ? codec::CodeKind::kXor : codec::CodeKind::kRs, st.k, st.f);
+      ASSERT_TRUE(code.ok()) << code.status();
+      std::vector<std::vector<uint8_t>> blocks(static_cast<size_t>(st.k),
+                                               std::vector<uint8_t>(st.block_bytes, 0));
+      std::vector<const uint8_t*> data;
+      for (int i = 0; i < st.k; ++i) {
+        const topo::StripeBlock& b = st.data[static_cast<size_t>(i)];
+        const auto piece = PieceBytes(plan(), inv_, b.piece, step);
+        std::memcpy(blocks[static_cast<size_t>(i)].data(), piece.data() + b.offset, b.length);
+        data.push_back(blocks[static_cast<size_t>(i)].data());
+      }
+      std::vector<uint8_t*> out;
+      for (uint32_t pid : st.parities) {
+        auto buf =
+            node(plan().parities[pid].node).red->EntryBuffer(step, {SourceKind::kParity, pid});
+        ASSERT_TRUE(buf.ok()) << buf.status();
+        out.push_back(*buf);
+      }
+      code->Encode(st.block_bytes, data.data(), out.data());
+      for (uint32_t pid : st.parities) {
+        ASSERT_TRUE(node(plan().parities[pid].node)
+                        .red->FinishEntry(step, {SourceKind::kParity, pid})
+                        .ok());
+      }
+    }
+  }
+
+  // The node's host is lost: agent gone, memory gone; a fresh agent on an
+  // empty root takes its place (new port, new endpoint in the store).
+  void ReplaceNode(int i) {
+    Node& nd = node(i);
+    nd.service.reset();
+    nd.red.reset();
+    nd.store.reset();
+    memento::testing::RemoveTree(nd.root);
+    StartNode(i, nd.root + "-replaced");
+  }
+
+  // Flips one byte of the data of `rank`'s slot `slot` (silent corruption).
+  void CorruptSlot(int rank, int slot) {
+    const int n = plan().topology.rank_node[static_cast<size_t>(rank)];
+    const std::string path = shm::SlotPath(node(n).root, rank, slot);
+    int fd = open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << path;
+    shm::SlotHeader h{};
+    ASSERT_EQ(pread(fd, &h, sizeof(h), 0), static_cast<ssize_t>(sizeof(h)));
+    uint8_t b = 0;
+    const off_t at = static_cast<off_t>(h.data_offset + h.data_bytes / 2);
+    ASSERT_EQ(pread(fd, &b, 1, at), 1);
+    b ^= 0xff;
+    ASSERT_EQ(pwrite(fd, &b, 1, at), 1);
+    close(fd);
+  }
+
+  // The rank's slot holding `step` verifies and has the exact bytes.
+  void ExpectRankRestored(int rank, int64_t step) {
+    const int n = plan().topology.rank_node[static_cast<size_t>(rank)];
+    agent::PieceReader reader(node(n).root, kJob);
+    for (const TensorMeta& t : inv_[static_cast<size_t>(rank)]) {
+      const auto want = TensorBytes(t, rank, step);
+      std::vector<uint8_t> got(want.size());
+      ASSERT_TRUE(reader.ReadTensorRange(rank, step, t.name, 0, got.size(), got.data()).ok())
+          << "rank " << rank << " " << t.name;
+      EXPECT_EQ(got, want) << "rank " << rank << " " << t.name;
+    }
+  }
+
+ private:
+  void StartNode(int i, const std::string& root) {
+    Node* nd = nodes_[static_cast<size_t>(i)].get();
+    nd->root = root;
+    auto store = shm::NodeStore::Open({root, kJob, i, 0});
+    ASSERT_TRUE(store.ok()) << store.status();
+    nd->store = std::move(store).value();
+    auto red = agent::ShmRedundancyStore::OpenShm(root, i);
+    ASSERT_TRUE(red.ok()) << red.status();
+    nd->red = std::move(red).value();
+    ASSERT_TRUE(nd->red->SetPlan(plan_->plan).ok());
+    agent::PeerServiceOptions o;
+    o.job = kJob;
+    o.node = i;
+    o.store = nd->store.get();
+    o.redundancy = nd->red.get();
+    o.plan = [this]() -> Result<std::shared_ptr<const agent::ClusterPlan>> { return plan_; };
+    o.endpoint_of = [this](int peer) -> Result<std::string> {
+      auto eps = ReadEndpoints(store_, kJob, static_cast<int>(nodes_.size()), Soon());
+      if (!eps.ok()) return eps.status();
+      if (peer < 0 || peer >= static_cast<int>(eps->size()) ||
+          (*eps)[static_cast<size_t>(peer)].empty()) {
+        return NotFoundError("no node " + std::to_string(peer));
+      }
+      return (*eps)[static_cast<size_t>(peer)];
+    };
+    o.committed = [] { return int64_t{5}; };
+    o.set_restore_target = [nd](int64_t step) {
+      nd->restore_target = step;
+      return Status::Ok();
+    };
+    auto svc = agent::PeerService::Start(std::move(o), Token());
+    ASSERT_TRUE(svc.ok()) << svc.status();
+    nd->service = std::move(svc).value();
+    coord::JobKeys keys(kJob);
+    ASSERT_TRUE(store_.Set(keys.Node(NodeName(i)), nd->service->endpoint(), Soon()).ok());
+  }
+
+  shm::testing::ShmScratchDir dir_{"memento-launch"};
+  coord::MemoryStore store_;
+  topo::Inventory inv_;
+  std::shared_ptr<const agent::ClusterPlan> plan_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+};
+
+RecoverOptions Options(int n) {
+  RecoverOptions o;
+  o.job = kJob;
+  o.num_nodes = n;
+  o.committed = 5;
+  return o;
+}
+
+TEST(RecoverCluster, ALostNodeIsRebuiltAndEveryAgentGetsTheTarget) {
+  for (const char* policy : {"xor", "replicate", "rs:2"}) {
+    SCOPED_TRACE(policy);
+    TestCluster c(4, policy);
+    c.WriteT0(4, 0);
+    c.WriteT0(5, 1);
+    c.ProduceRedundancy(5);
+    c.ReplaceNode(1);
+    auto r = RecoverCluster(c.store(), c.plan(), Token(), Options(4), Soon());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->decision.from_memory) << r->decision.reason;
+    EXPECT_EQ(r->decision.step, 5);
+    EXPECT_EQ(r->inventories.size(), 4u);
+    EXPECT_TRUE(r->unreachable.empty());
+    ASSERT_EQ(r->nodes.size(), 1u);
+    EXPECT_EQ(r->nodes[0].node, 1);
+    EXPECT_EQ(r->nodes[0].ranks, std::vector<int>{1});
+    EXPECT_GT(r->rebuilt_bytes, 0u);
+    EXPECT_GE(r->total_s, r->inventory_plan_s);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(c.node(i).restore_target.load(), 5) << i;
+    c.ExpectRankRestored(1, 5);
+    // The JSON record of the recovery carries the breakdown and the decision.
+    nlohmann::json j = r->ToJson();
+    EXPECT_EQ(j["decision"]["step"], 5);
+    EXPECT_TRUE(j.contains("transfer_s"));
+  }
+}
+
+TEST(RecoverCluster, TwoLostNodesOfOneGroupUnderRs2) {
+  TestCluster c(4, "rs:2");
+  c.WriteT0(5, 1);
+  c.ProduceRedundancy(5);
+  c.ReplaceNode(1);
+  c.ReplaceNode(2);
+  auto r = RecoverCluster(c.store(), c.plan(), Token(), Options(4), Soon());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->decision.from_memory) << r->decision.reason;
+  c.ExpectRankRestored(1, 5);
+  c.ExpectRankRestored(2, 5);
+}
+
+TEST(RecoverCluster, LossBeyondProtectionChangesNothingAndNamesThePieces) {
+  TestCluster c(4, "xor");
+  c.WriteT0(5, 1);
+  c.ProduceRedundancy(5);
+  c.ReplaceNode(1);
+  c.ReplaceNode(2);
+  auto r = RecoverCluster(c.store(), c.plan(), Token(), Options(4), Soon());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->decision.from_memory);
+  EXPECT_NE(r->decision.reason.find("sg0/r1"), std::string::npos) << r->decision.reason;
+  EXPECT_TRUE(r->nodes.empty());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.node(i).restore_target.load(), -1) << i;
+}
+
+TEST(RecoverCluster, ACorruptedSlotOnASurvivorIsRebuilt) {
+  TestCluster c(4, "xor");
+  c.WriteT0(5, 1);
+  c.ProduceRedundancy(5);
+  c.CorruptSlot(2, 1);
+  auto r = RecoverCluster(c.store(), c.plan(), Token(), Options(4), Soon());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->decision.from_memory) << r->decision.reason;
+  EXPECT_EQ(r->decision.step, 5);
+  ASSERT_EQ(r->nodes.size(), 1u);
+  EXPECT_EQ(r->nodes[0].node, 2);
+  c.ExpectRankRestored(2, 5);
+}
+
+TEST(RecoverCluster, ANodeWithoutAnAgentIsUnreachableAndItsRanksCannotBeRebuilt) {
+  TestCluster c(4, "xor");
+  c.WriteT0(5, 1);
+  c.ProduceRedundancy(5);
+  coord::JobKeys keys(kJob);
+  ASSERT_TRUE(c.store().Delete(keys.Node(NodeName(3)), Soon()).ok());
+  auto r = RecoverCluster(c.store(), c.plan(), Token(), Options(4), Soon());
+  // Decide rebuilds rank 3 on node 3, which has no agent to do it.
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(r.status().message().find("recovery on node 3"), std::string::npos) << r.status();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.node(i).restore_target.load(), -1) << i;
+}
+
+}  // namespace
+}  // namespace memento::launch

@@ -1,0 +1,89 @@
+// `memento launch`: runs a cluster job of N simulated nodes on this machine
+// (store, agents, trainers), restarts it after failures, injects failures.
+// docs/launch.md.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/log.h"
+#include "launch/launcher.h"
+#include "tools/command.h"
+
+namespace memento::tools {
+namespace {
+
+launch::Launcher *g_launcher = nullptr;
+
+void OnSignal(int) {
+  if (g_launcher != nullptr) g_launcher->RequestStop();
+}
+
+int RunLaunch(const launch::LaunchOptions &options, const std::string &summary_json) {
+  InitLogging("launch");
+  auto launcher = launch::Launcher::Create(options);
+  if (!launcher.ok()) return ReportStatus(launcher.status());
+  g_launcher = launcher->get();
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  auto summary = (*launcher)->Run();
+  g_launcher = nullptr;
+  if (!summary.ok()) return ReportStatus(summary.status());
+  std::printf("%s", summary->ToString().c_str());
+  std::fflush(stdout);
+  if (!summary_json.empty()) {
+    std::ofstream out(summary_json);
+    out << summary->ToJson().dump(2) << "\n";
+  }
+  return summary->exit_code;
+}
+
+void Setup(CLI::App &app, CommandContext &ctx) {
+  auto *cmd = app.add_subcommand("launch",
+                                 "Run a job on N simulated nodes: coordination "
+                                 "store, one agent per node, the trainers; "
+                                 "restart after failures, recover lost nodes "
+                                 "from memory, inject failures");
+  static launch::LaunchOptions o;
+  static std::string summary_json;
+  cmd->add_option("--job", o.job, "Job id (default launch-<pid>)");
+  cmd->add_option("--nodes", o.nodes, "Nodes (one agent each)")->default_val(1);
+  cmd->add_option("--ranks-per-node", o.ranks_per_node, "Trainer ranks per node")->default_val(1);
+  cmd->add_option("--dp", o.dp, "Data-parallel size (default: world / (tp x pp))");
+  cmd->add_option("--tp", o.tp, "Tensor-parallel size")->default_val(1);
+  cmd->add_option("--pp", o.pp, "Pipeline-parallel size")->default_val(1);
+  cmd->add_option("--zero", o.zero, "ZeRO stage (0, 1; 3 = no inherent redundancy)")
+      ->default_val(0);
+  cmd->add_option("--policy", o.policy, "Protection: none, replicate, xor, rs:F, peer:M, auto")
+      ->default_val("xor");
+  cmd->add_option("--durable-dir", o.durable_dir,
+                  "Agents stream committed versions to this directory (the durable tier)");
+  cmd->add_option("--inject", o.inject,
+                  "Failures to inject: kill-rank:R@step=N, kill-agent:I@step=N, "
+                  "kill-node:I@step=N, corrupt-rank:R@step=N, comma-separated");
+  cmd->add_option("--max-restarts", o.max_restarts, "Failures to recover from before giving up")
+      ->default_val(3);
+  cmd->add_option("--run-dir", o.run_dir,
+                  "Node roots, logs, token file (default /dev/shm/memento-launch/<job>)");
+  cmd->add_flag("--keep-run-dir", o.keep_run_dir, "Keep the node roots after the job");
+  cmd->add_option("--memento", o.memento_binary,
+                  "The memento binary the agents run (default: this one)");
+  cmd->add_option("--agent-arg", o.agent_args, "Extra flag for every agent (repeatable)");
+  cmd->add_flag("--quiet", o.quiet, "Only failures, recoveries and the summary");
+  cmd->add_option("--summary-json", summary_json, "Write the final summary as JSON to this file");
+  cmd->add_option("trainer", o.trainer,
+                  "-- TRAINER ARGS: the trainer command; {rank} {node} "
+                  "{world_size} {job} "
+                  "{run_dir} {node_dir} {attempt} {rendezvous} {dp} {tp} {pp} "
+                  "are substituted")
+      ->required();
+  cmd->callback([&ctx] { ctx.exit_code = RunLaunch(o, summary_json); });
+}
+
+}  // namespace
+}  // namespace memento::tools
+MEMENTO_REGISTER_COMMAND(launch, memento::tools::Setup);
