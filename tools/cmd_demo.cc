@@ -630,20 +630,32 @@ Result<ClusterRun> RunCluster(const DemoArgs& a, const std::string& name, const 
   return run;
 }
 
-// The step each recovery interrupted: the reporting rank's loss log runs
-// 1, 2, ..., h, then r+1, ... after a recovery that restored r. For recovery
-// k (restored r_k), h_k is the last step logged before the log restarts at
-// r_k + 1; when nothing was lost (h_k == r_k) the log shows no break.
+// The step each recovery interrupted. The reporting rank's loss log runs
+// 1, 2, ..., h_k (attempt k), then r_k + 1, ... (attempt k + 1) after the
+// recovery that restored r_k <= h_k: a visible restart (the log drops back
+// to r_k + 1) when steps were lost, none when h_k == r_k. Recoveries happen
+// in order, so the first restart after the previous one is recovery k's when
+// it drops to r_k + 1; otherwise recovery k lost nothing.
 std::vector<int64_t> StepsHit(const ClusterRun& run) {
   std::vector<int64_t> hits;
+  const auto& l = run.losses;
   size_t pos = 0;
   for (const launch::RecoveryReport& rec : run.summary.recoveries) {
     int64_t hit = rec.step;
-    for (size_t i = pos + 1; i < run.losses.size(); ++i) {
-      if (run.losses[i].first <= run.losses[i - 1].first) {  // the log restarted
-        hit = run.losses[i - 1].first;
-        pos = i;
-        break;
+    size_t drop = 0;
+    for (size_t i = pos + 1; i < l.size() && drop == 0; ++i) {
+      if (l[i].first <= l[i - 1].first) drop = i;
+    }
+    if (drop != 0 && l[drop].first == rec.step + 1) {
+      hit = l[drop - 1].first;
+      pos = drop;
+    } else {
+      // Invisible restart: attempt k + 1 begins at the first r_k + 1 after pos.
+      for (size_t i = pos; i < l.size(); ++i) {
+        if (l[i].first == rec.step + 1) {
+          pos = i;
+          break;
+        }
       }
     }
     hits.push_back(hit);
