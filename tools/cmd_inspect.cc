@@ -1,4 +1,11 @@
-// `memento inspect --tier TIER TARGET [--json]`: lists what a tier holds.
+// `memento inspect`: what a tier holds, or the state of a live cluster.
+//
+//   --store tcp://H:P --job J   the cluster (docs/inspect.md): membership
+//                           table (node, alive, signal, step, age, endpoint),
+//                           committed step, restore target, topology and
+//                           every recovery record with its time breakdown
+//
+// `memento inspect --tier TIER TARGET [--json]`:
 //
 //   --tier durable DIR      versions in a durable-tier directory (step, state,
 //                           nodes, size, tensors, creation time)
@@ -7,6 +14,7 @@
 //                           rank holds intact; --no-verify reads headers only
 //
 // Each tier is one entry of Inspectors().
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <functional>
@@ -17,6 +25,10 @@
 #include <vector>
 
 #include "agent/memory_tier.h"
+#include "common/clock.h"
+#include "coord/cluster_view.h"
+#include "coord/keys.h"
+#include "coord/store.h"
 #include "tier/env.h"
 #include "tier/format.h"
 #include "tier/reader.h"
@@ -30,6 +42,11 @@ struct InspectArgs {
   std::string target;  // targets[0]
   bool json = false;
   bool verify = true;
+  // Cluster mode.
+  std::string store_url;
+  std::string job;
+  std::string token_file;
+  double timeout_s = 10;
 };
 
 std::string FormatTime(int64_t unix_ns) {
@@ -144,6 +161,157 @@ int InspectMemory(const InspectArgs& args) {
   return 0;
 }
 
+// ---- cluster mode ----
+
+// A store value that should be JSON; a value that is not stays a string (an
+// operator still sees it).
+nlohmann::json ParseValue(const std::string& v) {
+  nlohmann::json j = nlohmann::json::parse(v, nullptr, /*allow_exceptions=*/false);
+  return j.is_discarded() ? nlohmann::json(v) : j;
+}
+
+// The time breakdown of a recovery record: its "breakdown" object when it
+// has one, else every top-level number named *_s, in the phase order of
+// docs/cluster.md ("Recovery", step 6) and then the rest.
+std::vector<std::pair<std::string, double>> Breakdown(const nlohmann::json& rec) {
+  const nlohmann::json* src = &rec;
+  if (rec.contains("breakdown") && rec["breakdown"].is_object()) src = &rec["breakdown"];
+  static const char* kOrder[] = {"detect",         "stop",      "restart", "restart_agent",
+                                 "inventory_plan", "inventory", "plan",    "transfer",
+                                 "decode",         "write",     "target",  "load"};
+  std::vector<std::pair<std::string, double>> out;
+  std::vector<std::string> seen;
+  auto take = [&](const std::string& key) {
+    if (!src->contains(key) || !(*src)[key].is_number()) return;
+    std::string name = key;
+    if (name.size() > 2 && name.compare(name.size() - 2, 2, "_s") == 0)
+      name.resize(name.size() - 2);
+    out.emplace_back(name, (*src)[key].get<double>());
+    seen.push_back(key);
+  };
+  for (const char* k : kOrder) {
+    take(std::string(k) + "_s");
+    take(k);
+  }
+  for (auto it = src->begin(); it != src->end(); ++it) {
+    const std::string& k = it.key();
+    if (std::find(seen.begin(), seen.end(), k) != seen.end() || k == "total_s") continue;
+    const bool timed = k.size() > 2 && k.compare(k.size() - 2, 2, "_s") == 0;
+    if (it->is_number() && (timed || src != &rec)) take(k);
+  }
+  return out;
+}
+
+// First present field of `rec` among `keys`, as text; "-" when none.
+std::string Field(const nlohmann::json& rec, std::initializer_list<const char*> keys) {
+  for (const char* k : keys) {
+    if (!rec.contains(k) || rec[k].is_null()) continue;
+    const nlohmann::json& v = rec[k];
+    if (v.is_string()) return v.get<std::string>();
+    return v.dump();
+  }
+  return "-";
+}
+
+// The cluster's state as JSON: FormatClusterJson's object plus "restore",
+// "topology", "plan_hash" (null when absent) and "recoveries" (each record
+// with its number "n"). *snap gets the membership snapshot.
+memento::Result<nlohmann::json> ReadCluster(memento::coord::Store& store, const std::string& job,
+                                            memento::Deadline deadline,
+                                            memento::coord::ClusterSnapshot* snap) {
+  using namespace memento;
+  MEMENTO_ASSIGN_OR_RETURN(*snap, coord::ReadClusterSnapshot(store, job, deadline));
+  nlohmann::json out = nlohmann::json::parse(coord::FormatClusterJson(*snap, WallNanos()));
+  const coord::JobKeys keys(job);
+  for (const auto& [name, key] : {std::pair<const char*, std::string>{"restore", keys.Restore()},
+                                  {"topology", keys.Topology()},
+                                  {"plan_hash", keys.PlanHash()}}) {
+    auto kv = store.Get(key, deadline);
+    if (kv.ok()) {
+      out[name] = ParseValue(kv->value);
+    } else if (kv.status().code() == StatusCode::kNotFound) {
+      out[name] = nullptr;
+    } else {
+      return kv.status();
+    }
+  }
+  MEMENTO_ASSIGN_OR_RETURN(coord::ListResult recs, store.List(keys.RecoveryPrefix(), deadline));
+  out["recoveries"] = nlohmann::json::array();
+  for (const coord::KeyValue& kv : recs.kvs) {
+    nlohmann::json rec = ParseValue(kv.value);
+    if (!rec.is_object()) rec = nlohmann::json{{"value", rec}};
+    auto n = coord::ParseStep(kv.key.substr(keys.RecoveryPrefix().size()));
+    rec["n"] = n.ok() ? nlohmann::json(*n) : nlohmann::json(kv.key);
+    out["recoveries"].push_back(std::move(rec));
+  }
+  return out;
+}
+
+std::string FormatRecoveries(const nlohmann::json& recoveries) {
+  std::string out = "recoveries: " + std::to_string(recoveries.size()) + "\n";
+  for (const nlohmann::json& rec : recoveries) {
+    char head[640];
+    std::snprintf(head, sizeof(head),
+                  "  #%s  failure %s  at step %s  committed %s  restored step %s  lost nodes %s  "
+                  "total %s s",
+                  Field(rec, {"n"}).c_str(), Field(rec, {"cause", "failure", "trigger"}).c_str(),
+                  Field(rec, {"failed_step", "step_hit", "at_step"}).c_str(),
+                  Field(rec, {"committed"}).c_str(), Field(rec, {"step", "restored_step"}).c_str(),
+                  Field(rec, {"lost_nodes"}).c_str(), Field(rec, {"total_s"}).c_str());
+    out += head;
+    if (rec.contains("rebuilt_bytes") && rec["rebuilt_bytes"].is_number()) {
+      char bytes[64];
+      std::snprintf(bytes, sizeof(bytes), "  rebuilt %.1f MiB",
+                    rec["rebuilt_bytes"].get<double>() / 1048576.0);
+      out += bytes;
+    }
+    out += "\n";
+    std::string line = "      ";
+    for (const auto& [name, s] : Breakdown(rec)) {
+      char part[96];
+      std::snprintf(part, sizeof(part), "%s %.3f s  ", name.c_str(), s);
+      line += part;
+    }
+    if (line.size() > 6) out += line + "\n";
+    const std::string reason = Field(rec, {"reason", "error"});
+    if (reason != "-" && !reason.empty()) out += "      " + reason + "\n";
+  }
+  return out;
+}
+
+int InspectCluster(const InspectArgs& args) {
+  using namespace memento;
+  if (Status st = coord::ValidateName("job", args.job); !st.ok()) {
+    return tools::ReportStatus(st);
+  }
+  Deadline deadline = Deadline::AfterSeconds(args.timeout_s);
+  auto store = coord::OpenStore(args.store_url, args.token_file, deadline);
+  if (!store.ok()) return tools::ReportStatus(store.status());
+  coord::ClusterSnapshot snap;
+  auto report = ReadCluster(**store, args.job, deadline, &snap);
+  if (!report.ok()) return tools::ReportStatus(report.status());
+  const nlohmann::json& r = *report;
+  if (args.json) {
+    std::printf("%s\n", r.dump(1).c_str());
+    return 0;
+  }
+  std::fputs(coord::FormatClusterTable(snap, WallNanos()).c_str(), stdout);
+  std::printf("restore target: %s\n", r["restore"].is_null()
+                                          ? "none"
+                                          : ("step " + Field(r["restore"], {"step"}) +
+                                             " (attempt " + Field(r["restore"], {"attempt"}) + ")")
+                                                .c_str());
+  if (!r["topology"].is_null()) {
+    const nlohmann::json& t = r["topology"];
+    std::printf("topology: dp %s tp %s pp %s zero %s policy %s, rank -> node %s\n",
+                Field(t, {"dp"}).c_str(), Field(t, {"tp"}).c_str(), Field(t, {"pp"}).c_str(),
+                Field(t, {"zero"}).c_str(), Field(t, {"policy"}).c_str(),
+                Field(t, {"rank_node"}).c_str());
+  }
+  std::fputs(FormatRecoveries(r["recoveries"]).c_str(), stdout);
+  return 0;
+}
+
 // One inspector per tier name.
 const std::map<std::string, std::function<int(const InspectArgs&)>>& Inspectors() {
   static const auto* m = new std::map<std::string, std::function<int(const InspectArgs&)>>{
@@ -154,6 +322,18 @@ const std::map<std::string, std::function<int(const InspectArgs&)>>& Inspectors(
 }
 
 int RunInspect(InspectArgs& args) {
+  if (!args.store_url.empty()) {
+    if (!args.targets.empty()) {
+      return memento::tools::ReportStatus(memento::InvalidArgumentError(
+          "inspect --store takes no target (got '" + args.targets.front() + "')"));
+    }
+    return InspectCluster(args);
+  }
+  if (args.targets.empty()) {
+    return memento::tools::ReportStatus(memento::InvalidArgumentError(
+        "inspect needs a target (--tier durable DIR, --tier memory ROOT...) or --store URL "
+        "--job J"));
+  }
   auto it = Inspectors().find(args.tier);
   if (it == Inspectors().end()) {
     return memento::tools::ReportStatus(memento::InvalidArgumentError(
@@ -170,12 +350,18 @@ int RunInspect(InspectArgs& args) {
 
 void Setup(CLI::App& app, memento::tools::CommandContext& ctx) {
   auto args = std::make_shared<InspectArgs>();
-  auto* cmd = app.add_subcommand("inspect", "List what a tier holds");
+  auto* cmd = app.add_subcommand("inspect", "List what a tier holds, or a live cluster's state");
   cmd->add_option("--tier", args->tier, "Tier to inspect: durable (default) or memory");
   cmd->add_option("target", args->targets,
                   "What to inspect (durable: the directory; memory: node roots such as "
-                  "/dev/shm/memento/JOB/node0)")
-      ->required();
+                  "/dev/shm/memento/JOB/node0)");
+  cmd->add_option("--store", args->store_url,
+                  "cluster: the coordination store (tcp://HOST:PORT); needs --job");
+  cmd->add_option("--job", args->job, "cluster: the job");
+  cmd->add_option("--token-file", args->token_file,
+                  "cluster: job token file (mode 0600); default: $MEMENTO_JOB_TOKEN");
+  cmd->add_option("--timeout", args->timeout_s, "cluster: seconds to wait for the store")
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print JSON");
   cmd->add_flag("!--no-verify", args->verify,
                 "memory: read slot headers only, do not checksum the data");

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "common/checksum.h"
+#include "launch_env.h"
 #include "trainer.h"
 #ifdef MEMENTO_TRAINER_WITH_CLIENT
 #include "memento_hooks.h"
@@ -45,6 +48,24 @@ std::string RankPath(const std::string& path, int rank) {
   size_t pos = out.find(key);
   if (pos == std::string::npos) return out + ".rank" + std::to_string(rank);
   return out.replace(pos, key.size(), std::to_string(rank));
+}
+
+// Writes {"rank","step","state_xxh3","params_xxh3"} to `path` (atomic
+// replace), for bit-identity checks across runs (`memento demo`).
+Status WriteDigest(Trainer& trainer, const std::string& path) {
+  const uint64_t params = Checksum(trainer.params(), trainer.padded_params() * sizeof(float));
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "{\"rank\": %d, \"step\": %" PRId64 ", \"state_xxh3\": \"%016" PRIx64
+                "\", \"params_xxh3\": \"%016" PRIx64 "\"}\n",
+                trainer.rank(), trainer.state().step, trainer.StateChecksum(), params);
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) return ErrnoError("open " + tmp, errno);
+  const bool ok = std::fputs(line, f) >= 0;
+  if (std::fclose(f) != 0 || !ok) return ErrnoError("write " + tmp, errno);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return ErrnoError("rename " + tmp, errno);
+  return Status::Ok();
 }
 
 // Starts one child per rank (this binary, the same flags, plus --rank and
@@ -180,6 +201,14 @@ int Main(int argc, char** argv) {
   app.add_option("--loss-log", loss_log,
                  "reporting rank appends 'step loss loss-bits grad-norm' lines here");
   app.add_flag("--quiet", quiet, "no per-step progress lines");
+  int64_t progress_every = 0;
+  app.add_option("--progress-every", progress_every,
+                 "reporting rank prints one compact line (step, loss, snapshot overhead) per K "
+                 "steps instead of one line per step");
+  std::string digest_file;
+  app.add_option("--digest-file", digest_file,
+                 "every rank writes its final state's digest (JSON: step, state and parameter "
+                 "xxh3) to PATH ({rank} or .rank<k>)");
   app.add_flag("--json", json,
                "reporting rank prints one JSON summary line at the end (means exclude step 1)");
   app.add_option("--fail-at-step", fail_at_step,
@@ -188,8 +217,11 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
 #ifdef MEMENTO_TRAINER_WITH_CLIENT
   bool use_memento = false;
+  bool no_memento = false;
   MementoHookOptions mo;
-  app.add_flag("--memento", use_memento, "checkpoint every step with memento");
+  app.add_flag("--memento", use_memento,
+               "checkpoint every step with memento (implied under `memento launch`)");
+  app.add_flag("--no-memento", no_memento, "no memento even under `memento launch`");
   app.add_option("--job-id", mo.job_id, "memento job id");
   app.add_option("--agent-dir", mo.agent_dir, "memento agent directory");
   int ranks_per_node = 0;
@@ -218,20 +250,39 @@ int Main(int argc, char** argv) {
   if (d_model > 0) o.model.d_model = d_model;
   if (heads > 0) o.model.heads = heads;
   if (layers > 0) o.model.layers = layers;
+  // The launcher's environment (launch_env.h) for what the flags leave open.
+  GivenFlags given;
+  given.rank = app.count("--rank") > 0;
+  given.world = app.count("--world") > 0;
+  given.dp = app.count("--dp") > 0;
+  given.tp = app.count("--tp") > 0;
+  given.pp = app.count("--pp") > 0;
+  given.rendezvous = app.count("--rendezvous") > 0;
+  given.run_id = app.count("--run-id") > 0;
+  MementoTarget target;
+#ifdef MEMENTO_TRAINER_WITH_CLIENT
+  given.job_id = app.count("--job-id") > 0;
+  given.agent_dir = app.count("--agent-dir") > 0;
+  given.node = app.count("--node") > 0 || ranks_per_node > 0;
+  given.memento = use_memento;
+  given.no_memento = no_memento;
+  target.job_id = mo.job_id;
+  target.agent_dir = mo.agent_dir;
+  target.node = mo.node;
+#endif
+  if (Status st = ApplyLauncherEnv([](const char* n) -> const char* { return std::getenv(n); },
+                                   given, &o, &world, &target);
+      !st.ok()) {
+    std::fprintf(stderr, "memento-trainer: %s\n", st.ToString().c_str());
+    return 2;
+  }
+#ifdef MEMENTO_TRAINER_WITH_CLIENT
+  use_memento = target.enabled;
+  mo.job_id = target.job_id;
+  mo.agent_dir = target.agent_dir;
+  mo.node = target.node;
+#endif
   const int w = o.comm.topology.world();
-  // torchrun-style environment, for launchers that set it.
-  if (app.count("--rank") == 0 && std::getenv("RANK") != nullptr) {
-    o.comm.rank = std::atoi(std::getenv("RANK"));
-  }
-  if (app.count("--world") == 0 && std::getenv("WORLD_SIZE") != nullptr) {
-    world = std::atoi(std::getenv("WORLD_SIZE"));
-  }
-  if (app.count("--run-id") == 0 && std::getenv("MEMENTO_TRAINER_RUN_ID") != nullptr) {
-    o.comm.run_id = std::getenv("MEMENTO_TRAINER_RUN_ID");
-  }
-  if (o.comm.rendezvous_dir.empty() && std::getenv("MEMENTO_TRAINER_RENDEZVOUS") != nullptr) {
-    o.comm.rendezvous_dir = std::getenv("MEMENTO_TRAINER_RENDEZVOUS");
-  }
   if (world != 0 && world != w) {
     std::fprintf(stderr, "memento-trainer: --world %d but dp x tp x pp = %d\n", world, w);
     return 2;
@@ -294,6 +345,8 @@ int Main(int argc, char** argv) {
   const int64_t first_step = trainer->state().step + 1;
   int64_t timed_steps = 0;
   double sum_s = 0, sum_idle = 0, sum_comm = 0, sum_fence = 0, sum_snap = 0, last_loss = 0;
+  double window_s = 0, window_overhead_s = 0;  // since the last progress line
+  int64_t window_steps = 0;
   while (trainer->state().step < steps) {
     auto r = trainer->Step();
     if (!r.ok()) {
@@ -317,8 +370,23 @@ int Main(int argc, char** argv) {
       sum_snap += r->snapshot_seconds;
     }
     last_loss = r->loss;
+    window_s += r->seconds;
+    window_overhead_s += r->fence_seconds + r->snapshot_seconds;
+    ++window_steps;
+    if (r->has_loss && progress_every > 0 && (r->step % progress_every == 0 || r->step == steps)) {
+      const double step_ms = window_s / window_steps * 1e3;
+      const double over_ms = window_overhead_s / window_steps * 1e3;
+      std::printf(
+          "progress step %" PRId64 " loss %.4f step_ms %.1f snapshot_overhead_ms %.2f (%.1f%%)\n",
+          r->step, r->loss, step_ms, over_ms, step_ms > 0 ? 100.0 * over_ms / step_ms : 0.0);
+      std::fflush(stdout);
+    }
+    if (progress_every > 0 && (r->step % progress_every == 0 || r->step == steps)) {
+      window_s = window_overhead_s = 0;
+      window_steps = 0;
+    }
     if (r->has_loss) {
-      if (!quiet) {
+      if (!quiet && progress_every <= 0) {
         const std::string note =
             trainer->hooks() != nullptr ? trainer->hooks()->ProgressNote() : std::string();
         std::printf("step %" PRId64
@@ -368,6 +436,13 @@ int Main(int argc, char** argv) {
   }
   std::printf("rank %d step %" PRId64 " checksum %016" PRIx64 "\n", rank, trainer->state().step,
               trainer->StateChecksum());
+  if (!digest_file.empty()) {
+    Status st = WriteDigest(*trainer, RankPath(digest_file, rank));
+    if (!st.ok()) {
+      std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
+      return 1;
+    }
+  }
   Status st = trainer->comm().Barrier();
   if (!st.ok()) {
     std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());

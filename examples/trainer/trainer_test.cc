@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/test_util.h"
@@ -43,6 +44,7 @@ class TrainerProcessTest : public ::testing::Test {
     all.insert(all.end(), args.begin(), args.end());
     pid_t pid = fork();
     if (pid == 0) {
+      for (const auto& [name, value] : env_) setenv(name.c_str(), value.c_str(), 1);
       std::vector<char*> argv;
       for (std::string& a : all) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -71,6 +73,7 @@ class TrainerProcessTest : public ::testing::Test {
 
   memento::testing::ScratchDir dir_{"trainer-test"};
   int runs_ = 0;
+  std::vector<std::pair<std::string, std::string>> env_;  // set in the child before exec
 };
 
 const std::vector<std::string> kModel = {"--preset", "tiny", "--layers", "4",
@@ -246,6 +249,34 @@ TEST_F(TrainerProcessTest, MixedStepsAreRefused) {
   // The consistent set resumes.
   EXPECT_EQ(Run(With(topo, {"--steps", "6", "--load", Path("s4.{rank}")}), &losses), 0);
   EXPECT_EQ(losses.size(), 2u);
+}
+
+// Under `memento launch` the topology comes from MEMENTO_DP/TP/PP and
+// MEMENTO_WORLD_SIZE (docs/cluster.md): the same job as with flags, bit for
+// bit; --digest-file writes each rank's final digest.
+TEST_F(TrainerProcessTest, LauncherEnvironmentGivesTheSameJobAsFlags) {
+  const std::vector<std::string> base =
+      With(kModel, {"--steps", "5", "--micro-batches", "2", "--zero", "--launch"});
+  std::vector<LossLine> with_flags, with_env;
+  ASSERT_EQ(Run(With(base, {"--dp", "2", "--pp", "2", "--digest-file", Path("flags.{rank}")}),
+                &with_flags),
+            0);
+  env_ = {{"MEMENTO_DP", "2"}, {"MEMENTO_PP", "2"}, {"MEMENTO_WORLD_SIZE", "4"}};
+  ASSERT_EQ(Run(With(base, {"--digest-file", Path("env.{rank}")}), &with_env), 0);
+  ASSERT_EQ(with_env.size(), 5u);
+  ASSERT_EQ(with_flags.size(), 5u);
+  for (size_t i = 0; i < with_env.size(); ++i) EXPECT_EQ(with_env[i].bits, with_flags[i].bits);
+  for (int r = 0; r < 4; ++r) {
+    const std::string a = ReadFile(Path("flags." + std::to_string(r)));
+    EXPECT_NE(a.find("\"step\": 5"), std::string::npos) << a;
+    EXPECT_NE(a.find("\"params_xxh3\""), std::string::npos) << a;
+    EXPECT_EQ(a, ReadFile(Path("env." + std::to_string(r)))) << "rank " << r;
+  }
+  // A world size that does not match the topology is refused.
+  env_ = {{"MEMENTO_DP", "2"}, {"MEMENTO_WORLD_SIZE", "3"}};
+  EXPECT_EQ(Run(With(kModel, {"--steps", "1"}), nullptr), 2);
+  env_ = {{"MEMENTO_RANK", "one"}};
+  EXPECT_EQ(Run(With(kModel, {"--steps", "1"}), nullptr), 2);
 }
 
 TEST_F(TrainerProcessTest, RejectsBadTopology) {

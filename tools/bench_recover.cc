@@ -1,0 +1,353 @@
+// `memento bench recover --nodes 4 --state BYTES --policy xor [--json]`:
+// time to rebuild one lost node's state from its peers' memory (REFT-load,
+// docs/cluster.md "Recovery"), against raw loopback TCP measured in the same
+// run.
+//
+//   1. tcp_gbps: net::MeasureRawTcp (two processes, plain sockets), before
+//      anything else runs (it forks).
+//   2. A coordination store and commit coordinator in this process, the job
+//      topology (DP = nodes, one rank per node, --policy), and one real
+//      `memento agent` process per node in cluster mode on a private root
+//      under /dev/shm.
+//   3. One client per rank (in this process) registers --state bytes of
+//      replicated state (identical on every DP replica, as a DP job's
+//      parameters and optimizer state are), snapshots step 1 and fences; the
+//      bench waits until the store commits step 1 (every node made its
+//      redundancy).
+//   4. Node 1 is lost: the clients go (the launcher stops every trainer),
+//      node 1's agent is killed with SIGKILL and its root deleted; a fresh
+//      agent starts on an empty root.
+//   5. launch::RecoverCluster (the launcher's own orchestration: inventories,
+//      recover::Decide, kPeerRecover, restore target) rebuilds node 1's T0
+//      slot from the peers; recover_s is its wall time.
+//   6. A client of rank 1 restores from the rebuilt slot and the bench
+//      checks every byte against what rank 1 held.
+//
+// Prints one JSON object: lost_bytes, recover_s (and its breakdown),
+// effective_gbps = lost_bytes * 8 / recover_s, tcp_gbps, ratio.
+#if __has_include("launch/cluster.h") && __has_include("agent/cluster.h")
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "coord/commit.h"
+#include "coord/embedded_store.h"
+#include "launch/cluster.h"
+#include "memento/client.h"
+#include "net/job_token.h"
+#include "net/throughput.h"
+#include "tools/bench_node.h"
+#include "tools/command.h"
+#include "topo/plan.h"
+
+namespace memento::tools {
+namespace {
+
+struct Args {
+  int nodes = 4;
+  double state = 256.0 * (1 << 20);
+  std::string policy = "xor";
+  double tcp_bytes = 0;  // 0: max(state, 256 MiB)
+  int tcp_repeat = 2;
+  bool json = true;
+  bool keep = false;
+};
+
+constexpr const char* kJob = "benchrecover";
+
+// One `memento agent` process in cluster mode.
+struct AgentProcess {
+  pid_t pid = -1;
+  std::string root;
+};
+
+Result<AgentProcess> StartAgent(int node, const std::string& base, const std::string& store_url,
+                                const std::string& token_file) {
+  AgentProcess a;
+  a.root = base + "/node" + std::to_string(node);
+  const std::string log = base + "/agent" + std::to_string(node) + ".log";
+  std::vector<std::string> args = {"/proc/self/exe", "agent",
+                                   "--job",          kJob,
+                                   "--node",         std::to_string(node),
+                                   "--root",         a.root,
+                                   "--store",        store_url,
+                                   "--token-file",   token_file,
+                                   "--listen",       "127.0.0.1:0",
+                                   "--lease-ttl",    "2"};
+  pid_t pid = fork();
+  if (pid < 0) return ErrnoError("fork", errno);
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    std::vector<char*> argv;
+    for (std::string& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  a.pid = pid;
+  return a;
+}
+
+void StopAgent(AgentProcess& a, int sig) {
+  if (a.pid <= 0) return;
+  kill(a.pid, sig);
+  int st = 0;
+  waitpid(a.pid, &st, 0);
+  a.pid = -1;
+}
+
+// Fills `n` bytes with a pattern that is the same for every replica.
+void FillPattern(uint8_t* p, size_t n) {
+  uint64_t x = 0x9e3779b97f4a7c15ULL;
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(p + i, &x, 8);
+  }
+  for (size_t i = n & ~size_t{7}; i < n; ++i) p[i] = static_cast<uint8_t>(i);
+}
+
+// Waits until `node`'s endpoint in the store is set and differs from `old`.
+Result<std::string> WaitEndpoint(coord::Store& store, int nodes, int node, const std::string& old,
+                                 Deadline deadline) {
+  while (true) {
+    auto eps = launch::ReadEndpoints(store, kJob, nodes, deadline);
+    if (eps.ok() && !(*eps)[node].empty() && (*eps)[node] != old) return (*eps)[node];
+    if (deadline.expired()) {
+      return DeadlineExceededError("node " + std::to_string(node) +
+                                   " did not join the membership (see its agent log)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+Result<nlohmann::json> Run(const Args& a) {
+  if (a.nodes < 2) return InvalidArgumentError("--nodes must be >= 2 (one is lost)");
+  if (a.state < 4096) return InvalidArgumentError("--state must be >= 4096 bytes");
+  MEMENTO_ASSIGN_OR_RETURN(topo::Policy policy, topo::ParsePolicy(a.policy));
+  const size_t state = static_cast<size_t>(a.state);
+  const int lost = 1;
+
+  // 1. The raw TCP baseline, first: it forks.
+  const size_t tcp_bytes =
+      a.tcp_bytes > 0 ? static_cast<size_t>(a.tcp_bytes) : std::max(state, size_t{256} << 20);
+  net::ThroughputResult tcp;
+  for (int i = 0; i < a.tcp_repeat; ++i) {
+    MEMENTO_ASSIGN_OR_RETURN(net::ThroughputResult r,
+                             net::MeasureRawTcp(tcp_bytes, size_t{4} << 20));
+    if (r.gbps > tcp.gbps) tcp = r;
+  }
+
+  // 2. Store, coordinator, topology, agents.
+  char tmpl[] = "/dev/shm/memento-bench-recover-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr)
+    return ErrnoError("mkdtemp /dev/shm/memento-bench-recover-*", errno);
+  const std::string base = tmpl;
+  std::fprintf(stderr, "bench recover: work dir %s\n", base.c_str());
+  std::vector<AgentProcess> agents;
+  std::vector<std::unique_ptr<Client>> clients;
+  // Outlive the agents: they are stopped first (an agent without its store
+  // retries until its deadlines pass).
+  std::unique_ptr<coord::EmbeddedStoreServer> server;
+  std::unique_ptr<coord::CommitCoordinator> coordinator;
+  auto cleanup = [&] {
+    clients.clear();
+    for (AgentProcess& p : agents) StopAgent(p, SIGTERM);
+    coordinator.reset();
+    server.reset();
+    if (!a.keep) {
+      std::error_code ec;
+      std::filesystem::remove_all(base, ec);
+    }
+  };
+  auto result = [&]() -> Result<nlohmann::json> {
+    MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Generate());
+    const std::string token_file = base + "/job.token";
+    {
+      int fd = open(token_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (fd < 0) return ErrnoError("create " + token_file, errno);
+      const std::string& s = token.secret();
+      const bool ok = write(fd, s.data(), s.size()) == static_cast<ssize_t>(s.size());
+      close(fd);
+      if (!ok) return ErrnoError("write " + token_file, errno);
+    }
+    MEMENTO_ASSIGN_OR_RETURN(server, coord::EmbeddedStoreServer::Start("127.0.0.1", 0, token));
+    coord::Store& store = server->store();
+    const std::string url = "tcp://127.0.0.1:" + std::to_string(server->port());
+    std::fprintf(stderr,
+                 "bench recover: store %s (memento inspect --store %s --job %s --token-file %s)\n",
+                 url.c_str(), url.c_str(), kJob, token_file.c_str());
+    std::set<std::string> members;
+    for (int i = 0; i < a.nodes; ++i) members.insert(launch::NodeName(i));
+    MEMENTO_ASSIGN_OR_RETURN(coordinator, coord::CommitCoordinator::Start(
+                                              &store, kJob, members, Deadline::AfterSeconds(10)));
+    launch::JobTopology jt;
+    jt.topology.dp = a.nodes;
+    for (int i = 0; i < a.nodes; ++i) jt.topology.rank_node.push_back(i);
+    jt.policy = policy;
+    MEMENTO_RETURN_IF_ERROR(launch::PublishTopology(store, kJob, jt, Deadline::AfterSeconds(10)));
+    for (int i = 0; i < a.nodes; ++i) {
+      MEMENTO_ASSIGN_OR_RETURN(AgentProcess p, StartAgent(i, base, url, token_file));
+      agents.push_back(p);
+    }
+
+    // 3. Every rank registers, seals, snapshots step 1.
+    WarmBuffer buf(state, 0);
+    if (buf.data() == nullptr) return ResourceExhaustedError("cannot map the state buffer");
+    FillPattern(buf.data(), state);
+    for (int r = 0; r < a.nodes; ++r) {
+      ClientOptions o;
+      o.job_id = kJob;
+      o.rank = r;
+      o.world_size = a.nodes;
+      o.node = r;
+      o.agent_dir = agents[r].root;
+      o.copy_threads = 2;
+      o.connect_timeout_s = 30;
+      MEMENTO_ASSIGN_OR_RETURN(auto c, Client::Connect(o));
+      // Every replica registers the same memory: the bytes are identical.
+      MEMENTO_RETURN_IF_ERROR(RegisterQuarters(*c, buf.data(), state));
+      MEMENTO_RETURN_IF_ERROR(c->Seal());
+      clients.push_back(std::move(c));
+    }
+    for (auto& c : clients) MEMENTO_RETURN_IF_ERROR(c->Snapshot(1));
+    for (auto& c : clients) MEMENTO_RETURN_IF_ERROR(c->Fence(Deadline::AfterSeconds(120)));
+    Deadline commit_deadline = Deadline::AfterSeconds(120);
+    while (true) {
+      auto latest = coord::ReadLatestCommit(store, kJob, commit_deadline);
+      if (latest.ok() && *latest >= 1) break;
+      if (commit_deadline.expired()) {
+        return DeadlineExceededError("step 1 was not committed in 120 s (agent logs in " + base +
+                                     ", --keep keeps them)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+
+    // 4. Node `lost` is lost with its memory; a fresh agent replaces it.
+    MEMENTO_ASSIGN_OR_RETURN(
+        auto before, launch::ReadEndpoints(store, kJob, a.nodes, Deadline::AfterSeconds(10)));
+    clients.clear();
+    StopAgent(agents[lost], SIGKILL);
+    std::error_code ec;
+    std::filesystem::remove_all(agents[lost].root, ec);
+    MEMENTO_ASSIGN_OR_RETURN(agents[lost], StartAgent(lost, base, url, token_file));
+    MEMENTO_RETURN_IF_ERROR(
+        WaitEndpoint(store, a.nodes, lost, before[lost], Deadline::AfterSeconds(60)).status());
+
+    // 5. Recovery, timed.
+    MEMENTO_ASSIGN_OR_RETURN(topo::Plan plan,
+                             launch::PlanFromStore(store, kJob, Deadline::AfterSeconds(10)));
+    launch::RecoverOptions ro;
+    ro.job = kJob;
+    ro.num_nodes = a.nodes;
+    ro.committed = 1;
+    Stopwatch sw;
+    MEMENTO_ASSIGN_OR_RETURN(
+        launch::ClusterRecovery rec,
+        launch::RecoverCluster(store, plan, token, ro, Deadline::AfterSeconds(300)));
+    const double recover_s = sw.Seconds();
+    if (!rec.decision.from_memory) {
+      return FailedPreconditionError("memory cannot rebuild step 1: " + rec.decision.reason);
+    }
+
+    // 6. Rank `lost` restores from the rebuilt slot: every byte as it was.
+    WarmBuffer check(state, 0);
+    if (check.data() == nullptr) return ResourceExhaustedError("cannot map the check buffer");
+    {
+      ClientOptions o;
+      o.job_id = kJob;
+      o.rank = lost;
+      o.world_size = a.nodes;
+      o.node = lost;
+      o.agent_dir = agents[lost].root;
+      o.connect_timeout_s = 30;
+      MEMENTO_ASSIGN_OR_RETURN(auto c, Client::Connect(o));
+      MEMENTO_RETURN_IF_ERROR(RegisterQuarters(*c, check.data(), state));
+      MEMENTO_RETURN_IF_ERROR(c->Seal());
+      MEMENTO_ASSIGN_OR_RETURN(int64_t step, c->Restore());
+      if (step != 1) return DataLossError("rank 1 restored step " + std::to_string(step));
+    }
+    if (std::memcmp(check.data(), buf.data(), state) != 0) {
+      return DataLossError("the rebuilt state of rank 1 differs from what it held");
+    }
+
+    const uint64_t lost_bytes = rec.rebuilt_bytes;
+    const double eff = recover_s > 0 ? lost_bytes * 8.0 / recover_s / 1e9 : 0;
+    nlohmann::json j;
+    j["bench"] = "recover";
+    j["nodes"] = a.nodes;
+    j["policy"] = topo::PolicyName(policy);
+    j["state_bytes"] = state;
+    j["lost_node"] = lost;
+    j["lost_bytes"] = lost_bytes;
+    j["step"] = rec.decision.step;
+    j["recover_s"] = recover_s;
+    j["inventory_plan_s"] = rec.inventory_plan_s;
+    j["transfer_s"] = rec.transfer_s;
+    j["decode_s"] = rec.decode_s;
+    j["write_s"] = rec.write_s;
+    j["rebuild_s"] = rec.rebuild_s;
+    j["effective_gbps"] = eff;
+    j["tcp_gbps"] = tcp.gbps;
+    j["tcp_bytes"] = tcp.bytes;
+    j["ratio"] = tcp.gbps > 0 ? eff / tcp.gbps : 0.0;
+    j["verified"] = true;
+    j["reason"] = rec.decision.reason;
+    return j;
+  }();
+  cleanup();
+  return result;
+}
+
+void Setup(CLI::App& bench, CommandContext& ctx) {
+  auto args = std::make_shared<Args>();
+  auto* cmd = bench.add_subcommand(
+      "recover", "Rebuild a lost node's state from peers' memory vs raw loopback TCP");
+  cmd->add_option("--nodes", args->nodes, "nodes (one DP rank each)")->capture_default_str();
+  cmd->add_option("--state", args->state, "bytes of replicated state per rank")
+      ->capture_default_str();
+  cmd->add_option("--policy", args->policy, "redundancy policy: xor, replicate, rs:2, ...")
+      ->capture_default_str();
+  cmd->add_option("--tcp-bytes", args->tcp_bytes,
+                  "bytes of the raw TCP baseline (default max(state, 256 MiB))");
+  cmd->add_option("--tcp-repeat", args->tcp_repeat, "baseline runs; the best is reported")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "print JSON (the only format; accepted for symmetry)");
+  cmd->add_flag("--keep", args->keep, "keep the work directory (agent logs)");
+  cmd->callback([args, &ctx] {
+    auto r = Run(*args);
+    if (!r.ok()) {
+      ctx.exit_code = ReportStatus(r.status());
+      return;
+    }
+    std::printf("%s\n", r->dump().c_str());
+  });
+}
+
+}  // namespace
+}  // namespace memento::tools
+MEMENTO_REGISTER_BENCH(recover, memento::tools::Setup);
+
+#endif  // launch/cluster.h and agent/cluster.h
