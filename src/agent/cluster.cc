@@ -178,8 +178,7 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
                                              Deadline::AfterSeconds(options.store_timeout_s)));
 
   c->skip_watcher_ = std::make_unique<coord::Watcher>(
-      c->store_.get(), coord::JobKeys(job).prefix() + "skipped/", 0,
-      [self](const coord::WatchEvent& ev) {
+      c->store_.get(), coord::JobKeys(job).SkippedPrefix(), 0, [self](const coord::WatchEvent& ev) {
         if (ev.type != coord::WatchEvent::Type::kPut) return;
         // .../skipped/<20-digit step>/<node>
         std::string tail = ev.kv.key.substr(coord::JobKeys(self->job_).prefix().size() + 8);
@@ -267,7 +266,7 @@ void Cluster::OnComplete(int rank, int slot, int64_t step) {
 }
 
 std::string Cluster::SkippedKey(int64_t step, const std::string& node) const {
-  return coord::JobKeys(job_).prefix() + "skipped/" + coord::StepKey(step) + "/" + node;
+  return coord::JobKeys(job_).Skipped(step, node);
 }
 
 void Cluster::OnSkipped(int rank, int64_t step) {
@@ -356,7 +355,7 @@ void Cluster::OnCommit(int64_t step) {
   }
   // This node's skip records of steps that can no longer matter.
   coord::JobKeys keys(job_);
-  auto listing = store_->List(keys.prefix() + "skipped/", Deadline::AfterSeconds(kStoreCallS));
+  auto listing = store_->List(keys.SkippedPrefix(), Deadline::AfterSeconds(kStoreCallS));
   if (listing.ok()) {
     for (const auto& kv : listing->kvs) {
       std::string tail = kv.key.substr(keys.prefix().size() + 8);

@@ -10,6 +10,7 @@
 //   /memento/<job>/inventory/<rank>             a rank's registered tensors (its agent)
 //   /memento/<job>/restore                      the step the cluster restores (launcher)
 //   /memento/<job>/recovery/<n>                 recovery n: decision and time breakdown
+//   /memento/<job>/skipped/<step>/<node>        the node will never report the step (agents)
 //
 // Steps are zero-padded to 20 digits so that lexical order is numeric order.
 #pragma once
@@ -50,6 +51,10 @@ class JobKeys {
   std::string Restore() const { return prefix_ + "restore"; }
   std::string RecoveryPrefix() const { return prefix_ + "recovery/"; }
   std::string Recovery(int64_t n) const { return RecoveryPrefix() + StepKey(n); }
+  std::string SkippedPrefix() const { return prefix_ + "skipped/"; }
+  std::string Skipped(int64_t step, const std::string& node) const {
+    return SkippedPrefix() + StepKey(step) + "/" + node;
+  }
 
  private:
   std::string prefix_;
