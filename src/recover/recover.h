@@ -15,10 +15,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "memento/deadline.h"
 #include "memento/status.h"
@@ -43,8 +42,8 @@ struct RankAssembly {
 };
 
 struct Decision {
-  bool from_memory = false;  // a version memory can rebuild was found
-  int64_t step = -1;         // that version
+  bool from_memory = false;              // a version memory can rebuild was found
+  int64_t step = -1;                     // that version
   std::vector<int> lost_nodes;           // nodes without usable holdings of `step`
   std::vector<RankAssembly> assemblies;  // ranks to rebuild, grouped by node
   // In words: why this step (or why none: names the pieces memory cannot

@@ -7,10 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "memento/deadline.h"
 #include "memento/status.h"
@@ -42,8 +41,9 @@ struct ReadRequest {
 // What one node holds of one version (T0 slots and T1 redundancy).
 struct VersionHolding {
   int64_t step = -1;
-  std::vector<int> ranks;          // ranks whose T0 slot of `step` is complete and verifies
-  std::vector<uint32_t> copies;    // plan Copy ids complete (checksums verify) in the redundancy store
+  std::vector<int> ranks;  // ranks whose T0 slot of `step` is complete and verifies
+  std::vector<uint32_t>
+      copies;  // plan Copy ids complete (checksums verify) in the redundancy store
   std::vector<uint32_t> parities;  // plan Parity ids complete
 };
 
