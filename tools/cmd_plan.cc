@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/human.h"
 #include "tools/command.h"
 #include "topo/plan.h"
 #include "topo/plan_json.h"
@@ -27,18 +28,6 @@ struct LayoutOptions {
   bool json = false;
   bool full_plan = false;
 };
-
-std::string HumanBytes(double b) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int u = 0;
-  while (b >= 1024 && u < 5) {
-    b /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.2f %s", b, unit[u]);
-  return buf;
-}
 
 Result<std::vector<int>> ParseNodeList(const std::string& text, int num_nodes) {
   std::vector<int> out;

@@ -8,23 +8,13 @@
 #include <set>
 
 #include "common/checksum.h"
+#include "common/human.h"
 #include "fmt/format.h"
 #include "recover/recipe.h"
 #include "topo/plan_json.h"
 
 namespace memento::recover {
 namespace {
-
-std::string HumanBytes(uint64_t b) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.2f} {}", v, unit[u]);
-}
 
 std::string JoinInts(const std::vector<int>& v) {
   std::string s;

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 
+#include "common/human.h"
 #include "common/log.h"
 #include "fmt/format.h"
 
@@ -20,21 +21,6 @@ std::string DefaultNodeRoot(const std::string& job_id, int node) {
 std::string SlotPath(const std::string& root, int rank, int slot) {
   return fmt::format("{}/rank{}.slot{}", root, rank, slot);
 }
-
-namespace {
-
-std::string HumanBytes(uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.1f} {}", v, units[u]);
-}
-
-}  // namespace
 
 Status MakePrivateDir(const std::string& path) {
   if (path.empty()) return InvalidArgumentError("empty directory path");

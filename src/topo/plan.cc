@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "common/check.h"
+#include "common/human.h"
 
 namespace memento::topo {
 namespace {
@@ -704,19 +705,6 @@ std::string_view CopyKindName(CopyKind kind) {
 
 namespace {
 
-std::string Bytes(uint64_t b) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.2f %s", v, unit[u]);
-  return buf;
-}
-
 // Largest per-node host bytes and per-node device -> host copy bytes of a plan.
 void PlanCosts(const Plan& plan, uint64_t* host, uint64_t* copy) {
   *host = 0;
@@ -752,15 +740,15 @@ Result<Plan> MakePlan(const Topology& topology, const Inventory& inventory, cons
     const std::string name = PolicyName(p);
     std::string why;
     if (policy.host_bytes_per_node && host > policy.host_bytes_per_node) {
-      why = name + " needs " + Bytes(host) + " host memory on a node > budget " +
-            Bytes(policy.host_bytes_per_node);
+      why = name + " needs " + HumanBytes(host) + " host memory on a node > budget " +
+            HumanBytes(policy.host_bytes_per_node);
     } else if (policy.copy_bytes_per_node && copy > policy.copy_bytes_per_node) {
-      why = name + " copies " + Bytes(copy) + " per node per snapshot > budget " +
-            Bytes(policy.copy_bytes_per_node);
+      why = name + " copies " + HumanBytes(copy) + " per node per snapshot > budget " +
+            HumanBytes(policy.copy_bytes_per_node);
     }
     if (why.empty()) {
-      reason +=
-          name + " fits (host " + Bytes(host) + ", copy " + Bytes(copy) + " per node per snapshot)";
+      reason += name + " fits (host " + HumanBytes(host) + ", copy " + HumanBytes(copy) +
+                " per node per snapshot)";
       if (plan.protection == 0 && topology.num_nodes() > 1) {
         reason += "; protection 0 because the topology offers no second failure domain";
       }
@@ -888,7 +876,7 @@ Result<RecoveryPlan> Recover(const Plan& plan, const std::vector<int>& failed_no
       } else {
         recipe.recoverable = false;
         recipe.reason = "not recoverable from memory: " + piece.key + " (" +
-                        std::string(PieceKindName(piece.kind)) + ", " + Bytes(piece.bytes) +
+                        std::string(PieceKindName(piece.kind)) + ", " + HumanBytes(piece.bytes) +
                         ") was only on failed nodes";
       }
       out.recoverable &= recipe.recoverable;
