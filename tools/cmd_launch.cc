@@ -64,7 +64,19 @@ void Setup(CLI::App &app, CommandContext &ctx) {
                   "Agents stream committed versions to this directory (the durable tier)");
   cmd->add_option("--inject", o.inject,
                   "Failures to inject: kill-rank:R@step=N, kill-agent:I@step=N, "
-                  "kill-node:I@step=N, corrupt-rank:R@step=N, comma-separated");
+                  "kill-node:I@step=N, corrupt-rank:R@step=N, kill-store@step=N, "
+                  "kill-store@recovery=K, comma-separated");
+  cmd->add_flag("--store-process", o.store_process,
+                "Run the coordination store as a child process (`memento store`); "
+                "kill-store implies it");
+  cmd->add_option("--store", o.store_url,
+                  "Use this external coordination store (tcp://HOST:PORT) instead of hosting "
+                  "one; the token comes from --token-file or MEMENTO_JOB_TOKEN");
+  cmd->add_option("--token-file", o.token_file,
+                  "The job token file (mode 0600) to use instead of a fresh random token");
+  cmd->add_option("--store-down-s", o.store_down_s,
+                  "Seconds a killed store stays down before a fresh, empty one starts")
+      ->default_val(1.0);
   cmd->add_option("--max-restarts", o.max_restarts, "Failures to recover from before giving up")
       ->default_val(3);
   cmd->add_option("--run-dir", o.run_dir,
@@ -73,6 +85,9 @@ void Setup(CLI::App &app, CommandContext &ctx) {
   cmd->add_option("--memento", o.memento_binary,
                   "The memento binary the agents run (default: this one)");
   cmd->add_option("--agent-arg", o.agent_args, "Extra flag for every agent (repeatable)");
+  cmd->add_flag("--netns", o.netns,
+                "Each node's agent and trainers in their own network namespace, on a bridge "
+                "(root and iproute2 needed)");
   cmd->add_flag("--quiet", o.quiet, "Only failures, recoveries and the summary");
   cmd->add_option("--summary-json", summary_json, "Write the final summary as JSON to this file");
   cmd->add_option("trainer", o.trainer,

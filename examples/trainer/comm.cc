@@ -11,6 +11,7 @@
 
 #include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <vector>
 
@@ -87,7 +88,10 @@ Result<std::unique_ptr<Comm>> Comm::Create(const CommOptions& options) {
   impl.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
   Status st = Guard("gloo rendezvous", [&] {
     gloo::transport::tcp::attr attr;
-    attr.hostname = "127.0.0.1";
+    // Under `memento launch --netns` each node has its own network namespace
+    // (its own loopback): listen on the node's address so peers can connect.
+    const char* node_addr = std::getenv("MEMENTO_NODE_ADDR");
+    attr.hostname = node_addr != nullptr && *node_addr != '\0' ? node_addr : "127.0.0.1";
     impl.device = gloo::transport::tcp::CreateDevice(attr);
     gloo::rendezvous::FileStore store(options.rendezvous_dir);
     auto connect = [&](const std::string& name, int rank, int size) {

@@ -161,11 +161,8 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
   mo.node = c->node_name_;
   mo.endpoint = c->endpoint_;
   mo.ttl_s = options.lease_ttl_s;
-  coord::Store* st = c->store_.get();
-  coord::CommitLog* log = c->log_.get();
-  mo.on_reregister = [st, log, job] {
-    return coord::RepublishCommits(*st, job, *log, Deadline::AfterSeconds(kStoreCallS));
-  };
+  Cluster* rejoining = c.get();  // the membership stops before *c is destroyed
+  mo.on_reregister = [rejoining] { return rejoining->OnReregister(); };
   MEMENTO_ASSIGN_OR_RETURN(
       c->membership_, coord::Membership::Join(c->store_.get(), mo,
                                               Deadline::AfterSeconds(options.store_timeout_s)));
@@ -346,6 +343,53 @@ ClusterStats Cluster::stats() {
   ClusterStats s = stats_;
   s.committed = committed_.load();
   return s;
+}
+
+// ---- store loss ----------------------------------------------------------------
+
+Status Cluster::OnReregister() {
+  const Deadline deadline = Deadline::AfterSeconds(kStoreCallS);
+  coord::JobKeys keys(job_);
+  // 1. The newest commit this node saw: commit/latest comes back.
+  MEMENTO_RETURN_IF_ERROR(coord::RepublishCommits(*store_, job_, *log_, deadline));
+  // 2. Inventories: every rank's once this node has the plan (a replacement
+  //    node computes its plan from them), else those of its own ranks.
+  {
+    MutexLock l(&mu_);
+    published_.clear();  // the cluster thread publishes the local ones again
+  }
+  int republished = 0;
+  if (ready_.load()) {
+    for (size_t r = 0; r < inventory_.size(); ++r) {
+      MEMENTO_RETURN_IF_ERROR(
+          store_
+              ->Set(keys.Inventory(static_cast<int>(r)), TensorListToJson(inventory_[r]), deadline)
+              .status());
+      ++republished;
+    }
+  }
+  // 3. Steps this node will never report: nobody keeps holding them.
+  std::vector<int64_t> dead;
+  {
+    MutexLock l(&mu_);
+    dead.assign(dead_.begin(), dead_.end());
+  }
+  for (int64_t step : dead) {
+    if (step <= committed_.load()) continue;
+    MEMENTO_RETURN_IF_ERROR(store_->Set(SkippedKey(step, node_name_), "", deadline).status());
+  }
+  // 4. A step this node reported and still holds, uncommitted: its report may
+  //    have died with the store. Reporting it again is idempotent.
+  const int64_t reported = last_reported_.load();
+  if (reported > committed_.load() && shm::LoadWord(&word_->hold) == reported) {
+    MEMENTO_RETURN_IF_ERROR(coord::ReportCompleted(*store_, job_, node_name_, reported, deadline));
+  }
+  cv_.SignalAll();
+  MEMENTO_LOG_INFO(
+      "store lost node {}'s lease: registered again, republished commit {}, {} inventories{}",
+      node_, committed_.load(), republished,
+      reported > committed_.load() ? fmt::format(", the report of step {}", reported) : "");
+  return Status::Ok();
 }
 
 // ---- commit word -------------------------------------------------------------
@@ -814,6 +858,7 @@ bool Cluster::Produce(int64_t step) {
     Abandon(step, "reporting it: " + st.ToString());
     return false;
   }
+  last_reported_.store(step);
   {
     MutexLock l(&mu_);
     ++stats_.produced;

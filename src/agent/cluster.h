@@ -146,6 +146,11 @@ class Cluster {
   };
 
   void Run();
+  // The membership re-registered with a store that lost this node's lease
+  // (restarted empty): republishes what the store lost that this node knows
+  // (commit record, inventories, skip records, the pending report). Runs on
+  // the heartbeat thread; an error makes the membership retry it.
+  Status OnReregister() EXCLUDES(mu_);
   void PublishInventories() EXCLUDES(mu_);
   void TrySetup() EXCLUDES(mu_);
   void OnCommit(int64_t step) EXCLUDES(mu_);
@@ -192,6 +197,7 @@ class Cluster {
   DurableStreamer* durable_ = nullptr;             // the agent's; null without --durable-dir
   std::unique_ptr<coord::Watcher> epoch_watcher_;  // epoch -> durable_
   std::atomic<int64_t> committed_{-1};
+  std::atomic<int64_t> last_reported_{-1};  // the newest step reported COMPLETED
 
   Mutex mu_;
   CondVar cv_;

@@ -14,11 +14,18 @@ std::string_view InjectKindName(InjectKind kind) {
       return "kill-node";
     case InjectKind::kCorruptRank:
       return "corrupt-rank";
+    case InjectKind::kKillStore:
+      return "kill-store";
   }
   return "?";
 }
 
 std::string Injection::ToString() const {
+  if (kind == InjectKind::kKillStore) {
+    return std::string(InjectKindName(kind)) + (recovery >= 0
+                                                    ? "@recovery=" + std::to_string(recovery)
+                                                    : "@step=" + std::to_string(step));
+  }
   return std::string(InjectKindName(kind)) + ":" + std::to_string(target) +
          "@step=" + std::to_string(step);
 }
@@ -41,10 +48,33 @@ bool ParseNumber(std::string_view s, T* out) {
 Result<Injection> ParseOne(std::string_view entry, int world_size, int num_nodes) {
   const std::string quoted = "'" + std::string(entry) + "'";
   const std::string form =
-      " (expected kill-rank:R@step=N, kill-agent:I@step=N, kill-node:I@step=N or "
-      "corrupt-rank:R@step=N)";
-  size_t colon = entry.find(':');
+      " (expected kill-rank:R@step=N, kill-agent:I@step=N, kill-node:I@step=N, "
+      "corrupt-rank:R@step=N, kill-store@step=N or kill-store@recovery=K)";
   size_t at = entry.find('@');
+  if (at != std::string_view::npos && entry.substr(0, at) == "kill-store") {
+    // The store has no target: kill-store@step=N or kill-store@recovery=K.
+    Injection inj;
+    inj.kind = InjectKind::kKillStore;
+    std::string_view when = entry.substr(at + 1);
+    if (when.substr(0, 5) == "step=") {
+      if (!ParseNumber(when.substr(5), &inj.step) || inj.step < 0) {
+        return InvalidArgumentError("injection " + quoted + ": step '" +
+                                    std::string(when.substr(5)) +
+                                    "' is not a non-negative integer");
+      }
+    } else if (when.substr(0, 9) == "recovery=") {
+      if (!ParseNumber(when.substr(9), &inj.recovery) || inj.recovery < 0) {
+        return InvalidArgumentError("injection " + quoted + ": recovery '" +
+                                    std::string(when.substr(9)) +
+                                    "' is not a non-negative integer");
+      }
+    } else {
+      return InvalidArgumentError("injection " + quoted +
+                                  ": expected '@step=N' or '@recovery=K' after kill-store");
+    }
+    return inj;
+  }
+  size_t colon = entry.find(':');
   if (colon == std::string_view::npos || at == std::string_view::npos || at < colon) {
     return InvalidArgumentError("injection " + quoted + form);
   }
@@ -60,6 +90,9 @@ Result<Injection> ParseOne(std::string_view entry, int world_size, int num_nodes
     inj.kind = InjectKind::kKillNode;
   } else if (kind == "corrupt-rank") {
     inj.kind = InjectKind::kCorruptRank;
+  } else if (kind == "kill-store") {
+    return InvalidArgumentError("injection " + quoted +
+                                ": kill-store takes no target (kill-store@step=N)");
   } else {
     return InvalidArgumentError("injection " + quoted + ": unknown kind '" + std::string(kind) +
                                 "'" + form);

@@ -10,6 +10,12 @@
 //                         holds the newest committed step, once the next
 //                         failure has stopped the trainers (silent corruption
 //                         at rest: recovery must detect it and rebuild the rank)
+//   kill-store@step=N     SIGKILL the coordination store process (`memento
+//                         launch --store-process`) and, after --store-down-s,
+//                         start a fresh, EMPTY one on the same address: the
+//                         store host is lost; agents re-register and refill it
+//   kill-store@recovery=K the same, during recovery K (0-based): after the
+//                         agents were restarted, before the inventory round
 //
 // Several injections are separated by commas. "The job reaches step N" means
 // the newest committed step, or the step a node last signalled, is >= N.
@@ -27,16 +33,24 @@
 
 namespace memento::launch {
 
-enum class InjectKind : uint8_t { kKillRank = 0, kKillAgent = 1, kKillNode = 2, kCorruptRank = 3 };
+enum class InjectKind : uint8_t {
+  kKillRank = 0,
+  kKillAgent = 1,
+  kKillNode = 2,
+  kCorruptRank = 3,
+  kKillStore = 4,
+};
 
-// "kill-rank", "kill-agent", "kill-node", "corrupt-rank"
+// "kill-rank", "kill-agent", "kill-node", "corrupt-rank", "kill-store"
 std::string_view InjectKindName(InjectKind kind);
 
 struct Injection {
   InjectKind kind = InjectKind::kKillRank;
-  int target = 0;                // rank (kill-rank, corrupt-rank) or node index
-  int64_t step = 0;              // fires when the job reaches this step
-  std::string ToString() const;  // "kill-rank:3@step=40"
+  int target = 0;    // rank (kill-rank, corrupt-rank) or node index; 0 for kill-store
+  int64_t step = 0;  // fires when the job reaches this step (when recovery < 0)
+  // kill-store only: fires during recovery number `recovery` instead (0-based).
+  int recovery = -1;
+  std::string ToString() const;  // "kill-rank:3@step=40", "kill-store@recovery=0"
 };
 
 // Parses a comma-separated list (empty text: no injection). InvalidArgument

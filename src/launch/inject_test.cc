@@ -41,6 +41,21 @@ TEST(ParseInjections, RoundTrip) {
   }
 }
 
+TEST(ParseInjections, KillStore) {
+  auto r = ParseInjections("kill-store@step=12,kill-store@recovery=0,kill-node:1@step=20", 8, 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 3u);
+  EXPECT_EQ((*r)[0].kind, InjectKind::kKillStore);
+  EXPECT_EQ((*r)[0].step, 12);
+  EXPECT_EQ((*r)[0].recovery, -1);
+  EXPECT_EQ((*r)[0].ToString(), "kill-store@step=12");
+  EXPECT_EQ((*r)[1].kind, InjectKind::kKillStore);
+  EXPECT_EQ((*r)[1].recovery, 0);
+  EXPECT_EQ((*r)[1].ToString(), "kill-store@recovery=0");
+  EXPECT_EQ((*r)[2].recovery, -1);
+  EXPECT_EQ((*r)[2].ToString(), "kill-node:1@step=20");
+}
+
 TEST(ParseInjections, BadInputNamesTheEntry) {
   struct Case {
     const char* text;
@@ -61,6 +76,11 @@ TEST(ParseInjections, BadInputNamesTheEntry) {
       {"kill-rank:1@step=3,", "empty entry"},
       {",kill-rank:1@step=3", "empty entry"},
       {"kill-rank@step=3:1", "'kill-rank@step=3:1'"},
+      {"kill-store:1@step=3", "kill-store takes no target"},
+      {"kill-store@step=x", "step 'x'"},
+      {"kill-store@recovery=-1", "recovery '-1'"},
+      {"kill-store@at=1", "expected '@step=N' or '@recovery=K'"},
+      {"kill-store", "'kill-store'"},
   };
   for (const Case& c : cases) {
     auto r = ParseInjections(c.text, 8, 4);

@@ -23,6 +23,8 @@
 #include "coord/keys.h"
 #include "coord/membership.h"
 #include "launch/cluster.h"
+#include "launch/netns.h"
+#include "launch/store_host.h"
 #include "net/job_token.h"
 #include "recover/recover.h"
 #include "shm/node_store.h"
@@ -86,13 +88,48 @@ std::string RecoveryReport::ToString() const {
   return buf;
 }
 
+json StoreRestartReport::ToJson() const {
+  return {{"n", n},
+          {"cause", cause},
+          {"recovery", recovery},
+          {"reached_step", reached_step},
+          {"committed_before", committed_before},
+          {"down_s", down_s},
+          {"republished_s", republished_s},
+          {"resumed_s", resumed_s},
+          {"resumed_step", resumed_step}};
+}
+
+std::string StoreRestartReport::ToString() const {
+  auto after = [](double secs) {
+    char b[64];
+    std::snprintf(b, sizeof(b), "%.3f s after", secs);
+    return std::string(b);
+  };
+  char head[256];
+  std::snprintf(head, sizeof(head), "store restart %d: %s at step %lld (committed %lld)", n,
+                cause.c_str(), static_cast<long long>(reached_step),
+                static_cast<long long>(committed_before));
+  std::string out = head;
+  if (recovery >= 0) out += " during recovery " + std::to_string(recovery);
+  char down[64];
+  std::snprintf(down, sizeof(down), "; down %.3f s", down_s);
+  out += down;
+  out += "; commit republished " + (republished_s >= 0 ? after(republished_s) : "never");
+  out += "; commits resumed " +
+         (resumed_s >= 0 ? after(resumed_s) + " (step " + std::to_string(resumed_step) + ")"
+                         : std::string("never"));
+  return out;
+}
+
 json LaunchSummary::ToJson() const {
   json r = json::array();
   for (const RecoveryReport& x : recoveries) r.push_back(x.ToJson());
-  return {{"success", success},   {"exit_code", exit_code},
-          {"attempts", attempts}, {"committed", final_committed},
-          {"failures", failures}, {"recoveries", r},
-          {"message", message}};
+  json sr = json::array();
+  for (const StoreRestartReport& x : store_restarts) sr.push_back(x.ToJson());
+  return {{"success", success},           {"exit_code", exit_code}, {"attempts", attempts},
+          {"committed", final_committed}, {"failures", failures},   {"recoveries", r},
+          {"store_restarts", sr},         {"message", message}};
 }
 
 std::string LaunchSummary::ToString() const {
@@ -104,6 +141,10 @@ std::string LaunchSummary::ToString() const {
   for (const std::string& f : failures) s += "    - " + f + "\n";
   s += "  recoveries: " + std::to_string(recoveries.size()) + "\n";
   for (const RecoveryReport& r : recoveries) s += "    - " + r.ToString() + "\n";
+  if (!store_restarts.empty()) {
+    s += "  store restarts: " + std::to_string(store_restarts.size()) + "\n";
+    for (const StoreRestartReport& r : store_restarts) s += "    - " + r.ToString() + "\n";
+  }
   return s;
 }
 
@@ -148,6 +189,29 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
   }
   auto inj = ParseInjections(o.inject, world, o.nodes);
   if (!inj.ok()) return inj.status();
+  if (!o.store_url.empty() && o.store_process) {
+    return InvalidArgumentError("--store " + o.store_url +
+                                " (an external store) and --store-process exclude each other");
+  }
+  if (!(o.store_down_s >= 0)) return InvalidArgumentError("--store-down-s must be >= 0");
+  for (const Injection& i : *inj) {
+    if (i.kind != InjectKind::kKillStore) continue;
+    if (!o.store_url.empty()) {
+      return InvalidArgumentError("injection " + i.ToString() + ": the store " + o.store_url +
+                                  " is external; the launcher can only kill a store process "
+                                  "it runs (--store-process)");
+    }
+    o.store_process = true;  // a store that can be lost needs its own process
+  }
+  if (o.netns) {
+    if (std::string why = NodeNetwork::Unsupported(); !why.empty()) {
+      return FailedPreconditionError(why);
+    }
+    if (o.store_url.rfind("tcp://127.", 0) == 0 || o.store_url.rfind("tcp://localhost", 0) == 0) {
+      return InvalidArgumentError("--netns: the store " + o.store_url +
+                                  " is on loopback, which the nodes' namespaces cannot reach");
+    }
+  }
   std::unique_ptr<Launcher> l(new Launcher(std::move(o)));
   l->injections_ = std::move(*inj);
   return l;
@@ -229,6 +293,12 @@ Result<int> CorruptSlot(const std::string& root, int rank, int64_t step) {
                        std::to_string(step) + " under " + root);
 }
 
+std::string Seconds3(double s) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.3f", s);
+  return b;
+}
+
 bool FileExists(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0;
@@ -238,12 +308,14 @@ bool FileExists(const std::string& path) {
 
 struct Launcher::State {
   const LaunchOptions& o;
+  // --netns: first member, so it is torn down last (after every child died).
+  std::unique_ptr<NodeNetwork> network;
   int world = 0;
   JobTopology topology;
   net::JobToken token;
   std::string token_path, store_url, logs;
-  std::unique_ptr<coord::EmbeddedStoreServer> server;
-  coord::Store* store = nullptr;  // server->store(); valid while server lives
+  std::unique_ptr<StoreHost> store_host;
+  coord::Store* store = nullptr;  // store_host->store(); valid while store_host lives
   std::unique_ptr<coord::CommitCoordinator> coordinator;
   std::optional<topo::Plan> plan;
   std::vector<Subprocess> agents;
@@ -256,10 +328,31 @@ struct Launcher::State {
   std::vector<int> pending_corruptions;  // corrupt-rank targets
   Stopwatch progress_clock;
   int64_t last_progress_step = -2;
+  // The store (docs/launch.md, "The store"). commit/latest only grows, but a
+  // restarted store forgets it until the agents republish it: the launcher
+  // keeps the newest it saw.
+  int64_t known_committed = -1;
+  std::optional<TimePoint> store_down_since;    // killed; the fresh one is not started yet
+  std::optional<TimePoint> store_restarted_at;  // watching for the commits to come back
+  std::vector<StoreRestartReport> store_restarts;
+  Stopwatch store_check_clock;
+  // What the launcher wrote besides the topology and plan hash, to republish.
+  json restore_record;                          // null before the first recovery
+  std::map<int, std::string> recovery_records;  // recovery/<n>
 
   explicit State(const LaunchOptions& options, net::JobToken t) : o(options), token(std::move(t)) {}
 
   std::string Root(int node) const { return o.run_dir + "/node" + std::to_string(node); }
+  // The address node `node`'s agent listens on and its argv prefix (--netns).
+  std::string NodeAddress(int node) const {
+    return network ? network->NodeAddress(node) : "127.0.0.1";
+  }
+  std::vector<std::string> InNode(int node, std::vector<std::string> argv) const {
+    if (!network) return argv;
+    std::vector<std::string> out = network->ExecPrefix(node);
+    out.insert(out.end(), argv.begin(), argv.end());
+    return out;
+  }
   int NodeOf(int rank) const { return rank / o.ranks_per_node; }
 
   void Say(const std::string& line) const {
@@ -267,9 +360,126 @@ struct Launcher::State {
     std::fflush(stdout);
   }
 
+  bool StoreDown() const { return store_down_since.has_value(); }
+
+  // The newest committed step: commit/latest, or the newest the launcher saw
+  // (a restarted store has none until an agent republishes it).
   int64_t Committed() {
+    if (StoreDown()) return known_committed;
     auto r = coord::ReadLatestCommit(*store, o.job, Deadline::AfterSeconds(5));
-    return r.ok() ? *r : -1;
+    if (r.ok()) known_committed = std::max(known_committed, *r);
+    return known_committed;
+  }
+
+  // ---- the store's loss (kill-store) --------------------------------------------
+
+  // Everything the launcher wrote into the store; the topology last (its
+  // absence is how CheckStore notices a store that lost everything).
+  Status RepublishLauncherKeys(Deadline deadline) {
+    coord::JobKeys keys(o.job);
+    if (plan.has_value()) {
+      MEMENTO_RETURN_IF_ERROR(
+          store->Set(keys.PlanHash(), std::to_string(recover::PlanHash(*plan)), deadline).status());
+    }
+    if (!restore_record.is_null()) {
+      MEMENTO_RETURN_IF_ERROR(store->Set(keys.Restore(), restore_record.dump(), deadline).status());
+    }
+    for (const auto& [n, text] : recovery_records) {
+      MEMENTO_RETURN_IF_ERROR(store->Set(keys.Recovery(n), text, deadline).status());
+    }
+    return PublishTopology(*store, o.job, topology, deadline);
+  }
+
+  // SIGKILLs the store process: a store-host loss. It stays down for
+  // --store-down-s (RestartStoreIfDue), while the trainers keep training.
+  void KillStore(const std::string& cause, int recovery, int64_t reached) {
+    StoreRestartReport r;
+    r.n = static_cast<int>(store_restarts.size());
+    r.cause = cause;
+    r.recovery = recovery;
+    r.reached_step = reached;
+    r.committed_before = Committed();
+    if (Status st = store_host->Kill(); !st.ok()) {
+      Say("kill-store: " + st.ToString());
+      return;
+    }
+    store_down_since = Now();
+    store_restarted_at.reset();
+    store_restarts.push_back(r);
+    Say("the store process is gone (" + cause + "); commits pause, snapshots go on into T0");
+  }
+
+  // Starts the fresh, empty store on the same address and republishes the
+  // launcher's keys; the agents notice (their leases are unknown there),
+  // register again and republish theirs.
+  Status RestartStore() {
+    const Deadline deadline = Deadline::AfterSeconds(o.agent_start_timeout_s);
+    MEMENTO_RETURN_IF_ERROR(store_host->Restart(deadline).WithContext("restarting the store"));
+    const TimePoint up = Now();
+    if (!store_restarts.empty() && store_down_since) {
+      store_restarts.back().down_s = SecondsBetween(*store_down_since, up);
+    }
+    store_down_since.reset();
+    store_restarted_at = up;
+    MEMENTO_RETURN_IF_ERROR(
+        RepublishLauncherKeys(deadline).WithContext("republishing the launcher's keys"));
+    Say("a fresh, empty store listens on " + store_host->url() +
+        "; the launcher's keys are republished, the agents re-register");
+    return Status::Ok();
+  }
+
+  Status RestartStoreIfDue() {
+    if (!StoreDown()) return Status::Ok();
+    if (SecondsBetween(*store_down_since, Now()) < o.store_down_s) return Status::Ok();
+    return RestartStore();
+  }
+
+  // Between restarts: a store process that died on its own is replaced at
+  // once; a store that lost the job's keys (an external one restarted) gets
+  // the launcher's keys again; after a restart, when commit/latest is back
+  // and when a newer step commits.
+  Status CheckStore() {
+    if (StoreDown()) return Status::Ok();
+    if (auto st = store_host->PollExited()) {
+      StoreRestartReport r;
+      r.n = static_cast<int>(store_restarts.size());
+      r.cause = "the store process died (" + st->ToString() + ")";
+      r.committed_before = known_committed;
+      store_restarts.push_back(r);
+      store_down_since = Now();
+      Say(r.cause + "; starting a fresh one on the same address");
+      return RestartStore();
+    }
+    if (store_restarted_at && !store_restarts.empty()) {
+      StoreRestartReport& r = store_restarts.back();
+      auto latest = coord::ReadLatestCommit(*store, o.job, Deadline::AfterSeconds(2));
+      if (latest.ok()) {
+        known_committed = std::max(known_committed, *latest);
+        const double since = SecondsBetween(*store_restarted_at, Now());
+        if (r.republished_s < 0 && *latest >= r.committed_before) {
+          r.republished_s = since;
+          Say("the agents republished commit " + std::to_string(*latest) + " " + Seconds3(since) +
+              " s after the store restart");
+        }
+        if (*latest > r.committed_before) {
+          r.resumed_s = since;
+          r.resumed_step = *latest;
+          store_restarted_at.reset();
+          Say("commits resumed: step " + std::to_string(*latest) + " committed " + Seconds3(since) +
+              " s after the store restart");
+        }
+      }
+    }
+    if (store_check_clock.Seconds() >= 0.25) {
+      store_check_clock.Reset();
+      auto kv = store->Get(coord::JobKeys(o.job).Topology(), Deadline::AfterSeconds(2));
+      if (!kv.ok() && kv.status().code() == StatusCode::kNotFound) {
+        Say("the store lost the job's keys (restarted empty?): republishing the launcher's");
+        Status st = RepublishLauncherKeys(Deadline::AfterSeconds(10));
+        if (!st.ok()) Say("republishing the launcher's keys (will retry): " + st.ToString());
+      }
+    }
+    return Status::Ok();
   }
 
   // The highest step any node signalled (SNAP / COMPLETED), or committed.
@@ -308,14 +518,23 @@ struct Launcher::State {
       store->RevokeLease(kv->lease, Deadline::AfterSeconds(5)).IgnoreError();
     }
     SpawnOptions so;
-    so.argv = {o.memento_binary,     "agent",    "--job",    o.job,        "--node",
-               std::to_string(node), "--root",   root,       "--store",    store_url,
-               "--token-file",       token_path, "--listen", "127.0.0.1:0"};
+    so.argv = {o.memento_binary, "agent",
+               "--job",          o.job,
+               "--node",         std::to_string(node),
+               "--root",         root,
+               "--store",        store_url,
+               "--token-file",   token_path,
+               "--listen",       NodeAddress(node) + ":0"};
     if (!o.durable_dir.empty()) {
       so.argv.push_back("--durable-dir");
       so.argv.push_back(o.durable_dir);
     }
     for (const auto& a : o.agent_args) so.argv.push_back(a);
+    so.argv = InNode(node, std::move(so.argv));
+    if (network && fresh_root) {
+      // A replaced host comes back on the network.
+      MEMENTO_RETURN_IF_ERROR(network->SetNodeLink(node, true));
+    }
     so.log_path = logs + "/agent" + std::to_string(node) + ".log";
     AppendLine(so.log_path, "---- memento launch: agent for node " + std::to_string(node) +
                                 (fresh_root ? " on an empty root" : "") + " ----");
@@ -390,6 +609,7 @@ struct Launcher::State {
                                                  {"pp", std::to_string(o.pp)}};
       SpawnOptions so;
       for (const std::string& a : o.trainer) so.argv.push_back(Substitute(a, vars));
+      so.argv = InNode(node, std::move(so.argv));
       so.env = {"MEMENTO_JOB=" + o.job,
                 "MEMENTO_RANK=" + std::to_string(r),
                 "MEMENTO_WORLD_SIZE=" + std::to_string(world),
@@ -402,7 +622,8 @@ struct Launcher::State {
                 "MEMENTO_PP=" + std::to_string(o.pp),
                 "MEMENTO_ZERO=" + std::to_string(o.zero),
                 "MEMENTO_STORE=" + store_url,
-                "MEMENTO_TOKEN_FILE=" + token_path};
+                "MEMENTO_TOKEN_FILE=" + token_path,
+                "MEMENTO_NODE_ADDR=" + NodeAddress(node)};
       so.log_path = logs + "/rank" + std::to_string(r) + ".log";
       AppendLine(so.log_path, "---- memento launch: rank " + std::to_string(r) + " attempt " +
                                   std::to_string(attempt) + " ----");
@@ -486,8 +707,16 @@ struct Launcher::State {
 Result<LaunchSummary> Launcher::Run() {
   const LaunchOptions& o = options_;
   LaunchSummary summary;
-  MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Generate());
-  State s(o, std::move(token));
+  Result<net::JobToken> token = (!o.token_file.empty() || !o.store_url.empty())
+                                    ? net::JobToken::Load(o.token_file)
+                                    : net::JobToken::Generate();
+  if (!token.ok()) {
+    return token.status().WithContext(o.store_url.empty()
+                                          ? "the job token (--token-file)"
+                                          : "the job token of the store " + o.store_url +
+                                                " (--token-file or MEMENTO_JOB_TOKEN)");
+  }
+  State s(o, std::move(*token));
   s.world = o.nodes * o.ranks_per_node;
   MEMENTO_ASSIGN_OR_RETURN(s.topology.topology,
                            topo::Topology::Uniform(o.dp, o.tp, o.pp, o.zero, o.ranks_per_node));
@@ -501,17 +730,41 @@ Result<LaunchSummary> Launcher::Run() {
   MEMENTO_RETURN_IF_ERROR(MakeDirs(s.logs));
   s.token_path = o.run_dir + "/job.token";
   MEMENTO_RETURN_IF_ERROR(WriteTokenFile(s.token_path, s.token));
-  MEMENTO_ASSIGN_OR_RETURN(s.server, coord::EmbeddedStoreServer::Start("127.0.0.1", 0, s.token));
-  s.store = &s.server->store();
-  s.store_url = "tcp://127.0.0.1:" + std::to_string(s.server->port());
   const Deadline setup = Deadline::AfterSeconds(o.agent_start_timeout_s);
+  if (o.netns) {
+    MEMENTO_ASSIGN_OR_RETURN(s.network, NodeNetwork::Create(o.nodes));
+    if (!o.quiet) s.Say("network namespaces: " + s.network->Describe());
+  }
+  StoreHostOptions sho;
+  if (s.network) sho.listen_host = s.network->BridgeAddress();
+  sho.mode = !o.store_url.empty() ? StoreMode::kExternal
+             : o.store_process    ? StoreMode::kProcess
+                                  : StoreMode::kInProcess;
+  sho.url = o.store_url;
+  sho.memento_binary = o.memento_binary;
+  sho.token_path = s.token_path;
+  sho.log_path = s.logs + "/store.log";
+  sho.port_file = o.run_dir + "/store.port";
+  MEMENTO_ASSIGN_OR_RETURN(s.store_host, StoreHost::Start(sho, s.token, setup));
+  s.store = &s.store_host->store();
+  s.store_url = s.store_host->url();
+  if (sho.mode == StoreMode::kExternal) {
+    // A job name reused in a long-lived store would inherit old commits.
+    auto old = coord::ReadLatestCommit(*s.store, o.job, setup);
+    if (old.ok()) {
+      return FailedPreconditionError("the store " + o.store_url + " already holds commits of job " +
+                                     o.job + " (step " + std::to_string(*old) +
+                                     "): choose another --job");
+    }
+  }
   MEMENTO_RETURN_IF_ERROR(PublishTopology(*s.store, o.job, s.topology, setup));
   MEMENTO_RETURN_IF_ERROR(s.StartCoordinator(setup));
   if (!o.quiet) {
     s.Say("job " + o.job + ": " + std::to_string(o.nodes) + " node(s) x " +
           std::to_string(o.ranks_per_node) + " rank(s), dp " + std::to_string(o.dp) + " tp " +
           std::to_string(o.tp) + " pp " + std::to_string(o.pp) + " zero " + std::to_string(o.zero) +
-          ", policy " + o.policy + "; store " + s.store_url + "; run dir " + o.run_dir);
+          ", policy " + o.policy + "; store " + s.store_url + " (" +
+          std::string(StoreModeName(sho.mode)) + "); run dir " + o.run_dir);
     for (const Injection& inj : injections_) s.Say("will inject " + inj.ToString());
   }
 
@@ -520,14 +773,16 @@ Result<LaunchSummary> Launcher::Run() {
     s.StopTrainers();
     s.StopAgents();
     summary.final_committed = s.Committed();
+    summary.store_restarts = s.store_restarts;
     s.coordinator.reset();
-    s.server->Stop();
+    s.store_host->Stop();
     if (!o.keep_run_dir) {
       for (int i = 0; i < o.nodes; ++i) RemoveAll(s.Root(i));
       for (int a = 0; a <= s.attempt; ++a) {
         RemoveAll(o.run_dir + "/rendezvous." + std::to_string(a));
       }
       unlink(s.token_path.c_str());
+      unlink(sho.port_file.c_str());
     }
     summary.success = success;
     summary.exit_code = code;
@@ -547,18 +802,30 @@ Result<LaunchSummary> Launcher::Run() {
   int restarts = 0;
   while (true) {
     if (stop_requested_.load()) return finish(false, 130, "stopped by a signal");
-    s.MaybePublishPlan();
+    // The store: restart a killed one when its down time is over; notice one
+    // that died or forgot the job. Nothing below waits on a store that is down.
+    if (Status st = s.RestartStoreIfDue(); !st.ok()) return finish(false, 1, st.ToString());
+    if (Status st = s.CheckStore(); !st.ok()) return finish(false, 1, st.ToString());
+    if (!s.StoreDown()) s.MaybePublishPlan();
 
     // Injections.
-    if (!injections_.empty()) {
+    if (!injections_.empty() && !s.StoreDown()) {
       const int64_t reached = s.ReachedStep();
       for (size_t k = 0; k < injections_.size(); ++k) {
         const Injection& inj = injections_[k];
-        if (s.fired[k] || reached < inj.step) continue;
+        if (s.fired[k] || inj.recovery >= 0 || reached < inj.step) continue;
+        // One loss at a time: after a store restart, the next injection waits
+        // until commits resumed (so "a node loss after the store restart"
+        // really recovers from a commit made on the fresh store).
+        if (s.StoreDown() || s.store_restarted_at.has_value()) continue;
         s.fired[k] = true;
         s.injected_at = Now();
         s.Say("injecting " + inj.ToString() + " (job at step " + std::to_string(reached) + ")");
-        if (inj.kind == InjectKind::kKillRank) {
+        if (inj.kind == InjectKind::kKillStore) {
+          // Not a failure of the training: nothing to recover, nothing to time.
+          s.injected_at.reset();
+          s.KillStore(inj.ToString(), -1, reached);
+        } else if (inj.kind == InjectKind::kKillRank) {
           s.trainers[static_cast<size_t>(inj.target)].Kill(SIGKILL).IgnoreError();
         } else if (inj.kind == InjectKind::kCorruptRank) {
           // Applied when the next failure has stopped the trainers, to the
@@ -584,6 +851,11 @@ Result<LaunchSummary> Launcher::Run() {
             }
             RemoveAll(s.Root(inj.target));
             s.node_lost[static_cast<size_t>(inj.target)] = true;
+            if (s.network) {
+              // The host is off the network too.
+              Status st = s.network->SetNodeLink(inj.target, false);
+              if (!st.ok()) s.Say("kill-node: taking the link down: " + st.ToString());
+            }
           }
         }
       }
@@ -638,6 +910,10 @@ Result<LaunchSummary> Launcher::Run() {
       }
       ++restarts;
       s.StopTrainers();
+      // Recovery needs the store: a killed one comes back now.
+      if (s.StoreDown()) {
+        if (Status st = s.RestartStore(); !st.ok()) return finish(false, 1, st.ToString());
+      }
       const Deadline agents_deadline = Deadline::AfterSeconds(o.agent_start_timeout_s);
       for (int i = 0; i < o.nodes; ++i) {
         Subprocess& a = s.agents[static_cast<size_t>(i)];
@@ -650,6 +926,17 @@ Result<LaunchSummary> Launcher::Run() {
       }
       if (Status st = s.WaitAgentsReady(agents_deadline); !st.ok()) {
         return finish(false, 1, st.ToString());
+      }
+      // kill-store@recovery=N: the store host is lost in the middle of this
+      // recovery (agents restarted, inventory round not begun).
+      for (size_t k = 0; k < injections_.size(); ++k) {
+        const Injection& inj = injections_[k];
+        if (s.fired[k] || inj.kind != InjectKind::kKillStore || inj.recovery != rep.n) continue;
+        s.fired[k] = true;
+        s.Say("injecting " + inj.ToString());
+        s.KillStore(inj.ToString(), rep.n, s.known_committed);
+        std::this_thread::sleep_for(std::chrono::duration<double>(o.store_down_s));
+        if (Status st = s.RestartStore(); !st.ok()) return finish(false, 1, st.ToString());
       }
       rep.committed = s.Committed();
       if (s.plan.has_value() && rep.committed >= 0) {
@@ -772,6 +1059,8 @@ Result<LaunchSummary> Launcher::Run() {
       {
         coord::JobKeys keys(o.job);
         json restore = {{"step", rep.step}, {"attempt", s.attempt}};
+        s.restore_record = restore;
+        s.recovery_records[rep.n] = rep.ToJson().dump();
         s.store->Set(keys.Restore(), restore.dump(), Deadline::AfterSeconds(5))
             .status()
             .IgnoreError();

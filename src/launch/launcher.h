@@ -1,8 +1,12 @@
 // `memento launch`: runs a cluster job of N simulated nodes on this machine
 // (docs/launch.md, docs/cluster.md).
 //
-//   - hosts the coordination store in-process (coord::EmbeddedStoreServer on
-//     127.0.0.1, ephemeral port) and the CommitCoordinator over all N nodes;
+//   - hosts the coordination store (launch/store_host.h: in-process by
+//     default, a child `memento store` process, or an external store) and
+//     runs the CommitCoordinator over all N nodes against it; when the store
+//     loses everything (its process killed and restarted empty) it republishes
+//     its own keys (topology, plan hash, restore target, recovery records)
+//     while the agents republish theirs;
 //   - writes the job token file (0600) and /memento/<job>/topology, and
 //     /memento/<job>/plan_hash once every rank's inventory is in the store;
 //   - starts one `memento agent` per node (root RUN/node<i>) and the trainers
@@ -62,6 +66,39 @@ struct LaunchOptions {
   double recovery_timeout_s = 120;
   // Progress lines on stdout (failures and recoveries are always printed).
   bool quiet = false;
+  // The coordination store (launch/store_host.h): in this process (default),
+  // in a child `memento store` process (store_process; a kill-store injection
+  // implies it), or an external store at store_url (tcp://H:P; the job token
+  // then comes from token_file or MEMENTO_JOB_TOKEN).
+  bool store_process = false;
+  std::string store_url;
+  // The job token to use instead of a fresh random one (copied to RUN/job.token).
+  std::string token_file;
+  // How long a killed store process stays down before the launcher starts a
+  // fresh, empty one on the same address (kill-store).
+  double store_down_s = 1.0;
+  // Every node's agent and trainers in their own network namespace
+  // (launch/netns.h; root and iproute2 needed).
+  bool netns = false;
+};
+
+// One loss of the store process (kill-store, or the process died) and how the
+// job came back from it.
+struct StoreRestartReport {
+  int n = 0;
+  std::string cause;
+  int recovery = -1;              // killed during this recovery; -1: while training
+  int64_t reached_step = -1;      // the job's step when it was lost
+  int64_t committed_before = -1;  // commit/latest when it was lost
+  double down_s = 0;              // loss to the fresh store answering
+  // From the fresh store answering: until commit/latest was back at
+  // committed_before (republished by the agents), and until a newer step
+  // committed (commits resumed). -1: not (yet) seen.
+  double republished_s = -1;
+  double resumed_s = -1;
+  int64_t resumed_step = -1;
+  nlohmann::json ToJson() const;
+  std::string ToString() const;
 };
 
 struct RecoveryReport {
@@ -94,6 +131,7 @@ struct LaunchSummary {
   int64_t final_committed = -1;
   std::vector<std::string> failures;
   std::vector<RecoveryReport> recoveries;
+  std::vector<StoreRestartReport> store_restarts;
   std::string message;  // why it ended
   nlohmann::json ToJson() const;
   std::string ToString() const;

@@ -8,6 +8,7 @@
 // MEMENTO_CHAOS=1 (the cluster_chaos_test binary, label chaos) runs only the
 // seeded random test; otherwise it is skipped.
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -20,7 +21,10 @@
 
 #include "common/subprocess.h"
 #include "common/test_util.h"
+#include "coord/commit.h"
+#include "coord/store.h"
 #include "gtest/gtest.h"
+#include "net/job_token.h"
 
 namespace memento {
 namespace {
@@ -70,51 +74,69 @@ struct Outcome {
 
 std::string LaunchLogs(const Outcome& o) { return "launcher output:\n" + o.output; }
 
+// The `memento launch` command line of `job` (its outputs under `dir`).
+std::vector<std::string> LaunchArgv(const Job& job, const std::string& dir,
+                                    const std::string& job_name, const std::string& out_dir) {
+  std::vector<std::string> argv = {MEMENTO_BIN,
+                                   "launch",
+                                   "--job",
+                                   job_name,
+                                   "--nodes",
+                                   std::to_string(job.nodes),
+                                   "--ranks-per-node",
+                                   std::to_string(job.ranks_per_node),
+                                   "--tp",
+                                   std::to_string(job.tp),
+                                   "--pp",
+                                   std::to_string(job.pp),
+                                   "--zero",
+                                   std::to_string(job.zero),
+                                   "--policy",
+                                   job.policy,
+                                   "--max-restarts",
+                                   std::to_string(job.max_restarts),
+                                   "--run-dir",
+                                   dir + "/run",
+                                   "--summary-json",
+                                   dir + "/summary.json"};
+  if (job.dp > 0) {
+    argv.push_back("--dp");
+    argv.push_back(std::to_string(job.dp));
+  }
+  if (!job.inject.empty()) {
+    argv.push_back("--inject");
+    argv.push_back(job.inject);
+  }
+  for (const auto& e : job.extra) argv.push_back(e);
+  for (const char* a : {"--", WORKLOAD_BIN}) argv.push_back(a);
+  for (const std::string& a :
+       {std::string("--steps"), std::to_string(job.steps), std::string("--elements"),
+        std::to_string(job.elements), std::string("--step-ms"), std::to_string(job.step_ms),
+        std::string("--warmup-ms"), std::to_string(job.warmup_ms), std::string("--out"), out_dir}) {
+    argv.push_back(a);
+  }
+  return argv;
+}
+
+// Reads what a finished launcher left: its output and summary.
+void CollectOutcome(const std::string& dir, Outcome* o) {
+  o->output = ReadAll(dir + "/launch.log");
+  // Agents built without the peer service's inventory and recovery methods
+  // (agent cluster mode before it serves kPeerInventory / kPeerRecover)
+  // cannot take part in a recovery: nothing to test then.
+  if (o->output.find("does not serve the peer inventory") != std::string::npos) {
+    o->unsupported = true;
+  }
+  const std::string text = ReadAll(dir + "/summary.json");
+  if (!text.empty()) o->summary = json::parse(text, nullptr, false);
+}
+
 Outcome RunJob(const Job& job, const std::string& dir, const std::string& name) {
   Outcome o;
   o.out_dir = dir + "/out";
   EXPECT_EQ(mkdir(o.out_dir.c_str(), 0700), 0);
-  const std::string summary = dir + "/summary.json";
   SpawnOptions so;
-  so.argv = {MEMENTO_BIN,
-             "launch",
-             "--job",
-             name + "-" + std::to_string(getpid()),
-             "--nodes",
-             std::to_string(job.nodes),
-             "--ranks-per-node",
-             std::to_string(job.ranks_per_node),
-             "--tp",
-             std::to_string(job.tp),
-             "--pp",
-             std::to_string(job.pp),
-             "--zero",
-             std::to_string(job.zero),
-             "--policy",
-             job.policy,
-             "--max-restarts",
-             std::to_string(job.max_restarts),
-             "--run-dir",
-             dir + "/run",
-             "--summary-json",
-             summary};
-  if (job.dp > 0) {
-    so.argv.push_back("--dp");
-    so.argv.push_back(std::to_string(job.dp));
-  }
-  if (!job.inject.empty()) {
-    so.argv.push_back("--inject");
-    so.argv.push_back(job.inject);
-  }
-  for (const auto& e : job.extra) so.argv.push_back(e);
-  for (const char* a : {"--", WORKLOAD_BIN}) so.argv.push_back(a);
-  for (const std::string& a :
-       {std::string("--steps"), std::to_string(job.steps), std::string("--elements"),
-        std::to_string(job.elements), std::string("--step-ms"), std::to_string(job.step_ms),
-        std::string("--warmup-ms"), std::to_string(job.warmup_ms), std::string("--out"),
-        o.out_dir}) {
-    so.argv.push_back(a);
-  }
+  so.argv = LaunchArgv(job, dir, name + "-" + std::to_string(getpid()), o.out_dir);
   so.log_path = dir + "/launch.log";
   auto p = Subprocess::Spawn(so);
   EXPECT_TRUE(p.ok()) << p.status();
@@ -127,15 +149,7 @@ Outcome RunJob(const Job& job, const std::string& dir, const std::string& name) 
   } else {
     o.exit = *st;
   }
-  o.output = ReadAll(so.log_path);
-  // Agents built without the peer service's inventory and recovery methods
-  // (agent cluster mode before it serves kPeerInventory / kPeerRecover)
-  // cannot take part in a recovery: nothing to test then.
-  if (o.output.find("does not serve the peer inventory") != std::string::npos) {
-    o.unsupported = true;
-  }
-  const std::string text = ReadAll(summary);
-  if (!text.empty()) o.summary = json::parse(text, nullptr, false);
+  CollectOutcome(dir, &o);
   return o;
 }
 
@@ -317,7 +331,237 @@ TEST_F(ClusterTest, CorruptedSlotOnASurvivorIsDetectedAndRebuilt) {
   ExpectBitIdentical(job, o, dir_.path());
 }
 
-// Seeded random failures: kills of ranks, agents and nodes at random steps,
+// The store host is lost while the job trains: the launcher SIGKILLs its
+// store process and starts a fresh, EMPTY one on the same address. The agents
+// re-register and refill it (commit/latest from their CommitLogs, the
+// inventories), commits resume past the kill, and a node lost after that is
+// rebuilt from memory, bit-identical to the uninterrupted run.
+TEST_F(ClusterTest, StoreKilledMidRunThenNodeLoss) {
+  Job job;
+  job.policy = "xor";
+  job.steps = 120;
+  job.step_ms = 30;
+  job.inject = "kill-store@step=10,kill-node:1@step=70";
+  job.extra = {"--store-down-s", "0.5"};
+  Outcome o = RunJob(job, dir_.path(), "killstore");
+  SKIP_IF_UNSUPPORTED(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_NE(o.output.find("(process)"), std::string::npos) << LaunchLogs(o);
+  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
+  ASSERT_EQ(o.summary["store_restarts"].size(), 1u) << LaunchLogs(o);
+  const json& sr = o.summary["store_restarts"][0];
+  const int64_t before = sr["committed_before"].get<int64_t>();
+  EXPECT_GE(sr["reached_step"].get<int64_t>(), 10) << LaunchLogs(o);
+  EXPECT_GE(sr["down_s"].get<double>(), 0.5) << LaunchLogs(o);
+  // The agents brought commit/latest back, and a newer step committed on the
+  // fresh store.
+  EXPECT_GE(sr["republished_s"].get<double>(), 0.0) << LaunchLogs(o);
+  EXPECT_GE(sr["resumed_s"].get<double>(), 0.0) << LaunchLogs(o);
+  EXPECT_GT(sr["resumed_step"].get<int64_t>(), before) << LaunchLogs(o);
+  EXPECT_GT(o.summary["committed"].get<int64_t>(), before) << LaunchLogs(o);
+  // The node loss came after the restart and restored a commit of the fresh store.
+  ExpectRestoredFromMemory(job, o, 1);
+  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({1})) << LaunchLogs(o);
+  EXPECT_GE(o.summary["recoveries"][0]["step"].get<int64_t>(), sr["resumed_step"].get<int64_t>())
+      << LaunchLogs(o);
+  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
+// The store host is lost in the middle of a recovery (the lost node's fresh
+// agent started, the inventory round not begun): the store comes back empty,
+// the launcher republishes the topology and plan hash, the survivors the
+// inventories the fresh agent needs for its plan, and the recovery completes.
+TEST_F(ClusterTest, StoreKilledDuringRecovery) {
+  Job job;
+  job.policy = "replicate";
+  job.steps = 60;
+  job.inject = "kill-node:2@step=10,kill-store@recovery=0";
+  job.extra = {"--store-down-s", "0.3"};
+  Outcome o = RunJob(job, dir_.path(), "killstorerec");
+  SKIP_IF_UNSUPPORTED(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
+  ASSERT_EQ(o.summary["store_restarts"].size(), 1u) << LaunchLogs(o);
+  EXPECT_EQ(o.summary["store_restarts"][0]["recovery"].get<int>(), 0) << LaunchLogs(o);
+  ExpectRestoredFromMemory(job, o, 1);
+  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({2})) << LaunchLogs(o);
+  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
+  EXPECT_GT(o.summary["committed"].get<int64_t>(),
+            o.summary["recoveries"][0]["step"].get<int64_t>())
+      << LaunchLogs(o);
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
+// `memento launch --store tcp://H:P`: a store someone else runs (here the
+// test, as a real `memento store` process). It is SIGKILLed mid-run and its
+// owner restarts it, empty, on the same address: the launcher notices the lost
+// keys and republishes its own, the agents theirs, commits resume past the
+// kill, and afterwards `memento inspect --store --job` reads the refilled store.
+TEST_F(ClusterTest, ExternalStoreRestartedEmptyByItsOwner) {
+  const std::string dir = dir_.path();
+  const std::string token_path = dir + "/store.token";
+  {
+    auto token = net::JobToken::Generate();
+    ASSERT_TRUE(token.ok());
+    std::ofstream f(token_path);
+    f << token->secret() << "\n";
+  }
+  ASSERT_EQ(chmod(token_path.c_str(), 0600), 0);
+  const std::string port_file = dir + "/store.port";
+  auto start_store = [&](int port) -> Result<Subprocess> {
+    unlink(port_file.c_str());
+    SpawnOptions so;
+    so.argv = {MEMENTO_BIN,    "store",    "--listen",    "127.0.0.1:" + std::to_string(port),
+               "--token-file", token_path, "--port-file", port_file};
+    so.log_path = dir + "/store.log";
+    MEMENTO_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Spawn(so));
+    for (Deadline d = Deadline::AfterSeconds(30); !d.expired();) {
+      std::ifstream f(port_file);
+      int got = 0;
+      if (f >> got && got > 0) return p;
+      if (p.Poll()) return UnavailableError("memento store exited:\n" + ReadAll(so.log_path));
+      usleep(5000);
+    }
+    return DeadlineExceededError("memento store did not listen");
+  };
+  auto store = start_store(0);
+  ASSERT_TRUE(store.ok()) << store.status();
+  int port = 0;
+  {
+    std::ifstream f(port_file);
+    f >> port;
+  }
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
+
+  Job job;
+  job.steps = 120;
+  job.step_ms = 30;
+  job.extra = {"--store", url, "--token-file", token_path};
+  const std::string name = "extstore-" + std::to_string(getpid());
+  Outcome o;
+  o.out_dir = dir + "/out";
+  ASSERT_EQ(mkdir(o.out_dir.c_str(), 0700), 0);
+  SpawnOptions so;
+  so.argv = LaunchArgv(job, dir, name, o.out_dir);
+  so.log_path = dir + "/launch.log";
+  auto launcher = Subprocess::Spawn(so);
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+
+  // Some commits, then the store host dies.
+  auto client = coord::OpenStore(url, token_path, Deadline::AfterSeconds(10));
+  ASSERT_TRUE(client.ok()) << client.status();
+  int64_t before = -1;
+  for (Deadline d = Deadline::AfterSeconds(60); !d.expired() && before < 5;) {
+    auto c = coord::ReadLatestCommit(**client, name, Deadline::AfterSeconds(5));
+    if (c.ok()) before = *c;
+    usleep(10000);
+  }
+  ASSERT_GE(before, 5) << "no commits before the store kill\n" << ReadAll(so.log_path);
+  ASSERT_TRUE(store->Kill(SIGKILL).ok());
+  ASSERT_TRUE(store->Wait(Deadline::AfterSeconds(10)).ok());
+  usleep(300000);
+  store = start_store(port);
+  for (int i = 0; i < 20 && !store.ok(); ++i) {  // the port may linger a moment
+    usleep(100000);
+    store = start_store(port);
+  }
+  ASSERT_TRUE(store.ok()) << store.status();
+
+  auto st = launcher->Wait(Deadline::AfterSeconds(150));
+  if (!st.ok()) launcher->Terminate(5);
+  ASSERT_TRUE(st.ok()) << "memento launch did not finish in 150 s";
+  o.exit = *st;
+  CollectOutcome(dir, &o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_NE(o.output.find("(external)"), std::string::npos) << LaunchLogs(o);
+  EXPECT_NE(o.output.find("the store lost the job's keys"), std::string::npos) << LaunchLogs(o);
+  EXPECT_GT(o.summary["committed"].get<int64_t>(), before) << LaunchLogs(o);
+  ExpectBitIdentical(job, o, dir);
+
+  // The refilled store, through the CLI.
+  SpawnOptions io;
+  io.argv = {MEMENTO_BIN, "inspect",      "--store",  url,     "--job",
+             name,        "--token-file", token_path, "--json"};
+  io.log_path = dir + "/inspect.json";
+  auto inspect = Subprocess::Spawn(io);
+  ASSERT_TRUE(inspect.ok()) << inspect.status();
+  auto ist = inspect->Wait(Deadline::AfterSeconds(30));
+  ASSERT_TRUE(ist.ok() && ist->ok()) << ReadAll(io.log_path);
+  json view = json::parse(ReadAll(io.log_path), nullptr, false);
+  ASSERT_TRUE(view.is_object()) << ReadAll(io.log_path);
+  EXPECT_EQ(view["committed"].get<int64_t>(), o.summary["committed"].get<int64_t>())
+      << view.dump(2);
+  EXPECT_EQ(view["nodes"].size(), 4u) << view.dump(2);
+  EXPECT_TRUE(view["topology"].is_object()) << view.dump(2);
+  EXPECT_FALSE(view["plan_hash"].is_null()) << view.dump(2);
+}
+
+// Why `memento launch --netns` cannot run here ("" when it can): it needs
+// root, iproute2's `ip`, and a kernel / container that lets it create a
+// network namespace (probed with a real one).
+std::string NetnsUnsupported(const std::string& dir) {
+  if (geteuid() != 0) return "not root";
+  auto ip = FindExecutable("ip");
+  if (!ip.ok()) return "no `ip` (iproute2) on PATH";
+  const std::string probe = "memento-probe-" + std::to_string(getpid());
+  auto run = [&](std::vector<std::string> args) {
+    SpawnOptions so;
+    so.argv = {*ip};
+    so.argv.insert(so.argv.end(), args.begin(), args.end());
+    so.log_path = dir + "/netns-probe.log";
+    auto p = Subprocess::Spawn(so);
+    if (!p.ok()) return false;
+    auto st = p->Wait(Deadline::AfterSeconds(30));
+    return st.ok() && st->ok();
+  };
+  if (!run({"netns", "add", probe})) {
+    return "cannot create a network namespace: " + ReadAll(dir + "/netns-probe.log");
+  }
+  run({"netns", "del", probe});
+  return "";
+}
+
+// `memento launch --netns`: each node's agent and trainers in their own
+// network namespace on a bridge; agents, store and launcher talk over veths.
+// A node loss (its link taken down with it) is rebuilt from the other nodes'
+// memory across the interfaces, bit-identical; everything is torn down after.
+TEST_F(ClusterTest, NetnsNodeLossRecoversBitIdentical) {
+  if (std::string why = NetnsUnsupported(dir_.path()); !why.empty()) {
+    GTEST_SKIP() << "--netns cannot run here: " << why;
+  }
+  Job job;
+  job.policy = "xor";
+  job.inject = "kill-node:1@step=10";
+  job.extra = {"--netns"};
+  Outcome o = RunJob(job, dir_.path(), "netns");
+  SKIP_IF_UNSUPPORTED(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  const size_t at = o.output.find("network namespaces: bridge mb");
+  ASSERT_NE(at, std::string::npos) << LaunchLogs(o);
+  const std::string tag =
+      o.output.substr(at + std::string("network namespaces: bridge mb").size(), 6);
+  // The agents served peers on their namespaces' addresses, not on loopback.
+  for (int i = 0; i < job.nodes; ++i) {
+    const std::string log = ReadAll(dir_.path() + "/run/logs/agent" + std::to_string(i) + ".log");
+    EXPECT_NE(log.find("peer service 10."), std::string::npos) << "agent " << i << ":\n" << log;
+    EXPECT_EQ(log.find("peer service 127."), std::string::npos) << "agent " << i << ":\n" << log;
+  }
+  ExpectRestoredFromMemory(job, o, 1);
+  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({1})) << LaunchLogs(o);
+  ExpectBitIdentical(job, o, dir_.path());
+  // Torn down: no namespace, veth or bridge of this launch is left.
+  EXPECT_NE(access("/sys/class/net/lo", F_OK), -1);
+  EXPECT_EQ(access(("/sys/class/net/mb" + tag).c_str(), F_OK), -1) << "bridge mb" << tag;
+  for (int i = 0; i < job.nodes; ++i) {
+    const std::string ns = "mn" + tag + "n" + std::to_string(i);
+    EXPECT_EQ(access(("/var/run/netns/" + ns).c_str(), F_OK), -1) << ns;
+    EXPECT_EQ(access(("/sys/class/net/mv" + tag + "n" + std::to_string(i)).c_str(), F_OK), -1);
+  }
+}
+
+// Seeded random failures: kills of ranks, agents, nodes and the store host
+// (the store process, restarted empty) at random steps,
 // never more node losses at once than the policy protects (rs:2: two).
 TEST(ClusterChaos, RandomFailures) {
   if (!Chaos()) GTEST_SKIP() << "set MEMENTO_CHAOS=1 (cluster_chaos_test)";
@@ -334,14 +578,15 @@ TEST(ClusterChaos, RandomFailures) {
     int64_t step = 5;
     for (int k = 0; k < failures; ++k) {
       step += 5 + static_cast<int64_t>(rng() % 10);
-      const int kind = static_cast<int>(rng() % 3);
+      const int kind = static_cast<int>(rng() % 4);
       const int target = static_cast<int>(rng() % 4);
-      const char* names[] = {"kill-rank", "kill-agent", "kill-node"};
+      const char* names[] = {"kill-rank", "kill-agent", "kill-node", "kill-store"};
       if (!inject.empty()) inject += ",";
-      inject +=
-          std::string(names[kind]) + ":" + std::to_string(target) + "@step=" + std::to_string(step);
+      inject += std::string(names[kind]) + (kind == 3 ? "" : ":" + std::to_string(target)) +
+                "@step=" + std::to_string(step);
     }
     job.inject = inject;
+    job.extra = {"--store-down-s", "0.3"};
     SCOPED_TRACE("seed " + std::to_string(seed) + " round " + std::to_string(round) + ": " +
                  inject);
     Outcome o = RunJob(job, dir.path(), "chaos" + std::to_string(round));
