@@ -24,11 +24,24 @@ namespace memento::tools {
 
 // Anonymous memory of `n` bytes filled with `fill`, touched so that no page
 // fault is timed. Unmapped on destruction; data() is null when mmap failed.
+// kShared: shared memory (a memfd, the same shmem pages as a tmpfs slot),
+// for baselines that write where a snapshot writes.
 class WarmBuffer {
  public:
-  WarmBuffer(size_t n, uint8_t fill) : n_(n) {
-    void* p =
-        mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  enum Kind { kPrivate, kShared };
+  WarmBuffer(size_t n, uint8_t fill, Kind kind = kPrivate) : n_(n) {
+    void* p = MAP_FAILED;
+    if (kind == kPrivate) {
+      p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1,
+               0);
+    } else {
+      int fd = memfd_create("memento-bench", 0);
+      if (fd < 0) return;
+      if (ftruncate(fd, static_cast<off_t>(n)) == 0) {
+        p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      }
+      close(fd);
+    }
     if (p == MAP_FAILED) return;
     std::memset(p, fill, n);
     data_ = static_cast<uint8_t*>(p);
@@ -101,6 +114,9 @@ class BenchNode {
     o.agent_dir = root();
     o.copy_threads = threads;
     o.chunk_bytes = chunk;
+    // Exactly `threads` copy: with "idle" a waiting Fence()/Restore() would
+    // copy on the bench's own thread too.
+    o.copy_priority = "normal";
     return o;
   }
 

@@ -11,13 +11,16 @@
 // every step is snapshotted; agents and roots are removed after each run.
 //
 // Output (one JSON object): step_s_off, step_s_on, overhead_pct (the means
-// over rounds), preset, params, topology, and every round's values.
+// over rounds), overhead_pct_median (the median of the rounds' overheads:
+// robust to one disturbed round on a shared machine), preset, params,
+// topology, the load average, and every round's values.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -47,9 +50,26 @@ struct OverheadArgs {
   int micro_batches = 1;
   int ranks_per_node = 1;
   double run_timeout_s = 900;
+  std::string copy_priority;  // empty: the client's default
   bool keep = false;
   bool json = true;
 };
+
+// The 1-minute load average (/proc/loadavg), -1 when unreadable: how busy
+// the shared machine was, next to the numbers.
+double LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double one = -1;
+  if (!(in >> one)) return -1;
+  return one;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 std::string SelfExe() {
   std::error_code ec;
@@ -199,6 +219,10 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
     argv.push_back(dir + "/node{node}");
     argv.push_back("--ranks-per-node");
     argv.push_back(std::to_string(a.ranks_per_node));
+    if (!a.copy_priority.empty()) {
+      argv.push_back("--memento-copy-priority");
+      argv.push_back(a.copy_priority);
+    }
   }
   const std::string log = dir + "/trainer.log";
   Stopwatch wall;
@@ -246,8 +270,10 @@ int RunOverheadBench(const OverheadArgs& a) {
   const std::string base = tmpl;
   std::fprintf(stderr, "bench overhead: trainer %s, work dir %s\n", trainer->c_str(), base.c_str());
   Stopwatch total;
+  const double load_start = LoadAverage();
   nlohmann::json rounds = nlohmann::json::array();
   double sum_off = 0, sum_on = 0, sum_fence = 0, sum_snap = 0;
+  std::vector<double> offs, ons, pcts;
   nlohmann::json first;
   Status failed;
   int index = 0;
@@ -272,6 +298,9 @@ int RunOverheadBench(const OverheadArgs& a) {
     const double on = res[1].summary["mean_step_s"].get<double>();
     sum_off += off;
     sum_on += on;
+    offs.push_back(off);
+    ons.push_back(on);
+    pcts.push_back(off > 0 ? (on - off) / off * 100 : 0.0);
     sum_fence += res[1].summary.value("mean_fence_s", 0.0);
     sum_snap += res[1].summary.value("mean_snapshot_s", 0.0);
     rounds.push_back({{"order", on_first ? "on,off" : "off,on"},
@@ -281,7 +310,8 @@ int RunOverheadBench(const OverheadArgs& a) {
                       {"fence_s_on", res[1].summary.value("mean_fence_s", 0.0)},
                       {"snapshot_s_on", res[1].summary.value("mean_snapshot_s", 0.0)},
                       {"wall_s_off", res[0].wall_s},
-                      {"wall_s_on", res[1].wall_s}});
+                      {"wall_s_on", res[1].wall_s},
+                      {"loadavg_1m", LoadAverage()}});
   }
   if (!a.keep) {
     std::error_code ec;
@@ -310,6 +340,12 @@ int RunOverheadBench(const OverheadArgs& a) {
                         {"step_s_off", off},
                         {"step_s_on", on},
                         {"overhead_pct", off > 0 ? (on - off) / off * 100 : 0.0},
+                        {"step_s_off_median", Median(offs)},
+                        {"step_s_on_median", Median(ons)},
+                        {"overhead_pct_median", Median(pcts)},
+                        {"copy_priority", a.copy_priority.empty() ? "default" : a.copy_priority},
+                        {"loadavg_1m_start", load_start},
+                        {"loadavg_1m_end", LoadAverage()},
                         {"fence_s_on", sum_fence / n},
                         {"snapshot_s_on", sum_snap / n},
                         {"per_round", rounds},
@@ -343,6 +379,8 @@ void Setup(CLI::App& app, CommandContext& ctx) {
       ->default_val(args.ranks_per_node);
   cmd->add_option("--run-timeout", args.run_timeout_s, "seconds one trainer run may take")
       ->default_val(args.run_timeout_s);
+  cmd->add_option("--copy-priority", args.copy_priority,
+                  "memento copy workers of the on runs: idle | normal (default: the client's)");
   cmd->add_flag("--keep", args.keep, "keep the run directories (logs, slots) under /dev/shm");
   cmd->add_flag("--json", args.json, "one-line JSON (the only output format)");
   cmd->callback([&ctx] { ctx.exit_code = RunOverheadBench(args); });

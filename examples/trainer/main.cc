@@ -229,6 +229,9 @@ int Main(int argc, char** argv) {
   app.add_option("--memento-schedule", mo.schedule,
                  "memento snapshot schedule: eager | has (HAS: idle windows first)")
       ->capture_default_str();
+  app.add_option("--memento-copy-priority", mo.copy_priority,
+                 "memento copy workers: idle (SCHED_IDLE; a waiting fence helps) | normal")
+      ->capture_default_str();
   app.add_option("--ranks-per-node", ranks_per_node,
                  "node = rank / K (overrides --node); {node} in --agent-dir is replaced");
 #endif

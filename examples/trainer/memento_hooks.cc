@@ -31,12 +31,14 @@ class MementoHooks : public TrainerHooks {
   std::string ProgressNote() override {
     const SnapshotStats s = client_->LastSnapshotStats();
     if (s.step < 0) return "";
-    char buf[200];
+    char buf[256];
     std::snprintf(buf, sizeof(buf),
-                  "snap_step %lld snap_bytes %llu copy_ms %.2f fence_wait_ms %.2f idle_bytes %llu",
+                  "snap_step %lld snap_bytes %llu copy_ms %.2f fence_wait_ms %.2f idle_bytes %llu "
+                  "fence_bytes %llu",
                   static_cast<long long>(s.step), static_cast<unsigned long long>(s.bytes),
                   s.copy_s * 1e3, s.fence_wait_s * 1e3,
-                  static_cast<unsigned long long>(s.bytes_idle));
+                  static_cast<unsigned long long>(s.bytes_idle),
+                  static_cast<unsigned long long>(s.bytes_fence));
     return buf;
   }
 
@@ -58,6 +60,7 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
   co.agent_dir = options.agent_dir;
   co.node = options.node;
   co.schedule = options.schedule;
+  co.copy_priority = options.copy_priority;
   MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
 
   TensorMeta params;

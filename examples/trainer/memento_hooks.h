@@ -21,6 +21,8 @@ struct MementoHookOptions {
   // ClientOptions::schedule: "eager" or "has" (HAS uses the phases the
   // trainer reports through OnPhase).
   std::string schedule = "eager";
+  // ClientOptions::copy_priority: "idle" (default) or "normal".
+  std::string copy_priority = "idle";
 };
 
 // Connects to the node's agent and registers `trainer`'s state:

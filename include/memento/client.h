@@ -48,6 +48,15 @@ struct ClientOptions {
   // Copy engine worker threads and chunk size (bytes; a multiple of 64 KiB).
   int copy_threads = 1;
   size_t chunk_bytes = size_t{4} << 20;
+  // Scheduling priority of the copy workers (docs/thread_model.md):
+  //   "idle"    SCHED_IDLE: the copy runs on CPU time that training leaves
+  //             unused and never preempts the trainer. A Fence() or
+  //             Restore() that has to wait copies the remaining chunks on
+  //             the calling thread and lifts the workers to normal priority
+  //             (where the OS allows it) until the next Snapshot(), so a
+  //             fence cannot be starved.
+  //   "normal"  the trainer's own priority; Fence() only waits.
+  std::string copy_priority = "idle";
   // How long Connect waits for the agent to answer.
   double connect_timeout_s = 10.0;
   // How a snapshot's chunks are scheduled (docs/has.md):
@@ -92,6 +101,7 @@ struct SnapshotStats {
   uint64_t bytes_idle = 0;         // HAS layer 1 (inside idle windows)
   uint64_t bytes_compute = 0;      // HAS layer 2 (beside computation)
   uint64_t bytes_communicate = 0;  // HAS layer 3
+  uint64_t bytes_fence = 0;        // eager: copied by the trainer thread in Fence()
   // Cluster mode (docs/cluster.md): this step was not written because the
   // only slot it could take holds a newer-than-committed version the agent is
   // still protecting (making its redundancy or waiting for its commit). A

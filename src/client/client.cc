@@ -42,7 +42,7 @@ class ClientImpl final : public Client {
   explicit ClientImpl(ClientOptions options, std::string dir)
       : options_(std::move(options)), dir_(std::move(dir)) {}
   ~ClientImpl() override {
-    if (job_ != nullptr) job_->Wait().IgnoreError();
+    if (job_ != nullptr) engine_->HelpAndWait(*job_, Deadline::Infinite()).IgnoreError();
     if (has_active_) runner_->Fence().status().IgnoreError();
     runner_ptr_.store(nullptr, std::memory_order_release);
     runner_.reset();
@@ -133,6 +133,7 @@ class ClientImpl final : public Client {
     snap::CopyEngine::Options eo;
     eo.threads = std::max(1, options_.copy_threads);
     eo.name = "mem-copy";
+    eo.idle_priority = options_.copy_priority == "idle";
     if (const char* d = std::getenv("MEMENTO_TEST_COPY_DELAY_US")) eo.chunk_delay_us = std::atoi(d);
     engine_ = std::make_unique<snap::CopyEngine>(eo);
     has_chunk_delay_us_ = eo.chunk_delay_us;
@@ -198,6 +199,7 @@ class ClientImpl final : public Client {
                              return Status::Ok();
                            });
     job_step_ = step;
+    job_helped_bytes_ = 0;
     return Status::Ok();
   }
 
@@ -206,14 +208,19 @@ class ClientImpl final : public Client {
     if (job_ == nullptr) return Status::Ok();
     Stopwatch sw;
     bool was_done = job_->done();
-    Status st = job_->Wait(deadline);
+    // Idle-priority workers may be starved by the trainers of this node: the
+    // waiting trainer thread copies what is left itself.
+    Status st = options_.copy_priority == "idle"
+                    ? engine_->HelpAndWait(*job_, deadline, &job_helped_bytes_)
+                    : job_->Wait(deadline);
     if (st.code() == StatusCode::kDeadlineExceeded && !job_->done()) return st;
     SnapshotStats stats;
     stats.step = job_step_;
     stats.bytes = job_->bytes();
     stats.copy_s = job_->copy_seconds();
     stats.fence_wait_s = was_done ? 0 : sw.Seconds();
-    stats.bytes_compute = stats.bytes;
+    stats.bytes_fence = job_helped_bytes_;
+    stats.bytes_compute = stats.bytes - stats.bytes_fence;
     stats.skipped_total = skipped_total_;
     {
       MutexLock l(&stats_mu_);
@@ -311,7 +318,9 @@ class ClientImpl final : public Client {
         chunks.push_back(cc);
       }
       auto job = engine_->Submit(std::move(chunks), nullptr, [](const Status& s) { return s; });
-      Status st = job->Wait();
+      Status st = options_.copy_priority == "idle"
+                      ? engine_->HelpAndWait(*job, Deadline::Infinite())
+                      : job->Wait();
       if (st.ok()) {
         last_step_ = c.info.step;
         SetNewestSlot(c.slot);
@@ -651,6 +660,7 @@ class ClientImpl final : public Client {
   std::unique_ptr<snap::CopyEngine> engine_;
   std::shared_ptr<snap::CopyJob> job_;
   int64_t job_step_ = -1;
+  uint64_t job_helped_bytes_ = 0;  // copied by the trainer thread in Fence()
   int64_t last_step_ = -1;
   bool fence_waited_ = false;
   std::atomic<Phase> phase_{Phase::kCompute};
@@ -694,6 +704,10 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.copy_threads < 1 || options.copy_threads > 64) {
     return InvalidArgumentError(
         fmt::format("copy_threads {} must be in [1, 64]", options.copy_threads));
+  }
+  if (options.copy_priority != "idle" && options.copy_priority != "normal") {
+    return InvalidArgumentError(
+        fmt::format("copy_priority '{}' is not one of: idle, normal", options.copy_priority));
   }
   if (options.schedule != "eager" && options.schedule != "has") {
     return InvalidArgumentError(

@@ -1,6 +1,9 @@
 #include "snap/copy_engine.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -8,6 +11,7 @@
 #include "common/check.h"
 #include "common/checksum.h"
 #include "common/clock.h"
+#include "common/log.h"
 #include "fmt/format.h"
 #include "snap/copy_kernel.h"
 
@@ -33,8 +37,12 @@ bool CopyJob::done() {
 
 CopyEngine::CopyEngine(Options options) : options_(std::move(options)) {
   MEMENTO_CHECK(options_.threads >= 1);
+  {
+    MutexLock l(&mu_);
+    worker_tids_.assign(options_.threads, 0);
+  }
   for (int i = 0; i < options_.threads; ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
+    workers_.emplace_back([this, i] { WorkerLoop(i); });
     std::string tname = (options_.name + std::to_string(i)).substr(0, 15);
     pthread_setname_np(workers_.back().native_handle(), tname.c_str());
   }
@@ -64,13 +72,68 @@ std::shared_ptr<CopyJob> CopyEngine::Submit(std::vector<CopyChunk> chunks,
   }
   {
     MutexLock l(&mu_);
+    if (options_.idle_priority && !workers_idle_) SetWorkersIdle(true);
     queue_.push_back(job);
   }
   cv_.SignalAll();
   return job;
 }
 
-void CopyEngine::WorkerLoop() {
+bool CopyEngine::workers_idle() {
+  MutexLock l(&mu_);
+  return workers_idle_;
+}
+
+void CopyEngine::SetWorkersIdle(bool idle) {
+  // SCHED_IDLE (weight 3 against 1024 for nice 0): a worker runs on CPU time
+  // no normal thread wants and never preempts one on wake-up. Lowering is
+  // always allowed; raising back needs privilege or RLIMIT_NICE (sched(7)),
+  // and a refused raise leaves the helping fence to do the work.
+  sched_param param{};
+  bool all = true;
+  int err = 0;
+  for (pid_t tid : worker_tids_) {
+    if (tid == 0) continue;  // not started yet: the worker sets itself
+    if (sched_setscheduler(tid, idle ? SCHED_IDLE : SCHED_OTHER, &param) != 0) {
+      all = false;
+      err = errno;
+    }
+  }
+  if (!all && !warned_priority_) {
+    warned_priority_ = true;
+    MEMENTO_LOG_INFO("copy workers: cannot switch to {} priority ({}); {}",
+                     idle ? "idle" : "normal", std::strerror(err),
+                     idle ? "they keep the normal priority"
+                          : "a waiting Fence() copies the remaining chunks itself");
+  }
+  workers_idle_ = idle && all;
+}
+
+Status CopyEngine::HelpAndWait(CopyJob& job, Deadline deadline, uint64_t* helped_bytes) {
+  if (job.done()) return job.Wait(deadline);
+  {
+    MutexLock l(&mu_);
+    if (workers_idle_) SetWorkersIdle(false);  // back to idle at the next Submit
+  }
+  while (!deadline.expired()) {
+    size_t index = job.next_.fetch_add(1, std::memory_order_relaxed);
+    if (index >= job.chunks_.size()) break;
+    const uint64_t n = job.chunks_[index].length;
+    RunChunk(job, index);  // may finish the job: `job` stays valid (the caller holds it)
+    if (helped_bytes != nullptr) *helped_bytes += n;
+  }
+  return job.Wait(deadline);
+}
+
+void CopyEngine::WorkerLoop(int worker) {
+  {
+    MutexLock l(&mu_);
+    worker_tids_[worker] = static_cast<pid_t>(syscall(SYS_gettid));
+    if (workers_idle_) {
+      sched_param param{};
+      sched_setscheduler(0, SCHED_IDLE, &param);
+    }
+  }
   for (;;) {
     std::shared_ptr<CopyJob> job;
     size_t index = 0;

@@ -14,10 +14,21 @@
 //
 // Thread safety: Submit() may be called from any thread; jobs run in FIFO
 // order, the chunks of one job in parallel on all workers. Callbacks run on a
-// worker thread, never under the engine's lock: on_chunk once per chunk,
-// on_done exactly once after every chunk finished (or the job failed), before
-// Wait() returns; it gets the copy's status and returns the job's.
+// worker thread (or on the thread in HelpAndWait), never under the engine's
+// lock: on_chunk once per chunk, on_done exactly once after every chunk
+// finished (or the job failed), before Wait() returns; it gets the copy's
+// status and returns the job's.
+//
+// Priority (Options::idle_priority): the workers can run as SCHED_IDLE, so
+// that a snapshot copy uses only CPU time that training leaves unused and
+// never preempts the trainer. A caller that must wait for a job calls
+// HelpAndWait: it copies the job's unclaimed chunks itself, at its own
+// priority, and lifts the workers to normal priority until the next Submit
+// (where the OS allows it: root, CAP_SYS_NICE or RLIMIT_NICE >= 20), so a
+// fence is never starved by the low priority.
 #pragma once
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstddef>
@@ -87,6 +98,9 @@ class CopyEngine {
     // Test hook: sleep this long after every chunk (makes kills land
     // mid-snapshot). 0 in production.
     int chunk_delay_us = 0;
+    // Workers run as SCHED_IDLE from Submit() until a HelpAndWait() lifts
+    // them (see the class comment).
+    bool idle_priority = false;
   };
   explicit CopyEngine(Options options);
   ~CopyEngine();  // waits for queued jobs
@@ -100,8 +114,22 @@ class CopyEngine {
                                   std::function<Status(const Status&)> on_done) EXCLUDES(mu_);
   int threads() const { return static_cast<int>(workers_.size()); }
 
+  // Fence of `job` (from Submit on this engine): runs its unclaimed chunks on
+  // the calling thread, lifts idle-priority workers to normal priority for
+  // the chunks they hold, then waits as CopyJob::Wait does. Returns the
+  // job's status or DeadlineExceeded (the job keeps running). Adds the bytes
+  // it copied itself to `*helped_bytes` when not null.
+  Status HelpAndWait(CopyJob& job, Deadline deadline, uint64_t* helped_bytes = nullptr)
+      EXCLUDES(mu_);
+
+  // Whether the workers currently run at idle priority (false when the
+  // engine has no idle priority or the OS refused it; tests).
+  bool workers_idle() EXCLUDES(mu_);
+
  private:
-  void WorkerLoop();
+  void WorkerLoop(int index);
+  // Sets every worker's policy (SCHED_IDLE or SCHED_OTHER); best effort.
+  void SetWorkersIdle(bool idle) REQUIRES(mu_);
   void RunChunk(CopyJob& job, size_t index);
   void Finish(CopyJob& job);
 
@@ -111,6 +139,9 @@ class CopyEngine {
   std::deque<std::shared_ptr<CopyJob>> queue_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
+  std::vector<pid_t> worker_tids_ GUARDED_BY(mu_);  // 0 until the worker started
+  bool workers_idle_ GUARDED_BY(mu_) = false;
+  bool warned_priority_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace memento::snap

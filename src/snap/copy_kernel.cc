@@ -1,74 +1,70 @@
 #include "snap/copy_kernel.h"
 
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
-#include <xxhash.h>
-
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 
+#include "fmt/format.h"
+
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "snap/copy_kernel_impl.h"  // SSE2 is part of x86-64: no -m flag needed
+#else
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 #endif
 
 namespace memento::snap {
-#if defined(__x86_64__)
 namespace internal {
+#if defined(__x86_64__)
 uint64_t CopyAndChecksumAvx2(void* dst, const void* src, size_t len);
+uint64_t CopyAndChecksumAvx2TwoPass(void* dst, const void* src, size_t len);
 uint64_t ChecksumAvx2(const void* data, size_t len);
-}  // namespace internal
+#if defined(MEMENTO_SNAP_HAVE_AVX512)
+uint64_t CopyAndChecksumAvx512(void* dst, const void* src, size_t len);
+uint64_t ChecksumAvx512(const void* data, size_t len);
 #endif
+#endif
+}  // namespace internal
+
 namespace {
 
-constexpr size_t kBlock = 64 * 1024;
-
 #if defined(__x86_64__)
-// SSE2 is part of x86-64: unaligned loads from the (cached) source, aligned
-// streaming stores to the destination.
-void StreamCopy(uint8_t* d, const uint8_t* s, size_t n) {
-  size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
-  if (head > n) head = n;
-  std::memcpy(d, s, head);
-  d += head;
-  s += head;
-  n -= head;
-  size_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-    __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+// xxhash.h XXH3_accumulate_512_sse2 / XXH3_scrambleAcc_sse2, one vector.
+struct Sse2 {
+  using Vec = __m128i;
+  static constexpr int kLanes = 4;
+  static constexpr size_t kAlign = 16;
+  static Vec Load(const void* p) { return _mm_loadu_si128(static_cast<const Vec*>(p)); }
+  static void Stream(void* p, Vec v) { _mm_stream_si128(static_cast<Vec*>(p), v); }
+  static void Accumulate(Vec* acc, Vec data, Vec key) {
+    Vec data_key = _mm_xor_si128(data, key);
+    Vec data_key_lo = _mm_shuffle_epi32(data_key, _MM_SHUFFLE(0, 3, 0, 1));
+    Vec product = _mm_mul_epu32(data_key, data_key_lo);
+    Vec data_swap = _mm_shuffle_epi32(data, _MM_SHUFFLE(1, 0, 3, 2));
+    *acc = _mm_add_epi64(product, _mm_add_epi64(*acc, data_swap));
   }
-  std::memcpy(d + i, s + i, n - i);
+  static void Scramble(Vec* acc, Vec key) {
+    const Vec prime32 = _mm_set1_epi32(static_cast<int>(XXH_PRIME32_1));
+    Vec data = _mm_xor_si128(*acc, _mm_srli_epi64(*acc, 47));
+    Vec data_key = _mm_xor_si128(data, key);
+    Vec data_key_hi = _mm_shuffle_epi32(data_key, _MM_SHUFFLE(0, 3, 0, 1));
+    Vec prod_lo = _mm_mul_epu32(data_key, prime32);
+    Vec prod_hi = _mm_mul_epu32(data_key_hi, prime32);
+    *acc = _mm_add_epi64(prod_lo, _mm_slli_epi64(prod_hi, 32));
+  }
+};
+
+uint64_t CopySse2(void* dst, const void* src, size_t len) {
+  return internal::CopyAndChecksumImpl<Sse2>(dst, src, len);
 }
+uint64_t SumSse2(const void* data, size_t len) { return internal::ChecksumImpl<Sse2>(data, len); }
 #endif
 
-}  // namespace
-
-uint64_t CopyAndChecksumStreaming(void* dst, const void* src, size_t len) {
-#if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return internal::CopyAndChecksumAvx2(dst, src, len);
-#endif
+// Copy in cache-sized blocks, hashing each block from cache right after it.
+uint64_t CopyPortable(void* dst, const void* src, size_t len) {
+  constexpr size_t kBlock = 64 * 1024;
   auto* d = static_cast<uint8_t*>(dst);
   const auto* s = static_cast<const uint8_t*>(src);
-#if defined(__x86_64__)
-  if (len < kBlock) {  // small: a plain copy, hashed from cache
-    std::memcpy(d, s, len);
-    return XXH3_64bits(d, len);
-  }
-  XXH3_state_t state;
-  XXH3_64bits_reset(&state);
-  for (size_t off = 0; off < len; off += kBlock) {
-    size_t n = len - off < kBlock ? len - off : kBlock;
-    XXH3_64bits_update(&state, s + off, n);  // pulls the block into cache
-    StreamCopy(d + off, s + off, n);         // copies it from cache
-  }
-  _mm_sfence();
-  return XXH3_64bits_digest(&state);
-#else
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
   for (size_t off = 0; off < len; off += kBlock) {
@@ -77,15 +73,84 @@ uint64_t CopyAndChecksumStreaming(void* dst, const void* src, size_t len) {
     XXH3_64bits_update(&state, d + off, n);
   }
   return XXH3_64bits_digest(&state);
+}
+uint64_t SumPortable(const void* data, size_t len) { return XXH3_64bits(data, len); }
+
+std::vector<CopyKernel> Detect() {
+  std::vector<CopyKernel> out;
+#if defined(__x86_64__)
+  // AVX2 first: on the machines measured (docs/node_store.md) AVX-512 is no
+  // faster for this memory-bound loop and may lower the core's clock.
+  if (__builtin_cpu_supports("avx2")) {
+    out.push_back({"avx2", internal::CopyAndChecksumAvx2, internal::ChecksumAvx2});
+  }
+#if defined(MEMENTO_SNAP_HAVE_AVX512)
+  if (__builtin_cpu_supports("avx512f")) {
+    out.push_back({"avx512", internal::CopyAndChecksumAvx512, internal::ChecksumAvx512});
+  }
 #endif
+  out.push_back({"sse2", CopySse2, SumSse2});
+  if (__builtin_cpu_supports("avx2")) {
+    out.push_back({"avx2-twopass", internal::CopyAndChecksumAvx2TwoPass, internal::ChecksumAvx2});
+  }
+#endif
+  out.push_back({"portable", CopyPortable, SumPortable});
+  return out;
+}
+
+const std::vector<CopyKernel>& Kernels() {
+  static const std::vector<CopyKernel> kernels = Detect();
+  return kernels;
+}
+
+const CopyKernel* Find(std::string_view name) {
+  for (const CopyKernel& k : Kernels()) {
+    if (name == k.name) return &k;
+  }
+  return nullptr;
+}
+
+std::atomic<const CopyKernel*> active{nullptr};
+
+const CopyKernel* Initial() {
+  if (const char* env = std::getenv("MEMENTO_COPY_KERNEL"); env != nullptr && *env) {
+    if (const CopyKernel* k = Find(env)) return k;
+  }
+  return &Kernels().front();
+}
+
+}  // namespace
+
+std::vector<CopyKernel> AvailableCopyKernels() { return Kernels(); }
+
+const CopyKernel& ActiveCopyKernel() {
+  const CopyKernel* k = active.load(std::memory_order_acquire);
+  if (k == nullptr) {
+    const CopyKernel* init = Initial();
+    active.compare_exchange_strong(k, init, std::memory_order_acq_rel);
+    k = active.load(std::memory_order_acquire);
+  }
+  return *k;
+}
+
+Status SelectCopyKernel(std::string_view name) {
+  const CopyKernel* k = Find(name);
+  if (k == nullptr) {
+    std::string names;
+    for (const CopyKernel& c : Kernels()) names += std::string(names.empty() ? "" : ", ") + c.name;
+    return InvalidArgumentError(
+        fmt::format("copy kernel '{}' is not available on this CPU (available: {})", name, names));
+  }
+  active.store(k, std::memory_order_release);
+  return Status::Ok();
+}
+
+uint64_t CopyAndChecksumStreaming(void* dst, const void* src, size_t len) {
+  return ActiveCopyKernel().copy_and_checksum(dst, src, len);
 }
 
 uint64_t FastChecksum(const void* data, size_t len) {
-#if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return internal::ChecksumAvx2(data, len);
-#endif
-  return XXH3_64bits(data, len);
+  return ActiveCopyKernel().checksum(data, len);
 }
 
 }  // namespace memento::snap

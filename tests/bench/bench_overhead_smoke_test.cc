@@ -89,13 +89,20 @@ TEST(BenchOverheadSmoke, TinyPresetReportsBothSides) {
   ASSERT_EQ(j["per_round"].size(), 2u);
   EXPECT_EQ(j["per_round"][0]["order"], "off,on");
   EXPECT_EQ(j["per_round"][1]["order"], "on,off");
-  double sum_off = 0;
+  double sum_off = 0, sum_pct = 0;
   for (const auto& r : j["per_round"]) {
     EXPECT_GT(r["step_s_off"].get<double>(), 0);
     EXPECT_GT(r["step_s_on"].get<double>(), 0);
     sum_off += r["step_s_off"].get<double>();
+    sum_pct += r["overhead_pct"].get<double>();
   }
   EXPECT_NEAR(sum_off / 2, off, 1e-9);
+  // The median of two rounds is their mean.
+  EXPECT_NEAR(j["step_s_off_median"].get<double>(), off, 1e-9);
+  EXPECT_NEAR(j["overhead_pct_median"].get<double>(), sum_pct / 2,
+              1e-9 * std::max(1.0, std::abs(sum_pct)));
+  EXPECT_EQ(j["copy_priority"], "default");
+  EXPECT_TRUE(j.contains("loadavg_1m_start")) << out;
 }
 
 TEST(BenchOverheadSmoke, MissingTrainerIsAnError) {

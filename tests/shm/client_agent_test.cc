@@ -320,6 +320,51 @@ TEST_F(ClientAgentTest, ClearErrorsForBadSetups) {
   bad = o;
   bad.job_id = "a/b";
   EXPECT_EQ(Client::Connect(bad).status().code(), StatusCode::kInvalidArgument);
+  bad = o;
+  bad.copy_priority = "high";
+  auto refused = Client::Connect(bad);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("idle, normal"), std::string::npos) << refused.status();
+}
+
+// With idle-priority copy workers (the default) a Fence() that has to wait
+// copies the remaining chunks on the trainer thread; with "normal" it only
+// waits. Either way the version is exact. The workers are slowed down (a
+// sleep after every chunk) so that the fence always finds chunks left.
+TEST_F(ClientAgentTest, IdlePriorityFenceCopiesWhatIsLeft) {
+  AgentThread agent({"job1", 0, root_, 0});
+  uint64_t seed = memento::testing::TestSeed("ClientAgentTest.IdlePriorityFenceCopiesWhatIsLeft");
+  setenv("MEMENTO_TEST_COPY_DELAY_US", "20000", 1);
+  for (const char* priority : {"idle", "normal"}) {
+    SCOPED_TRACE(priority);
+    State s;
+    ClientOptions o = Options();
+    o.copy_priority = priority;
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE(s.Register(**c).ok());
+    ASSERT_TRUE((*c)->Seal().ok());
+    const int64_t step = std::string(priority) == "idle" ? 1 : 2;
+    s.Fill(seed + step);
+    const uint64_t digest = s.Digest();
+    ASSERT_TRUE((*c)->Snapshot(step).ok());
+    ASSERT_TRUE((*c)->Fence().ok());
+    SnapshotStats stats = (*c)->LastSnapshotStats();
+    EXPECT_EQ(stats.bytes, s.Bytes());
+    if (std::string(priority) == "idle") {
+      // 7 chunks, 2 workers each sleeping 20 ms after a chunk.
+      EXPECT_GT(stats.bytes_fence, 0u);
+      EXPECT_LT(stats.bytes_fence, stats.bytes);
+      EXPECT_EQ(stats.bytes_compute + stats.bytes_fence, stats.bytes);
+    } else {
+      EXPECT_EQ(stats.bytes_fence, 0u);
+    }
+    s.Fill(seed + 100);
+    auto restored = (*c)->Restore(step);
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    EXPECT_EQ(s.Digest(), digest);
+  }
+  unsetenv("MEMENTO_TEST_COPY_DELAY_US");
 }
 
 TEST_F(ClientAgentTest, OneLiveTrainerPerRank) {
