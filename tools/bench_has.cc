@@ -39,6 +39,7 @@
 #include "snap/has/bench_loop.h"
 #include "snap/has/has_runner.h"
 #include "snap/has/has_scheduler.h"
+#include "tools/bench_has_trainer.h"
 #include "tools/command.h"
 
 #if MEMENTO_HAVE_CUDA
@@ -60,6 +61,10 @@ constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 struct BenchArgs {
   bool json = false;
+  // trainer: the reference trainer (CPU default; bench_has_trainer.h);
+  // blas: the OpenBLAS / cuBLAS loop below (the GPU default).
+  std::string loop = "auto";
+  HasTrainerBenchArgs trainer;
   std::string device = "auto";  // auto | cpu | gpu
   int steps = 6;
   int warmup = 2;
@@ -694,7 +699,63 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--online-bubbles", args->online_bubbles,
                 "Do not tell HAS the 1F1B schedule; measure bubbles from phase hooks");
   cmd->add_option("--modes", args->modes, "Comma-separated modes (must include off)");
-  cmd->callback([args, &ctx] { ctx.exit_code = ReportStatus(RunBench(*args)); });
+  cmd->add_option("--loop", args->loop,
+                  "auto | trainer | blas: the training loop (auto: trainer on the CPU, blas on "
+                  "a GPU)");
+  HasTrainerBenchArgs* t = &args->trainer;
+  cmd->add_option("--trainer", t->trainer, "trainer loop: memento-trainer binary");
+  cmd->add_option("--preset", t->preset, "trainer loop: model preset")->capture_default_str();
+  cmd->add_option("--d-model", t->d_model, "trainer loop: override the preset's width");
+  cmd->add_option("--model-layers", t->layers, "trainer loop: override the preset's layers");
+  cmd->add_option("--seq", t->seq, "trainer loop: override the preset's context length");
+  cmd->add_option("--pp", t->pp, "trainer loop: pipeline stages")->capture_default_str();
+  cmd->add_option("--dp", t->dp, "trainer loop: data-parallel size")->capture_default_str();
+  cmd->add_option("--micro-batches", t->micro_batches, "trainer loop: micro-batches per step")
+      ->capture_default_str();
+  cmd->add_option("--batch", t->batch,
+                  "trainer loop: global batch (0: one sequence per micro-batch)");
+  cmd->add_option("--trainer-steps", t->steps, "trainer loop: optimizer steps per run")
+      ->capture_default_str();
+  cmd->add_option("--ranks-per-node", t->ranks_per_node,
+                  "trainer loop: ranks per node (0: all on one node, one agent)");
+  cmd->add_option("--run-timeout", t->run_timeout_s, "trainer loop: seconds one run may take");
+  cmd->add_flag("--keep", t->keep, "trainer loop: keep the run directories under /dev/shm");
+  cmd->callback([args, cmd, &ctx] {
+    bool trainer_loop = args->loop == "trainer";
+    if (args->loop == "auto") {
+      bool gpu = false;
+#if MEMENTO_HAVE_CUDA
+      gpu = args->device != "cpu" && cuda::DeviceCount() > 0;
+#endif
+      trainer_loop = !gpu && args->device != "gpu";
+    } else if (args->loop != "blas" && args->loop != "trainer") {
+      ctx.exit_code = ReportStatus(
+          InvalidArgumentError("--loop '" + args->loop + "' is not one of: auto, trainer, blas"));
+      return;
+    }
+    if (!trainer_loop) {
+      ctx.exit_code = ReportStatus(RunBench(*args));
+      return;
+    }
+    if (args->device == "gpu") {
+      ctx.exit_code = ReportStatus(InvalidArgumentError(
+          "--loop trainer runs the reference trainer on the CPU; use --loop blas with a GPU"));
+      return;
+    }
+    HasTrainerBenchArgs t = args->trainer;
+    if (cmd->count("--preset") == 0) {
+      // The default workload: the small preset widened so that the state
+      // (about 45 MB per rank) takes a copy of the order of the bubbles.
+      if (t.d_model == 0) t.d_model = 384;
+      if (t.seq == 0) t.seq = 32;
+    }
+    t.json = args->json;
+    t.modes = args->modes;
+    if (cmd->count("--rounds") > 0) t.rounds = args->rounds;
+    if (cmd->count("--microbatches") > 0) t.micro_batches = args->microbatches;
+    if (cmd->count("--chunk-kib") > 0) t.chunk_kib = args->chunk_kib;
+    ctx.exit_code = ReportStatus(RunHasTrainerBench(t));
+  });
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>
@@ -227,11 +228,19 @@ int Main(int argc, char** argv) {
   int ranks_per_node = 0;
   app.add_option("--node", mo.node, "memento node of this rank");
   app.add_option("--memento-schedule", mo.schedule,
-                 "memento snapshot schedule: eager | has (HAS: idle windows first)")
+                 "memento snapshot schedule: auto | eager | has (HAS: idle windows first; auto: "
+                 "HAS once the trainer reports idle phases)")
       ->capture_default_str();
   app.add_option("--memento-copy-priority", mo.copy_priority,
                  "memento copy workers: idle (SCHED_IDLE; a waiting fence helps) | normal")
       ->capture_default_str();
+  std::string snapshot_mode;
+  app.add_option("--snapshot-mode", snapshot_mode,
+                 "off | sync | host | host_device | has: how memento snapshots (REFT's "
+                 "baselines, docs/has.md); overrides --memento-schedule, off = --no-memento");
+  int64_t snapshot_chunk_kib = 0;
+  app.add_option("--snapshot-chunk-kib", snapshot_chunk_kib,
+                 "memento copy chunk in KiB (a multiple of 64; default: the client's)");
   app.add_option("--ranks-per-node", ranks_per_node,
                  "node = rank / K (overrides --node); {node} in --agent-dir is replaced");
 #endif
@@ -281,6 +290,21 @@ int Main(int argc, char** argv) {
   }
 #ifdef MEMENTO_TRAINER_WITH_CLIENT
   use_memento = target.enabled;
+  if (snapshot_mode == "off") {
+    use_memento = false;
+  } else if (Status st = CheckSnapshotMode(snapshot_mode); !st.ok()) {
+    std::fprintf(stderr, "memento-trainer: --snapshot-mode: %s\n", st.ToString().c_str());
+    return 2;
+  }
+  mo.snapshot_mode = snapshot_mode == "off" ? "" : snapshot_mode;
+  if (snapshot_chunk_kib < 0 || snapshot_chunk_kib % 64 != 0) {
+    std::fprintf(stderr,
+                 "memento-trainer: --snapshot-chunk-kib %" PRId64
+                 " must be a non-negative multiple of 64\n",
+                 snapshot_chunk_kib);
+    return 2;
+  }
+  mo.chunk_bytes = static_cast<size_t>(snapshot_chunk_kib) << 10;
   mo.job_id = target.job_id;
   mo.agent_dir = target.agent_dir;
   mo.node = target.node;
@@ -348,6 +372,7 @@ int Main(int argc, char** argv) {
   const int64_t first_step = trainer->state().step + 1;
   int64_t timed_steps = 0;
   double sum_s = 0, sum_idle = 0, sum_comm = 0, sum_fence = 0, sum_snap = 0, last_loss = 0;
+  std::vector<double> step_times;              // timed steps, for the median
   double window_s = 0, window_overhead_s = 0;  // since the last progress line
   int64_t window_steps = 0;
   while (trainer->state().step < steps) {
@@ -371,6 +396,7 @@ int Main(int argc, char** argv) {
       sum_comm += r->comm_seconds;
       sum_fence += r->fence_seconds;
       sum_snap += r->snapshot_seconds;
+      step_times.push_back(r->seconds);
     }
     last_loss = r->loss;
     window_s += r->seconds;
@@ -416,19 +442,39 @@ int Main(int argc, char** argv) {
     }
   }
   if (log != nullptr) std::fclose(log);
+  if (json) {
+    // Every rank: its own summary (snapshot statistics per HAS layer).
+    const std::string hooks_json =
+        trainer->hooks() != nullptr ? trainer->hooks()->SummaryJson() : std::string();
+    std::printf(
+        "{\"rank_summary\": {\"rank\": %d, \"pp_rank\": %d, \"mean_step_s\": %.6f, "
+        "\"snapshot\": %s}}\n",
+        rank, trainer->comm().pp_rank(), timed_steps > 0 ? sum_s / timed_steps : 0.0,
+        hooks_json.empty() ? "null" : hooks_json.c_str());
+  }
   if (json && trainer->reports_loss() && timed_steps > 0) {
     const double mean = sum_s / timed_steps;
+    std::vector<double> sorted = step_times;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t n = sorted.size();
+    const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+    std::string times;
+    for (double t : step_times) {
+      char b[32];
+      std::snprintf(b, sizeof(b), "%s%.6f", times.empty() ? "" : ", ", t);
+      times += b;
+    }
     std::printf("{\"params\": %" PRId64
                 ", \"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero1\": %s, "
                 "\"micro_batches\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %" PRId64
                 ", \"final_loss\": %.6f, \"mean_step_s\": %.6f, \"mean_idle_s\": %.6f, "
                 "\"mean_comm_s\": %.6f, \"mean_fence_s\": %.6f, \"mean_snapshot_s\": %.6f, "
-                "\"tokens_per_s\": %.1f}\n",
+                "\"tokens_per_s\": %.1f, \"median_step_s\": %.6f, \"step_s\": [%s]}\n",
                 o.model.NumParameters(), o.comm.topology.dp, o.comm.topology.tp, o.comm.topology.pp,
                 o.zero1 ? "true" : "false", o.micro_batches, o.global_batch, o.model.seq,
                 trainer->state().step, last_loss, mean, sum_idle / timed_steps,
                 sum_comm / timed_steps, sum_fence / timed_steps, sum_snap / timed_steps,
-                static_cast<double>(o.global_batch) * o.model.seq / mean);
+                static_cast<double>(o.global_batch) * o.model.seq / mean, median, times.c_str());
   }
   if (!save.empty()) {
     Status st = trainer->Save(RankPath(save, rank));

@@ -1,5 +1,6 @@
 #include "memento_hooks.h"
 
+#include <cinttypes>
 #include <cstdio>
 #include <utility>
 
@@ -8,9 +9,34 @@
 namespace memento::trainer {
 namespace {
 
+// Sums of the snapshot statistics of a run (SummaryJson).
+struct SnapshotTally {
+  int64_t snapshots = 0, skipped = 0, last_step = -1;
+  uint64_t bytes = 0, bytes_idle = 0, bytes_compute = 0, bytes_communicate = 0, bytes_fence = 0;
+  double fence_wait_s = 0, copy_s = 0;
+
+  void Add(const SnapshotStats& s) {
+    if (s.step < 0 || s.step == last_step) return;
+    last_step = s.step;
+    if (s.skipped) {
+      ++skipped;
+      return;
+    }
+    ++snapshots;
+    bytes += s.bytes;
+    bytes_idle += s.bytes_idle;
+    bytes_compute += s.bytes_compute;
+    bytes_communicate += s.bytes_communicate;
+    bytes_fence += s.bytes_fence;
+    fence_wait_s += s.fence_wait_s;
+    copy_s += s.copy_s;
+  }
+};
+
 class MementoHooks : public TrainerHooks {
  public:
-  explicit MementoHooks(std::unique_ptr<Client> client) : client_(std::move(client)) {}
+  MementoHooks(std::unique_ptr<Client> client, std::string mode, std::string schedule)
+      : client_(std::move(client)), mode_(std::move(mode)), schedule_(std::move(schedule)) {}
 
   void OnPhase(TrainPhase phase) override {
     switch (phase) {
@@ -25,8 +51,34 @@ class MementoHooks : public TrainerHooks {
         break;
     }
   }
-  Status BeforeOptimizerStep(int64_t step) override { return client_->Fence(); }
-  Status AfterOptimizerStep(int64_t step) override { return client_->Snapshot(step); }
+  Status BeforeOptimizerStep(int64_t step) override {
+    Status st = client_->Fence();
+    tally_.Add(client_->LastSnapshotStats());
+    return st;
+  }
+  Status AfterOptimizerStep(int64_t step) override {
+    MEMENTO_RETURN_IF_ERROR(client_->Snapshot(step));
+    if (mode_ != "sync") return Status::Ok();
+    // sync: the copy blocks the step (the baseline every other mode beats).
+    Status st = client_->Fence();
+    tally_.Add(client_->LastSnapshotStats());
+    return st;
+  }
+
+  std::string SummaryJson() override {
+    Status st = client_->Fence();  // the last snapshot
+    tally_.Add(client_->LastSnapshotStats());
+    char buf[640];
+    std::snprintf(buf, sizeof(buf),
+                  "{\"mode\": \"%s\", \"schedule\": \"%s\", \"ok\": %s, \"snapshots\": %" PRId64
+                  ", \"skipped\": %" PRId64 ", \"bytes\": %" PRIu64 ", \"bytes_idle\": %" PRIu64
+                  ", \"bytes_compute\": %" PRIu64 ", \"bytes_communicate\": %" PRIu64
+                  ", \"bytes_fence\": %" PRIu64 ", \"fence_wait_s\": %.6f, \"copy_s\": %.6f}",
+                  mode_.c_str(), schedule_.c_str(), st.ok() ? "true" : "false", tally_.snapshots,
+                  tally_.skipped, tally_.bytes, tally_.bytes_idle, tally_.bytes_compute,
+                  tally_.bytes_communicate, tally_.bytes_fence, tally_.fence_wait_s, tally_.copy_s);
+    return buf;
+  }
 
   std::string ProgressNote() override {
     const SnapshotStats s = client_->LastSnapshotStats();
@@ -44,9 +96,20 @@ class MementoHooks : public TrainerHooks {
 
  private:
   std::unique_ptr<Client> client_;
+  const std::string mode_;
+  const std::string schedule_;
+  SnapshotTally tally_;
 };
 
 }  // namespace
+
+Status CheckSnapshotMode(const std::string& mode) {
+  for (const char* m : {"", "sync", "host", "host_device", "has"}) {
+    if (mode == m) return Status::Ok();
+  }
+  return InvalidArgumentError("snapshot mode '" + mode +
+                              "' is not one of: off, sync, host, host_device, has");
+}
 
 Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
                                                      const MementoHookOptions& options,
@@ -61,6 +124,16 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
   co.node = options.node;
   co.schedule = options.schedule;
   co.copy_priority = options.copy_priority;
+  if (options.chunk_bytes > 0) co.chunk_bytes = options.chunk_bytes;
+  MEMENTO_RETURN_IF_ERROR(CheckSnapshotMode(options.snapshot_mode));
+  if (options.snapshot_mode == "has") {
+    co.schedule = "has";
+  } else if (!options.snapshot_mode.empty()) {
+    co.schedule = "eager";
+    // host: one chunk per tensor (the largest chunk the slot layout takes
+    // that still fits every tensor of these presets whole).
+    if (options.snapshot_mode == "host") co.chunk_bytes = size_t{1} << 30;
+  }
   MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
 
   TensorMeta params;
@@ -101,7 +174,8 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
       return restored.status();
     }
   }
-  return std::unique_ptr<TrainerHooks>(new MementoHooks(std::move(client)));
+  return std::unique_ptr<TrainerHooks>(
+      new MementoHooks(std::move(client), options.snapshot_mode, co.schedule));
 }
 
 }  // namespace memento::trainer

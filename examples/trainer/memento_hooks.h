@@ -18,12 +18,30 @@ struct MementoHookOptions {
   std::string agent_dir;  // empty: the client's default
   int node = 0;
   bool restore = true;  // load the newest committed version, if any
-  // ClientOptions::schedule: "eager" or "has" (HAS uses the phases the
-  // trainer reports through OnPhase).
-  std::string schedule = "eager";
+  // ClientOptions::schedule: "auto", "eager" or "has" (HAS uses the phases
+  // the trainer reports through OnPhase). Ignored when snapshot_mode is set.
+  std::string schedule = "auto";
+  // How snapshots are taken, for comparing REFT's baselines on this trainer
+  // (`memento bench has --loop trainer`, docs/has.md). Empty: by `schedule`.
+  //   sync         Snapshot(step) and at once Fence(): a blocking copy
+  //   host         schedule "eager", one chunk per tensor: a host thread
+  //                copies whole tensors right after the step, unaware of
+  //                what the trainer does (REFT "host coordination")
+  //   host_device  schedule "eager", chunks of chunk_bytes queued right
+  //                after the step and copied at full speed (REFT
+  //                "host-device coordination"; on a GPU the CUDA copy
+  //                engine's side streams)
+  //   has          schedule "has" (idle windows from the phase hooks)
+  // ("off" is the trainer without memento.)
+  std::string snapshot_mode;
+  // ClientOptions::chunk_bytes (0: the client's default); "host" ignores it.
+  size_t chunk_bytes = 0;
   // ClientOptions::copy_priority: "idle" (default) or "normal".
   std::string copy_priority = "idle";
 };
+
+// The snapshot modes above; InvalidArgument naming the value otherwise.
+Status CheckSnapshotMode(const std::string& mode);
 
 // Connects to the node's agent and registers `trainer`'s state:
 //   params      kReplicated  fp32[padded_params]

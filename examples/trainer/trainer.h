@@ -55,6 +55,10 @@ class TrainerHooks {
   // Extra text for the progress line (for example the last snapshot's
   // statistics); empty for none.
   virtual std::string ProgressNote() { return ""; }
+  // A JSON object summing up the run (for example snapshot statistics per
+  // HAS layer), printed by --json on every rank; empty for none. Called once,
+  // after the last step.
+  virtual std::string SummaryJson() { return ""; }
 };
 
 // The private part of a rank's state; fixed layout (saved raw).

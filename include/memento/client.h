@@ -65,7 +65,10 @@ struct ClientOptions {
   //            windows reported by OnPhase(kIdle) first, are paced beside
   //            computation, and only the rest is copied at full speed when
   //            Fence() waits. Same slot format and crash consistency.
-  std::string schedule = "eager";
+  //   "auto"   (default) "eager" until the trainer reports an idle window
+  //            (OnPhase(kIdle)); "has" from the next Snapshot() on. A trainer
+  //            without phase hooks keeps the eager path unchanged.
+  std::string schedule = "auto";
   // HAS only: the 1F1B pipeline schedule of this rank's stage, when known
   // (REFT Algorithm 1 estimates its bubbles from it). pipeline_stages == 0:
   // unknown, bubbles are measured online from the phase hooks.
@@ -101,7 +104,10 @@ struct SnapshotStats {
   uint64_t bytes_idle = 0;         // HAS layer 1 (inside idle windows)
   uint64_t bytes_compute = 0;      // HAS layer 2 (beside computation)
   uint64_t bytes_communicate = 0;  // HAS layer 3
-  uint64_t bytes_fence = 0;        // eager: copied by the trainer thread in Fence()
+  // Bytes copied while Fence() was already waiting (training stood still):
+  // eager: copied by the trainer thread helping in Fence(); HAS: the part of
+  // bytes_compute released only once Fence() waited.
+  uint64_t bytes_fence = 0;
   // Cluster mode (docs/cluster.md): this step was not written because the
   // only slot it could take holds a newer-than-committed version the agent is
   // still protecting (making its redundancy or waiting for its commit). A

@@ -14,10 +14,12 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "common/clock.h"
 #include "common/log.h"
 #include "fmt/format.h"
+#include "memento/config.h"
 #include "shm/commit_word.h"
 #include "shm/node_store.h"
 #include "shm/protocol.h"
@@ -25,6 +27,10 @@
 #include "snap/copy_engine.h"
 #include "snap/copy_kernel.h"
 #include "snap/has/has_runner.h"
+#if MEMENTO_HAVE_CUDA
+#include "snap/cuda/cuda_copy_engine.h"
+#include "snap/cuda/device_copy.h"
+#endif
 
 namespace memento {
 namespace {
@@ -44,6 +50,7 @@ class ClientImpl final : public Client {
   ~ClientImpl() override {
     if (job_ != nullptr) engine_->HelpAndWait(*job_, Deadline::Infinite()).IgnoreError();
     if (has_active_) runner_->Fence().status().IgnoreError();
+    StopDevicePath();
     runner_ptr_.store(nullptr, std::memory_order_release);
     runner_.reset();
     engine_.reset();
@@ -58,12 +65,7 @@ class ClientImpl final : public Client {
 
   Status RegisterTensor(const TensorMeta& meta, void* data, Device device) override {
     if (sealed_) return FailedPreconditionError("RegisterTensor('" + meta.name + "') after Seal()");
-    if (!device.is_host()) {
-      return FailedPreconditionError(fmt::format(
-          "tensor '{}' lives on {}: device tensors need the CUDA copy engine, not built in this "
-          "slice",
-          meta.name, DeviceName(device)));
-    }
+    if (!device.is_host()) MEMENTO_RETURN_IF_ERROR(CheckDeviceTensor(meta, device));
     if (meta.name.empty()) return InvalidArgumentError("a tensor needs a name");
     for (int64_t d : meta.shape) {
       if (d < 0) {
@@ -130,6 +132,7 @@ class ClientImpl final : public Client {
         SetNewestSlot(s);
       }
     }
+    MEMENTO_RETURN_IF_ERROR(StartDevicePath());
     snap::CopyEngine::Options eo;
     eo.threads = std::max(1, options_.copy_threads);
     eo.name = "mem-copy";
@@ -137,22 +140,7 @@ class ClientImpl final : public Client {
     if (const char* d = std::getenv("MEMENTO_TEST_COPY_DELAY_US")) eo.chunk_delay_us = std::atoi(d);
     engine_ = std::make_unique<snap::CopyEngine>(eo);
     has_chunk_delay_us_ = eo.chunk_delay_us;
-    if (options_.schedule == "has") {
-      has::HasRunnerOptions ro;
-      ro.threads = eo.threads;
-      ro.has.separate_comm_link = options_.has_separate_comm_link;
-      ro.has.compute_max_rate = options_.has_compute_max_rate;
-      ro.has.schedule.num_stages = options_.pipeline_stages;
-      ro.has.schedule.stage = options_.pipeline_stage;
-      ro.has.schedule.num_microbatches = options_.pipeline_microbatches;
-      ro.has.schedule.fwd_s = options_.pipeline_fwd_s;
-      ro.has.schedule.bwd_s = options_.pipeline_bwd_s;
-      MEMENTO_ASSIGN_OR_RETURN(
-          runner_, has::HasRunner::Create(ro, [this](size_t i) { return HasCopyChunk(i); }));
-      // Phases reported before Seal() carry over.
-      runner_->OnPhase(phase_.load(std::memory_order_relaxed));
-      runner_ptr_.store(runner_.get(), std::memory_order_release);
-    }
+    if (options_.schedule == "has") MEMENTO_RETURN_IF_ERROR(StartHasRunner());
     MapCommitWord();
     sealed_ = true;
     return Status::Ok();
@@ -188,8 +176,18 @@ class ClientImpl final : public Client {
       chunks.push_back(cc);
     }
     fence_waited_ = false;
+    // "auto": HAS from the first snapshot after the trainer reported an
+    // idle window (its phase hooks are wired); eager until then.
+    if (runner_ == nullptr && options_.schedule == "auto" &&
+        idle_reported_.load(std::memory_order_relaxed)) {
+      MEMENTO_RETURN_IF_ERROR(StartHasRunner());
+      MEMENTO_LOG_INFO(
+          "rank {}: the trainer reports idle phases; snapshots from step {} on use HAS",
+          options_.rank, step);
+    }
     if (runner_ != nullptr && !chunks.empty())
       return BeginHasSnapshot(std::move(chunks), target, step);
+    if (!chunk_on_device_.empty()) return BeginDeviceSnapshot(std::move(chunks), target, step);
     job_ = engine_->Submit(std::move(chunks), nullptr,
                            [this, target, step, &seg](const Status& copied) -> Status {
                              if (!copied.ok()) return copied;
@@ -205,6 +203,7 @@ class ClientImpl final : public Client {
 
   Status Fence(Deadline deadline) override {
     if (has_active_) return FenceHas(deadline);
+    if (device_active_) return FenceDevice(deadline);
     if (job_ == nullptr) return Status::Ok();
     Stopwatch sw;
     bool was_done = job_->done();
@@ -305,7 +304,7 @@ class ClientImpl final : public Client {
       }
       const shm::Segment& seg = *segments_[c.slot];
       const uint8_t* data = seg.data() + c.info.data_offset;
-      std::vector<snap::CopyChunk> chunks;
+      std::vector<snap::CopyChunk> chunks, device_chunks;
       for (const shm::ChunkEntry& e : c.info.chunks) {
         const shm::SavedTensor& t = c.info.tensors[e.tensor_index];
         snap::CopyChunk cc;
@@ -315,17 +314,23 @@ class ClientImpl final : public Client {
         cc.verify = true;
         cc.expected_checksum = e.checksum;
         cc.label = t.meta.name.c_str();
+        if (!by_name[t.meta.name]->device.is_host()) {
+          device_chunks.push_back(cc);  // host slot -> device memory below
+          continue;
+        }
         chunks.push_back(cc);
       }
       auto job = engine_->Submit(std::move(chunks), nullptr, [](const Status& s) { return s; });
       Status st = options_.copy_priority == "idle"
                       ? engine_->HelpAndWait(*job, Deadline::Infinite())
                       : job->Wait();
+      uint64_t device_bytes = 0;
+      if (st.ok() && !device_chunks.empty()) st = RestoreDeviceChunks(device_chunks, &device_bytes);
       if (st.ok()) {
         last_step_ = c.info.step;
         SetNewestSlot(c.slot);
         stats.step = c.info.step;
-        stats.bytes = job->bytes();
+        stats.bytes = job->bytes() + device_bytes;
         stats.restore_s = sw.Seconds();
         for (const auto& s : stats.skipped) MEMENTO_LOG_WARN("restore skipped {}", s);
         MEMENTO_LOG_INFO("restored step {} ({} bytes) in {:.3f} s", stats.step, stats.bytes,
@@ -385,6 +390,7 @@ class ClientImpl final : public Client {
 
   void OnPhase(Phase phase) override {
     phase_.store(phase, std::memory_order_relaxed);
+    if (phase == Phase::kIdle) idle_reported_.store(true, std::memory_order_relaxed);
     if (has::HasRunner* r = runner_ptr_.load(std::memory_order_acquire)) r->OnPhase(phase);
   }
 
@@ -398,6 +404,222 @@ class ClientImpl final : public Client {
   }
 
  private:
+  // ---- Device tensors (docs/has.md, "CUDA path") ----------------------------
+  // Registration check of a tensor on a device. Without CUDA in the build or
+  // without a visible device, a FailedPrecondition that names the tensor.
+  Status CheckDeviceTensor(const TensorMeta& meta, Device device) const {
+#if MEMENTO_HAVE_CUDA
+    const int count = cuda::DeviceCount();
+    if (count == 0) {
+      return FailedPreconditionError(
+          fmt::format("tensor '{}' lives on {}, but no CUDA device is visible to this process "
+                      "(cudaGetDeviceCount found none); register it from host memory instead",
+                      meta.name, DeviceName(device)));
+    }
+    if (device.index < 0 || device.index >= count) {
+      return InvalidArgumentError(
+          fmt::format("tensor '{}' lives on {}, but only {} CUDA device{} "
+                      "{} visible (cuda:0..cuda:{})",
+                      meta.name, DeviceName(device), count, count == 1 ? "" : "s",
+                      count == 1 ? "is" : "are", count - 1));
+    }
+    for (const Registered& r : tensors_) {
+      if (!r.device.is_host() && r.device != device) {
+        return FailedPreconditionError(fmt::format(
+            "tensor '{}' lives on {} but '{}' on {}: one client (one rank) copies from one CUDA "
+            "device",
+            meta.name, DeviceName(device), r.meta.name, DeviceName(r.device)));
+      }
+    }
+    return Status::Ok();
+#else
+    return FailedPreconditionError(fmt::format(
+        "tensor '{}' lives on {}: this memento was built without CUDA (nvcc was not found at "
+        "build time), so it cannot copy device memory; register a host copy of the tensor or "
+        "rebuild with -DMEMENTO_WITH_CUDA=ON",
+        meta.name, DeviceName(device)));
+#endif
+  }
+
+  // At Seal(), when device tensors are registered: both slots page-locked
+  // once (cudaHostRegister), one CudaCopyEngine (low-priority streams on the
+  // tensors' device), and which chunks of the layout come from the device.
+  Status StartDevicePath() {
+#if MEMENTO_HAVE_CUDA
+    int device = -1;
+    for (const Registered& r : tensors_) {
+      if (!r.device.is_host()) device = r.device.index;
+    }
+    if (device < 0) return Status::Ok();
+    for (int s = 0; s < shm::kSlotsPerRank; ++s) {
+      MEMENTO_ASSIGN_OR_RETURN(
+          auto pin, cuda::PinnedRegion::Register(segments_[s]->data(), segments_[s]->size()));
+      device_pins_.push_back(std::move(pin));
+    }
+    cuda::CudaCopyOptions co;
+    co.device = device;
+    co.chunk_bytes = options_.chunk_bytes;
+    co.low_priority = true;
+    MEMENTO_ASSIGN_OR_RETURN(device_engine_, cuda::CudaCopyEngine::Create(co));
+    chunk_on_device_.assign(layout_.chunks.size(), false);
+    for (size_t i = 0; i < layout_.chunks.size(); ++i) {
+      chunk_on_device_[i] = !tensors_[layout_.chunks[i].tensor_index].device.is_host();
+    }
+    MEMENTO_LOG_INFO(
+        "rank {}: device tensors on cuda:{}: slots page-locked, copy streams at "
+        "priority {}",
+        options_.rank, device, device_engine_->stream_priority());
+#endif
+    return Status::Ok();
+  }
+
+  void StopDevicePath() {
+    if (device_thread_.joinable()) device_thread_.join();
+#if MEMENTO_HAVE_CUDA
+    device_engine_.reset();  // waits for queued copies
+    device_pins_.clear();    // unregistered before the slots are unmapped
+#endif
+  }
+
+  // D2H of device chunks (src on the device, dst in the slot) with their
+  // checksums computed on the host once they land (device_copy.h says why).
+  Status CopyDeviceChunks(const std::vector<snap::CopyChunk>& chunks) {
+#if MEMENTO_HAVE_CUDA
+    std::vector<cuda::DeviceChunk> dc;
+    dc.reserve(chunks.size());
+    for (const snap::CopyChunk& c : chunks) {
+      cuda::DeviceChunk d;
+      d.host = c.dst;
+      d.device = const_cast<void*>(c.src);
+      d.bytes = c.length;
+      d.checksum_out = c.checksum_out;
+      d.label = c.label;
+      dc.push_back(d);
+    }
+    return cuda::SnapshotDeviceChunks(device_engine_.get(), dc);
+#else
+    (void)chunks;
+    return InternalError("device chunk without CUDA");
+#endif
+  }
+
+  // Restore of device tensors: slot bytes verified on the host, then H2D.
+  Status RestoreDeviceChunks(const std::vector<snap::CopyChunk>& chunks, uint64_t* bytes) {
+#if MEMENTO_HAVE_CUDA
+    std::vector<cuda::DeviceChunk> dc;
+    for (const snap::CopyChunk& c : chunks) {
+      cuda::DeviceChunk d;
+      d.host = const_cast<void*>(c.src);
+      d.device = c.dst;
+      d.bytes = c.length;
+      d.expected_checksum = c.expected_checksum;
+      d.label = c.label;
+      dc.push_back(d);
+      *bytes += c.length;
+    }
+    return cuda::RestoreDeviceChunks(device_engine_.get(), dc);
+#else
+    (void)chunks;
+    (void)bytes;
+    return InternalError("device chunk without CUDA");
+#endif
+  }
+
+  // Eager schedule with device tensors: one thread per snapshot copies the
+  // device chunks through the CUDA engine (D2H pipelined on its low-priority
+  // streams) and the host chunks (blobs) on the CPU, then completes the slot
+  // exactly as the CPU engine's on_done does. The training stream is never
+  // synchronised; Fence() waits for this thread.
+  Status BeginDeviceSnapshot(std::vector<snap::CopyChunk> chunks, int target, int64_t step) {
+    {
+      MutexLock l(&device_mu_);
+      device_done_ = false;
+      device_status_ = Status::Ok();
+    }
+    device_bytes_ = 0;
+    for (const snap::CopyChunk& c : chunks) device_bytes_ += c.length;
+    job_step_ = step;
+    device_active_ = true;
+    device_thread_ = std::thread([this, chunks = std::move(chunks), target, step] {
+      Stopwatch sw;
+      std::vector<snap::CopyChunk> on_device;
+      Status st;
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        if (chunk_on_device_[i]) {
+          on_device.push_back(chunks[i]);
+        } else {
+          *chunks[i].checksum_out =
+              snap::CopyAndChecksumStreaming(chunks[i].dst, chunks[i].src, chunks[i].length);
+        }
+      }
+      st = CopyDeviceChunks(on_device);
+      if (st.ok()) {
+        shm::CompleteSlotWrite(*segments_[target]);  // node-local complete, last
+        SetNewestSlot(target);
+        NotifyComplete(target, step);
+      }
+      MutexLock l(&device_mu_);
+      device_status_ = st;
+      device_copy_s_ = sw.Seconds();
+      device_done_ = true;
+      device_cv_.SignalAll();
+    });
+    return Status::Ok();
+  }
+
+  Status FenceDevice(Deadline deadline) {
+    Stopwatch sw;
+    bool was_done;
+    Status st;
+    double copy_s;
+    {
+      MutexLock l(&device_mu_);
+      was_done = device_done_;
+      while (!device_done_) {
+        if (!device_cv_.WaitUntil(&l, deadline.when()) && !device_done_) {
+          return DeadlineExceededError(
+              fmt::format("snapshot {} of device tensors still copying", job_step_));
+        }
+      }
+      st = device_status_;
+      copy_s = device_copy_s_;
+    }
+    device_thread_.join();
+    device_active_ = false;
+    SnapshotStats stats;
+    stats.step = job_step_;
+    stats.bytes = device_bytes_;
+    stats.copy_s = copy_s;
+    stats.fence_wait_s = was_done ? 0 : sw.Seconds();
+    stats.bytes_compute = device_bytes_;
+    stats.skipped_total = skipped_total_;
+    {
+      MutexLock l(&stats_mu_);
+      snapshot_stats_ = stats;
+    }
+    return st;
+  }
+
+  // Creates the HasRunner (schedule "has" at Seal(); "auto" at the first
+  // snapshot after an idle phase was reported). Trainer thread only.
+  Status StartHasRunner() {
+    has::HasRunnerOptions ro;
+    ro.threads = std::max(1, options_.copy_threads);
+    ro.has.separate_comm_link = options_.has_separate_comm_link;
+    ro.has.compute_max_rate = options_.has_compute_max_rate;
+    ro.has.schedule.num_stages = options_.pipeline_stages;
+    ro.has.schedule.stage = options_.pipeline_stage;
+    ro.has.schedule.num_microbatches = options_.pipeline_microbatches;
+    ro.has.schedule.fwd_s = options_.pipeline_fwd_s;
+    ro.has.schedule.bwd_s = options_.pipeline_bwd_s;
+    MEMENTO_ASSIGN_OR_RETURN(
+        runner_, has::HasRunner::Create(ro, [this](size_t i) { return HasCopyChunk(i); }));
+    // The phase the trainer is in carries over.
+    runner_->OnPhase(phase_.load(std::memory_order_relaxed));
+    runner_ptr_.store(runner_.get(), std::memory_order_release);
+    return Status::Ok();
+  }
+
   // HAS (schedule "has"): the chunk list goes to the HasRunner, whose workers
   // call HasCopyChunk(i) when the scheduler releases chunk i. The worker that
   // finishes the last chunk marks the slot complete, exactly as the eager
@@ -421,8 +643,11 @@ class ClientImpl final : public Client {
   // Runs on a HAS worker, without the runner's lock.
   Status HasCopyChunk(size_t index) {
     const snap::CopyChunk& c = has_chunks_[index];
-    uint64_t sum = snap::CopyAndChecksumStreaming(c.dst, c.src, c.length);
-    *c.checksum_out = sum;
+    if (!chunk_on_device_.empty() && chunk_on_device_[index]) {
+      MEMENTO_RETURN_IF_ERROR(CopyDeviceChunks({c}));
+    } else {
+      *c.checksum_out = snap::CopyAndChecksumStreaming(c.dst, c.src, c.length);
+    }
     if (has_chunk_delay_us_ > 0) usleep(static_cast<useconds_t>(has_chunk_delay_us_));
     // acq_rel: the last worker sees every other chunk's writes before it
     // publishes the slot.
@@ -664,6 +889,7 @@ class ClientImpl final : public Client {
   int64_t last_step_ = -1;
   bool fence_waited_ = false;
   std::atomic<Phase> phase_{Phase::kCompute};
+  std::atomic<bool> idle_reported_{false};  // an OnPhase(kIdle) was seen ("auto")
   // HAS (schedule "has"); the chunk list and target of the snapshot in
   // flight are written by the trainer thread only while no HAS snapshot runs.
   std::unique_ptr<has::HasRunner> runner_;
@@ -674,6 +900,23 @@ class ClientImpl final : public Client {
   int has_target_ = -1;
   int64_t has_step_ = -1;
   int has_chunk_delay_us_ = 0;
+
+  // Device tensors (CUDA): chunk_on_device_[i] for chunk i of the layout
+  // (empty when every tensor is on the host). The eager device snapshot runs
+  // on device_thread_; the trainer thread starts and joins it.
+  std::vector<bool> chunk_on_device_;
+  std::thread device_thread_;
+  bool device_active_ = false;
+  uint64_t device_bytes_ = 0;
+  Mutex device_mu_;
+  CondVar device_cv_;
+  bool device_done_ GUARDED_BY(device_mu_) = false;
+  Status device_status_ GUARDED_BY(device_mu_);
+  double device_copy_s_ GUARDED_BY(device_mu_) = 0;
+#if MEMENTO_HAVE_CUDA
+  std::vector<std::unique_ptr<cuda::PinnedRegion>> device_pins_;
+  std::unique_ptr<cuda::CudaCopyEngine> device_engine_;
+#endif
 
   // Cluster mode (null otherwise): the agent's commit word, mapped writable
   // for this rank's claim entry.
@@ -709,9 +952,9 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
     return InvalidArgumentError(
         fmt::format("copy_priority '{}' is not one of: idle, normal", options.copy_priority));
   }
-  if (options.schedule != "eager" && options.schedule != "has") {
+  if (options.schedule != "eager" && options.schedule != "has" && options.schedule != "auto") {
     return InvalidArgumentError(
-        fmt::format("schedule '{}' is not one of: eager, has", options.schedule));
+        fmt::format("schedule '{}' is not one of: auto, eager, has", options.schedule));
   }
   if (options.pipeline_stages < 0 ||
       (options.pipeline_stages > 0 &&

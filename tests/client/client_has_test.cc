@@ -154,6 +154,43 @@ TEST_F(ClientHasTest, IdleWindowCarriesTheCopy) {
   EXPECT_EQ(t.Digest(), digest);
 }
 
+// Schedule "auto": without phase hooks the snapshot is eager (no byte is
+// counted as idle, even inside what would be an idle window); once the
+// trainer reports an idle phase, the next snapshot runs under HAS and the
+// idle window carries it. Both versions restore bit-identically.
+TEST_F(ClientHasTest, AutoSwitchesToHasOnceIdlePhasesAreReported) {
+  AgentThread agent({"job1", 0, root_, 0});
+  uint64_t seed = memento::testing::TestSeed("ClientHasTest.Auto");
+  State s;
+  auto c = Sealed(s, Options("auto"));
+  s.Fill(seed + 1);
+  ASSERT_TRUE(c->Snapshot(1).ok());
+  ASSERT_TRUE(WaitCommitted(*c, 1));
+  ASSERT_TRUE(c->Fence().ok());
+  SnapshotStats st = c->LastSnapshotStats();
+  ExpectStatsAddUp(st, 1, s.Bytes());
+  EXPECT_EQ(st.bytes_idle, 0u) << "no phase hook was reported: eager";
+  EXPECT_EQ(st.bytes_compute, st.bytes);
+
+  c->OnPhase(Phase::kIdle);  // the trainer's hooks are wired from here on
+  s.Fill(seed + 2);
+  ASSERT_TRUE(c->Snapshot(2).ok());
+  ASSERT_TRUE(WaitCommitted(*c, 2)) << "step 2 never completed while idle";
+  c->OnPhase(Phase::kCompute);
+  ASSERT_TRUE(c->Fence().ok());
+  st = c->LastSnapshotStats();
+  ExpectStatsAddUp(st, 2, s.Bytes());
+  EXPECT_EQ(st.bytes_idle, st.bytes) << "HAS released every chunk inside the idle window";
+  const uint64_t digest = s.Digest();
+  c.reset();
+  State t;
+  auto c2 = Sealed(t, Options("eager"));
+  auto r = c2->Restore();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 2);
+  EXPECT_EQ(t.Digest(), digest);
+}
+
 // No idle window and a compute-side cap of 1 byte/s: beside computation only
 // the token bucket's initial burst may go, the rest waits for Fence(). No
 // byte is counted as idle, and the slot is complete and exact all the same.

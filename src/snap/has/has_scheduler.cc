@@ -121,6 +121,7 @@ void FillSnapshotStats(const HasStepStats& in, SnapshotStats* out) {
   out->bytes_idle = in.bytes_idle;
   out->bytes_compute = in.bytes_compute + in.bytes_fence;
   out->bytes_communicate = in.bytes_communicate;
+  out->bytes_fence = in.bytes_fence;
 }
 
 HasScheduler::HasScheduler(HasOptions options)
