@@ -42,7 +42,8 @@ Result<uint64_t> ParseBytes(const std::string& text) {
 }
 
 int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
-             const std::string& budget, const std::string& bandwidth) {
+             const std::string& budget, const std::string& bandwidth,
+             const std::string& scrub_rate) {
   agent::AgentOptions options = base;
   InitLogging("agent node" + std::to_string(options.node));
   if (!budget.empty()) {
@@ -54,6 +55,14 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
     auto b = ParseBytes(bandwidth);
     if (!b.ok()) return ReportStatus(b.status());
     durable.bandwidth_bytes_per_sec = *b;
+  }
+  if (!scrub_rate.empty()) {
+    auto b = ParseBytes(scrub_rate);
+    if (!b.ok()) return ReportStatus(b.status());
+    options.scrub_bytes_per_s = *b;
+  }
+  if (!(options.scrub_interval_s >= 0)) {
+    return ReportStatus(InvalidArgumentError("--scrub-interval must be >= 0 seconds"));
   }
   auto agent = agent::Agent::Start(options, durable);
   if (!agent.ok()) return ReportStatus(agent.status());
@@ -123,7 +132,19 @@ void Setup(CLI::App& app, CommandContext& ctx) {
                   "Seconds a reported step that does not commit stays protected from the "
                   "trainers, and the longest wait for the copies peers push")
       ->default_val(10.0);
-  cmd->callback([&ctx] { ctx.exit_code = RunAgent(options, durable, budget, bandwidth); });
+  static std::string scrub_rate;
+  cmd->add_option("--scrub-rate", scrub_rate,
+                  "Background scrub of the slots at rest: most bytes hashed per second (e.g. "
+                  "64M; 0: off)")
+      ->default_val("64M");
+  cmd->add_option("--scrub-interval", options.scrub_interval_s,
+                  "Seconds between two scrub passes (the first starts one interval after start)")
+      ->default_val(60.0);
+  cmd->add_flag("--remove-on-exit", options.remove_on_exit,
+                "Remove the root (slots, socket, lock) on a clean stop (SIGTERM/SIGINT); by "
+                "default the state stays for the next agent to adopt");
+  cmd->callback(
+      [&ctx] { ctx.exit_code = RunAgent(options, durable, budget, bandwidth, scrub_rate); });
 }
 
 }  // namespace

@@ -11,7 +11,9 @@
 //                           nodes, size, tensors, creation time)
 //   --tier memory ROOT...   slots under node roots on this host (rank, slot,
 //                           state, step, intact) and the newest step every
-//                           rank holds intact; --no-verify reads headers only
+//                           rank holds intact; --no-verify reads headers only;
+//                           and each root's background scrub report
+//                           (<root>/scrub.json: passes, corrupt versions)
 //
 // Each tier is one entry of Inspectors().
 #include <algorithm>
@@ -29,6 +31,7 @@
 #include "coord/cluster_view.h"
 #include "coord/keys.h"
 #include "coord/store.h"
+#include "fmt/format.h"
 #include "tier/env.h"
 #include "tier/format.h"
 #include "tier/reader.h"
@@ -121,10 +124,52 @@ int InspectDurable(const InspectArgs& args) {
   return 0;
 }
 
+// The agent's background scrub report of a node root (<root>/scrub.json,
+// agent/scrub.h); null when the root has none (scrub off, older agent).
+nlohmann::json ReadScrubReport(const std::string& root) {
+  std::FILE* f = std::fopen((root + "/scrub.json").c_str(), "r");
+  if (f == nullptr) return nullptr;
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  std::fclose(f);
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return nlohmann::json{{"error", "unreadable scrub.json"}};
+  return j;
+}
+
+// "scrub: 12 passes (last 31 s ago, 1.0 GiB at <= 64 MiB/s, agent pid 7), corrupt: none".
+std::string FormatScrub(const std::string& root, const nlohmann::json& r) {
+  if (r.is_null()) return "scrub " + root + ": no report (scrub off or an older agent)\n";
+  if (r.contains("error")) return "scrub " + root + ": " + r["error"].get<std::string>() + "\n";
+  auto num = [&](const char* k) { return r.value(k, nlohmann::json(0)).get<double>(); };
+  char line[512];
+  double last = num("last_pass_end_unix_ns");
+  std::string ago =
+      last > 0 ? fmt::format("last ended {:.0f} s ago", (memento::WallNanos() - last) / 1e9)
+               : std::string("none ended yet");
+  std::snprintf(line, sizeof line,
+                "scrub %s: %.0f pass%s (%s), %.1f MiB hashed at <= %.1f MiB/s every %.0f s, agent "
+                "pid %.0f, corrupt: %zu\n",
+                root.c_str(), num("passes"), num("passes") == 1 ? "" : "es", ago.c_str(),
+                num("bytes") / 1048576.0, num("bytes_per_s") / 1048576.0, num("interval_s"),
+                num("agent_pid"), r.value("corrupt", nlohmann::json::array()).size());
+  std::string out = line;
+  for (const auto& c : r.value("corrupt", nlohmann::json::array())) {
+    out += fmt::format("  CORRUPT rank {} slot {} step {} (found by pass {}): {}\n",
+                       c.value("rank", -1), c.value("slot", -1), c.value("step", -1),
+                       c.value("pass", 0), c.value("error", std::string()));
+  }
+  return out;
+}
+
 int InspectMemory(const InspectArgs& args) {
   auto report = memento::agent::InspectMemoryTier(args.targets, args.verify);
   if (!report.ok()) return memento::tools::ReportStatus(report.status());
   const auto& latest = report->latest_complete;
+  nlohmann::json scrub = nlohmann::json::object();
+  for (const std::string& root : args.targets) scrub[root] = ReadScrubReport(root);
   if (args.json) {
     nlohmann::json slots = nlohmann::json::array();
     for (const auto& r : report->slots) {
@@ -137,11 +182,9 @@ int InspectMemory(const InspectArgs& args) {
                        {"intact", r.intact},
                        {"error", r.error}});
     }
-    nlohmann::json top{{"tier", "memory"},
-                       {"roots", args.targets},
-                       {"verified_data", args.verify},
-                       {"ranks", report->ranks},
-                       {"slots", slots}};
+    nlohmann::json top{
+        {"tier", "memory"},       {"roots", args.targets}, {"verified_data", args.verify},
+        {"ranks", report->ranks}, {"slots", slots},        {"scrub", scrub}};
     top["latest_complete"] = latest ? nlohmann::json(*latest) : nlohmann::json(nullptr);
     std::printf("%s\n", top.dump(1).c_str());
     return 0;
@@ -157,6 +200,9 @@ int InspectMemory(const InspectArgs& args) {
     std::printf("%-6d %-5d %-10s %-12lld %-10.1f %-7s %s\n", r.rank, r.slot, r.state.c_str(),
                 static_cast<long long>(r.step), r.data_bytes / 1048576.0, r.intact ? "yes" : "no",
                 r.intact ? r.root.c_str() : r.error.c_str());
+  }
+  for (const std::string& root : args.targets) {
+    std::fputs(FormatScrub(root, scrub[root]).c_str(), stdout);
   }
   return 0;
 }

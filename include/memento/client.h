@@ -121,6 +121,11 @@ struct RestoreStats {
   int64_t step = -1;  // the version loaded; -1 when none
   uint64_t bytes = 0;
   double restore_s = 0;  // wall time of the load (checksums included)
+  // The two passes over the versions tried: checking every chunk's checksum
+  // in shared memory (nothing written), then the copy into the registered
+  // tensors (checked again in the same pass).
+  double verify_s = 0;
+  double copy_s = 0;
   // Versions that were newer but could not be loaded, one line each
   // ("step 12: DataLoss: ... chunk 3 fails its checksum").
   std::vector<std::string> skipped;
@@ -170,7 +175,9 @@ class Client {
   // dtype or shape differs from the registered one, InvalidArgument listing
   // every difference, and nothing is written. A version that fails its
   // checksums is skipped (DataLoss is returned only when no intact version is
-  // left). REQUIRES: sealed.
+  // left; the registered tensors are then unchanged: every version is
+  // verified in shared memory before its first byte is copied). REQUIRES:
+  // sealed.
   virtual Result<int64_t> Restore() = 0;
 
   // Loads exactly version `step` into the registered tensors and returns
@@ -181,9 +188,9 @@ class Client {
   // NotFound when this rank holds no complete version of `step` (the message
   // lists the steps it does hold); InvalidArgument for step < 0 or when the
   // saved tensors differ from the registered ones (nothing written);
-  // DataLoss when the version fails its checksums (the registered tensors
-  // may then be partly overwritten: restore another version). Never falls
-  // back to another step. REQUIRES: sealed.
+  // DataLoss when the version fails its checksums; the version is verified
+  // before its first byte is copied, so the registered tensors are then
+  // unchanged. Never falls back to another step. REQUIRES: sealed.
   virtual Result<int64_t> Restore(int64_t step) = 0;
 
   // Versions the agent holds for this rank, newest first.

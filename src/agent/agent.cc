@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "fmt/format.h"
+#include "shm/root_gc.h"
 
 namespace memento::agent {
 
@@ -27,9 +28,23 @@ Agent::~Agent() {
   verify_cv_.SignalAll();
   for (auto& t : conn_threads_) t.thread.join();
   if (verifier_.joinable()) verifier_.join();
+  scrubber_.reset();
   cluster_.reset();  // first: it drives durable_ in cluster mode (commits, epoch)
   durable_.reset();  // no connection thread can offer a version any more
   if (listen_fd_ >= 0) close(listen_fd_);
+  if (options_.remove_on_exit && stopped_cleanly_.load() && lock_fd_ >= 0) {
+    // Still holding agent.lock: no other agent can be adopting the root.
+    auto freed = shm::RemoveNodeRootTree(root_);
+    if (freed.ok()) {
+      MEMENTO_LOG_INFO("removed {} ({} bytes freed; --remove-on-exit)", root_, *freed);
+      // The job's directory of the default layout, once its last node is gone.
+      if (root_ == shm::DefaultNodeRoot(options_.job_id, options_.node)) {
+        rmdir(root_.substr(0, root_.rfind('/')).c_str());
+      }
+    } else {
+      MEMENTO_LOG_WARN("--remove-on-exit: {}", freed.status().ToString());
+    }
+  }
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
   for (int fd : stop_pipe_) {
     if (fd >= 0) close(fd);
@@ -79,6 +94,11 @@ Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options,
   }
   if (pipe2(agent->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return ErrnoError("pipe", errno);
   agent->verifier_ = std::thread([a = agent.get()] { a->VerifierLoop(); });
+  ScrubOptions scrub;
+  scrub.bytes_per_s = options.scrub_bytes_per_s;
+  scrub.interval_s = options.scrub_interval_s;
+  scrub.status_path = agent->root_ + "/scrub.json";
+  agent->scrubber_ = Scrubber::Start(scrub, agent->store_.get());
   MEMENTO_LOG_INFO("agent for job {} node {} serving {} (budget {} bytes, {} bytes adopted)",
                    options.job_id, options.node, shm::AgentSocketPath(agent->root_),
                    options.budget_bytes, agent->store_->allocated_bytes());
@@ -137,6 +157,7 @@ Status Agent::Serve() {
   verify_cv_.SignalAll();
   for (auto& t : conn_threads_) t.thread.join();
   conn_threads_.clear();
+  stopped_cleanly_.store(true);
   return Status::Ok();
 }
 

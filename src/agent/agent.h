@@ -22,6 +22,7 @@
 
 #include "agent/cluster.h"
 #include "agent/durable.h"
+#include "agent/scrub.h"
 #include "common/mutex.h"
 #include "memento/status.h"
 #include "shm/node_store.h"
@@ -44,6 +45,14 @@ struct AgentOptions {
   // Cluster mode (docs/cluster.md) when cluster.store_url is set: store,
   // membership, commits, redundancy (T1) and the peer service.
   ClusterOptions cluster = {};
+  // Background scrub of the slots at rest (agent/scrub.h): at most this many
+  // bytes hashed per second (0: off), a pass every `scrub_interval_s`.
+  uint64_t scrub_bytes_per_s = uint64_t{64} << 20;
+  double scrub_interval_s = 60;
+  // Remove the root (slots, socket, lock) when the agent stops cleanly
+  // (Stop(), SIGTERM). Off by default: the state must survive the agent so
+  // that the next agent adopts it.
+  bool remove_on_exit = false;
 };
 
 class Agent {
@@ -72,6 +81,8 @@ class Agent {
   DurableStreamer* durable() { return durable_.get(); }
   // Null without --store.
   Cluster* cluster() { return cluster_.get(); }
+  // Null when the scrub is off.
+  Scrubber* scrubber() { return scrubber_.get(); }
 
  private:
   Agent() = default;
@@ -103,6 +114,8 @@ class Agent {
   std::thread verifier_;
   std::unique_ptr<DurableStreamer> durable_;  // reads store_'s slots; reset first
   std::unique_ptr<Cluster> cluster_;          // reads store_'s slots; reset with durable_
+  std::unique_ptr<Scrubber> scrubber_;        // reads store_'s slots; reset first
+  std::atomic<bool> stopped_cleanly_{false};  // Serve() returned after Stop()
 };
 
 }  // namespace memento::agent

@@ -302,39 +302,26 @@ class ClientImpl final : public Client {
         for (const auto& d : diffs) msg += "\n  - " + d;
         return InvalidArgumentError(msg);
       }
+      // Verify the whole version before the first byte of registered memory
+      // is written: a version that fails its checksums leaves the tensors
+      // untouched (docs/node_store.md, "Restore").
       const shm::Segment& seg = *segments_[c.slot];
-      const uint8_t* data = seg.data() + c.info.data_offset;
-      std::vector<snap::CopyChunk> chunks, device_chunks;
-      for (const shm::ChunkEntry& e : c.info.chunks) {
-        const shm::SavedTensor& t = c.info.tensors[e.tensor_index];
-        snap::CopyChunk cc;
-        cc.src = data + e.offset;
-        cc.dst = static_cast<uint8_t*>(by_name[t.meta.name]->data) + (e.offset - t.offset);
-        cc.length = e.length;
-        cc.verify = true;
-        cc.expected_checksum = e.checksum;
-        cc.label = t.meta.name.c_str();
-        if (!by_name[t.meta.name]->device.is_host()) {
-          device_chunks.push_back(cc);  // host slot -> device memory below
-          continue;
-        }
-        chunks.push_back(cc);
+      Stopwatch verify_sw;
+      Status st = VerifyVersion(seg, c.info);
+      stats.verify_s += verify_sw.Seconds();
+      if (st.ok()) {
+        Stopwatch copy_sw;
+        st = CopyVersion(seg, c.info, by_name, &stats.bytes);
+        stats.copy_s += copy_sw.Seconds();
       }
-      auto job = engine_->Submit(std::move(chunks), nullptr, [](const Status& s) { return s; });
-      Status st = options_.copy_priority == "idle"
-                      ? engine_->HelpAndWait(*job, Deadline::Infinite())
-                      : job->Wait();
-      uint64_t device_bytes = 0;
-      if (st.ok() && !device_chunks.empty()) st = RestoreDeviceChunks(device_chunks, &device_bytes);
       if (st.ok()) {
         last_step_ = c.info.step;
         SetNewestSlot(c.slot);
         stats.step = c.info.step;
-        stats.bytes = job->bytes() + device_bytes;
         stats.restore_s = sw.Seconds();
         for (const auto& s : stats.skipped) MEMENTO_LOG_WARN("restore skipped {}", s);
-        MEMENTO_LOG_INFO("restored step {} ({} bytes) in {:.3f} s", stats.step, stats.bytes,
-                         stats.restore_s);
+        MEMENTO_LOG_INFO("restored step {} ({} bytes) in {:.3f} s (verify {:.3f} s, copy {:.3f} s)",
+                         stats.step, stats.bytes, stats.restore_s, stats.verify_s, stats.copy_s);
         MutexLock l(&stats_mu_);
         restore_stats_ = stats;
         return c.info.step;
@@ -368,6 +355,90 @@ class ClientImpl final : public Client {
     }
     return NotFoundError(fmt::format("no saved version of rank {} of job {} in {}", options_.rank,
                                      options_.job_id, dir_));
+  }
+
+  // Checks every chunk of the version `info` describes against its checksum,
+  // on the copy engine's number of threads, reading the slot only. DataLoss
+  // naming the first bad chunk; Aborted when the slot was rewritten meanwhile.
+  Status VerifyVersion(const shm::Segment& seg, const shm::SlotInfo& info) {
+    const uint8_t* data = seg.data() + info.data_offset;
+    std::atomic<size_t> next{0};
+    std::atomic<bool> failed{false};
+    Mutex mu;
+    Status first;
+    auto work = [&] {
+      for (;;) {
+        size_t i = next.fetch_add(1, std::memory_order_relaxed);
+        if (i >= info.chunks.size() || failed.load(std::memory_order_relaxed)) return;
+        const shm::ChunkEntry& e = info.chunks[i];
+        uint64_t sum = snap::FastChecksum(data + e.offset, e.length);
+        if (sum == e.checksum) continue;
+        failed.store(true, std::memory_order_relaxed);
+        MutexLock l(&mu);
+        if (first.ok()) {
+          first = DataLossError(fmt::format(
+              "chunk {} (bytes {}..{} of tensor '{}', {} bytes) fails its checksum: {:#018x} "
+              "expected, {:#018x} found",
+              i, e.offset - info.tensors[e.tensor_index].offset,
+              e.offset - info.tensors[e.tensor_index].offset + e.length,
+              info.tensors[e.tensor_index].meta.name, e.length, e.checksum, sum));
+        }
+      }
+    };
+    const size_t n = std::min<size_t>(std::max(1, options_.copy_threads), info.chunks.size());
+    std::vector<std::thread> helpers;
+    for (size_t t = 1; t < n; ++t) helpers.emplace_back(work);
+    work();
+    for (auto& t : helpers) t.join();
+    MutexLock l(&mu);
+    if (first.ok() && !shm::SlotUnchanged(seg, info)) {
+      return AbortedError(fmt::format("slot {} was rewritten while it was verified", seg.path()));
+    }
+    return first;
+  }
+
+  // Copies a verified version into the registered tensors, checking every
+  // chunk's checksum again in the same pass (free: the copy is memory bound).
+  // A failure here means the slot changed after VerifyVersion (nothing but a
+  // concurrent writer can do that): the tensors are then partly overwritten,
+  // and the message says so.
+  Status CopyVersion(const shm::Segment& seg, const shm::SlotInfo& info,
+                     const std::map<std::string, const Registered*>& by_name, uint64_t* bytes) {
+    const uint8_t* data = seg.data() + info.data_offset;
+    std::vector<snap::CopyChunk> chunks, device_chunks;
+    chunks.reserve(info.chunks.size());
+    for (const shm::ChunkEntry& e : info.chunks) {
+      const shm::SavedTensor& t = info.tensors[e.tensor_index];
+      const Registered* r = by_name.at(t.meta.name);
+      snap::CopyChunk cc;
+      cc.src = data + e.offset;
+      cc.dst = static_cast<uint8_t*>(r->data) + (e.offset - t.offset);
+      cc.length = e.length;
+      cc.verify = true;
+      cc.expected_checksum = e.checksum;
+      cc.label = t.meta.name.c_str();
+      if (!r->device.is_host()) {
+        device_chunks.push_back(cc);  // host slot -> device memory below
+        continue;
+      }
+      chunks.push_back(cc);
+    }
+    auto job = engine_->Submit(std::move(chunks), nullptr, [](const Status& s) { return s; });
+    Status st = options_.copy_priority == "idle" ? engine_->HelpAndWait(*job, Deadline::Infinite())
+                                                 : job->Wait();
+    uint64_t device_bytes = 0;
+    if (st.ok() && !device_chunks.empty()) st = RestoreDeviceChunks(device_chunks, &device_bytes);
+    if (st.ok() && !shm::SlotUnchanged(seg, info)) {
+      st = AbortedError(fmt::format("slot {} was rewritten while it was copied", seg.path()));
+    }
+    if (!st.ok()) {
+      return Status(st.code(),
+                    st.message() +
+                        " (after the version had verified: the slot changed under the restore; "
+                        "the registered tensors are partly overwritten)");
+    }
+    *bytes = job->bytes() + device_bytes;
+    return Status::Ok();
   }
 
   Result<std::vector<VersionInfo>> ListVersions() override {

@@ -171,7 +171,8 @@ Result<std::vector<std::string>> NodeStore::EnsureSlots(int rank, uint64_t bytes
   return paths;
 }
 
-Status NodeStore::Verify(int rank, int slot) {
+Status NodeStore::Verify(int rank, int slot, const std::function<bool(uint64_t)>& pace,
+                         uint64_t piece_bytes) {
   std::shared_ptr<Segment> seg;
   {
     MutexLock l(&mu_);
@@ -182,18 +183,34 @@ Status NodeStore::Verify(int rank, int slot) {
     seg = it->second.segment;
   }
   // Reads shared memory without the lock: a writer may be active (seqlock).
+  SlotState state0;
+  uint64_t generation0 = 0;
+  LoadSlotVersion(*seg, &state0, &generation0);
+  auto rewritten = [&] {
+    SlotState state;
+    uint64_t generation = 0;
+    LoadSlotVersion(*seg, &state, &generation);
+    return state != state0 || generation != generation0;
+  };
   Status st;
   uint64_t generation = 0;
   auto info = ReadSlot(*seg);
   if (!info.ok()) {
+    // A header read while a writer began rewriting it is torn, not corrupt.
+    if (rewritten()) {
+      return AbortedError(
+          fmt::format("slot {} of rank {} was rewritten while its header was read", slot, rank));
+    }
     st = info.status();
+    generation = generation0;
   } else {
     generation = info->generation;
     if (info->state != SlotState::kComplete) {
       st = FailedPreconditionError(
           fmt::format("slot is {} (step {})", SlotStateName(info->state), info->step));
     } else {
-      st = VerifySlotData(*seg, *info);
+      st = pace ? VerifySlotDataPaced(*seg, *info, piece_bytes, pace) : VerifySlotData(*seg, *info);
+      if (st.code() == StatusCode::kAborted) return st;
       if (!SlotUnchanged(*seg, *info)) {
         return AbortedError(
             fmt::format("slot {} of rank {} was rewritten while being verified", slot, rank));

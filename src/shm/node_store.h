@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -81,8 +82,14 @@ class NodeStore {
   Result<std::vector<std::string>> EnsureSlots(int rank, uint64_t bytes) EXCLUDES(mu_);
 
   // Verifies slot `slot` of `rank` (header and every chunk) and records the
-  // outcome for its current generation.
-  Status Verify(int rank, int slot) EXCLUDES(mu_);
+  // outcome for its current generation. A slot that a writer starts to
+  // rewrite during the check gives Aborted and records nothing (seqlock on
+  // the header's state and generation): a concurrent rewrite is never
+  // reported as corruption. With `pace` the data is hashed in pieces of at
+  // most `piece_bytes`, `pace(n)` called before each (VerifySlotDataPaced);
+  // a `pace` that returns false stops the check (Aborted, nothing recorded).
+  Status Verify(int rank, int slot, const std::function<bool(uint64_t)>& pace = nullptr,
+                uint64_t piece_bytes = 1 << 20) EXCLUDES(mu_);
 
   // Both slots of `rank` (re-reading their headers); empty when unknown.
   std::vector<SlotStatus> Inventory(int rank) EXCLUDES(mu_);

@@ -1,5 +1,6 @@
 #include "shm/slot.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -290,6 +291,38 @@ Status VerifySlotData(const Segment& segment, const SlotInfo& info) {
     }
   }
   return Status::Ok();
+}
+
+Status VerifySlotDataPaced(const Segment& segment, const SlotInfo& info, uint64_t piece_bytes,
+                           const std::function<bool(uint64_t)>& pace) {
+  const uint8_t* data = segment.data() + info.data_offset;
+  StreamingChecksum sum;
+  for (size_t i = 0; i < info.chunks.size(); ++i) {
+    const ChunkEntry& c = info.chunks[i];
+    sum.Reset();
+    for (uint64_t done = 0; done < c.length;) {
+      uint64_t n = std::min<uint64_t>(piece_bytes, c.length - done);
+      if (pace && !pace(n)) {
+        return AbortedError(
+            fmt::format("verification of slot {} (step {}) stopped", segment.path(), info.step));
+      }
+      sum.Update(data + c.offset + done, n);
+      done += n;
+    }
+    if (sum.Digest() != c.checksum) {
+      return DataLossError(fmt::format(
+          "slot {} (step {}): chunk {} (bytes {}..{} of tensor '{}') fails its checksum",
+          segment.path(), info.step, i, c.offset, c.offset + c.length,
+          info.tensors[c.tensor_index].meta.name));
+    }
+  }
+  return Status::Ok();
+}
+
+void LoadSlotVersion(const Segment& segment, SlotState* state, uint64_t* generation) {
+  const SlotHeader* h = Header(segment);
+  *state = LoadState(h);
+  *generation = __atomic_load_n(&h->generation, __ATOMIC_ACQUIRE);
 }
 
 bool SlotUnchanged(const Segment& segment, const SlotInfo& info) {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -97,8 +98,17 @@ struct SlotInfo {
 Result<SlotInfo> ReadSlot(const Segment& segment);
 // Checks every chunk's checksum. DataLoss naming the chunk and tensor.
 Status VerifySlotData(const Segment& segment, const SlotInfo& info);
+// Checks every chunk's checksum like VerifySlotData, for a background reader
+// that must not compete with training (the agent's scrub): the data is hashed
+// in pieces of at most `piece_bytes`, and `pace(n)` is called before each
+// piece of n bytes (it may sleep to hold a rate). A `pace` that returns false
+// stops the check: Aborted. REQUIRES: piece_bytes > 0.
+Status VerifySlotDataPaced(const Segment& segment, const SlotInfo& info, uint64_t piece_bytes,
+                           const std::function<bool(uint64_t)>& pace);
 // True when the slot still holds the version `info` was read from (no writer
 // started since): a seqlock-style re-check after reading data.
 bool SlotUnchanged(const Segment& segment, const SlotInfo& info);
+// The live state and generation of a slot (a seqlock reader's first load).
+void LoadSlotVersion(const Segment& segment, SlotState* state, uint64_t* generation);
 
 }  // namespace memento::shm

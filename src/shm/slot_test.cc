@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -141,6 +142,36 @@ TEST_F(SlotTest, FlippedDataByteIsDataLoss) {
   Status st = VerifySlotData(*seg_, *info);
   EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
   EXPECT_NE(st.message().find("fails its checksum"), std::string::npos) << st;
+}
+
+// The scrub's paced check: the same verdict as VerifySlotData, every data
+// byte announced to the pacer in pieces of at most piece_bytes, and a pacer
+// that says stop stops it (Aborted, not DataLoss).
+TEST_F(SlotTest, PacedVerificationAgreesAndStops) {
+  std::mt19937_64 rng(memento::testing::TestSeed("SlotTest.Paced"));
+  WriteSlot(*seg_, layout_, 0, 9, rng);
+  auto info = ReadSlot(*seg_);
+  ASSERT_TRUE(info.ok());
+  uint64_t announced = 0, largest = 0;
+  auto pace = [&](uint64_t n) {
+    announced += n;
+    largest = std::max(largest, n);
+    return true;
+  };
+  ASSERT_TRUE(VerifySlotDataPaced(*seg_, *info, 100, pace).ok());
+  uint64_t chunk_bytes = 0;
+  for (const ChunkEntry& c : info->chunks) chunk_bytes += c.length;
+  EXPECT_EQ(announced, chunk_bytes);
+  EXPECT_LE(largest, 100u);
+  int calls = 0;
+  Status st = VerifySlotDataPaced(*seg_, *info, 100, [&](uint64_t) { return ++calls < 5; });
+  EXPECT_EQ(st.code(), StatusCode::kAborted) << st;
+  EXPECT_EQ(calls, 5);
+  size_t pos = rng() % layout_.tensors[0].nbytes;
+  seg_->data()[layout_.data_offset + pos] ^= 0x10;
+  st = VerifySlotDataPaced(*seg_, *info, 100, pace);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
+  EXPECT_EQ(VerifySlotData(*seg_, *info).code(), StatusCode::kDataLoss);
 }
 
 TEST_F(SlotTest, CorruptHeaderManifestOrTableIsDataLoss) {

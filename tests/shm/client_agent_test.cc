@@ -185,6 +185,59 @@ TEST_F(ClientAgentTest, CorruptedSlotFallsBackThenDataLoss) {
   EXPECT_NE(r.status().message().find("step 2"), std::string::npos);
 }
 
+// Bad input harms nothing: a restore that finds no intact version returns
+// DataLoss and leaves every registered byte as it was, even when the only
+// bad byte sits in the last chunk (a copy fused with the check would have
+// written everything before it).
+TEST_F(ClientAgentTest, FailedRestoreLeavesRegisteredTensorsUntouched) {
+  AgentThread agent({"job1", 0, root_, 0});
+  uint64_t seed = memento::testing::TestSeed("ClientAgentTest.FailedRestoreUntouched");
+  State s;
+  auto c = Sealed(s);
+  for (int step = 1; step <= 2; ++step) {
+    s.Fill(seed + step);
+    ASSERT_TRUE(c->Snapshot(step).ok());
+    ASSERT_TRUE(c->Fence().ok());
+  }
+  c.reset();
+  // The last byte of each slot's data region (the last chunk's last byte).
+  for (int slot = 0; slot < shm::kSlotsPerRank; ++slot) {
+    auto seg = shm::Segment::Open(shm::SlotPath(root_, 0, slot), true);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    auto info = shm::ReadSlot(**seg);
+    ASSERT_TRUE(info.ok()) << info.status();
+    ASSERT_GT(info->chunks.size(), 4u);  // several chunks: the bad one comes last
+    (*seg)->data()[info->data_offset + info->data_bytes - 1] ^= 0x01;
+  }
+  State t;
+  t.Fill(seed + 1000);
+  const State before = t;
+  auto c2 = Sealed(t);
+  auto same = [&] {
+    return std::memcmp(t.w.data(), before.w.data(), t.w.size() * sizeof(float)) == 0 &&
+           std::memcmp(t.counts.data(), before.counts.data(), t.counts.size() * 8) == 0 &&
+           std::memcmp(t.rng, before.rng, sizeof(t.rng)) == 0;
+  };
+  auto r = c2->Restore();
+  ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("step 1"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("step 2"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("'rng'"), std::string::npos) << r.status();
+  EXPECT_TRUE(same()) << "a failed Restore() wrote into the registered tensors";
+  EXPECT_EQ(c2->LastRestoreStats().step, -1);
+  EXPECT_EQ(c2->LastRestoreStats().skipped.size(), 2u);
+  for (int64_t step : {1, 2}) {
+    r = c2->Restore(step);
+    ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+    EXPECT_TRUE(same()) << "a failed Restore(" << step << ") wrote into the registered tensors";
+  }
+  // The agent learned of both (the client asks it to re-verify).
+  auto versions = c2->ListVersions();
+  ASSERT_TRUE(versions.ok()) << versions.status();
+  ASSERT_EQ(versions->size(), 2u);
+  for (const VersionInfo& v : *versions) EXPECT_FALSE(v.committed) << "step " << v.step;
+}
+
 // Restore(step): exactly that version or NotFound / DataLoss, never another
 // step. The motivating case: a rank killed in the middle of Snapshot(3) holds
 // a torn slot and step 2 only, so the job must restart every rank at step 2.
