@@ -12,6 +12,7 @@
 
 #include "common/test_util.h"
 #include "gtest/gtest.h"
+#include "launch/netns.h"
 
 namespace memento::launch {
 namespace {
@@ -165,6 +166,53 @@ TEST(Launcher, BadOptions) {
   o.inject = "";
   o.job = "bad/job";
   EXPECT_EQ(Launcher::Create(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Launcher, StoreOptions) {
+  LaunchOptions o;
+  o.trainer = {"true"};
+  o.nodes = 2;
+  // kill-store needs a store the launcher can kill: it implies a store process.
+  o.inject = "kill-store@step=3";
+  auto l = Launcher::Create(o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_TRUE((*l)->options().store_process);
+  // ...and is refused for someone else's store.
+  o.store_url = "tcp://10.1.2.3:7070";
+  auto r = Launcher::Create(o);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("is external"), std::string::npos) << r.status();
+  o.inject = "";
+  o.store_process = true;
+  r = Launcher::Create(o);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("exclude each other"), std::string::npos) << r.status();
+  o.store_process = false;
+  o.store_down_s = -1;
+  EXPECT_EQ(Launcher::Create(o).status().code(), StatusCode::kInvalidArgument);
+  o.store_down_s = 1;
+  EXPECT_TRUE(Launcher::Create(o).ok());
+}
+
+TEST(Launcher, NetnsRefusesClearly) {
+  LaunchOptions o;
+  o.trainer = {"true"};
+  o.nodes = 2;
+  o.netns = true;
+  const std::string why = NodeNetwork::Unsupported();
+  auto r = Launcher::Create(o);
+  if (!why.empty()) {
+    // Not root, or no `ip`: refused with that reason.
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(r.status().message(), why);
+    return;
+  }
+  EXPECT_TRUE(r.ok()) << r.status();
+  // The nodes' namespaces cannot reach the machine's loopback.
+  o.store_url = "tcp://127.0.0.1:7070";
+  r = Launcher::Create(o);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("loopback"), std::string::npos) << r.status();
 }
 
 }  // namespace

@@ -104,6 +104,8 @@ Result<std::unique_ptr<NodeNetwork>> NodeNetwork::Create(int nodes) {
         ip({"-n", ns, "addr", "add", n->NodeAddress(i) + "/24", "dev", n->NodeVeth(i)}));
     MEMENTO_RETURN_IF_ERROR(ip({"-n", ns, "link", "set", n->NodeVeth(i), "up"}));
     MEMENTO_RETURN_IF_ERROR(ip({"-n", ns, "link", "set", "lo", "up"}));
+    // The root namespace's other addresses (an external store) via the bridge.
+    MEMENTO_RETURN_IF_ERROR(ip({"-n", ns, "route", "add", "default", "via", n->BridgeAddress()}));
   }
   return n;
 }

@@ -560,6 +560,67 @@ TEST_F(ClusterTest, NetnsNodeLossRecoversBitIdentical) {
   }
 }
 
+#ifdef TRAINER_BIN
+// The reference trainer (memento-trainer: DP 2 x PP 2, ZeRO-1, Gloo
+// collectives over TCP) under --netns: its ranks' Gloo connections cross the
+// namespaces' interfaces (MEMENTO_NODE_ADDR), a node is lost and rebuilt from
+// memory, and every rank's final state equals a failure-free run's without
+// namespaces.
+TEST_F(ClusterTest, NetnsGlooTrainerNodeLossBitIdentical) {
+  if (std::string why = NetnsUnsupported(dir_.path()); !why.empty()) {
+    GTEST_SKIP() << "--netns cannot run here: " << why;
+  }
+  auto run = [&](const std::string& name, const std::vector<std::string>& extra) {
+    const std::string dir = dir_.path() + "/" + name;
+    EXPECT_EQ(mkdir(dir.c_str(), 0700), 0);
+    SpawnOptions so;
+    so.argv = {MEMENTO_BIN,      "launch",
+               "--job",          name + "-" + std::to_string(getpid()),
+               "--nodes",        "4",
+               "--dp",           "2",
+               "--pp",           "2",
+               "--zero",         "1",
+               "--policy",       "xor",
+               "--run-dir",      dir + "/run",
+               "--summary-json", dir + "/summary.json"};
+    so.argv.insert(so.argv.end(), extra.begin(), extra.end());
+    for (const std::string& a :
+         {std::string("--"), std::string(TRAINER_BIN), std::string("--preset"), std::string("tiny"),
+          std::string("--steps"), std::string("24"), std::string("--zero"), std::string("--batch"),
+          std::string("8"), std::string("--micro-batches"), std::string("2"),
+          std::string("--warmup"), std::string("10"), std::string("--digest-file"), dir + "/digest",
+          std::string("--comm-timeout"), std::string("30")}) {
+      so.argv.push_back(a);
+    }
+    so.log_path = dir + "/launch.log";
+    Outcome o;
+    auto p = Subprocess::Spawn(so);
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return o;
+    auto st = p->Wait(Deadline::AfterSeconds(150));
+    if (!st.ok()) p->Terminate(5);
+    EXPECT_TRUE(st.ok()) << "memento launch did not finish in 150 s";
+    if (st.ok()) o.exit = *st;
+    o.out_dir = dir;
+    CollectOutcome(dir, &o);
+    return o;
+  };
+  Outcome netns = run("gloo-netns", {"--netns", "--inject", "kill-node:1@step=10"});
+  SKIP_IF_UNSUPPORTED(netns);
+  ASSERT_EQ(netns.exit.code, 0) << netns.exit.ToString() << "\n" << LaunchLogs(netns);
+  ASSERT_EQ(netns.summary["recoveries"].size(), 1u) << LaunchLogs(netns);
+  EXPECT_GE(netns.summary["recoveries"][0]["step"].get<int64_t>(), 1) << LaunchLogs(netns);
+  EXPECT_EQ(netns.summary["recoveries"][0]["lost_nodes"], json::array({1})) << LaunchLogs(netns);
+  Outcome plain = run("gloo-plain", {});
+  ASSERT_EQ(plain.exit.code, 0) << plain.exit.ToString() << "\n" << LaunchLogs(plain);
+  for (int r = 0; r < 4; ++r) {
+    const std::string got = ReadAll(netns.out_dir + "/digest.rank" + std::to_string(r));
+    EXPECT_FALSE(got.empty()) << "rank " << r;
+    EXPECT_EQ(got, ReadAll(plain.out_dir + "/digest.rank" + std::to_string(r))) << "rank " << r;
+  }
+}
+#endif  // TRAINER_BIN
+
 // Seeded random failures: kills of ranks, agents, nodes and the store host
 // (the store process, restarted empty) at random steps,
 // never more node losses at once than the policy protects (rs:2: two).
@@ -585,6 +646,11 @@ TEST(ClusterChaos, RandomFailures) {
       inject += std::string(names[kind]) + (kind == 3 ? "" : ":" + std::to_string(target)) +
                 "@step=" + std::to_string(step);
     }
+    // Store-host losses in every run: a random one while training (round 0)
+    // and one in the middle of the first recovery (round 1), besides the
+    // random kill-store entries above.
+    if (round == 0) inject += ",kill-store@step=" + std::to_string(5 + rng() % 20);
+    if (round == 1) inject += ",kill-store@recovery=0";
     job.inject = inject;
     job.extra = {"--store-down-s", "0.3"};
     SCOPED_TRACE("seed " + std::to_string(seed) + " round " + std::to_string(round) + ": " +
