@@ -150,7 +150,7 @@ std::string FormatScrub(const std::string& root, const nlohmann::json& r) {
       last > 0 ? fmt::format("last ended {:.0f} s ago", (memento::WallNanos() - last) / 1e9)
                : std::string("none ended yet");
   std::snprintf(line, sizeof line,
-                "scrub %s: %.0f pass%s (%s), %.1f MiB hashed at <= %.1f MiB/s every %.0f s, agent "
+                "scrub %s: %.0f pass%s (%s), %.1f MiB hashed at <= %.1f MiB/s every %g s, agent "
                 "pid %.0f, corrupt: %zu\n",
                 root.c_str(), num("passes"), num("passes") == 1 ? "" : "es", ago.c_str(),
                 num("bytes") / 1048576.0, num("bytes_per_s") / 1048576.0, num("interval_s"),

@@ -17,7 +17,7 @@ std::unique_ptr<Scrubber> Scrubber::Start(const ScrubOptions& options, shm::Node
   std::unique_ptr<Scrubber> s(new Scrubber(options, store));
   s->WriteReport();  // replaces an earlier agent's report
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
-  MEMENTO_LOG_INFO("scrub: every {:.0f} s at most {} bytes/s ({})", options.interval_s,
+  MEMENTO_LOG_INFO("scrub: every {:g} s at most {} bytes/s ({})", options.interval_s,
                    options.bytes_per_s,
                    options.status_path.empty() ? "no report file" : options.status_path);
   return s;

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "common/human.h"
 #include "common/log.h"
@@ -21,6 +22,53 @@ std::string DefaultNodeRoot(const std::string& job_id, int node) {
 std::string SlotPath(const std::string& root, int rank, int slot) {
   return fmt::format("{}/rank{}.slot{}", root, rank, slot);
 }
+
+namespace {
+
+// The mount options of the filesystem holding `path` (the longest matching
+// mount point in /proc/self/mountinfo): "tmpfs rw,size=...,huge=always".
+std::string MountOf(const std::string& path) {
+  std::FILE* f = std::fopen("/proc/self/mountinfo", "r");
+  if (f == nullptr) return "";
+  std::string best_point, best;
+  char line[4096];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    // id parent major:minor root mount-point options ... - fstype source super-options
+    char point[1024], fstype[256], super[2048];
+    const char* dash = std::strstr(line, " - ");
+    if (dash == nullptr || std::sscanf(line, "%*s %*s %*s %*s %1023s", point) != 1 ||
+        std::sscanf(dash + 3, "%255s %*s %2047s", fstype, super) != 2) {
+      continue;
+    }
+    std::string mp = point;
+    bool under =
+        path == mp || mp == "/" ||
+        (path.compare(0, mp.size(), mp) == 0 && path.size() > mp.size() && path[mp.size()] == '/');
+    if (under && mp.size() >= best_point.size()) {
+      best_point = mp;
+      best = std::string(fstype) + " " + super;
+    }
+  }
+  std::fclose(f);
+  return best;
+}
+
+// A hint for the operator when the slots under `root` would live on 4 KiB
+// tmpfs pages (a tmpfs mounted without huge=always); empty otherwise.
+std::string HugePageHint(const std::string& root) {
+  std::string mount = MountOf(root);
+  if (mount.compare(0, 6, "tmpfs ") != 0 || mount.find("huge=always") != std::string::npos) {
+    return "";
+  }
+  return fmt::format(
+      "the slots under {} live on 4 KiB pages (tmpfs without huge=always): on virtual machines "
+      "with shadow paging every trainer (re)start then spends seconds per GiB of slots mapping "
+      "them (docs/node_store.md, \"Restore timing on VMs\"); mount that tmpfs with "
+      "huge=always (`mount -o remount,huge=always /dev/shm`) or give the agent a --root on one",
+      root);
+}
+
+}  // namespace
 
 Status MakePrivateDir(const std::string& path) {
   if (path.empty()) return InvalidArgumentError("empty directory path");
@@ -72,6 +120,9 @@ Result<std::unique_ptr<NodeStore>> NodeStore::Open(const NodeStoreOptions& optio
   if (options.root.empty()) return InvalidArgumentError("node store root is empty");
   MEMENTO_RETURN_IF_ERROR(MakePrivateDir(options.root));
   std::unique_ptr<NodeStore> store(new NodeStore(options));
+  if (std::string hint = HugePageHint(options.root); !hint.empty()) {
+    MEMENTO_LOG_INFO("{}", hint);
+  }
   MEMENTO_RETURN_IF_ERROR(store->Adopt());
   if (options.budget_bytes > 0) {
     uint64_t have = store->allocated_bytes();

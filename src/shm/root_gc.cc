@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,8 +67,7 @@ std::vector<std::string> SubDirs(const std::string& dir) {
 uint64_t TreeBytes(const std::string& root) {
   uint64_t bytes = 0;
   std::error_code ec;
-  for (fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied,
-                                           ec),
+  for (fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec),
        end;
        !ec && it != end; it.increment(ec)) {
     struct stat st;
@@ -93,6 +93,33 @@ void ProbeFacts(const std::string& root, NodeRootState* s) {
   s->agent_pid_alive = s->agent_pid > 0 && (kill(s->agent_pid, 0) == 0 || errno == EPERM);
   s->mapped_by = ProcessesMapping(root);
   s->bytes = TreeBytes(root);
+}
+
+// The pid holding a flock on `path`, from /proc/locks (without taking the
+// lock, which would make an agent starting at that instant fail); -1 when
+// nobody holds one.
+pid_t FlockHolder(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return -1;
+  std::ifstream locks("/proc/locks");
+  std::string line;
+  while (std::getline(locks, line)) {
+    // "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF"
+    char kind[16], mode[16], access[16];
+    long pid = 0;
+    unsigned maj = 0, min = 0;
+    unsigned long long ino = 0;
+    const char* p = std::strchr(line.c_str(), ':');
+    if (p == nullptr || std::sscanf(p + 1, "%15s %15s %15s %ld %x:%x:%llu", kind, mode, access,
+                                    &pid, &maj, &min, &ino) != 7) {
+      continue;
+    }
+    if (std::strcmp(kind, "FLOCK") == 0 && ino == st.st_ino && maj == major(st.st_dev) &&
+        min == minor(st.st_dev)) {
+      return static_cast<pid_t>(pid);
+    }
+  }
+  return -1;
 }
 
 bool SocketAnswers(const std::string& root) {
@@ -170,16 +197,10 @@ Result<NodeRootState> ProbeNodeRoot(const std::string& root) {
   if (!IsDir(root)) return NotFoundError("node root " + root + " is not a directory");
   NodeRootState s;
   ProbeFacts(root, &s);
-  const std::string lock_path = root + "/agent.lock";
-  int fd = open(lock_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd >= 0) {
-    bool held = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
-    close(fd);  // releases our shared lock, if we took it
-    if (held) {
-      s.live = true;
-      s.why = fmt::format("agent pid {} holds agent.lock", s.agent_pid);
-      return s;
-    }
+  if (pid_t holder = FlockHolder(root + "/agent.lock"); holder > 0) {
+    s.live = true;
+    s.why = fmt::format("agent pid {} holds agent.lock", holder);
+    return s;
   }
   s.why = LiveWithoutLock(root, s);
   s.live = !s.why.empty();
@@ -206,14 +227,18 @@ Result<uint64_t> RemoveDeadNodeRoot(const std::string& root) {
   // Hold the lock across the check and the removal: an agent starting on the
   // root now fails to take it (and says so) instead of adopting half a root.
   const std::string lock_path = root + "/agent.lock";
+  if (pid_t holder = FlockHolder(lock_path); holder > 0) {
+    return FailedPreconditionError(
+        fmt::format("{} is live: agent pid {} holds agent.lock", root, holder));
+  }
   int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return ErrnoError("open " + lock_path, errno);
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     int err = errno;
     close(fd);
     if (err == EWOULDBLOCK) {
-      return FailedPreconditionError(fmt::format("{} is live: agent pid {} holds agent.lock", root,
-                                                 ReadLockPid(lock_path)));
+      return FailedPreconditionError(
+          fmt::format("{} is live: agent pid {} holds agent.lock", root, ReadLockPid(lock_path)));
     }
     return ErrnoError("flock " + lock_path, err);
   }
