@@ -123,6 +123,7 @@ class DurableClusterTest : public ::testing::Test {
     auto red = ShmRedundancyStore::OpenShm(root, node);
     ASSERT_TRUE(red.ok()) << red.status();
     f->red = std::move(red).value();
+    ASSERT_TRUE(f->red->SetPlan(plan_->plan).ok());
     PeerServiceOptions o;
     o.job = kJob;
     o.node = node;
@@ -270,6 +271,9 @@ TEST_F(DurableClusterTest, LoadDropsTheAbandonedHistoryAndRefusesAMissingVersion
   Fresh f;
   StartFresh(&f, 0, roots_[0]);
   ExpectSlotHolds(*f.store, 0, 9);
+  // and redundancy of steps 5 and 9 (made before the failure).
+  ASSERT_TRUE(f.red->Ensure(5).ok());
+  ASSERT_TRUE(f.red->Ensure(9).ok());
   auto missing = CallLoad(f, nlohmann::json{{"dir", durable_dir_}, {"step", 8}}.dump());
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status();
@@ -281,10 +285,12 @@ TEST_F(DurableClusterTest, LoadDropsTheAbandonedHistoryAndRefusesAMissingVersion
   auto reply = CallLoad(f, nlohmann::json{{"dir", durable_dir_}, {"step", kStep}}.dump());
   ASSERT_TRUE(reply.ok()) << reply.status();
   ExpectSlotHolds(*f.store, 0, kStep);
-  // Step 9 belongs to the history the job abandons: no longer complete.
+  // Step 9 belongs to the history the job abandons: no longer complete, and
+  // its redundancy is gone; older redundancy stays.
   for (const shm::SlotStatus& s : f.store->Inventory(0)) {
     EXPECT_FALSE(s.state == shm::SlotState::kComplete && s.step == 9) << "slot " << s.slot;
   }
+  EXPECT_EQ(f.red->Versions(), std::vector<int64_t>({5}));
 }
 
 }  // namespace

@@ -558,6 +558,9 @@ Result<std::string> PeerService::HandleLoadDurable(std::string_view body) {
   MEMENTO_ASSIGN_OR_RETURN(
       DurableLoadStats stats,
       LoadDurableVersion(*plan, options_.job, options_.node, dir, step, *options_.store));
+  // Redundancy of newer steps belongs to the history the job abandons: a
+  // step trained again must not be decoded with parities of the old one.
+  options_.redundancy->DropAbove(step);
   MEMENTO_RETURN_IF_ERROR(options_.set_restore_target(step));
   MEMENTO_LOG_INFO(
       "node {}: loaded ranks [{}] of durable version {} from {} ({} bytes written, {} read) in "

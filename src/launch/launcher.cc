@@ -674,7 +674,6 @@ struct Launcher::State {
     rep->reason = "restored from the durable tier at step " + std::to_string(step) + ", " +
                   std::to_string(rep->steps_lost) + " steps lost (committed " +
                   std::to_string(rep->committed) + "; memory: " + memory_reason + ")";
-    Say(rep->reason);
     return load;
   }
 
