@@ -42,10 +42,15 @@ Result<uint64_t> ParseBytes(const std::string& text) {
 }
 
 int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
-             const std::string& budget, const std::string& bandwidth,
-             const std::string& scrub_rate) {
+             const std::string& budget, const std::string& bandwidth, const std::string& scrub_rate,
+             const std::string& durable_io) {
   agent::AgentOptions options = base;
   InitLogging("agent node" + std::to_string(options.node));
+  {
+    auto engine = tier::ParseIoEngine(durable_io);
+    if (!engine.ok()) return ReportStatus(engine.status());
+    durable.io_engine = *engine;
+  }
   if (!budget.empty()) {
     auto b = ParseBytes(budget);
     if (!b.ok()) return ReportStatus(b.status());
@@ -91,6 +96,7 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   static std::string budget;
   static std::string bandwidth;
   static agent::DurableOptions durable;
+  static std::string durable_io = "auto";
   cmd->add_option("--job", options.job_id, "Job id")->required();
   cmd->add_option("--node", options.node, "Node index")->default_val(0);
   cmd->add_option("--root", options.root,
@@ -116,6 +122,14 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--keep-every", durable.keep_every,
                   "Also keep durable versions whose step is a multiple of M (0: none)")
       ->default_val(0);
+  cmd->add_option("--durable-hold-max-s", durable.hold_max_s,
+                  "Longest time (s) the trainers skip snapshots rather than overwrite the slot "
+                  "being persisted; after it the version is abandoned if overwritten (0: no hold)")
+      ->default_val(30.0);
+  cmd->add_option("--durable-io", durable_io,
+                  "Durable data-file writes: auto (io_uring where the kernel has it), uring, "
+                  "pwrite")
+      ->default_val("auto");
   // Cluster mode (docs/cluster.md, "Agent in cluster mode").
   cmd->add_option("--store", options.cluster.store_url,
                   "Coordination store (tcp://HOST:PORT): run in cluster mode (membership, "
@@ -143,8 +157,9 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--remove-on-exit", options.remove_on_exit,
                 "Remove the root (slots, socket, lock) on a clean stop (SIGTERM/SIGINT); by "
                 "default the state stays for the next agent to adopt");
-  cmd->callback(
-      [&ctx] { ctx.exit_code = RunAgent(options, durable, budget, bandwidth, scrub_rate); });
+  cmd->callback([&ctx] {
+    ctx.exit_code = RunAgent(options, durable, budget, bandwidth, scrub_rate, durable_io);
+  });
 }
 
 }  // namespace

@@ -78,7 +78,11 @@ Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options,
   shm::NodeStoreOptions so{agent->root_, options.job_id, options.node, options.budget_bytes};
   MEMENTO_ASSIGN_OR_RETURN(agent->store_, shm::NodeStore::Open(so));
   MEMENTO_ASSIGN_OR_RETURN(agent->listen_fd_, shm::ListenUnix(shm::AgentSocketPath(agent->root_)));
-  if (!durable.dir.empty()) {
+  if (durable.dir.empty()) {
+    // No durable stream, so no durable hold: a word left by an earlier agent
+    // would only make trainers skip until its deadline.
+    unlink(shm::DurableWordPath(agent->root_).c_str());
+  } else {
     MEMENTO_ASSIGN_OR_RETURN(
         agent->durable_, DurableStreamer::Start(durable, options.job_id, options.node, agent->root_,
                                                 agent->store_.get()));

@@ -43,7 +43,7 @@ DurableStreamer::DurableStreamer(const DurableOptions& options, const std::strin
       node_(node),
       slot_root_(slot_root),
       store_(store),
-      env_(tier::Env::Default(), [this](int64_t step, const std::string& vdir) {
+      env_(tier::Env::Posix(options.io_engine), [this](int64_t step, const std::string& vdir) {
         return CheckBeforeMarker(step, vdir);
       }) {}
 
@@ -52,7 +52,17 @@ Result<std::unique_ptr<DurableStreamer>> DurableStreamer::Start(const DurableOpt
                                                                 const std::string& slot_root,
                                                                 shm::NodeStore* store) {
   if (options.dir.empty()) return InvalidArgumentError("durable: empty --durable-dir");
+  if (options.hold_max_s < 0) {
+    return InvalidArgumentError(
+        fmt::format("durable: --durable-hold-max-s {} must be >= 0", options.hold_max_s));
+  }
   std::unique_ptr<DurableStreamer> d(new DurableStreamer(options, job_id, node, slot_root, store));
+  // The single-node hold word (a cluster agent's trainers follow commit.word
+  // instead). Reset on every start: a hold left by a dead agent is void.
+  MEMENTO_ASSIGN_OR_RETURN(
+      d->durable_word_seg_,
+      shm::Segment::CreateOrGrow(shm::DurableWordPath(slot_root), sizeof(shm::CommitWord)));
+  shm::InitCommitWord(reinterpret_cast<shm::CommitWord*>(d->durable_word_seg_->data()), -1);
   tier::PersisterOptions po;
   po.root = options.dir;
   po.env = &d->env_;
@@ -71,10 +81,11 @@ Result<std::unique_ptr<DurableStreamer>> DurableStreamer::Start(const DurableOpt
   MEMENTO_ASSIGN_OR_RETURN(d->persister_, tier::Persister::Start(std::move(po)));
   MEMENTO_LOG_INFO(
       "durable: streaming every {} step(s){} to {} (bandwidth cap {} bytes/s, keep last {}, "
-      "keep every {})",
+      "keep every {}, hold at most {} s, writes: {})",
       options.every_k_steps,
       options.every_seconds > 0 ? fmt::format(" or every {} s", options.every_seconds) : "",
-      options.dir, options.bandwidth_bytes_per_sec, options.keep_last, options.keep_every);
+      options.dir, options.bandwidth_bytes_per_sec, options.keep_last, options.keep_every,
+      options.hold_max_s, tier::IoEngineName(tier::ResolveIoEngine(options.io_engine)));
   return d;
 }
 
@@ -89,12 +100,18 @@ DurableStreamer::~DurableStreamer() {
     s.gone = stats_.gone;
     s.abandoned_overwritten = stats_.abandoned_overwritten;
     s.abandoned_mismatch = stats_.abandoned_mismatch;
+    s.abandoned_claimed = stats_.abandoned_claimed;
+    s.holds = stats_.holds;
+    s.hold_expired = stats_.hold_expired;
+    SetHoldLocked(-1);
   }
   MEMENTO_LOG_INFO(
       "durable stats: committed={} offered={} persisted={} last_persisted={} gone={} "
-      "abandoned_overwritten={} abandoned_mismatch={} dropped={} failures={}",
+      "abandoned_overwritten={} abandoned_mismatch={} abandoned_claimed={} dropped={} "
+      "failures={} holds={} hold_expired={}",
       s.committed, s.offered, s.persister.persisted, s.persister.last_persisted_step, s.gone,
-      s.abandoned_overwritten, s.abandoned_mismatch, s.persister.dropped, s.persister.failures);
+      s.abandoned_overwritten, s.abandoned_mismatch, s.abandoned_claimed, s.persister.dropped,
+      s.persister.failures, s.holds, s.hold_expired);
 }
 
 namespace {
@@ -122,8 +139,71 @@ void DurableStreamer::OnComplete(int rank, int64_t step) {
   tier::OfferResult r = persister_->Offer(
       step, [this, step]() -> Result<tier::VersionView> { return BuildView(step); });
   if (r == tier::OfferResult::kQueued || r == tier::OfferResult::kReplacedPending) {
+    HoldWord();  // maps the cluster's commit word once it exists
     MutexLock l(&mu_);
     ++stats_.offered;
+    // The persister may already have taken (or even finished) this version
+    // between Offer and here: then BuildView has done the hold's work.
+    if (last_built_step_ >= step) return;
+    pending_step_ = std::max(pending_step_, step);
+    // Hold it from now on unless another version is held (being written, or
+    // offered and not yet started): the trainers are then held off that
+    // one's slot and skip, so this newest version stays in the other slot
+    // until the hold passes to it (BuildView, or ReleaseHold). Moving the
+    // hold here could uncover a version the persister has just taken.
+    if (held_step_ < 0) SetHoldLocked(pending_step_);
+  }
+}
+
+shm::CommitWord* DurableStreamer::HoldWord() {
+  MutexLock l(&mu_);
+  if (commit_word_ == nullptr) {
+    const std::string path = shm::CommitWordPath(slot_root_);
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0 &&
+        static_cast<size_t>(st.st_size) >= sizeof(shm::CommitWord)) {
+      auto seg = shm::Segment::Open(path, /*writable=*/true);
+      if (seg.ok() &&
+          shm::CommitWordValid(reinterpret_cast<const shm::CommitWord*>((*seg)->data()))) {
+        commit_word_seg_ = std::move(*seg);
+        commit_word_ = reinterpret_cast<shm::CommitWord*>(commit_word_seg_->data());
+        // The single-node word must not hold anything while the cluster one rules.
+        shm::StoreDurableHold(reinterpret_cast<shm::CommitWord*>(durable_word_seg_->data()), -1, 0);
+      }
+    }
+  }
+  if (commit_word_ != nullptr) return commit_word_;
+  return reinterpret_cast<shm::CommitWord*>(durable_word_seg_->data());
+}
+
+void DurableStreamer::SetHoldLocked(int64_t step) {
+  if (options_.hold_max_s <= 0 || durable_word_seg_ == nullptr) return;
+  shm::CommitWord* w = commit_word_ != nullptr
+                           ? commit_word_
+                           : reinterpret_cast<shm::CommitWord*>(durable_word_seg_->data());
+  const int64_t now = shm::MonotonicNanos();
+  if (step != held_step_ || step < 0) held_since_ns_ = now;
+  held_step_ = step;
+  // Bounded from when this version was first held (offered), not renewed.
+  shm::StoreDurableHold(w, step, held_since_ns_ + static_cast<int64_t>(options_.hold_max_s * 1e9));
+}
+
+void DurableStreamer::ReleaseHold(int64_t step, uint64_t seq) {
+  MutexLock l(&mu_);
+  if (inflight_step_ != step || inflight_seq_ != seq) return;  // already released
+  inflight_step_ = -1;
+  if (held_step_ == step &&
+      shm::MonotonicNanos() - held_since_ns_ >= static_cast<int64_t>(options_.hold_max_s * 1e9)) {
+    ++stats_.hold_expired;
+    MEMENTO_LOG_WARN(
+        "durable: version {} was held longer than --durable-hold-max-s {} s; the trainers were "
+        "free to overwrite it (raise the cap, the bandwidth, or --persist-every)",
+        step, options_.hold_max_s);
+  }
+  if (pending_step_ > step) {
+    SetHoldLocked(pending_step_);
+  } else {
+    SetHoldLocked(-1);
   }
 }
 
@@ -183,6 +263,44 @@ Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
   hold->step = step;
   std::vector<int> ranks = store_->Ranks();
   std::sort(ranks.begin(), ranks.end());
+  shm::CommitWord* word = HoldWord();
+  uint64_t seq = 0;
+  {
+    MutexLock l(&mu_);
+    seq = ++inflight_seq_;
+    inflight_step_ = step;
+    last_built_step_ = std::max(last_built_step_, step);
+    if (pending_step_ <= step) pending_step_ = -1;
+    SetHoldLocked(step);
+  }
+  // Dekker's handshake with the clients (shm/commit_word.h): the hold is
+  // stored; a rank that claimed this step before it could see the hold is
+  // overwriting the slot, and the version is abandoned before it starts.
+  // Any rank that claims it later sees the hold and skips.
+  shm::FullFence();
+  if (options_.hold_max_s > 0) {
+    for (int rank : ranks) {
+      if (rank < shm::kCommitWordMaxRanks && shm::LoadWord(&word->claim[rank]) == step) {
+        ReleaseHold(step, seq);
+        MutexLock l(&mu_);
+        ++stats_.abandoned_claimed;
+        return NotFoundError(fmt::format(
+            "rank {} was already overwriting its slot of version {} when the hold was set", rank,
+            step));
+      }
+    }
+  }
+  // From here on, every failure gives the hold back; success hands it to the
+  // pin, which gives it back when the persister drops the view.
+  struct HoldRelease {
+    DurableStreamer* self;
+    int64_t step;
+    uint64_t seq;
+    bool armed = true;
+    ~HoldRelease() {
+      if (armed) self->ReleaseHold(step, seq);
+    }
+  } release{this, step, seq};
   for (int rank : ranks) {
     bool found = false;
     for (int s = 0; s < shm::kSlotsPerRank && !found; ++s) {
@@ -263,7 +381,15 @@ Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
     }
     holds_[step] = hold;
   }
-  view.pin = hold;
+  {
+    MutexLock l(&mu_);
+    if (options_.hold_max_s > 0) ++stats_.holds;
+  }
+  // The view's pin keeps the slots mapped and releases the hold when the
+  // persister is done with the version (if CheckBeforeMarker has not already).
+  release.armed = false;
+  view.pin = std::shared_ptr<const void>(
+      hold.get(), [this, hold, step, seq](const void*) { ReleaseHold(step, seq); });
   return view;
 }
 
@@ -275,6 +401,19 @@ Status DurableStreamer::CheckBeforeMarker(int64_t step, const std::string& versi
     if (it != holds_.end()) hold = it->second;
   }
   if (!hold) return FailedPreconditionError(fmt::format("durable: no slots held for {}", step));
+  uint64_t seq = 0;
+  {
+    MutexLock l(&mu_);
+    seq = inflight_seq_;
+  }
+  // Whatever the checks say, the slots are no longer needed after them: the
+  // data file is durable, and a refused version is abandoned.
+  struct HoldRelease {
+    DurableStreamer* self;
+    int64_t step;
+    uint64_t seq;
+    ~HoldRelease() { self->ReleaseHold(step, seq); }
+  } release{this, step, seq};
   // 1. Seqlock re-check: no trainer began a write into any slot read.
   for (const HeldSlot& hs : hold->slots) {
     if (!shm::SlotUnchanged(*hs.segment, hs.info)) {

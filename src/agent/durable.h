@@ -6,7 +6,9 @@
 // Node-local slice: version s is committed on this node once every sealed rank
 // has reported s complete. The trainers keep writing while s is persisted, and
 // with two slots per rank the slot holding s is overwritten when s+2 starts.
-// Nothing pins it; instead the write is validated like a seqlock: the slots'
+// The durable hold (shm/commit_word.h) keeps the trainers off the slot being
+// written, for at most `hold_max_s`: a rank whose target slot holds it skips
+// that snapshot. Whatever the hold, the write is validated like a seqlock: the slots'
 // generations are recorded when the view is built, and just before the node's
 // marker (node-N.done) is renamed into place, every slot must still hold that
 // generation and every written piece's xxh3 must equal the slot's checksum of
@@ -28,6 +30,7 @@
 #include "common/mutex.h"
 #include "memento/deadline.h"
 #include "memento/status.h"
+#include "shm/commit_word.h"
 #include "shm/node_store.h"
 #include "shm/segment.h"
 #include "shm/slot.h"
@@ -48,6 +51,12 @@ struct DurableOptions {
   bool direct_io = true;
   // Cluster mode, node 0: how long to wait for every node's part of a version.
   double commit_timeout_s = 30;
+  // Data-file writes: auto (io_uring where the kernel has it), uring, pwrite.
+  tier::IoEngine io_engine = tier::IoEngine::kAuto;
+  // The durable hold: the trainers skip a snapshot rather than overwrite the
+  // slot being persisted, for at most this long per version (then the write
+  // is abandoned as without the hold). 0: no hold.
+  double hold_max_s = 30;
 };
 
 struct DurableStats {
@@ -56,6 +65,9 @@ struct DurableStats {
   int64_t gone = 0;                   // the slot was recycled before the write started
   int64_t abandoned_overwritten = 0;  // a slot was rewritten during the write
   int64_t abandoned_mismatch = 0;     // a written piece differs from the slot's checksum
+  int64_t abandoned_claimed = 0;      // a rank had claimed the slot before the hold was seen
+  int64_t holds = 0;                  // versions written under the durable hold
+  int64_t hold_expired = 0;           // a write outlived --durable-hold-max-s
   tier::PersisterStats persister;
 };
 
@@ -147,6 +159,16 @@ class DurableStreamer {
   Result<tier::VersionView> BuildClusterView(int64_t step, std::shared_ptr<const ClusterPlan> plan,
                                              uint64_t epoch) EXCLUDES(mu_);
 
+  // The durable hold. The word is <root>/commit.word in cluster mode (the
+  // cluster agent creates it before any trainer connects), else
+  // <root>/durable.word, created at Start.
+  shm::CommitWord* HoldWord() EXCLUDES(mu_);
+  // Publishes `step` (-1: none) as held, with a fresh deadline.
+  void SetHoldLocked(int64_t step) REQUIRES(mu_);
+  // The write of `step` is over (its marker checked, or it failed): the hold
+  // passes to the newest version offered since, if any.
+  void ReleaseHold(int64_t step, uint64_t seq) EXCLUDES(mu_);
+
   // The slots one version is read from, kept mapped while it is written.
   struct HeldSlot {
     int rank = 0;
@@ -178,6 +200,17 @@ class DurableStreamer {
   // Cluster mode: the plan (null: node-local mode) and the epoch.
   std::shared_ptr<const ClusterPlan> cluster_plan_ GUARDED_BY(mu_);
   uint64_t epoch_ GUARDED_BY(mu_) = 0;
+
+  // Hold words (mapped once; a segment is never unmapped while the streamer lives).
+  std::unique_ptr<shm::Segment> durable_word_seg_;
+  std::unique_ptr<shm::Segment> commit_word_seg_ GUARDED_BY(mu_);
+  shm::CommitWord* commit_word_ GUARDED_BY(mu_) = nullptr;
+  int64_t held_step_ GUARDED_BY(mu_) = -1;        // published in the word, -1: none
+  int64_t held_since_ns_ GUARDED_BY(mu_) = 0;     // when held_step_ was published
+  int64_t inflight_step_ GUARDED_BY(mu_) = -1;    // BuildView done, write not over
+  uint64_t inflight_seq_ GUARDED_BY(mu_) = 0;     // which BuildView call
+  int64_t pending_step_ GUARDED_BY(mu_) = -1;     // newest offer not yet started
+  int64_t last_built_step_ GUARDED_BY(mu_) = -1;  // newest step BuildView started
 
   std::unique_ptr<tier::Persister> persister_;  // last: stopped first
 };

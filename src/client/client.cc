@@ -158,7 +158,12 @@ class ClientImpl final : public Client {
     // Overwrite the slot that does not hold the newest complete version;
     // in cluster mode, the one that does not hold the newest committed one.
     int target = NewestSlot() == 0 ? 1 : 0;
-    if (MapCommitWord() && !ClusterTarget(step, &target)) return Status::Ok();  // skipped
+    // Either way, never the slot the agent's durable stream holds.
+    if (MapCommitWord()) {
+      if (!HeldTarget(commit_word_, /*cluster=*/true, step, &target)) return Status::Ok();
+    } else if (MapDurableWord()) {
+      if (!HeldTarget(durable_word_, /*cluster=*/false, step, &target)) return Status::Ok();
+    }
     const shm::Segment& seg = *segments_[target];
     shm::BeginSlotWrite(seg, layout_, target, step);
     uint8_t* data = shm::SlotData(seg);
@@ -775,6 +780,28 @@ class ClientImpl final : public Client {
     return true;
   }
 
+  // Single-node mode with a durable tier: maps <dir>/durable.word once it
+  // exists (the agent creates it when it runs with --durable-dir and no
+  // --store). Returns whether the durable hold applies.
+  bool MapDurableWord() {
+    if (durable_word_ != nullptr) return true;
+    std::string path = shm::DurableWordPath(dir_);
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(shm::CommitWord))
+      return false;
+    auto seg = shm::Segment::Open(path, /*writable=*/true);
+    if (!seg.ok()) {
+      MEMENTO_LOG_WARN("cannot map the durable hold word {}: {}", path, seg.status().ToString());
+      return false;
+    }
+    auto* w = reinterpret_cast<shm::CommitWord*>((*seg)->data());
+    if (!shm::CommitWordValid(w)) return false;
+    durable_word_seg_ = std::move(*seg);
+    durable_word_ = w;
+    MEMENTO_LOG_INFO("following the agent's durable hold word {}", path);
+    return true;
+  }
+
   // The complete step a slot holds, -1 when it holds none. Only this rank
   // writes its slots (the agent writes them only while the trainers are
   // stopped, in recovery), so reading the header directly is safe here.
@@ -784,32 +811,36 @@ class ClientImpl final : public Client {
     return h->step;
   }
 
-  // Cluster mode target choice for Snapshot(step) (docs/cluster.md, save
-  // path 5). Sets *target to the slot that does not hold the newest
-  // committed version. Returns false when the snapshot must be skipped: that
-  // slot holds a newer version the agent protects (hold word). The claim
-  // handshake with the agent (shm/commit_word.h) makes "the agent keeps
-  // that version" and "this client overwrites it" exclusive.
-  bool ClusterTarget(int64_t step, int* target) {
-    shm::CommitWord* w = commit_word_;
-    const int64_t committed = shm::LoadWord(&w->committed);
-    for (int s = 0; s < shm::kSlotsPerRank; ++s) {
+  // Target choice for Snapshot(step) when the agent publishes a hold word
+  // (`w`: the commit word in cluster mode, docs/cluster.md save path 5; the
+  // durable word in single-node mode, docs/durable_tier.md "The durable
+  // hold"). In cluster mode *target becomes the slot that does not hold the
+  // newest committed version; otherwise *target (the single-node choice) is
+  // kept. Returns false when the snapshot must be skipped: the target slot
+  // holds a version the agent protects, for T1 (`hold`, a newer version than
+  // the committed one) or for the durable tier (`durable_hold`, until its
+  // deadline). The claim handshake with the agent (shm/commit_word.h) makes
+  // "the agent keeps that version" and "this client overwrites it" exclusive.
+  bool HeldTarget(shm::CommitWord* w, bool cluster, int64_t step, int* target) {
+    const int64_t committed = cluster ? shm::LoadWord(&w->committed) : -1;
+    for (int s = 0; cluster && s < shm::kSlotsPerRank; ++s) {
       if (committed >= 0 && SlotStep(s) == committed) *target = s == 0 ? 1 : 0;
     }
     const int64_t victim = SlotStep(*target);
-    if (victim < 0 || victim <= committed) return true;
+    if (victim < 0) return true;
     const bool can_claim = options_.rank < shm::kCommitWordMaxRanks;
     if (can_claim) {
       shm::StoreWord(&w->claim[options_.rank], victim);
       shm::FullFence();
     }
-    const int64_t hold = shm::LoadWord(&w->hold);
-    if (hold != victim) return true;  // the agent will see the claim if it comes to it
+    const bool t1_held = cluster && victim > committed && shm::LoadWord(&w->hold) == victim;
+    const bool durable_held = !t1_held && shm::LoadDurableHold(w, shm::MonotonicNanos()) == victim;
+    if (!t1_held && !durable_held) return true;  // the agent will see the claim if it comes to it
     if (can_claim) shm::StoreWord(&w->claim[options_.rank], -1);
     ++skipped_total_;
-    MEMENTO_LOG_DEBUG(
-        "snapshot {} skipped: slot {} holds step {}, which the agent protects (committed {})", step,
-        *target, victim, committed);
+    MEMENTO_LOG_DEBUG("snapshot {} skipped: slot {} holds step {}, which the agent protects ({})",
+                      step, *target, victim,
+                      t1_held ? fmt::format("T1, committed {}", committed) : "durable tier");
     SnapshotStats stats;
     stats.step = step;
     stats.skipped = true;
@@ -818,6 +849,7 @@ class ClientImpl final : public Client {
       MutexLock l(&stats_mu_);
       snapshot_stats_ = stats;
     }
+    if (!cluster) return false;
     // Tell the agent at once: the other nodes stop protecting `step`, which
     // cannot commit without this node (docs/cluster_save.md, "Skips").
     json req = {{"op", "skipped"}, {"rank", options_.rank}, {"step", step}};
@@ -993,6 +1025,10 @@ class ClientImpl final : public Client {
   // for this rank's claim entry.
   std::unique_ptr<shm::Segment> commit_word_seg_;
   shm::CommitWord* commit_word_ = nullptr;
+  // Single-node mode with a durable tier (null otherwise): the agent's
+  // durable hold word, mapped writable for this rank's claim entry.
+  std::unique_ptr<shm::Segment> durable_word_seg_;
+  shm::CommitWord* durable_word_ = nullptr;
   uint64_t skipped_total_ = 0;
 
   Mutex slot_mu_;

@@ -46,9 +46,40 @@ class AlignedBuffer {
 inline uint64_t AlignDown(uint64_t v, uint64_t a) { return v / a * a; }
 inline uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
+// How data files opened for direct I/O are written.
+enum class IoEngine {
+  kAuto,    // io_uring where the kernel supports it, else pwrite
+  kUring,   // io_uring, an error where the kernel lacks it
+  kPwrite,  // synchronous pwrite(2), one write at a time
+};
+const char* IoEngineName(IoEngine engine);  // "auto", "uring", "pwrite"
+[[nodiscard]] Result<IoEngine> ParseIoEngine(const std::string& name);
+// Whether this kernel (and seccomp policy) lets the process set up an io_uring.
+bool UringSupported();
+// kAuto resolved against UringSupported(); the others unchanged.
+IoEngine ResolveIoEngine(IoEngine engine);
+
+// One finished queued write (WritableFile::ReapWrite).
+struct WriteCompletion {
+  uint64_t tag = 0;
+  Status status;
+};
+
 class WritableFile {
  public:
   virtual ~WritableFile() = default;
+  // Queued writes: at most queue_depth() may be submitted and not reaped.
+  // SubmitWrite starts a write (same rules as Write; `data` must stay valid
+  // until it is reaped) under a caller's tag; ReapWrite blocks until one
+  // submitted write has finished and returns its tag and result (all of its
+  // bytes written, or the error). REQUIRES for ReapWrite: a write is in
+  // flight. The default runs Write inside SubmitWrite (depth 1), so a file
+  // that only implements Write (a test's fault-injecting one) works as is.
+  virtual int queue_depth() const { return 1; }
+  [[nodiscard]] virtual Status SubmitWrite(uint64_t offset, const void* data, size_t len,
+                                           uint64_t tag);
+  virtual WriteCompletion ReapWrite();
+
   // pwrite(2) of all `len` bytes at `offset`. For a direct() file, offset, len
   // and data must be multiples of kDirectIoAlignment.
   [[nodiscard]] virtual Status Write(uint64_t offset, const void* data, size_t len) = 0;
@@ -58,6 +89,11 @@ class WritableFile {
   [[nodiscard]] virtual Status Sync() = 0;
   [[nodiscard]] virtual Status Close() = 0;
   virtual bool direct() const = 0;
+  // The engine that writes this file ("pwrite", "uring", or a wrapper's name).
+  virtual const char* engine() const { return "pwrite"; }
+
+ private:
+  std::vector<WriteCompletion> done_;  // the default SubmitWrite's results
 };
 
 class RandomAccessFile {
@@ -74,8 +110,12 @@ class Env {
  public:
   virtual ~Env() = default;
 
-  // The process-wide POSIX Env (never deleted).
+  // The process-wide POSIX Env (never deleted): Posix(kAuto), or the engine
+  // named by $MEMENTO_DURABLE_IO (auto, uring, pwrite) when it is set.
   static Env* Default();
+  // The process-wide POSIX Env whose direct data files are written with
+  // `engine` (never deleted). Buffered files always use pwrite.
+  static Env* Posix(IoEngine engine);
 
   // Creates or truncates `path`. With `direct`, tries O_DIRECT and falls back
   // to buffered I/O where the file system refuses it (WritableFile::direct()

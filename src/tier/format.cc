@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
@@ -37,6 +38,45 @@ Result<uint64_t> ParseHexU64(const std::string& s) {
   return v;
 }
 
+TpSlice TpSlice::Even(std::vector<int64_t> global_shape, int dim, int tp_rank, int tp_size) {
+  TpSlice s;
+  s.dim = dim;
+  s.global_shape = std::move(global_shape);
+  if (dim >= 0 && dim < static_cast<int>(s.global_shape.size()) && tp_size > 0) {
+    const int64_t part = s.global_shape[dim] / tp_size;
+    s.begin = part * tp_rank;
+    s.end = tp_rank == tp_size - 1 ? s.global_shape[dim] : s.begin + part;
+  }
+  return s;
+}
+
+std::vector<int64_t> TpSlice::LocalShape() const {
+  std::vector<int64_t> shape = global_shape;
+  if (dim >= 0 && dim < static_cast<int>(shape.size())) shape[dim] = end - begin;
+  return shape;
+}
+
+Status CheckTpSlice(const TpSlice& s, const std::vector<int64_t>& local_shape,
+                    const std::string& name) {
+  if (!s.split()) return Status::Ok();
+  if (s.dim >= static_cast<int>(s.global_shape.size())) {
+    return InvalidArgumentError(fmt::format("tensor '{}': TP split dimension {} of a {}-d tensor",
+                                            name, s.dim, s.global_shape.size()));
+  }
+  if (s.begin < 0 || s.begin >= s.end || s.end > s.global_shape[s.dim]) {
+    return InvalidArgumentError(
+        fmt::format("tensor '{}': TP slice [{}, {}) of dimension {} outside its {} rows", name,
+                    s.begin, s.end, s.dim, s.global_shape[s.dim]));
+  }
+  if (s.LocalShape() != local_shape) {
+    return InvalidArgumentError(fmt::format(
+        "tensor '{}': shape {} is not slice [{}, {}) of dimension {} of global shape {} ({})", name,
+        ShapeToString(local_shape), s.begin, s.end, s.dim, ShapeToString(s.global_shape),
+        ShapeToString(s.LocalShape())));
+  }
+  return Status::Ok();
+}
+
 uint64_t VersionIndex::stored_bytes() const {
   uint64_t n = 0;
   for (const auto& [name, t] : tensors) {
@@ -67,16 +107,19 @@ std::string SerializeIndex(const VersionIndex& index) {
     jt["shape"] = t.shape;
     jt["state_class"] = std::string(StateClassName(t.state_class));
     jt["global"] = t.global;
+    if (t.split_dim >= 0) jt["split_dim"] = t.split_dim;
     jt["nbytes"] = t.nbytes;
     jt["pieces"] = json::array();
     for (const auto& p : t.pieces) {
-      jt["pieces"].push_back({{"key", p.key},
-                              {"node", p.node},
-                              {"file", p.file},
-                              {"file_offset", p.file_offset},
-                              {"tensor_offset", p.tensor_offset},
-                              {"length", p.length},
-                              {"xxh3", HexU64(p.xxh3)}});
+      json jp = {{"key", p.key},
+                 {"node", p.node},
+                 {"file", p.file},
+                 {"file_offset", p.file_offset},
+                 {"tensor_offset", p.tensor_offset},
+                 {"length", p.length},
+                 {"xxh3", HexU64(p.xxh3)}};
+      if (t.split_dim >= 0) jp["slice"] = {p.slice_begin, p.slice_end};
+      jt["pieces"].push_back(std::move(jp));
     }
     tensors[name] = std::move(jt);
   }
@@ -88,10 +131,10 @@ namespace {
 
 Status CheckFormatVersion(const json& j, const std::string& what) {
   int v = j.at("format_version").get<int>();
-  if (v < 1 || v > kFormatVersion) {
+  if (v < 1 || v > kMaxFormatVersion) {
     return FailedPreconditionError(
         fmt::format("{}: format_version {} is not supported (this build reads 1..{})", what, v,
-                    kFormatVersion));
+                    kMaxFormatVersion));
   }
   return Status::Ok();
 }
@@ -126,7 +169,13 @@ Result<VersionIndex> ParseIndex(const std::string& text, const std::string& what
       MEMENTO_ASSIGN_OR_RETURN(t.state_class,
                                ParseStateClass(jt.at("state_class").get<std::string>()));
       t.global = jt.value("global", false);
+      t.split_dim = jt.value("split_dim", -1);
       t.nbytes = jt.at("nbytes").get<uint64_t>();
+      if (t.split_dim >= static_cast<int>(t.shape.size()) || (t.split_dim >= 0 && t.global)) {
+        return DataLossError(fmt::format("{}: tensor '{}' has split_dim {} (shape {}{})", what,
+                                         name, t.split_dim, ShapeToString(t.shape),
+                                         t.global ? ", DP-global" : ""));
+      }
       for (const auto& jp : jt.at("pieces")) {
         PieceRecord p;
         p.key = jp.at("key").get<std::string>();
@@ -136,10 +185,22 @@ Result<VersionIndex> ParseIndex(const std::string& text, const std::string& what
         p.tensor_offset = jp.at("tensor_offset").get<uint64_t>();
         p.length = jp.at("length").get<uint64_t>();
         MEMENTO_ASSIGN_OR_RETURN(p.xxh3, ParseHexU64(jp.at("xxh3").get<std::string>()));
-        if (p.tensor_offset + p.length > t.nbytes || p.tensor_offset + p.length < p.length) {
+        uint64_t limit = t.nbytes;  // the bytes the piece's offsets are relative to
+        if (t.split_dim >= 0) {
+          auto slice = jp.at("slice").get<std::vector<int64_t>>();
+          const int64_t rows = t.shape[t.split_dim];
+          if (slice.size() != 2 || slice[0] < 0 || slice[0] >= slice[1] || slice[1] > rows) {
+            return DataLossError(
+                fmt::format("{}: piece {} of tensor '{}' has a bad slice", what, p.key, name));
+          }
+          p.slice_begin = slice[0];
+          p.slice_end = slice[1];
+          limit = rows == 0 ? 0 : t.nbytes / rows * (p.slice_end - p.slice_begin);
+        }
+        if (p.tensor_offset + p.length > limit || p.tensor_offset + p.length < p.length) {
           return DataLossError(
               fmt::format("{}: piece {} of tensor '{}' ends at {} past its {} bytes", what, p.key,
-                          name, p.tensor_offset + p.length, t.nbytes));
+                          name, p.tensor_offset + p.length, limit));
         }
         t.pieces.push_back(std::move(p));
       }
@@ -152,6 +213,7 @@ Result<VersionIndex> ParseIndex(const std::string& text, const std::string& what
 }
 
 Status MergeIndex(const VersionIndex& part, VersionIndex* into) {
+  into->format_version = std::max(into->format_version, part.format_version);
   for (const auto& n : part.nodes) into->nodes.push_back(n);
   for (const auto& [name, t] : part.tensors) {
     auto it = into->tensors.find(name);
@@ -161,7 +223,8 @@ Status MergeIndex(const VersionIndex& part, VersionIndex* into) {
     }
     TensorRecord& have = it->second;
     if (have.dtype != t.dtype || have.shape != t.shape || have.nbytes != t.nbytes ||
-        have.state_class != t.state_class || have.global != t.global) {
+        have.state_class != t.state_class || have.global != t.global ||
+        have.split_dim != t.split_dim) {
       return InvalidArgumentError(fmt::format(
           "tensor '{}' is described differently by two nodes: {} {} {} vs {} {} {}", name,
           DTypeName(have.dtype), ShapeToString(have.shape), StateClassName(have.state_class),

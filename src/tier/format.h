@@ -25,7 +25,35 @@
 namespace memento::tier {
 
 // Bump when the layout changes incompatibly; readers refuse newer versions.
+// Version 1 is written unless a version holds tensor-parallel slices
+// (TensorRecord::split_dim >= 0): those indexes say 2, so that a reader that
+// would take a slice-local offset for a global one refuses them.
 inline constexpr int kFormatVersion = 1;
+inline constexpr int kFormatVersionTpSlices = 2;
+inline constexpr int kMaxFormatVersion = 2;
+
+// Tensor-parallel geometry (Megatron-LM): a rank's tensor is the slice
+// [begin, end) along dimension `dim` of a global tensor of shape
+// `global_shape`. Column-parallel weights ([out, in]) are split on dim 0,
+// row-parallel ones on dim 1, column-parallel biases on dim 0. dim < 0: the
+// tensor is not split.
+struct TpSlice {
+  int dim = -1;
+  std::vector<int64_t> global_shape;
+  int64_t begin = 0;
+  int64_t end = 0;
+
+  bool split() const { return dim >= 0; }
+  // Part `tp_rank` of an even split into `tp_size` parts (the last part takes
+  // the remainder when the size does not divide).
+  static TpSlice Even(std::vector<int64_t> global_shape, int dim, int tp_rank, int tp_size);
+  // global_shape with dimension `dim` replaced by end - begin.
+  std::vector<int64_t> LocalShape() const;
+};
+// InvalidArgument (naming `name`) unless `s` is a valid slice whose local
+// shape is `local_shape`.
+[[nodiscard]] Status CheckTpSlice(const TpSlice& s, const std::vector<int64_t>& local_shape,
+                                  const std::string& name);
 inline constexpr char kIndexFileName[] = "index.json";
 inline constexpr char kCommitFileName[] = "COMMIT";
 
@@ -49,6 +77,11 @@ struct PieceRecord {
   uint64_t tensor_offset = 0;  // byte offset in the logical tensor
   uint64_t length = 0;
   uint64_t xxh3 = 0;  // Checksum() of the piece's bytes
+  // TP-split tensors only (TensorRecord::split_dim >= 0): the piece is bytes
+  // [tensor_offset, tensor_offset + length) of the slice [slice_begin,
+  // slice_end) along split_dim, laid out as that slice's own (local) tensor.
+  int64_t slice_begin = 0;
+  int64_t slice_end = 0;
 };
 
 // A logical tensor: for kDpSharded state with a known global size this is the
@@ -60,7 +93,10 @@ struct TensorRecord {
   std::vector<int64_t> shape;
   StateClass state_class = StateClass::kReplicated;
   bool global = false;  // kDpSharded stored in global coordinates
-  uint64_t nbytes = 0;  // logical size
+  // >= 0: a tensor-parallel tensor, `shape` is the global (unsplit) shape and
+  // every piece names its slice along this dimension (format version 2).
+  int split_dim = -1;
+  uint64_t nbytes = 0;  // logical size (the global tensor's for a TP tensor)
   std::vector<PieceRecord> pieces;
 };
 

@@ -150,7 +150,8 @@ void Persister::Run() {
       backoff_s_ = options_.retry_initial_s;
       MEMENTO_LOG_INFO("durable: version {} persisted: {:.1f} MiB in {:.2f} s ({:.0f} MiB/s, {})",
                        job.step, ws.data_bytes / 1048576.0, seconds,
-                       stats_.last_bytes_per_sec / 1048576.0, ws.direct ? "O_DIRECT" : "buffered");
+                       stats_.last_bytes_per_sec / 1048576.0,
+                       ws.direct ? "O_DIRECT, " + ws.engine : std::string("buffered"));
     } else {
       ++stats_.failures;
       stats_.last_error = status.ToString();

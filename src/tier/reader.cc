@@ -103,10 +103,117 @@ struct Slice {  // one target's share of one piece
   uint64_t hi;
 };
 
+// A TP re-cut: rows [lo, hi) along the split dimension go from one stored
+// slice [src_begin, src_end) to a target slice [dst_begin, dst_end). Both
+// are laid out as their own local tensors: `outer` runs (the product of the
+// dimensions before the split one), each (end - begin) * `inner` bytes.
+struct Cut {
+  size_t target;
+  int64_t src_begin, src_end;
+  int64_t dst_begin, dst_end;
+  int64_t lo, hi;
+  uint64_t outer;
+  uint64_t inner;  // bytes of one row of the split dimension
+};
+
 struct PieceWork {
   const PieceRecord* piece;
   std::vector<Slice> slices;
+  std::vector<Cut> cuts;
 };
+
+// Copies the part of cut `c` that lies in the stored slice's bytes
+// [off, off + len) (`bytes`) into `dst` (the target's local tensor).
+// Returns the bytes copied.
+uint64_t ScatterCut(const Cut& c, uint64_t off, const uint8_t* bytes, size_t len, uint8_t* dst) {
+  const uint64_t src_row = static_cast<uint64_t>(c.src_end - c.src_begin) * c.inner;
+  const uint64_t dst_row = static_cast<uint64_t>(c.dst_end - c.dst_begin) * c.inner;
+  if (src_row == 0 || len == 0) return 0;
+  // Within each outer run of the source, the cut takes bytes [wa, wb).
+  const uint64_t wa = static_cast<uint64_t>(c.lo - c.src_begin) * c.inner;
+  const uint64_t wb = static_cast<uint64_t>(c.hi - c.src_begin) * c.inner;
+  const uint64_t dst_shift = static_cast<uint64_t>(c.lo - c.dst_begin) * c.inner;
+  uint64_t copied = 0;
+  const uint64_t end = off + len;
+  for (uint64_t o = off / src_row; o < c.outer && o * src_row < end; ++o) {
+    const uint64_t a = std::max(off, o * src_row + wa);
+    const uint64_t b = std::min(end, o * src_row + wb);
+    if (a >= b) continue;
+    std::memcpy(dst + o * dst_row + dst_shift + (a - o * src_row - wa), bytes + (a - off), b - a);
+    copied += b - a;
+  }
+  return copied;
+}
+
+// Plans the TP re-cut of target `i` (its rows [tb, te) of dimension `dim`)
+// from the stored slices of `rec`. Appends problems; adds work.
+void PlanCut(size_t i, const RestoreTarget& t, const TensorRecord& rec, int dim, int64_t tb,
+             int64_t te, std::vector<std::string>* problems,
+             std::map<std::pair<std::string, uint64_t>, PieceWork>* work) {
+  const TensorMeta& m = t.meta;
+  const uint64_t es = DTypeSize(m.dtype);
+  uint64_t outer = 1, inner = es;
+  for (int d = 0; d < static_cast<int>(rec.shape.size()); ++d) {
+    if (d < dim) outer *= static_cast<uint64_t>(rec.shape[d]);
+    if (d > dim) inner *= static_cast<uint64_t>(rec.shape[d]);
+  }
+  // The stored slices, each with the pieces that cover it whole.
+  struct Stored {
+    int64_t begin, end;
+    std::vector<const PieceRecord*> pieces;
+  };
+  std::map<std::pair<int64_t, int64_t>, std::vector<const PieceRecord*>> by_slice;
+  for (const auto& p : rec.pieces) {
+    if (rec.split_dim >= 0) {
+      by_slice[{p.slice_begin, p.slice_end}].push_back(&p);
+    } else {
+      by_slice[{0, rec.shape[dim]}].push_back(&p);
+    }
+  }
+  std::vector<Stored> complete;
+  for (auto& [range, pieces] : by_slice) {
+    const uint64_t bytes = outer * static_cast<uint64_t>(range.second - range.first) * inner;
+    std::sort(pieces.begin(), pieces.end(), [](const PieceRecord* a, const PieceRecord* b) {
+      return a->tensor_offset < b->tensor_offset;
+    });
+    Stored s{range.first, range.second, {}};
+    uint64_t cur = 0;
+    while (cur < bytes) {
+      const PieceRecord* best = nullptr;
+      for (const PieceRecord* p : pieces) {
+        if (p->tensor_offset <= cur && p->tensor_offset + p->length > cur &&
+            (!best || p->tensor_offset + p->length > best->tensor_offset + best->length)) {
+          best = p;
+        }
+      }
+      if (!best) break;
+      s.pieces.push_back(best);
+      cur = best->tensor_offset + best->length;
+    }
+    if (cur >= bytes) complete.push_back(std::move(s));
+  }
+  // Cover [tb, te) with complete slices, greedily.
+  int64_t cur = tb;
+  while (cur < te) {
+    const Stored* best = nullptr;
+    for (const Stored& s : complete) {
+      if (s.begin <= cur && s.end > cur && (!best || s.end > best->end)) best = &s;
+    }
+    if (!best) {
+      problems->push_back(fmt::format(
+          "tensor '{}': rows [{}, {}) of dimension {} are in no completely stored slice", m.name,
+          cur, te, dim));
+      return;
+    }
+    const int64_t hi = std::min(te, best->end);
+    for (const PieceRecord* p : best->pieces) {
+      auto& w = (*work)[{p->file, p->file_offset}];
+      w.piece = p;
+      w.cuts.push_back(Cut{i, best->begin, best->end, tb, te, cur, hi, outer, inner});
+    }
+    cur = hi;
+  }
+}
 
 }  // namespace
 
@@ -145,6 +252,47 @@ Result<RestoreReport> Restore(Env* env, const std::string& root, std::optional<i
     }
     uint64_t base = 0;
     const bool global = m.state_class == StateClass::kDpSharded && m.global_numel > 0;
+    if (rec.split_dim >= 0 || t.tp.split()) {
+      // TP re-cut (or a TP slice restored as saved).
+      const int dim = rec.split_dim >= 0 ? rec.split_dim : t.tp.dim;
+      const std::vector<int64_t>& local = m.shape;
+      if (global || rec.global) {
+        problems.push_back(fmt::format(
+            "tensor '{}': a TP slice cannot be restored into a ZeRO shard or from one", m.name));
+        continue;
+      }
+      if (t.tp.split() && (t.tp.dim != dim || t.tp.global_shape != rec.shape)) {
+        problems.push_back(fmt::format(
+            "tensor '{}': TP slice of dimension {} of {} requested, version {} has {} split on "
+            "dimension {}",
+            m.name, t.tp.dim, ShapeToString(t.tp.global_shape), report.step,
+            ShapeToString(rec.shape), rec.split_dim));
+        continue;
+      }
+      if (t.tp.split()) {
+        Status st = CheckTpSlice(t.tp, local, m.name);
+        if (!st.ok()) {
+          problems.push_back(st.message());
+          continue;
+        }
+      } else if (local != rec.shape) {
+        problems.push_back(
+            fmt::format("tensor '{}': shape {} requested, version {} has TP-split global shape {}",
+                        m.name, ShapeToString(local), report.step, ShapeToString(rec.shape)));
+        continue;
+      }
+      if (t.offset != 0 || (t.length != UINT64_MAX && t.length != nbytes) ||
+          (nbytes > 0 && t.data == nullptr)) {
+        problems.push_back(fmt::format(
+            "tensor '{}': a TP re-cut restores whole tensors only (offset {}, length {})", m.name,
+            t.offset, t.length));
+        continue;
+      }
+      const int64_t tb = t.tp.split() ? t.tp.begin : 0;
+      const int64_t te = t.tp.split() ? t.tp.end : rec.shape[dim];
+      PlanCut(i, t, rec, dim, tb, te, &problems, &work);
+      continue;
+    }
     if (global) {
       if (static_cast<uint64_t>(m.global_numel) * es != rec.nbytes) {
         problems.push_back(
@@ -232,6 +380,10 @@ Result<RestoreReport> Restore(Env* env, const std::string& root, std::optional<i
     PieceWork& w = entry.second;  // not a structured binding: the lambda captures it
     MEMENTO_ASSIGN_OR_RETURN(RandomAccessFile * f, open(w.piece->file));
     auto sink = [&](uint64_t off, const uint8_t* bytes, size_t len) {
+      for (const Cut& c : w.cuts) {
+        report.bytes_restored +=
+            ScatterCut(c, off, bytes, len, static_cast<uint8_t*>(targets[c.target].data));
+      }
       for (const Slice& s : w.slices) {
         uint64_t a = std::max(off, s.lo);
         uint64_t b = std::min(off + len, s.hi);

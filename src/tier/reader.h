@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memento/status.h"
@@ -39,14 +40,25 @@ struct VersionSummary {
 // Resharding: for kDpSharded state with meta.global_numel > 0 the rank's
 // tensor is the slice at element meta.shard_offset of the global tensor, so a
 // job with another DP size names its own slices and gets them re-cut from the
-// stored pieces. Other tensors are matched by name; a different TP/PP split
+// stored pieces. Other tensors are matched by name; a different PP split
 // restores as long as every tensor exists whole under the same name (layer
 // boundaries unchanged).
+//
+// TP re-cut: a target with `tp` set is slice tp of the global tensor; it is
+// cut from whatever slices the version stores (another TP degree), or from
+// the whole tensor when it was saved unsplit. A target without `tp` whose
+// shape is the global shape gets the whole tensor assembled from the stored
+// slices (TP 1). A re-cut target is restored whole (offset 0, full length).
 struct RestoreTarget {
+  RestoreTarget() = default;
+  RestoreTarget(TensorMeta meta, void* data, uint64_t offset = 0, uint64_t length = UINT64_MAX)
+      : meta(std::move(meta)), data(data), offset(offset), length(length) {}
+
   TensorMeta meta;
   void* data = nullptr;  // not owned; meta.nbytes() (or length) bytes
   uint64_t offset = 0;
   uint64_t length = UINT64_MAX;  // UINT64_MAX: to the end of the tensor
+  TpSlice tp;
 };
 
 struct RestoreOptions {

@@ -10,14 +10,22 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memento/types.h"
+#include "tier/format.h"
 
 namespace memento::tier {
 
 // One contiguous byte range of one tensor held by this node.
 struct ViewEntry {
+  // (A constructor rather than an aggregate, so that callers that do not
+  // know `tp` need not spell it.)
+  ViewEntry() = default;
+  ViewEntry(TensorMeta meta, uint64_t offset, uint64_t length, const void* data, TpSlice tp = {})
+      : meta(std::move(meta)), offset(offset), length(length), data(data), tp(std::move(tp)) {}
+
   // The tensor as this rank registered it. For kDpSharded state with
   // global_numel > 0 the rank's shard sits at element shard_offset of the
   // flattened global tensor; the durable tier stores it at that place in the
@@ -31,6 +39,11 @@ struct ViewEntry {
   // The first byte of the range (not of the tensor); valid while the
   // VersionView (its `pin`) is alive.
   const void* data = nullptr;
+  // Tensor parallelism: meta is slice tp of a global tensor (tp.split()). The
+  // tier stores the slice with its place in the global tensor, so that a job
+  // with another TP degree can restore (re-cut) it. offset/length are then
+  // relative to the slice, as for any tensor.
+  TpSlice tp;
 };
 
 struct VersionView {

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "common/check.h"
 #include "common/checksum.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -181,24 +183,49 @@ class StagedWriter {
     cv_.SignalAll();
   }
 
+  // Keeps up to file_->queue_depth() writes in flight (io_uring; 1 for
+  // pwrite, where SubmitWrite writes synchronously). A job's buffer goes back
+  // to the free list when its write is reaped.
   void IoLoop() {
+    const size_t depth = static_cast<size_t>(std::max(1, file_->queue_depth()));
+    std::map<uint64_t, Job> submitted;  // tag -> job; I/O thread only
+    uint64_t next_tag = 0;
     MutexLock l(&mu_);
     while (true) {
-      while (queue_.empty() && !stop_) cv_.Wait(&l);
-      if (queue_.empty() && stop_) return;
-      Job job = queue_.front();
-      queue_.pop_front();
-      ++inflight_;
-      bool failed = !error_.ok();
-      l.native().unlock();
-      Status s;
-      if (!failed) {
-        if (limiter_) limiter_->Acquire(job.len);
-        s = file_->Write(job.offset, job.buffer >= 0 ? buffers_[job.buffer].data() : job.external,
-                         job.len);
+      while (queue_.empty() && submitted.empty() && !stop_) cv_.Wait(&l);
+      if (queue_.empty() && submitted.empty() && stop_) return;
+      while (!queue_.empty() && submitted.size() < depth) {
+        Job job = queue_.front();
+        queue_.pop_front();
+        ++inflight_;
+        Status s;
+        if (error_.ok()) {
+          l.native().unlock();
+          if (limiter_) limiter_->Acquire(job.len);
+          s = file_->SubmitWrite(job.offset,
+                                 job.buffer >= 0 ? buffers_[job.buffer].data() : job.external,
+                                 job.len, next_tag);
+          l.native().lock();
+          if (s.ok()) {
+            submitted.emplace(next_tag++, job);
+            continue;
+          }
+        }
+        // Not written (an earlier error) or refused at submission.
+        if (!s.ok() && error_.ok()) error_ = s;
+        --inflight_;
+        if (job.buffer >= 0) free_.push_back(job.buffer);
+        cv_.SignalAll();
       }
+      if (submitted.empty()) continue;
+      l.native().unlock();
+      WriteCompletion c = file_->ReapWrite();
       l.native().lock();
-      if (!s.ok() && error_.ok()) error_ = s;
+      auto it = submitted.find(c.tag);
+      MEMENTO_CHECK(it != submitted.end());
+      const Job job = it->second;
+      submitted.erase(it);
+      if (!c.status.ok() && error_.ok()) error_ = c.status;
       --inflight_;
       if (job.buffer >= 0) free_.push_back(job.buffer);
       cv_.SignalAll();
@@ -258,6 +285,7 @@ Result<WriteStats> WriteNodePart(Env* env, const std::string& root, const Versio
   std::set<std::string> keys;
   uint64_t data_off = 0;
   nlohmann::json pieces_meta = nlohmann::json::array();
+  bool has_tp = false;
   for (const ViewEntry& e : view.entries) {
     const TensorMeta& m = e.meta;
     if (e.length == 0) continue;
@@ -269,13 +297,28 @@ Result<WriteStats> WriteNodePart(Env* env, const std::string& root, const Versio
           e.offset, e.offset + e.length, nbytes, DTypeName(m.dtype), ShapeToString(m.shape)));
     }
     const bool global = m.state_class == StateClass::kDpSharded && m.global_numel > 0;
+    const bool tp = e.tp.split();
+    if (tp) {
+      if (global) {
+        return InvalidArgumentError(
+            fmt::format("tensor '{}': a TP slice cannot also be a ZeRO shard (global_numel {})",
+                        m.name, m.global_numel));
+      }
+      MEMENTO_RETURN_IF_ERROR(CheckTpSlice(e.tp, m.shape, m.name));
+      has_tp = true;
+    }
     TensorRecord t;
     t.name = m.name;
     t.dtype = m.dtype;
     t.state_class = m.state_class;
     t.global = global;
-    t.shape = global ? std::vector<int64_t>{m.global_numel} : m.shape;
+    t.split_dim = tp ? e.tp.dim : -1;
+    t.shape = global ? std::vector<int64_t>{m.global_numel} : tp ? e.tp.global_shape : m.shape;
     t.nbytes = global ? static_cast<uint64_t>(m.global_numel) * es : nbytes;
+    if (tp) {
+      t.nbytes = es;
+      for (int64_t d : e.tp.global_shape) t.nbytes *= static_cast<uint64_t>(d);
+    }
     const uint64_t base = global ? static_cast<uint64_t>(m.shard_offset) * es : 0;
     if (global && (m.shard_offset < 0 || base + nbytes > t.nbytes)) {
       return InvalidArgumentError(fmt::format(
@@ -289,8 +332,15 @@ Result<WriteStats> WriteNodePart(Env* env, const std::string& root, const Versio
     r.file = data_file;
     r.tensor_offset = base + e.offset;
     r.length = e.length;
-    const bool whole = r.tensor_offset == 0 && r.length == t.nbytes;
-    r.key = whole ? m.name : fmt::format("{}#{}", m.name, r.tensor_offset);
+    // A TP piece's offsets are relative to its slice (the rank's tensor).
+    const bool whole = r.tensor_offset == 0 && r.length == (tp ? nbytes : t.nbytes);
+    std::string stem = m.name;
+    if (tp) {
+      r.slice_begin = e.tp.begin;
+      r.slice_end = e.tp.end;
+      stem = fmt::format("{}@{}:{}-{}", m.name, e.tp.dim, e.tp.begin, e.tp.end);
+    }
+    r.key = whole ? stem : fmt::format("{}#{}", stem, r.tensor_offset);
     if (!keys.insert(r.key).second) {
       return InvalidArgumentError(fmt::format("tensor '{}': two entries for bytes starting at {}",
                                               m.name, r.tensor_offset));
@@ -298,7 +348,7 @@ Result<WriteStats> WriteNodePart(Env* env, const std::string& root, const Versio
     pp.st.key = r.key;
     if (whole) {
       pp.st.dtype = std::string(DTypeName(m.dtype));
-      pp.st.shape = t.shape;
+      pp.st.shape = tp ? m.shape : t.shape;
     } else if (r.tensor_offset % es == 0 && r.length % es == 0) {
       pp.st.dtype = std::string(DTypeName(m.dtype));
       pp.st.shape = {static_cast<int64_t>(r.length / es)};
@@ -316,16 +366,21 @@ Result<WriteStats> WriteNodePart(Env* env, const std::string& root, const Versio
                            {"tensor_dtype", std::string(DTypeName(m.dtype))},
                            {"tensor_shape", t.shape},
                            {"state_class", std::string(StateClassName(m.state_class))}});
+    if (tp) {
+      pieces_meta.back()["split_dim"] = e.tp.dim;
+      pieces_meta.back()["slice"] = {e.tp.begin, e.tp.end};
+    }
     auto it = manifest.tensors.find(m.name);
     if (it == manifest.tensors.end()) {
       manifest.tensors.emplace(m.name, std::move(t));
     } else if (it->second.dtype != t.dtype || it->second.shape != t.shape ||
-               it->second.state_class != t.state_class) {
+               it->second.state_class != t.state_class || it->second.split_dim != t.split_dim) {
       return InvalidArgumentError(
           fmt::format("tensor '{}' appears twice with different dtype/shape/state class", m.name));
     }
     plan.push_back(std::move(pp));
   }
+  if (has_tp) manifest.format_version = kFormatVersionTpSlices;
   std::vector<SafetensorsEntry> st_entries;
   for (const auto& pp : plan) st_entries.push_back(pp.st);
   std::map<std::string, std::string> metadata{
@@ -364,6 +419,7 @@ Result<WriteStats> WriteNodePart(Env* env, const std::string& root, const Versio
     MEMENTO_ASSIGN_OR_RETURN(file_size, w.Finish());
   }
   const bool direct = file->direct();
+  const std::string engine = file->engine();
   MEMENTO_RETURN_IF_ERROR(file->Sync());
   MEMENTO_RETURN_IF_ERROR(file->Close());
   const double data_seconds = watch.Seconds();
@@ -394,6 +450,7 @@ Result<WriteStats> WriteNodePart(Env* env, const std::string& root, const Versio
   stats.seconds = watch.Seconds();
   stats.data_seconds = data_seconds;
   stats.direct = direct;
+  stats.engine = engine;
   return stats;
 }
 

@@ -55,6 +55,7 @@ struct WriteStats {
   double seconds = 0;       // whole call
   double data_seconds = 0;  // data file streamed and fsynced
   bool direct = false;      // O_DIRECT was used
+  std::string engine;       // how the data file was written: "uring" or "pwrite"
 };
 
 // Writes `view`'s part of version view.step under `root` (created if needed)

@@ -143,5 +143,82 @@ TEST_F(CommitWordTest, WithoutTheWordTheSingleNodeRuleHolds) {
   EXPECT_EQ(*(*c)->Restore(), 3);
 }
 
+// The durable hold (docs/durable_tier.md, "The durable hold"), cluster mode:
+// the committed version's slot is the target once a newer step commits, but
+// while the durable stream holds it the snapshot is skipped (and the claim
+// withdrawn), until the hold is released or its deadline passes.
+TEST_F(CommitWordTest, DurableHoldSkipsUntilReleasedOrExpired) {
+  AgentThread agent({"jobc", 0, root_, 0});
+  State s(20000);
+  auto c = Client::Connect(Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(s.Register(**c).ok());
+  ASSERT_TRUE((*c)->Seal().ok());
+  shm::CommitWord* w = MakeWord(/*committed=*/-1);
+  for (int step = 1; step <= 2; ++step) {
+    s.Fill(step);
+    ASSERT_TRUE((*c)->Snapshot(step).ok());
+    ASSERT_TRUE((*c)->Fence().ok());
+  }
+  shm::StoreWord(&w->committed, 2);
+  // Step 1 is being persisted: 3 would overwrite it (not the committed one).
+  shm::StoreDurableHold(w, 1, shm::MonotonicNanos() + 3600 * 1000000000LL);
+  s.Fill(3);
+  ASSERT_TRUE((*c)->Snapshot(3).ok());
+  ASSERT_TRUE((*c)->Fence().ok());
+  EXPECT_TRUE((*c)->LastSnapshotStats().skipped);
+  EXPECT_EQ(shm::LoadWord(&w->claim[0]), -1) << "a skipped snapshot withdraws its claim";
+  EXPECT_EQ(Held(**c), (std::vector<int64_t>{1, 2}));
+  // Released: 4 overwrites step 1 and leaves its claim.
+  shm::StoreDurableHold(w, -1, 0);
+  s.Fill(4);
+  ASSERT_TRUE((*c)->Snapshot(4).ok());
+  ASSERT_TRUE((*c)->Fence().ok());
+  EXPECT_FALSE((*c)->LastSnapshotStats().skipped);
+  EXPECT_EQ(shm::LoadWord(&w->claim[0]), 1);
+  EXPECT_EQ(Held(**c), (std::vector<int64_t>{2, 4}));
+  // A hold whose deadline has passed binds nobody.
+  shm::StoreWord(&w->committed, 4);
+  shm::StoreDurableHold(w, 2, shm::MonotonicNanos() - 1);
+  s.Fill(5);
+  ASSERT_TRUE((*c)->Snapshot(5).ok());
+  ASSERT_TRUE((*c)->Fence().ok());
+  EXPECT_FALSE((*c)->LastSnapshotStats().skipped);
+  EXPECT_EQ(Held(**c), (std::vector<int64_t>{4, 5}));
+}
+
+// Single-node mode (no commit word): the agent's durable.word holds a slot;
+// the single-node rule (overwrite the older slot) skips while it is held.
+TEST_F(CommitWordTest, DurableWordHoldsInSingleNodeMode) {
+  AgentThread agent({"jobc", 0, root_, 0});
+  State s(20000);
+  auto c = Client::Connect(Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(s.Register(**c).ok());
+  ASSERT_TRUE((*c)->Seal().ok());
+  auto seg = shm::Segment::CreateOrGrow(shm::DurableWordPath(root_), sizeof(shm::CommitWord));
+  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+  auto* w = reinterpret_cast<shm::CommitWord*>((*seg)->data());
+  shm::InitCommitWord(w, -1);
+  for (int step = 1; step <= 2; ++step) {
+    s.Fill(step);
+    ASSERT_TRUE((*c)->Snapshot(step).ok());
+    ASSERT_TRUE((*c)->Fence().ok());
+  }
+  shm::StoreDurableHold(w, 1, shm::MonotonicNanos() + 3600 * 1000000000LL);
+  s.Fill(3);
+  ASSERT_TRUE((*c)->Snapshot(3).ok());
+  EXPECT_TRUE((*c)->LastSnapshotStats().skipped);
+  // Holding the newest version changes nothing: it is not the target.
+  shm::StoreDurableHold(w, 2, shm::MonotonicNanos() + 3600 * 1000000000LL);
+  s.Fill(4);
+  ASSERT_TRUE((*c)->Snapshot(4).ok());
+  ASSERT_TRUE((*c)->Fence().ok());
+  EXPECT_FALSE((*c)->LastSnapshotStats().skipped);
+  EXPECT_EQ(Held(**c), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(shm::LoadWord(&w->claim[0]), 1) << "the client claims the step it overwrites";
+  EXPECT_EQ((*c)->LastSnapshotStats().skipped_total, 1u);
+}
+
 }  // namespace
 }  // namespace memento

@@ -15,6 +15,7 @@
 #include "common/checksum.h"
 #include "common/test_util.h"
 #include "proc_util.h"
+#include "shm/commit_word.h"
 #include "shm/node_store.h"
 #include "shm/shm_test_util.h"
 #include "tier/reader.h"
@@ -173,6 +174,41 @@ TEST_F(DurableGuardTest, OnlyVersionsEveryRankCompletedAreOffered) {
   ASSERT_TRUE(streamer_->WaitIdle(Deadline::AfterSeconds(60)));
   EXPECT_EQ(streamer_->stats().gone, 1);
   EXPECT_FALSE(tier::LatestCompleteVersion(tier::Env::Default(), durable_).ok());
+}
+
+// The durable hold's agent side (shm/commit_word.h): while a version is
+// written its step is held in <root>/durable.word, and released after; a rank
+// that had claimed the slot before the hold was published (it is overwriting
+// it) makes the agent abandon the version before reading a byte.
+TEST_F(DurableGuardTest, HoldIsPublishedWhileWritingAndAClaimAbandons) {
+  Start(4 << 20);  // 24 MiB at 4 MiB/s after the burst: seconds per version
+  auto word_seg = shm::Segment::Open(shm::DurableWordPath(root_), /*writable=*/true);
+  ASSERT_TRUE(word_seg.ok()) << word_seg.status();
+  auto* word = reinterpret_cast<shm::CommitWord*>((*word_seg)->data());
+  ASSERT_TRUE(shm::CommitWordValid(word));
+  EXPECT_EQ(shm::LoadDurableHold(word, shm::MonotonicNanos()), -1);
+
+  WriteSlot(0, 2);
+  streamer_->OnComplete(0, 2);
+  ASSERT_TRUE(WaitFor([&] { return streamer_->stats().holds == 1; }, 30));
+  EXPECT_EQ(shm::LoadDurableHold(word, shm::MonotonicNanos()), 2) << "held while written";
+  streamer_->SetBandwidth(0);
+  ASSERT_TRUE(streamer_->WaitIdle(Deadline::AfterSeconds(60)));
+  EXPECT_EQ(shm::LoadDurableHold(word, shm::MonotonicNanos()), -1) << "released after";
+  EXPECT_EQ(streamer_->stats().persister.persisted, 1);
+  ExpectRestoresSlot(2, 0);
+
+  // Rank 0 claims step 3 (it is about to overwrite it) before the agent
+  // holds it: the agent must not persist it.
+  WriteSlot(1, 3);
+  shm::StoreWord(&word->claim[0], 3);
+  streamer_->OnComplete(0, 3);
+  ASSERT_TRUE(streamer_->WaitIdle(Deadline::AfterSeconds(60)));
+  DurableStats s = streamer_->stats();
+  EXPECT_EQ(s.abandoned_claimed, 1);
+  EXPECT_EQ(s.persister.persisted, 1);
+  EXPECT_FALSE(tier::LoadIndex(tier::Env::Default(), durable_, 3).ok());
+  EXPECT_EQ(shm::LoadDurableHold(word, shm::MonotonicNanos()), -1);
 }
 
 }  // namespace

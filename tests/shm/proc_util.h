@@ -66,6 +66,8 @@ struct Progress {
   std::map<int64_t, uint64_t> digests;                 // D
   int64_t max_started = -1;                            // S
   int64_t max_complete = -1;                           // C
+  std::vector<int64_t> completed;                      // C
+  std::vector<int64_t> skipped;                        // K
   bool done = false;                                   // X
   std::string error;                                   // E
 };
@@ -83,7 +85,11 @@ inline Progress ReadProgress(const std::string& path) {
     if (kind == 'R' && ls >> step >> digest) p.restored.emplace_back(step, digest);
     if (kind == 'D' && ls >> step >> digest) p.digests[step] = digest;
     if (kind == 'S' && ls >> step) p.max_started = std::max(p.max_started, step);
-    if (kind == 'C' && ls >> step) p.max_complete = std::max(p.max_complete, step);
+    if (kind == 'C' && ls >> step) {
+      p.max_complete = std::max(p.max_complete, step);
+      p.completed.push_back(step);
+    }
+    if (kind == 'K' && ls >> step) p.skipped.push_back(step);
     if (kind == 'X') p.done = true;
     if (kind == 'E') p.error = line;
   }

@@ -5,6 +5,7 @@
 //   R <step> <digest>   restored <step> (digest of the whole state)
 //   S <step>            about to call Snapshot(step)
 //   C <step>            snapshot <step> is complete (Fence returned OK)
+//   K <step>            snapshot <step> was skipped (its slot was held)
 //   D <step> <digest>   state digest after the optimizer step <step>
 //   E <message>         an error; exits 1
 // --no-memento runs the same training without snapshots (the reference).
@@ -165,6 +166,12 @@ int main(int argc, char** argv) {
       memento::Status st = client->Snapshot(model.cursor.step);
       if (!st.ok()) Fail(st.ToString());
       pending = model.cursor.step;
+      // (A snapshot's own stats come with its Fence; these are a skip's.)
+      const memento::SnapshotStats ss = client->LastSnapshotStats();
+      if (ss.skipped && ss.step == model.cursor.step) {
+        Emit(fmt::format("K {}", model.cursor.step));
+        pending = -1;
+      }
     }
     if (client) client->OnPhase(memento::Phase::kCompute);
     Emit(fmt::format("D {} {}", model.cursor.step, model.Digest()));
