@@ -136,6 +136,10 @@ void DurableStreamer::OnComplete(int rank, int64_t step) {
     // Older steps that never completed everywhere can no longer commit first.
     reported_.erase(reported_.begin(), reported_.upper_bound(step));
   }
+  OfferAndHold(step);
+}
+
+void DurableStreamer::OfferAndHold(int64_t step) {
   tier::OfferResult r = persister_->Offer(
       step, [this, step]() -> Result<tier::VersionView> { return BuildView(step); });
   if (r == tier::OfferResult::kQueued || r == tier::OfferResult::kReplacedPending) {
@@ -249,15 +253,12 @@ Result<std::shared_ptr<shm::Segment>> DurableStreamer::MapSlot(int rank, int slo
 }
 
 Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
+  std::shared_ptr<const ClusterPlan> plan;
+  uint64_t epoch = 0;
   {
-    std::shared_ptr<const ClusterPlan> plan;
-    uint64_t epoch = 0;
-    {
-      MutexLock l(&mu_);
-      plan = cluster_plan_;
-      epoch = epoch_;
-    }
-    if (plan != nullptr) return BuildClusterView(step, std::move(plan), epoch);
+    MutexLock l(&mu_);
+    plan = cluster_plan_;
+    epoch = epoch_;
   }
   auto hold = std::make_shared<Hold>();
   hold->step = step;
@@ -301,6 +302,11 @@ Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
       if (armed) self->ReleaseHold(step, seq);
     }
   } release{this, step, seq};
+  if (plan != nullptr) {  // cluster mode: this node's plan pieces (durable_cluster.cc)
+    MEMENTO_ASSIGN_OR_RETURN(tier::VersionView view,
+                             BuildClusterView(step, std::move(plan), epoch, hold));
+    return PinView(std::move(view), hold, step, seq, &release.armed);
+  }
   for (int rank : ranks) {
     bool found = false;
     for (int s = 0; s < shm::kSlotsPerRank && !found; ++s) {
@@ -374,20 +380,22 @@ Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
     }
     replicated_done.insert(replicated_here.begin(), replicated_here.end());
   }
+  return PinView(std::move(view), hold, step, seq, &release.armed);
+}
+
+tier::VersionView DurableStreamer::PinView(tier::VersionView view, std::shared_ptr<Hold> hold,
+                                           int64_t step, uint64_t seq, bool* release_armed) {
   {
     MutexLock l(&mu_);
     for (auto it = holds_.begin(); it != holds_.end();) {
       it = it->second.use_count() <= 1 ? holds_.erase(it) : std::next(it);
     }
     holds_[step] = hold;
-  }
-  {
-    MutexLock l(&mu_);
     if (options_.hold_max_s > 0) ++stats_.holds;
   }
   // The view's pin keeps the slots mapped and releases the hold when the
   // persister is done with the version (if CheckBeforeMarker has not already).
-  release.armed = false;
+  *release_armed = false;
   view.pin = std::shared_ptr<const void>(
       hold.get(), [this, hold, step, seq](const void*) { ReleaseHold(step, seq); });
   return view;

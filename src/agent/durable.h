@@ -154,10 +154,6 @@ class DurableStreamer {
   Result<std::shared_ptr<shm::Segment>> MapSlot(int rank, int slot) EXCLUDES(mu_);
   // Runs (through the Env) just before the node marker of `step` is published.
   Status CheckBeforeMarker(int64_t step, const std::string& version_dir) EXCLUDES(mu_);
-  // Cluster mode's view (durable_cluster.cc): the plan pieces this node is
-  // primary for, cut at slot chunk boundaries.
-  Result<tier::VersionView> BuildClusterView(int64_t step, std::shared_ptr<const ClusterPlan> plan,
-                                             uint64_t epoch) EXCLUDES(mu_);
 
   // The durable hold. The word is <root>/commit.word in cluster mode (the
   // cluster agent creates it before any trainer connects), else
@@ -181,6 +177,17 @@ class DurableStreamer {
     // piece key in the data file -> the slot's xxh3 of those bytes
     std::map<std::string, uint64_t> expected;
   };
+  // Offers `step` to the persister and, when queued, holds it (durable hold).
+  void OfferAndHold(int64_t step) EXCLUDES(mu_);
+  // Cluster mode's view (durable_cluster.cc): the plan pieces this node is
+  // primary for, cut at slot chunk boundaries; the slots read go to `hold`.
+  Result<tier::VersionView> BuildClusterView(int64_t step, std::shared_ptr<const ClusterPlan> plan,
+                                             uint64_t epoch, const std::shared_ptr<Hold>& hold)
+      EXCLUDES(mu_);
+  // Registers `hold` as the slots of `step` and hands the durable hold to the
+  // view's pin (released when the persister drops the view).
+  tier::VersionView PinView(tier::VersionView view, std::shared_ptr<Hold> hold, int64_t step,
+                            uint64_t seq, bool* release_armed) EXCLUDES(mu_);
 
   const DurableOptions options_;
   const std::string job_id_;

@@ -57,7 +57,8 @@ std::string PieceKey(const TensorMeta& meta, const std::string& name, uint64_t o
 
 Result<tier::VersionView> DurableStreamer::BuildClusterView(int64_t step,
                                                             std::shared_ptr<const ClusterPlan> cp,
-                                                            uint64_t epoch) {
+                                                            uint64_t epoch,
+                                                            const std::shared_ptr<Hold>& hold) {
   const topo::Plan& plan = cp->plan;
   if (node_ < 0 || node_ >= static_cast<int>(plan.nodes.size())) {
     return FailedPreconditionError(
@@ -68,8 +69,6 @@ Result<tier::VersionView> DurableStreamer::BuildClusterView(int64_t step,
   for (uint32_t id : plan.nodes[static_cast<size_t>(node_)].pieces) {
     by_rank[plan.pieces[id].rank].push_back(id);
   }
-  auto hold = std::make_shared<Hold>();
-  hold->step = step;
   tier::VersionView view;
   view.job = job_id_;
   view.node = node_;
@@ -170,15 +169,7 @@ Result<tier::VersionView> DurableStreamer::BuildClusterView(int64_t step,
     }
     hold->slots.push_back(std::move(*held));
   }
-  {
-    MutexLock l(&mu_);
-    for (auto it = holds_.begin(); it != holds_.end();) {
-      it = it->second.use_count() <= 1 ? holds_.erase(it) : std::next(it);
-    }
-    holds_[step] = hold;
-  }
-  view.pin = hold;
-  return view;
+  return view;  // BuildView pins it (PinView)
 }
 
 void DurableStreamer::SetClusterPlan(std::shared_ptr<const ClusterPlan> plan) {
@@ -202,12 +193,7 @@ void DurableStreamer::OnCommitted(int64_t step) {
     if (cluster_plan_ == nullptr) return;
     ++stats_.committed;
   }
-  tier::OfferResult r = persister_->Offer(
-      step, [this, step]() -> Result<tier::VersionView> { return BuildView(step); });
-  if (r == tier::OfferResult::kQueued || r == tier::OfferResult::kReplacedPending) {
-    MutexLock l(&mu_);
-    ++stats_.offered;
-  }
+  OfferAndHold(step);  // durable.cc: the durable hold as in node-local mode
 }
 
 // ---- loading: a durable version into T0 ---------------------------------------------
