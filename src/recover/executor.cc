@@ -311,6 +311,7 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     return DeadlineExceededError(
         fmt::format("recovery of step {} on node {}: deadline passed before it began", step, node));
   }
+  Stopwatch phase;  // per-phase wall times, logged at the end
   // Slots: allocate and choose for every rank first (an allocation failure
   // leaves every slot as it was), then mark them kWriting (a crash or an
   // error from here on leaves them not complete).
@@ -505,6 +506,8 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     return Status::Ok();
   };
 
+  const double slots_s = phase.Seconds();
+  phase.Reset();
   Status st = ParallelFor(units.size(), threads, [&](size_t i, int wi) -> Status {
     WorkerStats& w = ws[wi];
     const Unit& u = units[i];
@@ -589,6 +592,8 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   }
   if (!st.ok()) return st;  // the slots stay kWriting: never taken for complete
 
+  const double fetch_s = phase.Seconds();
+  phase.Reset();
   // Pieces fetched once for several ranks: slot to slot.
   Stopwatch copy_sw;
   MEMENTO_RETURN_IF_ERROR(ParallelFor(local_copies.size(), threads, [&](size_t i, int) -> Status {
@@ -631,6 +636,8 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     e.checksum = Checksum(job->data + e.offset, e.length);
     return Status::Ok();
   }));
+  const double checksum_s = phase.Seconds();
+  phase.Reset();
   for (RankJob* job : todo) {
     shm::CompleteSlotWrite(*job->segment);
     Status v = store.Verify(job->recipe.rank, job->slot);
@@ -649,8 +656,10 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   for (const WorkerStats& w : ws) local_bytes += w.local_bytes;
   MEMENTO_LOG_INFO(
       "recover: step {}: {} bytes read, {} decode input bytes taken from this node's slots, "
-      "{} of {} chunk checksums from arrival digests",
-      step, stats.read_bytes, local_bytes, reused, reused + chunks.size());
+      "{} of {} chunk checksums from arrival digests; wall s: slots {:.3f}, fetch+decode {:.3f}, "
+      "local copies + checksums {:.3f}, complete+verify {:.3f}",
+      step, stats.read_bytes, local_bytes, reused, reused + chunks.size(), slots_s, fetch_s,
+      checksum_s, phase.Seconds());
   return stats;
 }
 
