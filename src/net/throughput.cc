@@ -139,7 +139,7 @@ Result<ThroughputResult> MeasureFramedTcp(size_t bytes, size_t chunk, const JobT
   MEMENTO_ASSIGN_OR_RETURN(Fd lfd, ListenTcp("127.0.0.1", 0));
   MEMENTO_ASSIGN_OR_RETURN(int port, BoundPort(lfd.get()));
   ConnectionOptions opts;
-  opts.max_payload = std::max<uint64_t>(chunk, 1024);
+  opts.max_payload = std::max<uint64_t>(chunk + kFrameDigestBytes, 1024);
   MEMENTO_ASSIGN_OR_RETURN(pid_t pid, ForkReceiver([&]() -> bool {
                              Deadline d = Deadline::AfterSeconds(kChildTimeoutS);
                              auto conn = Dial("127.0.0.1", port, token, d, opts);
