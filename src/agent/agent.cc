@@ -27,8 +27,8 @@ Agent::~Agent() {
   verify_cv_.SignalAll();
   for (auto& t : conn_threads_) t.thread.join();
   if (verifier_.joinable()) verifier_.join();
+  cluster_.reset();  // first: it drives durable_ in cluster mode (commits, epoch)
   durable_.reset();  // no connection thread can offer a version any more
-  cluster_.reset();
   if (listen_fd_ >= 0) close(listen_fd_);
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
   for (int fd : stop_pipe_) {
@@ -71,7 +71,7 @@ Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options,
   if (!options.cluster.store_url.empty()) {
     MEMENTO_ASSIGN_OR_RETURN(
         agent->cluster_, Cluster::Start(options.cluster, options.job_id, options.node, agent->root_,
-                                        agent->store_.get()));
+                                        agent->store_.get(), agent->durable_.get()));
   } else if (unlink(shm::CommitWordPath(agent->root_).c_str()) == 0) {
     // A single-node agent on a root that a cluster agent used: without the
     // file the trainers go back to the single-node slot rule.
@@ -253,7 +253,8 @@ json Agent::Handle(const json& req, pid_t peer_pid, int* conn_rank) {
       MEMENTO_LOG_DEBUG("rank {} completed step {} in slot {}", rank, req.at("step").get<int64_t>(),
                         slot);
       if (options_.verify_on_complete) EnqueueVerify(rank, slot);
-      if (durable_) durable_->OnComplete(rank, req.at("step").get<int64_t>());
+      // Cluster mode: the durable stream follows the cluster's commits instead.
+      if (durable_ && !cluster_) durable_->OnComplete(rank, req.at("step").get<int64_t>());
       if (cluster_) cluster_->OnComplete(rank, slot, req.at("step").get<int64_t>());
       return shm::StatusToJson(Status::Ok());
     }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -125,8 +126,10 @@ Result<std::vector<TensorMeta>> TensorListFromJson(const std::string& text) {
 
 Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
                                                 const std::string& job, int node,
-                                                const std::string& root, shm::NodeStore* store) {
+                                                const std::string& root, shm::NodeStore* store,
+                                                DurableStreamer* durable) {
   std::unique_ptr<Cluster> c(new Cluster());
+  c->durable_ = durable;
   c->options_ = options;
   c->job_ = job;
   c->node_ = node;
@@ -191,6 +194,28 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
         self->cv_.SignalAll();
       });
 
+  if (c->durable_ != nullptr) {
+    // The durable epoch: watched first, then read, so no bump is missed.
+    const std::string epoch_key = coord::JobKeys(job).Epoch();
+    auto set_epoch = [self](const std::string& text) {
+      char* end = nullptr;
+      const unsigned long long e = std::strtoull(text.c_str(), &end, 10);
+      if (end == text.c_str() || *end != '\0') {
+        MEMENTO_LOG_WARN("durable: ignoring epoch '{}' (not a number)", text.substr(0, 40));
+        return;
+      }
+      self->durable_->SetEpoch(static_cast<uint64_t>(e));
+    };
+    c->epoch_watcher_ = std::make_unique<coord::Watcher>(
+        c->store_.get(), epoch_key, 0, [set_epoch, epoch_key](const coord::WatchEvent& ev) {
+          if (ev.type == coord::WatchEvent::Type::kPut && ev.kv.key == epoch_key) {
+            set_epoch(ev.kv.value);
+          }
+        });
+    auto kv = c->store_->Get(epoch_key, Deadline::AfterSeconds(kStoreCallS));
+    if (kv.ok()) set_epoch(kv->value);
+  }
+
   // Ranks whose slots this node already holds (an agent restarted on its
   // root): their inventories come from the adopted slots' manifests.
   for (int rank : store->Ranks()) {
@@ -220,6 +245,7 @@ Cluster::~Cluster() {
   if (thread_.joinable()) thread_.join();
   follower_.reset();
   skip_watcher_.reset();
+  epoch_watcher_.reset();
   membership_.reset();  // the lease expires on its own, like a crash
   StopPeerService();
   peers_.clear();
@@ -369,6 +395,8 @@ void Cluster::OnCommit(int64_t step) {
   }
   cv_.SignalAll();
   MEMENTO_LOG_DEBUG("committed step {}", step);
+  // The durable stream writes globally committed versions only.
+  if (durable_ != nullptr) durable_->OnCommitted(step);
 }
 
 void Cluster::Abandon(int64_t step, const std::string& why) {
@@ -829,6 +857,7 @@ Status Cluster::StartPeerService() {
 
 void Cluster::SetPeerPlan() {
   auto cp = MakeClusterPlan(plan_, inventory_);
+  if (durable_ != nullptr) durable_->SetClusterPlan(cp);
   MutexLock l(&plan_mu_);
   cluster_plan_ = std::move(cp);
 }

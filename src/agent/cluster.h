@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/durable.h"
 #include "agent/peer_service.h"
 #include "agent/redundancy.h"
 #include "common/mutex.h"
@@ -101,10 +102,15 @@ class Cluster {
   // starts the peer service, joins the membership and the commit follower,
   // and starts the cluster thread (which waits for the topology and the
   // inventories in the background: Start() does not).
+  // With `durable` (the agent's durable stream, which must outlive the
+  // Cluster) the cluster drives it (docs/durable_tier.md, "Cluster mode"):
+  // the plan once known, the epoch (/memento/<job>/epoch, watched) and every
+  // commit (DurableStreamer::OnCommitted).
   [[nodiscard]] static Result<std::unique_ptr<Cluster>> Start(const ClusterOptions& options,
                                                               const std::string& job, int node,
                                                               const std::string& root,
-                                                              shm::NodeStore* store);
+                                                              shm::NodeStore* store,
+                                                              DurableStreamer* durable = nullptr);
   ~Cluster();
   Cluster(const Cluster&) = delete;
   Cluster& operator=(const Cluster&) = delete;
@@ -182,7 +188,9 @@ class Cluster {
   std::unique_ptr<PeerService> peer_;
   std::unique_ptr<coord::Membership> membership_;
   std::unique_ptr<coord::CommitFollower> follower_;
-  std::unique_ptr<coord::Watcher> skip_watcher_;  // skipped/: steps that cannot commit
+  std::unique_ptr<coord::Watcher> skip_watcher_;   // skipped/: steps that cannot commit
+  DurableStreamer* durable_ = nullptr;             // the agent's; null without --durable-dir
+  std::unique_ptr<coord::Watcher> epoch_watcher_;  // epoch -> durable_
   std::atomic<int64_t> committed_{-1};
 
   Mutex mu_;

@@ -65,6 +65,9 @@ Result<std::unique_ptr<DurableStreamer>> DurableStreamer::Start(const DurableOpt
   // A refused marker (slot overwritten) is final for that version: the retry
   // finds the slot recycled and skips it, so keep the retry short.
   po.retry_initial_s = 0.05;
+  // Cluster mode: node 0 waits this long for the other nodes' markers of a
+  // version (a node may have abandoned it: its slot was overwritten).
+  po.commit_timeout_s = options.commit_timeout_s;
   MEMENTO_ASSIGN_OR_RETURN(d->persister_, tier::Persister::Start(std::move(po)));
   MEMENTO_LOG_INFO(
       "durable: streaming every {} step(s){} to {} (bandwidth cap {} bytes/s, keep last {}, "
@@ -166,6 +169,16 @@ Result<std::shared_ptr<shm::Segment>> DurableStreamer::MapSlot(int rank, int slo
 }
 
 Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
+  {
+    std::shared_ptr<const ClusterPlan> plan;
+    uint64_t epoch = 0;
+    {
+      MutexLock l(&mu_);
+      plan = cluster_plan_;
+      epoch = epoch_;
+    }
+    if (plan != nullptr) return BuildClusterView(step, std::move(plan), epoch);
+  }
   auto hold = std::make_shared<Hold>();
   hold->step = step;
   std::vector<int> ranks = store_->Ranks();

@@ -36,6 +36,8 @@
 
 namespace memento::agent {
 
+struct ClusterPlan;  // agent/peer_service.h
+
 struct DurableOptions {
   std::string dir;                       // the durable directory; empty: no durable tier
   int64_t every_k_steps = 1;             // persist committed versions with step % K == 0 (0: off)
@@ -44,6 +46,8 @@ struct DurableOptions {
   int keep_last = 3;
   int64_t keep_every = 0;
   bool direct_io = true;
+  // Cluster mode, node 0: how long to wait for every node's part of a version.
+  double commit_timeout_s = 30;
 };
 
 struct DurableStats {
@@ -105,8 +109,23 @@ class DurableStreamer {
   // Cancels an in-flight write (left incomplete) and logs the counters.
   ~DurableStreamer();
 
-  // A rank reported `step` complete. Returns at once.
+  // A rank reported `step` complete. Returns at once. Node-local mode only:
+  // in cluster mode the agent calls OnCommitted instead.
   void OnComplete(int rank, int64_t step) EXCLUDES(mu_);
+
+  // ---- cluster mode (docs/durable_tier.md, "Cluster mode") ----
+  // The job's plan: from now on a version is written as this node's share of
+  // one cluster version (num_nodes = the plan's nodes, this node's id, the
+  // epoch below), made of the plan pieces this node is primary for, so that
+  // replicated state is written once in the whole cluster. Tensor names:
+  // ClusterDurableName (agent/durable_cluster.h).
+  void SetClusterPlan(std::shared_ptr<const ClusterPlan> plan) EXCLUDES(mu_);
+  // The cluster's durable epoch (/memento/<job>/epoch, bumped by the launcher
+  // at every recovery); used for the versions written from now on.
+  void SetEpoch(uint64_t epoch) EXCLUDES(mu_);
+  // `step` was committed by the cluster (CommitFollower). Offered to the
+  // persister when the plan is known; returns at once.
+  void OnCommitted(int64_t step) EXCLUDES(mu_);
 
   DurableStats stats() EXCLUDES(mu_);
   bool WaitIdle(Deadline deadline) { return persister_->WaitIdle(deadline); }
@@ -123,6 +142,10 @@ class DurableStreamer {
   Result<std::shared_ptr<shm::Segment>> MapSlot(int rank, int slot) EXCLUDES(mu_);
   // Runs (through the Env) just before the node marker of `step` is published.
   Status CheckBeforeMarker(int64_t step, const std::string& version_dir) EXCLUDES(mu_);
+  // Cluster mode's view (durable_cluster.cc): the plan pieces this node is
+  // primary for, cut at slot chunk boundaries.
+  Result<tier::VersionView> BuildClusterView(int64_t step, std::shared_ptr<const ClusterPlan> plan,
+                                             uint64_t epoch) EXCLUDES(mu_);
 
   // The slots one version is read from, kept mapped while it is written.
   struct HeldSlot {
@@ -152,6 +175,9 @@ class DurableStreamer {
   std::map<std::pair<int, int>, std::shared_ptr<shm::Segment>> mapped_ GUARDED_BY(mu_);
   // (rank, slot, generation) whose bytes failed their checksums: not retried.
   std::set<std::tuple<int, int, uint64_t>> corrupt_ GUARDED_BY(mu_);
+  // Cluster mode: the plan (null: node-local mode) and the epoch.
+  std::shared_ptr<const ClusterPlan> cluster_plan_ GUARDED_BY(mu_);
+  uint64_t epoch_ GUARDED_BY(mu_) = 0;
 
   std::unique_ptr<tier::Persister> persister_;  // last: stopped first
 };

@@ -42,6 +42,14 @@ enum PeerMethod : uint32_t {
   // most kPeerStreamPartBytes, hashed as they are sent. Errors as kPeerRead.
   // The recovery data path (ClusterReader); docs/peer_service.md.
   kPeerReadStream = 0x4d450010,
+  // {"dir", "step"} -> agent::DurableLoadStats (JSON): every rank the plan
+  // places on this node is read from the complete durable version `step`
+  // under `dir` into a complete, verified T0 slot of `step`
+  // (agent::LoadDurableVersion), then `step` becomes the restore target (as
+  // with kPeerSetRestoreTarget). FailedPrecondition "no plan yet" from an
+  // agent that has not computed the plan (retry); NotFound when the version
+  // is not complete or lacks a tensor of a rank.
+  kPeerLoadDurable = 0x4d450006,
 };
 
 }  // namespace memento::agent

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "agent/durable_cluster.h"
 #include "agent/peer_protocol.h"
 #include "agent/redundancy_shm.h"
 #include "common/checksum.h"
@@ -414,6 +415,8 @@ void PeerService::RegisterMethods() {
   });
   rpc_.Register(kPeerSetRestoreTarget,
                 [this](std::string_view body, Deadline) { return HandleSetRestoreTarget(body); });
+  rpc_.Register(kPeerLoadDurable,
+                [this](std::string_view body, Deadline) { return HandleLoadDurable(body); });
 }
 
 Status PeerService::HandleRead(std::string_view body, const net::RpcServer::ReplyFn& reply) {
@@ -640,6 +643,35 @@ Result<std::string> PeerService::HandleSetRestoreTarget(std::string_view body) {
   }
   MEMENTO_RETURN_IF_ERROR(options_.set_restore_target(j["step"].get<int64_t>()));
   return std::string("{}");
+}
+
+Result<std::string> PeerService::HandleLoadDurable(std::string_view body) {
+  MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body, "load durable"));
+  if (!j.contains("dir") || !j["dir"].is_string() || j["dir"].get<std::string>().empty() ||
+      !j.contains("step") || !j["step"].is_number_integer()) {
+    return InvalidArgumentError("load durable: body needs a non-empty dir and an integer step: " +
+                                j.dump());
+  }
+  const std::string dir = j["dir"].get<std::string>();
+  const int64_t step = j["step"].get<int64_t>();
+  if (step < 0) return InvalidArgumentError(fmt::format("load durable: step {} < 0", step));
+  if (!options_.set_restore_target) {
+    return FailedPreconditionError("load durable: this agent takes no restore target");
+  }
+  MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan, options_.plan());
+  MEMENTO_ASSIGN_OR_RETURN(
+      DurableLoadStats stats,
+      LoadDurableVersion(*plan, options_.job, options_.node, dir, step, *options_.store));
+  // Redundancy of newer steps belongs to the history the job abandons: a
+  // step trained again must not be decoded with parities of the old one.
+  options_.redundancy->DropAbove(step);
+  MEMENTO_RETURN_IF_ERROR(options_.set_restore_target(step));
+  MEMENTO_LOG_INFO(
+      "node {}: loaded ranks [{}] of durable version {} from {} ({} bytes written, {} read) in "
+      "{:.3f}s",
+      options_.node, fmt::join(stats.ranks, ","), step, dir, stats.bytes, stats.read_bytes,
+      stats.total_s);
+  return DurableLoadStatsToJson(stats).dump();
 }
 
 }  // namespace memento::agent

@@ -14,6 +14,7 @@
 //                           redundancy store, finished (checksummed) at the end.
 //   kPeerRecover            rebuilds T0 slots (recover::ExecuteAssemblies).
 //   kPeerSetRestoreTarget   tells the agent the step the cluster restores.
+//   kPeerLoadDurable        loads a durable version into T0 and targets it.
 //
 // Thread safety: PeerService runs each connection's requests on that
 // connection's thread (net::RpcServer), so the callbacks in the options are
@@ -193,6 +194,7 @@ class PeerService {
   Result<std::string> HandlePush(std::string_view body);
   Result<std::string> HandleRecover(std::string_view body, Deadline deadline);
   Result<std::string> HandleSetRestoreTarget(std::string_view body);
+  Result<std::string> HandleLoadDurable(std::string_view body);
 
   const PeerServiceOptions options_;
   const net::JobToken token_;

@@ -585,4 +585,15 @@ void ShmRedundancyStore::DropBelow(int64_t keep_from) {
   }
 }
 
+void ShmRedundancyStore::DropAbove(int64_t keep_to) {
+  MutexLock l(&mu_);
+  for (auto& [step, superseded] : creating_) {
+    if (step > keep_to) superseded = true;
+  }
+  for (auto it = versions_.upper_bound(keep_to); it != versions_.end();) {
+    Remove(it->second);
+    it = versions_.erase(it);
+  }
+}
+
 }  // namespace memento::agent

@@ -66,6 +66,9 @@ class RedundancyStore {
   // Removes every version with step < `keep_from` (older than the newest
   // commit) and every incomplete version older than `keep_from`.
   virtual void DropBelow(int64_t keep_from) = 0;
+  // Removes every version with step > `keep_to`: a restart from an older
+  // version (the durable-tier fallback) abandons the history they belong to.
+  virtual void DropAbove(int64_t keep_to) = 0;
 };
 
 }  // namespace memento::agent

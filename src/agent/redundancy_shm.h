@@ -42,6 +42,7 @@ class ShmRedundancyStore final : public RedundancyStore {
   recover::VersionHolding Holding(int64_t step, bool verify) override EXCLUDES(mu_);
   Status Read(const recover::ReadRequest& req, void* dst) override EXCLUDES(mu_);
   void DropBelow(int64_t keep_from) override EXCLUDES(mu_);
+  void DropAbove(int64_t keep_to) override EXCLUDES(mu_);
 
   // Bytes [req.offset, +req.length) of a done entry whose checksum verified
   // (once, cached), in place in shared memory. `keep` holds the version's

@@ -11,6 +11,7 @@
 //   /memento/<job>/restore                      the step the cluster restores (launcher)
 //   /memento/<job>/recovery/<n>                 recovery n: decision and time breakdown
 //   /memento/<job>/skipped/<step>/<node>        the node will never report the step (agents)
+//   /memento/<job>/epoch                        durable-tier history counter (launcher; decimal)
 //
 // Steps are zero-padded to 20 digits so that lexical order is numeric order.
 #pragma once
@@ -55,6 +56,9 @@ class JobKeys {
   std::string Skipped(int64_t step, const std::string& node) const {
     return SkippedPrefix() + StepKey(step) + "/" + node;
   }
+  // The durable tier's epoch (tier::VersionView::epoch): bumped by the
+  // launcher at every recovery; agents write their durable parts with it.
+  std::string Epoch() const { return prefix_ + "epoch"; }
 
  private:
   std::string prefix_;

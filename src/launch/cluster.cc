@@ -1,6 +1,7 @@
 #include "launch/cluster.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <thread>
 
@@ -371,6 +372,107 @@ Result<ClusterRecovery> RecoverCluster(coord::Store& store, const topo::Plan& pl
   }
   out.total_s = total.Seconds();
   return out;
+}
+
+json DurableLoad::ToJson() const {
+  json nodes_j = json::array();
+  for (const NodeDurableLoad& n : nodes) {
+    nodes_j.push_back({{"node", n.node},
+                       {"ranks", n.ranks},
+                       {"bytes", n.bytes},
+                       {"read_bytes", n.read_bytes},
+                       {"read_s", n.read_s},
+                       {"write_s", n.write_s},
+                       {"total_s", n.total_s}});
+  }
+  return {{"step", step},
+          {"dir", dir},
+          {"nodes", nodes_j},
+          {"bytes", bytes},
+          {"read_bytes", read_bytes},
+          {"read_s", read_s},
+          {"write_s", write_s},
+          {"total_s", total_s}};
+}
+
+Result<DurableLoad> LoadDurableCluster(coord::Store& store, const net::JobToken& token,
+                                       const std::string& job, int num_nodes,
+                                       const std::string& dir, int64_t step, Deadline deadline) {
+  Stopwatch total;
+  DurableLoad out;
+  out.step = step;
+  out.dir = dir;
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<std::string> endpoints,
+                           ReadEndpoints(store, job, num_nodes, deadline));
+  const std::string body = json{{"dir", dir}, {"step", step}}.dump();
+  std::vector<Result<std::string>> replies(static_cast<size_t>(num_nodes),
+                                           UnavailableError("not asked"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < num_nodes; ++i) {
+    if (endpoints[static_cast<size_t>(i)].empty()) {
+      replies[static_cast<size_t>(i)] =
+          UnavailableError("node " + std::to_string(i) + " has no live agent in the store");
+      continue;
+    }
+    threads.emplace_back([&, i] {
+      Stopwatch waited;
+      while (true) {
+        replies[static_cast<size_t>(i)] = CallPeer(endpoints[static_cast<size_t>(i)], token,
+                                                   agent::kPeerLoadDurable, body, deadline);
+        const Result<std::string>& r = replies[static_cast<size_t>(i)];
+        if (r.ok() || r.status().code() != StatusCode::kFailedPrecondition || deadline.expired() ||
+            waited.Seconds() > 15) {
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < num_nodes; ++i) {
+    const Result<std::string>& r = replies[static_cast<size_t>(i)];
+    if (!r.ok()) {
+      return r.status().WithContext("loading durable version " + std::to_string(step) +
+                                    " on node " + std::to_string(i));
+    }
+    json j = json::parse(*r, nullptr, false);
+    NodeDurableLoad n;
+    n.node = i;
+    if (!j.is_discarded() && j.is_object()) {
+      if (j.contains("ranks") && j["ranks"].is_array())
+        n.ranks = j["ranks"].get<std::vector<int>>();
+      n.bytes = j.value("bytes", uint64_t{0});
+      n.read_bytes = j.value("read_bytes", uint64_t{0});
+      n.read_s = NumberOr(j, "read_s", 0);
+      n.write_s = NumberOr(j, "write_s", 0);
+      n.total_s = NumberOr(j, "total_s", 0);
+    }
+    out.bytes += n.bytes;
+    out.read_bytes += n.read_bytes;
+    out.read_s = std::max(out.read_s, n.read_s);
+    out.write_s = std::max(out.write_s, n.write_s);
+    out.nodes.push_back(std::move(n));
+  }
+  out.total_s = total.Seconds();
+  return out;
+}
+
+Result<uint64_t> BumpEpoch(coord::Store& store, const std::string& job, Deadline deadline) {
+  const std::string key = coord::JobKeys(job).Epoch();
+  uint64_t epoch = 0;
+  auto kv = store.Get(key, deadline);
+  if (kv.ok()) {
+    char* end = nullptr;
+    epoch = std::strtoull(kv->value.c_str(), &end, 10);
+    if (end == kv->value.c_str() || *end != '\0') {
+      return InvalidArgumentError(key + " holds '" + kv->value.substr(0, 40) + "', not a number");
+    }
+  } else if (kv.status().code() != StatusCode::kNotFound) {
+    return kv.status();
+  }
+  ++epoch;
+  MEMENTO_RETURN_IF_ERROR(store.Set(key, std::to_string(epoch), deadline).status());
+  return epoch;
 }
 
 }  // namespace memento::launch

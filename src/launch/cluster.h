@@ -111,4 +111,43 @@ struct RecoverOptions {
                                                      const RecoverOptions& options,
                                                      Deadline deadline);
 
+// ---- the durable-tier fallback (docs/recovery.md, "Fallback to the durable tier") ----
+
+// One node's answer to kPeerLoadDurable (agent::DurableLoadStats).
+struct NodeDurableLoad {
+  int node = -1;
+  std::vector<int> ranks;
+  uint64_t bytes = 0;       // written into T0 slots
+  uint64_t read_bytes = 0;  // read from the durable tier
+  double read_s = 0, write_s = 0, total_s = 0;
+};
+
+struct DurableLoad {
+  int64_t step = -1;
+  std::string dir;
+  std::vector<NodeDurableLoad> nodes;
+  uint64_t bytes = 0, read_bytes = 0;  // summed over the nodes
+  double read_s = 0, write_s = 0;      // the slowest node's
+  double total_s = 0;                  // wall time, every node in parallel
+  nlohmann::json ToJson() const;
+};
+
+// kPeerLoadDurable {"dir", "step"} on every node's agent, in parallel (an
+// agent without its plan yet, e.g. a replacement, answers FailedPrecondition
+// and is asked again for up to 15 s): each one writes complete, verified T0
+// slots of `step` for its ranks from the durable version and makes `step`
+// its restore target. Errors name the node (the first failure).
+[[nodiscard]] Result<DurableLoad> LoadDurableCluster(coord::Store& store,
+                                                     const net::JobToken& token,
+                                                     const std::string& job, int num_nodes,
+                                                     const std::string& dir, int64_t step,
+                                                     Deadline deadline);
+
+// /memento/<job>/epoch: the durable tier's history counter (decimal, absent
+// = 0). The launcher bumps it at every recovery; agents write their durable
+// parts with the current value, and node 0 commits a version only from
+// markers of its own epoch. Returns the new value.
+[[nodiscard]] Result<uint64_t> BumpEpoch(coord::Store& store, const std::string& job,
+                                         Deadline deadline);
+
 }  // namespace memento::launch

@@ -51,6 +51,11 @@ json RecoveryReport::ToJson() const {
           {"write_s", write_s},
           {"total_s", total_s},
           {"rebuilt_bytes", rebuilt_bytes},
+          {"source", source},
+          {"steps_lost", steps_lost},
+          {"load_s", load_s},
+          {"read_bytes", read_bytes},
+          {"epoch", epoch},
           {"reason", reason}};
 }
 
@@ -59,6 +64,16 @@ std::string RecoveryReport::ToString() const {
   if (step < 0) {
     std::snprintf(buf, sizeof(buf), "recovery %d: restarted from scratch in %.3f s (%s)", n,
                   total_s, reason.c_str());
+    return buf;
+  }
+  if (source == "durable") {
+    std::snprintf(buf, sizeof(buf),
+                  "recovery %d: restored from the durable tier at step %lld, %lld steps lost "
+                  "(committed %lld) in %.3f s: detect %.3f, restart %.3f, inventory+plan %.3f, "
+                  "load %.3f s; %llu bytes read",
+                  n, static_cast<long long>(step), static_cast<long long>(steps_lost),
+                  static_cast<long long>(committed), total_s, detect_s, restart_s, inventory_plan_s,
+                  load_s, static_cast<unsigned long long>(read_bytes));
     return buf;
   }
   std::snprintf(buf, sizeof(buf),
@@ -416,6 +431,31 @@ struct Launcher::State {
     }
   }
 
+  // The durable-tier fallback (docs/recovery.md): memory cannot rebuild any
+  // committed version, and `step` is the newest complete durable version.
+  // Every node loads it into its T0 (kPeerLoadDurable, in parallel) and
+  // targets it; fills the report's durable fields.
+  Result<DurableLoad> FallBackToDurable(int64_t step, const std::string& memory_reason,
+                                        RecoveryReport* rep) {
+    Say("memory cannot rebuild any committed version: " + memory_reason);
+    Say("falling back to the durable tier " + o.durable_dir + ": loading step " +
+        std::to_string(step) + " on " + std::to_string(o.nodes) + " node(s)");
+    MEMENTO_ASSIGN_OR_RETURN(DurableLoad load,
+                             LoadDurableCluster(*store, token, o.job, o.nodes, o.durable_dir, step,
+                                                Deadline::AfterSeconds(o.recovery_timeout_s)));
+    rep->source = "durable";
+    rep->step = step;
+    rep->steps_lost = std::max<int64_t>(0, rep->committed - step);
+    rep->load_s = load.total_s;
+    rep->read_bytes = load.read_bytes;
+    rep->rebuilt_bytes = load.bytes;
+    rep->write_s = load.write_s;
+    rep->reason = "restored from the durable tier at step " + std::to_string(step) + ", " +
+                  std::to_string(rep->steps_lost) + " steps lost (committed " +
+                  std::to_string(rep->committed) + "; memory: " + memory_reason + ")";
+    return load;
+  }
+
   void MaybePublishPlan() {
     if (plan.has_value()) return;
     auto p = PlanFromStore(*store, o.job, Deadline::AfterSeconds(5));
@@ -640,15 +680,29 @@ Result<LaunchSummary> Launcher::Run() {
             rep.lost_nodes.push_back(n);
           }
         }
-        if (!rec->decision.from_memory) {
+        std::optional<int64_t> durable_step;
+        if (!rec->decision.from_memory && !o.durable_dir.empty()) {
+          tier::DurableVersionSource durable(tier::Env::Default(), o.durable_dir);
+          auto latest = durable.LatestComplete(Deadline::AfterSeconds(30));
+          if (latest.ok() && latest->has_value()) durable_step = **latest;
+        }
+        if (!rec->decision.from_memory && durable_step) {
+          // Fallback: every node loads the durable version into its T0.
+          Result<DurableLoad> load = s.FallBackToDurable(*durable_step, rec->decision.reason, &rep);
+          if (!load.ok()) {
+            return finish(false, 1,
+                          "fallback to the durable tier failed: " + load.status().ToString());
+          }
+          rep.inventory_plan_s = rec->inventory_plan_s;
+        } else if (!rec->decision.from_memory) {
           std::string msg = "memory cannot rebuild any committed version: " + rec->decision.reason;
           if (!o.durable_dir.empty()) {
             tier::DurableVersionSource durable(tier::Env::Default(), o.durable_dir);
             auto latest = durable.LatestComplete(Deadline::AfterSeconds(30));
             if (latest.ok() && latest->has_value()) {
+              // Only when it completed after the look-up above.
               msg += "; the durable tier " + o.durable_dir + " holds step " +
-                     std::to_string(**latest) +
-                     ": restart the job from it (loading it is not automatic in this version)";
+                     std::to_string(**latest) + ": restart the job from it";
             } else {
               msg += "; the durable tier " + o.durable_dir + " holds no complete version" +
                      (latest.ok() ? "" : " (" + latest.status().ToString() + ")");
@@ -666,15 +720,18 @@ Result<LaunchSummary> Launcher::Run() {
               .IgnoreError();
           summary.recoveries.push_back(rep);
           return finish(false, 3, msg);
+        } else {
+          rep.step = rec->decision.step;
+          rep.steps_lost = std::max<int64_t>(0, rep.committed - rep.step);
+          rep.inventory_plan_s = rec->inventory_plan_s;
+          rep.transfer_s = rec->transfer_s;
+          rep.decode_s = rec->decode_s;
+          rep.write_s = rec->write_s;
+          rep.rebuilt_bytes = rec->rebuilt_bytes;
+          s.Say("decision: " + rec->decision.reason);
         }
-        rep.step = rec->decision.step;
-        rep.inventory_plan_s = rec->inventory_plan_s;
-        rep.transfer_s = rec->transfer_s;
-        rep.decode_s = rec->decode_s;
-        rep.write_s = rec->write_s;
-        rep.rebuilt_bytes = rec->rebuilt_bytes;
-        s.Say("decision: " + rec->decision.reason);
       } else {
+        rep.source = "scratch";
         rep.reason = s.plan.has_value() ? "no committed version yet: the trainers start over"
                                         : "not every rank registered its state yet: the "
                                           "trainers start over";
@@ -697,6 +754,17 @@ Result<LaunchSummary> Launcher::Run() {
         }
       }
 
+      // A new incarnation of the job's history: durable parts written from
+      // now on carry the new epoch, so that node 0 never commits a version
+      // from parts of two histories (docs/durable_tier.md, "Cluster mode").
+      {
+        auto epoch = BumpEpoch(*s.store, o.job, Deadline::AfterSeconds(5));
+        if (epoch.ok()) {
+          rep.epoch = *epoch;
+        } else {
+          s.Say("cannot bump the durable epoch: " + epoch.status().ToString());
+        }
+      }
       ++s.attempt;
       rep.attempt = s.attempt;
       rep.total_s = SecondsBetween(detected, Now()) + rep.detect_s;

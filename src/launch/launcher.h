@@ -74,6 +74,14 @@ struct RecoveryReport {
   double detect_s = 0, restart_s = 0, inventory_plan_s = 0, transfer_s = 0, decode_s = 0,
          write_s = 0, total_s = 0;
   uint64_t rebuilt_bytes = 0;
+  // Where the restored step came from: "memory" (T0/T1 of the survivors),
+  // "durable" (the durable tier, when memory could not rebuild any committed
+  // version), or "scratch" (nothing to restore: the trainers start over).
+  std::string source = "memory";
+  int64_t steps_lost = 0;   // committed - step when restoring an older step
+  double load_s = 0;        // durable: kPeerLoadDurable on every node (wall)
+  uint64_t read_bytes = 0;  // durable: bytes read from the durable tier
+  uint64_t epoch = 0;       // the durable epoch the job continues with
   std::string reason;
   nlohmann::json ToJson() const;
   std::string ToString() const;  // one line with the breakdown

@@ -1,0 +1,270 @@
+// The durable tier in cluster mode, end to end (issues 4 and 7): `memento
+// launch --durable-dir` with four real agents that persist globally committed
+// versions as one cluster version each, and a loss beyond the memory's
+// protection (two nodes of one sharding group under xor). The launcher must
+// fall back to the newest complete durable version: every node (the two
+// empty replacements included) loads it into its T0, the trainers restart
+// from it, and the job ends bit-identical to an uninterrupted run. Every
+// persisted version passes `memento verify`, replicated state is stored once
+// in the whole cluster, and versions written after the recovery carry the
+// bumped epoch.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/subprocess.h"
+#include "common/test_util.h"
+#include "gtest/gtest.h"
+
+namespace memento {
+namespace {
+
+using nlohmann::json;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Job {
+  int nodes = 4;
+  int zero = 1;
+  std::string policy = "xor";
+  std::string inject;
+  int steps = 30;
+  int elements = 16384;
+  // Slow enough steps that a committed version's slot outlives its write to
+  // the durable directory (two snapshot intervals) on a loaded machine.
+  int step_ms = 120;
+  int warmup_ms = 500;
+  int persist_every = 4;
+  bool durable = true;
+};
+
+struct Outcome {
+  ExitStatus exit;
+  std::string output;
+  json summary;
+  std::string out_dir;
+};
+
+std::string Logs(const Outcome& o) { return "launcher output:\n" + o.output; }
+
+Outcome RunJob(const Job& job, const std::string& dir, const std::string& durable_dir) {
+  Outcome o;
+  o.out_dir = dir + "/out";
+  EXPECT_EQ(mkdir(o.out_dir.c_str(), 0700), 0);
+  const std::string summary = dir + "/summary.json";
+  SpawnOptions so;
+  so.argv = {MEMENTO_BIN,
+             "launch",
+             "--job",
+             "durablefb-" + std::to_string(getpid()),
+             "--nodes",
+             std::to_string(job.nodes),
+             "--ranks-per-node",
+             "1",
+             "--zero",
+             std::to_string(job.zero),
+             "--policy",
+             job.policy,
+             "--run-dir",
+             dir + "/run",
+             "--summary-json",
+             summary};
+  if (job.durable) {
+    for (const std::string& a :
+         {std::string("--durable-dir"), durable_dir,
+          std::string("--agent-arg=--persist-every=") + std::to_string(job.persist_every)}) {
+      so.argv.push_back(a);
+    }
+  }
+  if (!job.inject.empty()) {
+    so.argv.push_back("--inject");
+    so.argv.push_back(job.inject);
+  }
+  for (const char* a : {"--", WORKLOAD_BIN}) so.argv.push_back(a);
+  for (const std::string& a :
+       {std::string("--steps"), std::to_string(job.steps), std::string("--elements"),
+        std::to_string(job.elements), std::string("--step-ms"), std::to_string(job.step_ms),
+        std::string("--warmup-ms"), std::to_string(job.warmup_ms), std::string("--out"),
+        o.out_dir}) {
+    so.argv.push_back(a);
+  }
+  so.log_path = dir + "/launch.log";
+  auto p = Subprocess::Spawn(so);
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!p.ok()) return o;
+  auto st = p->Wait(Deadline::AfterSeconds(200));
+  if (!st.ok()) {
+    p->Terminate(5);
+    ADD_FAILURE() << "memento launch did not finish in 200 s";
+    o.exit.code = -1;
+  } else {
+    o.exit = *st;
+  }
+  o.output = ReadAll(so.log_path);
+  const std::string text = ReadAll(summary);
+  if (!text.empty()) o.summary = json::parse(text, nullptr, false);
+  return o;
+}
+
+std::string ReferenceDigest(const Job& job, int rank, const std::string& dir) {
+  SpawnOptions so;
+  so.argv = {WORKLOAD_BIN, "--reference",
+             "--steps",    std::to_string(job.steps),
+             "--elements", std::to_string(job.elements),
+             "--rank",     std::to_string(rank),
+             "--dp",       std::to_string(job.nodes),
+             "--tp",       "1",
+             "--pp",       "1",
+             "--zero",     std::to_string(job.zero)};
+  so.log_path = dir + "/reference" + std::to_string(rank);
+  auto p = Subprocess::Spawn(so);
+  if (!p.ok()) return "spawn failed: " + p.status().ToString();
+  auto st = p->Wait(Deadline::AfterSeconds(60));
+  if (!st.ok() || !st->ok()) return "reference failed";
+  std::string d = ReadAll(so.log_path);
+  while (!d.empty() && d.back() == '\n') d.pop_back();
+  return d;
+}
+
+// `memento verify DIR` (every version): exit 0 and its output.
+std::pair<int, std::string> Verify(const std::string& durable_dir, const std::string& dir) {
+  SpawnOptions so;
+  so.argv = {MEMENTO_BIN, "verify", durable_dir};
+  so.log_path = dir + "/verify.log";
+  auto p = Subprocess::Spawn(so);
+  if (!p.ok()) return {-1, p.status().ToString()};
+  auto st = p->Wait(Deadline::AfterSeconds(60));
+  return {st.ok() ? st->code : -1, ReadAll(so.log_path)};
+}
+
+// The complete versions under `durable_dir` (directories with COMMIT).
+std::vector<std::string> CompleteVersions(const std::string& durable_dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir(durable_dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("version-", 0) != 0) continue;
+    struct stat st;
+    if (stat((durable_dir + "/" + name + "/COMMIT").c_str(), &st) == 0) out.push_back(name);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+class DurableFallbackTest : public ::testing::Test {
+ protected:
+  testing::ScratchDir dir_{"durable-fallback"};
+  std::string durable_dir() const { return dir_.path() + "/durable"; }
+};
+
+TEST_F(DurableFallbackTest, LossBeyondProtectionRecoversFromTheDurableTier) {
+  Job job;
+  // Nodes 1 and 2 hold two of the four blocks of the sharding group's xor
+  // stripes: memory cannot rebuild any committed version.
+  job.inject = "kill-node:1@step=18,kill-node:2@step=18";
+  Outcome o = RunJob(job, dir_.path(), durable_dir());
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  EXPECT_NE(o.output.find("memory cannot rebuild any committed version"), std::string::npos)
+      << Logs(o);
+  EXPECT_NE(o.output.find("restored from the durable tier at step"), std::string::npos) << Logs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
+  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << Logs(o);
+  const json& rec = o.summary["recoveries"][0];
+  EXPECT_EQ(rec["source"], "durable") << Logs(o);
+  EXPECT_EQ(rec["lost_nodes"], json::array({1, 2})) << Logs(o);
+  const int64_t step = rec["step"].get<int64_t>();
+  const int64_t committed = rec["committed"].get<int64_t>();
+  EXPECT_GE(step, job.persist_every) << Logs(o);
+  EXPECT_EQ(step % job.persist_every, 0) << Logs(o);
+  EXPECT_LE(step, committed) << Logs(o);
+  EXPECT_EQ(rec["steps_lost"].get<int64_t>(), committed - step) << Logs(o);
+  EXPECT_GT(rec["read_bytes"].get<uint64_t>(), 0u) << Logs(o);
+  EXPECT_GE(rec["epoch"].get<uint64_t>(), 1u) << Logs(o);
+
+  // Every rank restarted from the durable step, and ends bit-identical.
+  const int attempt = rec["attempt"].get<int>();
+  for (int r = 0; r < job.nodes; ++r) {
+    const std::string prefix = o.out_dir + "/rank" + std::to_string(r);
+    EXPECT_EQ(ReadAll(prefix + ".mismatch"), "") << "rank " << r;
+    std::istringstream in(ReadAll(prefix + ".restores"));
+    int a;
+    long long s;
+    bool found = false;
+    while (in >> a >> s) found |= (a == attempt && s == step);
+    EXPECT_TRUE(found) << "rank " << r << " did not restore step " << step << "\n" << Logs(o);
+    EXPECT_EQ(ReadAll(prefix + ".digest"),
+              std::to_string(job.steps) + " " + ReferenceDigest(job, r, dir_.path()) + "\n")
+        << "rank " << r << "\n"
+        << Logs(o);
+  }
+
+  // Every persisted cluster version verifies; each stores the replicated
+  // tensors once (pieces from several nodes tiling them), and has 4 nodes.
+  auto [code, text] = Verify(durable_dir(), dir_.path());
+  EXPECT_EQ(code, 0) << text;
+  const std::vector<std::string> versions = CompleteVersions(durable_dir());
+  ASSERT_FALSE(versions.empty());
+  for (const std::string& v : versions) {
+    json index = json::parse(ReadAll(durable_dir() + "/" + v + "/index.json"), nullptr, false);
+    ASSERT_TRUE(index.is_object()) << v;
+    EXPECT_EQ(index["num_nodes"].get<int>(), job.nodes) << v;
+    for (const char* name : {"w", "b", "opt"}) {
+      ASSERT_TRUE(index["tensors"].contains(name)) << v << " " << name;
+      const json& t = index["tensors"][name];
+      uint64_t sum = 0;
+      std::set<int> nodes;
+      for (const json& p : t["pieces"]) {
+        sum += p["length"].get<uint64_t>();
+        nodes.insert(p["node"].get<int>());
+      }
+      EXPECT_EQ(sum, t["nbytes"].get<uint64_t>()) << v << " " << name << " is not stored once";
+      // "b" is small and may lie inside one node's piece; "w" and "opt" not.
+      if (std::string(name) != "b") EXPECT_GT(nodes.size(), 1u) << v << " " << name;
+    }
+    for (int r = 0; r < job.nodes; ++r) {
+      EXPECT_TRUE(index["tensors"].contains("rank" + std::to_string(r) + "/rng")) << v;
+    }
+  }
+  // Versions committed after the recovery were written in the new epoch.
+  const std::string newest = versions.back();
+  const int64_t newest_step = std::stoll(newest.substr(8));
+  if (newest_step > committed) {
+    for (int n = 0; n < job.nodes; ++n) {
+      json marker = json::parse(
+          ReadAll(durable_dir() + "/" + newest + "/node-0000" + std::to_string(n) + ".done"),
+          nullptr, false);
+      ASSERT_TRUE(marker.is_object()) << newest << " node " << n;
+      EXPECT_EQ(marker["epoch"].get<uint64_t>(), rec["epoch"].get<uint64_t>()) << newest;
+    }
+  }
+}
+
+TEST_F(DurableFallbackTest, WithoutADurableVersionTheLauncherStillRefuses) {
+  Job job;
+  job.durable = true;
+  job.persist_every = 1000;  // nothing is ever persisted
+  job.steps = 20;
+  job.step_ms = 15;
+  job.inject = "kill-node:1@step=8,kill-node:2@step=8";
+  Outcome o = RunJob(job, dir_.path(), durable_dir());
+  EXPECT_EQ(o.exit.code, 3) << o.exit.ToString() << "\n" << Logs(o);
+  EXPECT_NE(o.output.find("holds no complete version"), std::string::npos) << Logs(o);
+}
+
+}  // namespace
+}  // namespace memento
