@@ -87,6 +87,7 @@ Result<ThroughputResult> MeasureRawTcp(size_t bytes, size_t chunk, size_t buffer
                              Deadline d = Deadline::AfterSeconds(kChildTimeoutS);
                              auto fd = ConnectTcp("127.0.0.1", port, d);
                              if (!fd.ok()) return false;
+                             const double cpu0 = ThreadCpuSeconds();
                              for (size_t done = 0; done < bytes;) {
                                size_t n = std::min(bytes - done, chunk);
                                if (!RecvAll(fd->get(), window(rbuf.get(), done, n), n, d).ok()) {
@@ -94,13 +95,15 @@ Result<ThroughputResult> MeasureRawTcp(size_t bytes, size_t chunk, size_t buffer
                                }
                                done += n;
                              }
-                             char ack = 1;
-                             iovec iov{&ack, 1};
+                             // The ack carries the receiver's CPU seconds
+                             // for the transfer (its setup excluded).
+                             double ack = ThreadCpuSeconds() - cpu0;
+                             iovec iov{&ack, sizeof(ack)};
                              return SendAll(fd->get(), &iov, 1, d).ok();
                            }));
   Deadline d = Deadline::AfterSeconds(kChildTimeoutS);
   Status s;
-  double seconds = 0, cpu_s = 0;
+  double seconds = 0, cpu_s = 0, receiver_cpu_s = 0;
   {
     Result<Fd> fd = AcceptTcp(lfd.get(), d);
     if (!fd.ok()) {
@@ -114,19 +117,17 @@ Result<ThroughputResult> MeasureRawTcp(size_t bytes, size_t chunk, size_t buffer
         s = SendAll(fd->get(), &iov, 1, d);
         done += n;
       }
-      char ack = 0;
-      if (s.ok()) s = RecvAll(fd->get(), &ack, 1, d);
+      if (s.ok()) s = RecvAll(fd->get(), &receiver_cpu_s, sizeof(receiver_cpu_s), d);
       seconds = sw.Seconds();
       cpu_s = ThreadCpuSeconds() - cpu0;
     }
   }
-  double child_cpu_s = 0;
-  Status reaped = ReapChild(pid, &child_cpu_s);
+  Status reaped = ReapChild(pid);
   MEMENTO_RETURN_IF_ERROR(s);
   MEMENTO_RETURN_IF_ERROR(reaped);
   ThroughputResult r = MakeResult(bytes, seconds);
   r.sender_cpu_s = cpu_s;
-  r.receiver_cpu_s = child_cpu_s;
+  r.receiver_cpu_s = receiver_cpu_s;
   return r;
 }
 

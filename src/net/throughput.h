@@ -19,9 +19,10 @@ struct ThroughputResult {
   size_t bytes = 0;
   double seconds = 0;
   double gbps = 0;  // gigabits per second (1e9 bit/s)
-  // CPU time (user + system) of the sending process during the transfer and
-  // of the receiving process over its whole life (connect included); their
-  // sum over `seconds` is the cores the transfer kept busy. 0 when unknown.
+  // CPU time (user + system) of the sending and the receiving process during
+  // the transfer (MeasureRawTcp; MeasureFramedTcp counts the receiver's whole
+  // life, connect and handshake included); their sum over `seconds` is the
+  // cores the transfer kept busy. 0 when unknown.
   double sender_cpu_s = 0;
   double receiver_cpu_s = 0;
 };
