@@ -32,6 +32,16 @@ enum PeerMethod : uint32_t {
   // the agent answers its trainers' restore-target query with it and keeps
   // that version until a newer one commits.
   kPeerSetRestoreTarget = 0x4d450005,
+  // recover::ReadRequest (ToJson) -> a stream (net::RpcServer::RegisterStream):
+  // the bytes as kFrameFlagDigest data frames sent straight from shared
+  // memory, then an empty reply. T0 pieces go out chunk by chunk with the
+  // slot table's checksum as digest (the receiver checks the bytes against
+  // the checksum the trainer's copy computed), then the slot's generation is
+  // re-checked: Aborted in the reply when it was overwritten meanwhile (the
+  // caller discards the data). Copies and parities go out in parts of at
+  // most kPeerStreamPartBytes, hashed as they are sent. Errors as kPeerRead.
+  // The recovery data path (ClusterReader); docs/peer_service.md.
+  kPeerReadStream = 0x4d450010,
   // {"dir", "step"} -> agent::DurableLoadStats (JSON): every rank the plan
   // places on this node is read from the complete durable version `step`
   // under `dir` into a complete, verified T0 slot of `step`

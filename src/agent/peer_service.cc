@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -13,6 +14,7 @@
 #include "agent/redundancy_shm.h"
 #include "common/checksum.h"
 #include "common/log.h"
+#include "recover/recipe.h"
 #include "recover/recover.h"
 
 namespace memento::agent {
@@ -92,18 +94,26 @@ void ClusterReader::Reset() {
 }
 
 Status ClusterReader::Read(int node, const ReadRequest& req, void* dst, Deadline deadline) {
+  return ReadWithDigests(node, req, dst, deadline, nullptr);
+}
+
+Status ClusterReader::ReadWithDigests(int node, const ReadRequest& req, void* dst,
+                                      Deadline deadline, const DigestFn& on_digest) {
   if (node == options_.node) return ReadLocal(req, dst);
-  // Large reads in bounded requests (each received straight into place).
-  auto* out = static_cast<uint8_t*>(dst);
-  for (uint64_t done = 0; done < req.length || req.length == 0;) {
-    ReadRequest part = req;
-    part.offset = req.offset + done;
-    part.length = std::min<uint64_t>(req.length - done, kMaxPeerReadBytes);
-    MEMENTO_RETURN_IF_ERROR(ReadRemote(node, part, out + done, deadline));
-    done += part.length;
-    if (req.length == 0) break;
+  if (options_.legacy_reads) {
+    // Large reads in bounded requests (each received straight into place).
+    auto* out = static_cast<uint8_t*>(dst);
+    for (uint64_t done = 0; done < req.length || req.length == 0;) {
+      ReadRequest part = req;
+      part.offset = req.offset + done;
+      part.length = std::min<uint64_t>(req.length - done, kMaxPeerReadBytes);
+      MEMENTO_RETURN_IF_ERROR(ReadRemoteLegacy(node, part, out + done, deadline));
+      done += part.length;
+      if (req.length == 0) break;
+    }
+    return Status::Ok();
   }
-  return Status::Ok();
+  return ReadRemote(node, req, dst, deadline, on_digest);
 }
 
 Status ClusterReader::ReadLocal(const ReadRequest& req, void* dst) {
@@ -172,7 +182,52 @@ void ClusterReader::Release(int node, std::unique_ptr<net::RpcClient> client) {
   cv_.SignalAll();
 }
 
-Status ClusterReader::ReadRemote(int node, const ReadRequest& req, void* dst, Deadline deadline) {
+Status ClusterReader::ReadRemote(int node, const ReadRequest& req, void* dst, Deadline deadline,
+                                 const DigestFn& on_digest) {
+  const std::string body = recover::ToJson(req).dump();
+  std::function<void(const net::RpcClient::StreamedData&)> on_data;
+  if (on_digest) {
+    on_data = [&](const net::RpcClient::StreamedData& d) {
+      on_digest(d.offset, d.length, d.digest);
+    };
+  }
+  for (int attempt = 0;; ++attempt) {
+    bool pooled = false;
+    MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<net::RpcClient> client,
+                             Acquire(node, deadline, &pooled));
+    // One request, the bytes streamed back straight into dst (digest frames,
+    // each checked against the source's checksum as it arrives).
+    Result<size_t> n =
+        client->CallStreamInto(kPeerReadStream, body, dst, req.length, deadline, on_data);
+    const bool broken = client->broken();
+    Release(node, std::move(client));
+    if (!n.ok()) {
+      // A pooled connection may have gone stale (peer restarted): once more
+      // on a fresh one.
+      if (broken && pooled && attempt == 0 && !deadline.expired()) continue;
+      if (broken) {
+        return UnavailableError(fmt::format("read of {} {} (step {}) from node {}: {}",
+                                            recover::SourceKindName(req.source.kind), req.source.id,
+                                            req.step, node, n.status().ToString()));
+      }
+      if (n.status().code() == StatusCode::kDataLoss) {
+        // Checked here on arrival (the sender's own checks name the chunk).
+        return n.status().WithContext(fmt::format("read of {} {} (step {}) from node {}",
+                                                  recover::SourceKindName(req.source.kind),
+                                                  req.source.id, req.step, node));
+      }
+      return n.status();
+    }
+    if (*n != req.length) {
+      return DataLossError(
+          fmt::format("node {} answered {} bytes for a read of {}", node, *n, req.length));
+    }
+    return Status::Ok();
+  }
+}
+
+Status ClusterReader::ReadRemoteLegacy(int node, const ReadRequest& req, void* dst,
+                                       Deadline deadline) {
   const std::string body = recover::ToJson(req).dump();
   // An error reply's message lands in the destination too: small reads go
   // through a scratch buffer big enough for any message.
@@ -193,8 +248,6 @@ Status ClusterReader::ReadRemote(int node, const ReadRequest& req, void* dst, De
     const bool broken = client->broken();
     Release(node, std::move(client));
     if (!n.ok()) {
-      // A pooled connection may have gone stale (peer restarted): once more
-      // on a fresh one.
       if (broken && pooled && attempt == 0 && !deadline.expired()) continue;
       if (broken) {
         return UnavailableError(fmt::format("read of {} {} (step {}) from node {}: {}",
@@ -280,6 +333,17 @@ Result<std::unique_ptr<PeerService>> PeerService::Start(PeerServiceOptions optio
   ro.plan = s->options_.plan;
   ro.endpoint_of = s->options_.endpoint_of;
   ro.connections_per_peer = s->options_.connections_per_peer;
+  // The recovery data path before streaming, for comparisons only
+  // (`memento bench recover --data-path legacy`; docs/peer_service.md).
+  if (const char* path = std::getenv("MEMENTO_RECOVER_DATA_PATH");
+      path != nullptr && std::string(path) == "legacy") {
+    ro.legacy_reads = true;
+    s->exec_options_.read_window_bytes = 0;
+    s->exec_options_.reuse_fetched_inputs = false;
+    s->exec_options_.reuse_digests = false;
+    MEMENTO_LOG_WARN("peer service of node {}: legacy recovery data path (benchmarking)",
+                     s->options_.node);
+  }
   s->reader_ = std::make_unique<ClusterReader>(std::move(ro), s->token_);
   s->RegisterMethods();
   net::ServerOptions so;
@@ -339,6 +403,12 @@ void PeerService::RegisterMethods() {
                      [this](std::string_view body, Deadline, const net::RpcServer::ReplyFn& reply) {
                        return HandleRead(body, reply);
                      });
+  rpc_.RegisterStream(kPeerReadStream,
+                      [this](std::string_view body, Deadline, const net::RpcServer::DataFn& data,
+                             const net::RpcServer::ReplyFn& reply) -> Status {
+                        MEMENTO_RETURN_IF_ERROR(HandleReadStream(body, data));
+                        return reply(nullptr, 0);
+                      });
   rpc_.Register(kPeerPush, [this](std::string_view body, Deadline) { return HandlePush(body); });
   rpc_.Register(kPeerRecover, [this](std::string_view body, Deadline deadline) {
     return HandleRecover(body, deadline);
@@ -376,6 +446,40 @@ Status PeerService::HandleRead(std::string_view body, const net::RpcServer::Repl
   MEMENTO_RETURN_IF_ERROR(options_.redundancy->Read(req, buf.data()));
   net::ConstBuffer part{buf.data(), buf.size()};
   return reply(&part, 1);
+}
+
+Status PeerService::HandleReadStream(std::string_view body, const net::RpcServer::DataFn& data) {
+  MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body, "read request"));
+  MEMENTO_ASSIGN_OR_RETURN(ReadRequest req, recover::ReadRequestFromJson(j));
+  if (req.source.kind == SourceKind::kPiece) {
+    // Straight from the T0 slot, chunk by chunk with the table's checksums;
+    // ServePiece re-checks the generation after the last byte went out.
+    MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan, options_.plan());
+    return pieces_->ServePiece(plan->plan, req.source.id, req.step, req.offset, req.length,
+                               [&](const uint8_t* p, uint64_t n, uint64_t digest) {
+                                 net::ConstBuffer part{p, n};
+                                 return data(&part, 1, digest);
+                               });
+  }
+  auto send_parts = [&](const uint8_t* p, uint64_t n) -> Status {
+    for (uint64_t at = 0; at < n; at += kPeerStreamPartBytes) {
+      net::ConstBuffer part{p + at, std::min(kPeerStreamPartBytes, n - at)};
+      MEMENTO_RETURN_IF_ERROR(data(&part, 1, std::nullopt));
+    }
+    return Status::Ok();
+  };
+  if (auto* shm_red = dynamic_cast<ShmRedundancyStore*>(options_.redundancy)) {
+    // Immutable once finished, pinned while it is sent.
+    MEMENTO_ASSIGN_OR_RETURN(ShmRedundancyStore::View view, shm_red->ReadView(req));
+    return send_parts(static_cast<const uint8_t*>(view.data), view.length);
+  }
+  if (req.length > kMaxPeerReadBytes) {
+    return InvalidArgumentError(fmt::format("read request of {} bytes: at most {} per request",
+                                            req.length, kMaxPeerReadBytes));
+  }
+  std::string buf(req.length, '\0');
+  MEMENTO_RETURN_IF_ERROR(options_.redundancy->Read(req, buf.data()));
+  return send_parts(reinterpret_cast<const uint8_t*>(buf.data()), buf.size());
 }
 
 Result<std::string> PeerService::HandlePush(std::string_view body) {
@@ -519,10 +623,10 @@ Result<std::string> PeerService::HandleRecover(std::string_view body, Deadline d
     }
     assemblies.push_back(std::move(a));
   }
-  MEMENTO_ASSIGN_OR_RETURN(
-      recover::AssemblyStats stats,
-      recover::ExecuteAssemblies(plan->plan, plan->inventory, options_.job, step, assemblies,
-                                 *reader_, *options_.store, deadline));
+  MEMENTO_ASSIGN_OR_RETURN(recover::AssemblyStats stats,
+                           recover::ExecuteAssembliesWithOptions(
+                               plan->plan, plan->inventory, options_.job, step, assemblies,
+                               *reader_, *options_.store, deadline, exec_options_));
   MEMENTO_LOG_INFO("node {}: rebuilt ranks [{}] of step {} ({} bytes written, {} read) in {:.3f}s",
                    options_.node, fmt::join(stats.ranks, ","), step, stats.bytes, stats.read_bytes,
                    stats.total_s);

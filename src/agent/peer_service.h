@@ -8,6 +8,8 @@
 //   kPeerRead               bytes of a piece (T0 slot, copied and re-checked
 //                           against a concurrent overwrite) or of a copy /
 //                           parity (sent straight from shared memory).
+//   kPeerReadStream         the same bytes as digest frames straight from
+//                           shared memory (the recovery data path).
 //   kPeerPush               a peer copy in parts, written into the
 //                           redundancy store, finished (checksummed) at the end.
 //   kPeerRecover            rebuilds T0 slots (recover::ExecuteAssemblies).
@@ -34,6 +36,7 @@
 #include "memento/status.h"
 #include "net/job_token.h"
 #include "net/rpc.h"
+#include "recover/recipe.h"
 #include "recover/source.h"
 #include "shm/node_store.h"
 #include "topo/plan.h"
@@ -62,6 +65,9 @@ using EndpointSource = std::function<Result<std::string>(int node)>;
 inline constexpr uint64_t kMaxPeerReadBytes = uint64_t{64} << 20;
 // Largest payload of one kPeerPush part.
 inline constexpr uint64_t kMaxPushPartBytes = uint64_t{8} << 20;
+// Largest data frame of a kPeerReadStream reply of copy / parity bytes
+// (hashed, then sent while still in cache).
+inline constexpr uint64_t kPeerStreamPartBytes = uint64_t{1} << 20;
 
 // ---- reading bytes anywhere in the cluster ---------------------------------
 
@@ -72,6 +78,10 @@ struct ClusterReaderOptions {
   PlanSource plan;
   EndpointSource endpoint_of;
   size_t connections_per_peer = 4;
+  // Remote reads through kPeerRead (staged, re-checked copy; one frame per
+  // request) instead of kPeerReadStream: the data path before streaming,
+  // for comparisons (`memento bench recover --data-path legacy`).
+  bool legacy_reads = false;
 };
 
 // recover::ByteReader for an agent: its own node from memory (PieceReader,
@@ -87,6 +97,10 @@ class ClusterReader final : public recover::ByteReader {
   ~ClusterReader() override;
   Status Read(int node, const recover::ReadRequest& req, void* dst, Deadline deadline) override
       EXCLUDES(mu_);
+  // Remote reads report the digests of the frames they arrived in (T0
+  // pieces: the source slot's chunk checksums).
+  Status ReadWithDigests(int node, const recover::ReadRequest& req, void* dst, Deadline deadline,
+                         const DigestFn& on_digest) override EXCLUDES(mu_);
   // Drops every pooled connection (peers restarted, tests).
   void Reset() EXCLUDES(mu_);
 
@@ -96,7 +110,11 @@ class ClusterReader final : public recover::ByteReader {
     size_t open = 0;  // idle + in use
   };
   Status ReadLocal(const recover::ReadRequest& req, void* dst);
-  Status ReadRemote(int node, const recover::ReadRequest& req, void* dst, Deadline deadline);
+  Status ReadRemote(int node, const recover::ReadRequest& req, void* dst, Deadline deadline,
+                    const DigestFn& on_digest);
+  // The path before streaming (kPeerRead, one reply frame per request of at
+  // most kMaxPeerReadBytes), kept for comparison: `legacy_reads`.
+  Status ReadRemoteLegacy(int node, const recover::ReadRequest& req, void* dst, Deadline deadline);
   // An idle client or a new connection (waits while the pool is full).
   Result<std::unique_ptr<net::RpcClient>> Acquire(int node, Deadline deadline, bool* pooled)
       EXCLUDES(mu_);
@@ -172,6 +190,7 @@ class PeerService {
   PeerService(PeerServiceOptions options, net::JobToken token);
   void RegisterMethods();
   Status HandleRead(std::string_view body, const net::RpcServer::ReplyFn& reply);
+  Status HandleReadStream(std::string_view body, const net::RpcServer::DataFn& data);
   Result<std::string> HandlePush(std::string_view body);
   Result<std::string> HandleRecover(std::string_view body, Deadline deadline);
   Result<std::string> HandleSetRestoreTarget(std::string_view body);
@@ -181,6 +200,7 @@ class PeerService {
   const net::JobToken token_;
   std::unique_ptr<PieceReader> pieces_;
   std::unique_ptr<ClusterReader> reader_;
+  recover::ExecuteOptions exec_options_;  // kPeerRecover; set at Start
   net::RpcServer rpc_;
 };
 

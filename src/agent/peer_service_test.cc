@@ -580,6 +580,39 @@ TEST(PeerServiceTest, ReadOfACorruptedEntryIsDataLoss) {
                                        piece_bytes.data(), Soon());
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find("tensor '" + seg0.tensor + "'"), std::string::npos) << s;
+  // A whole chunk goes out unread by the sender, with its table checksum:
+  // the receiver finds the rot and discards the bytes.
+  c.WriteT0(10, 1);
+  const topo::Segment* in_whole = nullptr;  // a segment with a whole chunk in it
+  uint64_t whole = 0;
+  for (const topo::Segment& sg : c.plan().pieces[piece].segments) {
+    whole = (sg.offset + kChunkBytes - 1) / kChunkBytes * kChunkBytes;
+    if (whole + kChunkBytes <= sg.offset + sg.length) {
+      in_whole = &sg;
+      break;
+    }
+  }
+  ASSERT_NE(in_whole, nullptr) << "no whole chunk in the piece";
+  {
+    auto seg = shm::Segment::Open(shm::SlotPath(c.root(1), 1, 1), true);
+    ASSERT_TRUE(seg.ok());
+    auto info = shm::ReadSlot(**seg);
+    ASSERT_TRUE(info.ok());
+    for (const auto& t : info->tensors) {
+      if (t.meta.name == in_whole->tensor) shm::SlotData(**seg)[t.offset + whole + 5] ^= 1;
+    }
+  }
+  s = c.node(0).service->reader().Read(1, {10, {SourceKind::kPiece, piece}, 0, piece_bytes.size()},
+                                       piece_bytes.data(), Soon());
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("from node 1"), std::string::npos) << s;
+  // The connection stayed usable: an intact read right after succeeds.
+  const uint32_t other = c.plan().ranks[2].pieces[0];
+  std::vector<uint8_t> other_bytes(c.plan().pieces[other].bytes);
+  s = c.node(0).service->reader().Read(2, {10, {SourceKind::kPiece, other}, 0, other_bytes.size()},
+                                       other_bytes.data(), Soon());
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(other_bytes, PieceBytes(c.plan(), c.inv(), other, 10));
 }
 
 // The whole REFT-load path over real sockets: node 1 is lost and replaced by

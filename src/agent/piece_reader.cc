@@ -116,17 +116,6 @@ Status PieceReader::VerifyRange(SlotCache& c, size_t ti, uint64_t begin, uint64_
   return Status::Ok();
 }
 
-namespace {
-
-// Copies one tensor range out of a checked slot (no generation re-check).
-struct RangeCopy {
-  size_t tensor = 0;
-  uint64_t begin = 0;  // in the data region
-  uint64_t length = 0;
-};
-
-}  // namespace
-
 Status PieceReader::ReadTensorRange(int rank, int64_t step, const std::string& tensor,
                                     uint64_t offset, uint64_t length, void* dst) {
   MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindSlot(rank, step));
@@ -150,20 +139,12 @@ Status PieceReader::ReadTensorRange(int rank, int64_t step, const std::string& t
   return Status::Ok();
 }
 
-Status PieceReader::ReadPiece(const topo::Plan& plan, uint32_t piece, int64_t step, uint64_t offset,
-                              uint64_t length, void* dst) {
-  if (piece >= plan.pieces.size()) {
-    return InvalidArgumentError(
-        fmt::format("piece {} is not in the plan ({} pieces)", piece, plan.pieces.size()));
-  }
+Result<std::vector<PieceReader::RangeCopy>> PieceReader::MapPiece(const topo::Plan& plan,
+                                                                  uint32_t piece, int64_t step,
+                                                                  const SlotCache& c,
+                                                                  uint64_t offset,
+                                                                  uint64_t length) {
   const topo::Piece& p = plan.pieces[piece];
-  if (offset > p.bytes || length > p.bytes - offset) {
-    return InvalidArgumentError(fmt::format("bytes [{}, +{}) of piece {} ({}): it has {} bytes",
-                                            offset, length, piece, p.key, p.bytes));
-  }
-  if (length == 0) return Status::Ok();
-  MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindSlot(p.rank, step));
-  // Map the piece range onto its segments.
   std::vector<RangeCopy> copies;
   uint64_t pos = 0;
   const uint64_t end = offset + length;
@@ -171,13 +152,13 @@ Status PieceReader::ReadPiece(const topo::Plan& plan, uint32_t piece, int64_t st
     const uint64_t s_begin = pos, s_end = pos + s.length;
     pos = s_end;
     if (s_end <= offset || s_begin >= end) continue;
-    auto t = c->tensor_index.find(s.tensor);
-    if (t == c->tensor_index.end()) {
+    auto t = c.tensor_index.find(s.tensor);
+    if (t == c.tensor_index.end()) {
       return NotFoundError(
           fmt::format("piece {} ({}): rank {}'s slot of step {} has no tensor '{}'", piece, p.key,
                       p.rank, step, s.tensor));
     }
-    const shm::SavedTensor& st = c->info.tensors[t->second];
+    const shm::SavedTensor& st = c.info.tensors[t->second];
     if (s.offset > st.nbytes || s.length > st.nbytes - s.offset) {
       return FailedPreconditionError(
           fmt::format("piece {} ({}): segment [{}, +{}) of tensor '{}' exceeds its {} saved bytes",
@@ -190,6 +171,34 @@ Status PieceReader::ReadPiece(const topo::Plan& plan, uint32_t piece, int64_t st
     return FailedPreconditionError(fmt::format(
         "piece {} ({}): segments sum to {} bytes, piece says {}", piece, p.key, pos, p.bytes));
   }
+  return copies;
+}
+
+namespace {
+
+Status CheckPieceRange(const topo::Plan& plan, uint32_t piece, uint64_t offset, uint64_t length) {
+  if (piece >= plan.pieces.size()) {
+    return InvalidArgumentError(
+        fmt::format("piece {} is not in the plan ({} pieces)", piece, plan.pieces.size()));
+  }
+  const topo::Piece& p = plan.pieces[piece];
+  if (offset > p.bytes || length > p.bytes - offset) {
+    return InvalidArgumentError(fmt::format("bytes [{}, +{}) of piece {} ({}): it has {} bytes",
+                                            offset, length, piece, p.key, p.bytes));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status PieceReader::ReadPiece(const topo::Plan& plan, uint32_t piece, int64_t step, uint64_t offset,
+                              uint64_t length, void* dst) {
+  MEMENTO_RETURN_IF_ERROR(CheckPieceRange(plan, piece, offset, length));
+  if (length == 0) return Status::Ok();
+  const topo::Piece& p = plan.pieces[piece];
+  MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindSlot(p.rank, step));
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies,
+                           MapPiece(plan, piece, step, *c, offset, length));
   auto* out = static_cast<uint8_t*>(dst);
   const uint8_t* data = c->segment->data() + c->info.data_offset;
   for (const RangeCopy& r : copies) {
@@ -199,6 +208,54 @@ Status PieceReader::ReadPiece(const topo::Plan& plan, uint32_t piece, int64_t st
   }
   if (!shm::SlotUnchanged(*c->segment, c->info)) {
     return AbortedError(fmt::format("slot {} (step {}) was overwritten while piece {} was read",
+                                    c->segment->path(), step, piece));
+  }
+  return Status::Ok();
+}
+
+Status PieceReader::ServePiece(const topo::Plan& plan, uint32_t piece, int64_t step,
+                               uint64_t offset, uint64_t length, const EmitFn& emit) {
+  MEMENTO_RETURN_IF_ERROR(CheckPieceRange(plan, piece, offset, length));
+  if (length == 0) return Status::Ok();
+  const topo::Piece& p = plan.pieces[piece];
+  MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindSlot(p.rank, step));
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies,
+                           MapPiece(plan, piece, step, *c, offset, length));
+  const uint8_t* data = c->segment->data() + c->info.data_offset;
+  const auto& chunks = c->info.chunks;
+  for (const RangeCopy& r : copies) {
+    const uint64_t end = r.begin + r.length;
+    uint64_t at = r.begin;
+    // Chunks of this tensor overlapping [begin, end), in data order.
+    auto it = std::partition_point(c->chunk_order.begin(), c->chunk_order.end(), [&](size_t i) {
+      return chunks[i].offset + chunks[i].length <= r.begin;
+    });
+    for (; at < end; ++it) {
+      const bool have = it != c->chunk_order.end() && chunks[*it].offset < end;
+      if (have && chunks[*it].tensor_index != r.tensor) continue;
+      if (!have || chunks[*it].offset > at) {
+        // Bytes no chunk covers (ReadSlot rejects such tables): refuse
+        // rather than send unchecked bytes.
+        return DataLossError(
+            fmt::format("slot {} (rank {}, step {}): bytes {}..{} of tensor '{}' lie in no chunk",
+                        c->segment->path(), c->info.rank, c->info.step, at,
+                        have ? chunks[*it].offset : end, c->info.tensors[r.tensor].meta.name));
+      }
+      const shm::ChunkEntry& ch = chunks[*it];
+      const uint64_t hi = std::min(end, ch.offset + ch.length);
+      uint64_t digest;
+      if (at == ch.offset && hi == ch.offset + ch.length) {
+        digest = ch.checksum;  // checked by the receiver against the bytes it gets
+      } else {
+        MEMENTO_RETURN_IF_ERROR(VerifyRange(*c, r.tensor, at, hi));
+        digest = Checksum(data + at, hi - at);
+      }
+      MEMENTO_RETURN_IF_ERROR(emit(data + at, hi - at, digest));
+      at = hi;
+    }
+  }
+  if (!shm::SlotUnchanged(*c->segment, c->info)) {
+    return AbortedError(fmt::format("slot {} (step {}) was overwritten while piece {} was sent",
                                     c->segment->path(), step, piece));
   }
   return Status::Ok();

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -47,6 +48,22 @@ class PieceReader {
   [[nodiscard]] Status ReadPiece(const topo::Plan& plan, uint32_t piece, int64_t step,
                                  uint64_t offset, uint64_t length, void* dst) EXCLUDES(mu_);
 
+  // Serves bytes [offset, offset + length) of piece `piece` of version `step`
+  // straight from the slot mapping (no copy), for a zero-copy send: calls
+  // emit(data, len, digest) for consecutive sub-ranges that never cross a
+  // chunk of the slot, each with the xxHash3 of its bytes. A sub-range that
+  // is a whole chunk carries the chunk table's checksum (the one the
+  // trainer's copy computed; the bytes are not read here, the receiver
+  // checks them against it); a partial chunk is verified against the table
+  // first and its digest computed. After the last emit the slot's generation
+  // is re-checked: Aborted when a writer started meanwhile (the bytes emitted
+  // may be torn and must be discarded). The same errors as ReadPiece
+  // otherwise; an error from emit is returned as is.
+  using EmitFn = std::function<Status(const uint8_t* data, uint64_t len, uint64_t digest)>;
+  [[nodiscard]] Status ServePiece(const topo::Plan& plan, uint32_t piece, int64_t step,
+                                  uint64_t offset, uint64_t length, const EmitFn& emit)
+      EXCLUDES(mu_);
+
   // Bytes [offset, offset + length) of tensor `tensor` of `rank`'s slot of
   // `step` (the same checks as ReadPiece).
   [[nodiscard]] Status ReadTensorRange(int rank, int64_t step, const std::string& tensor,
@@ -67,6 +84,14 @@ class PieceReader {
   Result<std::shared_ptr<SlotCache>> Load(int rank, int slot) EXCLUDES(mu_);
   // Verifies the chunks covering data-region bytes [begin, end) of tensor ti.
   Status VerifyRange(SlotCache& c, size_t ti, uint64_t begin, uint64_t end) EXCLUDES(mu_);
+  // Piece bytes [offset, offset + length) as data-region ranges of `c`.
+  struct RangeCopy {
+    size_t tensor = 0;
+    uint64_t begin = 0;  // in the data region
+    uint64_t length = 0;
+  };
+  Result<std::vector<RangeCopy>> MapPiece(const topo::Plan& plan, uint32_t piece, int64_t step,
+                                          const SlotCache& c, uint64_t offset, uint64_t length);
 
   const std::string root_;
   const std::string job_id_;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "agent/cluster_test_util.h"
+#include "common/checksum.h"
 #include "shm/shm_test_util.h"
 
 namespace memento::agent {
@@ -151,6 +152,67 @@ TEST_F(PieceReaderTest, ConcurrentOverwriteNeverGivesTornBytes) {
   stop = true;
   writer.join();
   std::fprintf(stderr, "ok=%d aborted=%d not_found=%d\n", ok, aborted, other);
+}
+
+// ServePiece hands out the slot's own bytes, split at chunk boundaries, each
+// with the xxHash3 of exactly those bytes (the table's checksum for whole
+// chunks).
+TEST_F(PieceReaderTest, ServesPieceStraightFromTheSlotWithChunkDigests) {
+  WriteRankSlot(*store_, inv_, 0, 0, 5);
+  const uint32_t piece = SpanningPiece(plan_, 0);
+  ASSERT_NE(piece, topo::kNoId);
+  const auto want = PieceBytes(plan_, inv_, piece, 5);
+  PieceReader reader(root_, kJob);
+  const uint64_t first = plan_.pieces[piece].segments[0].length;
+  for (auto [off, len] :
+       {std::pair<uint64_t, uint64_t>{0, want.size()}, {first - 100, 200}, {1, want.size() - 2}}) {
+    std::vector<uint8_t> got;
+    int parts = 0;
+    Status s = reader.ServePiece(plan_, piece, 5, off, len,
+                                 [&](const uint8_t* p, uint64_t n, uint64_t digest) {
+                                   EXPECT_EQ(digest, Checksum(p, n));
+                                   got.insert(got.end(), p, p + n);
+                                   ++parts;
+                                   return Status::Ok();
+                                 });
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(got.size(), len);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin() + off)) << off;
+    EXPECT_GE(parts, 2) << "the range spans two tensors, so at least two chunks";
+  }
+  EXPECT_EQ(reader.ServePiece(plan_, piece, 6, 0, 16, nullptr).code(), StatusCode::kNotFound);
+  EXPECT_EQ(reader.ServePiece(plan_, piece, 5, want.size() - 8, 16, nullptr).code(),
+            StatusCode::kInvalidArgument);
+}
+
+// A trainer that starts rewriting the slot while its bytes are being sent
+// (after the first part went out): the bytes already handed out may be torn,
+// so ServePiece ends Aborted and the receiver discards them; a part whose
+// bytes changed no longer matches its digest.
+TEST_F(PieceReaderTest, GenerationChangeDuringAZeroCopySendIsAborted) {
+  WriteRankSlot(*store_, inv_, 0, 0, 5, /*salt=*/0);
+  const uint32_t piece = SpanningPiece(plan_, 0);
+  ASSERT_NE(piece, topo::kNoId);
+  SlotWriter slot_writer(*store_, inv_, 0, 0);
+  PieceReader reader(root_, kJob);
+  int parts = 0, mismatched = 0;
+  Status s = reader.ServePiece(plan_, piece, 5, 0, plan_.pieces[piece].bytes,
+                               [&](const uint8_t* p, uint64_t n, uint64_t digest) {
+                                 if (Checksum(p, n) != digest) ++mismatched;
+                                 // The trainer rewrites the slot (same step,
+                                 // other bytes) right after the first part.
+                                 if (parts++ == 0) slot_writer.Write(5, /*salt=*/1);
+                                 return Status::Ok();
+                               });
+  EXPECT_EQ(s.code(), StatusCode::kAborted) << s;
+  EXPECT_GE(parts, 2);
+  EXPECT_GE(mismatched, 1) << "a whole chunk sent after the rewrite carries the old checksum";
+  // An error from the sender stops the serving and is returned as is.
+  WriteRankSlot(*store_, inv_, 0, 1, 6);
+  s = reader.ServePiece(
+      plan_, piece, 6, 0, plan_.pieces[piece].bytes,
+      [](const uint8_t*, uint64_t, uint64_t) { return UnavailableError("peer went away"); });
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
 }
 
 }  // namespace

@@ -43,35 +43,76 @@ Status TcpConnection::CheckUsable() {
   return Status::Ok();
 }
 
-Status TcpConnection::Send(FrameType type, uint32_t flags, const ConstBuffer* parts,
-                           size_t num_parts, Deadline deadline) {
-  MutexLock l(&send_mu_);
+Status TcpConnection::SendFrame(FrameHeader& h, const uint64_t* digest, const ConstBuffer* parts,
+                                size_t num_parts, Deadline deadline) {
   MEMENTO_RETURN_IF_ERROR(CheckUsable());
+  std::vector<iovec> iov;
+  iov.reserve(num_parts + 2);
+  iov.push_back({&h, sizeof(h)});
+  if (digest != nullptr) iov.push_back({const_cast<uint64_t*>(digest), sizeof(*digest)});
+  for (size_t i = 0; i < num_parts; ++i) {
+    if (parts[i].size == 0) continue;
+    iov.push_back({const_cast<void*>(parts[i].data), parts[i].size});
+  }
+  Status s = SendAll(fd_.get(), iov.data(), static_cast<int>(iov.size()), deadline);
+  if (!s.ok()) {
+    return Broken(s.WithContext(fmt::format("sending {} frame", FrameTypeName(h.type))));
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+FrameHeader MakeHeader(FrameType type, uint32_t flags, uint64_t payload_len) {
   FrameHeader h{};
   h.magic = kFrameMagic;
   h.version = kFrameVersion;
   h.type = static_cast<uint16_t>(type);
   h.flags = flags;
   h.reserved = 0;
-  h.payload_len = 0;
-  for (size_t i = 0; i < num_parts; ++i) h.payload_len += parts[i].size;
+  h.payload_len = payload_len;
   h.checksum = 0;
+  return h;
+}
+
+// Checksum of a digest frame: header (checksum = 0) then the digest.
+uint64_t DigestFrameChecksum(const FrameHeader& h, uint64_t digest) {
+  uint8_t buf[sizeof(FrameHeader) + sizeof(digest)];
+  FrameHeader copy = h;
+  copy.checksum = 0;
+  std::memcpy(buf, &copy, sizeof(copy));
+  std::memcpy(buf + sizeof(copy), &digest, sizeof(digest));
+  return Checksum(buf, sizeof(buf));
+}
+
+}  // namespace
+
+Status TcpConnection::Send(FrameType type, uint32_t flags, const ConstBuffer* parts,
+                           size_t num_parts, Deadline deadline) {
+  MutexLock l(&send_mu_);
+  if (flags & kFrameFlagDigest) {
+    return InvalidArgumentError("Send: use SendDigested for digest frames");
+  }
+  uint64_t len = 0;
+  for (size_t i = 0; i < num_parts; ++i) len += parts[i].size;
+  FrameHeader h = MakeHeader(type, flags, len);
   StreamingChecksum sum;
   sum.Update(&h, sizeof(h));
-  std::vector<iovec> iov;
-  iov.reserve(num_parts + 1);
-  iov.push_back({&h, sizeof(h)});
   for (size_t i = 0; i < num_parts; ++i) {
-    if (parts[i].size == 0) continue;
-    sum.Update(parts[i].data, parts[i].size);
-    iov.push_back({const_cast<void*>(parts[i].data), parts[i].size});
+    if (parts[i].size > 0) sum.Update(parts[i].data, parts[i].size);
   }
   h.checksum = sum.Digest();
-  Status s = SendAll(fd_.get(), iov.data(), static_cast<int>(iov.size()), deadline);
-  if (!s.ok()) {
-    return Broken(s.WithContext(fmt::format("sending {} frame", FrameTypeName(h.type))));
-  }
-  return Status::Ok();
+  return SendFrame(h, nullptr, parts, num_parts, deadline);
+}
+
+Status TcpConnection::SendDigested(FrameType type, const ConstBuffer* parts, size_t num_parts,
+                                   uint64_t digest, Deadline deadline) {
+  MutexLock l(&send_mu_);
+  uint64_t len = kFrameDigestBytes;
+  for (size_t i = 0; i < num_parts; ++i) len += parts[i].size;
+  FrameHeader h = MakeHeader(type, kFrameFlagDigest, len);
+  h.checksum = DigestFrameChecksum(h, digest);
+  return SendFrame(h, &digest, parts, num_parts, deadline);
 }
 
 Result<FrameHeader> TcpConnection::RecvHeader(Deadline deadline) {
@@ -107,18 +148,56 @@ Status TcpConnection::FinishPayload(const FrameHeader& h, const StreamingChecksu
   return Status::Ok();
 }
 
+Result<uint64_t> TcpConnection::RecvPrelude(const FrameHeader& h, uint64_t* digest,
+                                            Deadline deadline) {
+  *digest = 0;
+  if (!(h.flags & kFrameFlagDigest)) return h.payload_len;
+  if (h.payload_len < kFrameDigestBytes) {
+    return Broken(DataLossError(
+        fmt::format("digest frame of {} bytes has no room for its digest", h.payload_len)));
+  }
+  Status s = RecvAll(fd_.get(), digest, sizeof(*digest), deadline);
+  if (!s.ok()) return Broken(s.WithContext("receiving frame digest"));
+  const uint64_t want = DigestFrameChecksum(h, *digest);
+  if (want != h.checksum) {
+    return Broken(DataLossError(fmt::format(
+        "{} digest frame of {} bytes fails its header checksum (got 0x{:016x}, computed "
+        "0x{:016x})",
+        FrameTypeName(h.type), h.payload_len, h.checksum, want)));
+  }
+  return h.payload_len - kFrameDigestBytes;
+}
+
+Status TcpConnection::RecvData(const FrameHeader& h, uint64_t digest, void* head, size_t head_len,
+                               void* body, size_t body_len, bool* digest_ok, Deadline deadline) {
+  const bool digested = (h.flags & kFrameFlagDigest) != 0;
+  StreamingChecksum sum;
+  if (!digested) StartChecksum(h, &sum);
+  Status s = RecvAll(fd_.get(), head, head_len, deadline, nullptr, &sum);
+  if (s.ok()) s = RecvAll(fd_.get(), body, body_len, deadline, nullptr, &sum);
+  if (!s.ok()) return Broken(s.WithContext("receiving frame payload"));
+  if (!digested) return FinishPayload(h, sum);
+  *digest_ok = sum.Digest() == digest;
+  return Status::Ok();
+}
+
 Result<Frame> TcpConnection::Recv(Deadline deadline) {
   MutexLock l(&recv_mu_);
   MEMENTO_ASSIGN_OR_RETURN(FrameHeader h, RecvHeader(deadline));
+  uint64_t digest = 0;
+  MEMENTO_ASSIGN_OR_RETURN(uint64_t len, RecvPrelude(h, &digest, deadline));
   Frame f;
   f.type = static_cast<FrameType>(h.type);
   f.flags = h.flags;
-  f.payload.resize(h.payload_len);
-  StreamingChecksum sum;
-  StartChecksum(h, &sum);
-  Status s = RecvAll(fd_.get(), f.payload.data(), f.payload.size(), deadline, nullptr, &sum);
-  if (!s.ok()) return Broken(s.WithContext("receiving frame payload"));
-  MEMENTO_RETURN_IF_ERROR(FinishPayload(h, sum));
+  f.size = len;
+  f.digest = digest;
+  f.payload.resize(len);
+  MEMENTO_RETURN_IF_ERROR(
+      RecvData(h, digest, nullptr, 0, f.payload.data(), len, &f.digest_ok, deadline));
+  if (!f.digest_ok) {
+    return Broken(DataLossError(
+        fmt::format("{} frame of {} bytes does not match its digest", FrameTypeName(h.type), len)));
+  }
   return f;
 }
 
@@ -126,21 +205,46 @@ Result<Frame> TcpConnection::RecvSplit(void* head, size_t head_len, void* body, 
                                        size_t* body_len, Deadline deadline) {
   MutexLock l(&recv_mu_);
   MEMENTO_ASSIGN_OR_RETURN(FrameHeader h, RecvHeader(deadline));
-  if (h.payload_len < head_len || h.payload_len - head_len > body_cap) {
+  uint64_t digest = 0;
+  MEMENTO_ASSIGN_OR_RETURN(uint64_t len, RecvPrelude(h, &digest, deadline));
+  if (len < head_len || len - head_len > body_cap) {
     return Broken(InvalidArgumentError(
         fmt::format("{} frame of {} bytes does not fit the receive buffers ({} + {} bytes)",
-                    FrameTypeName(h.type), h.payload_len, head_len, body_cap)));
+                    FrameTypeName(h.type), len, head_len, body_cap)));
   }
-  StreamingChecksum sum;
-  StartChecksum(h, &sum);
-  Status s = RecvAll(fd_.get(), head, head_len, deadline, nullptr, &sum);
-  if (s.ok()) s = RecvAll(fd_.get(), body, h.payload_len - head_len, deadline, nullptr, &sum);
-  if (!s.ok()) return Broken(s.WithContext("receiving frame payload"));
-  MEMENTO_RETURN_IF_ERROR(FinishPayload(h, sum));
-  *body_len = h.payload_len - head_len;
   Frame f;
   f.type = static_cast<FrameType>(h.type);
   f.flags = h.flags;
+  f.size = len;
+  f.digest = digest;
+  MEMENTO_RETURN_IF_ERROR(
+      RecvData(h, digest, head, head_len, body, len - head_len, &f.digest_ok, deadline));
+  if (!f.digest_ok) {
+    return Broken(DataLossError(
+        fmt::format("{} frame of {} bytes does not match its digest", FrameTypeName(h.type), len)));
+  }
+  *body_len = len - head_len;
+  return f;
+}
+
+Result<Frame> TcpConnection::RecvWith(const PayloadSink& sink, Deadline deadline) {
+  MutexLock l(&recv_mu_);
+  MEMENTO_ASSIGN_OR_RETURN(FrameHeader h, RecvHeader(deadline));
+  uint64_t digest = 0;
+  MEMENTO_ASSIGN_OR_RETURN(uint64_t len, RecvPrelude(h, &digest, deadline));
+  Frame f;
+  f.type = static_cast<FrameType>(h.type);
+  f.flags = h.flags;
+  f.size = len;
+  f.digest = digest;
+  Result<void*> where = sink ? sink(f.type, h.flags, len) : Result<void*>(nullptr);
+  if (!where.ok()) return Broken(where.status());
+  void* dst = *where;
+  if (dst == nullptr) {
+    f.payload.resize(len);
+    dst = f.payload.data();
+  }
+  MEMENTO_RETURN_IF_ERROR(RecvData(h, digest, nullptr, 0, dst, len, &f.digest_ok, deadline));
   return f;
 }
 

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -41,8 +42,27 @@ class Connection {
   // they must stay unchanged until Send returns.
   [[nodiscard]] virtual Status Send(FrameType type, uint32_t flags, const ConstBuffer* parts,
                                     size_t num_parts, Deadline deadline) = 0;
+  // Sends one kFrameFlagDigest frame (frame.h): the data is the
+  // concatenation of `parts` and `digest` must be its xxHash3-64 (seed 0),
+  // known to the caller (e.g. a verified slot chunk's checksum) or computed
+  // by it. The data is not hashed here; a wrong digest makes the receiver
+  // reject the frame's data.
+  [[nodiscard]] virtual Status SendDigested(FrameType type, const ConstBuffer* parts,
+                                            size_t num_parts, uint64_t digest,
+                                            Deadline deadline) = 0;
   // Receives one frame into a new string.
   [[nodiscard]] virtual Result<Frame> Recv(Deadline deadline) = 0;
+  // Chooses where a frame's data goes once its header has been read and
+  // checked: a buffer of at least `len` bytes, or nullptr for
+  // Frame::payload. An error status breaks the connection (the data cannot
+  // be skipped) and is returned by RecvWith.
+  using PayloadSink = std::function<Result<void*>(FrameType type, uint32_t flags, uint64_t len)>;
+  // Receives one frame whose data goes where `sink` says (Frame::size bytes).
+  // For a digest frame whose data does not match its digest, the frame is
+  // returned with digest_ok = false and the connection stays usable (the
+  // header was intact, so the stream is still in step); the caller must
+  // discard the data.
+  [[nodiscard]] virtual Result<Frame> RecvWith(const PayloadSink& sink, Deadline deadline) = 0;
   // Receives one frame whose payload is written straight into caller memory:
   // its first `head_len` bytes into `head`, the rest into body[0..body_cap).
   // Returns the frame (payload left empty) and sets *body_len. InvalidArgument
@@ -83,7 +103,10 @@ class TcpConnection : public Connection {
   Status Send(FrameType type, uint32_t flags, const ConstBuffer* parts, size_t num_parts,
               Deadline deadline) override EXCLUDES(send_mu_);
   using Connection::Send;
+  Status SendDigested(FrameType type, const ConstBuffer* parts, size_t num_parts, uint64_t digest,
+                      Deadline deadline) override EXCLUDES(send_mu_);
   Result<Frame> Recv(Deadline deadline) override EXCLUDES(recv_mu_);
+  Result<Frame> RecvWith(const PayloadSink& sink, Deadline deadline) override EXCLUDES(recv_mu_);
   Result<Frame> RecvSplit(void* head, size_t head_len, void* body, size_t body_cap,
                           size_t* body_len, Deadline deadline) override EXCLUDES(recv_mu_);
   void Shutdown() override;
@@ -98,6 +121,18 @@ class TcpConnection : public Connection {
   Status CheckUsable();
   // Reads and validates a header; payload is read by the caller.
   Result<FrameHeader> RecvHeader(Deadline deadline) REQUIRES(recv_mu_);
+  // Sends header + optional digest + parts (sendmsg).
+  Status SendFrame(FrameHeader& h, const uint64_t* digest, const ConstBuffer* parts,
+                   size_t num_parts, Deadline deadline) REQUIRES(send_mu_);
+  // After RecvHeader: for a digest frame reads and checks the digest (into
+  // *digest); returns the data length.
+  Result<uint64_t> RecvPrelude(const FrameHeader& h, uint64_t* digest, Deadline deadline)
+      REQUIRES(recv_mu_);
+  // Reads `head_len` + `body_len` data bytes of the frame whose prelude was
+  // read, checking the frame checksum (plain frames; any mismatch breaks the
+  // connection) or the digest (*digest_ok says whether it matched).
+  Status RecvData(const FrameHeader& h, uint64_t digest, void* head, size_t head_len, void* body,
+                  size_t body_len, bool* digest_ok, Deadline deadline) REQUIRES(recv_mu_);
   static void StartChecksum(const FrameHeader& h, StreamingChecksum* sum);
   // Compares the checksum computed while the payload arrived.
   Status FinishPayload(const FrameHeader& h, const StreamingChecksum& sum) REQUIRES(recv_mu_);

@@ -50,11 +50,33 @@ static_assert(offsetof(FrameHeader, payload_len) == 16);
 static_assert(offsetof(FrameHeader, checksum) == 24);
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "wire structs are little-endian");
 
+// FrameHeader::flags bits.
+//
+// kFrameFlagDigest: the payload is `u64 digest` followed by the data, where
+// digest = xxHash3-64 (seed 0) of the data alone, and `checksum` covers the
+// header (checksum = 0) and the digest only. The receiver checks header and
+// digest first (so the length is trusted), then hashes the data while it
+// arrives and compares it with the digest. This keeps every byte covered by
+// an xxHash3 end to end, but lets a sender that already knows the data's
+// xxHash3 (a verified slot chunk: the checksum the trainer's copy computed)
+// send it without hashing it again, and hands the receiver the digest of
+// what it received (docs/transport.md, "Digest frames").
+inline constexpr uint32_t kFrameFlagDigest = 1u << 0;
+// Bytes the digest takes in front of the data of a kFrameFlagDigest frame.
+inline constexpr uint64_t kFrameDigestBytes = 8;
+
 // A received frame with its payload.
 struct Frame {
   FrameType type = FrameType::kData;
   uint32_t flags = 0;
-  std::string payload;
+  std::string payload;  // empty when the payload went into caller memory
+  // Bytes of data received (the payload less the digest of a digest frame).
+  uint64_t size = 0;
+  // kFrameFlagDigest frames: the sender's digest, and whether the data that
+  // arrived matches it (Connection::RecvWith only; the other receive calls
+  // turn a mismatch into DataLoss).
+  uint64_t digest = 0;
+  bool digest_ok = true;
 };
 
 // A read-only byte range supplied by a caller (e.g. a shared-memory span).

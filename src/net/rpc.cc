@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/checksum.h"
 #include "common/log.h"
 
 namespace memento::net {
@@ -33,6 +34,11 @@ void RpcServer::Register(uint32_t method, Method fn) {
 }
 
 void RpcServer::RegisterParts(uint32_t method, PartsMethod fn) {
+  RegisterStream(method, [fn = std::move(fn)](std::string_view req, Deadline d, const DataFn&,
+                                              const ReplyFn& reply) { return fn(req, d, reply); });
+}
+
+void RpcServer::RegisterStream(uint32_t method, StreamMethod fn) {
   MEMENTO_CHECK(server_ == nullptr);
   MEMENTO_CHECK(methods_.emplace(method, std::move(fn)).second);
 }
@@ -79,12 +85,29 @@ void RpcServer::ServeConnection(Connection& conn) {
       if (!s.ok()) send_failed = true;
       return s;
     };
+    auto data = [&](const ConstBuffer* parts, size_t n, std::optional<uint64_t> digest) -> Status {
+      MEMENTO_CHECK_MSG(!replied, "rpc method sent data after its reply");
+      if (send_failed) return UnavailableError("rpc: an earlier data frame could not be sent");
+      uint64_t d = 0;
+      if (digest.has_value()) {
+        d = *digest;
+      } else {
+        StreamingChecksum sum;
+        for (size_t i = 0; i < n; ++i) {
+          if (parts[i].size > 0) sum.Update(parts[i].data, parts[i].size);
+        }
+        d = sum.Digest();
+      }
+      Status s = conn.SendDigested(FrameType::kData, parts, n, d, Deadline::AfterSeconds(60));
+      if (!s.ok()) send_failed = true;
+      return s;
+    };
     Status st;
     auto it = methods_.find(req.method);
     if (it == methods_.end()) {
       st = InvalidArgumentError(fmt::format("unknown rpc method {}", req.method));
     } else {
-      st = it->second(body, deadline, reply);
+      st = it->second(body, deadline, data, reply);
     }
     if (send_failed) return;
     if (replied) {
@@ -155,6 +178,66 @@ Result<size_t> RpcClient::CallInto(uint32_t method, std::string_view request, vo
                   std::string(static_cast<const char*>(dst), rep.message_len));
   }
   return len;
+}
+
+Result<size_t> RpcClient::CallStreamInto(uint32_t method, std::string_view request, void* dst,
+                                         size_t capacity, Deadline deadline,
+                                         const std::function<void(const StreamedData&)>& on_data) {
+  MutexLock l(&mu_);
+  if (!broken_.ok()) return broken_;
+  uint64_t id = next_id_++;
+  ConstBuffer b{request.data(), request.size()};
+  MEMENTO_RETURN_IF_ERROR(SendRequest(id, method, &b, 1, deadline));
+  auto* out = static_cast<uint8_t*>(dst);
+  size_t got = 0;
+  Status mismatch;
+  const Connection::PayloadSink sink = [&](FrameType type, uint32_t,
+                                           uint64_t len) -> Result<void*> {
+    if (type != FrameType::kData) return nullptr;  // the reply: into Frame::payload
+    if (len > capacity - got) {
+      return InvalidArgumentError(
+          fmt::format("rpc: {} streamed {} more bytes into a buffer with {} of {} bytes left",
+                      conn_->peer(), len, capacity - got, capacity));
+    }
+    return static_cast<void*>(out + got);
+  };
+  for (;;) {
+    Result<Frame> f = conn_->RecvWith(sink, deadline);
+    if (!f.ok()) return Break(f.status());
+    if (f->type == FrameType::kData) {
+      if (!f->digest_ok || !(f->flags & kFrameFlagDigest)) {
+        if (mismatch.ok()) {
+          mismatch = DataLossError(
+              fmt::format("rpc: {} bytes streamed by {} at offset {} do not match their digest",
+                          f->size, conn_->peer(), got));
+        }
+      } else if (on_data) {
+        on_data(StreamedData{got, f->size, f->digest});
+      }
+      got += f->size;
+      continue;
+    }
+    if (f->type != FrameType::kRpcReply || f->payload.size() < sizeof(RpcReplyHeader)) {
+      return Break(DataLossError(
+          fmt::format("rpc: {} sent a {} frame of {} bytes in a stream", conn_->peer(),
+                      FrameTypeName(static_cast<uint16_t>(f->type)), f->payload.size())));
+    }
+    RpcReplyHeader rep{};
+    std::memcpy(&rep, f->payload.data(), sizeof(rep));
+    if (rep.request_id != id ||
+        rep.status_code > static_cast<uint32_t>(StatusCode::kPermissionDenied) ||
+        rep.message_len > f->payload.size() - sizeof(rep)) {
+      return Break(DataLossError(fmt::format("rpc: malformed reply from {} (id {} for request {})",
+                                             conn_->peer(), rep.request_id, id)));
+    }
+    if (rep.status_code != 0) {
+      return Status(static_cast<StatusCode>(rep.status_code),
+                    f->payload.substr(sizeof(rep), rep.message_len));
+    }
+    if (!mismatch.ok()) return mismatch;
+    // A reply body after streamed data is not expected; it is ignored.
+    return got;
+  }
 }
 
 Result<std::string> RpcClient::CallParts(uint32_t method, const ConstBuffer* parts,

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -55,9 +56,23 @@ class RpcServer {
   using PartsMethod =
       std::function<Status(std::string_view request, Deadline deadline, const ReplyFn& reply)>;
 
+  // A streaming method sends any number of data frames before its reply
+  // (RpcClient::CallStreamInto receives them back to back into the caller's
+  // buffer): `data(parts, n, digest)` sends one kFrameFlagDigest kData frame
+  // straight from the parts; `digest` is the xxHash3 of its bytes when the
+  // method knows it (e.g. a verified slot chunk), else the data is hashed
+  // here. Then it ends like a PartsMethod: reply(...) or a status. A status
+  // after data frames tells the caller to discard them (e.g. Aborted: a T0
+  // slot was overwritten while it was being sent).
+  using DataFn = std::function<Status(const ConstBuffer* parts, size_t num_parts,
+                                      std::optional<uint64_t> digest)>;
+  using StreamMethod = std::function<Status(std::string_view request, Deadline deadline,
+                                            const DataFn& data, const ReplyFn& reply)>;
+
   // REQUIRES: before Start. A method id may be registered once.
   void Register(uint32_t method, Method fn);
   void RegisterParts(uint32_t method, PartsMethod fn);
+  void RegisterStream(uint32_t method, StreamMethod fn);
   [[nodiscard]] Status Start(const ServerOptions& options, JobToken token);
   int port() const { return server_ ? server_->port() : -1; }
   void Stop() {
@@ -67,7 +82,7 @@ class RpcServer {
 
  private:
   void ServeConnection(Connection& conn);
-  std::unordered_map<uint32_t, PartsMethod> methods_;  // read-only once started
+  std::unordered_map<uint32_t, StreamMethod> methods_;  // read-only once started
   std::unique_ptr<Server> server_;
 };
 
@@ -92,6 +107,23 @@ class RpcClient {
   // arrive as that Status (their message must fit `capacity` as well).
   [[nodiscard]] Result<size_t> CallInto(uint32_t method, std::string_view request, void* dst,
                                         size_t capacity, Deadline deadline) EXCLUDES(mu_);
+  // One data frame of a streamed reply, as it arrived (CallStreamInto).
+  struct StreamedData {
+    uint64_t offset = 0;  // where it landed in dst
+    uint64_t length = 0;
+    uint64_t digest = 0;  // xxHash3 of its bytes, checked on arrival
+  };
+  // Calls a streaming method (RpcServer::RegisterStream): its data frames
+  // are received back to back straight into dst[0..capacity) (each hashed
+  // while it arrives and checked against its digest), `on_data` is called
+  // for each, then the reply ends the call. Returns the data bytes received.
+  // The method's error status arrives as that Status (the data received is
+  // to be discarded), as does DataLoss when a data frame did not match its
+  // digest; neither breaks the client. More data than `capacity`, a
+  // transport failure or a malformed reply break it.
+  [[nodiscard]] Result<size_t> CallStreamInto(
+      uint32_t method, std::string_view request, void* dst, size_t capacity, Deadline deadline,
+      const std::function<void(const StreamedData&)>& on_data = nullptr) EXCLUDES(mu_);
   bool broken() EXCLUDES(mu_) {
     MutexLock l(&mu_);
     return !broken_.ok();

@@ -1,6 +1,7 @@
 #include "net/throughput.h"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <memory>
 
+#include "common/checksum.h"
 #include "common/clock.h"
 #include "net/auth.h"
 #include "net/connection.h"
@@ -18,11 +20,24 @@ namespace {
 
 constexpr double kChildTimeoutS = 120;
 
-Status ReapChild(pid_t pid) {
+double CpuSeconds(const rusage& u) {
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec +
+         u.ru_stime.tv_usec * 1e-6;
+}
+
+double ThreadCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return CpuSeconds(u);
+}
+
+Status ReapChild(pid_t pid, double* cpu_s = nullptr) {
   int st = 0;
-  while (waitpid(pid, &st, 0) < 0) {
+  rusage u{};
+  while (wait4(pid, &st, 0, &u) < 0) {
     if (errno != EINTR) return ErrnoError("waitpid", errno);
   }
+  if (cpu_s != nullptr) *cpu_s = CpuSeconds(u);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
     return InternalError(fmt::format("throughput receiver exited with status 0x{:x}", st));
   }
@@ -48,54 +63,76 @@ ThroughputResult MakeResult(size_t bytes, double seconds) {
 
 }  // namespace
 
-Result<ThroughputResult> MeasureRawTcp(size_t bytes, size_t chunk) {
+Result<ThroughputResult> MeasureRawTcp(size_t bytes, size_t chunk, size_t buffer_bytes) {
   if (bytes == 0 || chunk == 0) return InvalidArgumentError("bytes and chunk must be > 0");
   chunk = std::min(chunk, bytes);
-  std::unique_ptr<char[]> buf(new char[chunk]);
-  std::memset(buf.get(), 0x5a, chunk);
+  buffer_bytes = std::max(buffer_bytes, chunk);
+  // Written now (pages present), like a slot the sender serves from. The
+  // receiver allocates and writes its own after the fork (writing into
+  // pages shared copy-on-write with the sender would fault on every page),
+  // like the populated slot it rebuilds.
+  std::unique_ptr<char[]> buf(new char[buffer_bytes]);
+  std::memset(buf.get(), 0x5a, buffer_bytes);
+  // The next `chunk`-sized window of a buffer, wrapping around.
+  auto window = [&](char* base, size_t done, size_t n) {
+    size_t at = done % buffer_bytes;
+    if (at + n > buffer_bytes) at = 0;
+    return base + at;
+  };
   MEMENTO_ASSIGN_OR_RETURN(Fd lfd, ListenTcp("127.0.0.1", 0));
   MEMENTO_ASSIGN_OR_RETURN(int port, BoundPort(lfd.get()));
   MEMENTO_ASSIGN_OR_RETURN(pid_t pid, ForkReceiver([&]() -> bool {
+                             std::unique_ptr<char[]> rbuf(new char[buffer_bytes]);
+                             std::memset(rbuf.get(), 0xa5, buffer_bytes);
                              Deadline d = Deadline::AfterSeconds(kChildTimeoutS);
                              auto fd = ConnectTcp("127.0.0.1", port, d);
                              if (!fd.ok()) return false;
-                             size_t left = bytes;
-                             while (left > 0) {
-                               size_t n = std::min(left, chunk);
-                               if (!RecvAll(fd->get(), buf.get(), n, d).ok()) return false;
-                               left -= n;
+                             const double cpu0 = ThreadCpuSeconds();
+                             for (size_t done = 0; done < bytes;) {
+                               size_t n = std::min(bytes - done, chunk);
+                               if (!RecvAll(fd->get(), window(rbuf.get(), done, n), n, d).ok()) {
+                                 return false;
+                               }
+                               done += n;
                              }
-                             char ack = 1;
-                             iovec iov{&ack, 1};
+                             // The ack carries the receiver's CPU seconds
+                             // for the transfer (its setup excluded).
+                             double ack = ThreadCpuSeconds() - cpu0;
+                             iovec iov{&ack, sizeof(ack)};
                              return SendAll(fd->get(), &iov, 1, d).ok();
                            }));
   Deadline d = Deadline::AfterSeconds(kChildTimeoutS);
   Status s;
-  double seconds = 0;
+  double seconds = 0, cpu_s = 0, receiver_cpu_s = 0;
   {
     Result<Fd> fd = AcceptTcp(lfd.get(), d);
     if (!fd.ok()) {
       s = fd.status();
     } else {
+      const double cpu0 = ThreadCpuSeconds();
       Stopwatch sw;
-      for (size_t left = bytes; left > 0 && s.ok();) {
-        size_t n = std::min(left, chunk);
-        iovec iov{buf.get(), n};
+      for (size_t done = 0; done < bytes && s.ok();) {
+        size_t n = std::min(bytes - done, chunk);
+        iovec iov{window(buf.get(), done, n), n};
         s = SendAll(fd->get(), &iov, 1, d);
-        left -= n;
+        done += n;
       }
-      char ack = 0;
-      if (s.ok()) s = RecvAll(fd->get(), &ack, 1, d);
+      if (s.ok()) s = RecvAll(fd->get(), &receiver_cpu_s, sizeof(receiver_cpu_s), d);
       seconds = sw.Seconds();
+      cpu_s = ThreadCpuSeconds() - cpu0;
     }
   }
   Status reaped = ReapChild(pid);
   MEMENTO_RETURN_IF_ERROR(s);
   MEMENTO_RETURN_IF_ERROR(reaped);
-  return MakeResult(bytes, seconds);
+  ThroughputResult r = MakeResult(bytes, seconds);
+  r.sender_cpu_s = cpu_s;
+  r.receiver_cpu_s = receiver_cpu_s;
+  return r;
 }
 
-Result<ThroughputResult> MeasureFramedTcp(size_t bytes, size_t chunk, const JobToken& token) {
+Result<ThroughputResult> MeasureFramedTcp(size_t bytes, size_t chunk, const JobToken& token,
+                                          bool digest_frames) {
   if (bytes == 0 || chunk == 0) return InvalidArgumentError("bytes and chunk must be > 0");
   chunk = std::min(chunk, bytes);
   std::unique_ptr<char[]> buf(new char[chunk]);
@@ -103,7 +140,7 @@ Result<ThroughputResult> MeasureFramedTcp(size_t bytes, size_t chunk, const JobT
   MEMENTO_ASSIGN_OR_RETURN(Fd lfd, ListenTcp("127.0.0.1", 0));
   MEMENTO_ASSIGN_OR_RETURN(int port, BoundPort(lfd.get()));
   ConnectionOptions opts;
-  opts.max_payload = std::max<uint64_t>(chunk, 1024);
+  opts.max_payload = std::max<uint64_t>(chunk + kFrameDigestBytes, 1024);
   MEMENTO_ASSIGN_OR_RETURN(pid_t pid, ForkReceiver([&]() -> bool {
                              Deadline d = Deadline::AfterSeconds(kChildTimeoutS);
                              auto conn = Dial("127.0.0.1", port, token, d, opts);
@@ -111,15 +148,27 @@ Result<ThroughputResult> MeasureFramedTcp(size_t bytes, size_t chunk, const JobT
                              size_t left = bytes;
                              while (left > 0) {
                                size_t n = 0;
-                               auto f = (*conn)->RecvInto(buf.get(), chunk, &n, d);
-                               if (!f.ok() || n == 0) return false;
+                               if (digest_frames) {
+                                 auto f = (*conn)->RecvWith(
+                                     [&](FrameType, uint32_t, uint64_t len) -> Result<void*> {
+                                       if (len > chunk) return InvalidArgumentError("too big");
+                                       return static_cast<void*>(buf.get());
+                                     },
+                                     d);
+                                 if (!f.ok() || !f->digest_ok) return false;
+                                 n = f->size;
+                               } else {
+                                 auto f = (*conn)->RecvInto(buf.get(), chunk, &n, d);
+                                 if (!f.ok()) return false;
+                               }
+                               if (n == 0) return false;
                                left -= std::min(left, n);
                              }
                              return (*conn)->Send(FrameType::kData, "ack", d).ok();
                            }));
   Deadline d = Deadline::AfterSeconds(kChildTimeoutS);
   Status s;
-  double seconds = 0;
+  double seconds = 0, cpu_s = 0;
   {
     std::string peer;
     Result<Fd> fd = AcceptTcp(lfd.get(), d, &peer);
@@ -129,21 +178,33 @@ Result<ThroughputResult> MeasureFramedTcp(size_t bytes, size_t chunk, const JobT
     if (!conn.ok()) {
       s = conn.status();
     } else {
+      const uint64_t full_digest = Checksum(buf.get(), chunk);
+      const double cpu0 = ThreadCpuSeconds();
       Stopwatch sw;
       for (size_t left = bytes; left > 0 && s.ok();) {
         size_t n = std::min(left, chunk);
         ConstBuffer b{buf.get(), n};
-        s = (*conn)->Send(FrameType::kData, 0, &b, 1, d);
+        if (digest_frames) {
+          s = (*conn)->SendDigested(FrameType::kData, &b, 1,
+                                    n == chunk ? full_digest : Checksum(buf.get(), n), d);
+        } else {
+          s = (*conn)->Send(FrameType::kData, 0, &b, 1, d);
+        }
         left -= n;
       }
       if (s.ok()) s = (*conn)->Recv(d).status();
       seconds = sw.Seconds();
+      cpu_s = ThreadCpuSeconds() - cpu0;
     }
   }
-  Status reaped = ReapChild(pid);
+  double child_cpu_s = 0;
+  Status reaped = ReapChild(pid, &child_cpu_s);
   MEMENTO_RETURN_IF_ERROR(s);
   MEMENTO_RETURN_IF_ERROR(reaped);
-  return MakeResult(bytes, seconds);
+  ThroughputResult r = MakeResult(bytes, seconds);
+  r.sender_cpu_s = cpu_s;
+  r.receiver_cpu_s = child_cpu_s;
+  return r;
 }
 
 }  // namespace memento::net

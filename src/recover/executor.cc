@@ -39,6 +39,11 @@ struct RankJob {
   std::unique_ptr<shm::Segment> segment;            // writable mapping of the target slot
   uint8_t* data = nullptr;                          // its data region
   std::map<uint32_t, std::vector<Extent>> extents;  // piece -> extents, by piece offset
+  // Chunk checksums known from digests checked on arrival (one writer per
+  // chunk: a digest covers exactly one chunk's bytes, delivered once).
+  std::map<uint64_t, size_t> chunk_at;  // data offset -> chunk index
+  std::vector<uint64_t> known_checksum;
+  std::vector<uint8_t> known;  // 1: known_checksum holds the chunk's checksum
 };
 
 // One unit of parallel work: a window of a whole-piece read, or a window of
@@ -306,6 +311,7 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     return DeadlineExceededError(
         fmt::format("recovery of step {} on node {}: deadline passed before it began", step, node));
   }
+  Stopwatch phase;  // per-phase wall times, logged at the end
   // Slots: allocate and choose for every rank first (an allocation failure
   // leaves every slot as it was), then mark them kWriting (a crash or an
   // error from here on leaves them not complete).
@@ -329,6 +335,11 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   for (RankJob* job : todo) {
     shm::BeginSlotWrite(*job->segment, job->layout, job->slot, step);
     job->data = shm::SlotData(*job->segment);
+    for (size_t c = 0; c < job->layout.chunks.size(); ++c) {
+      job->chunk_at.emplace(job->layout.chunks[c].offset, c);
+    }
+    job->known_checksum.assign(job->layout.chunks.size(), 0);
+    job->known.assign(job->layout.chunks.size(), 0);
   }
 
   // Units of work over every rank: reads and decodes in windows. A piece
@@ -342,6 +353,8 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     uint32_t piece;
   };
   std::vector<LocalCopy> local_copies;
+  const uint64_t read_window =
+      options.read_window_bytes > 0 ? options.read_window_bytes : options.window_bytes;
   for (size_t j = 0; j < todo.size(); ++j) {
     const Recipe& r = todo[j]->recipe;
     for (size_t p = 0; p < r.parts.size(); ++p) {
@@ -352,8 +365,8 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
         continue;
       }
       if (part.op == PiecePart::Op::kRead) {
-        for (uint64_t w = 0; w < part.bytes; w += options.window_bytes) {
-          units.push_back(Unit{j, p, 0, w, std::min(options.window_bytes, part.bytes - w)});
+        for (uint64_t w = 0; w < part.bytes; w += read_window) {
+          units.push_back(Unit{j, p, 0, w, std::min(read_window, part.bytes - w)});
         }
         continue;
       }
@@ -365,6 +378,65 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
       }
     }
   }
+  // Reads first, decodes after: a decode input that is a piece this node
+  // fetches whole (a data block of the stripe, named as that piece or as a
+  // copy of it) is taken from the slot once its reads are done instead of
+  // being read over the network a second time. Workers take units in order,
+  // so a decode unit waits only for reads already running on other workers
+  // (reads never wait): no deadlock.
+  std::stable_partition(units.begin(), units.end(), [&](const Unit& u) {
+    return todo[u.job]->recipe.parts[u.part].op == PiecePart::Op::kRead;
+  });
+  std::map<uint32_t, size_t> read_by;  // piece -> todo index whose slot a kRead fills
+  for (const auto& [piece, j] : fetched_by) {
+    for (const PiecePart& part : todo[j]->recipe.parts) {
+      if (part.piece == piece && part.op == PiecePart::Op::kRead) read_by[piece] = j;
+    }
+  }
+  Mutex fetch_mu;
+  CondVar fetch_cv;
+  std::map<uint32_t, size_t> pending;  // piece -> read units not yet done (guarded by fetch_mu)
+  Status fetch_error;                  // first failed read (guarded by fetch_mu)
+  for (const Unit& u : units) {
+    const PiecePart& part = todo[u.job]->recipe.parts[u.part];
+    if (part.op == PiecePart::Op::kRead) ++pending[part.piece];
+  }
+  auto piece_read_done = [&](uint32_t piece, const Status& st) {
+    MutexLock l(&fetch_mu);
+    if (!st.ok() && fetch_error.ok()) fetch_error = st;
+    --pending[piece];
+    fetch_cv.SignalAll();
+  };
+  auto wait_piece = [&](uint32_t piece) -> Status {
+    MutexLock l(&fetch_mu);
+    while (pending[piece] > 0 && fetch_error.ok()) {
+      if (deadline.infinite()) {
+        fetch_cv.Wait(&l);
+      } else if (!fetch_cv.WaitUntil(&l, deadline.when())) {
+        return DeadlineExceededError(
+            fmt::format("recovery of step {}: waiting for piece {} ran past the deadline", step,
+                        plan.pieces[piece].key));
+      }
+    }
+    return fetch_error;
+  };
+  // The piece whose bytes a source range holds (a piece or a copy of it).
+  auto piece_of = [&](const SourceRange& r) -> int64_t {
+    if (r.source.kind == SourceKind::kPiece) return r.source.id;
+    if (r.source.kind == SourceKind::kCopy) return plan.copies[r.source.id].piece;
+    return -1;
+  };
+  // Copies piece bytes [off, off + n) out of the slot of todo[j].
+  auto copy_from_slot = [&](size_t j, uint32_t piece, uint64_t off, uint64_t n, uint8_t* dst) {
+    const RankJob& job = *todo[j];
+    for (const Extent& e : job.extents.at(piece)) {
+      const uint64_t lo = std::max(off, e.piece_offset);
+      const uint64_t hi = std::min(off + n, e.piece_offset + e.length);
+      if (lo >= hi) continue;
+      std::memcpy(dst + (lo - off), job.data + e.slot_offset + (lo - e.piece_offset), hi - lo);
+    }
+  };
+
   // One decoder per decoded block, made up front (immutable, shared by workers).
   std::map<std::tuple<bool, int, int>, codec::ErasureCode> codes;
   std::map<std::pair<size_t, std::pair<size_t, size_t>>, codec::Decoder> decoders;
@@ -386,13 +458,14 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   struct WorkerStats {
     double transfer_s = 0, decode_s = 0, write_s = 0;
     uint64_t read_bytes = 0;
+    uint64_t local_bytes = 0;                   // decode inputs taken from this node's slots
     std::vector<std::vector<uint8_t>> buffers;  // decode scratch: k inputs + 1 output
   };
   const int threads = std::max(1, options.threads);
   std::vector<WorkerStats> ws(threads);
 
   auto read = [&](WorkerStats& w, const Recipe& r, const SourceRange& src, uint64_t offset,
-                  uint64_t length, void* dst) -> Status {
+                  uint64_t length, void* dst, RankJob* into_slot = nullptr) -> Status {
     if (deadline.expired()) {
       return DeadlineExceededError(
           fmt::format("recovery of rank {} ran past its deadline", r.rank));
@@ -403,7 +476,24 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     req.offset = src.offset + offset;
     req.length = length;
     Stopwatch sw;
-    Status st = reader.Read(src.node, req, dst, deadline);
+    Status st;
+    if (into_slot != nullptr && options.reuse_digests) {
+      // A digest that covers exactly one chunk of the slot is that chunk's
+      // checksum: the bytes were hashed and compared on arrival.
+      RankJob& job = *into_slot;
+      const uint64_t base = static_cast<uint8_t*>(dst) - job.data;
+      st = reader.ReadWithDigests(
+          src.node, req, dst, deadline, [&](uint64_t off, uint64_t len, uint64_t xxh3) {
+            auto c = job.chunk_at.find(base + off);
+            if (c == job.chunk_at.end() || job.layout.chunks[c->second].length != len) {
+              return;
+            }
+            job.known_checksum[c->second] = xxh3;
+            job.known[c->second] = 1;
+          });
+    } else {
+      st = reader.Read(src.node, req, dst, deadline);
+    }
     w.transfer_s += sw.Seconds();
     if (!st.ok()) {
       SourceRange what = src;
@@ -416,6 +506,8 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     return Status::Ok();
   };
 
+  const double slots_s = phase.Seconds();
+  phase.Reset();
   Status st = ParallelFor(units.size(), threads, [&](size_t i, int wi) -> Status {
     WorkerStats& w = ws[wi];
     const Unit& u = units[i];
@@ -435,28 +527,47 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     };
     if (part.op == PiecePart::Op::kRead) {
       // Straight into the slot: no staging copy.
-      return for_each_extent(u.begin, u.length, [&](uint64_t rel, uint8_t* dst, uint64_t n) {
-        return read(w, job.recipe, part.read, u.begin + rel, n, dst);
+      Status rs = for_each_extent(u.begin, u.length, [&](uint64_t rel, uint8_t* dst, uint64_t n) {
+        return read(w, job.recipe, part.read, u.begin + rel, n, dst, &job);
       });
+      piece_read_done(part.piece, rs);
+      return rs;
     }
     const DecodeBlock& b = part.blocks[u.block];
     const codec::Decoder& dec = decoders.at(std::make_pair(u.job, std::make_pair(u.part, u.block)));
     const size_t k = b.inputs.size();
     if (w.buffers.size() < k + 1) w.buffers.resize(k + 1);
     std::vector<const uint8_t*> in(k);
+    std::vector<size_t> local;  // inputs taken from a slot of this node, after the network ones
     for (size_t x = 0; x < k; ++x) {
       std::vector<uint8_t>& buf = w.buffers[x];
       if (buf.size() < u.length) buf.resize(u.length);
+      in[x] = buf.data();
       const DecodeInput& src = b.inputs[x];
       // Data blocks are zero-padded to block_bytes; parity is block_bytes long.
       const uint64_t have = src.zero || u.begin >= src.range.length
                                 ? 0
                                 : std::min(u.length, src.range.length - u.begin);
-      if (have > 0) {
-        MEMENTO_RETURN_IF_ERROR(read(w, job.recipe, src.range, u.begin, have, buf.data()));
-      }
       std::memset(buf.data() + have, 0, u.length - have);
-      in[x] = buf.data();
+      if (have == 0) continue;
+      const int64_t piece = src.zero ? -1 : piece_of(src.range);
+      if (options.reuse_fetched_inputs && piece >= 0 &&
+          read_by.count(static_cast<uint32_t>(piece))) {
+        local.push_back(x);
+        continue;
+      }
+      MEMENTO_RETURN_IF_ERROR(read(w, job.recipe, src.range, u.begin, have, buf.data()));
+    }
+    for (size_t x : local) {
+      const DecodeInput& src = b.inputs[x];
+      const auto piece = static_cast<uint32_t>(piece_of(src.range));
+      const uint64_t have = std::min(u.length, src.range.length - u.begin);
+      MEMENTO_RETURN_IF_ERROR(wait_piece(piece));
+      Stopwatch lsw;
+      copy_from_slot(read_by.at(piece), piece, src.range.offset + u.begin, have,
+                     w.buffers[x].data());
+      w.decode_s += lsw.Seconds();
+      w.local_bytes += have;
     }
     std::vector<uint8_t>& out = w.buffers[k];
     if (out.size() < u.length) out.resize(u.length);
@@ -481,6 +592,8 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   }
   if (!st.ok()) return st;  // the slots stay kWriting: never taken for complete
 
+  const double fetch_s = phase.Seconds();
+  phase.Reset();
   // Pieces fetched once for several ranks: slot to slot.
   Stopwatch copy_sw;
   MEMENTO_RETURN_IF_ERROR(ParallelFor(local_copies.size(), threads, [&](size_t i, int) -> Status {
@@ -500,11 +613,21 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   }));
   stats.write_s += copy_sw.Seconds();
 
-  // Chunk checksums (parallel over every chunk), then complete and verify.
+  // Chunk checksums (parallel over every chunk whose checksum no digest
+  // gave), then complete and verify.
   Stopwatch sw;
   std::vector<std::pair<RankJob*, size_t>> chunks;
+  uint64_t reused = 0;
   for (RankJob* job : todo) {
-    for (size_t c = 0; c < job->layout.chunks.size(); ++c) chunks.emplace_back(job, c);
+    shm::ChunkEntry* table = shm::SlotTable(*job->segment);
+    for (size_t c = 0; c < job->layout.chunks.size(); ++c) {
+      if (job->known[c]) {
+        table[c].checksum = job->known_checksum[c];
+        ++reused;
+        continue;
+      }
+      chunks.emplace_back(job, c);
+    }
   }
   MEMENTO_RETURN_IF_ERROR(ParallelFor(chunks.size(), threads, [&](size_t i, int) -> Status {
     RankJob* job = chunks[i].first;
@@ -513,6 +636,8 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     e.checksum = Checksum(job->data + e.offset, e.length);
     return Status::Ok();
   }));
+  const double checksum_s = phase.Seconds();
+  phase.Reset();
   for (RankJob* job : todo) {
     shm::CompleteSlotWrite(*job->segment);
     Status v = store.Verify(job->recipe.rank, job->slot);
@@ -527,6 +652,14 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   }
   stats.write_s += sw.Seconds();
   stats.total_s = total.Seconds();
+  uint64_t local_bytes = 0;
+  for (const WorkerStats& w : ws) local_bytes += w.local_bytes;
+  MEMENTO_LOG_INFO(
+      "recover: step {}: {} bytes read, {} decode input bytes taken from this node's slots, "
+      "{} of {} chunk checksums from arrival digests; wall s: slots {:.3f}, fetch+decode {:.3f}, "
+      "local copies + checksums {:.3f}, complete+verify {:.3f}",
+      step, stats.read_bytes, local_bytes, reused, reused + chunks.size(), slots_s, fetch_s,
+      checksum_s, phase.Seconds());
   return stats;
 }
 

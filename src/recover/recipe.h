@@ -75,9 +75,18 @@ nlohmann::json RecipeToJson(const Recipe& recipe);
 
 // Tuning of the executor (tests shrink the window to exercise splitting).
 struct ExecuteOptions {
-  uint64_t window_bytes = uint64_t{4} << 20;  // largest single read / decode unit
-  uint64_t chunk_bytes = uint64_t{4} << 20;   // slot chunk size (must match the client's)
-  int threads = 4;                            // parallel readers / decoders
+  uint64_t window_bytes = uint64_t{4} << 20;  // largest single decode unit
+  // Largest single read of a whole-piece part (one request, streamed);
+  // 0: window_bytes.
+  uint64_t read_window_bytes = uint64_t{16} << 20;
+  uint64_t chunk_bytes = uint64_t{4} << 20;  // slot chunk size (must match the client's)
+  int threads = 4;                           // parallel readers / decoders
+  // Decode inputs that are pieces this node fetches whole are taken from the
+  // slot (after their reads) instead of being read again.
+  bool reuse_fetched_inputs = true;
+  // Chunk checksums of the rebuilt slot are taken from the digests the
+  // reader checked on arrival where a digest covers exactly one chunk.
+  bool reuse_digests = true;
 };
 
 // ExecuteAssemblies (recover.h) with explicit options.

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -66,6 +67,19 @@ class ByteReader {
   // node cannot be reached.
   [[nodiscard]] virtual Status Read(int node, const ReadRequest& req, void* dst,
                                     Deadline deadline) = 0;
+  // dst[offset, offset + length) of a read hashes to `xxh3` (xxHash3-64),
+  // checked against the bytes when they arrived.
+  using DigestFn = std::function<void(uint64_t offset, uint64_t length, uint64_t xxh3)>;
+  // Read, also reporting digests of delivered byte runs where the reader
+  // has them (the agent's reader: the chunk checksums a peer's T0 slot sent
+  // along), so the caller need not hash those bytes again. The default
+  // reports none. Thread-safety as Read; on_digest runs on the calling
+  // thread before this returns.
+  [[nodiscard]] virtual Status ReadWithDigests(int node, const ReadRequest& req, void* dst,
+                                               Deadline deadline, const DigestFn& on_digest) {
+    (void)on_digest;
+    return Read(node, req, dst, deadline);
+  }
 };
 
 // ---- JSON (peer protocol bodies, the store) --------------------------------
