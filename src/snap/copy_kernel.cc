@@ -79,16 +79,18 @@ uint64_t SumPortable(const void* data, size_t len) { return XXH3_64bits(data, le
 std::vector<CopyKernel> Detect() {
   std::vector<CopyKernel> out;
 #if defined(__x86_64__)
-  // AVX2 first: on the machines measured (docs/node_store.md) AVX-512 is no
-  // faster for this memory-bound loop and may lower the core's clock.
-  if (__builtin_cpu_supports("avx2")) {
-    out.push_back({"avx2", internal::CopyAndChecksumAvx2, internal::ChecksumAvx2});
-  }
+  // The widest first: with AVX-512 each stripe is one register and one
+  // full-line streaming store (measured faster than AVX2 on the development
+  // VM, docs/node_store.md); $MEMENTO_COPY_KERNEL=avx2 where 512-bit code
+  // lowers the clock of the cores the trainer runs on.
 #if defined(MEMENTO_SNAP_HAVE_AVX512)
   if (__builtin_cpu_supports("avx512f")) {
     out.push_back({"avx512", internal::CopyAndChecksumAvx512, internal::ChecksumAvx512});
   }
 #endif
+  if (__builtin_cpu_supports("avx2")) {
+    out.push_back({"avx2", internal::CopyAndChecksumAvx2, internal::ChecksumAvx2});
+  }
   out.push_back({"sse2", CopySse2, SumSse2});
   if (__builtin_cpu_supports("avx2")) {
     out.push_back({"avx2-twopass", internal::CopyAndChecksumAvx2TwoPass, internal::ChecksumAvx2});

@@ -40,10 +40,9 @@ struct CopyKernel {
 // Every kernel this CPU can run, the default first.
 std::vector<CopyKernel> AvailableCopyKernels();
 
-// The kernel behind CopyAndChecksumStreaming and FastChecksum: the default
-// (AVX2 where the CPU has it; see docs/node_store.md for why not AVX-512),
-// else the one named by $MEMENTO_COPY_KERNEL at first use, else the one
-// selected last.
+// The kernel behind CopyAndChecksumStreaming and FastChecksum: the one
+// selected last, else the one named by $MEMENTO_COPY_KERNEL at first use,
+// else the default (the widest vector set the CPU has: avx512, avx2, sse2).
 const CopyKernel& ActiveCopyKernel();
 
 // Makes `name` the active kernel for the whole process (benchmarks,
