@@ -234,7 +234,9 @@ TEST_F(DurableFallbackTest, LossBeyondProtectionRecoversFromTheDurableTier) {
       }
       EXPECT_EQ(sum, t["nbytes"].get<uint64_t>()) << v << " " << name << " is not stored once";
       // "b" is small and may lie inside one node's piece; "w" and "opt" not.
-      if (std::string(name) != "b") EXPECT_GT(nodes.size(), 1u) << v << " " << name;
+      if (std::string(name) != "b") {
+        EXPECT_GT(nodes.size(), 1u) << v << " " << name;
+      }
     }
     for (int r = 0; r < job.nodes; ++r) {
       EXPECT_TRUE(index["tensors"].contains("rank" + std::to_string(r) + "/rng")) << v;

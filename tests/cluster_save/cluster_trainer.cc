@@ -62,7 +62,7 @@ struct Model {
     params.resize(bytes / 8 * 2 / 3);
     opt.resize(bytes / 8 - params.size());
     for (size_t i = 0; i < params.size(); ++i) params[i] = SplitMix(i);
-    for (size_t i = 0; i < opt.size(); ++i) opt[i] = SplitMix(i + (uint64_t{r} << 40));
+    for (size_t i = 0; i < opt.size(); ++i) opt[i] = SplitMix(i + (static_cast<uint64_t>(r) << 40));
     cursor.rng = SplitMix(1000 + r);
   }
   void Step() {
