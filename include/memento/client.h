@@ -104,9 +104,10 @@ struct SnapshotStats {
   uint64_t bytes_idle = 0;         // HAS layer 1 (inside idle windows)
   uint64_t bytes_compute = 0;      // HAS layer 2 (beside computation)
   uint64_t bytes_communicate = 0;  // HAS layer 3
-  // Bytes copied while Fence() was already waiting (training stood still):
-  // eager: copied by the trainer thread helping in Fence(); HAS: the part of
-  // bytes_compute released only once Fence() waited.
+  // The part of bytes_compute copied while Fence() was already waiting
+  // (training stood still): eager, copied by the trainer thread helping in
+  // Fence(); HAS, released only once Fence() waited. idle + compute +
+  // communicate == bytes always; bytes_fence is not a fourth layer.
   uint64_t bytes_fence = 0;
   // Cluster mode (docs/cluster.md): this step was not written because the
   // only slot it could take holds a newer-than-committed version the agent is

@@ -224,7 +224,7 @@ class ClientImpl final : public Client {
     stats.copy_s = job_->copy_seconds();
     stats.fence_wait_s = was_done ? 0 : sw.Seconds();
     stats.bytes_fence = job_helped_bytes_;
-    stats.bytes_compute = stats.bytes - stats.bytes_fence;
+    stats.bytes_compute = stats.bytes;  // eager: all beside computation; bytes_fence is a part
     stats.skipped_total = skipped_total_;
     {
       MutexLock l(&stats_mu_);
