@@ -40,48 +40,12 @@
 
 #include "common/clock.h"
 #include "common/subprocess.h"
+#include "tools/trainer_binary.h"
 
 namespace memento::tools {
 namespace {
 
 using json = nlohmann::json;
-
-std::string SelfExe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : p.string();
-}
-
-bool Executable(const std::string& p) { return !p.empty() && access(p.c_str(), X_OK) == 0; }
-
-// --trainer, else next to this binary (build tree layout), else $PATH.
-Result<std::string> FindTrainer(const std::string& flag) {
-  if (!flag.empty()) {
-    if (Executable(flag)) return flag;
-    return InvalidArgumentError("--trainer " + flag + " is not an executable");
-  }
-  std::filesystem::path self = SelfExe();
-  if (!self.empty()) {
-    for (const char* rel : {"../examples/trainer/memento-trainer", "memento-trainer"}) {
-      std::string c = (self.parent_path() / rel).lexically_normal().string();
-      if (Executable(c)) return c;
-    }
-  }
-  if (const char* path = std::getenv("PATH")) {
-    std::string all = path;
-    size_t start = 0;
-    while (start <= all.size()) {
-      size_t end = all.find(':', start);
-      if (end == std::string::npos) end = all.size();
-      std::string c = all.substr(start, end - start) + "/memento-trainer";
-      if (end > start && Executable(c)) return c;
-      start = end + 1;
-    }
-  }
-  return NotFoundError(
-      "memento-trainer not found (next to memento, in ../examples/trainer, or on PATH); pass "
-      "--trainer PATH");
-}
 
 std::vector<std::string> Split(const std::string& s) {
   std::vector<std::string> out;
@@ -313,7 +277,7 @@ Status RunHasTrainerBench(const HasTrainerBenchArgs& a) {
   }
   MEMENTO_ASSIGN_OR_RETURN(std::string trainer, FindTrainer(a.trainer));
   const std::string self = SelfExe();
-  if (!Executable(self)) return InternalError("cannot find /proc/self/exe");
+  if (!IsExecutable(self)) return InternalError("cannot find /proc/self/exe");
   char tmpl[] = "/dev/shm/memento-bench-has-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return ErrnoError("mkdtemp", errno);
   const std::string base = tmpl;

@@ -35,6 +35,7 @@
 #include "common/subprocess.h"
 #include "memento/status.h"
 #include "tools/command.h"
+#include "tools/trainer_binary.h"
 
 namespace memento::tools {
 namespace {
@@ -69,43 +70,6 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-std::string SelfExe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : p.string();
-}
-
-bool Executable(const std::string& p) { return !p.empty() && access(p.c_str(), X_OK) == 0; }
-
-// --trainer, else next to this binary (build tree layout), else $PATH.
-Result<std::string> FindTrainer(const std::string& flag) {
-  if (!flag.empty()) {
-    if (Executable(flag)) return flag;
-    return InvalidArgumentError("--trainer " + flag + " is not an executable");
-  }
-  std::filesystem::path self = SelfExe();
-  if (!self.empty()) {
-    for (const char* rel : {"../examples/trainer/memento-trainer", "memento-trainer"}) {
-      std::string c = (self.parent_path() / rel).lexically_normal().string();
-      if (Executable(c)) return c;
-    }
-  }
-  if (const char* path = std::getenv("PATH")) {
-    std::string all = path;
-    size_t start = 0;
-    while (start <= all.size()) {
-      size_t end = all.find(':', start);
-      if (end == std::string::npos) end = all.size();
-      std::string c = all.substr(start, end - start) + "/memento-trainer";
-      if (end > start && Executable(c)) return c;
-      start = end + 1;
-    }
-  }
-  return NotFoundError(
-      "memento-trainer not found (next to memento, in ../examples/trainer, or on PATH); pass "
-      "--trainer PATH");
 }
 
 // Starts argv with stdout and stderr appended to `log`; the child dies with us.
@@ -264,7 +228,7 @@ int RunOverheadBench(const OverheadArgs& a) {
   auto trainer = FindTrainer(a.trainer);
   if (!trainer.ok()) return ReportStatus(trainer.status());
   const std::string self = SelfExe();
-  if (!Executable(self)) return ReportStatus(InternalError("cannot find /proc/self/exe"));
+  if (!IsExecutable(self)) return ReportStatus(InternalError("cannot find /proc/self/exe"));
   char tmpl[] = "/dev/shm/memento-bench-overhead-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return ReportStatus(ErrnoError("mkdtemp", errno));
   const std::string base = tmpl;

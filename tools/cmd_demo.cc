@@ -39,6 +39,7 @@
 #include "shm/protocol.h"
 #include "shm/slot_format.h"
 #include "tools/command.h"
+#include "tools/trainer_binary.h"
 
 #if __has_include("launch/launcher.h")
 #include <atomic>
@@ -463,19 +464,11 @@ int RunDemo(const DemoArgs& a) {
 
 #ifdef MEMENTO_DEMO_HAVE_LAUNCH
 
-// The memento-trainer next to this binary in a build tree
-// (build/tools/memento -> build/examples/trainer/memento-trainer), or on PATH.
-std::string FindTrainer(const std::string& given) {
-  if (!given.empty()) return given;
-  std::error_code ec;
-  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    for (const char* rel : {"../examples/trainer/memento-trainer", "memento-trainer"}) {
-      auto p = self.parent_path() / rel;
-      if (std::filesystem::exists(p, ec)) return std::filesystem::canonical(p, ec).string();
-    }
-  }
-  return "memento-trainer";  // execvp-style lookup by the launcher
+// The --trainer flag, else the memento-trainer next to this binary in a build
+// tree, else on PATH (tools/trainer_binary.h); the launcher reports a missing one.
+std::string TrainerPath(const std::string& given) {
+  auto found = FindTrainer(given);
+  return found.ok() ? *found : (given.empty() ? "memento-trainer" : given);
 }
 
 // One run of the job under the Launcher: its summary and what the trainers
@@ -567,7 +560,7 @@ Result<ClusterRun> RunCluster(const DemoArgs& a, const std::string& name, const 
   o.run_dir = dir + "/run";
   o.keep_run_dir = true;  // measured below, then removed with `dir`
   o.max_restarts = 4;
-  o.trainer = {FindTrainer(a.trainer_bin), "--preset", a.preset, "--steps", std::to_string(steps),
+  o.trainer = {TrainerPath(a.trainer_bin), "--preset", a.preset, "--steps", std::to_string(steps),
                "--zero", "--batch", "8", "--micro-batches", "2", "--warmup", "10",
                "--progress-every", std::to_string(a.progress_every), "--loss-log",
                out + "/loss.txt",
