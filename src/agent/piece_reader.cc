@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -54,7 +55,17 @@ Result<std::shared_ptr<PieceReader::SlotCache>> PieceReader::FindSlot(int rank, 
     }
     // A new generation: read and check the header, manifest and table once.
     auto info = shm::ReadSlot(*c->segment);
-    if (!info.ok()) return info.status();
+    if (!info.ok()) {
+      // A header, manifest or table read while a trainer rewrote the slot
+      // fails its checksums: that is an overwrite, not corruption.
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (shm::LoadState(h) != shm::SlotState::kComplete ||
+          __atomic_load_n(&h->generation, __ATOMIC_ACQUIRE) != gen) {
+        return AbortedError(fmt::format("slot {} (step {}) was overwritten while it was read",
+                                        c->segment->path(), step));
+      }
+      return info.status();
+    }
     if (info->state != shm::SlotState::kComplete || info->step != step) continue;  // overwritten
     if (!job_id_.empty() && info->job_id != job_id_) {
       return FailedPreconditionError(fmt::format("slot {} belongs to job '{}', not '{}'",
