@@ -40,6 +40,7 @@
 #include "snap/has/has_runner.h"
 #include "snap/has/has_scheduler.h"
 #include "tools/bench_has_trainer.h"
+#include "tools/bench_stats.h"
 #include "tools/command.h"
 
 #if MEMENTO_HAVE_CUDA
@@ -80,19 +81,6 @@ struct BenchArgs {
   bool online_bubbles = false;
   std::string modes = "off,sync,host,host_device,has";
 };
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-double Mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / v.size();
-}
 
 // A chunk of the state: region r, [offset, offset + bytes).
 struct Chunk {
@@ -481,18 +469,6 @@ Result<json> GpuCopyThroughput(const std::vector<StateRegion>& state, Slots* slo
 }
 #endif  // MEMENTO_HAVE_CUDA
 
-std::vector<std::string> SplitModes(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t end = s.find(',', start);
-    if (end == std::string::npos) end = s.size();
-    if (end > start) out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
 Status RunBench(const BenchArgs& a) {
   if (a.steps < 1 || a.rounds < 1 || a.warmup < 0 || a.stages < 1 || a.stage < 0 ||
       a.stage >= a.stages || a.microbatches < 1 || a.chunk_kib < 64) {
@@ -500,7 +476,7 @@ Status RunBench(const BenchArgs& a) {
                   "bench has: need steps, rounds, stages, microbatches >= 1, 0 <= stage < "
                   "stages and chunk_kib >= 64");
   }
-  const std::vector<std::string> modes = SplitModes(a.modes);
+  const std::vector<std::string> modes = SplitCommas(a.modes);
   if (modes.empty() || std::find(modes.begin(), modes.end(), "off") == modes.end()) {
     return Status(StatusCode::kInvalidArgument, "bench has: --modes must include 'off'");
   }

@@ -40,37 +40,13 @@
 
 #include "common/clock.h"
 #include "common/subprocess.h"
+#include "tools/bench_stats.h"
 #include "tools/trainer_binary.h"
 
 namespace memento::tools {
 namespace {
 
 using json = nlohmann::json;
-
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t end = s.find(',', start);
-    if (end == std::string::npos) end = s.size();
-    if (end > start) out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-double Mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / v.size();
-}
 
 struct RunOutput {
   json summary;                  // the reporting rank's --json line
@@ -265,7 +241,7 @@ Status RunHasTrainerBench(const HasTrainerBenchArgs& a) {
         "bench has --loop trainer: need steps >= 3, rounds, pp, dp, micro-batches >= 1, "
         "ranks-per-node >= 0 and chunk-kib a multiple of 64");
   }
-  const std::vector<std::string> modes = Split(a.modes);
+  const std::vector<std::string> modes = SplitCommas(a.modes);
   if (std::find(modes.begin(), modes.end(), "off") == modes.end()) {
     return InvalidArgumentError("bench has: --modes must include 'off'");
   }

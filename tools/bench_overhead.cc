@@ -34,6 +34,7 @@
 #include "common/clock.h"
 #include "common/subprocess.h"
 #include "memento/status.h"
+#include "tools/bench_stats.h"
 #include "tools/command.h"
 #include "tools/trainer_binary.h"
 
@@ -63,13 +64,6 @@ double LoadAverage() {
   double one = -1;
   if (!(in >> one)) return -1;
   return one;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // Starts argv with stdout and stderr appended to `log`; the child dies with us.
