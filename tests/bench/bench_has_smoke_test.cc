@@ -15,40 +15,16 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "bench_smoke_util.h"
+
 namespace {
 
-std::pair<int, std::string> RunShell(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, out};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-// The work directory the bench names on stderr ("... work dir PATH").
-std::string WorkDir(const std::string& stderr_file) {
-  std::ifstream in(stderr_file);
-  std::string line;
-  const std::string key = "work dir ";
-  while (std::getline(in, line)) {
-    size_t pos = line.find(key);
-    if (pos != std::string::npos) return line.substr(pos + key.size());
-  }
-  return "";
-}
-
-std::string StderrFile() {
-  std::string t = (std::filesystem::temp_directory_path() / "memento-bench-has-XXXXXX").string();
-  int fd = mkstemp(t.data());
-  if (fd >= 0) close(fd);
-  return t;
-}
+using memento::bench_testing::RunShell;
+using memento::bench_testing::StderrFile;
+using memento::bench_testing::WorkDir;
 
 TEST(BenchHasSmoke, TrainerLoopRunsEveryMode) {
-  const std::string err = StderrFile();
+  const std::string err = StderrFile("memento-bench-has");
   const std::string cmd = std::string(MEMENTO_CLI_BINARY) +
                           " bench has --json --loop trainer --device cpu --trainer " +
                           MEMENTO_TRAINER_BINARY +
