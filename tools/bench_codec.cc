@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "codec/erasure_code.h"
+#include "common/byte_flag.h"
 #include "common/check.h"
 #include "common/clock.h"
 #include "tools/command.h"
@@ -211,6 +212,7 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
   auto* cmd = bench.add_subcommand("codec", "Codec throughput vs raw ISA-L, and planner time");
   auto o = std::make_shared<CodecBenchOptions>();
   cmd->add_option("--block-mib", o->block_mib, "bytes per stripe block, MiB")
+      ->transform(ByteSize(uint64_t{1} << 20))
       ->capture_default_str();
   cmd->add_option("--reps", o->reps, "repetitions (best of)")->capture_default_str();
   cmd->add_flag("--json", o->json, "print JSON (always on)");

@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/byte_flag.h"
 #include "common/checksum.h"
 #include "common/clock.h"
 #include "memento/config.h"
@@ -663,15 +664,19 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--stages", args->stages, "Pipeline stages |P|");
   cmd->add_option("--stage", args->stage, "This stage p");
   cmd->add_option("--microbatches", args->microbatches, "Micro-batches m");
-  cmd->add_option("--state-mib", args->state_mib, "State size (MiB)");
+  cmd->add_option("--state-mib", args->state_mib, "State size (MiB)")
+      ->transform(ByteSize(uint64_t{1} << 20));
   cmd->add_option("--hidden", args->hidden, "Matrix size of a layer");
   cmd->add_option("--layers", args->layers, "Layers per forward");
-  cmd->add_option("--comm-mib", args->comm_mib, "Bytes sent per pass to the next stage (MiB)");
-  cmd->add_option("--chunk-kib", args->chunk_kib, "Copy chunk (KiB)");
+  cmd->add_option("--comm-mib", args->comm_mib, "Bytes sent per pass to the next stage (MiB)")
+      ->transform(ByteSize(uint64_t{1} << 20));
+  cmd->add_option("--chunk-kib", args->chunk_kib, "Copy chunk (KiB)")
+      ->transform(ByteSize(uint64_t{1} << 10));
   cmd->add_option("--has-threads", args->has_threads,
                   "HasRunner workers = chunks in flight (default 1 on CPU, 2 on GPU)");
   cmd->add_option("--tensor-mib", args->tensor_mib,
-                  "GPU host_device: one async copy per this many MiB (0: one per region)");
+                  "GPU host_device: one async copy per this many MiB (0: one per region)")
+      ->transform(ByteSize(uint64_t{1} << 20));
   cmd->add_flag("--online-bubbles", args->online_bubbles,
                 "Do not tell HAS the 1F1B schedule; measure bubbles from phase hooks");
   cmd->add_option("--modes", args->modes, "Comma-separated modes (must include off)");

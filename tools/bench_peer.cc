@@ -27,6 +27,7 @@
 
 #include "agent/peer_service.h"
 #include "agent/redundancy_shm.h"
+#include "common/byte_flag.h"
 #include "common/checksum.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -207,8 +208,10 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
   auto args = std::make_shared<Args>();
   auto* cmd = bench.add_subcommand(
       "peer", "Agent-to-agent reads and pushes of redundancy over loopback, vs the transport");
-  cmd->add_option("--bytes", args->bytes, "bytes of the copy (default 256 MiB)");
-  cmd->add_option("--chunk", args->chunk, "bytes per read request (default 16 MiB, max 64 MiB)");
+  cmd->add_option("--bytes", args->bytes, "bytes of the copy (default 256 MiB)")
+      ->transform(ByteSize());
+  cmd->add_option("--chunk", args->chunk, "bytes per read request (default 16 MiB, max 64 MiB)")
+      ->transform(ByteSize());
   cmd->add_option("--threads", args->threads, "read requests in flight (default 4)");
   cmd->add_option("--repeat", args->repeat, "runs; the best is reported (default 3)");
   cmd->callback([args, &ctx] { ctx.exit_code = ReportStatus(Run(*args)); });

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/byte_flag.h"
 #include "common/checksum.h"
 #include "common/clock.h"
 #include "tier/env.h"
@@ -233,12 +234,12 @@ void Setup(CLI::App& bench, tools::CommandContext& ctx) {
   auto* cmd = bench.add_subcommand(
       "persist", "Durable-tier persist throughput vs raw O_DIRECT write; cold restore vs memory");
   cmd->add_option("--size", args->size, "Bytes to persist, e.g. 1G (default 256 MiB)")
-      ->transform(CLI::AsSizeValue(/*kb_is_1000=*/false));
+      ->transform(ByteSize());
   cmd->add_option("--dir", args->dir,
                   "Directory on disk for the temp data (default $TMPDIR or /var/tmp)");
   cmd->add_option("--reps", args->reps, "Repetitions; the best time of each is reported");
   cmd->add_option("--tensors", args->tensors, "Number of tensors the bytes are split into");
-  cmd->add_option("--chunk", args->chunk, "Write chunk size in bytes");
+  cmd->add_option("--chunk", args->chunk, "Write chunk size in bytes")->transform(ByteSize());
   cmd->add_option("--io", args->io,
                   "Durable write paths to measure: both (default), uring or pwrite");
   cmd->add_flag("--json", args->json, "Print one JSON object (always on)");

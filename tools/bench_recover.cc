@@ -49,6 +49,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/byte_flag.h"
 #include "common/clock.h"
 #include "coord/commit.h"
 #include "coord/embedded_store.h"
@@ -379,11 +380,13 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
       "recover", "Rebuild a lost node's state from peers' memory vs raw loopback TCP");
   cmd->add_option("--nodes", args->nodes, "nodes (one DP rank each)")->capture_default_str();
   cmd->add_option("--state", args->state, "bytes of replicated state per rank")
+      ->transform(ByteSize())
       ->capture_default_str();
   cmd->add_option("--policy", args->policy, "redundancy policy: xor, replicate, rs:2, ...")
       ->capture_default_str();
   cmd->add_option("--tcp-bytes", args->tcp_bytes,
-                  "bytes of the raw TCP baseline (default max(state, 256 MiB))");
+                  "bytes of the raw TCP baseline (default max(state, 256 MiB))")
+      ->transform(ByteSize());
   cmd->add_option("--tcp-repeat", args->tcp_repeat, "baseline runs; the best is reported")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print JSON (the only format; accepted for symmetry)");

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "common/byte_flag.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "memento/client.h"
@@ -132,10 +133,14 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   static RestoreBenchArgs args;
   auto* cmd = app.add_subcommand(
       "restore", "Restore from shared memory after a trainer restart vs memcpy (seconds)");
-  cmd->add_option("--size", args.size, "Bytes of state")->default_val(args.size);
+  cmd->add_option("--size", args.size, "Bytes of state")
+      ->transform(ByteSize())
+      ->default_val(args.size);
   cmd->add_option("--threads", args.threads, "Copy engine threads")->default_val(1);
   cmd->add_option("--reps", args.reps, "Restarts (the best is reported)")->default_val(3);
-  cmd->add_option("--chunk", args.chunk, "Chunk bytes")->default_val(args.chunk);
+  cmd->add_option("--chunk", args.chunk, "Chunk bytes")
+      ->transform(ByteSize())
+      ->default_val(args.chunk);
   cmd->add_option("--idle", args.idle_s, "Seconds to wait between the save and the first restore")
       ->default_val(0);
   cmd->add_flag("--json", args.json, "One-line JSON");

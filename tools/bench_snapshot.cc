@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "common/byte_flag.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "memento/client.h"
@@ -108,11 +109,13 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   auto* cmd = app.add_subcommand(
       "snapshot", "Registered host tensors into a shared-memory slot vs memcpy (GB/s)");
   cmd->add_option("--size", args.size, "Bytes of state (suffixes K, M, G: powers of 1024)")
-      ->transform(CLI::AsSizeValue(/*kb_is_1000=*/false))
+      ->transform(ByteSize())
       ->default_val(args.size);
   cmd->add_option("--threads,--workers", args.threads, "Copy engine threads")->default_val(1);
   cmd->add_option("--reps", args.reps, "Repetitions (the best is reported)")->default_val(5);
-  cmd->add_option("--chunk", args.chunk, "Chunk bytes")->default_val(args.chunk);
+  cmd->add_option("--chunk", args.chunk, "Chunk bytes")
+      ->transform(ByteSize())
+      ->default_val(args.chunk);
   cmd->add_option("--kernel", args.kernel,
                   "Copy kernel: avx2 | avx512 | sse2 | avx2-twopass | portable (default: the "
                   "CPU's best)");

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "common/byte_flag.h"
 #include "net/job_token.h"
 #include "net/throughput.h"
 #include "tools/command.h"
@@ -64,8 +65,10 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
   auto args = std::make_shared<Args>();
   auto* cmd = bench.add_subcommand(
       "tcp", "Loopback TCP throughput: raw sockets vs the framed, authenticated transport");
-  cmd->add_option("--bytes", args->bytes, "bytes to send per run (default 1e9)");
-  cmd->add_option("--chunk", args->chunk, "send size / frame payload size (default 4 MiB)");
+  cmd->add_option("--bytes", args->bytes, "bytes to send per run (default 1e9)")
+      ->transform(ByteSize());
+  cmd->add_option("--chunk", args->chunk, "send size / frame payload size (default 4 MiB)")
+      ->transform(ByteSize());
   cmd->add_option("--repeat", args->repeat, "runs of each; the best is reported (default 3)");
   cmd->add_flag("--json", args->json, "print JSON (the only format; accepted for symmetry)");
   cmd->callback([args, &ctx] { ctx.exit_code = ReportStatus(Run(*args)); });

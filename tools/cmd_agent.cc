@@ -6,6 +6,8 @@
 #include <string>
 
 #include "agent/agent.h"
+#include "common/byte_flag.h"
+#include "common/human.h"
 #include "common/log.h"
 #include "tools/command.h"
 
@@ -16,29 +18,6 @@ agent::Agent* g_agent = nullptr;
 
 void OnSignal(int) {
   if (g_agent != nullptr) g_agent->Stop();
-}
-
-// "1073741824", "512M", "8G", "1.5GiB".
-Result<uint64_t> ParseBytes(const std::string& text) {
-  char* end = nullptr;
-  double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || v < 0) return InvalidArgumentError("bad byte count '" + text + "'");
-  std::string unit(end);
-  double mult = 1;
-  if (unit.empty() || unit == "B") {
-    mult = 1;
-  } else if (unit == "K" || unit == "KiB" || unit == "k") {
-    mult = 1024.0;
-  } else if (unit == "M" || unit == "MiB" || unit == "m") {
-    mult = 1024.0 * 1024;
-  } else if (unit == "G" || unit == "GiB" || unit == "g") {
-    mult = 1024.0 * 1024 * 1024;
-  } else if (unit == "T" || unit == "TiB" || unit == "t") {
-    mult = 1024.0 * 1024 * 1024 * 1024;
-  } else {
-    return InvalidArgumentError("bad byte unit in '" + text + "' (use K, M, G or T)");
-  }
-  return static_cast<uint64_t>(v * mult);
 }
 
 int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
@@ -103,7 +82,8 @@ void Setup(CLI::App& app, CommandContext& ctx) {
                   "Directory of the slots and socket (default /dev/shm/memento/<job>/node<N>)");
   cmd->add_option("--budget", budget,
                   "Most bytes all slots of this node may take (e.g. 8G; default: what the "
-                  "shared-memory filesystem holds)");
+                  "shared-memory filesystem holds)")
+      ->transform(ByteSize());
   cmd->add_flag("--verify-on-complete", options.verify_on_complete,
                 "Verify each completed slot's checksums in the background right away");
   cmd->add_option("--durable-dir", durable.dir,
@@ -116,7 +96,8 @@ void Setup(CLI::App& app, CommandContext& ctx) {
                   "Also persist one version every T seconds (0: off)")
       ->default_val(0);
   cmd->add_option("--persist-bandwidth", bandwidth,
-                  "Durable write cap in bytes per second (e.g. 200M; default unlimited)");
+                  "Durable write cap in bytes per second (e.g. 200M; default unlimited)")
+      ->transform(ByteSize());
   cmd->add_option("--keep-last", durable.keep_last, "Durable versions to keep (newest N)")
       ->default_val(3);
   cmd->add_option("--keep-every", durable.keep_every,
@@ -150,6 +131,7 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--scrub-rate", scrub_rate,
                   "Background scrub of the slots at rest: most bytes hashed per second (e.g. "
                   "64M; 0: off)")
+      ->transform(ByteSize())
       ->default_val("64M");
   cmd->add_option("--scrub-interval", options.scrub_interval_s,
                   "Seconds between two scrub passes (the first starts one interval after start)")

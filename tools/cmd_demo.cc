@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/byte_flag.h"
 #include "common/checksum.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -839,7 +840,9 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--progress-every", args.progress_every, "a progress line every K steps")
       ->capture_default_str();
   // single-node
-  cmd->add_option("--mib", args.mib, "--single-node: MiB of trainer state")->default_val(args.mib);
+  cmd->add_option("--mib", args.mib, "--single-node: MiB of trainer state")
+      ->transform(ByteSize(uint64_t{1} << 20))
+      ->default_val(args.mib);
   cmd->add_option("--kill-after", args.kill_after,
                   "--single-node: kill once this step's snapshot is complete")
       ->default_val(args.kill_after);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/byte_flag.h"
 #include "common/human.h"
 #include "tools/command.h"
 #include "topo/plan.h"
@@ -264,14 +265,21 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   layout->add_option("--local-copy", o->local_copy, "sharded|full")->capture_default_str();
   layout->add_option("--fail", o->fail, "failed nodes, e.g. 3,7: what recovery would need");
   layout->add_option("--param-bytes", o->param_bytes, "replicated bytes per rank")
+      ->transform(ByteSize())
       ->capture_default_str();
-  layout->add_option("--optimizer-bytes", o->optimizer_bytes,
-                     "dp_sharded bytes per rank (default 6 x params / dp)");
+  layout
+      ->add_option("--optimizer-bytes", o->optimizer_bytes,
+                   "dp_sharded bytes per rank (default 6 x params / dp)")
+      ->transform(ByteSize());
   layout->add_option("--private-bytes", o->private_bytes, "private bytes per rank")
+      ->transform(ByteSize())
       ->capture_default_str();
-  layout->add_option("--host-budget", o->host_budget, "auto: host bytes per node (0: unlimited)");
-  layout->add_option("--copy-budget", o->copy_budget,
-                     "auto: device->host bytes per node per snapshot (0: unlimited)");
+  layout->add_option("--host-budget", o->host_budget, "auto: host bytes per node (0: unlimited)")
+      ->transform(ByteSize());
+  layout
+      ->add_option("--copy-budget", o->copy_budget,
+                   "auto: device->host bytes per node per snapshot (0: unlimited)")
+      ->transform(ByteSize());
   layout->add_flag("--json", o->json, "print JSON");
   layout->add_flag("--full-plan", o->full_plan, "with --json: include the whole plan");
   layout->callback([o, &ctx] { ctx.exit_code = ReportStatus(RunLayout(*o)); });

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/byte_flag.h"
 #include "common/checksum.h"
 #include "launch_env.h"
 #include "trainer.h"
@@ -240,7 +241,8 @@ int Main(int argc, char** argv) {
                  "baselines, docs/has.md); overrides --memento-schedule, off = --no-memento");
   int64_t snapshot_chunk_kib = 0;
   app.add_option("--snapshot-chunk-kib", snapshot_chunk_kib,
-                 "memento copy chunk in KiB (a multiple of 64; default: the client's)");
+                 "memento copy chunk in KiB (a multiple of 64; default: the client's)")
+      ->transform(ByteSize(uint64_t{1} << 10));
   app.add_option("--ranks-per-node", ranks_per_node,
                  "node = rank / K (overrides --node); {node} in --agent-dir is replaced");
 #endif
