@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <utility>
 
+#include "common/check.h"
 #include "common/log.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -223,14 +224,52 @@ DurableStats DurableStreamer::stats() {
 namespace {
 
 // Durable names are global keys: state that is not the same on every rank of
-// the node gets the rank in its name.
+// the node gets the rank in its name. (Replicated tensors: DurableNames.)
 std::string DurableName(const TensorMeta& m, int rank) {
-  if (m.state_class == StateClass::kReplicated) return m.name;
   if (m.state_class == StateClass::kDpSharded && m.global_numel > 0) return m.name;
-  return fmt::format("rank{}/{}", rank, m.name);
+  return tier::RankScopedName(rank, m.name);
 }
 
 }  // namespace
+
+std::map<std::pair<int, std::string>, ReplicatedName> DurableNames(
+    const std::vector<ReplicatedCopy>& copies) {
+  // name -> classes of equal copies (indexes into `copies`), in rank order.
+  std::map<std::string, std::vector<std::vector<size_t>>> classes;
+  std::vector<size_t> order(copies.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return copies[a].rank < copies[b].rank; });
+  for (size_t i : order) {
+    const ReplicatedCopy& c = copies[i];
+    auto& cls = classes[c.meta.name];
+    bool placed = false;
+    for (auto& k : cls) {
+      const ReplicatedCopy& first = copies[k.front()];
+      if (first.meta == c.meta && first.chunks == c.chunks) {
+        k.push_back(i);
+        placed = true;
+        break;
+      }
+    }
+    if (!placed) cls.push_back({i});
+  }
+  std::map<std::pair<int, std::string>, ReplicatedName> out;
+  for (const auto& [name, cls] : classes) {
+    for (const auto& k : cls) {
+      ReplicatedName n;
+      for (size_t i : k) n.ranks.push_back(copies[i].rank);
+      const int lowest = n.ranks.front();
+      n.name = cls.size() == 1 ? name : tier::RankScopedName(lowest, name);
+      for (size_t i : k) {
+        ReplicatedName r = n;
+        r.writer = copies[i].rank == lowest;
+        out[{copies[i].rank, name}] = std::move(r);
+      }
+    }
+  }
+  return out;
+}
 
 Result<std::shared_ptr<shm::Segment>> DurableStreamer::MapSlot(int rank, int slot) {
   const std::string path = shm::SlotPath(slot_root_, rank, slot);
@@ -341,12 +380,37 @@ Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
   view.node = node_;
   view.num_nodes = 1;  // node-local slice: the cluster layer sets the real count
   view.step = step;
-  nlohmann::json topo = {{"node", node_}, {"ranks", ranks}, {"source", "memento agent"}};
+  // "replicated": replicated tensors are shared by equal copies only (the
+  // index's per-tensor "ranks"); versions without it predate that rule.
+  nlohmann::json topo = {{"node", node_},
+                         {"ranks", ranks},
+                         {"source", "memento agent"},
+                         {"replicated", "shared by equal copies"}};
   view.topology_json = topo.dump();
-  std::set<std::string> replicated_done;
+  // Replicated state is identical on the DP ranks of one (pp, tp) position,
+  // not on every rank of a node: two ranks of different pipeline stages or
+  // TP positions register different bytes under one name. A replicated
+  // tensor is written once for a set of ranks only when it is provably the
+  // same state there: same meta and the same chunk checksum list in the
+  // slots being persisted (no re-hash). See DurableNames.
+  std::vector<ReplicatedCopy> copies;
+  for (const HeldSlot& hs : hold->slots) {
+    for (size_t ti = 0; ti < hs.info.tensors.size(); ++ti) {
+      const shm::SavedTensor& t = hs.info.tensors[ti];
+      if (t.meta.state_class != StateClass::kReplicated) continue;
+      ReplicatedCopy c;
+      c.rank = hs.rank;
+      c.meta = t.meta;
+      for (const shm::ChunkEntry& ch : hs.info.chunks) {
+        if (ch.tensor_index != ti) continue;
+        c.chunks.push_back({ch.offset - t.offset, ch.length, ch.checksum});
+      }
+      copies.push_back(std::move(c));
+    }
+  }
+  const std::map<std::pair<int, std::string>, ReplicatedName> names = DurableNames(copies);
   for (const HeldSlot& hs : hold->slots) {
     const uint8_t* base = hs.segment->data() + hs.info.data_offset;
-    std::set<std::string> replicated_here;
     for (const shm::ChunkEntry& c : hs.info.chunks) {
       if (c.tensor_index >= hs.info.tensors.size()) {
         return DataLossError(fmt::format("rank {}: chunk names tensor {} of {}", hs.rank,
@@ -355,11 +419,16 @@ Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
       const shm::SavedTensor& t = hs.info.tensors[c.tensor_index];
       tier::ViewEntry e;
       e.meta = t.meta;
-      e.meta.name = DurableName(t.meta, hs.rank);
-      // Replicated state is the same on every rank: the lowest rank's copy.
       if (t.meta.state_class == StateClass::kReplicated) {
-        if (replicated_done.count(e.meta.name)) continue;
-        replicated_here.insert(e.meta.name);
+        auto it = names.find({hs.rank, t.meta.name});
+        MEMENTO_CHECK(it != names.end());
+        // Another rank writes the copy this rank shares.
+        if (!it->second.writer) continue;
+        e.meta.name = it->second.name;
+        e.ranks = it->second.ranks;
+      } else {
+        e.meta.name = DurableName(t.meta, hs.rank);
+        e.ranks = {hs.rank};
       }
       e.offset = c.offset - t.offset;
       e.length = c.length;
@@ -378,7 +447,6 @@ Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
                                   : fmt::format("{}#{}", e.meta.name, off);
       hold->expected[key] = c.checksum;
     }
-    replicated_done.insert(replicated_here.begin(), replicated_here.end());
   }
   return PinView(std::move(view), hold, step, seq, &release.armed);
 }

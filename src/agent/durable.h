@@ -30,6 +30,7 @@
 #include "common/mutex.h"
 #include "memento/deadline.h"
 #include "memento/status.h"
+#include "memento/types.h"
 #include "shm/commit_word.h"
 #include "shm/node_store.h"
 #include "shm/segment.h"
@@ -70,6 +71,38 @@ struct DurableStats {
   int64_t hold_expired = 0;           // a write outlived --durable-hold-max-s
   tier::PersisterStats persister;
 };
+
+// Node-local naming of replicated tensors (docs/durable_tier.md, "Names").
+// One rank's copy of one replicated tensor in the version being persisted,
+// described by its slot: meta and chunk list (offset within the tensor,
+// length, xxh3).
+struct ReplicatedCopy {
+  struct Chunk {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint64_t checksum = 0;
+    friend bool operator==(const Chunk& a, const Chunk& b) {
+      return a.offset == b.offset && a.length == b.length && a.checksum == b.checksum;
+    }
+  };
+  int rank = 0;
+  TensorMeta meta;
+  std::vector<Chunk> chunks;
+};
+struct ReplicatedName {
+  std::string name;        // the stored (durable) name
+  std::vector<int> ranks;  // every rank whose copy it is, ascending
+  bool writer = false;     // this rank writes it (the lowest of `ranks`)
+};
+// (rank, registered name) -> where that rank's copy is stored. Copies of one
+// name are the same state only when meta and chunk lists are equal (the
+// ranks of one (pp, tp) position); such a class is written once, by its
+// lowest rank. One class on the node keeps the plain name (the common DP
+// case, and what restores into another topology by name); several classes
+// (ranks of different pipeline stages or TP positions on one node) are each
+// stored as "rank<lowest>/<name>", and every rank's entry says which.
+std::map<std::pair<int, std::string>, ReplicatedName> DurableNames(
+    const std::vector<ReplicatedCopy>& copies);
 
 // An Env that forwards everything to `base`, except that the rename which
 // publishes a node marker of version s first asks `check(s)`; an error refuses

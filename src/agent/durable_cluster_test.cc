@@ -65,6 +65,36 @@ TEST(ClusterDurableName, ByStateClassAndPosition) {
   EXPECT_EQ(ClusterDurableName(rng, 3, *t2), "rank3/rng");
 }
 
+// Node-local mode: a replicated tensor is shared only by ranks whose copies
+// are provably equal (meta and chunk checksums); other copies are per rank.
+TEST(DurableNames, SharedOnlyByEqualCopies) {
+  auto copy = [](int rank, uint64_t sum, int64_t numel = 8) {
+    ReplicatedCopy c;
+    c.rank = rank;
+    c.meta = Tensor("params", DType::kFloat32, numel, StateClass::kReplicated);
+    c.chunks = {{0, 16, 1}, {16, static_cast<uint64_t>(numel) * 4 - 16, sum}};
+    return c;
+  };
+  // Pure DP on the node: one class, the plain name, written by rank 0.
+  auto n = DurableNames({copy(1, 7), copy(0, 7)});
+  EXPECT_EQ(n.at({0, "params"}).name, "params");
+  EXPECT_TRUE(n.at({0, "params"}).writer);
+  EXPECT_FALSE(n.at({1, "params"}).writer);
+  EXPECT_EQ(n.at({1, "params"}).ranks, (std::vector<int>{0, 1}));
+  // Two stages, two ranks each (0, 2: stage 0; 1, 3: stage 1).
+  n = DurableNames({copy(0, 7), copy(1, 9), copy(2, 7), copy(3, 9)});
+  EXPECT_EQ(n.at({2, "params"}).name, "rank0/params");
+  EXPECT_EQ(n.at({2, "params"}).ranks, (std::vector<int>{0, 2}));
+  EXPECT_FALSE(n.at({2, "params"}).writer);
+  EXPECT_EQ(n.at({3, "params"}).name, "rank1/params");
+  EXPECT_TRUE(n.at({1, "params"}).writer);
+  // Equal checksums but another shape: not the same state.
+  n = DurableNames({copy(0, 7), copy(1, 7, 12)});
+  EXPECT_EQ(n.at({0, "params"}).name, "rank0/params");
+  EXPECT_EQ(n.at({1, "params"}).name, "rank1/params");
+  EXPECT_TRUE(n.at({1, "params"}).writer);
+}
+
 class DurableClusterTest : public ::testing::Test {
  protected:
   static constexpr int kNodes = 2;

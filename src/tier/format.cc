@@ -1,6 +1,7 @@
 #include "tier/format.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -108,6 +109,7 @@ std::string SerializeIndex(const VersionIndex& index) {
     jt["state_class"] = std::string(StateClassName(t.state_class));
     jt["global"] = t.global;
     if (t.split_dim >= 0) jt["split_dim"] = t.split_dim;
+    if (!t.ranks.empty()) jt["ranks"] = t.ranks;
     jt["nbytes"] = t.nbytes;
     jt["pieces"] = json::array();
     for (const auto& p : t.pieces) {
@@ -170,6 +172,7 @@ Result<VersionIndex> ParseIndex(const std::string& text, const std::string& what
                                ParseStateClass(jt.at("state_class").get<std::string>()));
       t.global = jt.value("global", false);
       t.split_dim = jt.value("split_dim", -1);
+      if (jt.contains("ranks")) t.ranks = jt.at("ranks").get<std::vector<int>>();
       t.nbytes = jt.at("nbytes").get<uint64_t>();
       if (t.split_dim >= static_cast<int>(t.shape.size()) || (t.split_dim >= 0 && t.global)) {
         return DataLossError(fmt::format("{}: tensor '{}' has split_dim {} (shape {}{})", what,
@@ -231,8 +234,69 @@ Status MergeIndex(const VersionIndex& part, VersionIndex* into) {
           DTypeName(t.dtype), ShapeToString(t.shape), StateClassName(t.state_class)));
     }
     for (const auto& p : t.pieces) have.pieces.push_back(p);
+    for (int r : t.ranks) {
+      if (std::find(have.ranks.begin(), have.ranks.end(), r) == have.ranks.end()) {
+        have.ranks.push_back(r);
+      }
+    }
+    std::sort(have.ranks.begin(), have.ranks.end());
   }
   return Status::Ok();
+}
+
+std::string RankScopedName(int rank, const std::string& name) {
+  return fmt::format("rank{}/{}", rank, name);
+}
+
+Result<std::string> RankTensorName(const VersionIndex& index, int rank, const std::string& name) {
+  auto lists = [rank](const TensorRecord& t) {
+    return std::find(t.ranks.begin(), t.ranks.end(), rank) != t.ranks.end();
+  };
+  const std::string own = RankScopedName(rank, name);
+  auto it = index.tensors.find(own);
+  if (it != index.tensors.end() && (it->second.ranks.empty() || lists(it->second))) return own;
+  const std::string suffix = "/" + name;
+  for (const auto& [stored, t] : index.tensors) {
+    if (stored.rfind("rank", 0) == 0 && stored.size() > suffix.size() &&
+        stored.compare(stored.size() - suffix.size(), suffix.size(), suffix) == 0 && lists(t) &&
+        stored.find('/') == stored.size() - suffix.size()) {
+      return stored;
+    }
+  }
+  it = index.tensors.find(name);
+  if (it == index.tensors.end()) {
+    return NotFoundError(
+        fmt::format("rank {}'s tensor '{}' is not in version {} (neither '{}' nor '{}')", rank,
+                    name, index.step, own, name));
+  }
+  const TensorRecord& t = it->second;
+  if (!t.ranks.empty()) {
+    if (lists(t)) return name;
+    return NotFoundError(
+        fmt::format("rank {}'s tensor '{}' is not in version {}: '{}' holds ranks {} only", rank,
+                    name, index.step, name, fmt::join(t.ranks, ",")));
+  }
+  // No `ranks`: a cluster version (its names are global), or a node-local
+  // version written before the field existed.
+  json topo = json::parse(index.topology_json, nullptr, /*allow_exceptions=*/false);
+  if (t.state_class == StateClass::kReplicated && !topo.is_discarded() && topo.is_object() &&
+      topo.value("source", "") == "memento agent" && topo.contains("ranks") &&
+      topo["ranks"].is_array() && topo["ranks"].size() > 1) {
+    std::vector<int> node_ranks;
+    for (const auto& r : topo["ranks"]) {
+      if (r.is_number_integer()) node_ranks.push_back(r.get<int>());
+    }
+    if (!node_ranks.empty() && rank != *std::min_element(node_ranks.begin(), node_ranks.end())) {
+      return FailedPreconditionError(fmt::format(
+          "version {} cannot be trusted for rank {}'s tensor '{}': it was written by an older "
+          "memento that stored a replicated tensor once per node, from the node's lowest rank of "
+          "{}, without checking that the node's other ranks (other pipeline stages or TP "
+          "positions) held the same bytes; restore a version written by this memento, or that "
+          "rank's state from memory",
+          index.step, rank, name, fmt::join(node_ranks, ",")));
+    }
+  }
+  return name;
 }
 
 std::string SerializeNodeMarker(const NodeMarker& m) {

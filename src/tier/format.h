@@ -97,6 +97,12 @@ struct TensorRecord {
   // every piece names its slice along this dimension (format version 2).
   int split_dim = -1;
   uint64_t nbytes = 0;  // logical size (the global tensor's for a TP tensor)
+  // Node-local versions (agent without --store): the ranks whose tensor of
+  // this name these bytes are, proved equal when the version was written
+  // (same meta, same chunk checksums). "ranks" in the JSON, absent when empty:
+  // cluster versions and versions written before the field existed, whose
+  // shared replicated names were NOT checked (see RankTensorName).
+  std::vector<int> ranks;
   std::vector<PieceRecord> pieces;
 };
 
@@ -129,6 +135,25 @@ Result<VersionIndex> ParseIndex(const std::string& text, const std::string& what
 // Adds `part`'s nodes and pieces to `into`. Fails when the same tensor is
 // described differently (dtype, shape, size, state class) by two nodes.
 Status MergeIndex(const VersionIndex& part, VersionIndex* into);
+
+// Node-local names. A rank's own copy of tensor `name`: "rank<R>/<name>".
+std::string RankScopedName(int rank, const std::string& name);
+
+// The stored tensor that holds rank `rank`'s tensor `name` in `index`
+// (docs/durable_tier.md, "Names"):
+//  1. "rank<R>/<name>" when stored;
+//  2. a "rank<X>/<name>" whose `ranks` lists R (ranks with equal bytes share
+//     the lowest one's copy);
+//  3. "<name>" when its `ranks` lists R, or when it has no `ranks` and the
+//     version is not a node-local one with several ranks (cluster versions,
+//     single-rank nodes, tests);
+// NotFound when none holds it. FailedPrecondition for a node-local version
+// written before `ranks` existed, for any rank but the node's lowest: that
+// writer stored a replicated tensor once per node from the lowest rank
+// without checking that the other ranks (other pipeline stages or TP
+// positions) held the same bytes, so the copy cannot be trusted for them.
+[[nodiscard]] Result<std::string> RankTensorName(const VersionIndex& index, int rank,
+                                                 const std::string& name);
 
 // A node's marker (node-N.done): its part of the version is durable.
 struct NodeMarker {

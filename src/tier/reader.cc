@@ -232,11 +232,23 @@ Result<RestoreReport> Restore(Env* env, const std::string& root, std::optional<i
   // 1. Check every target against the index; collect every problem.
   std::vector<std::string> problems;
   bool only_missing = true;
+  bool untrusted = false;  // RankTensorName: a legacy node-local copy
   std::map<std::pair<std::string, uint64_t>, PieceWork> work;  // (file, file_offset)
   for (size_t i = 0; i < targets.size(); ++i) {
     const RestoreTarget& t = targets[i];
     const TensorMeta& m = t.meta;
-    auto it = index.tensors.find(m.name);
+    std::string stored = m.name;
+    if (t.rank >= 0) {
+      Result<std::string> name = RankTensorName(index, t.rank, m.name);
+      if (!name.ok()) {
+        if (name.status().code() != StatusCode::kNotFound) only_missing = false;
+        if (name.status().code() == StatusCode::kFailedPrecondition) untrusted = true;
+        problems.push_back(name.status().message());
+        continue;
+      }
+      stored = *name;
+    }
+    auto it = index.tensors.find(stored);
     if (it == index.tensors.end()) {
       problems.push_back(fmt::format("tensor '{}' is not in version {}", m.name, report.step));
       continue;
@@ -354,6 +366,7 @@ Result<RestoreReport> Restore(Env* env, const std::string& root, std::optional<i
         "version {} in {} cannot fill the {} target(s), nothing was "
         "written: {}",
         report.step, root, targets.size(), fmt::join(problems, "; "));
+    if (untrusted) return FailedPreconditionError(msg);
     return only_missing ? NotFoundError(msg) : InvalidArgumentError(msg);
   }
 

@@ -59,6 +59,11 @@ struct RestoreTarget {
   uint64_t offset = 0;
   uint64_t length = UINT64_MAX;  // UINT64_MAX: to the end of the tensor
   TpSlice tp;
+  // >= 0: meta.name is rank `rank`'s own name for the tensor (as it
+  // registered it), resolved with RankTensorName: "rank<R>/<name>", a shared
+  // copy whose `ranks` list R, or the plain name. -1: meta.name is the stored
+  // name as is.
+  int rank = -1;
 };
 
 struct RestoreOptions {

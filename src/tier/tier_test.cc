@@ -722,3 +722,95 @@ TEST(TierTest, TensorParallelMissingSliceIsReported) {
 
 }  // namespace
 }  // namespace memento::tier
+
+namespace memento::tier {
+namespace {
+
+// Node-local versions (the agent without --store): a replicated tensor shared
+// by the ranks whose copies are equal, per-rank copies otherwise, resolved by
+// RestoreTarget::rank; and a version written before `ranks` existed, whose
+// shared copy cannot be trusted for any rank but the node's lowest.
+TEST(TierTest, RankScopedReplicatedNamesResolvePerRank) {
+  ScratchDir dir("tier-ranks");
+  Env* env = Env::Default();
+  std::mt19937_64 rng(testing::TestSeed("RankScopedReplicatedNamesResolvePerRank"));
+  // Ranks 0 and 2: stage 0 (equal params); rank 1: stage 1 (other bytes).
+  const std::vector<uint8_t> stage0 = RandomBytes(rng, 256), stage1 = RandomBytes(rng, 256);
+  const std::vector<uint8_t> only1 = RandomBytes(rng, 8);
+  auto write = [&](int64_t step, bool legacy) {
+    VersionView v;
+    v.job = "job-ranks";
+    v.step = step;
+    v.topology_json = R"({"node": 0, "ranks": [0, 1, 2], "source": "memento agent"})";
+    if (legacy) {  // the old writer: "params" from the lowest rank, no ranks
+      v.entries.push_back(ViewEntry(Meta("params", DType::kUInt8, {256}), 0, 256, stage0.data()));
+    } else {
+      ViewEntry e(Meta("rank0/params", DType::kUInt8, {256}), 0, 128, stage0.data());
+      e.ranks = {2, 0};
+      v.entries.push_back(e);
+      e = ViewEntry(Meta("rank0/params", DType::kUInt8, {256}), 128, 128, stage0.data() + 128);
+      e.ranks = {0, 2};
+      v.entries.push_back(e);
+      e = ViewEntry(Meta("rank1/params", DType::kUInt8, {256}), 0, 256, stage1.data());
+      e.ranks = {1};
+      v.entries.push_back(e);
+      e = ViewEntry(Meta("head", DType::kUInt8, {8}), 0, 8, only1.data());
+      e.ranks = {1};
+      v.entries.push_back(e);
+    }
+    auto st = WriteVersion(env, dir.path(), v, WriteOptions{}, Deadline::AfterSeconds(10));
+    ASSERT_TRUE(st.ok()) << st.status();
+  };
+  write(10, /*legacy=*/false);
+  auto index = LoadIndex(env, dir.path(), 10);
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ(index->tensors.at("rank0/params").ranks, (std::vector<int>{0, 2}));
+  EXPECT_EQ(*RankTensorName(*index, 0, "params"), "rank0/params");
+  EXPECT_EQ(*RankTensorName(*index, 2, "params"), "rank0/params");
+  EXPECT_EQ(*RankTensorName(*index, 1, "params"), "rank1/params");
+  EXPECT_EQ(*RankTensorName(*index, 1, "head"), "head");
+  EXPECT_EQ(RankTensorName(*index, 0, "head").status().code(), StatusCode::kNotFound);
+  std::vector<std::vector<uint8_t>> got(3, std::vector<uint8_t>(256));
+  std::vector<RestoreTarget> targets;
+  for (int r = 0; r < 3; ++r) {
+    targets.emplace_back(Meta("params", DType::kUInt8, {256}), got[r].data());
+    targets.back().rank = r;
+  }
+  auto rep = Restore(env, dir.path(), 10, targets);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(got[0], stage0);
+  EXPECT_EQ(got[1], stage1);
+  EXPECT_EQ(got[2], stage0);
+  auto report = Verify(env, dir.path(), 10);
+  ASSERT_TRUE(report.ok());
+  EXPECT_TRUE(report->ok()) << ::testing::PrintToString(report->versions[0].problems);
+
+  // A version of the old writer: rank 0's copy is its own, the others' are refused.
+  write(20, /*legacy=*/true);
+  index = LoadIndex(env, dir.path(), 20);
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_TRUE(index->tensors.at("params").ranks.empty());
+  EXPECT_EQ(*RankTensorName(*index, 0, "params"), "params");
+  auto legacy = RankTensorName(*index, 1, "params");
+  EXPECT_EQ(legacy.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(legacy.status().message().find("cannot be trusted for rank 1"), std::string::npos)
+      << legacy.status();
+  std::vector<uint8_t> sentinel(256, 0xAB);
+  got[1] = sentinel;
+  rep = Restore(env, dir.path(), 20, targets);
+  EXPECT_EQ(rep.status().code(), StatusCode::kFailedPrecondition) << rep.status();
+  EXPECT_EQ(got[1], sentinel);  // nothing written
+  targets.resize(1);
+  rep = Restore(env, dir.path(), 20, targets);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(got[0], stage0);
+  // The stored name as is (rank -1) still reads the old copy.
+  std::vector<uint8_t> plain(256);
+  rep = Restore(env, dir.path(), 20,
+                {RestoreTarget(Meta("params", DType::kUInt8, {256}), plain.data())});
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(plain, stage0);
+}
+
+}  // namespace
+}  // namespace memento::tier

@@ -44,6 +44,10 @@ struct ViewEntry {
   // with another TP degree can restore (re-cut) it. offset/length are then
   // relative to the slice, as for any tensor.
   TpSlice tp;
+  // Node-local versions: the ranks whose tensor of this name these bytes are
+  // (recorded as TensorRecord::ranks; every entry of one tensor names the
+  // same ranks). Empty: not recorded (cluster versions).
+  std::vector<int> ranks;
 };
 
 struct VersionView {
@@ -59,7 +63,8 @@ struct VersionView {
   // index so that a restore can tell a different topology.
   std::string topology_json = "{}";
   // Tensor names are global keys across the job: state that exists once per
-  // rank (kPrivate) must carry the rank in its name ("rank3/rng").
+  // rank (kPrivate), and replicated state that differs between the ranks of
+  // one node, must carry the rank in its name ("rank3/rng", RankScopedName).
   std::vector<ViewEntry> entries;
   // Keeps the bytes alive (a slot pin of the agent); released when the view is
   // destroyed.

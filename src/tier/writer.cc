@@ -313,6 +313,8 @@ Result<WriteStats> WriteNodePart(Env* env, const std::string& root, const Versio
     t.state_class = m.state_class;
     t.global = global;
     t.split_dim = tp ? e.tp.dim : -1;
+    t.ranks = e.ranks;
+    std::sort(t.ranks.begin(), t.ranks.end());
     t.shape = global ? std::vector<int64_t>{m.global_numel} : tp ? e.tp.global_shape : m.shape;
     t.nbytes = global ? static_cast<uint64_t>(m.global_numel) * es : nbytes;
     if (tp) {
@@ -374,9 +376,10 @@ Result<WriteStats> WriteNodePart(Env* env, const std::string& root, const Versio
     if (it == manifest.tensors.end()) {
       manifest.tensors.emplace(m.name, std::move(t));
     } else if (it->second.dtype != t.dtype || it->second.shape != t.shape ||
-               it->second.state_class != t.state_class || it->second.split_dim != t.split_dim) {
-      return InvalidArgumentError(
-          fmt::format("tensor '{}' appears twice with different dtype/shape/state class", m.name));
+               it->second.state_class != t.state_class || it->second.split_dim != t.split_dim ||
+               it->second.ranks != t.ranks) {
+      return InvalidArgumentError(fmt::format(
+          "tensor '{}' appears twice with different dtype/shape/state class/ranks", m.name));
     }
     plan.push_back(std::move(pp));
   }

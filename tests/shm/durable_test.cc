@@ -42,10 +42,12 @@ class DurableTest : public ::testing::Test {
     return pid;
   }
 
-  pid_t StartTrainer(int rank, uint64_t bytes, int64_t steps, double sleep_s) {
+  pid_t StartTrainer(int rank, uint64_t bytes, int64_t steps, double sleep_s,
+                     uint64_t param_seed = 0) {
     return Spawn({TEST_TRAINER_BIN, "--job", "dur", "--dir", root_, "--rank", std::to_string(rank),
                   "--bytes", std::to_string(bytes), "--steps", std::to_string(steps), "--threads",
-                  "1", "--step-sleep", std::to_string(sleep_s), "--progress", Progress(rank)},
+                  "1", "--step-sleep", std::to_string(sleep_s), "--progress", Progress(rank),
+                  "--param-seed", std::to_string(param_seed)},
                  log_ + ".trainer" + std::to_string(rank));
   }
   std::string Progress(int rank) const { return dir_.path() + "/progress" + std::to_string(rank); }
@@ -57,23 +59,24 @@ class DurableTest : public ::testing::Test {
   }
 
   // The trainer's Digest() of rank `rank`'s state restored from durable
-  // version `step`: params, adam.m, adam.v, cursor, chained as the trainer does.
+  // version `step`: params, adam.m, adam.v, cursor, chained as the trainer
+  // does. Each tensor is asked for by the name the rank registered it under
+  // (RestoreTarget::rank): the tier finds the rank's copy, shared or its own.
   uint64_t RestoredDigest(int64_t step, int rank) {
     auto index = tier::LoadIndex(tier::Env::Default(), durable_, step);
     EXPECT_TRUE(index.ok()) << index.status().ToString();
     if (!index.ok()) return 0;
-    const std::string prefix = "rank" + std::to_string(rank) + "/";
-    const std::vector<std::string> names = {"params", prefix + "adam.m", prefix + "adam.v",
-                                            prefix + "cursor"};
+    const std::vector<std::string> names = {"params", "adam.m", "adam.v", "cursor"};
     std::vector<std::vector<uint8_t>> bufs(names.size());
     std::vector<tier::RestoreTarget> targets;
     for (size_t i = 0; i < names.size(); ++i) {
-      auto it = index->tensors.find(names[i]);
-      EXPECT_TRUE(it != index->tensors.end()) << "version " << step << " lacks " << names[i];
-      if (it == index->tensors.end()) return 0;
-      const tier::TensorRecord& t = it->second;
+      auto stored = tier::RankTensorName(*index, rank, names[i]);
+      EXPECT_TRUE(stored.ok()) << "version " << step << ": " << stored.status().ToString();
+      if (!stored.ok()) return 0;
+      const tier::TensorRecord& t = index->tensors.at(*stored);
       bufs[i].resize(t.nbytes);
-      targets.push_back({TensorMeta{t.name, t.dtype, t.shape, t.state_class}, bufs[i].data()});
+      targets.push_back({TensorMeta{names[i], t.dtype, t.shape, t.state_class}, bufs[i].data()});
+      targets.back().rank = rank;
     }
     auto r = tier::Restore(tier::Env::Default(), durable_, step, targets);
     EXPECT_TRUE(r.ok()) << "restore of version " << step << ": " << r.status().ToString();
@@ -186,7 +189,50 @@ TEST_F(DurableTest, FastTrainersNeverGetATornDurableVersion) {
   std::vector<int64_t> complete = CheckAllVersions(2);
   ASSERT_FALSE(complete.empty());
   EXPECT_EQ(complete.back(), kSteps);
+  // Both ranks hold the same parameters: written once, under the plain name.
+  auto index = tier::LoadIndex(tier::Env::Default(), durable_, kSteps);
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  ASSERT_TRUE(index->tensors.count("params")) << "the equal copies were not shared";
+  EXPECT_EQ(index->tensors.at("params").ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(index->tensors.count("rank1/params"), 0u);
   std::fprintf(stderr, "durable versions kept: %zu; %s\n", complete.size(), AgentStats().c_str());
+}
+
+// Issue 7's data-loss bug: two ranks of one node register `params` with
+// different bytes (two pipeline stages on one node). Each rank's durable
+// state must be its own: every complete version restores, per rank, to that
+// rank's digest at the step (the old writer stored rank 0's params for both).
+TEST_F(DurableTest, RanksWithDifferentReplicatedBytesEachGetTheirOwn) {
+  constexpr int64_t kSteps = 12;
+  // No durable hold: with it a rank may skip the last step's snapshot, which
+  // then never lands; without it the last step is never overwritten.
+  pid_t agent = StartAgent({"--persist-every", "3", "--durable-hold-max-s", "0"});
+  pid_t t0 = StartTrainer(0, 4 << 20, kSteps, 0.03, /*param_seed=*/0);
+  pid_t t1 = StartTrainer(1, 4 << 20, kSteps, 0.03, /*param_seed=*/1);
+  for (pid_t t : {t0, t1}) {
+    int st = WaitExit(t, 120);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        << ReadFile(log_ + ".trainer0") << ReadFile(log_ + ".trainer1");
+  }
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto latest = tier::LatestCompleteVersion(tier::Env::Default(), durable_);
+        return latest.ok() && *latest == kSteps;
+      },
+      60))
+      << ReadFile(log_ + ".agent");
+  StopAgent(agent);
+  std::vector<int64_t> complete = CheckAllVersions(2);
+  ASSERT_FALSE(complete.empty());
+  EXPECT_EQ(complete.back(), kSteps);
+  for (int64_t step : complete) {
+    auto index = tier::LoadIndex(tier::Env::Default(), durable_, step);
+    ASSERT_TRUE(index.ok()) << index.status().ToString();
+    EXPECT_EQ(index->tensors.count("params"), 0u) << "version " << step << " shares params";
+    ASSERT_TRUE(index->tensors.count("rank0/params") && index->tensors.count("rank1/params"));
+    EXPECT_EQ(index->tensors.at("rank1/params").ranks, std::vector<int>{1});
+  }
+  std::fprintf(stderr, "durable versions: %zu; %s\n", complete.size(), AgentStats().c_str());
 }
 
 // The durable hold (docs/durable_tier.md, "The durable hold"): one trainer

@@ -57,12 +57,13 @@ struct Model {
   std::vector<uint64_t> params, m, v;
   Cursor cursor{0, 12345};
 
-  explicit Model(size_t bytes) {
+  // param_seed != 0: other parameters (another pipeline stage on the node).
+  explicit Model(size_t bytes, uint64_t param_seed = 0) {
     size_t words = bytes / 8;
     params.resize(words / 2);
     m.resize(words * 3 / 10);
     v.resize(words - params.size() - m.size());
-    for (size_t i = 0; i < params.size(); ++i) params[i] = SplitMix(i);
+    for (size_t i = 0; i < params.size(); ++i) params[i] = SplitMix(i + (param_seed << 48));
     for (size_t i = 0; i < m.size(); ++i) m[i] = SplitMix(i + (1ULL << 40));
     for (size_t i = 0; i < v.size(); ++i) v[i] = SplitMix(i + (2ULL << 40));
   }
@@ -104,6 +105,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads);
   app.add_option("--progress", progress)->required();
   app.add_option("--step-sleep", step_sleep_s);
+  uint64_t param_seed = 0;
+  app.add_option("--param-seed", param_seed,
+                 "Initial parameters from this seed (0: the default; ranks with different seeds "
+                 "stand for different pipeline stages registering `params`)");
   app.add_flag("--no-memento", no_memento);
   app.add_option("--schedule", schedule);
   CLI11_PARSE(app, argc, argv);
@@ -111,7 +116,7 @@ int main(int argc, char** argv) {
   g_progress = open(progress.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (g_progress < 0) return 2;
 
-  Model model(bytes);
+  Model model(bytes, param_seed);
   std::unique_ptr<memento::Client> client;
   if (!no_memento) {
     memento::ClientOptions o;
