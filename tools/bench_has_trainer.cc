@@ -40,6 +40,7 @@
 
 #include "common/clock.h"
 #include "common/subprocess.h"
+#include "tools/bench_agents.h"
 #include "tools/bench_stats.h"
 #include "tools/trainer_binary.h"
 
@@ -91,28 +92,13 @@ class Bench {
         std::filesystem::remove_all(dir, ec);
       }
     };
-    for (int n = 0; on && n < nodes; ++n) {
-      const std::string root = dir + "/node" + std::to_string(n);
-      SpawnOptions so;
-      so.argv = {self_, "agent", "--job", job, "--node", std::to_string(n), "--root", root};
-      so.log_path = dir + "/agent" + std::to_string(n) + ".log";
-      auto agent = Subprocess::Spawn(so);
-      if (!agent.ok()) {
+    if (on) {
+      auto started = StartBenchAgents(self_, job, dir, nodes);
+      if (!started.ok()) {
         cleanup();
-        return agent.status();
+        return started.status();
       }
-      agents.push_back(std::move(*agent));
-      Deadline ready = Deadline::AfterSeconds(30);
-      struct stat st;
-      while (stat((root + "/agent.sock").c_str(), &st) != 0) {
-        if (agents.back().Poll().has_value() || ready.expired()) {
-          std::string log = TailFile(so.log_path, 2000);
-          cleanup();
-          return InternalError("memento agent for node " + std::to_string(n) +
-                               " did not start: " + log);
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
+      agents = std::move(*started);
     }
     std::vector<std::string> argv = {trainer_,
                                      "--launch",

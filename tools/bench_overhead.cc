@@ -34,6 +34,7 @@
 #include "common/clock.h"
 #include "common/subprocess.h"
 #include "memento/status.h"
+#include "tools/bench_agents.h"
 #include "tools/bench_stats.h"
 #include "tools/command.h"
 #include "tools/trainer_binary.h"
@@ -53,6 +54,7 @@ struct OverheadArgs {
   int ranks_per_node = 1;
   double run_timeout_s = 900;
   std::string copy_priority;  // empty: the client's default
+  std::string schedule;       // empty: the trainer's default (auto)
   bool keep = false;
   bool json = true;
 };
@@ -92,17 +94,17 @@ int WaitOrKill(pid_t pid, Deadline deadline) {
   }
 }
 
-void StopAgent(pid_t pid) {
-  if (pid <= 0) return;
-  kill(pid, SIGTERM);
-  (void)WaitOrKill(pid, Deadline::AfterSeconds(10));
-}
-
 std::string Tail(const std::string& path) { return TailFile(path, 2000); }
 
 struct RunResult {
   nlohmann::json summary;  // the trainer's --json line
   double wall_s = 0;
+  // CPU accounting, per step summed over all ranks: the ranks' process
+  // CPU-seconds (training, Gloo and copy threads) and the copy workers' part.
+  double cpu_s = 0;
+  double copy_cpu_s = 0;
+  double agent_cpu_s = 0;  // the agents' CPU-seconds for the whole run (on)
+  double snap_bytes = 0;   // bytes snapshotted per step, all ranks (on)
 };
 
 // One trainer run (all ranks via --launch), with agents when `on`.
@@ -114,42 +116,21 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
   if (mkdir(dir.c_str(), 0700) != 0) return ErrnoError("mkdir " + dir, errno);
   const std::string job =
       "bench-overhead-" + std::to_string(getpid()) + "-" + std::to_string(index);
-  std::vector<pid_t> agents;
+  std::vector<Subprocess> agents;
   auto cleanup = [&] {
-    for (pid_t p : agents) StopAgent(p);
-    agents.clear();
+    StopBenchAgents(&agents);
     if (!a.keep) {
       std::error_code ec;
       std::filesystem::remove_all(dir, ec);
     }
   };
   if (on) {
-    for (int n = 0; n < nodes; ++n) {
-      const std::string root = dir + "/node" + std::to_string(n);
-      auto pid = Spawn({self, "agent", "--job", job, "--node", std::to_string(n), "--root", root},
-                       dir + "/agent" + std::to_string(n) + ".log");
-      if (!pid.ok()) {
-        cleanup();
-        return pid.status();
-      }
-      agents.push_back(*pid);
-      Deadline ready = Deadline::AfterSeconds(30);
-      struct stat st;
-      while (stat((root + "/agent.sock").c_str(), &st) != 0) {
-        int status = 0;
-        if (waitpid(*pid, &status, WNOHANG) == *pid) {
-          agents.pop_back();
-          std::string log = Tail(dir + "/agent" + std::to_string(n) + ".log");
-          cleanup();
-          return InternalError("memento agent for node " + std::to_string(n) + " exited: " + log);
-        }
-        if (ready.expired()) {
-          cleanup();
-          return DeadlineExceededError("memento agent did not start in 30 s");
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
+    auto started = StartBenchAgents(self, job, dir, nodes);
+    if (!started.ok()) {
+      cleanup();
+      return started.status();
     }
+    agents = std::move(*started);
   }
   std::vector<std::string> argv = {trainer,
                                    "--launch",
@@ -181,6 +162,10 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
       argv.push_back("--memento-copy-priority");
       argv.push_back(a.copy_priority);
     }
+    if (!a.schedule.empty()) {
+      argv.push_back("--memento-schedule");
+      argv.push_back(a.schedule);
+    }
   }
   const std::string log = dir + "/trainer.log";
   Stopwatch wall;
@@ -200,15 +185,34 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
   }
   std::ifstream in(log);
   std::string line;
+  int rank_summaries = 0;
   while (std::getline(in, line)) {
-    size_t pos = line.find("{\"params\"");
-    if (pos == std::string::npos) continue;
-    auto j = nlohmann::json::parse(line.substr(pos), nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded() && j.contains("mean_step_s")) out.summary = j;
+    for (const char* key : {"{\"params\"", "{\"rank_summary\""}) {
+      size_t pos = line.find(key);
+      if (pos == std::string::npos) continue;
+      auto j = nlohmann::json::parse(line.substr(pos), nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) continue;
+      if (j.contains("mean_step_s")) out.summary = j;
+      if (!j.contains("rank_summary")) continue;
+      const nlohmann::json& rs = j["rank_summary"];
+      ++rank_summaries;
+      out.cpu_s += rs.value("mean_cpu_s", 0.0);
+      const nlohmann::json& snap = rs.contains("snapshot") ? rs["snapshot"] : nlohmann::json();
+      if (snap.is_object() && snap.value("snapshots", int64_t{0}) > 0) {
+        const double snaps = static_cast<double>(snap["snapshots"].get<int64_t>());
+        out.copy_cpu_s += snap.value("copy_cpu_s", 0.0) / snaps;
+        out.snap_bytes += snap.value("bytes", 0.0) / snaps;
+      }
+    }
   }
+  if (on) out.agent_cpu_s = StopBenchAgents(&agents);
   cleanup();
   if (out.summary.is_null()) {
     return InternalError("no JSON summary in the trainer's output: " + Tail(log));
+  }
+  if (rank_summaries != world) {
+    return InternalError("expected " + std::to_string(world) + " rank summaries, got " +
+                         std::to_string(rank_summaries) + ": " + Tail(log));
   }
   return out;
 }
@@ -231,6 +235,7 @@ int RunOverheadBench(const OverheadArgs& a) {
   const double load_start = LoadAverage();
   nlohmann::json rounds = nlohmann::json::array();
   double sum_off = 0, sum_on = 0, sum_fence = 0, sum_snap = 0;
+  double sum_cpu_off = 0, sum_cpu_on = 0, sum_copy_cpu = 0, sum_agent_cpu = 0, snap_bytes = 0;
   std::vector<double> offs, ons, pcts;
   nlohmann::json first;
   Status failed;
@@ -259,6 +264,11 @@ int RunOverheadBench(const OverheadArgs& a) {
     offs.push_back(off);
     ons.push_back(on);
     pcts.push_back(off > 0 ? (on - off) / off * 100 : 0.0);
+    sum_cpu_off += res[0].cpu_s;
+    sum_cpu_on += res[1].cpu_s;
+    sum_copy_cpu += res[1].copy_cpu_s;
+    sum_agent_cpu += res[1].agent_cpu_s;
+    snap_bytes = res[1].snap_bytes;
     sum_fence += res[1].summary.value("mean_fence_s", 0.0);
     sum_snap += res[1].summary.value("mean_snapshot_s", 0.0);
     rounds.push_back({{"order", on_first ? "on,off" : "off,on"},
@@ -267,6 +277,10 @@ int RunOverheadBench(const OverheadArgs& a) {
                       {"overhead_pct", off > 0 ? (on - off) / off * 100 : 0.0},
                       {"fence_s_on", res[1].summary.value("mean_fence_s", 0.0)},
                       {"snapshot_s_on", res[1].summary.value("mean_snapshot_s", 0.0)},
+                      {"cpu_s_per_step_off", res[0].cpu_s},
+                      {"cpu_s_per_step_on", res[1].cpu_s},
+                      {"copy_cpu_s_on", res[1].copy_cpu_s},
+                      {"agent_cpu_s_on", res[1].agent_cpu_s},
                       {"wall_s_off", res[0].wall_s},
                       {"wall_s_on", res[1].wall_s},
                       {"loadavg_1m", LoadAverage()}});
@@ -279,36 +293,44 @@ int RunOverheadBench(const OverheadArgs& a) {
   const int n = a.rounds;
   const double off = sum_off / n, on = sum_on / n;
   const int world = a.dp * a.pp * a.tp;
-  nlohmann::json out = {{"bench", "overhead"},
-                        {"preset", a.preset},
-                        {"params", first.value("params", int64_t{0})},
-                        {"topology",
-                         {{"dp", a.dp},
-                          {"pp", a.pp},
-                          {"tp", a.tp},
-                          {"zero1", !a.no_zero && a.dp > 1},
-                          {"world", world},
-                          {"nodes", (world + a.ranks_per_node - 1) / a.ranks_per_node},
-                          {"ranks_per_node", a.ranks_per_node}}},
-                        {"batch", a.batch},
-                        {"micro_batches", a.micro_batches},
-                        {"steps", a.steps},
-                        {"timed_steps_per_run", a.steps - 1},
-                        {"rounds", n},
-                        {"step_s_off", off},
-                        {"step_s_on", on},
-                        {"overhead_pct", off > 0 ? (on - off) / off * 100 : 0.0},
-                        {"step_s_off_median", Median(offs)},
-                        {"step_s_on_median", Median(ons)},
-                        {"overhead_pct_median", Median(pcts)},
-                        {"copy_priority", a.copy_priority.empty() ? "default" : a.copy_priority},
-                        {"loadavg_1m_start", load_start},
-                        {"loadavg_1m_end", LoadAverage()},
-                        {"fence_s_on", sum_fence / n},
-                        {"snapshot_s_on", sum_snap / n},
-                        {"per_round", rounds},
-                        {"wall_s", total.Seconds()},
-                        {"trainer", *trainer}};
+  nlohmann::json out = {
+      {"bench", "overhead"},
+      {"preset", a.preset},
+      {"params", first.value("params", int64_t{0})},
+      {"topology",
+       {{"dp", a.dp},
+        {"pp", a.pp},
+        {"tp", a.tp},
+        {"zero1", !a.no_zero && a.dp > 1},
+        {"world", world},
+        {"nodes", (world + a.ranks_per_node - 1) / a.ranks_per_node},
+        {"ranks_per_node", a.ranks_per_node}}},
+      {"batch", a.batch},
+      {"micro_batches", a.micro_batches},
+      {"steps", a.steps},
+      {"timed_steps_per_run", a.steps - 1},
+      {"rounds", n},
+      {"step_s_off", off},
+      {"step_s_on", on},
+      {"overhead_pct", off > 0 ? (on - off) / off * 100 : 0.0},
+      {"step_s_off_median", Median(offs)},
+      {"step_s_on_median", Median(ons)},
+      {"overhead_pct_median", Median(pcts)},
+      {"cpu_s_per_step_off", sum_cpu_off / n},
+      {"cpu_s_per_step_on", sum_cpu_on / n},
+      {"cpu_overhead_pct", sum_cpu_off > 0 ? (sum_cpu_on - sum_cpu_off) / sum_cpu_off * 100 : 0.0},
+      {"copy_cpu_s_on", sum_copy_cpu / n},
+      {"agent_cpu_s_on", sum_agent_cpu / n},
+      {"snap_bytes_per_step", snap_bytes},
+      {"copy_priority", a.copy_priority.empty() ? "default" : a.copy_priority},
+      {"schedule", a.schedule.empty() ? "default" : a.schedule},
+      {"loadavg_1m_start", load_start},
+      {"loadavg_1m_end", LoadAverage()},
+      {"fence_s_on", sum_fence / n},
+      {"snapshot_s_on", sum_snap / n},
+      {"per_round", rounds},
+      {"wall_s", total.Seconds()},
+      {"trainer", *trainer}};
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }
@@ -339,6 +361,9 @@ void Setup(CLI::App& app, CommandContext& ctx) {
       ->default_val(args.run_timeout_s);
   cmd->add_option("--copy-priority", args.copy_priority,
                   "memento copy workers of the on runs: idle | normal (default: the client's)");
+  cmd->add_option("--schedule", args.schedule,
+                  "memento snapshot schedule of the on runs: auto | eager | has (default: the "
+                  "trainer's, auto)");
   cmd->add_flag("--keep", args.keep, "keep the run directories (logs, slots) under /dev/shm");
   cmd->add_flag("--json", args.json, "one-line JSON (the only output format)");
   cmd->callback([&ctx] { ctx.exit_code = RunOverheadBench(args); });

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -29,6 +30,17 @@
 #endif
 
 namespace memento::trainer {
+namespace {
+
+// CPU time of this process (all its threads: training, Gloo, memento's copy
+// workers), in seconds.
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+}  // namespace
 namespace {
 
 struct Preset {
@@ -374,11 +386,14 @@ int Main(int argc, char** argv) {
   const int64_t first_step = trainer->state().step + 1;
   int64_t timed_steps = 0;
   double sum_s = 0, sum_idle = 0, sum_comm = 0, sum_fence = 0, sum_snap = 0, last_loss = 0;
-  std::vector<double> step_times;              // timed steps, for the median
+  double sum_cpu = 0;              // this rank's process CPU-seconds over the timed steps
+  std::vector<double> step_times;  // timed steps, for the median
   double window_s = 0, window_overhead_s = 0;  // since the last progress line
   int64_t window_steps = 0;
   while (trainer->state().step < steps) {
+    const double cpu0 = ProcessCpuSeconds();
     auto r = trainer->Step();
+    const double step_cpu_s = ProcessCpuSeconds() - cpu0;
     if (!r.ok()) {
       std::fprintf(stderr, "memento-trainer rank %d: step %" PRId64 ": %s\n", rank,
                    trainer->state().step + 1, r.status().ToString().c_str());
@@ -398,6 +413,7 @@ int Main(int argc, char** argv) {
       sum_comm += r->comm_seconds;
       sum_fence += r->fence_seconds;
       sum_snap += r->snapshot_seconds;
+      sum_cpu += step_cpu_s;
       step_times.push_back(r->seconds);
     }
     last_loss = r->loss;
@@ -450,8 +466,9 @@ int Main(int argc, char** argv) {
         trainer->hooks() != nullptr ? trainer->hooks()->SummaryJson() : std::string();
     std::printf(
         "{\"rank_summary\": {\"rank\": %d, \"pp_rank\": %d, \"mean_step_s\": %.6f, "
-        "\"snapshot\": %s}}\n",
+        "\"mean_cpu_s\": %.6f, \"snapshot\": %s}}\n",
         rank, trainer->comm().pp_rank(), timed_steps > 0 ? sum_s / timed_steps : 0.0,
+        timed_steps > 0 ? sum_cpu / timed_steps : 0.0,
         hooks_json.empty() ? "null" : hooks_json.c_str());
   }
   if (json && trainer->reports_loss() && timed_steps > 0) {
@@ -471,12 +488,14 @@ int Main(int argc, char** argv) {
                 "\"micro_batches\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %" PRId64
                 ", \"final_loss\": %.6f, \"mean_step_s\": %.6f, \"mean_idle_s\": %.6f, "
                 "\"mean_comm_s\": %.6f, \"mean_fence_s\": %.6f, \"mean_snapshot_s\": %.6f, "
-                "\"tokens_per_s\": %.1f, \"median_step_s\": %.6f, \"step_s\": [%s]}\n",
+                "\"mean_cpu_s\": %.6f, \"tokens_per_s\": %.1f, \"median_step_s\": %.6f, "
+                "\"step_s\": [%s]}\n",
                 o.model.NumParameters(), o.comm.topology.dp, o.comm.topology.tp, o.comm.topology.pp,
                 o.zero1 ? "true" : "false", o.micro_batches, o.global_batch, o.model.seq,
                 trainer->state().step, last_loss, mean, sum_idle / timed_steps,
                 sum_comm / timed_steps, sum_fence / timed_steps, sum_snap / timed_steps,
-                static_cast<double>(o.global_batch) * o.model.seq / mean, median, times.c_str());
+                sum_cpu / timed_steps, static_cast<double>(o.global_batch) * o.model.seq / mean,
+                median, times.c_str());
   }
   if (!save.empty()) {
     Status st = trainer->Save(RankPath(save, rank));

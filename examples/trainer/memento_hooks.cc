@@ -13,7 +13,7 @@ namespace {
 struct SnapshotTally {
   int64_t snapshots = 0, skipped = 0, last_step = -1;
   uint64_t bytes = 0, bytes_idle = 0, bytes_compute = 0, bytes_communicate = 0, bytes_fence = 0;
-  double fence_wait_s = 0, copy_s = 0;
+  double fence_wait_s = 0, copy_s = 0, copy_cpu_s = 0;
 
   void Add(const SnapshotStats& s) {
     if (s.step < 0 || s.step == last_step) return;
@@ -30,6 +30,7 @@ struct SnapshotTally {
     bytes_fence += s.bytes_fence;
     fence_wait_s += s.fence_wait_s;
     copy_s += s.copy_s;
+    copy_cpu_s += s.copy_cpu_s;
   }
 };
 
@@ -68,15 +69,17 @@ class MementoHooks : public TrainerHooks {
   std::string SummaryJson() override {
     Status st = client_->Fence();  // the last snapshot
     tally_.Add(client_->LastSnapshotStats());
-    char buf[640];
+    char buf[704];
     std::snprintf(buf, sizeof(buf),
                   "{\"mode\": \"%s\", \"schedule\": \"%s\", \"ok\": %s, \"snapshots\": %" PRId64
                   ", \"skipped\": %" PRId64 ", \"bytes\": %" PRIu64 ", \"bytes_idle\": %" PRIu64
                   ", \"bytes_compute\": %" PRIu64 ", \"bytes_communicate\": %" PRIu64
-                  ", \"bytes_fence\": %" PRIu64 ", \"fence_wait_s\": %.6f, \"copy_s\": %.6f}",
+                  ", \"bytes_fence\": %" PRIu64
+                  ", \"fence_wait_s\": %.6f, \"copy_s\": %.6f, \"copy_cpu_s\": %.6f}",
                   mode_.c_str(), schedule_.c_str(), st.ok() ? "true" : "false", tally_.snapshots,
                   tally_.skipped, tally_.bytes, tally_.bytes_idle, tally_.bytes_compute,
-                  tally_.bytes_communicate, tally_.bytes_fence, tally_.fence_wait_s, tally_.copy_s);
+                  tally_.bytes_communicate, tally_.bytes_fence, tally_.fence_wait_s, tally_.copy_s,
+                  tally_.copy_cpu_s);
     return buf;
   }
 
@@ -85,10 +88,10 @@ class MementoHooks : public TrainerHooks {
     if (s.step < 0) return "";
     char buf[256];
     std::snprintf(buf, sizeof(buf),
-                  "snap_step %lld snap_bytes %llu copy_ms %.2f fence_wait_ms %.2f idle_bytes %llu "
-                  "fence_bytes %llu",
+                  "snap_step %lld snap_bytes %llu copy_ms %.2f copy_cpu_ms %.2f fence_wait_ms %.2f "
+                  "idle_bytes %llu fence_bytes %llu",
                   static_cast<long long>(s.step), static_cast<unsigned long long>(s.bytes),
-                  s.copy_s * 1e3, s.fence_wait_s * 1e3,
+                  s.copy_s * 1e3, s.copy_cpu_s * 1e3, s.fence_wait_s * 1e3,
                   static_cast<unsigned long long>(s.bytes_idle),
                   static_cast<unsigned long long>(s.bytes_fence));
     return buf;

@@ -109,6 +109,11 @@ struct SnapshotStats {
   // Fence(); HAS, released only once Fence() waited. idle + compute +
   // communicate == bytes always; bytes_fence is not a fourth layer.
   uint64_t bytes_fence = 0;
+  // CPU time the copy workers spent on this snapshot (CLOCK_THREAD_CPUTIME_ID
+  // of the threads that copied and hashed its chunks, the slot completion and
+  // the agent notification included). Chunks the training thread copied
+  // itself in Fence() are not in it (they are in fence_wait_s).
+  double copy_cpu_s = 0;
   // Cluster mode (docs/cluster.md): this step was not written because the
   // only slot it could take holds a newer-than-committed version the agent is
   // still protecting (making its redundancy or waiting for its commit). A

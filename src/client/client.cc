@@ -6,12 +6,16 @@
 // crosses the socket. The socket carries only small control messages.
 #include "memento/client.h"
 
+#include <sched.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <thread>
@@ -36,6 +40,25 @@ namespace memento {
 namespace {
 
 using nlohmann::json;
+
+// CPU time of the calling thread in nanoseconds (CLOCK_THREAD_CPUTIME_ID).
+uint64_t ThreadCpuNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// CPU time of the calling thread since its previous call (since the thread
+// started on the first call). On a copy-engine worker, called after each
+// chunk and after the job's completion, it is the CPU that chunk took: a
+// worker only blocks between jobs.
+uint64_t ThreadCpuSinceLastCallNs() {
+  thread_local uint64_t last = 0;
+  const uint64_t now = ThreadCpuNs();
+  const uint64_t delta = now - last;
+  last = now;
+  return delta;
+}
 
 struct Registered {
   TensorMeta meta;
@@ -181,6 +204,8 @@ class ClientImpl final : public Client {
       chunks.push_back(cc);
     }
     fence_waited_ = false;
+    copy_cpu_ns_.store(0, std::memory_order_relaxed);
+    snapshot_thread_ = std::this_thread::get_id();
     // "auto": HAS from the first snapshot after the trainer reported an
     // idle window (its phase hooks are wired); eager until then.
     if (runner_ == nullptr && options_.schedule == "auto" &&
@@ -193,14 +218,16 @@ class ClientImpl final : public Client {
     if (runner_ != nullptr && !chunks.empty())
       return BeginHasSnapshot(std::move(chunks), target, step);
     if (!chunk_on_device_.empty()) return BeginDeviceSnapshot(std::move(chunks), target, step);
-    job_ = engine_->Submit(std::move(chunks), nullptr,
-                           [this, target, step, &seg](const Status& copied) -> Status {
-                             if (!copied.ok()) return copied;
-                             shm::CompleteSlotWrite(seg);  // node-local complete, last
-                             SetNewestSlot(target);
-                             NotifyComplete(target, step);
-                             return Status::Ok();
-                           });
+    job_ = engine_->Submit(
+        std::move(chunks), [this](size_t, uint64_t) { CountWorkerCpu(); },
+        [this, target, step, &seg](const Status& copied) -> Status {
+          if (!copied.ok()) return copied;
+          shm::CompleteSlotWrite(seg);  // node-local complete, last
+          SetNewestSlot(target);
+          NotifyComplete(target, step);
+          CountWorkerCpu();
+          return Status::Ok();
+        });
     job_step_ = step;
     job_helped_bytes_ = 0;
     return Status::Ok();
@@ -225,6 +252,7 @@ class ClientImpl final : public Client {
     stats.fence_wait_s = was_done ? 0 : sw.Seconds();
     stats.bytes_fence = job_helped_bytes_;
     stats.bytes_compute = stats.bytes;  // eager: all beside computation; bytes_fence is a part
+    stats.copy_cpu_s = static_cast<double>(copy_cpu_ns_.load(std::memory_order_relaxed)) * 1e-9;
     stats.skipped_total = skipped_total_;
     {
       MutexLock l(&stats_mu_);
@@ -710,14 +738,62 @@ class ClientImpl final : public Client {
     has_target_ = target;
     has_step_ = step;
     job_step_ = step;
+    // Idle priority: the copy runs on CPU time no trainer wants (this node's
+    // other ranks included) until the fence.
+    SetHasWorkersIdle(true);
     // Begin() takes the runner's lock: the workers see the chunk list above.
     MEMENTO_RETURN_IF_ERROR(runner_->Begin(step, std::move(sizes)));
     has_active_ = true;
     return Status::Ok();
   }
 
+  // Runs on a HAS worker at its first chunk: records its thread id and gives
+  // it the priority the others have. With copy_priority "idle" it first
+  // checks that the OS lets a SCHED_IDLE thread be raised back; if not, the
+  // HAS workers keep the normal priority.
+  void RegisterHasWorker() {
+    thread_local const void* registered = nullptr;
+    if (registered == this) return;
+    registered = this;
+    const pid_t tid = static_cast<pid_t>(syscall(SYS_gettid));
+    MutexLock l(&has_prio_mu_);
+    has_worker_tids_.push_back(tid);
+    if (options_.copy_priority != "idle" || !has_idle_ok_) return;
+    sched_param param{};
+    if (sched_setscheduler(tid, SCHED_IDLE, &param) != 0 ||
+        sched_setscheduler(tid, SCHED_OTHER, &param) != 0) {
+      const int err = errno;
+      has_idle_ok_ = false;
+      MEMENTO_LOG_INFO(
+          "rank {}: HAS copy workers keep the normal priority: a SCHED_IDLE thread cannot be "
+          "raised back here ({})",
+          options_.rank, std::strerror(err));
+      SetHasWorkersIdleLocked(false);
+      return;
+    }
+    if (has_workers_idle_) sched_setscheduler(tid, SCHED_IDLE, &param);
+  }
+
+  void SetHasWorkersIdle(bool idle) {
+    if (options_.copy_priority != "idle") return;
+    MutexLock l(&has_prio_mu_);
+    SetHasWorkersIdleLocked(idle && has_idle_ok_);
+  }
+
+  // Best effort, as the eager engine's workers (snap/copy_engine.cc).
+  void SetHasWorkersIdleLocked(bool idle) REQUIRES(has_prio_mu_) {
+    if (has_workers_idle_ == idle) return;
+    has_workers_idle_ = idle;
+    sched_param param{};
+    for (pid_t tid : has_worker_tids_) {
+      (void)sched_setscheduler(tid, idle ? SCHED_IDLE : SCHED_OTHER, &param);
+    }
+  }
+
   // Runs on a HAS worker, without the runner's lock.
   Status HasCopyChunk(size_t index) {
+    RegisterHasWorker();
+    const uint64_t cpu0 = ThreadCpuNs();
     const snap::CopyChunk& c = has_chunks_[index];
     if (!chunk_on_device_.empty() && chunk_on_device_[index]) {
       MEMENTO_RETURN_IF_ERROR(CopyDeviceChunks({c}));
@@ -732,10 +808,15 @@ class ClientImpl final : public Client {
       SetNewestSlot(has_target_);
       NotifyComplete(has_target_, has_step_);
     }
+    // Before returning: the runner's Fence() sees it (its lock orders them).
+    copy_cpu_ns_.fetch_add(ThreadCpuNs() - cpu0, std::memory_order_relaxed);
     return Status::Ok();
   }
 
   Status FenceHas(Deadline deadline) {
+    // A waiting fence is never starved: the workers run at normal priority
+    // until the next snapshot begins.
+    SetHasWorkersIdle(false);
     Result<has::HasStepStats> r = runner_->Fence(deadline);
     if (!r.ok() && r.status().code() == StatusCode::kDeadlineExceeded) return r.status();
     has_active_ = false;
@@ -744,6 +825,7 @@ class ClientImpl final : public Client {
     stats.skipped_total = skipped_total_;
     if (r.ok()) {
       has::FillSnapshotStats(*r, &stats);
+      stats.copy_cpu_s = static_cast<double>(copy_cpu_ns_.load(std::memory_order_relaxed)) * 1e-9;
       MEMENTO_LOG_DEBUG(
           "snapshot {} (HAS): {} bytes, idle {} compute {} communicate {} fence {}, fence wait "
           "{:.4f} s{}",
@@ -966,6 +1048,15 @@ class ClientImpl final : public Client {
     return st;
   }
 
+  // Eager engine callback: adds the calling worker's CPU since its previous
+  // call (the chunk it just copied, or the job's completion). Chunks the
+  // trainer thread copies itself in Fence() are left out: that time is the
+  // fence's.
+  void CountWorkerCpu() {
+    if (std::this_thread::get_id() == snapshot_thread_) return;
+    copy_cpu_ns_.fetch_add(ThreadCpuSinceLastCallNs(), std::memory_order_relaxed);
+  }
+
   // Runs on a copy worker once the slot is complete in shared memory. The
   // version is safe whether or not the agent hears of it (a restarted agent
   // adopts it from the header), so failures here only log.
@@ -989,6 +1080,11 @@ class ClientImpl final : public Client {
   std::shared_ptr<snap::CopyJob> job_;
   int64_t job_step_ = -1;
   uint64_t job_helped_bytes_ = 0;  // copied by the trainer thread in Fence()
+  // CPU time of the copy workers for the snapshot in flight (SnapshotStats::
+  // copy_cpu_s): reset by Snapshot() on the trainer thread while no copy
+  // runs, added to by the workers, read after the fence.
+  std::atomic<uint64_t> copy_cpu_ns_{0};
+  std::thread::id snapshot_thread_;  // the thread that calls Snapshot()
   int64_t last_step_ = -1;
   bool fence_waited_ = false;
   std::atomic<Phase> phase_{Phase::kCompute};
@@ -1003,6 +1099,15 @@ class ClientImpl final : public Client {
   int has_target_ = -1;
   int64_t has_step_ = -1;
   int has_chunk_delay_us_ = 0;
+  // HAS workers' priority (copy_priority "idle"): SCHED_IDLE from Begin
+  // until the fence, SCHED_OTHER while a fence waits. Workers register at
+  // their first chunk; has_idle_ok_ turns false for good when the OS refuses
+  // to raise a worker back (no CAP_SYS_NICE, RLIMIT_NICE < 20): a fence must
+  // never wait on a starved worker, so they then stay at normal priority.
+  Mutex has_prio_mu_;
+  std::vector<pid_t> has_worker_tids_ GUARDED_BY(has_prio_mu_);
+  bool has_workers_idle_ GUARDED_BY(has_prio_mu_) = false;
+  bool has_idle_ok_ GUARDED_BY(has_prio_mu_) = true;
 
   // Device tensors (CUDA): chunk_on_device_[i] for chunk i of the layout
   // (empty when every tensor is on the host). The eager device snapshot runs

@@ -78,6 +78,16 @@ TEST(BenchOverheadSmoke, TinyPresetReportsBothSides) {
               1e-9 * std::max(1.0, std::abs(sum_pct)));
   EXPECT_EQ(j["copy_priority"], "default");
   EXPECT_TRUE(j.contains("loadavg_1m_start")) << out;
+  // CPU accounting: every rank's process CPU per step in both runs, the copy
+  // workers' part (nonzero: every step was copied and hashed) and the bytes.
+  EXPECT_GT(j["cpu_s_per_step_off"].get<double>(), 0);
+  EXPECT_GT(j["cpu_s_per_step_on"].get<double>(), 0);
+  EXPECT_GT(j["copy_cpu_s_on"].get<double>(), 0);
+  EXPECT_LT(j["copy_cpu_s_on"].get<double>(), j["cpu_s_per_step_on"].get<double>());
+  EXPECT_GE(j["agent_cpu_s_on"].get<double>(), 0);
+  EXPECT_GT(j["snap_bytes_per_step"].get<double>(), 0);
+  EXPECT_EQ(j["schedule"], "default");
+  for (const auto& r : j["per_round"]) EXPECT_GT(r["copy_cpu_s_on"].get<double>(), 0);
 }
 
 TEST(BenchOverheadSmoke, MissingTrainerIsAnError) {
