@@ -8,6 +8,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "agent/durable_cluster.h"
 #include "agent/peer_protocol.h"
@@ -367,14 +368,27 @@ recover::NodeInventory PeerService::Inventory(bool verify) {
   }
   inv.committed = options_.committed ? options_.committed() : -1;
   std::map<int64_t, recover::VersionHolding, std::greater<>> versions;
-  for (auto& [step, ranks] : T0Holdings(*options_.store, verify)) {
-    versions[step].step = step;
-    versions[step].ranks = std::move(ranks);
+  // With `verify`, the T0 slots (on a thread of their own) and the
+  // redundancy entries (here) are hashed at the same time.
+  std::vector<std::pair<int64_t, std::vector<int>>> t0;
+  std::thread t0_thread;
+  if (verify) {
+    t0_thread = std::thread([&] { t0 = T0Holdings(*options_.store, true); });
+  } else {
+    t0 = T0Holdings(*options_.store, false);
   }
   std::vector<int64_t> red_steps =
       shm_red != nullptr ? shm_red->Versions() : options_.redundancy->CompleteVersions();
+  std::vector<std::pair<int64_t, recover::VersionHolding>> holdings;
   for (int64_t step : red_steps) {
-    recover::VersionHolding h = options_.redundancy->Holding(step, verify);
+    holdings.emplace_back(step, options_.redundancy->Holding(step, verify));
+  }
+  if (t0_thread.joinable()) t0_thread.join();
+  for (auto& [step, ranks] : t0) {
+    versions[step].step = step;
+    versions[step].ranks = std::move(ranks);
+  }
+  for (auto& [step, h] : holdings) {
     if (h.copies.empty() && h.parities.empty()) continue;
     recover::VersionHolding& v = versions[step];
     v.step = step;

@@ -36,7 +36,7 @@ struct RankJob {
   Recipe recipe;
   shm::SlotLayout layout;
   int slot = -1;
-  std::unique_ptr<shm::Segment> segment;            // writable mapping of the target slot
+  std::shared_ptr<shm::Segment> segment;            // writable mapping of the target slot
   uint8_t* data = nullptr;                          // its data region
   std::map<uint32_t, std::vector<Extent>> extents;  // piece -> extents, by piece offset
   // Chunk checksums known from digests checked on arrival (one writer per
@@ -209,13 +209,22 @@ Status CheckRecipe(const topo::Plan& plan, const Recipe& r) {
 }
 
 // The slot to rebuild into: -1 when one already holds `step` intact (nothing
-// to do). Prefers an empty, torn or corrupt slot, then the older version;
-// the newer of two intact versions is never overwritten.
+// to do). Prefers an existing empty, torn or corrupt slot, then a slot the
+// rank does not have yet (EnsureSlot creates only that one), then the older
+// version; the newer of two intact versions is never overwritten.
 Result<int> ChooseSlot(shm::NodeStore& store, int rank, int64_t step) {
   std::vector<shm::SlotStatus> slots = store.Inventory(rank);
   int best = -1;
   int64_t best_score = 0;
+  auto consider = [&](int slot, int64_t score) {
+    if (best < 0 || score < best_score) {
+      best = slot;
+      best_score = score;
+    }
+  };
+  std::set<int> have;
   for (const shm::SlotStatus& s : slots) {
+    have.insert(s.slot);
     const bool complete = s.state == shm::SlotState::kComplete;
     bool corrupt = complete && !s.error.empty();
     if (complete && !corrupt && s.step == step) {
@@ -224,13 +233,11 @@ Result<int> ChooseSlot(shm::NodeStore& store, int rank, int64_t step) {
       if (store.Verify(rank, s.slot).ok()) return -1;
       corrupt = true;
     }
-    const int64_t score = complete && !corrupt ? s.step : INT64_MIN;
-    if (best < 0 || score < best_score) {
-      best = s.slot;
-      best_score = score;
-    }
+    consider(s.slot, complete && !corrupt ? s.step : INT64_MIN);
   }
-  if (best < 0) return InternalError(fmt::format("rank {} has no slots after EnsureSlots", rank));
+  for (int slot = 0; slot < shm::kSlotsPerRank; ++slot) {
+    if (!have.count(slot)) consider(slot, INT64_MIN + 1);
+  }
   if (best_score > step) {
     MEMENTO_LOG_WARN(
         "recover: rank {}: overwriting slot {} (step {}) to rebuild older step {}; "
@@ -318,14 +325,19 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   std::vector<RankJob*> todo;
   for (RankJob& job : jobs) {
     const int rank = job.recipe.rank;
-    MEMENTO_ASSIGN_OR_RETURN(std::vector<std::string> paths,
-                             store.EnsureSlots(rank, job.layout.total_bytes));
     MEMENTO_ASSIGN_OR_RETURN(job.slot, ChooseSlot(store, rank, step));
     if (job.slot < 0) {
       MEMENTO_LOG_INFO("recover: rank {} already holds step {} intact", rank, step);
       continue;
     }
-    MEMENTO_ASSIGN_OR_RETURN(job.segment, shm::Segment::Open(paths[job.slot], /*writable=*/true));
+    // Only the slot rebuilt into is allocated (the trainer's Seal makes the
+    // other). Written through the store's own mapping when it is writable,
+    // so the verification below reads pages this mapping already touched.
+    MEMENTO_ASSIGN_OR_RETURN(job.segment, store.EnsureSlot(rank, job.slot, job.layout.total_bytes));
+    if (!job.segment->writable()) {
+      MEMENTO_ASSIGN_OR_RETURN(job.segment, shm::Segment::Open(job.segment->path(),
+                                                               /*writable=*/true));
+    }
     if (job.segment->size() < job.layout.total_bytes) {
       return InternalError(fmt::format("slot {} of rank {} is {} bytes, needs {}", job.slot, rank,
                                        job.segment->size(), job.layout.total_bytes));
@@ -425,6 +437,17 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     if (r.source.kind == SourceKind::kPiece) return r.source.id;
     if (r.source.kind == SourceKind::kCopy) return plan.copies[r.source.id].piece;
     return -1;
+  };
+  // Where piece bytes [off, off + n) lie in the slot of todo[j] when they
+  // are contiguous there (inside one extent); null otherwise.
+  auto in_slot = [&](size_t j, uint32_t piece, uint64_t off, uint64_t n) -> uint8_t* {
+    const RankJob& job = *todo[j];
+    for (const Extent& e : job.extents.at(piece)) {
+      if (off >= e.piece_offset && off + n <= e.piece_offset + e.length) {
+        return job.data + e.slot_offset + (off - e.piece_offset);
+      }
+    }
+    return nullptr;
   };
   // Copies piece bytes [off, off + n) out of the slot of todo[j].
   auto copy_from_slot = [&](size_t j, uint32_t piece, uint64_t off, uint64_t n, uint8_t* dst) {
@@ -564,17 +587,30 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
       const uint64_t have = std::min(u.length, src.range.length - u.begin);
       MEMENTO_RETURN_IF_ERROR(wait_piece(piece));
       Stopwatch lsw;
-      copy_from_slot(read_by.at(piece), piece, src.range.offset + u.begin, have,
-                     w.buffers[x].data());
+      const size_t from = read_by.at(piece);
+      const uint64_t off = src.range.offset + u.begin;
+      // Read in place when the window is contiguous in the slot and needs
+      // no zero padding; else copied into the worker's buffer.
+      if (const uint8_t* p = have == u.length ? in_slot(from, piece, off, have) : nullptr) {
+        in[x] = p;
+      } else {
+        copy_from_slot(from, piece, off, have, w.buffers[x].data());
+      }
       w.decode_s += lsw.Seconds();
       w.local_bytes += have;
     }
-    std::vector<uint8_t>& out = w.buffers[k];
-    if (out.size() < u.length) out.resize(u.length);
-    uint8_t* outp = out.data();
+    // Decoded straight into the slot when the window is contiguous there.
+    uint8_t* outp = in_slot(u.job, part.piece, b.offset + u.begin, u.length);
+    const bool direct = outp != nullptr;
+    if (!direct) {
+      std::vector<uint8_t>& out = w.buffers[k];
+      if (out.size() < u.length) out.resize(u.length);
+      outp = out.data();
+    }
     Stopwatch sw;
     dec.Decode(u.length, in.data(), &outp);
     w.decode_s += sw.Seconds();
+    if (direct) return Status::Ok();
     sw.Reset();
     Status s =
         for_each_extent(b.offset + u.begin, u.length, [&](uint64_t rel, uint8_t* dst, uint64_t n) {
@@ -639,8 +675,15 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   const double checksum_s = phase.Seconds();
   phase.Reset();
   for (RankJob* job : todo) {
+    if (options.before_complete) options.before_complete(job->recipe.rank, *job->segment);
     shm::CompleteSlotWrite(*job->segment);
-    Status v = store.Verify(job->recipe.rank, job->slot);
+    // Chunks checked on arrival (their bytes hashed in place in this slot
+    // against the source's checksum, written once) are not read again;
+    // decoded and locally copied chunks are (docs/recovery.md,
+    // "Verification of a rebuilt slot").
+    Status v = store.VerifyWritten(
+        job->recipe.rank, job->slot,
+        options.trust_arrival_digests ? job->known : std::vector<uint8_t>{}, threads);
     if (!v.ok()) {
       return Status(v.code(), fmt::format("rank {}: rebuilt slot {} of step {} does not verify: {}",
                                           job->recipe.rank, job->slot, step, v.message()));

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -87,6 +88,14 @@ struct ExecuteOptions {
   // Chunk checksums of the rebuilt slot are taken from the digests the
   // reader checked on arrival where a digest covers exactly one chunk.
   bool reuse_digests = true;
+  // The final verification of a rebuilt slot does not hash again the chunks
+  // whose checksum came from an arrival digest (their bytes were hashed in
+  // place on arrival); false: every chunk is hashed (the full check).
+  bool trust_arrival_digests = true;
+  // Tests only: runs after every byte and checksum of a rebuilt slot is
+  // written, just before it is marked complete and verified (a test corrupts
+  // the slot here to show what the verification still catches).
+  std::function<void(int rank, const shm::Segment& segment)> before_complete;
 };
 
 // ExecuteAssemblies (recover.h) with explicit options.

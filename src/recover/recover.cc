@@ -209,14 +209,38 @@ struct Cost {
   uint64_t read_bytes = 0;     // every byte read through a ByteReader
   uint64_t network_bytes = 0;  // of those, from another node than the rebuilding one
   uint64_t decode_bytes = 0;   // bytes rebuilt by decoding
+  uint64_t reused_bytes = 0;   // decode inputs taken from pieces fetched whole (not read)
 };
 
+// (node, piece) pairs some recipe of `recipes` reads whole into a slot on
+// that node: the executor takes decode inputs that are these pieces (or
+// copies of them) from the slot instead of reading them again
+// (ExecuteOptions::reuse_fetched_inputs).
+std::set<std::pair<int, uint32_t>> WholeReads(const std::vector<Recipe>& recipes) {
+  std::set<std::pair<int, uint32_t>> out;
+  for (const Recipe& r : recipes) {
+    for (const PiecePart& p : r.parts) {
+      if (p.op == PiecePart::Op::kRead) out.insert({r.node, p.piece});
+    }
+  }
+  return out;
+}
+
 // `fetched`: (node, piece) already counted; the executor fetches a piece
-// once per node however many of its ranks need it.
-void AddCost(const Recipe& r, std::set<std::pair<int, uint32_t>>* fetched, Cost* c) {
+// once per node however many of its ranks need it. `whole`: WholeReads.
+void AddCost(const topo::Plan& plan, const Recipe& r,
+             const std::set<std::pair<int, uint32_t>>& whole,
+             std::set<std::pair<int, uint32_t>>* fetched, Cost* c) {
   auto add = [&](const SourceRange& s) {
     c->read_bytes += s.length;
     if (s.node != r.node) c->network_bytes += s.length;
+  };
+  auto piece_of = [&](const SourceRange& s) -> int64_t {
+    if (s.source.kind == SourceKind::kPiece) return s.source.id;
+    if (s.source.kind == SourceKind::kCopy && s.source.id < plan.copies.size()) {
+      return plan.copies[s.source.id].piece;
+    }
+    return -1;
   };
   for (const PiecePart& p : r.parts) {
     if (!fetched->insert({r.node, p.piece}).second) continue;
@@ -227,7 +251,13 @@ void AddCost(const Recipe& r, std::set<std::pair<int, uint32_t>>* fetched, Cost*
     for (const DecodeBlock& b : p.blocks) {
       c->decode_bytes += b.length;
       for (const DecodeInput& in : b.inputs) {
-        if (!in.zero) add(in.range);
+        if (in.zero) continue;
+        const int64_t piece = piece_of(in.range);
+        if (piece >= 0 && whole.count({r.node, static_cast<uint32_t>(piece)})) {
+          c->reused_bytes += in.range.length;
+        } else {
+          add(in.range);
+        }
       }
     }
   }
@@ -460,8 +490,9 @@ Result<Decision> Decide(const topo::Plan& plan, uint64_t plan_hash,
     Cost cost;
     std::set<std::pair<int, uint32_t>> fetched;
     std::map<int, std::vector<int>> by_target;
+    const std::set<std::pair<int, uint32_t>> whole = WholeReads(a.recipes);
     for (Recipe& r : a.recipes) {
-      AddCost(r, &fetched, &cost);
+      AddCost(plan, r, whole, &fetched, &cost);
       by_target[r.node].push_back(r.rank);
       RankAssembly ra;
       ra.rank = r.rank;
@@ -480,6 +511,10 @@ Result<Decision> Decide(const topo::Plan& plan, uint64_t plan_hash,
       what = fmt::format("rebuild {}; read {} ({} from other nodes), decode {}", Join(where, ", "),
                          HumanBytes(cost.read_bytes), HumanBytes(cost.network_bytes),
                          HumanBytes(cost.decode_bytes));
+      if (cost.reused_bytes > 0) {
+        what += fmt::format(" (of its inputs, {} taken from pieces read whole, not read again)",
+                            HumanBytes(cost.reused_bytes));
+      }
     }
     d.reason = fmt::format("step {} (committed {}): lost nodes [{}]; {}", d.step, committed,
                            JoinInts(d.lost_nodes), what);

@@ -7,8 +7,12 @@
 #include "recover/recover.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <random>
@@ -856,8 +860,12 @@ class DigestReader : public ByteReader {
   const bool lie_;
 };
 
-// Chunk checksums taken from arrival digests end up in the slot, and the
-// slot is verified before it is complete: a wrong digest is caught there.
+// Chunk checksums taken from arrival digests end up in the slot. The final
+// verification trusts them (ByteReader::DigestFn: checked against the bytes
+// as they arrived) unless trust_arrival_digests is off; a reader that broke
+// that contract (a digest that does not match) gives a slot that the full
+// check (NodeStore::Verify: scrub, inventories with verify, the trainer's
+// Restore) refuses, and with trust off the executor refuses it itself.
 TEST(ExecuteTest, ChunkChecksumsFromArrivalDigestsAreVerified) {
   std::mt19937_64 rng(31);
   Fixture f = Make(4, 1, 1, 1, "replicate", rng);
@@ -868,32 +876,170 @@ TEST(ExecuteTest, ChunkChecksumsFromArrivalDigestsAreVerified) {
   o.chunk_bytes = uint64_t{1} << 30;        // one chunk per tensor
   o.read_window_bytes = uint64_t{1} << 30;  // one read per (piece, tensor) extent
   o.threads = 2;
-  bool any_failed = false;
+  bool any_lie_landed = false;
   for (bool lie : {false, true}) {
-    testing::ScratchDir dir("recover-test");
-    auto store = OpenStore(dir.path(), 1);
-    MemoryReader inner(f.plan, *f.cluster, live);
-    DigestReader reader(inner, lie);
-    auto stats =
-        ExecuteAssembliesWithOptions(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies,
-                                     reader, *store, Deadline::AfterSeconds(60), o);
-    if (!lie) {
+    for (bool trust : {false, true}) {  // false first: it tells whether a lie landed
+      testing::ScratchDir dir("recover-test");
+      auto store = OpenStore(dir.path(), 1);
+      MemoryReader inner(f.plan, *f.cluster, live);
+      DigestReader reader(inner, lie);
+      o.trust_arrival_digests = trust;
+      auto stats =
+          ExecuteAssembliesWithOptions(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies,
+                                       reader, *store, Deadline::AfterSeconds(60), o);
+      if (!lie) {
+        ASSERT_TRUE(stats.ok()) << stats.status();
+        ExpectSlotHolds(*store, 1, 10, f.cluster->version(10).ranks[1], "honest digests");
+        continue;
+      }
+      // Whether a wrong digest lands on a whole chunk depends on the random
+      // tensor sizes.
+      if (!trust) {
+        if (!stats.ok()) {
+          any_lie_landed = true;
+          EXPECT_EQ(stats.status().code(), StatusCode::kDataLoss) << stats.status();
+        }
+        for (const shm::SlotStatus& s : store->Inventory(1)) {
+          EXPECT_FALSE(s.state == shm::SlotState::kComplete && s.intact && !stats.ok())
+              << "slot " << s.slot;
+        }
+        continue;
+      }
       ASSERT_TRUE(stats.ok()) << stats.status();
-      ExpectSlotHolds(*store, 1, 10, f.cluster->version(10).ranks[1], "honest digests");
-      continue;
-    }
-    // Whether a wrong digest lands on a whole chunk depends on the random
-    // tensor sizes; when one did, the slot must not verify or be complete.
-    if (!stats.ok()) {
-      any_failed = true;
-      EXPECT_EQ(stats.status().code(), StatusCode::kDataLoss) << stats.status();
       for (const shm::SlotStatus& s : store->Inventory(1)) {
-        EXPECT_FALSE(s.state == shm::SlotState::kComplete && s.intact) << "slot " << s.slot;
+        if (s.state != shm::SlotState::kComplete) continue;
+        Status full = store->Verify(1, s.slot);
+        if (any_lie_landed) {
+          EXPECT_EQ(full.code(), StatusCode::kDataLoss) << full;
+        }
       }
     }
   }
   std::fprintf(stderr, "a wrong arrival digest was %s\n",
-               any_failed ? "caught by the verification" : "not on a whole chunk");
+               any_lie_landed ? "caught by the full verification" : "not on a whole chunk");
+}
+
+// Under xor the lost piece is decoded: its chunks' checksums are computed
+// here, not checked on arrival, and the final verification hashes them
+// again. A byte that changes after the checksums were written (here: a test
+// hook just before COMPLETE) is caught; the slot is never intact.
+TEST(ExecuteTest, ADecodedChunkCorruptedBeforeCompleteIsCaught) {
+  std::mt19937_64 rng(37);
+  Fixture f = Make(4, 1, 1, 1, "xor", rng);
+  const auto live = Without(f.cluster->Inventories(f.plan, 10), {1});
+  auto d = Decide(f.plan, live, 10);
+  ASSERT_TRUE(d.ok() && d->from_memory) << d->reason;
+  ASSERT_TRUE(UsesDecode(*d));
+  for (bool corrupt : {false, true}) {
+    testing::ScratchDir dir("recover-test");
+    auto store = OpenStore(dir.path(), 1);
+    MemoryReader inner(f.plan, *f.cluster, live);
+    DigestReader reader(inner, /*lie=*/false);
+    ExecuteOptions o = SmallWindows();
+    int hooked = 0;
+    o.before_complete = [&](int rank, const shm::Segment& seg) {
+      ++hooked;
+      EXPECT_EQ(rank, 1);
+      if (!corrupt) return;
+      // One byte in every chunk: the decoded ones are among them.
+      uint8_t* data = shm::SlotData(seg);
+      const shm::ChunkEntry* table = shm::SlotTable(seg);
+      const uint64_t n = reinterpret_cast<const shm::SlotHeader*>(seg.data())->num_chunks;
+      for (uint64_t c = 0; c < n; ++c) {
+        if (table[c].length > 0) data[table[c].offset + table[c].length / 2] ^= 0x04;
+      }
+    };
+    auto stats =
+        ExecuteAssembliesWithOptions(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies,
+                                     reader, *store, Deadline::AfterSeconds(60), o);
+    EXPECT_EQ(hooked, 1);
+    if (!corrupt) {
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      ExpectSlotHolds(*store, 1, 10, f.cluster->version(10).ranks[1], "not corrupted");
+      continue;
+    }
+    ASSERT_FALSE(stats.ok());
+    EXPECT_EQ(stats.status().code(), StatusCode::kDataLoss) << stats.status();
+    for (const shm::SlotStatus& s : store->Inventory(1)) {
+      EXPECT_FALSE(s.intact) << "slot " << s.slot;
+    }
+  }
+}
+
+// A reader that reports when the first read starts and then never returns
+// (until the process is killed).
+class StallingReader : public ByteReader {
+ public:
+  StallingReader(MemoryReader& inner, int fd) : inner_(inner), fd_(fd) {}
+  Status Read(int node, const ReadRequest& req, void* dst, Deadline d) override {
+    MEMENTO_RETURN_IF_ERROR(inner_.Read(node, req, dst, d));
+    if (reads_.fetch_add(1) == 3) {
+      char c = 'x';
+      if (write(fd_, &c, 1) != 1) _exit(3);
+      for (;;) pause();
+    }
+    return Status::Ok();
+  }
+
+ private:
+  MemoryReader& inner_;
+  const int fd_;
+  std::atomic<int> reads_{0};
+};
+
+// A rebuild killed mid-way (SIGKILL of the process running the executor,
+// after some bytes landed in the slot) leaves nothing that looks complete:
+// a store opened on the node afterwards adopts no complete slot of the rank
+// and Decide would rebuild it again.
+TEST(ExecuteTest, ARebuildKilledMidWayLeavesNoCompleteSlot) {
+  std::mt19937_64 rng(41);
+  Fixture f = Make(4, 1, 1, 1, "xor", rng);
+  const auto live = Without(f.cluster->Inventories(f.plan, 10), {1});
+  auto d = Decide(f.plan, live, 10);
+  ASSERT_TRUE(d.ok() && d->from_memory) << d->reason;
+  testing::ScratchDir dir("recover-test");
+  {
+    auto store = OpenStore(dir.path(), 1);  // creates the root
+    ASSERT_NE(store, nullptr);
+  }
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(pipefd[0]);
+    auto store = OpenStore(dir.path(), 1);
+    MemoryReader inner(f.plan, *f.cluster, live);
+    StallingReader reader(inner, pipefd[1]);
+    auto stats =
+        ExecuteAssembliesWithOptions(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies,
+                                     reader, *store, Deadline::AfterSeconds(60), SmallWindows());
+    _exit(stats.ok() ? 4 : 5);  // never reached: the reader stalls
+  }
+  close(pipefd[1]);
+  char c = 0;
+  ASSERT_EQ(read(pipefd[0], &c, 1), 1) << "the child never started reading";
+  close(pipefd[0]);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  auto store = OpenStore(dir.path(), 1);  // adoption after the crash
+  ASSERT_NE(store, nullptr);
+  auto inv = store->Inventory(1);
+  ASSERT_FALSE(inv.empty()) << "the slot being rebuilt should exist";
+  for (const shm::SlotStatus& s : inv) {
+    EXPECT_NE(s.state, shm::SlotState::kComplete) << "slot " << s.slot;
+    EXPECT_FALSE(s.intact) << "slot " << s.slot;
+  }
+  // Rebuilding again works over the torn slot.
+  MemoryReader reader(f.plan, *f.cluster, live);
+  auto stats =
+      ExecuteAssembliesWithOptions(f.plan, f.cluster->inventory(), kJob, 10, d->assemblies, reader,
+                                   *store, Deadline::AfterSeconds(60), SmallWindows());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ExpectSlotHolds(*store, 1, 10, f.cluster->version(10).ranks[1], "rebuilt after the kill");
+  EXPECT_EQ(store->Inventory(1).size(), 1u) << "only the rebuilt slot is allocated";
 }
 
 TEST(ExecuteTest, RebuildsIntoTheCorruptSlotAndKeepsAnOlderIntactOne) {

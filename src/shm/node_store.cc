@@ -5,10 +5,14 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
+#include "common/checksum.h"
 #include "common/human.h"
 #include "common/log.h"
 #include "fmt/format.h"
@@ -186,29 +190,31 @@ Status NodeStore::Adopt() {
   return Status::Ok();
 }
 
+Status NodeStore::CheckRoom(uint64_t more, const std::string& why) {
+  if (more == 0) return Status::Ok();
+  uint64_t in_use = 0;
+  for (const auto& [key, e] : slots_) in_use += e.segment->size();
+  if (options_.budget_bytes > 0 && in_use + more > options_.budget_bytes) {
+    return ResourceExhaustedError(fmt::format(
+        "node memory budget exhausted: {} needs {} more but the budget is {} with {} in use; "
+        "raise the agent's --budget to at least {} bytes",
+        why, HumanBytes(more), HumanBytes(options_.budget_bytes), HumanBytes(in_use),
+        in_use + more));
+  }
+  return CheckShmCapacity(options_.root, more, why);
+}
+
 Result<std::vector<std::string>> NodeStore::EnsureSlots(int rank, uint64_t bytes) {
   if (rank < 0) return InvalidArgumentError(fmt::format("rank {} must be >= 0", rank));
   MutexLock l(&mu_);
   uint64_t more = 0;
-  uint64_t in_use = 0;
-  for (const auto& [key, e] : slots_) in_use += e.segment->size();
   for (int s = 0; s < kSlotsPerRank; ++s) {
     auto it = slots_.find({rank, s});
     uint64_t have = it == slots_.end() ? 0 : it->second.segment->size();
     if (have < bytes) more += bytes - have;
   }
-  if (more > 0) {
-    std::string why =
-        fmt::format("rank {} ({} slots of {})", rank, kSlotsPerRank, HumanBytes(bytes));
-    if (options_.budget_bytes > 0 && in_use + more > options_.budget_bytes) {
-      return ResourceExhaustedError(fmt::format(
-          "node memory budget exhausted: {} needs {} more but the budget is {} with {} in use; "
-          "raise the agent's --budget to at least {} bytes",
-          why, HumanBytes(more), HumanBytes(options_.budget_bytes), HumanBytes(in_use),
-          in_use + more));
-    }
-    MEMENTO_RETURN_IF_ERROR(CheckShmCapacity(options_.root, more, why));
-  }
+  MEMENTO_RETURN_IF_ERROR(CheckRoom(
+      more, fmt::format("rank {} ({} slots of {})", rank, kSlotsPerRank, HumanBytes(bytes))));
   std::vector<std::string> paths;
   for (int s = 0; s < kSlotsPerRank; ++s) {
     std::string path = SlotPath(options_.root, rank, s);
@@ -220,6 +226,26 @@ Result<std::vector<std::string>> NodeStore::EnsureSlots(int rank, uint64_t bytes
     paths.push_back(path);
   }
   return paths;
+}
+
+Result<std::shared_ptr<Segment>> NodeStore::EnsureSlot(int rank, int slot, uint64_t bytes) {
+  if (rank < 0 || slot < 0 || slot >= kSlotsPerRank) {
+    return InvalidArgumentError(fmt::format("rank {} slot {}: no such slot", rank, slot));
+  }
+  MutexLock l(&mu_);
+  auto it = slots_.find({rank, slot});
+  const uint64_t have = it == slots_.end() ? 0 : it->second.segment->size();
+  if (have >= bytes) return it->second.segment;
+  MEMENTO_RETURN_IF_ERROR(CheckRoom(
+      bytes - have, fmt::format("slot {} of rank {} ({})", slot, rank, HumanBytes(bytes))));
+  MEMENTO_ASSIGN_OR_RETURN(auto seg,
+                           Segment::CreateOrGrow(SlotPath(options_.root, rank, slot), bytes));
+  SlotEntry& e = slots_[{rank, slot}];
+  e.segment = std::shared_ptr<Segment>(std::move(seg));
+  e.verified = false;
+  e.intact = false;
+  e.error.clear();
+  return e.segment;
 }
 
 Status NodeStore::Verify(int rank, int slot, const std::function<bool(uint64_t)>& pace,
@@ -268,6 +294,11 @@ Status NodeStore::Verify(int rank, int slot, const std::function<bool(uint64_t)>
       }
     }
   }
+  return Record(rank, slot, seg, generation, st);
+}
+
+Status NodeStore::Record(int rank, int slot, const std::shared_ptr<Segment>& seg,
+                         uint64_t generation, const Status& st) {
   MutexLock l(&mu_);
   SlotEntry& e = slots_[{rank, slot}];
   if (e.segment != seg) return AbortedError("slot was reallocated while being verified");
@@ -276,6 +307,64 @@ Status NodeStore::Verify(int rank, int slot, const std::function<bool(uint64_t)>
   e.intact = st.ok();
   e.error = st.ok() ? "" : st.ToString();
   return st;
+}
+
+Status NodeStore::VerifyWritten(int rank, int slot, const std::vector<uint8_t>& trusted,
+                                int threads) {
+  std::shared_ptr<Segment> seg = SlotSegment(rank, slot);
+  if (seg == nullptr) {
+    return NotFoundError(fmt::format("rank {} has no slot {} on this node", rank, slot));
+  }
+  auto info = ReadSlot(*seg);
+  if (!info.ok()) {
+    SlotState state;
+    uint64_t generation = 0;
+    LoadSlotVersion(*seg, &state, &generation);
+    return Record(rank, slot, seg, generation, info.status());
+  }
+  if (info->state != SlotState::kComplete) {
+    return Record(rank, slot, seg, info->generation,
+                  FailedPreconditionError(
+                      fmt::format("slot is {} (step {})", SlotStateName(info->state), info->step)));
+  }
+  if (!trusted.empty() && trusted.size() != info->chunks.size()) {
+    return InvalidArgumentError(fmt::format("slot {} of rank {}: {} trust flags for {} chunks",
+                                            slot, rank, trusted.size(), info->chunks.size()));
+  }
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < info->chunks.size(); ++i) {
+    if (trusted.empty() || trusted[i] == 0) todo.push_back(i);
+  }
+  const uint8_t* data = seg->data() + info->data_offset;
+  std::atomic<size_t> next{0};
+  std::atomic<size_t> bad{SIZE_MAX};
+  auto work = [&] {
+    for (size_t j; (j = next.fetch_add(1)) < todo.size() && bad.load() == SIZE_MAX;) {
+      const ChunkEntry& c = info->chunks[todo[j]];
+      if (Checksum(data + c.offset, c.length) != c.checksum) {
+        size_t none = SIZE_MAX;
+        bad.compare_exchange_strong(none, todo[j]);
+      }
+    }
+  };
+  const int n =
+      static_cast<int>(std::min<size_t>(std::max(threads, 1), std::max<size_t>(todo.size(), 1)));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  Status st;
+  if (const size_t i = bad.load(); i != SIZE_MAX) {
+    const ChunkEntry& c = info->chunks[i];
+    st = DataLossError(fmt::format(
+        "slot {} (step {}): chunk {} (bytes {}..{} of tensor '{}') fails its checksum", seg->path(),
+        info->step, i, c.offset, c.offset + c.length, info->tensors[c.tensor_index].meta.name));
+  }
+  if (!SlotUnchanged(*seg, *info)) {
+    return AbortedError(
+        fmt::format("slot {} of rank {} was rewritten while being verified", slot, rank));
+  }
+  return Record(rank, slot, seg, info->generation, st);
 }
 
 SlotStatus NodeStore::StatusOf(int rank, int slot, const SlotEntry& e) {

@@ -81,6 +81,14 @@ class NodeStore {
   // the budget and the filesystem's free space. Returns their paths.
   Result<std::vector<std::string>> EnsureSlots(int rank, uint64_t bytes) EXCLUDES(mu_);
 
+  // Makes sure slot `slot` of `rank` exists and is at least `bytes` long,
+  // within the budget and the filesystem's free space, and leaves the other
+  // slot alone: a rebuild writes one slot, and the restarted trainer's Seal
+  // (EnsureSlots) creates the other when it needs it. Returns the store's
+  // mapping of the slot: writable when this call created or grew it, the
+  // mapping adopted at Open (read-only) otherwise (Segment::writable()).
+  Result<std::shared_ptr<Segment>> EnsureSlot(int rank, int slot, uint64_t bytes) EXCLUDES(mu_);
+
   // Verifies slot `slot` of `rank` (header and every chunk) and records the
   // outcome for its current generation. A slot that a writer starts to
   // rewrite during the check gives Aborted and records nothing (seqlock on
@@ -90,6 +98,19 @@ class NodeStore {
   // a `pace` that returns false stops the check (Aborted, nothing recorded).
   Status Verify(int rank, int slot, const std::function<bool(uint64_t)>& pace = nullptr,
                 uint64_t piece_bytes = 1 << 20) EXCLUDES(mu_);
+
+  // Verifies a slot its caller has just written and completed (a rebuild,
+  // docs/recovery.md "Verification of a rebuilt slot") and records the
+  // outcome like Verify: the header, manifest and chunk table are checked as
+  // Verify checks them, and every chunk i with trusted[i] == 0 is hashed
+  // against its table checksum, on `threads` threads. A chunk with
+  // trusted[i] != 0 is not read again: the caller vouches that its table
+  // checksum was compared with its bytes in this slot after they were
+  // written, and that nothing wrote them since (a peer's chunk checked on
+  // arrival). `trusted` is empty or has one entry per chunk of the slot's
+  // table (InvalidArgument otherwise). Seqlock rules as Verify.
+  Status VerifyWritten(int rank, int slot, const std::vector<uint8_t>& trusted, int threads)
+      EXCLUDES(mu_);
 
   // Both slots of `rank` (re-reading their headers); empty when unknown.
   std::vector<SlotStatus> Inventory(int rank) EXCLUDES(mu_);
@@ -110,6 +131,12 @@ class NodeStore {
     std::string error;
   };
   Status Adopt();
+  // ResourceExhausted when `more` bytes of slots for `why` exceed the budget
+  // or the filesystem.
+  Status CheckRoom(uint64_t more, const std::string& why) REQUIRES(mu_);
+  // Records a verification outcome for `seg`'s generation `generation`.
+  Status Record(int rank, int slot, const std::shared_ptr<Segment>& seg, uint64_t generation,
+                const Status& st) EXCLUDES(mu_);
   SlotStatus StatusOf(int rank, int slot, const SlotEntry& e);
 
   const NodeStoreOptions options_;

@@ -135,5 +135,80 @@ TEST(NodeStoreTest, GrowingKeepsTheCommittedVersion) {
   EXPECT_EQ((*store)->Inventory(0)[0].segment_bytes, big.total_bytes);
 }
 
+TEST(NodeStoreTest, EnsureSlotCreatesOnlyThatSlot) {
+  testing::ShmScratchDir dir;
+  std::string root = dir.path() + "/n";
+  SlotLayout l = Layout(3, 100000);
+  auto store = NodeStore::Open({root, "job", 0, 0});
+  ASSERT_TRUE(store.ok());
+  auto seg = (*store)->EnsureSlot(3, 1, l.total_bytes);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  EXPECT_TRUE((*seg)->writable());
+  EXPECT_EQ((*seg)->size(), l.total_bytes);
+  struct stat st;
+  EXPECT_NE(stat(SlotPath(root, 3, 0).c_str(), &st), 0) << "slot 0 was created too";
+  ASSERT_EQ(stat(SlotPath(root, 3, 1).c_str(), &st), 0);
+  EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, l.total_bytes);
+  EXPECT_EQ((*store)->allocated_bytes(), l.total_bytes);
+  ASSERT_EQ((*store)->Inventory(3).size(), 1u);
+  // The same mapping again when it is large enough; the trainer's Seal adds
+  // the other slot later.
+  auto again = (*store)->EnsureSlot(3, 1, l.total_bytes);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->get(), seg->get());
+  ASSERT_TRUE((*store)->EnsureSlots(3, l.total_bytes).ok());
+  EXPECT_EQ((*store)->Inventory(3).size(), 2u);
+  EXPECT_EQ((*store)->EnsureSlot(3, 2, 1).status().code(), StatusCode::kInvalidArgument);
+  // Budget: one slot's worth is refused beyond it.
+  auto tight = NodeStore::Open({dir.path() + "/t", "job", 0, l.total_bytes + 1});
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  ASSERT_TRUE((*tight)->EnsureSlot(0, 0, l.total_bytes).ok());
+  EXPECT_EQ((*tight)->EnsureSlot(0, 1, l.total_bytes).status().code(),
+            StatusCode::kResourceExhausted);
+}
+
+// VerifyWritten checks what the caller does not vouch for, and records the
+// outcome; a byte flipped in a trusted chunk is not read by it, but every
+// full check (Verify: scrub, inventories with verify, adoption; the
+// trainer's Restore) still finds it.
+TEST(NodeStoreTest, VerifyWrittenSkipsOnlyTrustedChunks) {
+  testing::ShmScratchDir dir;
+  std::string root = dir.path() + "/n";
+  SlotLayout l = Layout(0, 200000);  // 800 KB of "w": 13 chunks of 64 KiB, + "rng"
+  ASSERT_GE(l.chunks.size(), 4u);
+  auto store = NodeStore::Open({root, "job", 0, 0});
+  ASSERT_TRUE(store.ok());
+  auto seg = (*store)->EnsureSlot(0, 0, l.total_bytes);
+  ASSERT_TRUE(seg.ok());
+  Write(SlotPath(root, 0, 0), l, 0, 7, 0x5a);
+  std::vector<uint8_t> trusted(l.chunks.size(), 0);
+  trusted[1] = 1;
+  EXPECT_TRUE((*store)->VerifyWritten(0, 0, trusted, 2).ok());
+  EXPECT_TRUE((*store)->Inventory(0)[0].intact);
+  EXPECT_TRUE((*store)->Inventory(0)[0].verified);
+  EXPECT_EQ((*store)->VerifyWritten(0, 0, std::vector<uint8_t>(1, 0), 2).code(),
+            StatusCode::kInvalidArgument);
+  uint8_t* data = SlotData(**seg);
+  // A flipped byte in an untrusted chunk: DataLoss naming it, recorded.
+  data[l.chunks[2].offset + 5] ^= 0x01;
+  Status st = (*store)->VerifyWritten(0, 0, trusted, 2);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("chunk 2 "), std::string::npos) << st;
+  EXPECT_FALSE((*store)->Inventory(0)[0].intact);
+  data[l.chunks[2].offset + 5] ^= 0x01;
+  EXPECT_TRUE((*store)->VerifyWritten(0, 0, {}, 1).ok());
+  // In a trusted chunk: VerifyWritten does not look, the full check does.
+  data[l.chunks[1].offset + 9] ^= 0x80;
+  EXPECT_TRUE((*store)->VerifyWritten(0, 0, trusted, 2).ok());
+  EXPECT_EQ((*store)->VerifyWritten(0, 0, {}, 2).code(), StatusCode::kDataLoss);
+  st = (*store)->Verify(0, 0);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("chunk 1 "), std::string::npos) << st;
+  // A slot that is not complete is never recorded intact.
+  Write(SlotPath(root, 0, 0), l, 0, 8, 0x11, /*complete=*/false);
+  EXPECT_EQ((*store)->VerifyWritten(0, 0, {}, 2).code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE((*store)->Inventory(0)[0].intact);
+}
+
 }  // namespace
 }  // namespace memento::shm

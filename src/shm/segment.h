@@ -40,14 +40,17 @@ class Segment {
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Whether this mapping may be written (CreateOrGrow, Open(writable)).
+  bool writable() const { return writable_; }
 
  private:
-  Segment(std::string path, int fd, uint8_t* data, size_t size)
-      : path_(std::move(path)), fd_(fd), data_(data), size_(size) {}
+  Segment(std::string path, int fd, uint8_t* data, size_t size, bool writable)
+      : path_(std::move(path)), fd_(fd), data_(data), size_(size), writable_(writable) {}
   std::string path_;
   int fd_;
   uint8_t* data_;
   size_t size_;
+  bool writable_;
 };
 
 // Bytes `size` rounded up to a multiple of `align` (a power of two).
