@@ -245,7 +245,8 @@ int Main(int argc, char** argv) {
                  "HAS once the trainer reports idle phases)")
       ->capture_default_str();
   app.add_option("--memento-copy-priority", mo.copy_priority,
-                 "memento copy workers: idle (SCHED_IDLE; a waiting fence helps) | normal")
+                 "memento copy workers: normal | idle (SCHED_IDLE until the fence; wins only "
+                 "where the ranks leave CPU idle, docs/bench_overhead.md)")
       ->capture_default_str();
   std::string snapshot_mode;
   app.add_option("--snapshot-mode", snapshot_mode,

@@ -36,8 +36,11 @@ struct MementoHookOptions {
   std::string snapshot_mode;
   // ClientOptions::chunk_bytes (0: the client's default); "host" ignores it.
   size_t chunk_bytes = 0;
-  // ClientOptions::copy_priority: "idle" (default) or "normal".
-  std::string copy_priority = "idle";
+  // ClientOptions::copy_priority: "normal" (the trainer's default) or "idle".
+  // The trainer runs several ranks per core pair: its copy workers never
+  // find idle CPU, so "idle" HAS workers are starved until the fence waits
+  // for them (docs/bench_overhead.md: fence 0.48 s per step against 0.004 s).
+  std::string copy_priority = "normal";
 };
 
 // The snapshot modes above; InvalidArgument naming the value otherwise.

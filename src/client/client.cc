@@ -72,7 +72,10 @@ class ClientImpl final : public Client {
       : options_(std::move(options)), dir_(std::move(dir)) {}
   ~ClientImpl() override {
     if (job_ != nullptr) engine_->HelpAndWait(*job_, Deadline::Infinite()).IgnoreError();
-    if (has_active_) runner_->Fence().status().IgnoreError();
+    if (has_active_) {
+      SetHasWorkersIdle(false);  // a fence is never starved
+      runner_->Fence().status().IgnoreError();
+    }
     StopDevicePath();
     runner_ptr_.store(nullptr, std::memory_order_release);
     runner_.reset();

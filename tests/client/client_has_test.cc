@@ -1,10 +1,13 @@
 // The client with schedule "has" against a real agent (in a thread of this
 // process) over its real Unix socket and real shared memory: snapshots are
 // scheduled by HAS (docs/has.md) and stay bit-identical and crash consistent.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -21,6 +24,30 @@ namespace {
 
 using testing::AgentThread;
 using testing::State;
+
+// Threads of this process running as SCHED_IDLE.
+int IdleThreads() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    if (sched_getscheduler(static_cast<pid_t>(std::atoi(e->d_name))) == SCHED_IDLE) ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+// Whether this process may lift a SCHED_IDLE thread back to SCHED_OTHER
+// (root, CAP_SYS_NICE or RLIMIT_NICE >= 20); tried on a thread of its own.
+bool CanLiftIdleThreads() {
+  bool ok = false;
+  std::thread([&ok] {
+    sched_param p{};
+    ok = sched_setscheduler(0, SCHED_IDLE, &p) == 0 && sched_setscheduler(0, SCHED_OTHER, &p) == 0;
+  }).join();
+  return ok;
+}
 
 class ClientHasTest : public ::testing::Test {
  protected:
@@ -231,6 +258,49 @@ TEST_F(ClientHasTest, WithoutIdleWindowsTheFenceCopiesTheRest) {
 
 // A Fence with a deadline that expires while chunks wait for the fence
 // layer: DeadlineExceeded or OK, never a torn result; a later Fence finishes.
+// copy_priority "idle" (the default) holds for the HAS workers too: they copy
+// as SCHED_IDLE while the snapshot runs beside training, and a fence lifts
+// them to normal priority so that it cannot be starved. "normal" never lowers
+// them. Bit-identical restore either way.
+TEST_F(ClientHasTest, HasWorkersRunAtIdlePriorityUntilTheFence) {
+  if (!CanLiftIdleThreads()) GTEST_SKIP() << "no CAP_SYS_NICE / RLIMIT_NICE: workers stay normal";
+  AgentThread agent({"job1", 0, root_, 0});
+  const uint64_t seed = memento::testing::TestSeed("ClientHasTest.Priority");
+  State s;
+  ASSERT_EQ(IdleThreads(), 0);
+  auto c = Sealed(s, Options());
+  for (int step = 1; step <= 2; ++step) {
+    s.Fill(seed + step);
+    c->OnPhase(Phase::kIdle);
+    ASSERT_TRUE(c->Snapshot(step).ok());
+    ASSERT_TRUE(WaitCommitted(*c, step));
+    // Every chunk was copied inside the idle window; the workers that copied
+    // them are still at idle priority (until the fence).
+    EXPECT_GE(IdleThreads(), 1) << "step " << step;
+    c->OnPhase(Phase::kCompute);
+    ASSERT_TRUE(c->Fence().ok());
+    EXPECT_EQ(IdleThreads(), 0) << "the fence lifts the workers, step " << step;
+    ExpectStatsAddUp(c->LastSnapshotStats(), step, s.Bytes());
+  }
+  const uint64_t digest = s.Digest();
+  c.reset();
+
+  ClientOptions normal = Options();
+  normal.copy_priority = "normal";
+  State t;
+  auto c2 = Sealed(t, normal);
+  auto r = c2->Restore();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 2);
+  EXPECT_EQ(t.Digest(), digest);
+  t.Fill(seed + 3);
+  c2->OnPhase(Phase::kIdle);
+  ASSERT_TRUE(c2->Snapshot(3).ok());
+  ASSERT_TRUE(WaitCommitted(*c2, 3));
+  EXPECT_EQ(IdleThreads(), 0) << "copy_priority normal";
+  ASSERT_TRUE(c2->Fence().ok());
+}
+
 TEST_F(ClientHasTest, FenceDeadlineCanBeRetried) {
   AgentThread agent({"job1", 0, root_, 0});
   State s;
