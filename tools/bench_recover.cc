@@ -78,6 +78,7 @@ struct Args {
   bool json = true;
   bool keep = false;
   std::string data_path = "stream";  // or "legacy" (kPeerRead, 4 MiB windows)
+  std::string receive = "direct";    // or "staged" (MEMENTO_RECOVER_RECEIVE)
 };
 
 constexpr const char* kJob = "benchrecover";
@@ -185,8 +186,12 @@ Result<nlohmann::json> Run(const Args& a) {
     return InvalidArgumentError("--data-path must be 'stream' or 'legacy', not '" + a.data_path +
                                 "'");
   }
-  // The agents read it at start (agent/peer_service.cc).
+  if (a.receive != "staged" && a.receive != "direct") {
+    return InvalidArgumentError("--receive must be 'staged' or 'direct', not '" + a.receive + "'");
+  }
+  // The agents read them at start (agent/peer_service.cc).
   setenv("MEMENTO_RECOVER_DATA_PATH", a.data_path.c_str(), 1);
+  setenv("MEMENTO_RECOVER_RECEIVE", a.receive.c_str(), 1);
   const size_t state = static_cast<size_t>(a.state);
   const int lost = 1;
 
@@ -362,6 +367,7 @@ Result<nlohmann::json> Run(const Args& a) {
     j["nodes"] = a.nodes;
     j["policy"] = topo::PolicyName(policy);
     j["data_path"] = a.data_path;
+    j["receive"] = a.receive;
     j["state_bytes"] = state;
     j["lost_node"] = lost;
     j["lost_bytes"] = lost_bytes;
@@ -440,6 +446,11 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
   cmd->add_option("--data-path", args->data_path,
                   "recovery data path of the agents: stream (kPeerReadStream) or legacy "
                   "(kPeerRead, 4 MiB windows; the path before streaming, for comparison)")
+      ->capture_default_str();
+  cmd->add_option("--receive", args->receive,
+                  "how the rebuilding agent receives streamed bytes: direct (into the slot, "
+                  "digests checked there trusted) or staged (through a reused buffer, every chunk "
+                  "verified in the slot at the end)")
       ->capture_default_str();
   cmd->callback([args, &ctx] {
     auto r = Run(*args);

@@ -169,6 +169,7 @@ Result<std::unique_ptr<net::RpcClient>> ClusterReader::Acquire(int node, Deadlin
     return UnavailableError(fmt::format("cannot reach node {}{}: {}", node,
                                         endpoint.ok() ? " at " + *endpoint : "", s.ToString()));
   }
+  (*c)->set_staged_receive(options_.staged_receive);
   return c;
 }
 
@@ -344,6 +345,16 @@ Result<std::unique_ptr<PeerService>> PeerService::Start(PeerServiceOptions optio
     s->exec_options_.reuse_digests = false;
     MEMENTO_LOG_WARN("peer service of node {}: legacy recovery data path (benchmarking)",
                      s->options_.node);
+  }
+  // Receive path (docs/recovery.md, "Staged receive"): straight into the
+  // slot, trusting the digests checked there, unless
+  // MEMENTO_RECOVER_RECEIVE=staged (through a reused buffer, every chunk
+  // re-verified in the slot at the end).
+  if (const char* recv = std::getenv("MEMENTO_RECOVER_RECEIVE");
+      recv != nullptr && std::string(recv) == "staged") {
+    ro.staged_receive = true;
+    s->exec_options_.trust_arrival_digests = false;
+    MEMENTO_LOG_INFO("peer service of node {}: staged receive", s->options_.node);
   }
   s->reader_ = std::make_unique<ClusterReader>(std::move(ro), s->token_);
   s->RegisterMethods();

@@ -82,6 +82,11 @@ struct ClusterReaderOptions {
   // request) instead of kPeerReadStream: the data path before streaming,
   // for comparisons (`memento bench recover --data-path legacy`).
   bool legacy_reads = false;
+  // Streamed reads received through a per-connection buffer and copied into
+  // place (net::RpcClient::set_staged_receive); their digests then vouch for
+  // that buffer only, so the executor re-verifies every chunk
+  // (recover::ExecuteOptions::trust_arrival_digests = false).
+  bool staged_receive = false;
 };
 
 // recover::ByteReader for an agent: its own node from memory (PieceReader,

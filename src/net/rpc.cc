@@ -199,6 +199,10 @@ Result<size_t> RpcClient::CallStreamInto(uint32_t method, std::string_view reque
           fmt::format("rpc: {} streamed {} more bytes into a buffer with {} of {} bytes left",
                       conn_->peer(), len, capacity - got, capacity));
     }
+    if (staged_) {
+      if (stage_.size() < len) stage_.resize(len);
+      return static_cast<void*>(stage_.data());
+    }
     return static_cast<void*>(out + got);
   };
   for (;;) {
@@ -211,8 +215,9 @@ Result<size_t> RpcClient::CallStreamInto(uint32_t method, std::string_view reque
               fmt::format("rpc: {} bytes streamed by {} at offset {} do not match their digest",
                           f->size, conn_->peer(), got));
         }
-      } else if (on_data) {
-        on_data(StreamedData{got, f->size, f->digest});
+      } else {
+        if (staged_) std::memcpy(out + got, stage_.data(), f->size);
+        if (on_data) on_data(StreamedData{got, f->size, f->digest});
       }
       got += f->size;
       continue;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -265,6 +266,33 @@ TEST_F(RpcStreamTest, DataFramesLandBackToBackInCallerMemoryWithTheirDigests) {
   auto e = c->Call(kEcho, "still in step", Deadline::AfterSeconds(10));
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_EQ(*e, "still in step");
+}
+
+// Staged receive: the same bytes and digests land in caller memory, through
+// the client's own buffer; a frame whose digest does not match is not copied
+// into caller memory at all.
+TEST_F(RpcStreamTest, StagedReceiveLandsTheSameBytesAndDropsABadFrame) {
+  auto c = Client();
+  c->set_staged_receive(true);
+  const uint64_t off = 777, len = (3 << 20) + 4321;
+  std::vector<char> dst(len, 0);
+  std::vector<RpcClient::StreamedData> got;
+  auto n = c->CallStreamInto(kStream, Request(off, len), dst.data(), dst.size(),
+                             Deadline::AfterSeconds(10),
+                             [&](const RpcClient::StreamedData& d) { got.push_back(d); });
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, len);
+  EXPECT_EQ(std::memcmp(dst.data(), blob_.data() + off, len), 0);
+  ASSERT_EQ(got.size(), 4u);
+  for (const auto& d : got) EXPECT_EQ(d.digest, Checksum(dst.data() + d.offset, d.length));
+  std::fill(dst.begin(), dst.end(), 0);
+  n = c->CallStreamInto(kStream, Request(0, 3 << 20, 'x'), dst.data(), dst.size(),
+                        Deadline::AfterSeconds(10));
+  EXPECT_EQ(n.status().code(), StatusCode::kDataLoss) << n.status();
+  EXPECT_FALSE(c->broken());
+  EXPECT_EQ(std::memcmp(dst.data(), blob_.data(), kPart), 0);  // part 0: good
+  EXPECT_EQ(std::count(dst.begin() + kPart, dst.begin() + 2 * kPart, 0), static_cast<long>(kPart))
+      << "the part with the wrong digest reached caller memory";
 }
 
 TEST_F(RpcStreamTest, WrongDigestIsDataLossAndTheConnectionStaysInStep) {
