@@ -40,17 +40,19 @@ void TouchPages(uint8_t* p, size_t n) {
   }
 }
 
+// MAP_POPULATE maps the pages of a shared mapping read-only, and tmpfs
+// fallocate reserves pages without clearing them: MADV_POPULATE_WRITE
+// allocates, clears and maps them writable in the guest kernel.
+void PopulateWritable(uint8_t* p, size_t n) {
+  if (n > 0) madvise(p, n, MADV_POPULATE_WRITE);
+}
+
 bool HugePagesWanted() {
   const char* v = std::getenv("MEMENTO_SHM_HUGE_PAGES");
   return v == nullptr || (std::strcmp(v, "off") != 0 && std::strcmp(v, "0") != 0);
 }
 
 namespace {
-
-// MAP_POPULATE maps the pages of a shared mapping read-only, and tmpfs
-// fallocate reserves pages without clearing them: MADV_POPULATE_WRITE
-// allocates, clears and maps them writable in the guest kernel.
-void PopulateWritable(uint8_t* p, size_t size) { madvise(p, size, MADV_POPULATE_WRITE); }
 
 // Maps `size` bytes of `fd` at a 2 MiB boundary: a 2 MiB page of the file
 // can then be mapped whole (one PMD) in this process. A mapping at a 4 KiB
@@ -82,14 +84,16 @@ Result<uint8_t*> MapAligned(int fd, size_t size, int prot, int flags, const std:
   return static_cast<uint8_t*>(p);
 }
 
-Result<uint8_t*> MapFd(int fd, size_t size, bool writable, bool touch, const std::string& path) {
+Result<uint8_t*> MapFd(int fd, size_t size, bool writable, bool touch, bool populate,
+                       const std::string& path) {
   if (size == 0) return static_cast<uint8_t*>(nullptr);
   int prot = PROT_READ | (writable ? PROT_WRITE : 0);
-  MEMENTO_ASSIGN_OR_RETURN(uint8_t * p,
-                           MapAligned(fd, size, prot, MAP_SHARED | MAP_POPULATE, path));
+  MEMENTO_ASSIGN_OR_RETURN(
+      uint8_t * p, MapAligned(fd, size, prot, MAP_SHARED | (populate ? MAP_POPULATE : 0), path));
   // Transparent huge pages for shmem where the kernel allows them (fewer TLB
   // misses on the copy path); harmless where it does not.
   madvise(p, size, MADV_HUGEPAGE);
+  if (!populate) return p;
   if (writable) PopulateWritable(p, size);
   if (writable && touch) TouchPages(p, size);
   return p;
@@ -169,7 +173,7 @@ Result<std::unique_ptr<Segment>> Segment::CreateOrGrow(const std::string& path, 
 }
 
 Result<std::unique_ptr<Segment>> Segment::Open(const std::string& path, bool writable,
-                                               bool prefault) {
+                                               bool prefault, bool populate) {
   int fd = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return ErrnoError("open segment " + path, errno);
   struct stat st;
@@ -178,7 +182,7 @@ Result<std::unique_ptr<Segment>> Segment::Open(const std::string& path, bool wri
     close(fd);
     return ErrnoError("fstat " + path, err);
   }
-  auto mapped = MapFd(fd, static_cast<size_t>(st.st_size), writable, prefault, path);
+  auto mapped = MapFd(fd, static_cast<size_t>(st.st_size), writable, prefault, populate, path);
   if (!mapped.ok()) {
     close(fd);
     return mapped.status();

@@ -48,9 +48,11 @@ class Segment {
   // (writers that must not fault later) touches every page of the new
   // mapping once so that no access on the save path faults, in the guest or
   // in a hypervisor's shadow page tables (~2.6 to 9 us per 4 KiB page on the
-  // VMs we measured); without it, see TouchPages.
+  // VMs we measured); without it, see TouchPages. `populate` = false maps
+  // nothing yet (the caller populates and touches the pages itself, e.g. in
+  // the background: the client after a restart).
   static Result<std::unique_ptr<Segment>> Open(const std::string& path, bool writable,
-                                               bool prefault = false);
+                                               bool prefault = false, bool populate = true);
 
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
@@ -71,6 +73,10 @@ class Segment {
 // and without losing a store another thread or process makes to it at the
 // same time. `p` need not be page aligned.
 void TouchPages(uint8_t* p, size_t n);
+
+// MADV_POPULATE_WRITE of [p, p + n) (p page aligned): allocates and maps the
+// pages writable in the guest kernel. Best effort.
+void PopulateWritable(uint8_t* p, size_t n);
 
 // Whether MEMENTO_SHM_HUGE_PAGES allows the collapse into huge pages (unset
 // or anything but "off"/"0").
