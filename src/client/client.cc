@@ -6,6 +6,7 @@
 // crosses the socket. The socket carries only small control messages.
 #include "memento/client.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -27,6 +28,7 @@
 #include "shm/commit_word.h"
 #include "shm/node_store.h"
 #include "shm/protocol.h"
+#include "shm/segment.h"
 #include "shm/slot.h"
 #include "snap/copy_engine.h"
 #include "snap/copy_kernel.h"
@@ -66,11 +68,64 @@ struct Registered {
   Device device;
 };
 
+// The first access to each page of a new mapping of a slot is slow (on VMs
+// with shadow paging, ~2.6 us per 4 KiB page: 0.7 s per GiB; docs/
+// node_store.md, "Restart"). A restarted trainer therefore maps its slots
+// without touching them in Seal(), and a SlotPrefault touches the data
+// region of one slot in 8 MiB pieces, claimed by whichever thread gets there
+// first: the client's background thread, Restore() for the slot it reads,
+// the copy workers (or a helping Fence) of the first snapshot into it. Only
+// speed depends on it: an untouched page is still correct to read or write
+// (TouchPages is atomic), just slower on first access.
+class SlotPrefault {
+ public:
+  SlotPrefault(uint8_t* base, size_t begin, size_t end) : base_(base), begin_(begin) {
+    pieces_ = end > begin ? (end - begin + kPiece - 1) / kPiece : 0;
+    end_ = end;
+  }
+  bool done() const { return finished_.load(std::memory_order_acquire) >= pieces_; }
+  // Touches unclaimed pieces until none is left to claim (or `stop` is set).
+  void Help(const std::atomic<bool>* stop = nullptr) {
+    for (;;) {
+      if (stop != nullptr && stop->load(std::memory_order_relaxed)) return;
+      const size_t i = next_.fetch_add(1, std::memory_order_relaxed);
+      if (i >= pieces_) return;
+      const size_t b = begin_ + i * kPiece, e = std::min(end_, b + kPiece);
+      shm::PopulateWritable(base_ + b, e - b);
+      shm::TouchPages(base_ + b, e - b);
+      if (finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == pieces_) {
+        MutexLock l(&mu_);
+        cv_.SignalAll();
+      }
+    }
+  }
+  // Returns once every piece is touched, touching unclaimed ones itself.
+  void HelpAndWait() {
+    if (done()) return;
+    Help();
+    MutexLock l(&mu_);
+    while (!done()) cv_.Wait(&l);
+  }
+
+ private:
+  static constexpr size_t kPiece = size_t{8} << 20;
+  uint8_t* const base_;
+  const size_t begin_;
+  size_t end_ = 0;
+  size_t pieces_ = 0;
+  std::atomic<size_t> next_{0};
+  std::atomic<size_t> finished_{0};
+  Mutex mu_;
+  CondVar cv_;
+};
+
 class ClientImpl final : public Client {
  public:
   explicit ClientImpl(ClientOptions options, std::string dir)
       : options_(std::move(options)), dir_(std::move(dir)) {}
   ~ClientImpl() override {
+    prefault_stop_.store(true, std::memory_order_relaxed);
+    if (prefault_thread_.joinable()) prefault_thread_.join();
     if (job_ != nullptr) engine_->HelpAndWait(*job_, Deadline::Infinite()).IgnoreError();
     if (has_active_) {
       SetHasWorkersIdle(false);  // a fence is never starved
@@ -142,13 +197,22 @@ class ClientImpl final : public Client {
     if (paths.size() != shm::kSlotsPerRank) {
       return DataLossError(fmt::format("seal reply has {} slots", paths.size()));
     }
+    // Map both slots, but touch only their headers, manifests and tables
+    // here (what Snapshot() writes on the training thread); their data
+    // regions are touched by SlotPrefault (above), in the background.
     for (int s = 0; s < shm::kSlotsPerRank; ++s) {
       MEMENTO_ASSIGN_OR_RETURN(segments_[s],
-                               shm::Segment::Open(paths[s], /*writable=*/true, /*prefault=*/true));
+                               shm::Segment::Open(paths[s], /*writable=*/true, /*prefault=*/false,
+                                                  /*populate=*/false));
       if (segments_[s]->size() < layout_.total_bytes) {
         return InternalError(fmt::format("slot {} is {} bytes, {} needed", paths[s],
                                          segments_[s]->size(), layout_.total_bytes));
       }
+      const size_t head = std::min<size_t>(layout_.data_offset, segments_[s]->size());
+      shm::PopulateWritable(segments_[s]->data(), head);
+      shm::TouchPages(segments_[s]->data(), head);
+      prefault_[s] =
+          std::make_unique<SlotPrefault>(segments_[s]->data(), head, segments_[s]->size());
     }
     // The newest version held decides which slot the next snapshot overwrites.
     for (int s = 0; s < shm::kSlotsPerRank; ++s) {
@@ -158,6 +222,7 @@ class ClientImpl final : public Client {
         SetNewestSlot(s);
       }
     }
+    StartPrefault();
     MEMENTO_RETURN_IF_ERROR(StartDevicePath());
     snap::CopyEngine::Options eo;
     eo.threads = std::max(1, options_.copy_threads);
@@ -230,7 +295,10 @@ class ClientImpl final : public Client {
           NotifyComplete(target, step);
           CountWorkerCpu();
           return Status::Ok();
-        });
+        },
+        // The first snapshot after a restart: its copiers (never the
+        // Snapshot() call) finish touching the target slot first.
+        [p = prefault_[target].get()] { p->HelpAndWait(); });
     job_step_ = step;
     job_helped_bytes_ = 0;
     return Status::Ok();
@@ -342,6 +410,9 @@ class ClientImpl final : public Client {
       // is written: a version that fails its checksums leaves the tensors
       // untouched (docs/node_store.md, "Restore").
       const shm::Segment& seg = *segments_[c.slot];
+      // The slot this restore reads is touched now (the background thread
+      // may be on the other one, which the next snapshot writes).
+      prefault_[c.slot]->HelpAndWait();
       Stopwatch verify_sw;
       Status st = VerifyVersion(seg, c.info);
       stats.verify_s += verify_sw.Seconds();
@@ -707,6 +778,27 @@ class ClientImpl final : public Client {
     return st;
   }
 
+  // At Seal(): one thread touches the data regions of both slots, first the
+  // one holding the newest version (the one a Restore() reads, and helps
+  // with: with 4 KiB pages, touching the other slot at the same time only
+  // slows both down on a shadow-paging VM), then the one the next snapshot
+  // overwrites (its copiers help). At idle priority with copy_priority
+  // "idle", like the copy workers.
+  void StartPrefault() {
+    const int newest = NewestSlot();
+    const int first = newest >= 0 ? newest : 0;
+    const bool idle = options_.copy_priority == "idle";
+    prefault_thread_ = std::thread([this, first, idle] {
+      if (idle) {
+        sched_param param{};
+        sched_setscheduler(0, SCHED_IDLE, &param);
+      }
+      prefault_[first]->Help(&prefault_stop_);
+      prefault_[first == 0 ? 1 : 0]->Help(&prefault_stop_);
+    });
+    pthread_setname_np(prefault_thread_.native_handle(), "mem-prefault");
+  }
+
   // Creates the HasRunner (schedule "has" at Seal(); "auto" at the first
   // snapshot after an idle phase was reported). Trainer thread only.
   Status StartHasRunner() {
@@ -798,6 +890,7 @@ class ClientImpl final : public Client {
     RegisterHasWorker();
     const uint64_t cpu0 = ThreadCpuNs();
     const snap::CopyChunk& c = has_chunks_[index];
+    prefault_[has_target_]->HelpAndWait();
     if (!chunk_on_device_.empty() && chunk_on_device_[index]) {
       MEMENTO_RETURN_IF_ERROR(CopyDeviceChunks({c}));
     } else {
@@ -1079,6 +1172,9 @@ class ClientImpl final : public Client {
   bool sealed_ = false;
   shm::SlotLayout layout_;
   std::unique_ptr<shm::Segment> segments_[shm::kSlotsPerRank];
+  std::unique_ptr<SlotPrefault> prefault_[shm::kSlotsPerRank];
+  std::thread prefault_thread_;
+  std::atomic<bool> prefault_stop_{false};
   std::unique_ptr<snap::CopyEngine> engine_;
   std::shared_ptr<snap::CopyJob> job_;
   int64_t job_step_ = -1;

@@ -59,9 +59,11 @@ CopyEngine::~CopyEngine() {
 
 std::shared_ptr<CopyJob> CopyEngine::Submit(std::vector<CopyChunk> chunks,
                                             std::function<void(size_t, uint64_t)> on_chunk,
-                                            std::function<Status(const Status&)> on_done) {
+                                            std::function<Status(const Status&)> on_done,
+                                            std::function<void()> before_chunk) {
   std::shared_ptr<CopyJob> job(new CopyJob());
   job->chunks_ = std::move(chunks);
+  job->before_chunk_ = std::move(before_chunk);
   job->on_chunk_ = std::move(on_chunk);
   job->on_done_ = std::move(on_done);
   for (const CopyChunk& c : job->chunks_) job->bytes_ += c.length;
@@ -159,6 +161,7 @@ void CopyEngine::WorkerLoop(int worker) {
 void CopyEngine::RunChunk(CopyJob& job, size_t index) {
   const CopyChunk& c = job.chunks_[index];
   if (!job.failed_.load(std::memory_order_relaxed)) {
+    if (job.before_chunk_) job.before_chunk_();
     uint64_t sum = CopyAndChecksumStreaming(c.dst, c.src, c.length);
     if (c.checksum_out != nullptr) *c.checksum_out = sum;
     if (c.verify && sum != c.expected_checksum) {

@@ -77,6 +77,7 @@ class CopyJob {
   std::vector<CopyChunk> chunks_;
   std::function<void(size_t, uint64_t)> on_chunk_;
   std::function<Status(const Status&)> on_done_;
+  std::function<void()> before_chunk_;
   std::atomic<size_t> next_{0};
   std::atomic<size_t> finished_{0};
   std::atomic<bool> failed_{false};
@@ -108,10 +109,14 @@ class CopyEngine {
   CopyEngine& operator=(const CopyEngine&) = delete;
 
   // Enqueues a job and returns at once. REQUIRES: chunks' memory stays valid
-  // and unwritten by others until the job is done.
+  // and unwritten by others until the job is done. `before_chunk` (may be
+  // null) runs on the copying thread before each chunk of the job, e.g. to
+  // wait until the destination's pages are mapped (the client's background
+  // prefault of a slot after a restart); it must be cheap once satisfied.
   std::shared_ptr<CopyJob> Submit(std::vector<CopyChunk> chunks,
                                   std::function<void(size_t index, uint64_t checksum)> on_chunk,
-                                  std::function<Status(const Status&)> on_done) EXCLUDES(mu_);
+                                  std::function<Status(const Status&)> on_done,
+                                  std::function<void()> before_chunk = nullptr) EXCLUDES(mu_);
   int threads() const { return static_cast<int>(workers_.size()); }
 
   // Fence of `job` (from Submit on this engine): runs its unclaimed chunks on
