@@ -139,10 +139,7 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
   if (!(options.hold_timeout_s > 0)) return InvalidArgumentError("hold timeout must be > 0");
   MEMENTO_ASSIGN_OR_RETURN(c->log_, coord::CommitLog::Open(root + "/commit.log"));
   int64_t committed = -1;
-  if (auto latest = c->log_->latest()) {
-    committed = latest->step;
-    c->commit_epoch_.store(latest->epoch);
-  }
+  if (auto latest = c->log_->latest()) committed = latest->step;
   c->committed_.store(committed);
 
   // The commit word: trainers switch to the cluster rule when it exists.
@@ -415,29 +412,9 @@ void Cluster::OnCommit(int64_t step) {
   int64_t prev = committed_.load();
   while (prev < step && !committed_.compare_exchange_weak(prev, step)) {
   }
-  // Commits arrive in (epoch, step) order. The first commit of a new epoch
-  // (a lower step, or the same step after a memory recovery) says the job's
-  // history restarted at `step` (docs/coordination.md, "Epochs"): everything
-  // above it belongs to the abandoned history (reports, holds, T1 versions),
-  // and the steps trained again must commit.
-  uint64_t epoch = 0;
-  if (auto latest = log_->latest()) epoch = latest->epoch;
-  const bool rewind = step < prev || commit_epoch_.exchange(epoch) != epoch;
-  if (rewind) {
-    committed_.store(step);
-    red_->DropAbove(step);
-    {
-      MutexLock l(&mu_);
-      completes_.clear();
-      dead_.erase(dead_.upper_bound(step), dead_.end());
-    }
-    rewound_to_.store(step);
-    MEMENTO_LOG_INFO("commit of epoch {} at step {} (was {}): the history above it is abandoned",
-                     epoch, step, prev);
-  }
   shm::StoreWord(&word_->committed, step);
   int64_t hold = shm::LoadWord(&word_->hold);
-  if (hold >= 0 && (hold <= step || rewind)) ReleaseHold(hold);
+  if (hold >= 0 && hold <= step) ReleaseHold(hold);
   __atomic_add_fetch(&word_->generation, 1, __ATOMIC_SEQ_CST);
   red_->DropBelow(step);
   {
@@ -490,10 +467,6 @@ void Cluster::Run() {
       if (stop_) return;
     }
     PublishInventories();
-    if (const int64_t to = rewound_to_.exchange(-1); to >= 0) {
-      last_attempt_ = std::min(last_attempt_, to);
-      reported_ = -1;
-    }
     if (!ready_.load()) {
       TrySetup();
       if (!ready_.load() && Now() - last_progress > std::chrono::seconds(5)) {

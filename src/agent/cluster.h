@@ -221,12 +221,6 @@ class Cluster {
   // Cluster thread only.
   int64_t last_attempt_ = -1;
   int64_t reported_ = -1;
-  // A commit of a new epoch lowered committed_ to this step (OnCommit): the
-  // cluster thread forgets its attempts above it. -1: none pending.
-  std::atomic<int64_t> rewound_to_{-1};
-  // The epoch of the newest commit seen (the CommitLog's); a commit of
-  // another epoch restarts the job's history at its step (OnCommit).
-  std::atomic<uint64_t> commit_epoch_{0};
   TimePoint reported_at_{};
   std::map<int, std::unique_ptr<net::RpcClient>> peers_;
   std::thread thread_;

@@ -169,9 +169,7 @@ class DurableStreamer {
   // at every recovery); used for the versions written from now on.
   void SetEpoch(uint64_t epoch) EXCLUDES(mu_);
   // `step` was committed by the cluster (CommitFollower). Offered to the
-  // persister when the plan is known; returns at once. A step lower than the
-  // previous one is the first commit of a new epoch (the job restarted
-  // there; coord/commit.h): not offered, and the steps after it are.
+  // persister when the plan is known; returns at once.
   void OnCommitted(int64_t step) EXCLUDES(mu_);
 
   DurableStats stats() EXCLUDES(mu_);

@@ -186,14 +186,8 @@ void DurableStreamer::SetEpoch(uint64_t epoch) {
 void DurableStreamer::OnCommitted(int64_t step) {
   {
     MutexLock l(&mu_);
-    if (step == last_committed_) return;
-    // A lower step is the first commit of a new epoch (the job restarted
-    // there, CommitFollower): the versions trained again are offered from
-    // now on; the restored one itself was loaded from a complete version or
-    // from memory and is not written again.
-    const bool rewind = step < last_committed_;
+    if (step <= last_committed_) return;
     last_committed_ = step;
-    if (rewind) return;
     // A node that has no plan yet (an agent just started, a replaced node)
     // holds nothing of this version.
     if (cluster_plan_ == nullptr) return;

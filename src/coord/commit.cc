@@ -73,20 +73,7 @@ std::vector<int64_t> CommitTracker::PendingSteps() const {
 namespace {
 
 constexpr uint32_t kLogMagic = 0x474C434D;  // "MCLG"
-constexpr uint16_t kLogVersionNoEpoch = 1;  // LogRecordV1: epoch 0
-constexpr uint16_t kLogVersion = 2;         // LogRecord
-
-// Version 1 (older builds): no epoch.
-struct LogRecordV1 {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t reserved;
-  int64_t step;
-  int64_t wall_ns;
-  uint64_t checksum;  // xxHash3 of the 24 bytes before it
-};
-static_assert(sizeof(LogRecordV1) == 32);
-static_assert(std::is_trivially_copyable_v<LogRecordV1>);
+constexpr uint16_t kLogVersion = 1;
 
 struct LogRecord {
   uint32_t magic;
@@ -94,20 +81,16 @@ struct LogRecord {
   uint16_t reserved;
   int64_t step;
   int64_t wall_ns;
-  uint64_t epoch;
-  uint64_t checksum;  // xxHash3 of the 32 bytes before it
+  uint64_t checksum;  // xxHash3 of the 24 bytes before it
 };
-static_assert(sizeof(LogRecord) == 40);
+static_assert(sizeof(LogRecord) == 32);
 static_assert(std::is_trivially_copyable_v<LogRecord>);
-static_assert(offsetof(LogRecord, step) == offsetof(LogRecordV1, step));
 
 LogRecord MakeRecord(const CommitRecord& c) {
-  LogRecord r{kLogMagic, kLogVersion, 0, c.step, c.wall_ns, c.epoch, 0};
+  LogRecord r{kLogMagic, kLogVersion, 0, c.step, c.wall_ns, 0};
   r.checksum = Checksum(&r, offsetof(LogRecord, checksum));
   return r;
 }
-
-CommitId IdOf(const CommitRecord& c) { return CommitId{c.epoch, c.step}; }
 
 Status WriteAllFd(int fd, const void* p, size_t n, const std::string& path) {
   const char* c = static_cast<const char*>(p);
@@ -130,31 +113,17 @@ Result<std::unique_ptr<CommitLog>> CommitLog::Open(const std::string& path, size
   MutexLock l(&log->mu_);
   off_t good = 0;
   for (;;) {
-    // A version-1 record is a prefix-compatible 32 bytes; read the larger
-    // size and look at the version first.
     LogRecord r;
     ssize_t n = pread(fd, &r, sizeof(r), good);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoError(fmt::format("read commit log {}", path), errno);
-    if (n < static_cast<ssize_t>(sizeof(LogRecordV1)) || r.magic != kLogMagic) break;
-    CommitRecord c;
-    size_t size = 0;
-    if (r.version == kLogVersionNoEpoch) {
-      LogRecordV1 v1;
-      std::memcpy(&v1, &r, sizeof(v1));
-      if (v1.checksum != Checksum(&v1, offsetof(LogRecordV1, checksum))) break;
-      c = {v1.step, v1.wall_ns, 0};
-      size = sizeof(v1);
-    } else if (r.version == kLogVersion && n >= static_cast<ssize_t>(sizeof(r))) {
-      if (r.checksum != Checksum(&r, offsetof(LogRecord, checksum))) break;
-      c = {r.step, r.wall_ns, r.epoch};
-      size = sizeof(r);
-    } else {
-      break;
-    }
-    if (!log->records_.empty() && !(IdOf(log->records_.back()) < IdOf(c))) break;
-    log->records_.push_back(c);
-    good += static_cast<off_t>(size);
+    if (n < static_cast<ssize_t>(sizeof(r))) break;
+    bool valid = r.magic == kLogMagic && r.version == kLogVersion &&
+                 r.checksum == Checksum(&r, offsetof(LogRecord, checksum)) &&
+                 (log->records_.empty() || r.step > log->records_.back().step);
+    if (!valid) break;
+    log->records_.push_back({r.step, r.wall_ns});
+    good += sizeof(r);
   }
   struct stat st;
   if (fstat(fd, &st) == 0 && st.st_size != good) {
@@ -170,14 +139,13 @@ CommitLog::~CommitLog() {
   if (fd_ >= 0) close(fd_);
 }
 
-Result<bool> CommitLog::Append(int64_t step, int64_t wall_ns, uint64_t epoch) {
+Result<bool> CommitLog::Append(int64_t step, int64_t wall_ns) {
   MutexLock l(&mu_);
-  const CommitRecord c{step, wall_ns, epoch};
-  if (!records_.empty() && !(IdOf(records_.back()) < IdOf(c))) return false;
-  LogRecord r = MakeRecord(c);
+  if (!records_.empty() && step <= records_.back().step) return false;
+  LogRecord r = MakeRecord({step, wall_ns});
   MEMENTO_RETURN_IF_ERROR(WriteAllFd(fd_, &r, sizeof(r), path_));
   if (fdatasync(fd_) < 0) return ErrnoError(fmt::format("fdatasync {}", path_), errno);
-  records_.push_back(c);
+  records_.push_back({step, wall_ns});
   if (records_.size() > compact_above_) MEMENTO_RETURN_IF_ERROR(CompactLocked());
   return true;
 }
@@ -221,33 +189,6 @@ std::vector<CommitRecord> CommitLog::records() {
 
 // ---- store helpers ------------------------------------------------------------
 
-std::string FormatCommitId(const CommitId& id) {
-  if (id.epoch == 0) return std::to_string(id.step);
-  return fmt::format("{}@{}", id.step, id.epoch);
-}
-
-Result<CommitId> ParseCommitId(const std::string& text) {
-  CommitId id;
-  const size_t at = text.find('@');
-  const std::string step = text.substr(0, at);
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(step.c_str(), &end, 10);
-  bool ok = !step.empty() && *end == '\0' && errno == 0 && v >= 0;
-  if (ok && at != std::string::npos) {
-    const std::string epoch = text.substr(at + 1);
-    unsigned long long e = std::strtoull(epoch.c_str(), &end, 10);
-    ok = !epoch.empty() && epoch[0] != '-' && *end == '\0' && errno == 0;
-    id.epoch = e;
-  }
-  if (!ok) {
-    return DataLossError(
-        fmt::format("commit/latest holds '{}', not <step> or <step>@<epoch>", text.substr(0, 40)));
-  }
-  id.step = static_cast<int64_t>(v);
-  return id;
-}
-
 Status ReportCompleted(Store& store, const std::string& job, const std::string& node, int64_t step,
                        Deadline deadline) {
   MEMENTO_RETURN_IF_ERROR(ValidateName("job", job));
@@ -258,47 +199,44 @@ Status ReportCompleted(Store& store, const std::string& job, const std::string& 
 }
 
 Result<bool> PublishCommit(Store& store, const std::string& job, int64_t step, int64_t wall_ns,
-                           Deadline deadline, uint64_t epoch) {
+                           Deadline deadline) {
   JobKeys keys(job);
-  const CommitId id{epoch, step};
   MEMENTO_RETURN_IF_ERROR(store.Set(keys.Commit(step), std::to_string(wall_ns), deadline).status());
   for (;;) {
     std::optional<std::string> expected;
     auto cur = store.Get(keys.CommitLatest(), deadline);
     if (cur.ok()) {
       expected = cur->value;
-      auto have = ParseCommitId(cur->value);
-      // An unreadable value is replaced (as before).
-      if (have.ok() && !(*have < id)) return false;
+      char* end = nullptr;
+      long long v = std::strtoll(cur->value.c_str(), &end, 10);
+      if (*end == '\0' && !cur->value.empty() && v >= step) return false;
     } else if (cur.status().code() != StatusCode::kNotFound) {
       return cur.status();
     }
     MEMENTO_ASSIGN_OR_RETURN(CasResult c, store.CompareAndSwap(keys.CommitLatest(), expected,
-                                                               FormatCommitId(id), deadline));
+                                                               std::to_string(step), deadline));
     if (c.swapped) return true;
   }
 }
 
-Result<CommitId> ReadLatestCommitId(Store& store, const std::string& job, Deadline deadline) {
-  MEMENTO_ASSIGN_OR_RETURN(KeyValue kv, store.Get(JobKeys(job).CommitLatest(), deadline));
-  auto id = ParseCommitId(kv.value);
-  if (!id.ok()) return DataLossError(fmt::format("job {}: {}", job, id.status().message()));
-  return *id;
-}
-
 Result<int64_t> ReadLatestCommit(Store& store, const std::string& job, Deadline deadline) {
-  MEMENTO_ASSIGN_OR_RETURN(CommitId id, ReadLatestCommitId(store, job, deadline));
-  return id.step;
+  MEMENTO_ASSIGN_OR_RETURN(KeyValue kv, store.Get(JobKeys(job).CommitLatest(), deadline));
+  char* end = nullptr;
+  long long v = std::strtoll(kv.value.c_str(), &end, 10);
+  if (kv.value.empty() || *end != '\0' || v < 0) {
+    return DataLossError(
+        fmt::format("commit/latest of job {} holds '{}', not a step", job, kv.value.substr(0, 40)));
+  }
+  return static_cast<int64_t>(v);
 }
 
 Status RepublishCommits(Store& store, const std::string& job, CommitLog& log, Deadline deadline) {
   auto latest = log.latest();
   if (!latest) return Status::Ok();
-  auto moved = PublishCommit(store, job, latest->step, latest->wall_ns, deadline, latest->epoch);
+  auto moved = PublishCommit(store, job, latest->step, latest->wall_ns, deadline);
   if (!moved.ok()) return moved.status();
   if (*moved) {
-    MEMENTO_LOG_INFO("coord: republished commit of step {} (epoch {}) for job {}", latest->step,
-                     latest->epoch, job);
+    MEMENTO_LOG_INFO("coord: republished commit of step {} for job {}", latest->step, job);
   }
   return Status::Ok();
 }
@@ -306,12 +244,11 @@ Status RepublishCommits(Store& store, const std::string& job, CommitLog& log, De
 // ---- CommitCoordinator ----------------------------------------------------------
 
 CommitCoordinator::CommitCoordinator(Store* store, std::string job, std::set<std::string> members,
-                                     int64_t committed, uint64_t epoch, OnCommit on_commit)
+                                     int64_t committed, OnCommit on_commit)
     : store_(store),
       job_(std::move(job)),
       keys_(job_),
       on_commit_(std::move(on_commit)),
-      epoch_(epoch),
       tracker_(std::move(members), committed) {}
 
 Result<std::unique_ptr<CommitCoordinator>> CommitCoordinator::Start(Store* store, std::string job,
@@ -320,16 +257,14 @@ Result<std::unique_ptr<CommitCoordinator>> CommitCoordinator::Start(Store* store
                                                                     OnCommit on_commit) {
   MEMENTO_RETURN_IF_ERROR(ValidateName("job", job));
   int64_t committed = -1;
-  uint64_t epoch = 0;
-  auto latest = ReadLatestCommitId(*store, job, deadline);
+  auto latest = ReadLatestCommit(*store, job, deadline);
   if (latest.ok()) {
-    committed = latest->step;
-    epoch = latest->epoch;
+    committed = *latest;
   } else if (latest.status().code() != StatusCode::kNotFound) {
     return latest.status();
   }
   std::unique_ptr<CommitCoordinator> c(new CommitCoordinator(
-      store, std::move(job), std::move(members), committed, epoch, std::move(on_commit)));
+      store, std::move(job), std::move(members), committed, std::move(on_commit)));
   MEMENTO_ASSIGN_OR_RETURN(ListResult reports, store->List(c->keys_.CompletedPrefix(), deadline));
   for (auto& kv : reports.kvs) c->OnEvent(WatchEvent{WatchEvent::Type::kPut, std::move(kv)});
   CommitCoordinator* self = c.get();
@@ -377,7 +312,7 @@ void CommitCoordinator::Commit(int64_t step) {
   Deadline d = Deadline::AfterSeconds(10);
   Status s;
   while (!d.expired()) {
-    auto moved = PublishCommit(*store_, job_, step, now, d, epoch_);
+    auto moved = PublishCommit(*store_, job_, step, now, d);
     s = moved.status();
     if (s.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -386,7 +321,7 @@ void CommitCoordinator::Commit(int64_t step) {
     MEMENTO_LOG_ERROR("coord: could not publish the commit of step {}: {}", step, s.ToString());
     return;
   }
-  MEMENTO_LOG_INFO("coord: job {} committed step {} (epoch {})", job_, step, epoch_);
+  MEMENTO_LOG_INFO("coord: job {} committed step {}", job_, step);
   // Reports of committed steps are no longer needed.
   auto reports = store_->List(keys_.CompletedPrefix(), d);
   if (reports.ok()) {
@@ -408,47 +343,37 @@ Result<std::unique_ptr<CommitFollower>> CommitFollower::Start(
   std::unique_ptr<CommitFollower> f(new CommitFollower());
   f->log_ = log;
   f->on_commit_ = std::move(on_commit);
-  if (auto l = log->latest()) {
-    MutexLock lock(&f->mu_);
-    f->last_ = CommitId{l->epoch, l->step};
-  }
+  if (auto l = log->latest()) f->last_.store(l->step);
   JobKeys keys(job);
   MEMENTO_ASSIGN_OR_RETURN(ListResult cur, store->List(keys.CommitLatest(), deadline));
   std::string latest_key = keys.CommitLatest();
-  auto parse = [](const std::string& v) -> std::optional<CommitId> {
-    auto id = ParseCommitId(v);
-    if (!id.ok()) {
-      MEMENTO_LOG_WARN("coord: ignoring {}", id.status().ToString());
-      return std::nullopt;
-    }
-    return *id;
+  auto parse = [](const std::string& v) -> int64_t {
+    char* end = nullptr;
+    long long x = std::strtoll(v.c_str(), &end, 10);
+    return (v.empty() || *end != '\0') ? -1 : static_cast<int64_t>(x);
   };
   for (const auto& kv : cur.kvs) {
-    if (kv.key != latest_key) continue;
-    if (auto id = parse(kv.value)) f->Observe(*id);
+    if (kv.key == latest_key) f->Observe(parse(kv.value));
   }
   CommitFollower* self = f.get();
   f->watcher_ = std::make_unique<Watcher>(
       store, latest_key, cur.revision, [self, latest_key, parse](const WatchEvent& ev) {
         if (ev.type == WatchEvent::Type::kPut && ev.kv.key == latest_key) {
-          if (auto id = parse(ev.kv.value)) self->Observe(*id);
+          self->Observe(parse(ev.kv.value));
         }
       });
   return f;
 }
 
-void CommitFollower::Observe(const CommitId& id) {
-  {
-    MutexLock l(&mu_);
-    if (!(last_ < id)) return;
-    last_ = id;
-  }
-  auto appended = log_->Append(id.step, WallNanos(), id.epoch);
+void CommitFollower::Observe(int64_t step) {
+  if (step <= last_.load()) return;
+  auto appended = log_->Append(step, WallNanos());
   if (!appended.ok()) {
     // The commit still happened; the local record is best effort.
     MEMENTO_LOG_ERROR("coord: commit log {}: {}", log_->path(), appended.status().ToString());
   }
-  if (on_commit_) on_commit_(id.step);
+  last_.store(step);
+  if (on_commit_) on_commit_(step);
 }
 
 }  // namespace memento::coord

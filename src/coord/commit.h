@@ -7,9 +7,7 @@
 //   CommitTracker      the rule itself: a pure, single-threaded state machine.
 //   CommitLog          each agent's local, durable list of commits it has seen.
 //   ReportCompleted    an agent's COMPLETED(step, node) report into the store.
-//   PublishCommit      writes COMMIT(step); commit/latest only ever grows (CAS),
-//                      ordered by (epoch, step): a new epoch of the job's
-//                      history (a restart from an older step) starts over.
+//   PublishCommit      writes COMMIT(step); commit/latest only ever grows (CAS).
 //   CommitCoordinator  runs a CommitTracker on the store's completed/ reports.
 //   CommitFollower     every agent: records commits in its CommitLog and tells
 //                      the agent (which then frees versions older than it).
@@ -68,37 +66,11 @@ class CommitTracker {
 struct CommitRecord {
   int64_t step = -1;
   int64_t wall_ns = 0;
-  // The job's history epoch (/memento/<job>/epoch) the commit belongs to.
-  uint64_t epoch = 0;
 };
 
-// A commit's place in the job's history: commits are ordered by epoch, then
-// step. The launcher bumps the epoch at every recovery and publishes the
-// restored step as the first commit of the new epoch, so after a restart from
-// an older step (the durable fallback) the steps trained again commit, while
-// no commit of the abandoned history can ever be taken for a newer one
-// (docs/coordination.md, "Epochs").
-struct CommitId {
-  uint64_t epoch = 0;
-  int64_t step = -1;
-  friend bool operator<(const CommitId& a, const CommitId& b) {
-    return a.epoch != b.epoch ? a.epoch < b.epoch : a.step < b.step;
-  }
-  friend bool operator==(const CommitId& a, const CommitId& b) {
-    return a.epoch == b.epoch && a.step == b.step;
-  }
-};
-// commit/latest's text: "<step>" in epoch 0 (what older builds wrote and
-// read), "<step>@<epoch>" otherwise.
-std::string FormatCommitId(const CommitId& id);
-// DataLoss naming the text when it is neither form.
-[[nodiscard]] Result<CommitId> ParseCommitId(const std::string& text);
-
-// An append-only file of commit records: fixed-size records (magic, version,
-// step, time, [epoch,] xxHash3; version 1: 32 bytes, epoch 0; version 2, what
-// is written now: 40 bytes with the epoch), fdatasync'ed on each append. A
-// torn last record (crash mid-write) is dropped on Open. (epoch, step) only
-// increases.
+// An append-only file of commit records: fixed 32-byte records (magic,
+// version, step, time, xxHash3), fdatasync'ed on each append. A torn last
+// record (crash mid-write) is dropped on Open. Steps only increase.
 //
 // Thread safety: all methods are thread-safe.
 class CommitLog {
@@ -110,10 +82,9 @@ class CommitLog {
                                                                size_t compact_above = 4096);
   ~CommitLog();
 
-  // Appends a record when (epoch, step) > latest()'s; returns false (and
-  // writes nothing) for an old or repeated one.
-  [[nodiscard]] Result<bool> Append(int64_t step, int64_t wall_ns, uint64_t epoch = 0)
-      EXCLUDES(mu_);
+  // Appends a record when `step` > latest(); returns false (and writes
+  // nothing) for an old or repeated step.
+  [[nodiscard]] Result<bool> Append(int64_t step, int64_t wall_ns) EXCLUDES(mu_);
   std::optional<CommitRecord> latest() EXCLUDES(mu_);
   std::vector<CommitRecord> records() EXCLUDES(mu_);
   const std::string& path() const { return path_; }
@@ -132,16 +103,13 @@ class CommitLog {
 // Writes completed/<step>/<node>.
 [[nodiscard]] Status ReportCompleted(Store& store, const std::string& job, const std::string& node,
                                      int64_t step, Deadline deadline);
-// Writes commit/<step> and raises commit/latest to (epoch, step) if it is
-// lower in (epoch, step) order. Returns whether commit/latest moved.
+// Writes commit/<step> and raises commit/latest to `step` if it is lower.
+// Returns whether commit/latest moved.
 [[nodiscard]] Result<bool> PublishCommit(Store& store, const std::string& job, int64_t step,
-                                         int64_t wall_ns, Deadline deadline, uint64_t epoch = 0);
-// commit/latest's step; NotFound before the first commit.
+                                         int64_t wall_ns, Deadline deadline);
+// commit/latest; NotFound before the first commit.
 [[nodiscard]] Result<int64_t> ReadLatestCommit(Store& store, const std::string& job,
                                                Deadline deadline);
-// commit/latest with its epoch; NotFound before the first commit.
-[[nodiscard]] Result<CommitId> ReadLatestCommitId(Store& store, const std::string& job,
-                                                  Deadline deadline);
 // Publishes the newest record of `log` (a restarted store learns the last
 // commit from any agent that saw it).
 [[nodiscard]] Status RepublishCommits(Store& store, const std::string& job, CommitLog& log,
@@ -149,9 +117,7 @@ class CommitLog {
 
 // Runs the commit rule against the store. Any number may run at once (each
 // publish is a monotonic CAS), typically one in the process that hosts the
-// store or on the first node's agent. Its commits carry the epoch of
-// commit/latest when it starts (the launcher publishes the restored step of
-// a new epoch before it starts the coordinator of that epoch).
+// store or on the first node's agent.
 //
 // Thread model: one Watcher thread on completed/ (feeds the tracker, publishes
 // commits, deletes reports of committed steps).
@@ -167,7 +133,7 @@ class CommitCoordinator {
 
  private:
   CommitCoordinator(Store* store, std::string job, std::set<std::string> members, int64_t committed,
-                    uint64_t epoch, OnCommit on_commit);
+                    OnCommit on_commit);
   void OnEvent(const WatchEvent& ev) EXCLUDES(mu_);
   void Commit(int64_t step) EXCLUDES(mu_);
 
@@ -175,7 +141,6 @@ class CommitCoordinator {
   const std::string job_;
   const JobKeys keys_;
   const OnCommit on_commit_;
-  const uint64_t epoch_;
   Mutex mu_;
   CommitTracker tracker_ GUARDED_BY(mu_);
   std::unique_ptr<Watcher> watcher_;
@@ -183,30 +148,21 @@ class CommitCoordinator {
 
 // Every agent runs one: follows commit/latest, appends each new commit to the
 // agent's CommitLog, then calls on_commit(step) (outside any lock) so the
-// agent flips slots and frees older versions. Commits arrive strictly
-// increasing in (epoch, step) order: within an epoch steps increase; a step
-// lower than the previous one is the first commit of a new epoch (the job's
-// history restarted there, and everything newer belongs to the abandoned one).
+// agent flips slots and frees older versions. Steps arrive strictly increasing.
 class CommitFollower {
  public:
   [[nodiscard]] static Result<std::unique_ptr<CommitFollower>> Start(
       Store* store, std::string job, CommitLog* log, std::function<void(int64_t)> on_commit,
       Deadline deadline);
   ~CommitFollower() { watcher_.reset(); }
-  int64_t last_seen() EXCLUDES(mu_) {
-    MutexLock l(&mu_);
-    return last_.step;
-  }
+  int64_t last_seen() const { return last_.load(); }
 
  private:
   CommitFollower() = default;
-  void Observe(const CommitId& id) EXCLUDES(mu_);
+  void Observe(int64_t step);
   CommitLog* log_ = nullptr;
   std::function<void(int64_t)> on_commit_;
-  // Observe runs on one thread at a time (the initial listing, then the
-  // watcher's thread); the lock orders it with last_seen().
-  Mutex mu_;
-  CommitId last_ GUARDED_BY(mu_);
+  std::atomic<int64_t> last_{-1};
   std::unique_ptr<Watcher> watcher_;
 };
 

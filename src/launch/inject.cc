@@ -27,7 +27,7 @@ std::string Injection::ToString() const {
                                                     : "@step=" + std::to_string(step));
   }
   return std::string(InjectKindName(kind)) + ":" + std::to_string(target) +
-         "@step=" + std::to_string(step) + (after > 0 ? "@after=" + std::to_string(after) : "");
+         "@step=" + std::to_string(step);
 }
 
 namespace {
@@ -110,15 +110,6 @@ Result<Injection> ParseOne(std::string_view entry, int world_size, int num_nodes
   }
   if (when.substr(0, 5) != "step=") {
     return InvalidArgumentError("injection " + quoted + ": expected '@step=N' after the target");
-  }
-  if (size_t a = when.find('@'); a != std::string_view::npos) {
-    std::string_view after = when.substr(a + 1);
-    when = when.substr(0, a);
-    if (after.substr(0, 6) != "after=" || !ParseNumber(after.substr(6), &inj.after) ||
-        inj.after < 0) {
-      return InvalidArgumentError("injection " + quoted + ": expected '@after=K' (K >= 0) after '" +
-                                  std::string(when) + "'");
-    }
   }
   if (!ParseNumber(when.substr(5), &inj.step) || inj.step < 0) {
     return InvalidArgumentError("injection " + quoted + ": step '" + std::string(when.substr(5)) +

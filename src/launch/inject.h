@@ -16,10 +16,6 @@
 //                         store host is lost; agents re-register and refill it
 //   kill-store@recovery=K the same, during recovery K (0-based): after the
 //                         agents were restarted, before the inventory round
-//   ...@step=N@after=K    (any kind with a target) only once K recoveries
-//                         happened: "step N of the history after the K-th
-//                         restart" (a second failure after a fallback to an
-//                         older step, which reaches step N again)
 //
 // Several injections are separated by commas. "The job reaches step N" means
 // the newest committed step, or the step a node last signalled, is >= N.
@@ -54,8 +50,6 @@ struct Injection {
   int64_t step = 0;  // fires when the job reaches this step (when recovery < 0)
   // kill-store only: fires during recovery number `recovery` instead (0-based).
   int recovery = -1;
-  // Fires only after this many recoveries (`@after=K`; 0: any time).
-  int after = 0;
   std::string ToString() const;  // "kill-rank:3@step=40", "kill-store@recovery=0"
 };
 

@@ -332,20 +332,12 @@ struct Launcher::State {
   // restarted store forgets it until the agents republish it: the launcher
   // keeps the newest it saw.
   int64_t known_committed = -1;
-  // commit/latest with its epoch, the newest seen (known_committed is its step).
-  coord::CommitId known_commit;
-  // ReachedStep ignores signal records not written since the last restart of
-  // the job's history at an older step (they belong to the abandoned one):
-  // mod revisions <= signal_floor_rev of store epoch signal_floor_store.
-  int64_t signal_floor_rev = -1;
-  uint64_t signal_floor_store = 0;
   std::optional<TimePoint> store_down_since;    // killed; the fresh one is not started yet
   std::optional<TimePoint> store_restarted_at;  // watching for the commits to come back
   std::vector<StoreRestartReport> store_restarts;
   Stopwatch store_check_clock;
   // What the launcher wrote besides the topology and plan hash, to republish.
   json restore_record;                          // null before the first recovery
-  uint64_t epoch = 0;                           // /memento/<job>/epoch (0: never bumped)
   std::map<int, std::string> recovery_records;  // recovery/<n>
 
   explicit State(const LaunchOptions& options, net::JobToken t) : o(options), token(std::move(t)) {}
@@ -374,16 +366,9 @@ struct Launcher::State {
   // (a restarted store has none until an agent republishes it).
   int64_t Committed() {
     if (StoreDown()) return known_committed;
-    auto r = coord::ReadLatestCommitId(*store, o.job, Deadline::AfterSeconds(5));
-    if (r.ok()) Learn(*r);
+    auto r = coord::ReadLatestCommit(*store, o.job, Deadline::AfterSeconds(5));
+    if (r.ok()) known_committed = std::max(known_committed, *r);
     return known_committed;
-  }
-  // Commits are ordered by (epoch, step) (coord/commit.h, CommitId).
-  void Learn(const coord::CommitId& id) {
-    if (known_commit < id) {
-      known_commit = id;
-      known_committed = id.step;
-    }
   }
 
   // ---- the store's loss (kill-store) --------------------------------------------
@@ -395,9 +380,6 @@ struct Launcher::State {
     if (plan.has_value()) {
       MEMENTO_RETURN_IF_ERROR(
           store->Set(keys.PlanHash(), std::to_string(recover::PlanHash(*plan)), deadline).status());
-    }
-    if (epoch > 0) {
-      MEMENTO_RETURN_IF_ERROR(store->Set(keys.Epoch(), std::to_string(epoch), deadline).status());
     }
     if (!restore_record.is_null()) {
       MEMENTO_RETURN_IF_ERROR(store->Set(keys.Restore(), restore_record.dump(), deadline).status());
@@ -472,10 +454,7 @@ struct Launcher::State {
       StoreRestartReport& r = store_restarts.back();
       auto latest = coord::ReadLatestCommit(*store, o.job, Deadline::AfterSeconds(2));
       if (latest.ok()) {
-        if (auto id = coord::ReadLatestCommitId(*store, o.job, Deadline::AfterSeconds(2));
-            id.ok()) {
-          Learn(*id);
-        }
+        known_committed = std::max(known_committed, *latest);
         const double since = SecondsBetween(*store_restarted_at, Now());
         if (r.republished_s < 0 && *latest >= r.committed_before) {
           r.republished_s = since;
@@ -510,7 +489,6 @@ struct Launcher::State {
     auto list = store->List(keys.SignalPrefix(), Deadline::AfterSeconds(5));
     if (list.ok()) {
       for (const auto& kv : list->kvs) {
-        if (list->epoch == signal_floor_store && kv.mod_revision <= signal_floor_rev) continue;
         auto rec = coord::SignalRecord::Decode(kv.value);
         if (rec.ok() && rec->signal == coord::NodeSignal::kCompleted) {
           best = std::max(best, rec->step);
@@ -518,35 +496,6 @@ struct Launcher::State {
       }
     }
     return best;
-  }
-
-  // The job's history restarts at `step` (restored on every rank) in commit
-  // epoch `epoch`: skip records of later steps (the abandoned history) are
-  // deleted, then commit/latest = step@epoch (CAS, above any commit of an
-  // older epoch), which every agent's CommitFollower takes as a rewind of
-  // its commit state (agent/cluster.cc OnCommit). Signals written before
-  // now no longer say how far the job got. REQUIRES: the coordinator stopped.
-  Status StartEpoch(uint64_t epoch, int64_t step) {
-    const Deadline deadline = Deadline::AfterSeconds(10);
-    coord::JobKeys keys(o.job);
-    auto skipped = store->List(keys.SkippedPrefix(), deadline);
-    if (skipped.ok()) {
-      for (const auto& kv : skipped->kvs) {
-        const std::string tail = kv.key.substr(keys.SkippedPrefix().size());
-        auto s = coord::ParseStep(tail.substr(0, tail.find('/')));
-        if (s.ok() && *s > step) store->Delete(kv.key, deadline).status().IgnoreError();
-      }
-    }
-    MEMENTO_ASSIGN_OR_RETURN(
-        bool moved, coord::PublishCommit(*store, o.job, step, WallNanos(), deadline, epoch));
-    (void)moved;  // false only when an agent already republished it
-    Learn(coord::CommitId{epoch, step});
-    auto signals = store->List(keys.SignalPrefix(), deadline);
-    if (signals.ok()) {
-      signal_floor_rev = signals->revision;
-      signal_floor_store = signals->epoch;
-    }
-    return Status::Ok();
   }
 
   Status StartCoordinator(Deadline deadline) {
@@ -863,9 +812,7 @@ Result<LaunchSummary> Launcher::Run() {
       const int64_t reached = s.ReachedStep();
       for (size_t k = 0; k < injections_.size(); ++k) {
         const Injection& inj = injections_[k];
-        if (s.fired[k] || inj.recovery >= 0 || reached < inj.step || s.attempt < inj.after) {
-          continue;
-        }
+        if (s.fired[k] || inj.recovery >= 0 || reached < inj.step) continue;
         // One loss at a time: after a store restart, the next injection waits
         // until commits resumed (so "a node loss after the store restart"
         // really recovers from a commit made on the fresh store).
@@ -1089,45 +1036,20 @@ Result<LaunchSummary> Launcher::Run() {
             s.store->Delete(kv.key, Deadline::AfterSeconds(5)).status().IgnoreError();
           }
         }
+        if (Status st = s.StartCoordinator(Deadline::AfterSeconds(10)); !st.ok()) {
+          return finish(false, 1, st.ToString());
+        }
       }
 
       // A new incarnation of the job's history: durable parts written from
       // now on carry the new epoch, so that node 0 never commits a version
       // from parts of two histories (docs/durable_tier.md, "Cluster mode").
-      // Commits are scoped by it too (docs/coordination.md, "Epochs"): the
-      // restored step is the new epoch's first commit, so the steps after it
-      // commit again even when they are <= the old history's commit/latest
-      // (the durable fallback restores S < C: S+1 .. C are trained again
-      // and must be protected in memory).
       {
         auto epoch = BumpEpoch(*s.store, o.job, Deadline::AfterSeconds(5));
-        if (epoch.ok() && *epoch <= s.known_commit.epoch) {
-          // The key was lost with a store (or never republished): the new
-          // epoch must still be above every commit's.
-          const uint64_t e = s.known_commit.epoch + 1;
-          auto set = s.store->Set(coord::JobKeys(o.job).Epoch(), std::to_string(e),
-                                  Deadline::AfterSeconds(5));
-          if (set.ok()) {
-            epoch = e;
-          } else {
-            epoch = set.status();
-          }
-        }
         if (epoch.ok()) {
           rep.epoch = *epoch;
-          s.epoch = *epoch;
         } else {
           s.Say("cannot bump the durable epoch: " + epoch.status().ToString());
-        }
-        if (epoch.ok() && rep.step >= 0) {
-          if (Status st = s.StartEpoch(*epoch, rep.step); !st.ok()) {
-            return finish(false, 1,
-                          "cannot start commit epoch " + std::to_string(*epoch) + " at step " +
-                              std::to_string(rep.step) + ": " + st.ToString());
-          }
-        }
-        if (Status st = s.StartCoordinator(Deadline::AfterSeconds(10)); !st.ok()) {
-          return finish(false, 1, st.ToString());
         }
       }
       ++s.attempt;

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -255,64 +254,6 @@ TEST_F(DurableFallbackTest, LossBeyondProtectionRecoversFromTheDurableTier) {
       EXPECT_EQ(marker["epoch"].get<uint64_t>(), rec["epoch"].get<uint64_t>()) << newest;
     }
   }
-}
-
-// Issue 4, commits after a fallback: the launcher restarts the job's history
-// at the durable step S < C in a new commit epoch (commit/latest = S@E), so
-// the steps S+1 .. C trained again commit (they are protected in memory
-// again), and a node lost inside that window is rebuilt from the peers'
-// memory of the new history, bit-identical, never from the abandoned one.
-TEST_F(DurableFallbackTest, StepsAfterTheFallbackCommitAndASecondLossRecoversFromMemory) {
-  Job job;
-  job.steps = 34;
-  job.persist_every = 8;  // S is 16 (or 8): well below C (about 20)
-  job.inject = "kill-node:1@step=21,kill-node:2@step=21,kill-node:3@step=19@after=1";
-  Outcome o = RunJob(job, dir_.path(), durable_dir());
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
-  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
-  ASSERT_EQ(o.summary["recoveries"].size(), 2u) << Logs(o);
-  const json& fb = o.summary["recoveries"][0];
-  const json& second = o.summary["recoveries"][1];
-  ASSERT_EQ(fb["source"], "durable") << Logs(o);
-  const int64_t s = fb["step"].get<int64_t>();
-  const int64_t c = fb["committed"].get<int64_t>();
-  const uint64_t epoch = fb["epoch"].get<uint64_t>();
-  ASSERT_LT(s, c) << "no window to test: the durable tier had the newest commit\n" << Logs(o);
-  // The window's steps commit in the new epoch (the coordinator's log lines).
-  int window_commits = 0;
-  for (int64_t x = s + 1; x <= c; ++x) {
-    const std::string line =
-        "committed step " + std::to_string(x) + " (epoch " + std::to_string(epoch) + ")";
-    window_commits += o.output.find(line) != std::string::npos ? 1 : 0;
-  }
-  EXPECT_GT(window_commits, 0) << "no step of " << s + 1 << ".." << c << " committed in epoch "
-                               << epoch << "\n"
-                               << Logs(o);
-  std::fprintf(stderr, "fallback to %lld (committed %lld), %d window step(s) committed again\n",
-               static_cast<long long>(s), static_cast<long long>(c), window_commits);
-  // The second loss: rebuilt from memory at a step of the new history.
-  EXPECT_EQ(second["source"], "memory") << Logs(o);
-  EXPECT_EQ(second["lost_nodes"], json::array({3})) << Logs(o);
-  const int64_t s2 = second["step"].get<int64_t>();
-  EXPECT_GT(s2, s) << Logs(o);
-  EXPECT_GT(second["epoch"].get<uint64_t>(), epoch) << Logs(o);
-  const int attempt = second["attempt"].get<int>();
-  for (int r = 0; r < job.nodes; ++r) {
-    const std::string prefix = o.out_dir + "/rank" + std::to_string(r);
-    EXPECT_EQ(ReadAll(prefix + ".mismatch"), "") << "rank " << r;
-    std::istringstream in(ReadAll(prefix + ".restores"));
-    int a;
-    long long st;
-    bool found = false;
-    while (in >> a >> st) found |= (a == attempt && st == s2);
-    EXPECT_TRUE(found) << "rank " << r << " did not restore step " << s2 << "\n" << Logs(o);
-    EXPECT_EQ(ReadAll(prefix + ".digest"),
-              std::to_string(job.steps) + " " + ReferenceDigest(job, r, dir_.path()) + "\n")
-        << "rank " << r << "\n"
-        << Logs(o);
-  }
-  auto [code, text] = Verify(durable_dir(), dir_.path());
-  EXPECT_EQ(code, 0) << text;
 }
 
 TEST_F(DurableFallbackTest, WithoutADurableVersionTheLauncherStillRefuses) {
