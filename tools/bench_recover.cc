@@ -55,6 +55,7 @@
 
 #include "common/byte_flag.h"
 #include "common/clock.h"
+#include "common/log.h"
 #include "coord/commit.h"
 #include "coord/embedded_store.h"
 #include "launch/cluster.h"
@@ -182,6 +183,9 @@ Result<nlohmann::json> Run(const Args& a) {
   if (a.state < 4096) return InvalidArgumentError("--state must be >= 4096 bytes");
   if (a.tcp_repeat < 1) return InvalidArgumentError("--tcp-repeat must be >= 1");
   MEMENTO_ASSIGN_OR_RETURN(topo::Policy policy, topo::ParsePolicy(a.policy));
+  // Logs (also of the forked trainers' clients) go to stderr: stdout is the
+  // one JSON object.
+  InitLogging("bench");
   if (a.data_path != "stream" && a.data_path != "legacy") {
     return InvalidArgumentError("--data-path must be 'stream' or 'legacy', not '" + a.data_path +
                                 "'");
