@@ -29,47 +29,25 @@ std::string SlotPath(const std::string& root, int rank, int slot) {
 
 namespace {
 
-// The mount options of the filesystem holding `path` (the longest matching
-// mount point in /proc/self/mountinfo): "tmpfs rw,size=...,huge=always".
-std::string MountOf(const std::string& path) {
-  std::FILE* f = std::fopen("/proc/self/mountinfo", "r");
-  if (f == nullptr) return "";
-  std::string best_point, best;
-  char line[4096];
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    // id parent major:minor root mount-point options ... - fstype source super-options
-    char point[1024], fstype[256], super[2048];
-    const char* dash = std::strstr(line, " - ");
-    if (dash == nullptr || std::sscanf(line, "%*s %*s %*s %*s %1023s", point) != 1 ||
-        std::sscanf(dash + 3, "%255s %*s %2047s", fstype, super) != 2) {
-      continue;
-    }
-    std::string mp = point;
-    bool under =
-        path == mp || mp == "/" ||
-        (path.compare(0, mp.size(), mp) == 0 && path.size() > mp.size() && path[mp.size()] == '/');
-    if (under && mp.size() >= best_point.size()) {
-      best_point = mp;
-      best = std::string(fstype) + " " + super;
-    }
-  }
-  std::fclose(f);
-  return best;
-}
-
-// A hint for the operator when the slots under `root` would live on 4 KiB
-// tmpfs pages (a tmpfs mounted without huge=always); empty otherwise.
+// A hint for the operator when the slots under `root` will live on 4 KiB
+// tmpfs pages: the collapse into huge pages is turned off
+// (MEMENTO_SHM_HUGE_PAGES=off) or refused by the kernel
+// (shmem_enabled=deny), and the tmpfs is not mounted huge=always. Empty
+// otherwise (Segment collapses new slots into 2 MiB pages itself).
 std::string HugePageHint(const std::string& root) {
-  std::string mount = MountOf(root);
-  if (mount.compare(0, 6, "tmpfs ") != 0 || mount.find("huge=always") != std::string::npos) {
-    return "";
-  }
+  const std::string huge = TmpfsHugeOption(root);
+  if (huge.empty() || huge == "always") return "";  // not a tmpfs, or huge pages anyway
+  const bool collapse = HugePagesWanted() && ShmemThpSetting() != "deny";
+  if (collapse) return "";
   return fmt::format(
-      "the slots under {} live on 4 KiB pages (tmpfs without huge=always): on virtual machines "
-      "with shadow paging every trainer (re)start then spends seconds per GiB of slots mapping "
-      "them (docs/node_store.md, \"Restore timing on VMs\"); mount that tmpfs with "
+      "the slots under {} will live on 4 KiB pages (huge-page collapse {}, tmpfs huge={}): on "
+      "virtual machines with shadow paging every trainer (re)start then spends seconds per GiB "
+      "of slots mapping them (docs/node_store.md, \"Huge pages\"); mount that tmpfs with "
       "huge=always (`mount -o remount,huge=always /dev/shm`) or give the agent a --root on one",
-      root);
+      root,
+      HugePagesWanted() ? "refused by the kernel (shmem_enabled=deny)"
+                        : "off (MEMENTO_SHM_HUGE_PAGES)",
+      huge);
 }
 
 }  // namespace
