@@ -85,8 +85,7 @@ class Bench {
     const bool on = mode != "off";
     std::vector<Subprocess> agents;
     auto cleanup = [&] {
-      for (Subprocess& p : agents) p.Terminate(10);
-      agents.clear();
+      StopBenchAgents(&agents);
       if (!a_.keep) {
         std::error_code ec;
         std::filesystem::remove_all(dir, ec);

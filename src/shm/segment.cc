@@ -95,7 +95,8 @@ Result<uint8_t*> MapFd(int fd, size_t size, bool writable, bool touch, bool popu
   int prot = PROT_READ | (writable ? PROT_WRITE : 0);
   const bool map_populate = populate && !writable;  // writers: PopulateWritable below
   MEMENTO_ASSIGN_OR_RETURN(
-      uint8_t * p, MapAligned(fd, size, prot, MAP_SHARED | (map_populate ? MAP_POPULATE : 0), path));
+      uint8_t * p,
+      MapAligned(fd, size, prot, MAP_SHARED | (map_populate ? MAP_POPULATE : 0), path));
   // Transparent huge pages for shmem where the kernel allows them (fewer TLB
   // misses on the copy path); harmless where it does not.
   madvise(p, size, MADV_HUGEPAGE);
