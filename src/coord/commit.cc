@@ -46,6 +46,9 @@ std::optional<int64_t> CommitTracker::Evaluate() {
     const std::set<std::string>& got = it->second;
     if (std::includes(got.begin(), got.end(), members_.begin(), members_.end())) {
       int64_t step = it->first;
+      for (auto p = reports_.begin(); p != reports_.end() && p->first < step; ++p) {
+        superseded_.push_back(p->first);
+      }
       ObserveCommitted(step);
       return step;
     }
@@ -59,6 +62,12 @@ std::set<std::string> CommitTracker::Missing(int64_t step) const {
   for (const auto& m : members_) {
     if (it == reports_.end() || it->second.count(m) == 0) out.insert(m);
   }
+  return out;
+}
+
+std::vector<int64_t> CommitTracker::TakeSuperseded() {
+  std::vector<int64_t> out;
+  out.swap(superseded_);
   return out;
 }
 
@@ -286,20 +295,24 @@ void CommitCoordinator::OnEvent(const WatchEvent& ev) {
     return;
   }
   std::optional<int64_t> committed;
+  std::vector<int64_t> superseded;
   {
     MutexLock l(&mu_);
     committed = tracker_.OnCompleted(*step, rest.substr(slash + 1));
+    superseded = tracker_.TakeSuperseded();
   }
-  if (committed) Commit(*committed);
+  if (committed) Commit(*committed, std::move(superseded));
 }
 
 void CommitCoordinator::SetMembers(std::set<std::string> members) {
   std::optional<int64_t> committed;
+  std::vector<int64_t> superseded;
   {
     MutexLock l(&mu_);
     committed = tracker_.SetMembers(std::move(members));
+    superseded = tracker_.TakeSuperseded();
   }
-  if (committed) Commit(*committed);
+  if (committed) Commit(*committed, std::move(superseded));
 }
 
 int64_t CommitCoordinator::committed() {
@@ -307,7 +320,7 @@ int64_t CommitCoordinator::committed() {
   return tracker_.committed();
 }
 
-void CommitCoordinator::Commit(int64_t step) {
+void CommitCoordinator::Commit(int64_t step, std::vector<int64_t> superseded) {
   int64_t now = WallNanos();
   Deadline d = Deadline::AfterSeconds(10);
   Status s;
@@ -331,7 +344,7 @@ void CommitCoordinator::Commit(int64_t step) {
       if (s2.ok() && *s2 <= step) store_->Delete(kv.key, d).status().IgnoreError();
     }
   }
-  if (on_commit_) on_commit_(step);
+  if (on_commit_) on_commit_(step, superseded);
 }
 
 // ---- CommitFollower -----------------------------------------------------------

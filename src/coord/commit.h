@@ -55,12 +55,18 @@ class CommitTracker {
   // Members that have not reported `step`.
   std::set<std::string> Missing(int64_t step) const;
   std::vector<int64_t> PendingSteps() const;
+  // Steps that some member reported but that a newer commit passed over
+  // (they will never commit), oldest first, since the last call. A step is
+  // passed over when a member skipped it or when its reports were lost; the
+  // launcher reports these (docs/launch.md, "Commit history").
+  std::vector<int64_t> TakeSuperseded();
 
  private:
   std::optional<int64_t> Evaluate();
   std::set<std::string> members_;
   int64_t committed_;
   std::map<int64_t, std::set<std::string>> reports_;  // steps > committed_
+  std::vector<int64_t> superseded_;
 };
 
 struct CommitRecord {
@@ -123,7 +129,9 @@ class CommitLog {
 // commits, deletes reports of committed steps).
 class CommitCoordinator {
  public:
-  using OnCommit = std::function<void(int64_t step)>;
+  // Called on the watcher thread after each published commit, with the steps
+  // this commit passed over (CommitTracker::TakeSuperseded).
+  using OnCommit = std::function<void(int64_t step, const std::vector<int64_t>& superseded)>;
   [[nodiscard]] static Result<std::unique_ptr<CommitCoordinator>> Start(
       Store* store, std::string job, std::set<std::string> members, Deadline deadline,
       OnCommit on_commit = nullptr);
@@ -135,7 +143,7 @@ class CommitCoordinator {
   CommitCoordinator(Store* store, std::string job, std::set<std::string> members, int64_t committed,
                     OnCommit on_commit);
   void OnEvent(const WatchEvent& ev) EXCLUDES(mu_);
-  void Commit(int64_t step) EXCLUDES(mu_);
+  void Commit(int64_t step, std::vector<int64_t> superseded) EXCLUDES(mu_);
 
   Store* const store_;
   const std::string job_;

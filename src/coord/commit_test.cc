@@ -40,8 +40,14 @@ TEST(CommitTrackerTest, NewerStepSupersedesOlderPendingOne) {
   EXPECT_FALSE(t.OnCompleted(2, "a"));
   EXPECT_EQ(t.OnCompleted(2, "b"), 2);
   EXPECT_TRUE(t.PendingSteps().empty());  // step 1 dropped with the commit of 2
-  EXPECT_FALSE(t.OnCompleted(1, "b"));    // and can never commit now
+  EXPECT_EQ(t.TakeSuperseded(), std::vector<int64_t>{1});  // and said so, once
+  EXPECT_TRUE(t.TakeSuperseded().empty());
+  EXPECT_FALSE(t.OnCompleted(1, "b"));  // and can never commit now
   EXPECT_EQ(t.committed(), 2);
+  // Steps committed in order pass nothing over.
+  EXPECT_EQ(t.OnCompleted(3, "a"), std::nullopt);
+  EXPECT_EQ(t.OnCompleted(3, "b"), 3);
+  EXPECT_TRUE(t.TakeSuperseded().empty());
 }
 
 TEST(CommitTrackerTest, MembershipChanges) {
@@ -167,7 +173,7 @@ TEST(CommitStoreTest, CoordinatorAndFollowers) {
   MemoryStore store;
   std::atomic<int64_t> coordinator_saw{-1};
   auto coord = CommitCoordinator::Start(&store, "job", {"n0", "n1", "n2"}, Soon(),
-                                        [&](int64_t s) { coordinator_saw.store(s); });
+                                        [&](int64_t s, const std::vector<int64_t>&) { coordinator_saw.store(s); });
   ASSERT_TRUE(coord.ok()) << coord.status();
   auto log = CommitLog::Open(dir.path() + "/log").value();
   std::vector<int64_t> seen;

@@ -131,13 +131,12 @@ void MemoryStore::ExpireLocked(TimePoint now) {
   }
 }
 
-bool MemoryStore::WaitChange(MutexLock* l, Deadline deadline) {
+void MemoryStore::WaitChange(MutexLock* l, Deadline deadline) {
   if (deadline.infinite()) {
     changed_.Wait(l);
-    return true;
+  } else {
+    changed_.WaitUntil(l, deadline.when());
   }
-  changed_.WaitUntil(l, deadline.when());
-  return !deadline.expired();
 }
 
 Result<int64_t> MemoryStore::Set(const std::string& key, const std::string& value, Deadline,
@@ -228,10 +227,13 @@ Status MemoryStore::Wait(const std::vector<std::string>& keys, Deadline deadline
       }
     }
     if (missing == 0) return Status::Ok();
-    if (!WaitChange(&l, deadline)) {
+    if (deadline.expired()) {
       return DeadlineExceededError(fmt::format("wait: {} of {} keys still missing (first: '{}')",
                                                missing, keys.size(), *first));
     }
+    // Check the keys again after any wake-up, the deadline's included: a key
+    // that arrived just before it counts.
+    WaitChange(&l, deadline);
   }
 }
 
@@ -248,6 +250,10 @@ Result<WatchBatch> MemoryStore::WatchPoll(const std::string& prefix, int64_t aft
       return FailedPreconditionError(fmt::format(
           "watch from revision {}: history compacted up to {}", after_revision, compacted_));
     }
+    // The batch covers the history up to the revision scanned here, under the
+    // lock: never more. (Reporting the store's revision after a wait instead
+    // skipped every change that landed during a wait that then timed out, and
+    // the caller's next poll started past it: commits stalled for 10 s.)
     WatchBatch b;
     b.revision = revision_;
     b.epoch = epoch_;
@@ -258,12 +264,11 @@ Result<WatchBatch> MemoryStore::WatchPoll(const std::string& prefix, int64_t aft
     for (; it != history_.end(); ++it) {
       if (HasPrefix(it->kv.key, prefix)) b.events.push_back(*it);
     }
-    if (!b.events.empty()) return b;
-    after_revision = revision_;  // nothing relevant up to here
-    if (!WaitChange(&l, deadline)) {
-      b.revision = revision_;
-      return b;  // empty batch at the deadline
-    }
+    if (!b.events.empty() || deadline.expired()) return b;
+    after_revision = b.revision;  // nothing relevant up to here
+    // Woken by a change or by the deadline: either way scan again, so a change
+    // that landed just before the deadline is returned now.
+    WaitChange(&l, deadline);
   }
 }
 

@@ -59,8 +59,9 @@ class MemoryStore : public Store {
   void DeleteLocked(const std::string& key) REQUIRES(mu_);
   void RecordLocked(WatchEvent ev) REQUIRES(mu_);
   void ExpireLocked(TimePoint now) REQUIRES(mu_);
-  // Waits for a change or the deadline; false once the deadline passed.
-  bool WaitChange(MutexLock* l, Deadline deadline) REQUIRES(mu_);
+  // Waits for a change or the deadline (whichever comes first). Callers
+  // re-check their condition after it returns, whatever woke them.
+  void WaitChange(MutexLock* l, Deadline deadline) REQUIRES(mu_);
   void ReapLoop();
 
   const size_t history_limit_;

@@ -176,6 +176,37 @@ TEST_P(StoreTest, WatcherDeliversEventsOnItsThread) {
   EXPECT_EQ(puts.load(), 5);
 }
 
+// Regression: a WatchPoll whose wait timed out used to report the store's
+// revision at wake-up, so a put that landed during the wait was skipped for
+// good by the next poll (commits then stalled for 10 s). Short polls racing a
+// writer must still see every put exactly once, in order.
+TEST_P(StoreTest, WatchPollThatTimesOutNeverSkipsAConcurrentPut) {
+  constexpr int kPuts = 400;
+  int64_t after = store_->List("/", Soon())->revision;
+  Store& writer_store = other();
+  std::thread writer([&] {
+    for (int i = 0; i < kPuts; ++i) {
+      ASSERT_TRUE(writer_store.Set("/race/k", std::to_string(i), Soon()).ok());
+      // Spread the puts so that many land while a poll is waiting.
+      std::this_thread::sleep_for(std::chrono::microseconds(200 + (i % 7) * 150));
+    }
+  });
+  std::vector<int> seen;
+  Deadline give_up = Deadline::AfterSeconds(60);
+  while (seen.size() < static_cast<size_t>(kPuts) && !give_up.expired()) {
+    // Deadlines around the writer's period, so that polls time out while a
+    // put is in flight.
+    auto b = store_->WatchPoll("/race/", after, Deadline::AfterSeconds(0.0005));
+    ASSERT_TRUE(b.ok()) << b.status();
+    for (const auto& ev : b->events) seen.push_back(std::stoi(ev.kv.value));
+    ASSERT_GE(b->revision, after);
+    after = b->revision;
+  }
+  writer.join();
+  ASSERT_EQ(seen.size(), static_cast<size_t>(kPuts));
+  for (int i = 0; i < kPuts; ++i) ASSERT_EQ(seen[i], i) << "event " << i;
+}
+
 TEST_P(StoreTest, LeaseExpiryDeletesKeysAndKeepAliveExtends) {
   auto lease = store_->GrantLease(0.3, Soon());
   ASSERT_TRUE(lease.ok()) << lease.status();

@@ -23,6 +23,7 @@
 #include "coord/keys.h"
 #include "coord/membership.h"
 #include "launch/cluster.h"
+#include "launch/commit_history.h"
 #include "launch/netns.h"
 #include "launch/store_host.h"
 #include "net/job_token.h"
@@ -127,9 +128,11 @@ json LaunchSummary::ToJson() const {
   for (const RecoveryReport& x : recoveries) r.push_back(x.ToJson());
   json sr = json::array();
   for (const StoreRestartReport& x : store_restarts) sr.push_back(x.ToJson());
-  return {{"success", success},           {"exit_code", exit_code}, {"attempts", attempts},
-          {"committed", final_committed}, {"failures", failures},   {"recoveries", r},
-          {"store_restarts", sr},         {"message", message}};
+  return {{"success", success},         {"exit_code", exit_code},
+          {"attempts", attempts},       {"committed", final_committed},
+          {"commits", commits.ToJson()}, {"failures", failures},
+          {"recoveries", r},            {"store_restarts", sr},
+          {"message", message}};
 }
 
 std::string LaunchSummary::ToString() const {
@@ -137,6 +140,7 @@ std::string LaunchSummary::ToString() const {
                   " after " + std::to_string(attempts) + " attempt(s); newest committed step " +
                   std::to_string(final_committed) + "\n";
   if (!message.empty()) s += "  " + message + "\n";
+  s += "  " + commits.ToString() + "\n";
   s += "  failures: " + std::to_string(failures.size()) + "\n";
   for (const std::string& f : failures) s += "    - " + f + "\n";
   s += "  recoveries: " + std::to_string(recoveries.size()) + "\n";
@@ -316,6 +320,9 @@ struct Launcher::State {
   std::string token_path, store_url, logs;
   std::unique_ptr<StoreHost> store_host;
   coord::Store* store = nullptr;  // store_host->store(); valid while store_host lives
+  // Declared after store_host and before coordinator: it outlives the
+  // coordinator that feeds it, and its skip watcher dies before the store.
+  CommitHistory commit_history;
   std::unique_ptr<coord::CommitCoordinator> coordinator;
   std::optional<topo::Plan> plan;
   std::vector<Subprocess> agents;
@@ -503,7 +510,12 @@ struct Launcher::State {
     std::set<std::string> members;
     for (int i = 0; i < o.nodes; ++i) members.insert(NodeName(i));
     MEMENTO_ASSIGN_OR_RETURN(
-        coordinator, coord::CommitCoordinator::Start(store, o.job, members, deadline, nullptr));
+        coordinator,
+        coord::CommitCoordinator::Start(
+            store, o.job, members, deadline,
+            [this](int64_t step, const std::vector<int64_t>& superseded) {
+              commit_history.OnCommit(step, superseded);
+            }));
     return Status::Ok();
   }
 
@@ -758,6 +770,7 @@ Result<LaunchSummary> Launcher::Run() {
   }
   MEMENTO_RETURN_IF_ERROR(PublishTopology(*s.store, o.job, s.topology, setup));
   MEMENTO_RETURN_IF_ERROR(s.StartCoordinator(setup));
+  s.commit_history.WatchSkips(s.store, o.job);
   if (!o.quiet) {
     s.Say("job " + o.job + ": " + std::to_string(o.nodes) + " node(s) x " +
           std::to_string(o.ranks_per_node) + " rank(s), dp " + std::to_string(o.dp) + " tp " +
@@ -774,6 +787,8 @@ Result<LaunchSummary> Launcher::Run() {
     summary.final_committed = s.Committed();
     summary.store_restarts = s.store_restarts;
     s.coordinator.reset();
+    s.commit_history.WatchSkips(nullptr, o.job);
+    summary.commits = s.commit_history.Summary();
     s.store_host->Stop();
     if (!o.keep_run_dir) {
       for (int i = 0; i < o.nodes; ++i) RemoveAll(s.Root(i));
@@ -1053,6 +1068,7 @@ Result<LaunchSummary> Launcher::Run() {
         }
       }
       ++s.attempt;
+      s.commit_history.SetAttempt(s.attempt);
       rep.attempt = s.attempt;
       rep.total_s = SecondsBetween(detected, Now()) + rep.detect_s;
       {

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/commit_history.h"
 #include "launch/inject.h"
 #include "memento/status.h"
 
@@ -129,6 +130,7 @@ struct LaunchSummary {
   int exit_code = 1;
   int attempts = 1;
   int64_t final_committed = -1;
+  CommitHistorySummary commits;
   std::vector<std::string> failures;
   std::vector<RecoveryReport> recoveries;
   std::vector<StoreRestartReport> store_restarts;

@@ -1,0 +1,118 @@
+#include "launch/commit_history.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "coord/keys.h"
+
+namespace memento::launch {
+
+using nlohmann::json;
+
+json CommitHistorySummary::ToJson() const {
+  json skips = json::array();
+  for (const auto& [step, node] : skipped) skips.push_back({{"step", step}, {"node", node}});
+  return {{"count", count},
+          {"first", first},
+          {"last", last},
+          {"gap_max_s", gap_max_s},
+          {"gap_max_steps", gap_max_steps},
+          {"gap_at_step", gap_at_step},
+          {"uncommitted", uncommitted},
+          {"skipped", skips}};
+}
+
+std::string CommitHistorySummary::ToString() const {
+  if (count == 0) return "commits: none";
+  std::string s = fmt::format("commits: {} (steps {}..{}); largest gap {:.2f} s / {} step(s)",
+                              count, first, last, gap_max_s, gap_max_steps);
+  if (gap_at_step >= 0) s += fmt::format(" before step {}", gap_at_step);
+  if (!skipped.empty()) {
+    s += fmt::format("; skipped: {}", skipped.size());
+    size_t shown = 0;
+    for (const auto& [step, node] : skipped) {
+      if (shown++ == 8) {
+        s += " ...";
+        break;
+      }
+      s += fmt::format(" {}@{}", step, node);
+    }
+  }
+  if (!uncommitted.empty()) {
+    s += fmt::format("; NEVER COMMITTED (reported, not skipped): {}", uncommitted.size());
+    size_t shown = 0;
+    for (int64_t step : uncommitted) {
+      if (shown++ == 8) {
+        s += " ...";
+        break;
+      }
+      s += fmt::format(" {}", step);
+    }
+  }
+  return s;
+}
+
+CommitHistory::~CommitHistory() { skip_watcher_.reset(); }
+
+void CommitHistory::SetAttempt(int attempt) {
+  MutexLock l(&mu_);
+  attempt_ = attempt;
+}
+
+void CommitHistory::OnCommit(int64_t step, const std::vector<int64_t>& superseded) {
+  MutexLock l(&mu_);
+  commits_.push_back(Commit{step, attempt_, Now()});
+  superseded_.insert(superseded.begin(), superseded.end());
+}
+
+void CommitHistory::OnSkip(int64_t step, const std::string& node) {
+  MutexLock l(&mu_);
+  skipped_.insert({step, node});
+}
+
+void CommitHistory::WatchSkips(coord::Store* store, const std::string& job) {
+  skip_watcher_.reset();
+  if (store == nullptr) return;
+  const std::string prefix = coord::JobKeys(job).SkippedPrefix();
+  skip_watcher_ = std::make_unique<coord::Watcher>(
+      store, prefix, 0, [this, prefix](const coord::WatchEvent& ev) {
+        if (ev.type != coord::WatchEvent::Type::kPut) return;
+        // .../skipped/<step>/<node>
+        const std::string rest = ev.kv.key.substr(prefix.size());
+        const size_t slash = rest.find('/');
+        if (slash == std::string::npos) return;
+        auto step = coord::ParseStep(rest.substr(0, slash));
+        if (step.ok()) OnSkip(*step, rest.substr(slash + 1));
+      });
+}
+
+CommitHistorySummary CommitHistory::Summary() {
+  MutexLock l(&mu_);
+  CommitHistorySummary s;
+  s.count = static_cast<int64_t>(commits_.size());
+  if (!commits_.empty()) {
+    s.first = commits_.front().step;
+    s.last = commits_.back().step;
+  }
+  for (size_t i = 1; i < commits_.size(); ++i) {
+    const Commit& a = commits_[i - 1];
+    const Commit& b = commits_[i];
+    if (a.attempt != b.attempt) continue;
+    const double gap_s = SecondsBetween(a.at, b.at);
+    if (gap_s > s.gap_max_s) {
+      s.gap_max_s = gap_s;
+      s.gap_at_step = b.step;
+    }
+    s.gap_max_steps = std::max(s.gap_max_steps, b.step - a.step);
+  }
+  std::set<int64_t> skipped_steps;
+  for (const auto& [step, node] : skipped_) skipped_steps.insert(step);
+  for (int64_t step : superseded_) {
+    if (skipped_steps.count(step) == 0) s.uncommitted.push_back(step);
+  }
+  s.skipped.assign(skipped_.begin(), skipped_.end());
+  return s;
+}
+
+}  // namespace memento::launch

@@ -1,0 +1,77 @@
+// What the launcher saw of the job's commits (docs/launch.md, "Commit
+// history"): every commit with its wall time and attempt, the steps a commit
+// passed over (some node reported them, they never committed), and the skip
+// records agents published (a step a node will never report, e.g. a snapshot
+// skipped under the durable hold). The summary names the largest gap between
+// consecutive commits of one attempt, in seconds and in steps, and the
+// passed-over steps that no skip record explains: a failure-free job has
+// none (tests/cluster/cluster_test.cc, NoFailure).
+//
+// Thread safety: all methods are thread-safe (commits arrive on the commit
+// coordinator's watcher thread, skips on the skip watcher's).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/mutex.h"
+#include "coord/store.h"
+
+namespace memento::launch {
+
+struct CommitHistorySummary {
+  int64_t count = 0;  // commits seen
+  int64_t first = -1, last = -1;
+  // Largest gap between two consecutive commits of the same attempt (the
+  // trainers' restart after a failure is not a gap); at_step: the step that
+  // ended it.
+  double gap_max_s = 0;
+  int64_t gap_max_steps = 0;
+  int64_t gap_at_step = -1;
+  std::vector<int64_t> uncommitted;                   // passed over, no skip record
+  std::vector<std::pair<int64_t, std::string>> skipped;  // (step, node)
+  nlohmann::json ToJson() const;
+  std::string ToString() const;  // one line
+};
+
+class CommitHistory {
+ public:
+  CommitHistory() = default;
+  ~CommitHistory();
+
+  // The attempt that later commits belong to (the launcher's restart count).
+  void SetAttempt(int attempt) EXCLUDES(mu_);
+  // A commit of `step` that passed over `superseded` (CommitCoordinator::OnCommit).
+  void OnCommit(int64_t step, const std::vector<int64_t>& superseded) EXCLUDES(mu_);
+  void OnSkip(int64_t step, const std::string& node) EXCLUDES(mu_);
+  // Follows the job's skip records in `store` (replacing an earlier watch;
+  // nullptr stops it). Agents delete old skip records, so they are collected
+  // as they appear.
+  void WatchSkips(coord::Store* store, const std::string& job) EXCLUDES(mu_);
+
+  CommitHistorySummary Summary() EXCLUDES(mu_);
+
+ private:
+  struct Commit {
+    int64_t step;
+    int attempt;
+    TimePoint at;
+  };
+  Mutex mu_;
+  int attempt_ GUARDED_BY(mu_) = 0;
+  std::vector<Commit> commits_ GUARDED_BY(mu_);
+  std::set<int64_t> superseded_ GUARDED_BY(mu_);
+  std::set<std::pair<int64_t, std::string>> skipped_ GUARDED_BY(mu_);
+  // Not guarded: replaced only by WatchSkips (the launcher's thread); its
+  // callback takes mu_.
+  std::unique_ptr<coord::Watcher> skip_watcher_;
+};
+
+}  // namespace memento::launch
