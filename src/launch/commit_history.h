@@ -35,7 +35,7 @@ struct CommitHistorySummary {
   double gap_max_s = 0;
   int64_t gap_max_steps = 0;
   int64_t gap_at_step = -1;
-  std::vector<int64_t> uncommitted;                   // passed over, no skip record
+  std::vector<int64_t> uncommitted;                      // passed over, no skip record
   std::vector<std::pair<int64_t, std::string>> skipped;  // (step, node)
   nlohmann::json ToJson() const;
   std::string ToString() const;  // one line

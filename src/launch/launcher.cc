@@ -128,10 +128,14 @@ json LaunchSummary::ToJson() const {
   for (const RecoveryReport& x : recoveries) r.push_back(x.ToJson());
   json sr = json::array();
   for (const StoreRestartReport& x : store_restarts) sr.push_back(x.ToJson());
-  return {{"success", success},         {"exit_code", exit_code},
-          {"attempts", attempts},       {"committed", final_committed},
-          {"commits", commits.ToJson()}, {"failures", failures},
-          {"recoveries", r},            {"store_restarts", sr},
+  return {{"success", success},
+          {"exit_code", exit_code},
+          {"attempts", attempts},
+          {"committed", final_committed},
+          {"commits", commits.ToJson()},
+          {"failures", failures},
+          {"recoveries", r},
+          {"store_restarts", sr},
           {"message", message}};
 }
 
@@ -509,13 +513,12 @@ struct Launcher::State {
     coordinator.reset();
     std::set<std::string> members;
     for (int i = 0; i < o.nodes; ++i) members.insert(NodeName(i));
-    MEMENTO_ASSIGN_OR_RETURN(
-        coordinator,
-        coord::CommitCoordinator::Start(
-            store, o.job, members, deadline,
-            [this](int64_t step, const std::vector<int64_t>& superseded) {
-              commit_history.OnCommit(step, superseded);
-            }));
+    MEMENTO_ASSIGN_OR_RETURN(coordinator,
+                             coord::CommitCoordinator::Start(
+                                 store, o.job, members, deadline,
+                                 [this](int64_t step, const std::vector<int64_t>& superseded) {
+                                   commit_history.OnCommit(step, superseded);
+                                 }));
     return Status::Ok();
   }
 

@@ -15,8 +15,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -245,8 +245,8 @@ TEST_F(ClusterTest, NoFailure) {
   int64_t skipped_in_range = 0;
   for (int64_t st : skipped) skipped_in_range += (st > first && st < last) ? 1 : 0;
   EXPECT_EQ(commits["count"].get<int64_t>() + skipped_in_range, last - first + 1)
-      << "every step from " << first << " to " << last << " commits or is skipped: "
-      << commits.dump() << "\n"
+      << "every step from " << first << " to " << last
+      << " commits or is skipped: " << commits.dump() << "\n"
       << LaunchLogs(o);
   ExpectBitIdentical(job, o, dir_.path());
 }
