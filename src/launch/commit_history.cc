@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 
 #include "coord/keys.h"
 
@@ -29,14 +30,20 @@ std::string CommitHistorySummary::ToString() const {
                               count, first, last, gap_max_s, gap_max_steps);
   if (gap_at_step >= 0) s += fmt::format(" before step {}", gap_at_step);
   if (!skipped.empty()) {
-    s += fmt::format("; skipped: {}", skipped.size());
-    size_t shown = 0;
+    // "skipped 2 step(s): 8 (node1), 12 (node1 node2 node3)"
+    std::map<int64_t, std::string> by_step;
     for (const auto& [step, node] : skipped) {
+      std::string& nodes = by_step[step];
+      nodes += (nodes.empty() ? "" : " ") + node;
+    }
+    s += fmt::format("; skipped {} step(s):", by_step.size());
+    size_t shown = 0;
+    for (const auto& [step, nodes] : by_step) {
       if (shown++ == 8) {
         s += " ...";
         break;
       }
-      s += fmt::format(" {}@{}", step, node);
+      s += fmt::format("{} {} ({})", shown == 1 ? "" : ",", step, nodes);
     }
   }
   if (!uncommitted.empty()) {
