@@ -96,6 +96,11 @@ void Setup(CLI::App &app, CommandContext &ctx) {
                   "{run_dir} {node_dir} {attempt} {rendezvous} {dp} {tp} {pp} "
                   "are substituted")
       ->required();
+  cmd->footer(
+      "Exit codes: 0 every trainer finished; 1 the job failed (a failure it could not recover "
+      "from, more than --max-restarts failures, a setup error); 2 bad usage or invalid "
+      "options; 3 a node loss beyond the protection with no durable version to fall back to "
+      "(the plan says which pieces are gone); 130 stopped by SIGINT/SIGTERM.");
   cmd->callback([&ctx] { ctx.exit_code = RunLaunch(o, summary_json); });
 }
 

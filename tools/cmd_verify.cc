@@ -1,4 +1,4 @@
-// `memento verify DIR [--version V] [--json]`: checks durable versions
+// `memento verify DIR [--step S] [--json]`: checks durable versions
 // (markers, index, sizes, safetensors headers, every piece's checksum) and
 // says exactly what is wrong. Exit status 0 when every complete version
 // checked is sound, 1 otherwise.
@@ -64,8 +64,11 @@ void Setup(CLI::App& app, memento::tools::CommandContext& ctx) {
   auto* cmd =
       app.add_subcommand("verify", "Check durable-tier versions (markers, sizes, checksums)");
   cmd->add_option("dir", args->dir, "Durable-tier directory")->required();
-  cmd->add_option("--version", args->version, "Check only this version (step)");
+  cmd->add_option("--step,--version", args->version,
+                  "Check only this version (step); --version is the old spelling");
   cmd->add_flag("--json", args->json, "Print the report as JSON");
+  cmd->footer(std::string(memento::tools::kExitCodesFooter) +
+              " A version that fails verification makes it exit 1.");
   cmd->callback([&ctx, args] { ctx.exit_code = RunVerify(*args); });
 }
 

@@ -35,6 +35,11 @@ bool RegisterCommand(const char* name, CommandSetup setup);
 // `bench` is the parent App of `memento bench <name>`.
 bool RegisterBench(const char* name, CommandSetup setup);
 
+// The exit codes every command shares; commands with more (launch) extend it.
+inline constexpr const char* kExitCodesFooter =
+    "Exit codes: 0 success; 1 failure (the message on stderr says why); 2 bad usage or "
+    "invalid input (a parse error, an invalid flag value, a malformed file or message).";
+
 // Prints "memento: <status>" to stderr and returns an exit code for it
 // (0 for OK, 2 for InvalidArgument, 1 otherwise).
 int ReportStatus(const Status& status);

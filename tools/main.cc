@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "common/log.h"
 #include "memento/config.h"
@@ -51,10 +52,22 @@ int main(int argc, char** argv) {
     bench->require_subcommand(1);
     for (auto& [name, setup] : Benches()) setup(*bench, ctx);
   }
+  // Every command's --help ends with its exit codes; a command with codes of
+  // its own (launch: 3) sets its footer itself.
+  std::vector<CLI::App*> all = app.get_subcommands({});
+  for (size_t i = 0; i < all.size(); ++i) {
+    for (CLI::App* sub : all[i]->get_subcommands({})) all.push_back(sub);
+    if (all[i]->get_footer().empty() && all[i]->get_subcommands({}).empty()) {
+      all[i]->footer(kExitCodesFooter);
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every parse error exits 2 (CLI11's own
+    // codes, 105-116, are not part of memento's interface).
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
   }
   return ctx.exit_code;
 }

@@ -44,10 +44,10 @@ TEST(KillTest, SigkillDuringPersistNeverExposesATornVersion) {
     for (const auto& v : *versions) {
       if (!v.complete) {
         ++torn_seen;
-        // The reader refuses it, and so does `memento verify --version`.
+        // The reader refuses it, and so does `memento verify --step`.
         EXPECT_EQ(LoadIndex(env, dir.path(), v.step).status().code(), StatusCode::kNotFound);
         EXPECT_EQ(
-            RunToEnd({memento_bin, "verify", dir.path(), "--version", std::to_string(v.step)}, log),
+            RunToEnd({memento_bin, "verify", dir.path(), "--step", std::to_string(v.step)}, log),
             1);
         continue;
       }
