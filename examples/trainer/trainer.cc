@@ -99,6 +99,14 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o, Traine
   const size_t n = tr->stage_->num_params();
   size_t padded = n;
   if (o.zero1) padded = (n + t.dp - 1) / t.dp * t.dp;
+  // One parameter group per tensor: weight decay only on matrices (GPT-2 /
+  // nanoGPT practice), not on layer norms and biases.
+  std::vector<opt::ParamGroup> groups;
+  for (const ParamTensor& pt : tr->stage_->tensors()) {
+    if (pt.numel == 0) continue;
+    groups.push_back({pt.offset, pt.numel, pt.cols > 0 ? o.adam.weight_decay : 0.0f});
+  }
+  MEMENTO_ASSIGN_OR_RETURN(tr->optimizer_, opt::AdamW::Create(o.adam, std::move(groups)));
   tr->params_.assign(padded, 0.0f);
   tr->grads_.assign(padded, 0.0f);
   tr->stage_->InitParameters(tr->params_.data(), o.seed);
@@ -208,8 +216,8 @@ Result<StepResult> Trainer::Step() {
     MEMENTO_RETURN_IF_ERROR(hooks_->BeforeOptimizerStep(r.step));
     r.fence_seconds = w.Seconds();
   }
-  const float lr = LearningRate(options_.adam, r.step);
-  ApplyAdamW(r.step, lr);
+  const float lr = optimizer_->LearningRate(r.step);
+  MEMENTO_RETURN_IF_ERROR(ApplyAdamW(r.step, lr));
   if (options_.zero1) {
     Phase(TrainPhase::kCommunicate);
     comm_watch.Reset();
@@ -232,18 +240,11 @@ Result<StepResult> Trainer::Step() {
   return r;
 }
 
-void Trainer::ApplyAdamW(int64_t step, float lr) {
-  // This rank's optimizer range of the flat buffer; weight decay only on
-  // matrices (GPT-2 / nanoGPT practice), not on layer norms and biases.
-  const size_t lo = opt_offset_, hi = opt_offset_ + m_.size();
-  AdamWConfig no_decay = options_.adam;
-  no_decay.weight_decay = 0.0f;
-  for (const ParamTensor& t : stage_->tensors()) {
-    const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
-    if (a >= b) continue;
-    AdamWUpdate(t.cols > 0 ? options_.adam : no_decay, step, lr, params_.data() + a,
-                grads_.data() + a, m_.data() + (a - lo), v_.data() + (a - lo), b - a);
-  }
+Status Trainer::ApplyAdamW(int64_t step, float lr) {
+  // This rank's optimizer range of the flat buffer (ZeRO-1: its shard).
+  const size_t lo = opt_offset_;
+  opt::Shard shard{lo, m_.size(), params_.data() + lo, grads_.data() + lo, {m_.data(), v_.data()}};
+  return optimizer_->Step(step, lr, shard);
 }
 
 Status Trainer::CheckSameStep() {

@@ -38,9 +38,14 @@
 #include "data.h"
 #include "memento/status.h"
 #include "model.h"
-#include "optim.h"
+#include "opt/adamw.h"
 
 namespace memento::trainer {
+
+// AdamW and its schedule live in src/opt (one implementation for the trainer
+// and memento's host optimizer: AOR, update-undo).
+using opt::AdamWConfig;
+using opt::LearningRate;
 
 enum class TrainPhase : uint8_t { kCompute = 0, kIdle = 1, kCommunicate = 2 };
 
@@ -133,6 +138,12 @@ class Trainer {
   size_t padded_params() const { return params_.size(); }
   float* adam_m() { return m_.data(); }
   float* adam_v() { return v_.data(); }
+  // The gradient of the current step (after the DP allreduce and clipping
+  // once BeforeOptimizerStep fires); scratch, fp32[padded_params()].
+  const float* grads() const { return grads_.data(); }
+  // The optimizer ApplyAdamW runs: groups are the stage's tensors (weight
+  // decay on matrices only), the padding is in no group.
+  const opt::AdamW& optimizer() const { return *optimizer_; }
   size_t optimizer_numel() const { return m_.size(); }
   size_t optimizer_offset() const { return opt_offset_; }
   TrainState* mutable_state() { return &state_; }
@@ -145,7 +156,7 @@ class Trainer {
   // allreduce, so every DP replica holds the same gradient).
   Result<double> GradNorm();
   // AdamW on this rank's optimizer range (ZeRO-1: its shard).
-  void ApplyAdamW(int64_t step, float lr);
+  Status ApplyAdamW(int64_t step, float lr);
   Status RunSchedule(const int32_t* tokens, double* loss_sum, double* idle_s, double* comm_s);
 
   TrainerOptions options_;
@@ -155,6 +166,7 @@ class Trainer {
   MarkovCorpus corpus_;
   int local_batch_ = 0, micro_batch_ = 0;
 
+  std::unique_ptr<opt::AdamW> optimizer_;
   std::vector<float> params_, grads_, m_, v_;
   size_t opt_offset_ = 0;
   double tp_comm_seconds_ = 0.0;  // this step's TP allreduces
