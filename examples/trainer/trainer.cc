@@ -81,12 +81,12 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o, Traine
   tr->micro_batch_ = tr->local_batch_ / o.micro_batches;
   // 1F1B keeps at most pp - stage micro-batches in flight.
   tr->stage_->Reserve(std::min(o.micro_batches, t.pp - g.pp_rank), tr->micro_batch_);
-  Comm* comm = tr->comm_.get();
   Trainer* self = tr.get();
-  tr->stage_->tp_allreduce = [comm, self](float* data, size_t count) {
+  // Through self->comm_: Reconnect() replaces the Comm.
+  tr->stage_->tp_allreduce = [self](float* data, size_t count) {
     self->Phase(TrainPhase::kCommunicate);
     Stopwatch w;
-    Status st = comm->AllreduceTp(data, count);
+    Status st = self->comm_->AllreduceTp(data, count);
     self->tp_comm_seconds_ += w.Seconds();
     // A failed TP allreduce has no way back into Stage: the run is broken.
     if (!st.ok()) {
@@ -114,6 +114,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o, Traine
   tr->opt_offset_ = o.zero1 ? opt * tr->comm_->dp_rank() : 0;
   tr->m_.assign(opt, 0.0f);
   tr->v_.assign(opt, 0.0f);
+  if (o.undo_log) tr->undo_log_ = std::make_unique<opt::UndoLog>(1 + tr->optimizer_->num_state());
   tr->state_.cursor = InitialCursor(o.seed);
   tr->tokens_.assign(static_cast<size_t>(tr->local_batch_) * (m.seq + 1), 0);
   const size_t act = static_cast<size_t>(tr->micro_batch_) * m.seq * m.d_model;
@@ -217,8 +218,21 @@ Result<StepResult> Trainer::Step() {
     r.fence_seconds = w.Seconds();
   }
   const float lr = optimizer_->LearningRate(r.step);
+  if (undo_log_) {
+    undo_log_->Begin(r.step, lr);
+    undo_state_ = state_;
+    undo_ready_ = true;
+  }
+  in_update_ = true;
   MEMENTO_RETURN_IF_ERROR(ApplyAdamW(r.step, lr));
   if (options_.zero1) {
+    if (undo_log_) {
+      // The all-gather overwrites the other shards' params.
+      const size_t lo = opt_offset_, hi = opt_offset_ + m_.size();
+      MEMENTO_RETURN_IF_ERROR(undo_log_->RecordBuffer(0, 0, lo, params_.data()));
+      MEMENTO_RETURN_IF_ERROR(
+          undo_log_->RecordBuffer(0, hi, params_.size() - hi, params_.data() + hi));
+    }
     Phase(TrainPhase::kCommunicate);
     comm_watch.Reset();
     MEMENTO_RETURN_IF_ERROR(comm_->AllgatherDp(params_.data(), m_.size()));
@@ -227,6 +241,7 @@ Result<StepResult> Trainer::Step() {
   }
   state_.step = r.step;
   state_.cursor = next;
+  in_update_ = false;
   if (hooks_ != nullptr) {
     Stopwatch w;
     MEMENTO_RETURN_IF_ERROR(hooks_->AfterOptimizerStep(r.step));
@@ -240,11 +255,85 @@ Result<StepResult> Trainer::Step() {
   return r;
 }
 
+// Logs each chunk, then lets the hooks see it (OnOptimizerChunk).
+class Trainer::StepSink : public opt::UndoSink {
+ public:
+  StepSink(Trainer* trainer, int64_t step) : trainer_(trainer), step_(step) {}
+  Status BeforeWrite(uint64_t offset, uint64_t count, const float* const* buffers,
+                     int num_buffers) override {
+    MEMENTO_RETURN_IF_ERROR(trainer_->undo_log_->BeforeWrite(offset, count, buffers, num_buffers));
+    if (trainer_->hooks_ == nullptr) return Status::Ok();
+    return trainer_->hooks_->OnOptimizerChunk(step_, offset, count);
+  }
+
+ private:
+  Trainer* trainer_;
+  int64_t step_;
+};
+
 Status Trainer::ApplyAdamW(int64_t step, float lr) {
   // This rank's optimizer range of the flat buffer (ZeRO-1: its shard).
   const size_t lo = opt_offset_;
   opt::Shard shard{lo, m_.size(), params_.data() + lo, grads_.data() + lo, {m_.data(), v_.data()}};
-  return optimizer_->Step(step, lr, shard);
+  if (!undo_log_) return optimizer_->Step(step, lr, shard);
+  StepSink sink(this, step);
+  return optimizer_->Step(step, lr, shard, &sink);
+}
+
+Status Trainer::UndoStep() {
+  if (!undo_log_) return FailedPreconditionError("undo: the trainer keeps no undo log");
+  if (!undo_ready_) {
+    return FailedPreconditionError("undo: rank " + std::to_string(rank()) + " at step " +
+                                   std::to_string(state_.step) +
+                                   " has no optimizer step to undo (none yet, or undone)");
+  }
+  std::vector<opt::UndoTarget> targets = {{params_.data(), 0, params_.size()},
+                                          {m_.data(), opt_offset_, m_.size()},
+                                          {v_.data(), opt_offset_, v_.size()}};
+  MEMENTO_RETURN_IF_ERROR(undo_log_->Undo(targets));
+  state_ = undo_state_;
+  undo_ready_ = false;
+  in_update_ = false;
+  return Status::Ok();
+}
+
+Result<int64_t> Trainer::RecoverByUndo() {
+  // A rank is either at the agreed step t (clean, or half into step t + 1:
+  // in_update_) or it completed t + 1. The gradient allreduce before every
+  // optimizer step keeps ranks within one step of each other.
+  double step = static_cast<double>(state_.step);
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&step, 1));
+  const int64_t target = static_cast<int64_t>(step);
+  Status mine;
+  if (state_.step == target + 1 || (state_.step == target && in_update_)) {
+    mine = UndoStep();
+  } else if (state_.step != target) {
+    mine = FailedPreconditionError("rank at step " + std::to_string(state_.step) +
+                                   " is more than one step past " + std::to_string(target));
+  }
+  double ok = mine.ok() ? 1.0 : 0.0;
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&ok, 1));
+  if (!mine.ok()) {
+    return FailedPreconditionError("update-undo to step " + std::to_string(target) +
+                                   " failed on rank " + std::to_string(rank()) + ": " +
+                                   mine.ToString());
+  }
+  if (ok < 1.0) {
+    return FailedPreconditionError("update-undo to step " + std::to_string(target) +
+                                   " failed on another rank (fall back to a snapshot)");
+  }
+  MEMENTO_RETURN_IF_ERROR(CheckSameStep());
+  return target;
+}
+
+Status Trainer::Reconnect(const std::string& run_id) {
+  if (comm_) comm_->AbandonSends();
+  comm_.reset();  // closes the pairs: peers blocked on this rank fail now
+  CommOptions c = options_.comm;
+  c.run_id = run_id;
+  MEMENTO_ASSIGN_OR_RETURN(comm_, Comm::Create(c));
+  options_.comm.run_id = run_id;
+  return Status::Ok();
 }
 
 Status Trainer::CheckSameStep() {

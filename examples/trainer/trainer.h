@@ -39,6 +39,7 @@
 #include "memento/status.h"
 #include "model.h"
 #include "opt/adamw.h"
+#include "opt/undo_log.h"
 
 namespace memento::trainer {
 
@@ -57,6 +58,14 @@ class TrainerHooks {
   virtual void OnPhase(TrainPhase phase) {}
   [[nodiscard]] virtual Status BeforeOptimizerStep(int64_t step) { return Status::Ok(); }
   [[nodiscard]] virtual Status AfterOptimizerStep(int64_t step) { return Status::Ok(); }
+  // With TrainerOptions::undo_log only: called before the optimizer writes
+  // elements [offset, offset + count) of the flat buffer in step `step`
+  // (chunk by chunk, after the chunk's pre-update values are logged). A
+  // failure here is a failure inside the optimizer update: the rank is left
+  // half updated, which RecoverByUndo() repairs.
+  [[nodiscard]] virtual Status OnOptimizerChunk(int64_t step, uint64_t offset, uint64_t count) {
+    return Status::Ok();
+  }
   // Extra text for the progress line (for example the last snapshot's
   // statistics); empty for none.
   virtual std::string ProgressNote() { return ""; }
@@ -85,6 +94,10 @@ struct TrainerOptions {
   float clip_grad = 1.0f;  // global gradient-norm clip; 0: off
   uint64_t seed = 1;       // model init and corpus
   int blas_threads = 1;
+  // Keep the undo log of each optimizer step (SWIFT update-undo,
+  // docs/swift.md): 12 bytes per element of the rank's optimizer range,
+  // plus the other shards' params under ZeRO-1. Changes no bit of training.
+  bool undo_log = false;
 };
 
 struct StepResult {
@@ -122,6 +135,31 @@ class Trainer {
   // a restore: ranks that resumed from different versions must not train
   // on). FailedPrecondition names this rank's step and the spread.
   [[nodiscard]] Status CheckSameStep();
+
+  // ---- update-undo (SWIFT 2.1, docs/swift.md); needs options().undo_log.
+  // Puts this rank back to the bytes it held before its last optimizer step
+  // began (params, moments, step, data cursor), whether that step was
+  // interrupted or completed. FailedPrecondition when there is nothing to
+  // undo (no log, or already undone); the log's DataLoss when it is corrupt
+  // (nothing is written then).
+  [[nodiscard]] Status UndoStep();
+  // Collective over the world (every rank calls it, after a failure, on a
+  // working Comm: see Reconnect): the ranks agree on the last step every
+  // rank completed, and each rank that is ahead of it or half way into the
+  // next step undoes that step. Returns the agreed step. FailedPrecondition
+  // on every rank when some rank cannot get there (it is two steps ahead or
+  // its log is gone or corrupt): the job must fall back to a snapshot.
+  Result<int64_t> RecoverByUndo();
+  // True between the first write of an optimizer step and the end of Step()
+  // (a failure in between leaves the rank half updated).
+  bool in_update() const { return in_update_; }
+  const opt::UndoLog* undo_log() const { return undo_log_.get(); }
+
+  // In-process recovery: drops the process groups (pending sends are
+  // abandoned, so peers blocked on this rank fail at once) and connects new
+  // ones under run id `run_id` (every rank of the job passes the same, new
+  // id). The training state is kept.
+  [[nodiscard]] Status Reconnect(const std::string& run_id);
 
   // Checksum (xxHash3) of params, moments and state: equal on two runs iff
   // their state is bitwise equal (up to hash collisions).
@@ -166,7 +204,13 @@ class Trainer {
   MarkovCorpus corpus_;
   int local_batch_ = 0, micro_batch_ = 0;
 
+  class StepSink;
+
   std::unique_ptr<opt::AdamW> optimizer_;
+  std::unique_ptr<opt::UndoLog> undo_log_;  // with options_.undo_log
+  TrainState undo_state_;                   // state_ when the log began
+  bool undo_ready_ = false;                 // the log can undo the last step
+  bool in_update_ = false;
   std::vector<float> params_, grads_, m_, v_;
   size_t opt_offset_ = 0;
   double tp_comm_seconds_ = 0.0;  // this step's TP allreduces

@@ -1,0 +1,201 @@
+// update-undo in the reference trainer (SWIFT 2.1, issue 19, docs/swift.md):
+// ranks as threads of this process, Gloo over TCP between them. One rank
+// fails inside its optimizer update (before a chunk drawn from the test's
+// seed); every rank's step then fails (the failed rank drops its process
+// groups, so its peers' collectives and receives fail), all reconnect in
+// process (new Gloo contexts, state kept), agree on the last step every rank
+// completed, undo what lies beyond it, and train on. The state of every rank
+// at the agreed step and at the end must equal a failure-free run's, bit for
+// bit.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/test_util.h"
+#include "trainer.h"
+
+namespace memento::trainer {
+namespace {
+
+TrainerOptions TinyOptions() {
+  TrainerOptions o;
+  o.model = ModelConfig{64, 16, 32, 4, 2, 4};
+  o.global_batch = 4;
+  o.micro_batches = 2;
+  o.adam.warmup_steps = 2;
+  o.comm.timeout_s = 30;  // a backstop only: a dropped peer fails calls at once
+  return o;
+}
+
+// Fails optimizer step `fail_step` before its chunk `fail_chunk`, once.
+class FailInsideUpdate : public TrainerHooks {
+ public:
+  Status OnOptimizerChunk(int64_t step, uint64_t offset, uint64_t count) override {
+    if (step == fail_step) ++chunks_seen;
+    if (fired || step != fail_step || chunks_seen - 1 != fail_chunk) return Status::Ok();
+    fired = true;
+    return AbortedError("injected failure inside optimizer step " + std::to_string(step));
+  }
+  int64_t fail_step = -1;
+  int fail_chunk = 0;
+  int chunks_seen = 0;
+  bool fired = false;
+};
+
+struct RankRun {
+  Status status;
+  std::map<int64_t, uint64_t> checksum;  // state after each step reached
+  int64_t agreed = -1;                   // the step RecoverByUndo agreed on
+  int failures = 0;
+  bool fired = false;
+  bool undone = false;  // this rank's state moved back (it was past the agreed step)
+};
+
+// Runs `ranks` ranks to step `steps`. With fail_rank >= 0 that rank fails
+// inside optimizer step fail_step before chunk fail_chunk.
+std::vector<RankRun> Run(TrainerOptions o, int ranks, int steps, int fail_rank, int64_t fail_step,
+                         int fail_chunk) {
+  memento::testing::ScratchDir dir("trainer-swift");
+  o.comm.rendezvous_dir = dir.path();
+  std::vector<RankRun> runs(ranks);
+  auto body = [&](int rank) {
+    RankRun& run = runs[rank];
+    TrainerOptions ro = o;
+    ro.comm.rank = rank;
+    FailInsideUpdate hooks;
+    if (rank == fail_rank) {
+      hooks.fail_step = fail_step;
+      hooks.fail_chunk = fail_chunk;
+    }
+    auto t = Trainer::Create(ro, &hooks);
+    if (!t.ok()) {
+      run.status = t.status();
+      return;
+    }
+    Trainer& tr = **t;
+    while (tr.state().step < steps) {
+      auto r = tr.Step();
+      if (r.ok()) {
+        run.checksum[tr.state().step] = tr.StateChecksum();
+        continue;
+      }
+      if (++run.failures > 1) {
+        run.status = r.status();
+        return;
+      }
+      const int64_t before = tr.state().step;
+      const bool half = tr.in_update();
+      Status st = tr.Reconnect("recovery1");
+      if (!st.ok()) {
+        run.status = st;
+        return;
+      }
+      auto agreed = tr.RecoverByUndo();
+      if (!agreed.ok()) {
+        run.status = agreed.status();
+        return;
+      }
+      run.agreed = *agreed;
+      run.undone = half || before > *agreed;
+      EXPECT_FALSE(tr.in_update());
+      EXPECT_EQ(tr.state().step, *agreed);
+      run.checksum[tr.state().step] = tr.StateChecksum();
+    }
+    run.fired = hooks.fired;
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) threads.emplace_back(body, r);
+  for (std::thread& th : threads) th.join();
+  return runs;
+}
+
+void CheckRecoveredEqualsFailureFree(const TrainerOptions& o, int ranks, int steps, int fail_rank,
+                                     int64_t fail_step) {
+  const uint64_t seed = memento::testing::TestSeed("trainer_swift");
+  std::mt19937_64 rng(seed);
+  const int fail_chunk = static_cast<int>(rng() % 3);
+  std::printf("seed %llu: rank %d fails inside optimizer step %lld before chunk %d\n",
+              static_cast<unsigned long long>(seed), fail_rank, static_cast<long long>(fail_step),
+              fail_chunk);
+  TrainerOptions clean_options = o;
+  clean_options.undo_log = false;  // the log must not change a bit
+  std::vector<RankRun> clean = Run(clean_options, ranks, steps, -1, -1, 0);
+  TrainerOptions undo_options = o;
+  undo_options.undo_log = true;
+  std::vector<RankRun> failed = Run(undo_options, ranks, steps, fail_rank, fail_step, fail_chunk);
+  int undone = 0;
+  for (int r = 0; r < ranks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_TRUE(clean[r].status.ok()) << clean[r].status;
+    ASSERT_TRUE(failed[r].status.ok()) << failed[r].status;
+    EXPECT_EQ(failed[r].fired, r == fail_rank);
+    EXPECT_EQ(failed[r].failures, 1);
+    // The failed rank never completed fail_step: the job agrees on the step
+    // before it.
+    EXPECT_EQ(failed[r].agreed, fail_step - 1);
+    undone += failed[r].undone;
+    // Every state reached (the agreed step after the undo included) is the
+    // failure-free run's state at that step.
+    for (const auto& [step, sum] : failed[r].checksum) {
+      ASSERT_TRUE(clean[r].checksum.count(step)) << "step " << step;
+      EXPECT_EQ(sum, clean[r].checksum.at(step)) << "step " << step;
+    }
+    EXPECT_EQ(failed[r].checksum.rbegin()->first, steps);
+  }
+  EXPECT_GE(undone, 1);  // at least the failed rank was half updated
+}
+
+// DP 2 without ZeRO: the surviving replica completes the step (nothing after
+// its update waits for the failed one) and must undo a whole step; the
+// failed one undoes a partial step.
+TEST(UpdateUndoTest, DataParallelReplicaUndoesACompletedStep) {
+  TrainerOptions o = TinyOptions();
+  o.comm.topology.dp = 2;
+  CheckRecoveredEqualsFailureFree(o, 2, 5, 1, 3);
+}
+
+// DP 2 x PP 2 with ZeRO-1 (padded buffer): the failed rank's DP peer is
+// stuck in the parameter all-gather, the other stage's ranks completed the
+// step and went on to the next forward.
+TEST(UpdateUndoTest, ZeroOnePipelineUndoesPartialAndCompletedSteps) {
+  TrainerOptions o = TinyOptions();
+  o.model.vocab = 61;
+  o.zero1 = true;
+  o.comm.topology.dp = 2;
+  o.comm.topology.pp = 2;
+  CheckRecoveredEqualsFailureFree(o, 4, 5, 3, 4);
+}
+
+TEST(UpdateUndoTest, NothingToUndoIsRefused) {
+  TrainerOptions o = TinyOptions();
+  auto t = Trainer::Create(o, nullptr);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ((*t)->UndoStep().code(), StatusCode::kFailedPrecondition);  // no log kept
+  o.undo_log = true;
+  auto u = Trainer::Create(o, nullptr);
+  ASSERT_TRUE(u.ok());
+  EXPECT_EQ((*u)->UndoStep().code(), StatusCode::kFailedPrecondition);  // no step yet
+  const uint64_t at0 = (*u)->StateChecksum();
+  ASSERT_TRUE((*u)->Step().ok());
+  const uint64_t at1 = (*u)->StateChecksum();
+  ASSERT_TRUE((*u)->UndoStep().ok());
+  EXPECT_EQ((*u)->StateChecksum(), at0);
+  EXPECT_EQ((*u)->state().step, 0);
+  Status again = (*u)->UndoStep();  // one step back only
+  EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition) << again;
+  ASSERT_TRUE((*u)->Step().ok());
+  EXPECT_EQ((*u)->StateChecksum(), at1);
+  // A world of one agrees with itself: nothing to undo at a clean step.
+  auto agreed = (*u)->RecoverByUndo();
+  ASSERT_TRUE(agreed.ok()) << agreed.status();
+  EXPECT_EQ(*agreed, 1);
+  EXPECT_EQ((*u)->StateChecksum(), at1);
+}
+
+}  // namespace
+}  // namespace memento::trainer
