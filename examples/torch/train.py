@@ -125,7 +125,8 @@ def final_state(model, opt, sched, data, step):
         "model": {k: v.clone() for k, v in raw.state_dict().items()},
         "optimizer": {i: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()}
                       for i, st in enumerate(inner.state.values())},
-        "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups],
+        "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+        "inner_param_groups": [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups],
         "scheduler": sched.state_dict(),
         "data": data.state_dict(),
         "torch_rng": torch.get_rng_state(),

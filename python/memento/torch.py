@@ -250,8 +250,12 @@ class Checkpointer:
     def _object_state(self, name, obj):
         if name == "optimizer" and _is_zero(obj):
             # Only this rank's shard: the inner optimizer's state_dict
-            # (ZeroRedundancyOptimizer.state_dict() needs a consolidate first).
-            return _inner_optimizer(obj).state_dict()
+            # (ZeroRedundancyOptimizer.state_dict() would need a consolidate,
+            # a gather to one rank), and the outer param_groups, which the LR
+            # scheduler changes and step() copies into the inner ones.
+            return {"zero_inner": _inner_optimizer(obj).state_dict(),
+                    "zero_groups": [{k: v for k, v in g.items() if k != "params"}
+                                    for g in obj.param_groups]}
         return obj.state_dict()
 
     def _flatten(self):
@@ -438,9 +442,10 @@ class Checkpointer:
         if opt is None or len(_inner_optimizer(opt).state) > 0:
             return
         inner = _inner_optimizer(opt)
-        saved_lr = [g["lr"] for g in inner.param_groups]
+        groups = list(inner.param_groups) + (list(opt.param_groups) if _is_zero(opt) else [])
+        saved_lr = [g["lr"] for g in groups]
         saved_grads = []
-        for g in inner.param_groups:
+        for g in groups:
             g["lr"] = 0.0
         params = [p for g in opt.param_groups for p in g["params"]] if _is_zero(opt) else \
             [p for g in inner.param_groups for p in g["params"]]
@@ -451,7 +456,7 @@ class Checkpointer:
             # The unwrapped step (no fence: nothing is snapshotting yet).
             type(inner).step(inner) if not _is_zero(opt) else type(opt).step(opt)
         finally:
-            for g, lr in zip(inner.param_groups, saved_lr):
+            for g, lr in zip(groups, saved_lr):
                 g["lr"] = lr
             for p, grad in zip(params, saved_grads):
                 p.grad = grad
@@ -535,7 +540,12 @@ class Checkpointer:
             if obj_name == "model":
                 continue  # every model tensor was restored in place
             if obj_name == "optimizer":
-                _load_optimizer_in_place(_inner_optimizer(obj), state)
+                if _is_zero(obj):
+                    _load_optimizer_in_place(_inner_optimizer(obj), state["zero_inner"])
+                    for live, saved in zip(obj.param_groups, state["zero_groups"]):
+                        live.update(saved)
+                else:
+                    _load_optimizer_in_place(obj, state)
                 continue
             obj.load_state_dict(state)
 

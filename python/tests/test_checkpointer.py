@@ -244,6 +244,43 @@ class CheckpointerTest(unittest.TestCase):
             self.assertIn("holder/t", cm.exception.message)
             self.assertIn("not contiguous", cm.exception.message)
 
+    def test_state_classes_follow_ddp_and_zero(self):
+        import socket
+
+        import torch.distributed as dist
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        try:
+            plain = torch.nn.Linear(4, 4)
+            opt = torch.optim.AdamW(plain.parameters())
+            plain(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            _, classes, _, _ = Checkpointer(model=plain, optimizer=opt, job_id="x")._flatten()
+            self.assertEqual(set(classes.values()), {"private"})
+
+            ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+            zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+            ddp(torch.randn(2, 4)).sum().backward()
+            zero.step()
+            ckpt = Checkpointer(model=ddp, optimizer=zero, job_id="x",
+                                state_classes={"optimizer/zero_inner/state/0/": "private"})
+            _, classes, _, _ = ckpt._flatten()
+            self.assertEqual(classes["model/module.weight"], "replicated")
+            self.assertEqual(classes["optimizer/zero_inner/state/1/exp_avg"], "dp_sharded")
+            self.assertEqual(classes["optimizer/zero_inner/state/0/exp_avg"], "private")  # override
+
+            ddp_adam = torch.optim.AdamW(ddp.parameters())
+            ddp(torch.randn(2, 4)).sum().backward()
+            ddp_adam.step()
+            _, classes, _, _ = Checkpointer(model=ddp, optimizer=ddp_adam, job_id="x")._flatten()
+            self.assertEqual(set(classes.values()), {"replicated"})
+        finally:
+            dist.destroy_process_group()
+
     def test_unknown_agent_is_a_clear_error(self):
         objs = build()
         d = agent_util.tmpdir("noagent-")

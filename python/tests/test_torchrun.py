@@ -5,6 +5,8 @@
     test_torchrun.py sidecar   an agent started separately (as systemd or a
                                Kubernetes sidecar would); rank 1 is killed in
                                the middle of optimizer.step()
+    test_torchrun.py zero      ZeroRedundancyOptimizer (dp_sharded state);
+                               rank 1 is killed after a complete snapshot
 
 Each runs the example three ways under `torchrun --standalone --nproc_per_node
 2` (DDP over Gloo): without memento, failure-free (the reference); with
@@ -95,7 +97,8 @@ def main():
     seed = int(os.environ.get("MEMENTO_TEST_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     kill_step = rng.randrange(2, STEPS - 1)
-    kill_at = "snapshot" if scenario == "wrapper" else "optimizer"
+    kill_at = {"wrapper": "snapshot", "sidecar": "optimizer", "zero": "step"}[scenario]
+    extra = ["--zero"] if scenario == "zero" else []
     print(f"scenario {scenario}: seed {seed}, rank 1 killed at step {kill_step} ({kill_at})", flush=True)
 
     work = agent_util.tmpdir(f"torchrun-{scenario}-")
@@ -104,10 +107,11 @@ def main():
     env_bin = agent_util.memento_bin()
     try:
         ref = os.path.join(work, "ref")
-        run(torchrun(["--no-memento", "--out", ref], 0), os.path.join(work, "ref.log"))
+        run(torchrun(["--no-memento", "--out", ref, *extra], 0), os.path.join(work, "ref.log"))
         out_dir = os.path.join(work, "run")
-        kill = ["--out", out_dir, "--kill-rank", "1", "--kill-step", str(kill_step), "--kill-at", kill_at]
-        if scenario == "wrapper":
+        kill = ["--out", out_dir, "--kill-rank", "1", "--kill-step", str(kill_step), "--kill-at", kill_at,
+                *extra]
+        if scenario in ("wrapper", "zero"):
             out = run([env_bin, "run", "--job", job, "--root", root, "--remove-on-exit", "--",
                        *torchrun(kill, 1)], os.path.join(work, "run.log"))
             if "started agent" not in out:
