@@ -58,8 +58,10 @@ struct RankRun {
 
 // Runs `ranks` ranks to step `steps`. With fail_rank >= 0 that rank fails
 // inside optimizer step fail_step before chunk fail_chunk.
+// With `replace`, the failed rank's process is gone: a fresh Trainer (empty
+// state) takes its place and gets the state from a DP replica.
 std::vector<RankRun> Run(TrainerOptions o, int ranks, int steps, int fail_rank, int64_t fail_step,
-                         int fail_chunk) {
+                         int fail_chunk, bool replace = false) {
   memento::testing::ScratchDir dir("trainer-swift");
   o.comm.rendezvous_dir = dir.path();
   std::vector<RankRun> runs(ranks);
@@ -77,8 +79,9 @@ std::vector<RankRun> Run(TrainerOptions o, int ranks, int steps, int fail_rank, 
       run.status = t.status();
       return;
     }
-    Trainer& tr = **t;
-    while (tr.state().step < steps) {
+    std::unique_ptr<Trainer> owned = std::move(*t);
+    while (owned->state().step < steps) {
+      Trainer& tr = *owned;
       auto r = tr.Step();
       if (r.ok()) {
         run.checksum[tr.state().step] = tr.StateChecksum();
@@ -90,21 +93,35 @@ std::vector<RankRun> Run(TrainerOptions o, int ranks, int steps, int fail_rank, 
       }
       const int64_t before = tr.state().step;
       const bool half = tr.in_update();
-      Status st = tr.Reconnect("recovery1");
-      if (!st.ok()) {
-        run.status = st;
-        return;
+      const bool replacement = replace && rank == fail_rank;
+      if (replacement) {
+        owned.reset();  // drops the groups: the peers fail at once
+        TrainerOptions n = ro;
+        n.comm.run_id = "recovery1";
+        auto fresh = Trainer::Create(n, nullptr);
+        if (!fresh.ok()) {
+          run.status = fresh.status();
+          return;
+        }
+        owned = std::move(*fresh);
+      } else {
+        Status st = tr.Reconnect("recovery1");
+        if (!st.ok()) {
+          run.status = st;
+          return;
+        }
       }
-      auto agreed = tr.RecoverByUndo();
+      Trainer& now = *owned;
+      auto agreed = now.RecoverByUndo(replacement);
       if (!agreed.ok()) {
         run.status = agreed.status();
         return;
       }
       run.agreed = *agreed;
-      run.undone = half || before > *agreed;
-      EXPECT_FALSE(tr.in_update());
-      EXPECT_EQ(tr.state().step, *agreed);
-      run.checksum[tr.state().step] = tr.StateChecksum();
+      run.undone = !replacement && (half || before > *agreed);
+      EXPECT_FALSE(now.in_update());
+      EXPECT_EQ(now.state().step, *agreed);
+      run.checksum[now.state().step] = now.StateChecksum();
     }
     run.fired = hooks.fired;
   };
@@ -115,7 +132,7 @@ std::vector<RankRun> Run(TrainerOptions o, int ranks, int steps, int fail_rank, 
 }
 
 void CheckRecoveredEqualsFailureFree(const TrainerOptions& o, int ranks, int steps, int fail_rank,
-                                     int64_t fail_step) {
+                                     int64_t fail_step, bool replace = false) {
   const uint64_t seed = memento::testing::TestSeed("trainer_swift");
   std::mt19937_64 rng(seed);
   const int fail_chunk = static_cast<int>(rng() % 3);
@@ -127,7 +144,8 @@ void CheckRecoveredEqualsFailureFree(const TrainerOptions& o, int ranks, int ste
   std::vector<RankRun> clean = Run(clean_options, ranks, steps, -1, -1, 0);
   TrainerOptions undo_options = o;
   undo_options.undo_log = true;
-  std::vector<RankRun> failed = Run(undo_options, ranks, steps, fail_rank, fail_step, fail_chunk);
+  std::vector<RankRun> failed =
+      Run(undo_options, ranks, steps, fail_rank, fail_step, fail_chunk, replace);
   int undone = 0;
   for (int r = 0; r < ranks; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
@@ -136,8 +154,9 @@ void CheckRecoveredEqualsFailureFree(const TrainerOptions& o, int ranks, int ste
     EXPECT_EQ(failed[r].fired, r == fail_rank);
     EXPECT_EQ(failed[r].failures, 1);
     // The failed rank never completed fail_step: the job agrees on the step
-    // before it.
-    EXPECT_EQ(failed[r].agreed, fail_step - 1);
+    // before it. A replaced rank's step does not count: without ZeRO-1 the
+    // survivors all completed fail_step, and no step is lost.
+    EXPECT_EQ(failed[r].agreed, replace ? fail_step : fail_step - 1);
     undone += failed[r].undone;
     // Every state reached (the agreed step after the undo included) is the
     // failure-free run's state at that step.
@@ -147,7 +166,9 @@ void CheckRecoveredEqualsFailureFree(const TrainerOptions& o, int ranks, int ste
     }
     EXPECT_EQ(failed[r].checksum.rbegin()->first, steps);
   }
-  EXPECT_GE(undone, 1);  // at least the failed rank was half updated
+  if (!replace) {
+    EXPECT_GE(undone, 1);  // at least the failed rank was half updated
+  }
 }
 
 // DP 2 without ZeRO: the surviving replica completes the step (nothing after
@@ -169,6 +190,16 @@ TEST(UpdateUndoTest, ZeroOnePipelineUndoesPartialAndCompletedSteps) {
   o.comm.topology.dp = 2;
   o.comm.topology.pp = 2;
   CheckRecoveredEqualsFailureFree(o, 4, 5, 3, 4);
+}
+
+// DP 2 x PP 2 without ZeRO: the rank that fails inside its update is
+// replaced by a new Trainer with empty state, which receives params, moments
+// and TrainState from its surviving DP replica after the survivors undo.
+TEST(UpdateUndoTest, ReplacementGetsTheStateFromADataParallelReplica) {
+  TrainerOptions o = TinyOptions();
+  o.comm.topology.dp = 2;
+  o.comm.topology.pp = 2;
+  CheckRecoveredEqualsFailureFree(o, 4, 5, 2, 3, /*replace=*/true);
 }
 
 TEST(UpdateUndoTest, NothingToUndoIsRefused) {

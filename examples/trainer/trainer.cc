@@ -290,7 +290,10 @@ class Trainer::StepSink : public opt::UndoSink {
   StepSink(Trainer* trainer, int64_t step) : trainer_(trainer), step_(step) {}
   Status BeforeWrite(uint64_t offset, uint64_t count, const float* const* buffers,
                      int num_buffers) override {
-    MEMENTO_RETURN_IF_ERROR(trainer_->undo_log_->BeforeWrite(offset, count, buffers, num_buffers));
+    if (trainer_->undo_log_) {
+      MEMENTO_RETURN_IF_ERROR(
+          trainer_->undo_log_->BeforeWrite(offset, count, buffers, num_buffers));
+    }
     if (trainer_->hooks_ == nullptr) return Status::Ok();
     return trainer_->hooks_->OnOptimizerChunk(step_, offset, count);
   }
@@ -304,7 +307,7 @@ Status Trainer::ApplyAdamW(int64_t step, float lr) {
   // This rank's optimizer range of the flat buffer (ZeRO-1: its shard).
   const size_t lo = opt_offset_;
   opt::Shard shard{lo, m_.size(), params_.data() + lo, grads_.data() + lo, {m_.data(), v_.data()}};
-  if (!undo_log_) return optimizer_->Step(step, lr, shard);
+  if (!undo_log_ && hooks_ == nullptr) return optimizer_->Step(step, lr, shard);
   StepSink sink(this, step);
   return optimizer_->Step(step, lr, shard, &sink);
 }
@@ -326,19 +329,46 @@ Status Trainer::UndoStep() {
   return Status::Ok();
 }
 
-Result<int64_t> Trainer::RecoverByUndo() {
-  // A rank is either at the agreed step t (clean, or half into step t + 1:
-  // in_update_) or it completed t + 1. The gradient allreduce before every
-  // optimizer step keeps ranks within one step of each other.
-  double step = static_cast<double>(state_.step);
+Result<int64_t> Trainer::RecoverByUndo(bool replacement) {
+  // A survivor is either at the agreed step t (clean, or half into step
+  // t + 1: in_update_) or it completed t + 1. The gradient allreduce before
+  // every optimizer step keeps ranks within one step of each other. A
+  // replacement has no step yet: it does not take part in the minimum.
+  double step = replacement ? 1e18 : static_cast<double>(state_.step);
   MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&step, 1));
   const int64_t target = static_cast<int64_t>(step);
+  // Which ranks are replacements (every rank learns all of them).
+  const Topology& t = options_.comm.topology;
+  std::vector<double> replaced(t.world(), 0.0);
+  replaced[rank()] = replacement ? 1.0 : 0.0;
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorld(replaced.data(), replaced.size()));
+  // The root of this rank's DP group: its lowest surviving DP rank.
+  int root = -1;
+  bool group_has_replacement = false;
+  for (int d = 0; d < t.dp; ++d) {
+    const int r = t.Rank(d, comm_->tp_rank(), comm_->pp_rank());
+    if (replaced[r] > 0.0) {
+      group_has_replacement = true;
+    } else if (root < 0) {
+      root = d;
+    }
+  }
   Status mine;
-  if (state_.step == target + 1 || (state_.step == target && in_update_)) {
+  if (replacement) {
+    if (root < 0) {
+      mine = FailedPreconditionError("no surviving DP replica of rank " + std::to_string(rank()));
+    } else if (options_.zero1) {
+      mine = FailedPreconditionError(
+          "ZeRO-1: the lost moment shard has no DP replica (recover from a snapshot)");
+    }
+  } else if (state_.step == target + 1 || (state_.step == target && in_update_)) {
     mine = UndoStep();
   } else if (state_.step != target) {
     mine = FailedPreconditionError("rank at step " + std::to_string(state_.step) +
                                    " is more than one step past " + std::to_string(target));
+  }
+  if (!replacement && group_has_replacement && options_.zero1) {
+    mine = FailedPreconditionError("ZeRO-1: a lost moment shard has no DP replica");
   }
   double ok = mine.ok() ? 1.0 : 0.0;
   MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&ok, 1));
@@ -350,6 +380,18 @@ Result<int64_t> Trainer::RecoverByUndo() {
   if (ok < 1.0) {
     return FailedPreconditionError("update-undo to step " + std::to_string(target) +
                                    " failed on another rank (fall back to a snapshot)");
+  }
+  if (group_has_replacement) {
+    // Replication-based recovery: the root's state to the replacement(s).
+    MEMENTO_RETURN_IF_ERROR(
+        comm_->BroadcastDp(params_.data(), params_.size() * sizeof(float), root));
+    MEMENTO_RETURN_IF_ERROR(comm_->BroadcastDp(m_.data(), m_.size() * sizeof(float), root));
+    MEMENTO_RETURN_IF_ERROR(comm_->BroadcastDp(v_.data(), v_.size() * sizeof(float), root));
+    MEMENTO_RETURN_IF_ERROR(comm_->BroadcastDp(&state_, sizeof(state_), root));
+    if (replacement) {
+      undo_ready_ = false;
+      in_update_ = false;
+    }
   }
   MEMENTO_RETURN_IF_ERROR(CheckSameStep());
   return target;

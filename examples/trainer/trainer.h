@@ -59,11 +59,11 @@ class TrainerHooks {
   virtual void OnPhase(TrainPhase phase) {}
   [[nodiscard]] virtual Status BeforeOptimizerStep(int64_t step) { return Status::Ok(); }
   [[nodiscard]] virtual Status AfterOptimizerStep(int64_t step) { return Status::Ok(); }
-  // With TrainerOptions::undo_log only: called before the optimizer writes
-  // elements [offset, offset + count) of the flat buffer in step `step`
-  // (chunk by chunk, after the chunk's pre-update values are logged). A
-  // failure here is a failure inside the optimizer update: the rank is left
-  // half updated, which RecoverByUndo() repairs.
+  // Called before the optimizer writes elements [offset, offset + count) of
+  // the flat buffer in step `step`, chunk by chunk (with
+  // TrainerOptions::undo_log after the chunk's pre-update values are
+  // logged). A failure here is a failure inside the optimizer update: the
+  // rank is left half updated, which RecoverByUndo() repairs.
   [[nodiscard]] virtual Status OnOptimizerChunk(int64_t step, uint64_t offset, uint64_t count) {
     return Status::Ok();
   }
@@ -152,11 +152,15 @@ class Trainer {
   [[nodiscard]] Status UndoStep();
   // Collective over the world (every rank calls it, after a failure, on a
   // working Comm: see Reconnect): the ranks agree on the last step every
-  // rank completed, and each rank that is ahead of it or half way into the
-  // next step undoes that step. Returns the agreed step. FailedPrecondition
-  // on every rank when some rank cannot get there (it is two steps ahead or
-  // its log is gone or corrupt): the job must fall back to a snapshot.
-  Result<int64_t> RecoverByUndo();
+  // surviving rank completed, and each survivor that is ahead of it or half
+  // way into the next step undoes that step. A `replacement` (a new process
+  // for a lost rank, its state empty) then receives params, moments and
+  // TrainState from a surviving DP replica (replication-based recovery;
+  // needs DP > 1 without ZeRO-1: a ZeRO-1 moment shard has no replica).
+  // Returns the agreed step. FailedPrecondition on every rank when some rank
+  // cannot get there (two steps ahead, its log gone or corrupt, no replica):
+  // the job must fall back to a snapshot.
+  Result<int64_t> RecoverByUndo(bool replacement = false);
   // True between the first write of an optimizer step and the end of Step()
   // (a failure in between leaves the rank half updated).
   bool in_update() const { return in_update_; }
