@@ -3,6 +3,7 @@
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
+#include <gloo/broadcast.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
@@ -148,6 +149,18 @@ Status Comm::AllreduceWorldMin(double* data, size_t count) {
     opts.setTag(7);
     opts.setTimeout(impl_->timeout);
     gloo::allreduce(opts);
+  });
+}
+
+Status Comm::BroadcastDp(void* data, size_t bytes, int root) {
+  if (!impl_->dp) return Status::Ok();
+  return Guard("dp broadcast", [&] {
+    gloo::BroadcastOptions opts(impl_->dp);
+    opts.setOutput(static_cast<uint8_t*>(data), bytes);
+    opts.setRoot(root);
+    opts.setTag(8);
+    opts.setTimeout(impl_->timeout);
+    gloo::broadcast(opts);
   });
 }
 

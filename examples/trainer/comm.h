@@ -61,6 +61,10 @@ class Comm {
   // In-place minimum over the world (update-undo: the last step every rank
   // completed).
   [[nodiscard]] Status AllreduceWorldMin(double* data, size_t count);
+  // Copies `bytes` bytes at `data` from DP rank `root` to the other ranks of
+  // the DP group (replication-based recovery: a replica's state to the rank
+  // that replaces a lost one).
+  [[nodiscard]] Status BroadcastDp(void* data, size_t bytes, int root);
   // data holds dp * shard floats; DP rank r contributes [r * shard, (r + 1) *
   // shard) and afterwards every rank holds all of them.
   [[nodiscard]] Status AllgatherDp(float* data, size_t shard);
