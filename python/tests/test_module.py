@@ -64,5 +64,25 @@ class ModuleTest(unittest.TestCase):
             self.assertEqual(cm.exception.code, "FailedPrecondition")
 
 
+    def test_device_tensors_are_refused_with_a_reason(self):
+        import array
+
+        with agent_util.Agent("pydev") as agent:
+            c = memento.Client.connect("pydev", agent_dir=agent.root)
+            buf = array.array("f", [0.0] * 256)
+            addr, n = buf.buffer_info()
+            with self.assertRaises(memento.Error) as cm:
+                c.register_tensor("w", "F32", [256], "private", addr, n * 4, device_type="xpu")
+            self.assertEqual(cm.exception.code, "InvalidArgument")
+            self.assertIn("xpu", cm.exception.message)
+            if memento.HAVE_CUDA and not os.path.exists("/dev/nvidia0"):
+                # Without a GPU the CUDA path refuses and says why.
+                with self.assertRaises(memento.Error) as cm:
+                    c.register_tensor("w", "F32", [256], "private", addr, n * 4, device_type="cuda")
+                self.assertEqual(cm.exception.code, "FailedPrecondition")
+                self.assertIn("no CUDA device", cm.exception.message)
+            c.close()
+
+
 if __name__ == "__main__":
     unittest.main()
