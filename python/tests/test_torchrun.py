@@ -140,6 +140,8 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
+        if os.path.exists(root + ".agent.log"):
+            os.unlink(root + ".agent.log")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 #   install_test.sh BUILD_DIR CONSUMER_SRC CXX
 # Installs BUILD_DIR into a temporary prefix, checks the installed files, and
 # builds and runs CONSUMER_SRC against that prefix with find_package(memento)
-# and with pkg-config. Never writes into BUILD_DIR.
+# and with pkg-config. Writes nothing into BUILD_DIR but cmake's
+# install_manifest.txt.
 set -euo pipefail
 build_dir=$1 consumer_src=$2 cxx=$3
 base=${MEMENTO_TEST_TMPDIR:-/tmp}
