@@ -7,8 +7,10 @@
 // (across torchrun's worker restarts: the agent is the wrapper's child, not
 // torchrun's), and stops it cleanly (SIGTERM) when the command ends. The
 // command gets MEMENTO_JOB_ID and MEMENTO_RUN_DIR in its environment, which
-// the Python Checkpointer and the C++ client read. SIGINT, SIGTERM and SIGHUP
-// sent to `memento run` are passed on to the command.
+// the Python Checkpointer and the C++ client read (and MEMENTO_AGENT_PID when
+// it started the agent). An agent it started that dies while the command runs
+// is started again (it adopts the slots). SIGINT, SIGTERM and SIGHUP sent to
+// `memento run` are passed on to the command.
 //
 // Exit code: the command's; 128 + N when a signal N ended it; 1 when the
 // agent could not be started (nothing is run then).
@@ -80,6 +82,50 @@ struct RunOptions {
   bool remove_on_exit = false;
 };
 
+// Starts `memento agent` for o.job and waits until it answers on o.root.
+// Prints why on failure.
+bool StartAgent(const RunOptions& o, Subprocess* agent) {
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) {
+    ReportStatus(ErrnoError("readlink /proc/self/exe", errno));
+    return false;
+  }
+  self[n] = '\0';
+  SpawnOptions so;
+  so.argv = {self, "agent", "--job", o.job, "--node", std::to_string(o.node), "--root", o.root};
+  if (o.remove_on_exit) so.argv.push_back("--remove-on-exit");
+  for (const std::string& a : o.agent_args) so.argv.push_back(a);
+  so.log_path = o.agent_log.empty() ? o.root + ".agent.log" : o.agent_log;
+  MakeParents(so.log_path);
+  auto spawned = Subprocess::Spawn(so);
+  if (!spawned.ok()) {
+    ReportStatus(spawned.status());
+    return false;
+  }
+  *agent = std::move(*spawned);
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(o.agent_start_timeout_s);
+  while (!AgentAnswers(o.root)) {
+    if (auto st = agent->Poll()) {
+      std::fprintf(stderr,
+                   "memento run: the agent exited (%s) before it was ready; its log %s:\n%s\n",
+                   st->ToString().c_str(), so.log_path.c_str(), TailFile(so.log_path).c_str());
+      return false;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      agent->Terminate(5);
+      std::fprintf(stderr, "memento run: the agent was not ready after %.0f s; its log %s:\n%s\n",
+                   o.agent_start_timeout_s, so.log_path.c_str(), TailFile(so.log_path).c_str());
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::fprintf(stderr, "memento run: started agent pid %d for job %s in %s (log %s)\n",
+               static_cast<int>(agent->pid()), o.job.c_str(), o.root.c_str(), so.log_path.c_str());
+  return true;
+}
+
 int Run(RunOptions o) {
   const std::vector<std::string>& command = RunCommandArgs();
   if (command.empty()) {
@@ -100,44 +146,14 @@ int Run(RunOptions o) {
   if (AgentAnswers(o.root)) {
     std::fprintf(stderr, "memento run: using the agent already serving %s\n", o.root.c_str());
   } else {
-    char self[4096];
-    ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n <= 0) return ReportStatus(ErrnoError("readlink /proc/self/exe", errno));
-    self[n] = '\0';
-    SpawnOptions so;
-    so.argv = {self, "agent", "--job", o.job, "--node", std::to_string(o.node), "--root", o.root};
-    if (o.remove_on_exit) so.argv.push_back("--remove-on-exit");
-    for (const std::string& a : o.agent_args) so.argv.push_back(a);
-    so.log_path = o.agent_log.empty() ? o.root + ".agent.log" : o.agent_log;
-    MakeParents(so.log_path);
-    auto spawned = Subprocess::Spawn(so);
-    if (!spawned.ok()) return ReportStatus(spawned.status());
-    agent = std::move(*spawned);
+    if (!StartAgent(o, &agent)) return 1;
     own_agent = true;
-    auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(o.agent_start_timeout_s);
-    while (!AgentAnswers(o.root)) {
-      if (auto st = agent.Poll()) {
-        std::fprintf(stderr,
-                     "memento run: the agent exited (%s) before it was ready; its log %s:\n%s\n",
-                     st->ToString().c_str(), so.log_path.c_str(), TailFile(so.log_path).c_str());
-        return 1;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        agent.Terminate(5);
-        std::fprintf(stderr, "memento run: the agent was not ready after %.0f s; its log %s:\n%s\n",
-                     o.agent_start_timeout_s, so.log_path.c_str(), TailFile(so.log_path).c_str());
-        return 1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    std::fprintf(stderr, "memento run: started agent pid %d for job %s in %s (log %s)\n",
-                 static_cast<int>(agent.pid()), o.job.c_str(), o.root.c_str(), so.log_path.c_str());
   }
 
   SpawnOptions co;
   co.argv = command;
   co.env = {"MEMENTO_JOB_ID=" + o.job, "MEMENTO_RUN_DIR=" + o.root};
+  if (own_agent) co.env.push_back("MEMENTO_AGENT_PID=" + std::to_string(agent.pid()));
   co.die_with_parent = false;
   struct sigaction sa {};
   sa.sa_handler = Forward;
@@ -152,8 +168,23 @@ int Run(RunOptions o) {
   if (int sig = g_signal.load()) ::kill(child->pid(), sig);  // arrived during the spawn
   Result<ExitStatus> end = UnavailableError("");
   while (true) {
-    end = child->Wait(Deadline::AfterSeconds(1));
+    end = child->Wait(Deadline::AfterSeconds(0.5));
     if (end.ok() || end.status().code() != StatusCode::kDeadlineExceeded) break;
+    // The agent this run started died (killed, crashed): start it again; it
+    // adopts the slots its predecessor left, so the versions survive.
+    if (own_agent && g_signal.load() == 0) {
+      if (auto st = agent.Poll()) {
+        std::fprintf(stderr,
+                     "memento run: the agent ended (%s) while the command runs; restarting it\n",
+                     st->ToString().c_str());
+        if (!StartAgent(o, &agent)) {
+          std::fprintf(
+              stderr,
+              "memento run: the agent could not be restarted; the command goes on without it\n");
+          own_agent = false;
+        }
+      }
+    }
   }
   g_child.store(-1);
   int code = 1;
@@ -167,9 +198,8 @@ int Run(RunOptions o) {
   }
   if (own_agent) {
     ExitStatus st = agent.Terminate(30);
-    if (!st.ok() && !(st.signal == 0 && st.code == 0)) {
+    if (!st.ok())
       std::fprintf(stderr, "memento run: the agent ended with %s\n", st.ToString().c_str());
-    }
   }
   return code;
 }

@@ -42,7 +42,15 @@ grep -q got-term "$work/out" || fail "SIGTERM was not passed on: $(cat "$work/ou
 [ "$rc" = 143 ] || fail "after SIGTERM: exit $rc, expected 143"
 [ ! -e "$root/agent.sock" ] || fail "the agent outlived a terminated run"
 
-# 4. An agent started separately is used and left running.
+# 4. The started agent killed with SIGKILL while the command runs is started
+#    again (the command sees an answering agent after it).
+"$bin" run --job rt --root "$root" --remove-on-exit -- sh -c \
+  'kill -9 "$MEMENTO_AGENT_PID"; for i in $(seq 1 600); do grep -q "restarting it" "$0" && grep -c "started agent pid" "$0" | grep -q 2 && exit 0; sleep 0.1; done; exit 9' \
+  "$work/out4" >"$work/out4" 2>&1 || fail "the killed agent was not restarted: $(cat "$work/out4")"
+cat "$work/out4"
+[ ! -e "$root/agent.sock" ] || fail "the restarted agent was not stopped at the end"
+
+# 5. An agent started separately is used and left running.
 "$bin" agent --job rt --root "$root" --remove-on-exit >"$work/agent.out" 2>&1 &
 sidecar=$!
 for _ in $(seq 1 300); do [ -S "$root/agent.sock" ] && break; sleep 0.1; done
