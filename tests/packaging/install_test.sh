@@ -24,7 +24,10 @@ for f in include/memento/client.h include/memento/status.h include/memento/types
   [ -e "$prefix/$f" ] || fail "the install is missing $f (installed: $(cd "$prefix" && find . -type f | tr '\n' ' '))"
 done
 # The library exports the public API (not only the version function).
-nm -D --defined-only "$prefix/lib/libmemento.so" | grep -q 'memento6Client7Connect' ||
+# (nm's output goes to a file first: grep -q would end the pipe early and
+# pipefail would report nm's SIGPIPE.)
+nm -D --defined-only "$prefix/lib/libmemento.so" >"$tmp/symbols.txt"
+grep -q 'memento6Client7Connect' "$tmp/symbols.txt" ||
   fail "libmemento.so does not export memento::Client::Connect"
 # The installed tool finds its library and runs.
 "$prefix/bin/memento" --version >"$tmp/version.txt" || fail "installed bin/memento --version failed"
@@ -37,7 +40,8 @@ cmake --build "$tmp/cmake-build" >"$tmp/build.log" 2>&1 || {
   cat "$tmp/build.log" >&2; fail "building the consumer with find_package(memento) failed"; }
 out=$("$tmp/cmake-build/consumer" "$tmp/no-agent")
 echo "find_package consumer: $out"
-ldd "$tmp/cmake-build/consumer" | grep -q "$prefix/lib/libmemento.so" ||
+ldd "$tmp/cmake-build/consumer" >"$tmp/ldd.txt"
+grep -q "$prefix/lib/libmemento.so" "$tmp/ldd.txt" ||
   fail "the find_package consumer does not load the installed libmemento.so: $(ldd "$tmp/cmake-build/consumer")"
 
 # 2. pkg-config.
