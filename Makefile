@@ -4,7 +4,8 @@
 #   make build    configure and build into build/ (Ninja, RelWithDebInfo)
 #   make test     setup + build + every test through CTest
 #   make demo     setup + build + the end-to-end demo
-#   make chaos    setup + build + the long randomized fault runs (not in `make test`)
+#   make chaos    setup + build + the seeded chaos campaign (>= 1000 injected failures) and
+#                 the other long randomized fault runs (not in `make test`)
 #   make asan     build-asan/ (AddressSanitizer + UBSan) and its test suite (long: ~18 min build)
 #   make tsan     build-tsan/ (ThreadSanitizer) and its test suite (long)
 #   make format   clang-format every C++ source in place
@@ -37,7 +38,14 @@ test: build
 demo: build
 	$(BUILD_DIR)/tools/memento demo
 
+# The seeded chaos campaign (scripts/chaos.py, docs/testing.md), then the
+# chaos-labelled tests. CHAOS_FLAGS="--run-seed 0x..." reruns one run.
+CHAOS_SEED ?= 1
+CHAOS_FAILURES ?= 1000
+CHAOS_FLAGS ?=
 chaos: build
+	nice -n 19 scripts/chaos.py --build $(BUILD_DIR) --seed $(CHAOS_SEED) \
+	  --failures $(CHAOS_FAILURES) --work-dir $(BUILD_DIR)/chaos $(CHAOS_FLAGS)
 	cd $(BUILD_DIR) && MEMENTO_CHAOS=1 ctest --output-on-failure -L chaos $(CTEST_FLAGS)
 
 # Sanitizer builds (docs/testing.md). CTEST_FLAGS="-R <regex>" runs a subset.
