@@ -526,10 +526,12 @@ int Main(int argc, char** argv) {
   if (replace && (recovery == "undo" || recovery == "log")) {
     Stopwatch w_recover;
     Result<int64_t> agreed = int64_t{0};
+    int64_t from_step = -1;
     if (recovery == "undo") {
       agreed = trainer->RecoverByUndo(/*replacement=*/true);
     } else {
       Status st = trainer->Load(RankPath(save, rank));
+      from_step = trainer->state().step;
       agreed = st.ok() ? trainer->RecoverByReplay(neighbour_logs(), /*replacement=*/true)
                        : Result<int64_t>(st);
     }
@@ -538,7 +540,7 @@ int Main(int argc, char** argv) {
                    agreed.status().ToString().c_str());
       return kExitRecoveryFailed;
     }
-    report_recovery(recovery, true, -1, w_recover.Seconds());
+    report_recovery(recovery, true, from_step, w_recover.Seconds());
   }
   if (!load.empty() && !replace) {
     Status st = trainer->Load(RankPath(load, rank));
@@ -600,8 +602,9 @@ int Main(int argc, char** argv) {
   const int64_t first_step = trainer->state().step + 1;
   int64_t timed_steps = 0;
   double sum_s = 0, sum_idle = 0, sum_comm = 0, sum_fence = 0, sum_snap = 0, last_loss = 0;
-  double sum_cpu = 0;              // this rank's process CPU-seconds over the timed steps
-  std::vector<double> step_times;  // timed steps, for the median
+  double sum_cpu = 0;                       // this rank's process CPU-seconds over the timed steps
+  double sum_log_s = 0, sum_log_bytes = 0;  // pipeline log (--recovery log)
+  std::vector<double> step_times;           // timed steps, for the median
   double window_s = 0, window_overhead_s = 0;  // since the last progress line
   int64_t window_steps = 0;
   while (trainer->state().step < steps) {
@@ -689,6 +692,8 @@ int Main(int argc, char** argv) {
       sum_fence += r->fence_seconds;
       sum_snap += r->snapshot_seconds;
       sum_cpu += step_cpu_s;
+      sum_log_s += r->log_seconds;
+      sum_log_bytes += static_cast<double>(r->log_bytes);
       step_times.push_back(r->seconds);
     }
     last_loss = r->loss;
@@ -741,9 +746,12 @@ int Main(int argc, char** argv) {
         trainer->hooks() != nullptr ? trainer->hooks()->SummaryJson() : std::string();
     std::printf(
         "{\"rank_summary\": {\"rank\": %d, \"pp_rank\": %d, \"mean_step_s\": %.6f, "
-        "\"mean_cpu_s\": %.6f, \"snapshot\": %s}}\n",
+        "\"mean_cpu_s\": %.6f, \"log_bytes_per_step\": %.1f, \"log_s_per_step\": %.6f, "
+        "\"snapshot\": %s}}\n",
         rank, trainer->comm().pp_rank(), timed_steps > 0 ? sum_s / timed_steps : 0.0,
         timed_steps > 0 ? sum_cpu / timed_steps : 0.0,
+        timed_steps > 0 ? sum_log_bytes / timed_steps : 0.0,
+        timed_steps > 0 ? sum_log_s / timed_steps : 0.0,
         hooks_json.empty() ? "null" : hooks_json.c_str());
   }
   if (json && trainer->reports_loss() && timed_steps > 0) {
