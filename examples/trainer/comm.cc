@@ -3,6 +3,7 @@
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
+#include <gloo/broadcast.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
@@ -138,6 +139,31 @@ Status Comm::AllreduceWorld(double* data, size_t count) {
                [&] { SumInPlace(impl_->world, data, count, 6, impl_->timeout); });
 }
 
+Status Comm::AllreduceWorldMin(double* data, size_t count) {
+  if (!impl_->world) return Status::Ok();
+  return Guard("world allreduce", [&] {
+    gloo::AllreduceOptions opts(impl_->world);
+    opts.setOutput(data, count);
+    opts.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::min<double>));
+    opts.setTag(7);
+    opts.setTimeout(impl_->timeout);
+    gloo::allreduce(opts);
+  });
+}
+
+Status Comm::BroadcastDp(void* data, size_t bytes, int root) {
+  if (!impl_->dp) return Status::Ok();
+  return Guard("dp broadcast", [&] {
+    gloo::BroadcastOptions opts(impl_->dp);
+    opts.setOutput(static_cast<uint8_t*>(data), bytes);
+    opts.setRoot(root);
+    opts.setTag(8);
+    opts.setTimeout(impl_->timeout);
+    gloo::broadcast(opts);
+  });
+}
+
 Status Comm::AllgatherDp(float* data, size_t shard) {
   if (!impl_->dp) return Status::Ok();
   return Guard("dp allgather", [&] {
@@ -176,6 +202,12 @@ Status Comm::RecvStage(int stage, float* data, size_t count, uint64_t tag) {
     buf->recv(stage, tag);
     if (!buf->waitRecv(impl_->timeout)) throw std::runtime_error("recv aborted");
   });
+}
+
+void Comm::AbandonSends() {
+  // The pairs refer to unbound buffers through weak pointers: dropping ours
+  // cancels them.
+  impl_->pending_sends.clear();
 }
 
 Status Comm::Barrier() {

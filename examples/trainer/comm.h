@@ -58,6 +58,13 @@ class Comm {
   [[nodiscard]] Status AllreduceDp(double* data, size_t count);
   [[nodiscard]] Status AllreduceTp(float* data, size_t count);
   [[nodiscard]] Status AllreduceWorld(double* data, size_t count);
+  // In-place minimum over the world (update-undo: the last step every rank
+  // completed).
+  [[nodiscard]] Status AllreduceWorldMin(double* data, size_t count);
+  // Copies `bytes` bytes at `data` from DP rank `root` to the other ranks of
+  // the DP group (replication-based recovery: a replica's state to the rank
+  // that replaces a lost one).
+  [[nodiscard]] Status BroadcastDp(void* data, size_t bytes, int root);
   // data holds dp * shard floats; DP rank r contributes [r * shard, (r + 1) *
   // shard) and afterwards every rank holds all of them.
   [[nodiscard]] Status AllgatherDp(float* data, size_t shard);
@@ -70,6 +77,11 @@ class Comm {
   [[nodiscard]] Status RecvStage(int stage, float* data, size_t count, uint64_t tag);
 
   [[nodiscard]] Status Barrier();
+
+  // Gives up on the sends still in flight (after a failure: a dead peer
+  // never takes them) instead of waiting for them, so the Comm can be
+  // destroyed at once; its peers' pending calls then fail.
+  void AbandonSends();
 
  private:
   struct Impl;

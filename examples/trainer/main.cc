@@ -23,6 +23,7 @@
 
 #include "common/byte_flag.h"
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "launch_env.h"
 #include "trainer.h"
 #ifdef MEMENTO_TRAINER_WITH_CLIENT
@@ -82,9 +83,48 @@ Status WriteDigest(Trainer& trainer, const std::string& path) {
   return Status::Ok();
 }
 
+// Exit status of a rank whose in-process recovery (undo, log) failed.
+constexpr int kExitRecoveryFailed = 75;
+
+double WallSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// SWIFT recovery (docs/swift.md): the launcher announces a new generation of
+// the job in this file; survivors poll it after a failure.
+std::string GenerationPath(const std::string& rendezvous) {
+  return rendezvous + "/swift.generation";
+}
+
+Status WriteGeneration(const std::string& rendezvous, int generation) {
+  const std::string path = GenerationPath(rendezvous), tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) return ErrnoError("open " + tmp, errno);
+  const bool ok = std::fprintf(f, "%d\n", generation) > 0;
+  if (std::fclose(f) != 0 || !ok) return ErrnoError("write " + tmp, errno);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return ErrnoError("rename " + tmp, errno);
+  return Status::Ok();
+}
+
+int ReadGeneration(const std::string& rendezvous) {
+  FILE* f = std::fopen(GenerationPath(rendezvous).c_str(), "r");
+  if (f == nullptr) return 0;
+  int g = 0;
+  if (std::fscanf(f, "%d", &g) != 1) g = 0;
+  std::fclose(f);
+  return g;
+}
+
 // Starts one child per rank (this binary, the same flags, plus --rank and
-// --rendezvous), waits for all and fails when one fails (then stops the rest).
-int LaunchLocal(int argc, char** argv, int world, const std::string& rendezvous) {
+// --rendezvous) and waits for all. When one fails: with recovery "none" the
+// rest are stopped and the launch fails; "restart" stops the rest and starts
+// every rank again (generation + 1; they load the last --save-every state);
+// "undo" and "log" start only the lost rank again (--replace), the
+// survivors stay alive and recover in process. At most `max_recoveries`.
+int LaunchLocal(int argc, char** argv, int world, const std::string& rendezvous,
+                const std::string& recovery, int max_recoveries) {
   std::string dir = rendezvous;
   bool made_dir = false;
   if (dir.empty()) {
@@ -96,9 +136,10 @@ int LaunchLocal(int argc, char** argv, int world, const std::string& rendezvous)
     dir = tmpl;
     made_dir = true;
   }
-  std::vector<pid_t> pids;
+  std::vector<pid_t> pids(world, -1);
   const pid_t parent = getpid();
-  for (int r = 0; r < world; ++r) {
+  int generation = 0;
+  auto spawn = [&](int r, bool replace) -> bool {
     std::vector<std::string> args;
     for (int i = 0; i < argc; ++i) {
       if (std::strcmp(argv[i], "--launch") != 0) args.push_back(argv[i]);
@@ -109,11 +150,15 @@ int LaunchLocal(int argc, char** argv, int world, const std::string& rendezvous)
       args.push_back("--rendezvous");
       args.push_back(dir);
     }
+    if (generation > 0) {
+      args.push_back("--generation");
+      args.push_back(std::to_string(generation));
+    }
+    if (replace) args.push_back("--replace");
     pid_t pid = fork();
     if (pid < 0) {
       std::perror("fork");
-      for (pid_t p : pids) kill(p, SIGTERM);
-      return 1;
+      return false;
     }
     if (pid == 0) {
       // A rank must not outlive its launcher (killed launcher, no orphans).
@@ -126,30 +171,70 @@ int LaunchLocal(int argc, char** argv, int world, const std::string& rendezvous)
       std::perror("execv");
       _exit(127);
     }
-    pids.push_back(pid);
-  }
-  int failures = 0;
-  size_t left = pids.size();
-  while (left > 0) {
+    pids[r] = pid;
+    return true;
+  };
+  auto stop_all = [&] {
+    for (pid_t p : pids) {
+      if (p > 0) kill(p, SIGKILL);
+    }
+    for (pid_t& p : pids) {
+      if (p > 0) waitpid(p, nullptr, 0);
+      p = -1;
+    }
+  };
+  bool ok = true;
+  for (int r = 0; r < world && ok; ++r) ok = spawn(r, false);
+  int failures = ok ? 0 : 1;
+  if (!ok) stop_all();
+  int recoveries = 0;
+  while (ok) {
     int status = 0;
     pid_t pid = waitpid(-1, &status, 0);
     if (pid < 0) break;
-    bool ours = false;
-    for (pid_t& p : pids) {
-      if (p == pid) {
-        p = -1;
-        ours = true;
-      }
+    int rank = -1;
+    for (int r = 0; r < world; ++r) {
+      if (pids[r] == pid) rank = r;
     }
-    if (!ours) continue;
-    --left;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      std::fprintf(stderr, "memento-trainer: a rank (pid %d) failed (status %d); stopping\n", pid,
-                   status);
+    if (rank < 0) continue;
+    pids[rank] = -1;
+    const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    if (!failed) {
+      if (std::all_of(pids.begin(), pids.end(), [](pid_t p) { return p < 0; })) break;
+      continue;
+    }
+    std::printf(
+        "{\"swift_failure\": {\"rank\": %d, \"pid\": %d, \"status\": %d, "
+        "\"generation\": %d, \"wall_s\": %.6f}}\n",
+        rank, pid, status, generation, WallSeconds());
+    std::fflush(stdout);
+    if (recovery == "none" || recoveries >= max_recoveries) {
+      std::fprintf(stderr, "memento-trainer: rank %d (pid %d) failed (status %d); stopping\n", rank,
+                   pid, status);
       ++failures;
-      for (pid_t p : pids) {
-        if (p > 0) kill(p, SIGTERM);
-      }
+      stop_all();
+      break;
+    }
+    ++recoveries;
+    ++generation;
+    // A rank whose in-process recovery failed exits kExitRecoveryFailed:
+    // fall back to the whole-job restart from the saved state.
+    const bool fallback = WIFEXITED(status) && WEXITSTATUS(status) == kExitRecoveryFailed;
+    if (fallback) {
+      std::printf("{\"swift_fallback\": {\"rank\": %d, \"generation\": %d}}\n", rank, generation);
+      std::fflush(stdout);
+    }
+    if (recovery == "restart" || fallback) {
+      stop_all();
+      for (int r = 0; r < world && ok; ++r) ok = spawn(r, false);
+    } else {
+      Status st = WriteGeneration(dir, generation);
+      ok = st.ok() && spawn(rank, true);
+      if (!st.ok()) std::fprintf(stderr, "memento-trainer: %s\n", st.ToString().c_str());
+    }
+    if (!ok) {
+      ++failures;
+      stop_all();
     }
   }
   if (made_dir) {
@@ -158,6 +243,29 @@ int LaunchLocal(int argc, char** argv, int world, const std::string& rendezvous)
   }
   return failures == 0 ? 0 : 1;
 }
+
+// Fault injection inside the optimizer update (--fail-point update): the
+// rank kills itself before chunk `chunk` of step `step` is written.
+class KillInsideUpdate : public TrainerHooks {
+ public:
+  KillInsideUpdate(int rank, int64_t step, int chunk) : rank_(rank), step_(step), chunk_(chunk) {}
+  Status OnOptimizerChunk(int64_t step, uint64_t offset, uint64_t count) override {
+    if (step != step_ || seen_++ != chunk_) return Status::Ok();
+    std::fprintf(stderr,
+                 "memento-trainer rank %d: killing myself inside the update of step %" PRId64
+                 " (chunk %d, elements %" PRIu64 "+%" PRIu64 ")\n",
+                 rank_, step, chunk_, offset, count);
+    std::fflush(nullptr);
+    raise(SIGKILL);
+    return Status::Ok();
+  }
+
+ private:
+  int rank_;
+  int64_t step_;
+  int chunk_;
+  int seen_ = 0;
+};
 
 int Main(int argc, char** argv) {
   CLI::App app{"memento-trainer: reference hybrid-parallel GPT trainer"};
@@ -171,6 +279,9 @@ int Main(int argc, char** argv) {
   int fail_rank = 0;
   int64_t save_every = 0;
   std::string load, save, loss_log;
+  std::string recovery = "none", fail_point = "step";
+  int fail_chunk = 0, generation = 0, max_recoveries = 3;
+  bool replace = false;
   app.add_option("--preset", preset, "model size: tiny | small | 100m | 350m")
       ->capture_default_str();
   app.add_option("--vocab", vocab, "override the preset's vocabulary size");
@@ -229,6 +340,26 @@ int Main(int argc, char** argv) {
                  "fault injection: rank --fail-rank kills itself (SIGKILL) after this step");
   app.add_option("--fail-rank", fail_rank, "the rank that --fail-at-step kills")
       ->capture_default_str();
+  app.add_option("--fail-point", fail_point,
+                 "where --fail-at-step kills: step (after the step) | update (inside the "
+                 "optimizer update of that step, before chunk --fail-chunk)")
+      ->capture_default_str();
+  app.add_option("--fail-chunk", fail_chunk, "with --fail-point update: the chunk")
+      ->capture_default_str();
+  app.add_option("--recovery", recovery,
+                 "with --launch, what a failed rank triggers (docs/swift.md): none (stop) | "
+                 "restart (all ranks again from the last --save-every state) | undo (in-process: "
+                 "survivors undo a partial update, the lost rank is rebuilt from a DP replica) | "
+                 "log (in-process: the lost stage replays its neighbours' logged messages from "
+                 "its last --save-every state)")
+      ->capture_default_str();
+  app.add_option("--max-recoveries", max_recoveries, "with --recovery: give up after this many")
+      ->capture_default_str();
+  app.add_option("--generation", generation,
+                 "set by --launch: the job's recovery generation (0: first start)")
+      ->group("");
+  app.add_flag("--replace", replace, "set by --launch: this process replaces a lost rank")
+      ->group("");
 #ifdef MEMENTO_TRAINER_WITH_CLIENT
   bool use_memento = false;
   bool no_memento = false;
@@ -329,7 +460,34 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "memento-trainer: --world %d but dp x tp x pp = %d\n", world, w);
     return 2;
   }
-  if (launch) return LaunchLocal(argc, argv, w, o.comm.rendezvous_dir);
+  if (recovery != "none" && recovery != "restart" && recovery != "undo" && recovery != "log") {
+    std::fprintf(stderr, "memento-trainer: --recovery '%s': expected none, restart, undo or log\n",
+                 recovery.c_str());
+    return 2;
+  }
+  if (fail_point != "step" && fail_point != "update") {
+    std::fprintf(stderr, "memento-trainer: --fail-point '%s': expected step or update\n",
+                 fail_point.c_str());
+    return 2;
+  }
+  if ((recovery == "restart" || recovery == "log") && (save.empty() || save_every <= 0)) {
+    std::fprintf(stderr,
+                 "memento-trainer: --recovery %s needs --save PATH and --save-every K (the state "
+                 "it restarts or replays from)\n",
+                 recovery.c_str());
+    return 2;
+  }
+  if (launch) return LaunchLocal(argc, argv, w, o.comm.rendezvous_dir, recovery, max_recoveries);
+  o.undo_log = recovery == "undo";
+  o.pipeline_log = recovery == "log";
+  const std::string base_run_id = o.comm.run_id;
+  if (generation > 0) o.comm.run_id = base_run_id + "-g" + std::to_string(generation);
+  // A restarted rank resumes from its last saved state (also the fallback
+  // of undo and log: a rank of a later generation that replaces no one).
+  if (generation > 0 && !replace && load.empty() && !save.empty() &&
+      access(RankPath(save, o.comm.rank).c_str(), R_OK) == 0) {
+    load = save;
+  }
 
   auto created = Trainer::Create(o, nullptr);
   if (!created.ok()) {
@@ -339,8 +497,61 @@ int Main(int argc, char** argv) {
   }
   std::unique_ptr<Trainer> trainer = std::move(*created);
   const int rank = o.comm.rank;
-  if (!load.empty()) {
+  std::unique_ptr<TrainerHooks> fault_hooks;
+  if (fail_point == "update" && fail_at_step > 0 && rank == fail_rank && generation == 0) {
+    fault_hooks = std::make_unique<KillInsideUpdate>(rank, fail_at_step, fail_chunk);
+    trainer->SetHooks(fault_hooks.get());
+  }
+  // Neighbouring stages of this rank (same DP and TP rank): their logs.
+  auto neighbour_logs = [&] {
+    std::vector<std::string> paths;
+    const int stride = o.comm.topology.dp * o.comm.topology.tp;
+    for (int n : {rank - stride, rank + stride}) {
+      if (n >= 0 && n < w)
+        paths.push_back(o.comm.rendezvous_dir + "/pipeline_log.rank" + std::to_string(n));
+    }
+    return paths;
+  };
+  auto report_recovery = [&](const std::string& mode, bool replacement, int64_t from_step,
+                             double seconds) {
+    std::printf(
+        "{\"swift_recovery\": {\"rank\": %d, \"mode\": \"%s\", \"generation\": %d, "
+        "\"replacement\": %s, \"from_step\": %" PRId64 ", \"step\": %" PRId64
+        ", \"recover_s\": %.6f, \"wall_s\": %.6f}}\n",
+        rank, mode.c_str(), generation, replacement ? "true" : "false", from_step,
+        trainer->state().step, seconds, WallSeconds());
+    std::fflush(stdout);
+  };
+  bool report_resume = generation > 0;
+  if (replace && (recovery == "undo" || recovery == "log")) {
+    Stopwatch w_recover;
+    Result<int64_t> agreed = int64_t{0};
+    if (recovery == "undo") {
+      agreed = trainer->RecoverByUndo(/*replacement=*/true);
+    } else {
+      Status st = trainer->Load(RankPath(save, rank));
+      agreed = st.ok() ? trainer->RecoverByReplay(neighbour_logs(), /*replacement=*/true)
+                       : Result<int64_t>(st);
+    }
+    if (!agreed.ok()) {
+      std::fprintf(stderr, "memento-trainer rank %d: recovery: %s\n", rank,
+                   agreed.status().ToString().c_str());
+      return kExitRecoveryFailed;
+    }
+    report_recovery(recovery, true, -1, w_recover.Seconds());
+  }
+  if (!load.empty() && !replace) {
     Status st = trainer->Load(RankPath(load, rank));
+    if (st.ok() && generation > 0 && recovery != "none") {
+      // A rank killed between its step s and its save of s restarts from
+      // s - K while the others saved s: all go to the newest step every
+      // rank saved (the previous save is kept as PATH.prev).
+      double newest = static_cast<double>(trainer->state().step);
+      st = trainer->comm().AllreduceWorldMin(&newest, 1);
+      if (st.ok() && trainer->state().step > static_cast<int64_t>(newest)) {
+        st = trainer->Load(RankPath(load, rank) + ".prev");
+      }
+    }
     if (!st.ok()) {
       std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
       return 1;
@@ -366,7 +577,9 @@ int Main(int argc, char** argv) {
     if (restored >= 0) std::printf("rank %d restored step %" PRId64 "\n", rank, restored);
   }
 #endif
-  if (Status st = trainer->CheckSameStep(); !st.ok()) {
+  if (generation > 0 && !replace) report_recovery("restart", false, -1, 0.0);
+  // (A replacement's recovery already checked it, with the survivors.)
+  if (Status st = replace ? Status::Ok() : trainer->CheckSameStep(); !st.ok()) {
     std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
     return 1;
   }
@@ -395,17 +608,78 @@ int Main(int argc, char** argv) {
     const double cpu0 = ProcessCpuSeconds();
     auto r = trainer->Step();
     const double step_cpu_s = ProcessCpuSeconds() - cpu0;
+    if (!r.ok() && (recovery == "undo" || recovery == "log")) {
+      // In-process recovery: keep the state, wait for the launcher's new
+      // generation (the lost rank restarted), reconnect, recover.
+      std::fprintf(stderr, "memento-trainer rank %d: step %" PRId64 ": %s; recovering (%s)\n", rank,
+                   trainer->state().step + 1, r.status().ToString().c_str(), recovery.c_str());
+      Stopwatch w_recover;
+      const int64_t from_step = trainer->state().step;
+      Status st;
+      if (recovery == "log") {
+        st = trainer->WritePipelineLog(o.comm.rendezvous_dir + "/pipeline_log.rank" +
+                                       std::to_string(rank));
+      }
+      const double deadline = WallSeconds() + o.comm.timeout_s;
+      while (st.ok() && ReadGeneration(o.comm.rendezvous_dir) <= generation) {
+        if (WallSeconds() > deadline) {
+          st = DeadlineExceededError("no new generation from the launcher");
+          break;
+        }
+        usleep(5000);
+      }
+      if (st.ok()) {
+        generation = ReadGeneration(o.comm.rendezvous_dir);
+        st = trainer->Reconnect(base_run_id + "-g" + std::to_string(generation));
+      }
+      if (st.ok()) {
+        auto agreed = recovery == "undo" ? trainer->RecoverByUndo(false)
+                                         : trainer->RecoverByReplay({}, false);
+        st = agreed.status();
+      }
+      if (!st.ok()) {
+        std::fprintf(stderr, "memento-trainer rank %d: recovery: %s\n", rank,
+                     st.ToString().c_str());
+        return kExitRecoveryFailed;
+      }
+      report_recovery(recovery, false, from_step, w_recover.Seconds());
+      report_resume = true;
+      continue;
+    }
     if (!r.ok()) {
       std::fprintf(stderr, "memento-trainer rank %d: step %" PRId64 ": %s\n", rank,
                    trainer->state().step + 1, r.status().ToString().c_str());
       return 1;
     }
+    if (report_resume && r->has_loss) {
+      std::printf("{\"swift_resumed\": {\"rank\": %d, \"step\": %" PRId64
+                  ", \"generation\": %d, \"wall_s\": %.6f}}\n",
+                  rank, r->step, generation, WallSeconds());
+      std::fflush(stdout);
+    }
+    report_resume = false;
     if (save_every > 0 && !save.empty() && r->step % save_every == 0) {
-      Status st = trainer->Save(RankPath(save, rank));
+      // With recovery the previous save is kept (PATH.prev): until every
+      // rank has saved this step, it is the newest one all ranks have.
+      const std::string path = RankPath(save, rank);
+      if (recovery != "none" && access(path.c_str(), R_OK) == 0) {
+        // A hard link, so PATH itself never goes missing (Save replaces it
+        // atomically).
+        const std::string prev = path + ".prev";
+        if ((unlink(prev.c_str()) != 0 && errno != ENOENT) ||
+            link(path.c_str(), prev.c_str()) != 0) {
+          std::perror(prev.c_str());
+          return 1;
+        }
+      }
+      Status st = trainer->Save(path);
       if (!st.ok()) {
         std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
         return 1;
       }
+      // The save before this one is on every rank (all completed this
+      // step): log entries up to it are garbage.
+      trainer->TruncatePipelineLog(r->step - save_every);
     }
     if (r->step > first_step || steps == first_step) {
       ++timed_steps;
@@ -453,7 +727,7 @@ int Main(int argc, char** argv) {
         std::fflush(log);
       }
     }
-    if (rank == fail_rank && r->step == fail_at_step) {
+    if (rank == fail_rank && r->step == fail_at_step && fail_point == "step" && generation == 0) {
       std::fprintf(stderr, "memento-trainer rank %d: killing myself after step %" PRId64 "\n", rank,
                    r->step);
       std::fflush(nullptr);

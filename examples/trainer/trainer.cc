@@ -81,12 +81,12 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o, Traine
   tr->micro_batch_ = tr->local_batch_ / o.micro_batches;
   // 1F1B keeps at most pp - stage micro-batches in flight.
   tr->stage_->Reserve(std::min(o.micro_batches, t.pp - g.pp_rank), tr->micro_batch_);
-  Comm* comm = tr->comm_.get();
   Trainer* self = tr.get();
-  tr->stage_->tp_allreduce = [comm, self](float* data, size_t count) {
+  // Through self->comm_: Reconnect() replaces the Comm.
+  tr->stage_->tp_allreduce = [self](float* data, size_t count) {
     self->Phase(TrainPhase::kCommunicate);
     Stopwatch w;
-    Status st = comm->AllreduceTp(data, count);
+    Status st = self->comm_->AllreduceTp(data, count);
     self->tp_comm_seconds_ += w.Seconds();
     // A failed TP allreduce has no way back into Stage: the run is broken.
     if (!st.ok()) {
@@ -114,6 +114,8 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o, Traine
   tr->opt_offset_ = o.zero1 ? opt * tr->comm_->dp_rank() : 0;
   tr->m_.assign(opt, 0.0f);
   tr->v_.assign(opt, 0.0f);
+  if (o.pipeline_log) tr->plog_ = std::make_unique<PipelineLog>();
+  if (o.undo_log) tr->undo_log_ = std::make_unique<opt::UndoLog>(1 + tr->optimizer_->num_state());
   tr->state_.cursor = InitialCursor(o.seed);
   tr->tokens_.assign(static_cast<size_t>(tr->local_batch_) * (m.seq + 1), 0);
   const size_t act = static_cast<size_t>(tr->micro_batch_) * m.seq * m.d_model;
@@ -129,7 +131,7 @@ void Trainer::Phase(TrainPhase phase) {
 // The 1F1B schedule (PipeDream-Flush / Megatron-LM): stage s runs
 // min(pp - s - 1, M) warm-up forwards, then alternates one forward and one
 // backward, then drains the remaining backwards.
-Status Trainer::RunSchedule(const int32_t* tokens, double* loss_sum, double* idle_s,
+Status Trainer::RunSchedule(int64_t step, const int32_t* tokens, double* loss_sum, double* idle_s,
                             double* comm_s) {
   const int mbs = options_.micro_batches;
   const StageGeometry& g = stage_->geometry();
@@ -148,26 +150,48 @@ Status Trainer::RunSchedule(const int32_t* tokens, double* loss_sum, double* idl
     Phase(TrainPhase::kCompute);
     return st;
   };
+  const size_t bytes = act * sizeof(float);
+  // With replay_ (RecoverByReplay) inputs come from the neighbours' logs and
+  // outputs are checked against their receipts instead of being sent.
+  auto input = [&](int from, float* data, int mb, MessageKind kind) -> Status {
+    const MessageKey key{step, mb, from, stage, kind};
+    if (replay_ != nullptr) {
+      MEMENTO_RETURN_IF_ERROR(ReplayInput(key, data, bytes));
+    } else {
+      MEMENTO_RETURN_IF_ERROR(recv(from, data, TokenTag(mb, kind == MessageKind::kGradient)));
+    }
+    LogReceived(key, data, bytes);
+    return Status::Ok();
+  };
+  auto output = [&](int to, const float* data, int mb, MessageKind kind) -> Status {
+    const MessageKey key{step, mb, stage, to, kind};
+    if (replay_ != nullptr) {
+      MEMENTO_RETURN_IF_ERROR(ReplayCheckOutput(key, data, bytes));
+    } else {
+      MEMENTO_RETURN_IF_ERROR(
+          comm_->SendStage(to, data, act, TokenTag(mb, kind == MessageKind::kGradient)));
+    }
+    LogSent(key, data, bytes);
+    return Status::Ok();
+  };
   auto forward = [&](int mb) -> Status {
     const int slot = mb % slots;
     if (!g.first())
-      MEMENTO_RETURN_IF_ERROR(recv(stage - 1, stage_->input(slot), TokenTag(mb, false)));
+      MEMENTO_RETURN_IF_ERROR(input(stage - 1, stage_->input(slot), mb, MessageKind::kActivation));
     *loss_sum += stage_->Forward(slot, params_.data(), tokens + tokens_per_mb * mb);
-    if (!g.last()) {
+    if (!g.last())
       MEMENTO_RETURN_IF_ERROR(
-          comm_->SendStage(stage + 1, stage_->output(slot), act, TokenTag(mb, false)));
-    }
+          output(stage + 1, stage_->output(slot), mb, MessageKind::kActivation));
     return Status::Ok();
   };
   auto backward = [&](int mb) -> Status {
     const int slot = mb % slots;
-    if (!g.last()) MEMENTO_RETURN_IF_ERROR(recv(stage + 1, dout_.data(), TokenTag(mb, true)));
+    if (!g.last())
+      MEMENTO_RETURN_IF_ERROR(input(stage + 1, dout_.data(), mb, MessageKind::kGradient));
     float* dinput = g.first() ? nullptr : dinput_[mb].data();
     stage_->Backward(slot, params_.data(), grads_.data(), dout_.data(), dinput,
                      tokens + tokens_per_mb * mb, scale);
-    if (!g.first()) {
-      MEMENTO_RETURN_IF_ERROR(comm_->SendStage(stage - 1, dinput, act, TokenTag(mb, true)));
-    }
+    if (!g.first()) MEMENTO_RETURN_IF_ERROR(output(stage - 1, dinput, mb, MessageKind::kGradient));
     return Status::Ok();
   };
 
@@ -178,6 +202,7 @@ Status Trainer::RunSchedule(const int32_t* tokens, double* loss_sum, double* idl
     MEMENTO_RETURN_IF_ERROR(backward(i));
   }
   for (int i = mbs - warmup; i < mbs; ++i) MEMENTO_RETURN_IF_ERROR(backward(i));
+  if (replay_ != nullptr) return Status::Ok();
   Phase(TrainPhase::kCommunicate);
   Stopwatch w;
   Status st = comm_->WaitSends();
@@ -195,8 +220,11 @@ Result<StepResult> Trainer::Step() {
                     options_.model.seq, tokens_.data());
   std::fill(grads_.begin(), grads_.end(), 0.0f);
   tp_comm_seconds_ = 0.0;
+  log_seconds_ = 0.0;
+  log_bytes_ = 0;
   double loss_sum = 0.0;
-  MEMENTO_RETURN_IF_ERROR(RunSchedule(tokens_.data(), &loss_sum, &r.idle_seconds, &r.comm_seconds));
+  MEMENTO_RETURN_IF_ERROR(
+      RunSchedule(r.step, tokens_.data(), &loss_sum, &r.idle_seconds, &r.comm_seconds));
 
   Phase(TrainPhase::kCommunicate);
   Stopwatch comm_watch;
@@ -205,7 +233,7 @@ Result<StepResult> Trainer::Step() {
   r.comm_seconds += comm_watch.Seconds();
   Phase(TrainPhase::kCompute);
 
-  MEMENTO_ASSIGN_OR_RETURN(r.grad_norm, GradNorm());
+  MEMENTO_ASSIGN_OR_RETURN(r.grad_norm, GradNorm(r.step));
   if (options_.clip_grad > 0 && r.grad_norm > options_.clip_grad) {
     const float s = static_cast<float>(options_.clip_grad / (r.grad_norm + 1e-6));
     for (float& g : grads_) g *= s;
@@ -217,8 +245,21 @@ Result<StepResult> Trainer::Step() {
     r.fence_seconds = w.Seconds();
   }
   const float lr = optimizer_->LearningRate(r.step);
+  if (undo_log_) {
+    undo_log_->Begin(r.step, lr);
+    undo_state_ = state_;
+    undo_ready_ = true;
+  }
+  in_update_ = true;
   MEMENTO_RETURN_IF_ERROR(ApplyAdamW(r.step, lr));
   if (options_.zero1) {
+    if (undo_log_) {
+      // The all-gather overwrites the other shards' params.
+      const size_t lo = opt_offset_, hi = opt_offset_ + m_.size();
+      MEMENTO_RETURN_IF_ERROR(undo_log_->RecordBuffer(0, 0, lo, params_.data()));
+      MEMENTO_RETURN_IF_ERROR(
+          undo_log_->RecordBuffer(0, hi, params_.size() - hi, params_.data() + hi));
+    }
     Phase(TrainPhase::kCommunicate);
     comm_watch.Reset();
     MEMENTO_RETURN_IF_ERROR(comm_->AllgatherDp(params_.data(), m_.size()));
@@ -227,6 +268,7 @@ Result<StepResult> Trainer::Step() {
   }
   state_.step = r.step;
   state_.cursor = next;
+  in_update_ = false;
   if (hooks_ != nullptr) {
     Stopwatch w;
     MEMENTO_RETURN_IF_ERROR(hooks_->AfterOptimizerStep(r.step));
@@ -236,15 +278,224 @@ Result<StepResult> Trainer::Step() {
   r.has_loss = reports_loss();
   r.loss = loss_sum / (static_cast<double>(options_.global_batch) * options_.model.seq);
   r.comm_seconds += tp_comm_seconds_;
+  r.log_seconds = log_seconds_;
+  r.log_bytes = log_bytes_;
   r.seconds = total.Seconds();
   return r;
 }
+
+// Logs each chunk, then lets the hooks see it (OnOptimizerChunk).
+class Trainer::StepSink : public opt::UndoSink {
+ public:
+  StepSink(Trainer* trainer, int64_t step) : trainer_(trainer), step_(step) {}
+  Status BeforeWrite(uint64_t offset, uint64_t count, const float* const* buffers,
+                     int num_buffers) override {
+    if (trainer_->undo_log_) {
+      MEMENTO_RETURN_IF_ERROR(
+          trainer_->undo_log_->BeforeWrite(offset, count, buffers, num_buffers));
+    }
+    if (trainer_->hooks_ == nullptr) return Status::Ok();
+    return trainer_->hooks_->OnOptimizerChunk(step_, offset, count);
+  }
+
+ private:
+  Trainer* trainer_;
+  int64_t step_;
+};
 
 Status Trainer::ApplyAdamW(int64_t step, float lr) {
   // This rank's optimizer range of the flat buffer (ZeRO-1: its shard).
   const size_t lo = opt_offset_;
   opt::Shard shard{lo, m_.size(), params_.data() + lo, grads_.data() + lo, {m_.data(), v_.data()}};
-  return optimizer_->Step(step, lr, shard);
+  if (!undo_log_ && hooks_ == nullptr) return optimizer_->Step(step, lr, shard);
+  StepSink sink(this, step);
+  return optimizer_->Step(step, lr, shard, &sink);
+}
+
+Status Trainer::UndoStep() {
+  if (!undo_log_) return FailedPreconditionError("undo: the trainer keeps no undo log");
+  if (!undo_ready_) {
+    return FailedPreconditionError("undo: rank " + std::to_string(rank()) + " at step " +
+                                   std::to_string(state_.step) +
+                                   " has no optimizer step to undo (none yet, or undone)");
+  }
+  std::vector<opt::UndoTarget> targets = {{params_.data(), 0, params_.size()},
+                                          {m_.data(), opt_offset_, m_.size()},
+                                          {v_.data(), opt_offset_, v_.size()}};
+  MEMENTO_RETURN_IF_ERROR(undo_log_->Undo(targets));
+  state_ = undo_state_;
+  undo_ready_ = false;
+  in_update_ = false;
+  return Status::Ok();
+}
+
+Result<int64_t> Trainer::RecoverByUndo(bool replacement) {
+  // A survivor is either at the agreed step t (clean, or half into step
+  // t + 1: in_update_) or it completed t + 1. The gradient allreduce before
+  // every optimizer step keeps ranks within one step of each other. A
+  // replacement has no step yet: it does not take part in the minimum.
+  double step = replacement ? 1e18 : static_cast<double>(state_.step);
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&step, 1));
+  const int64_t target = static_cast<int64_t>(step);
+  // Which ranks are replacements (every rank learns all of them).
+  const Topology& t = options_.comm.topology;
+  std::vector<double> replaced(t.world(), 0.0);
+  replaced[rank()] = replacement ? 1.0 : 0.0;
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorld(replaced.data(), replaced.size()));
+  // The root of this rank's DP group: its lowest surviving DP rank.
+  int root = -1;
+  bool group_has_replacement = false;
+  for (int d = 0; d < t.dp; ++d) {
+    const int r = t.Rank(d, comm_->tp_rank(), comm_->pp_rank());
+    if (replaced[r] > 0.0) {
+      group_has_replacement = true;
+    } else if (root < 0) {
+      root = d;
+    }
+  }
+  Status mine;
+  if (replacement) {
+    if (root < 0) {
+      mine = FailedPreconditionError("no surviving DP replica of rank " + std::to_string(rank()));
+    } else if (options_.zero1) {
+      mine = FailedPreconditionError(
+          "ZeRO-1: the lost moment shard has no DP replica (recover from a snapshot)");
+    }
+  } else if (state_.step == target + 1 || (state_.step == target && in_update_)) {
+    mine = UndoStep();
+  } else if (state_.step != target) {
+    mine = FailedPreconditionError("rank at step " + std::to_string(state_.step) +
+                                   " is more than one step past " + std::to_string(target));
+  }
+  if (!replacement && group_has_replacement && options_.zero1) {
+    mine = FailedPreconditionError("ZeRO-1: a lost moment shard has no DP replica");
+  }
+  double ok = mine.ok() ? 1.0 : 0.0;
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&ok, 1));
+  if (!mine.ok()) {
+    return FailedPreconditionError("update-undo to step " + std::to_string(target) +
+                                   " failed on rank " + std::to_string(rank()) + ": " +
+                                   mine.ToString());
+  }
+  if (ok < 1.0) {
+    return FailedPreconditionError("update-undo to step " + std::to_string(target) +
+                                   " failed on another rank (fall back to a snapshot)");
+  }
+  if (group_has_replacement) {
+    // Replication-based recovery: the root's state to the replacement(s).
+    MEMENTO_RETURN_IF_ERROR(
+        comm_->BroadcastDp(params_.data(), params_.size() * sizeof(float), root));
+    MEMENTO_RETURN_IF_ERROR(comm_->BroadcastDp(m_.data(), m_.size() * sizeof(float), root));
+    MEMENTO_RETURN_IF_ERROR(comm_->BroadcastDp(v_.data(), v_.size() * sizeof(float), root));
+    MEMENTO_RETURN_IF_ERROR(comm_->BroadcastDp(&state_, sizeof(state_), root));
+    if (replacement) {
+      undo_ready_ = false;
+      in_update_ = false;
+    }
+  }
+  MEMENTO_RETURN_IF_ERROR(CheckSameStep());
+  return target;
+}
+
+void Trainer::LogSent(const MessageKey& key, const void* data, size_t bytes) {
+  if (!plog_) return;
+  Stopwatch w;
+  plog_->AppendSent(key, data, bytes);
+  log_seconds_ += w.Seconds();
+  log_bytes_ += bytes;
+}
+
+void Trainer::LogReceived(const MessageKey& key, const void* data, size_t bytes) {
+  if (!plog_) return;
+  Stopwatch w;
+  plog_->RecordReceived(key, data, bytes);
+  log_seconds_ += w.Seconds();
+}
+
+Status Trainer::ReplayInput(const MessageKey& key, void* data, size_t bytes) {
+  MEMENTO_ASSIGN_OR_RETURN(const std::string* payload, replay_->Sent(key));
+  if (payload->size() != bytes) {
+    return DataLossError("pipeline log: " + key.ToString() + " holds " +
+                         std::to_string(payload->size()) + " bytes, the stage expects " +
+                         std::to_string(bytes));
+  }
+  std::memcpy(data, payload->data(), bytes);
+  return Status::Ok();
+}
+
+Status Trainer::ReplayCheckOutput(const MessageKey& key, const void* data, size_t bytes) {
+  MEMENTO_ASSIGN_OR_RETURN(uint64_t want, replay_->ReceivedChecksum(key));
+  if (MessageChecksum(key, data, bytes) != want) {
+    return FailedPreconditionError("replay diverged: the recomputed " + key.ToString() +
+                                   " differs from the one sent before (nondeterministic stage?)");
+  }
+  return Status::Ok();
+}
+
+Status Trainer::WritePipelineLog(const std::string& path) const {
+  if (!plog_) return FailedPreconditionError("the trainer keeps no pipeline log");
+  return plog_->WriteFile(path);
+}
+
+Result<int64_t> Trainer::RecoverByReplay(const std::vector<std::string>& log_paths,
+                                         bool replacement) {
+  double neg = -static_cast<double>(state_.step);
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&neg, 1));
+  const int64_t target = static_cast<int64_t>(-neg);
+  Status mine;
+  const Topology& t = options_.comm.topology;
+  if (!plog_) {
+    mine = FailedPreconditionError("the trainer keeps no pipeline log");
+  } else if (in_update_) {
+    mine = FailedPreconditionError("half into the update of step " +
+                                   std::to_string(state_.step + 1) + " (undo it first)");
+  } else if (replacement && (t.dp != 1 || t.tp != 1)) {
+    mine = FailedPreconditionError(
+        "log replay needs dp 1 and tp 1 (with DP replicas, recover "
+        "from a replica)");
+  } else if (replacement) {
+    PipelineLog inputs;
+    for (const std::string& path : log_paths) {
+      auto log = PipelineLog::ReadFile(path);
+      if (!log.ok()) {
+        mine = log.status();
+        break;
+      }
+      inputs.Merge(*log);
+    }
+    while (mine.ok() && state_.step < target) {
+      replay_ = &inputs;
+      auto r = Step();
+      replay_ = nullptr;
+      if (!r.ok()) mine = r.status();
+    }
+  } else if (state_.step != target) {
+    mine = FailedPreconditionError("survivor at step " + std::to_string(state_.step) +
+                                   ", another at " + std::to_string(target));
+  }
+  double ok = mine.ok() ? 1.0 : 0.0;
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&ok, 1));
+  if (!mine.ok()) {
+    return FailedPreconditionError("log replay to step " + std::to_string(target) +
+                                   " failed on rank " + std::to_string(rank()) + ": " +
+                                   mine.ToString());
+  }
+  if (ok < 1.0) {
+    return FailedPreconditionError("log replay to step " + std::to_string(target) +
+                                   " failed on another rank (fall back to a snapshot)");
+  }
+  MEMENTO_RETURN_IF_ERROR(CheckSameStep());
+  return target;
+}
+
+Status Trainer::Reconnect(const std::string& run_id) {
+  if (comm_) comm_->AbandonSends();
+  comm_.reset();  // closes the pairs: peers blocked on this rank fail now
+  CommOptions c = options_.comm;
+  c.run_id = run_id;
+  MEMENTO_ASSIGN_OR_RETURN(comm_, Comm::Create(c));
+  options_.comm.run_id = run_id;
+  return Status::Ok();
 }
 
 Status Trainer::CheckSameStep() {
@@ -262,7 +513,7 @@ Status Trainer::CheckSameStep() {
   return Status::Ok();
 }
 
-Result<double> Trainer::GradNorm() {
+Result<double> Trainer::GradNorm(int64_t step) {
   double sumsq = 0.0;
   if (comm_->dp_rank() == 0) {
     for (const ParamTensor& t : stage_->tensors()) {
@@ -271,9 +522,17 @@ Result<double> Trainer::GradNorm() {
       for (size_t i = 0; i < t.numel; ++i) sumsq += static_cast<double>(g[i]) * g[i];
     }
   }
-  Phase(TrainPhase::kCommunicate);
-  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorld(&sumsq, 1));
-  Phase(TrainPhase::kCompute);
+  // The job-wide sum: logged by every stage under sender = receiver = -1, so
+  // a replayed stage finds it in any neighbour's log.
+  const MessageKey key{step, 0, -1, -1, MessageKind::kGradNormSq};
+  if (replay_ != nullptr) {
+    MEMENTO_RETURN_IF_ERROR(ReplayInput(key, &sumsq, sizeof(sumsq)));
+  } else {
+    Phase(TrainPhase::kCommunicate);
+    MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorld(&sumsq, 1));
+    Phase(TrainPhase::kCompute);
+  }
+  LogSent(key, &sumsq, sizeof(sumsq));
   return std::sqrt(sumsq);
 }
 

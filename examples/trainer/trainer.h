@@ -39,6 +39,8 @@
 #include "memento/status.h"
 #include "model.h"
 #include "opt/adamw.h"
+#include "opt/undo_log.h"
+#include "pipeline_log.h"
 
 namespace memento::trainer {
 
@@ -57,6 +59,14 @@ class TrainerHooks {
   virtual void OnPhase(TrainPhase phase) {}
   [[nodiscard]] virtual Status BeforeOptimizerStep(int64_t step) { return Status::Ok(); }
   [[nodiscard]] virtual Status AfterOptimizerStep(int64_t step) { return Status::Ok(); }
+  // Called before the optimizer writes elements [offset, offset + count) of
+  // the flat buffer in step `step`, chunk by chunk (with
+  // TrainerOptions::undo_log after the chunk's pre-update values are
+  // logged). A failure here is a failure inside the optimizer update: the
+  // rank is left half updated, which RecoverByUndo() repairs.
+  [[nodiscard]] virtual Status OnOptimizerChunk(int64_t step, uint64_t offset, uint64_t count) {
+    return Status::Ok();
+  }
   // Extra text for the progress line (for example the last snapshot's
   // statistics); empty for none.
   virtual std::string ProgressNote() { return ""; }
@@ -85,6 +95,14 @@ struct TrainerOptions {
   float clip_grad = 1.0f;  // global gradient-norm clip; 0: off
   uint64_t seed = 1;       // model init and corpus
   int blas_threads = 1;
+  // Keep the undo log of each optimizer step (SWIFT update-undo,
+  // docs/swift.md): 12 bytes per element of the rank's optimizer range,
+  // plus the other shards' params under ZeRO-1. Changes no bit of training.
+  bool undo_log = false;
+  // Keep the pipeline message log (SWIFT logging-based recovery,
+  // docs/swift.md): a copy of every activation and gradient this stage
+  // sends, the checksum of every one it receives, the step's gradient norm.
+  bool pipeline_log = false;
 };
 
 struct StepResult {
@@ -97,6 +115,8 @@ struct StepResult {
   double comm_seconds = 0.0;      // in collectives
   double fence_seconds = 0.0;     // in BeforeOptimizerStep (memento: Fence)
   double snapshot_seconds = 0.0;  // in AfterOptimizerStep (memento: Snapshot)
+  double log_seconds = 0.0;       // copying messages into the pipeline log
+  uint64_t log_bytes = 0;         // payload bytes the pipeline log took this step
 };
 
 class Trainer {
@@ -122,6 +142,56 @@ class Trainer {
   // a restore: ranks that resumed from different versions must not train
   // on). FailedPrecondition names this rank's step and the spread.
   [[nodiscard]] Status CheckSameStep();
+
+  // ---- update-undo (SWIFT 2.1, docs/swift.md); needs options().undo_log.
+  // Puts this rank back to the bytes it held before its last optimizer step
+  // began (params, moments, step, data cursor), whether that step was
+  // interrupted or completed. FailedPrecondition when there is nothing to
+  // undo (no log, or already undone); the log's DataLoss when it is corrupt
+  // (nothing is written then).
+  [[nodiscard]] Status UndoStep();
+  // Collective over the world (every rank calls it, after a failure, on a
+  // working Comm: see Reconnect): the ranks agree on the last step every
+  // surviving rank completed, and each survivor that is ahead of it or half
+  // way into the next step undoes that step. A `replacement` (a new process
+  // for a lost rank, its state empty) then receives params, moments and
+  // TrainState from a surviving DP replica (replication-based recovery;
+  // needs DP > 1 without ZeRO-1: a ZeRO-1 moment shard has no replica).
+  // Returns the agreed step. FailedPrecondition on every rank when some rank
+  // cannot get there (two steps ahead, its log gone or corrupt, no replica):
+  // the job must fall back to a snapshot.
+  Result<int64_t> RecoverByUndo(bool replacement = false);
+  // True between the first write of an optimizer step and the end of Step()
+  // (a failure in between leaves the rank half updated).
+  bool in_update() const { return in_update_; }
+  const opt::UndoLog* undo_log() const { return undo_log_.get(); }
+
+  // In-process recovery: drops the process groups (pending sends are
+  // abandoned, so peers blocked on this rank fail at once) and connects new
+  // ones under run id `run_id` (every rank of the job passes the same, new
+  // id). The training state is kept.
+  [[nodiscard]] Status Reconnect(const std::string& run_id);
+
+  // ---- logging-based recovery (SWIFT 2.2, docs/swift.md); needs
+  // options().pipeline_log. null without it.
+  const PipelineLog* pipeline_log() const { return plog_.get(); }
+  // Drops log entries of steps <= `step` (a version at `step` committed).
+  void TruncatePipelineLog(int64_t step) {
+    if (plog_) plog_->Truncate(step);
+  }
+  [[nodiscard]] Status WritePipelineLog(const std::string& path) const;
+  // Collective over the world after a stage was lost and replaced (every
+  // rank calls it on a working Comm, see Reconnect): the ranks agree on the
+  // newest step a survivor reached; the replacement (`replacement` true; it
+  // loaded the stage's last snapshot) reads its neighbours' logs from
+  // `log_paths` and replays the steps up to it with the logged inputs,
+  // checking that every output it recomputes is what it sent before (the
+  // receivers' checksums). Survivors keep their state. Returns the step.
+  // FailedPrecondition on every rank when any rank cannot (a log entry
+  // missing or failing its checksum, a replayed output that differs, a
+  // survivor behind or half into an update, DP or TP > 1: with DP replicas
+  // recover from a replica): the job must fall back to a snapshot.
+  Result<int64_t> RecoverByReplay(const std::vector<std::string>& log_paths, bool replacement);
 
   // Checksum (xxHash3) of params, moments and state: equal on two runs iff
   // their state is bitwise equal (up to hash collisions).
@@ -154,10 +224,18 @@ class Trainer {
   void Phase(TrainPhase phase);
   // Global gradient L2 norm over all stages and TP slices (after the DP
   // allreduce, so every DP replica holds the same gradient).
-  Result<double> GradNorm();
+  Result<double> GradNorm(int64_t step);
   // AdamW on this rank's optimizer range (ZeRO-1: its shard).
   Status ApplyAdamW(int64_t step, float lr);
-  Status RunSchedule(const int32_t* tokens, double* loss_sum, double* idle_s, double* comm_s);
+  Status RunSchedule(int64_t step, const int32_t* tokens, double* loss_sum, double* idle_s,
+                     double* comm_s);
+  // Pipeline log of a sent / received message (no-op without the log).
+  void LogSent(const MessageKey& key, const void* data, size_t bytes);
+  void LogReceived(const MessageKey& key, const void* data, size_t bytes);
+  // Replay: the logged input `key` into `data`, and the check of a
+  // recomputed output against its receiver's receipt.
+  Status ReplayInput(const MessageKey& key, void* data, size_t bytes);
+  Status ReplayCheckOutput(const MessageKey& key, const void* data, size_t bytes);
 
   TrainerOptions options_;
   TrainerHooks* hooks_;  // not owned; may be null
@@ -166,7 +244,17 @@ class Trainer {
   MarkovCorpus corpus_;
   int local_batch_ = 0, micro_batch_ = 0;
 
+  class StepSink;
+
   std::unique_ptr<opt::AdamW> optimizer_;
+  std::unique_ptr<opt::UndoLog> undo_log_;  // with options_.undo_log
+  TrainState undo_state_;                   // state_ when the log began
+  bool undo_ready_ = false;                 // the log can undo the last step
+  bool in_update_ = false;
+  std::unique_ptr<PipelineLog> plog_;    // with options_.pipeline_log
+  const PipelineLog* replay_ = nullptr;  // during RecoverByReplay: the inputs
+  double log_seconds_ = 0.0;             // this step's
+  uint64_t log_bytes_ = 0;
   std::vector<float> params_, grads_, m_, v_;
   size_t opt_offset_ = 0;
   double tp_comm_seconds_ = 0.0;  // this step's TP allreduces

@@ -102,7 +102,7 @@ class Optimizer {
   // The algebraic inverse of Step (same arguments, the post-update state
   // in, the computed pre-update state out). In floating point it is NOT
   // bit-exact in general (docs/optimizer.md gives the measured fraction);
-  // it exists to measure that, never to undo.
+  // it exists to measure that, never to undo (opt::UndoLog undoes).
   [[nodiscard]] virtual Status InvertAlgebraically(int64_t step, float lr,
                                                    const Shard& shard) const = 0;
 

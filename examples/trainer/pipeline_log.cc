@@ -1,0 +1,198 @@
+#include "pipeline_log.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "common/checksum.h"
+
+namespace memento::trainer {
+namespace {
+
+constexpr char kMagic[8] = {'M', 'M', 'P', 'P', 'L', 'O', 'G', '1'};
+constexpr uint32_t kVersion = 1;
+
+struct FileHeader {
+  char magic[8];
+  uint32_t version;
+  uint32_t reserved;
+  uint64_t num_sent;
+  uint64_t num_received;
+};
+static_assert(sizeof(FileHeader) == 32, "FileHeader is written raw");
+
+// One entry: the key, then (sent) `bytes` of payload follow, or (received)
+// none; `checksum` is MessageChecksum(key, payload).
+struct EntryRecord {
+  int64_t step;
+  int32_t micro_batch;
+  int32_t sender;
+  int32_t receiver;
+  uint8_t kind;
+  uint8_t reserved[3];
+  uint64_t bytes;
+  uint64_t checksum;
+};
+static_assert(sizeof(EntryRecord) == 40, "EntryRecord is written raw");
+
+EntryRecord ToRecord(const MessageKey& k, uint64_t bytes, uint64_t checksum) {
+  EntryRecord r;
+  std::memset(&r, 0, sizeof(r));
+  r.step = k.step;
+  r.micro_batch = k.micro_batch;
+  r.sender = k.sender;
+  r.receiver = k.receiver;
+  r.kind = static_cast<uint8_t>(k.kind);
+  r.bytes = bytes;
+  r.checksum = checksum;
+  return r;
+}
+
+MessageKey FromRecord(const EntryRecord& r) {
+  return MessageKey{r.step, r.micro_batch, r.sender, r.receiver, static_cast<MessageKind>(r.kind)};
+}
+
+}  // namespace
+
+std::string MessageKey::ToString() const {
+  static const char* kKinds[] = {"activation", "gradient", "grad-norm"};
+  return std::string(kKinds[static_cast<int>(kind) % 3]) + " step " + std::to_string(step) +
+         " micro-batch " + std::to_string(micro_batch) + " stage " + std::to_string(sender) + "->" +
+         std::to_string(receiver);
+}
+
+uint64_t MessageChecksum(const MessageKey& key, const void* data, size_t bytes) {
+  const EntryRecord r = ToRecord(key, bytes, 0);
+  return ChecksumWithSeed(data, bytes, Checksum(&r, sizeof(r)));
+}
+
+void PipelineLog::AppendSent(const MessageKey& key, const void* data, size_t bytes) {
+  SentMessage& s = sent_[key];
+  bytes_ -= s.payload.size();
+  s.payload.assign(static_cast<const char*>(data), bytes);
+  s.checksum = MessageChecksum(key, data, bytes);
+  bytes_ += bytes;
+}
+
+void PipelineLog::RecordReceived(const MessageKey& key, const void* data, size_t bytes) {
+  received_[key] = MessageChecksum(key, data, bytes);
+}
+
+void PipelineLog::Truncate(int64_t step) {
+  for (auto it = sent_.begin(); it != sent_.end() && it->first.step <= step;) {
+    bytes_ -= it->second.payload.size();
+    it = sent_.erase(it);
+  }
+  for (auto it = received_.begin(); it != received_.end() && it->first.step <= step;)
+    it = received_.erase(it);
+}
+
+Result<const std::string*> PipelineLog::Sent(const MessageKey& key) const {
+  auto it = sent_.find(key);
+  if (it == sent_.end()) return NotFoundError("pipeline log has no " + key.ToString());
+  const auto& s = it->second;
+  if (MessageChecksum(key, s.payload.data(), s.payload.size()) != s.checksum) {
+    return DataLossError("pipeline log: " + key.ToString() + " fails its checksum");
+  }
+  return &s.payload;
+}
+
+Result<uint64_t> PipelineLog::ReceivedChecksum(const MessageKey& key) const {
+  auto it = received_.find(key);
+  if (it == received_.end())
+    return NotFoundError("pipeline log has no receipt of " + key.ToString());
+  return it->second;
+}
+
+void PipelineLog::Merge(const PipelineLog& other) {
+  for (const auto& [k, s] : other.sent_) {
+    auto& mine = sent_[k];
+    bytes_ -= mine.payload.size();
+    mine = s;
+    bytes_ += s.payload.size();
+  }
+  for (const auto& [k, c] : other.received_) received_[k] = c;
+}
+
+void PipelineLog::CorruptForTest(const MessageKey& key) {
+  auto it = sent_.find(key);
+  if (it != sent_.end() && !it->second.payload.empty()) it->second.payload[0] ^= 0x04;
+}
+
+Status PipelineLog::WriteFile(const std::string& path) const {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) return ErrnoError("open " + tmp, errno);
+  FileHeader h;
+  std::memset(&h, 0, sizeof(h));
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.version = kVersion;
+  h.num_sent = sent_.size();
+  h.num_received = received_.size();
+  bool ok = std::fwrite(&h, sizeof(h), 1, f) == 1;
+  for (const auto& [k, s] : sent_) {
+    if (!ok) break;
+    const EntryRecord r = ToRecord(k, s.payload.size(), s.checksum);
+    ok = std::fwrite(&r, sizeof(r), 1, f) == 1 &&
+         std::fwrite(s.payload.data(), 1, s.payload.size(), f) == s.payload.size();
+  }
+  for (const auto& [k, c] : received_) {
+    if (!ok) break;
+    const EntryRecord r = ToRecord(k, 0, c);
+    ok = std::fwrite(&r, sizeof(r), 1, f) == 1;
+  }
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) return ErrnoError("write " + tmp, errno);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return ErrnoError("rename " + tmp, errno);
+  return Status::Ok();
+}
+
+Result<PipelineLog> PipelineLog::ReadFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return ErrnoError("open " + path, errno);
+  auto fail = [&](Status st) {
+    std::fclose(f);
+    return st;
+  };
+  FileHeader h;
+  if (std::fread(&h, sizeof(h), 1, f) != 1)
+    return fail(DataLossError(path + ": truncated pipeline log header"));
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0)
+    return fail(InvalidArgumentError(path + ": not a pipeline log (magic)"));
+  if (h.version != kVersion) {
+    return fail(InvalidArgumentError(path + ": pipeline log version " + std::to_string(h.version) +
+                                     ", this build reads " + std::to_string(kVersion)));
+  }
+  PipelineLog log;
+  for (uint64_t i = 0; i < h.num_sent + h.num_received; ++i) {
+    EntryRecord r;
+    if (std::fread(&r, sizeof(r), 1, f) != 1)
+      return fail(DataLossError(path + ": truncated at entry " + std::to_string(i)));
+    if (r.kind > 2) {
+      return fail(InvalidArgumentError(path + ": entry " + std::to_string(i) + " has kind " +
+                                       std::to_string(r.kind)));
+    }
+    const MessageKey k = FromRecord(r);
+    if (i >= h.num_sent) {
+      log.received_[k] = r.checksum;
+      continue;
+    }
+    if (r.bytes > (uint64_t{1} << 34)) {
+      return fail(DataLossError(path + ": entry " + std::to_string(i) + " claims " +
+                                std::to_string(r.bytes) + " bytes"));
+    }
+    SentMessage s;
+    s.payload.resize(r.bytes);
+    if (std::fread(s.payload.data(), 1, r.bytes, f) != r.bytes)
+      return fail(DataLossError(path + ": truncated in " + k.ToString()));
+    s.checksum = r.checksum;
+    if (MessageChecksum(k, s.payload.data(), s.payload.size()) != s.checksum)
+      return fail(DataLossError(path + ": " + k.ToString() + " fails its checksum"));
+    log.bytes_ += r.bytes;
+    log.sent_[k] = std::move(s);
+  }
+  std::fclose(f);
+  return log;
+}
+
+}  // namespace memento::trainer

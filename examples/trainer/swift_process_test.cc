@@ -1,0 +1,198 @@
+// SWIFT recovery with real processes (docs/swift.md): `memento-trainer
+// --launch --recovery restart|undo|log`, one rank SIGKILLed after a step or
+// inside its optimizer update (rank, step, point and chunk drawn from the
+// test's seed). Every rank's final state (digest: xxHash3 of params, moments
+// and TrainState) must equal a failure-free run's, and the recovery must be
+// the one asked for: undo and log restart only the lost process, the
+// survivors recover in process; a recovery that cannot proceed (ZeRO-1: no
+// replica of the lost moment shard) falls back to the whole-job restart.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+
+namespace {
+
+struct Outcome {
+  int exit = -1;
+  std::string output;                // stdout and stderr of the launcher and its ranks
+  std::vector<std::string> digests;  // per rank
+  int Count(const std::string& needle) const {
+    int n = 0;
+    for (size_t at = output.find(needle); at != std::string::npos; at = output.find(needle, at + 1))
+      ++n;
+    return n;
+  }
+};
+
+class SwiftProcessTest : public ::testing::Test {
+ protected:
+  Outcome Run(std::vector<std::string> args, int world) {
+    const std::string run = dir_.path() + "/run" + std::to_string(runs_++);
+    EXPECT_EQ(mkdir(run.c_str(), 0700), 0);
+    const std::string out = run + "/out.txt";
+    std::vector<std::string> all = {MEMENTO_TRAINER_BINARY,
+                                    "--launch",
+                                    "--quiet",
+                                    "--rendezvous",
+                                    run,
+                                    "--comm-timeout",
+                                    "30",
+                                    "--digest-file",
+                                    run + "/digest.{rank}",
+                                    "--preset",
+                                    "tiny",
+                                    "--layers",
+                                    "4",
+                                    "--batch",
+                                    "8",
+                                    "--micro-batches",
+                                    "4",
+                                    "--steps",
+                                    "10",
+                                    "--save",
+                                    run + "/state.{rank}",
+                                    "--save-every",
+                                    "3"};
+    all.insert(all.end(), args.begin(), args.end());
+    pid_t pid = fork();
+    if (pid == 0) {
+      FILE* f = std::freopen(out.c_str(), "w", stdout);
+      if (f == nullptr || dup2(fileno(stdout), 2) < 0) _exit(126);
+      std::vector<char*> argv;
+      for (std::string& a : all) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    int status = 0;
+    EXPECT_EQ(waitpid(pid, &status, 0), pid);
+    Outcome o;
+    o.exit = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    o.output = ReadFile(out);
+    for (int r = 0; r < world; ++r)
+      o.digests.push_back(ReadFile(run + "/digest." + std::to_string(r)));
+    return o;
+  }
+
+  static std::string ReadFile(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  // A kill drawn from the seed: rank, step (after the save at 3, before the
+  // end), after the step or inside its update.
+  std::vector<std::string> Kill(int world, std::string* what) {
+    const uint64_t seed = memento::testing::TestSeed("swift_process");
+    std::mt19937_64 rng(seed);
+    const int rank = static_cast<int>(rng() % world);
+    const int step = 4 + static_cast<int>(rng() % 4);
+    const bool update = rng() % 2 == 0;
+    const int chunk = static_cast<int>(rng() % 2);
+    *what = "seed " + std::to_string(seed) + ": rank " + std::to_string(rank) + " killed " +
+            (update ? "inside the update of step " : "after step ") + std::to_string(step) +
+            (update ? " before chunk " + std::to_string(chunk) : "");
+    std::printf("%s\n", what->c_str());
+    std::fflush(stdout);
+    return {"--fail-rank",  std::to_string(rank),       "--fail-at-step", std::to_string(step),
+            "--fail-point", update ? "update" : "step", "--fail-chunk",   std::to_string(chunk)};
+  }
+
+  void ExpectSameFinalStates(const Outcome& clean, const Outcome& o) {
+    ASSERT_EQ(clean.exit, 0) << clean.output;
+    ASSERT_EQ(o.exit, 0) << o.output;
+    for (size_t r = 0; r < o.digests.size(); ++r) {
+      EXPECT_NE(o.digests[r].find("\"step\": 10"), std::string::npos) << o.digests[r];
+      EXPECT_EQ(o.digests[r], clean.digests[r]) << "rank " << r << "\n" << o.output;
+    }
+  }
+
+  memento::testing::ScratchDir dir_{"swift-process"};
+  int runs_ = 0;
+};
+
+TEST_F(SwiftProcessTest, UndoRebuildsTheLostRankFromAReplica) {
+  const std::vector<std::string> topo = {"--dp", "2", "--pp", "2"};
+  std::string what;
+  std::vector<std::string> kill = Kill(4, &what);
+  SCOPED_TRACE(what);
+  Outcome clean = Run(topo, 4);
+  std::vector<std::string> args = topo;
+  args.insert(args.end(), {"--recovery", "undo"});
+  args.insert(args.end(), kill.begin(), kill.end());
+  Outcome o = Run(args, 4);
+  ExpectSameFinalStates(clean, o);
+  EXPECT_EQ(o.Count("\"swift_failure\""), 1) << o.output;
+  EXPECT_EQ(o.Count("\"replacement\": true"), 1) << o.output;   // only the lost process
+  EXPECT_EQ(o.Count("\"replacement\": false"), 3) << o.output;  // survivors, in process
+  EXPECT_EQ(o.Count("\"swift_fallback\""), 0) << o.output;
+}
+
+TEST_F(SwiftProcessTest, LogReplaysTheLostStage) {
+  const std::vector<std::string> topo = {"--pp", "4"};
+  std::string what;
+  std::vector<std::string> kill = Kill(4, &what);
+  SCOPED_TRACE(what);
+  Outcome clean = Run(topo, 4);
+  std::vector<std::string> args = topo;
+  args.insert(args.end(), {"--recovery", "log"});
+  args.insert(args.end(), kill.begin(), kill.end());
+  Outcome o = Run(args, 4);
+  ExpectSameFinalStates(clean, o);
+  EXPECT_EQ(o.Count("\"replacement\": true"), 1) << o.output;
+  EXPECT_EQ(o.Count("\"replacement\": false"), 3) << o.output;
+  EXPECT_EQ(o.Count("\"swift_fallback\""), 0) << o.output;
+}
+
+TEST_F(SwiftProcessTest, RestartReloadsEveryRank) {
+  const std::vector<std::string> topo = {"--pp", "2"};
+  std::string what;
+  std::vector<std::string> kill = Kill(2, &what);
+  SCOPED_TRACE(what);
+  Outcome clean = Run(topo, 2);
+  std::vector<std::string> args = topo;
+  args.insert(args.end(), {"--recovery", "restart"});
+  args.insert(args.end(), kill.begin(), kill.end());
+  Outcome o = Run(args, 2);
+  ExpectSameFinalStates(clean, o);
+  EXPECT_EQ(o.Count("\"mode\": \"restart\""), 2) << o.output;
+  EXPECT_EQ(o.Count("\"replacement\": true"), 0) << o.output;
+}
+
+// ZeRO-1: the lost rank's moment shard has no DP replica, so undo cannot
+// rebuild it; every rank says so and the launcher restarts the job from the
+// saved state instead.
+TEST_F(SwiftProcessTest, UndoWithoutAReplicaFallsBackToRestart) {
+  const std::vector<std::string> topo = {"--dp", "2", "--pp", "2", "--zero"};
+  Outcome clean = Run(topo, 4);
+  std::vector<std::string> args = topo;
+  args.insert(args.end(), {"--recovery", "undo", "--fail-rank", "3", "--fail-at-step", "5",
+                           "--fail-point", "update"});
+  Outcome o = Run(args, 4);
+  ExpectSameFinalStates(clean, o);
+  EXPECT_EQ(o.Count("\"swift_fallback\""), 1) << o.output;
+  EXPECT_GE(o.Count("no DP replica"), 1) << o.output;
+  EXPECT_EQ(o.Count("\"mode\": \"restart\""), 4) << o.output;
+}
+
+TEST_F(SwiftProcessTest, RefusesBadRecoveryFlags) {
+  Outcome a = Run({"--recovery", "sometimes"}, 0);
+  EXPECT_EQ(a.exit, 2);
+  EXPECT_NE(a.output.find("--recovery 'sometimes'"), std::string::npos) << a.output;
+  Outcome b = Run({"--recovery", "undo", "--fail-point", "inside"}, 0);
+  EXPECT_EQ(b.exit, 2);
+  EXPECT_NE(b.output.find("--fail-point 'inside'"), std::string::npos) << b.output;
+}
+
+}  // namespace

@@ -1,0 +1,428 @@
+// update-undo in the reference trainer (SWIFT 2.1, issue 19, docs/swift.md):
+// ranks as threads of this process, Gloo over TCP between them. One rank
+// fails inside its optimizer update (before a chunk drawn from the test's
+// seed); every rank's step then fails (the failed rank drops its process
+// groups, so its peers' collectives and receives fail), all reconnect in
+// process (new Gloo contexts, state kept), agree on the last step every rank
+// completed, undo what lies beyond it, and train on. The state of every rank
+// at the agreed step and at the end must equal a failure-free run's, bit for
+// bit.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/test_util.h"
+#include "trainer.h"
+
+namespace memento::trainer {
+namespace {
+
+TrainerOptions TinyOptions() {
+  TrainerOptions o;
+  o.model = ModelConfig{64, 16, 32, 4, 2, 4};
+  o.global_batch = 4;
+  o.micro_batches = 2;
+  o.adam.warmup_steps = 2;
+  o.comm.timeout_s = 30;  // a backstop only: a dropped peer fails calls at once
+  return o;
+}
+
+// Fails optimizer step `fail_step` before its chunk `fail_chunk`, once.
+class FailInsideUpdate : public TrainerHooks {
+ public:
+  Status OnOptimizerChunk(int64_t step, uint64_t offset, uint64_t count) override {
+    if (step == fail_step) ++chunks_seen;
+    if (fired || step != fail_step || chunks_seen - 1 != fail_chunk) return Status::Ok();
+    fired = true;
+    return AbortedError("injected failure inside optimizer step " + std::to_string(step));
+  }
+  int64_t fail_step = -1;
+  int fail_chunk = 0;
+  int chunks_seen = 0;
+  bool fired = false;
+};
+
+struct RankRun {
+  Status status;
+  std::map<int64_t, uint64_t> checksum;  // state after each step reached
+  int64_t agreed = -1;                   // the step RecoverByUndo agreed on
+  int failures = 0;
+  bool fired = false;
+  bool undone = false;  // this rank's state moved back (it was past the agreed step)
+};
+
+// Runs `ranks` ranks to step `steps`. With fail_rank >= 0 that rank fails
+// inside optimizer step fail_step before chunk fail_chunk.
+// With `replace`, the failed rank's process is gone: a fresh Trainer (empty
+// state) takes its place and gets the state from a DP replica.
+std::vector<RankRun> Run(TrainerOptions o, int ranks, int steps, int fail_rank, int64_t fail_step,
+                         int fail_chunk, bool replace = false) {
+  memento::testing::ScratchDir dir("trainer-swift");
+  o.comm.rendezvous_dir = dir.path();
+  std::vector<RankRun> runs(ranks);
+  auto body = [&](int rank) {
+    RankRun& run = runs[rank];
+    TrainerOptions ro = o;
+    ro.comm.rank = rank;
+    FailInsideUpdate hooks;
+    if (rank == fail_rank) {
+      hooks.fail_step = fail_step;
+      hooks.fail_chunk = fail_chunk;
+    }
+    auto t = Trainer::Create(ro, &hooks);
+    if (!t.ok()) {
+      run.status = t.status();
+      return;
+    }
+    std::unique_ptr<Trainer> owned = std::move(*t);
+    while (owned->state().step < steps) {
+      Trainer& tr = *owned;
+      auto r = tr.Step();
+      if (r.ok()) {
+        run.checksum[tr.state().step] = tr.StateChecksum();
+        continue;
+      }
+      if (++run.failures > 1) {
+        run.status = r.status();
+        return;
+      }
+      const int64_t before = tr.state().step;
+      const bool half = tr.in_update();
+      const bool replacement = replace && rank == fail_rank;
+      if (replacement) {
+        owned.reset();  // drops the groups: the peers fail at once
+        TrainerOptions n = ro;
+        n.comm.run_id = "recovery1";
+        auto fresh = Trainer::Create(n, nullptr);
+        if (!fresh.ok()) {
+          run.status = fresh.status();
+          return;
+        }
+        owned = std::move(*fresh);
+      } else {
+        Status st = tr.Reconnect("recovery1");
+        if (!st.ok()) {
+          run.status = st;
+          return;
+        }
+      }
+      Trainer& now = *owned;
+      auto agreed = now.RecoverByUndo(replacement);
+      if (!agreed.ok()) {
+        run.status = agreed.status();
+        return;
+      }
+      run.agreed = *agreed;
+      run.undone = !replacement && (half || before > *agreed);
+      EXPECT_FALSE(now.in_update());
+      EXPECT_EQ(now.state().step, *agreed);
+      run.checksum[now.state().step] = now.StateChecksum();
+    }
+    run.fired = hooks.fired;
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) threads.emplace_back(body, r);
+  for (std::thread& th : threads) th.join();
+  return runs;
+}
+
+void CheckRecoveredEqualsFailureFree(const TrainerOptions& o, int ranks, int steps, int fail_rank,
+                                     int64_t fail_step, bool replace = false) {
+  const uint64_t seed = memento::testing::TestSeed("trainer_swift");
+  std::mt19937_64 rng(seed);
+  const int fail_chunk = static_cast<int>(rng() % 3);
+  std::printf("seed %llu: rank %d fails inside optimizer step %lld before chunk %d\n",
+              static_cast<unsigned long long>(seed), fail_rank, static_cast<long long>(fail_step),
+              fail_chunk);
+  TrainerOptions clean_options = o;
+  clean_options.undo_log = false;  // the log must not change a bit
+  std::vector<RankRun> clean = Run(clean_options, ranks, steps, -1, -1, 0);
+  TrainerOptions undo_options = o;
+  undo_options.undo_log = true;
+  std::vector<RankRun> failed =
+      Run(undo_options, ranks, steps, fail_rank, fail_step, fail_chunk, replace);
+  int undone = 0;
+  for (int r = 0; r < ranks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_TRUE(clean[r].status.ok()) << clean[r].status;
+    ASSERT_TRUE(failed[r].status.ok()) << failed[r].status;
+    EXPECT_EQ(failed[r].fired, r == fail_rank);
+    EXPECT_EQ(failed[r].failures, 1);
+    // The failed rank never completed fail_step: the job agrees on the step
+    // before it. A replaced rank's step does not count: without ZeRO-1 the
+    // survivors all completed fail_step, and no step is lost.
+    EXPECT_EQ(failed[r].agreed, replace ? fail_step : fail_step - 1);
+    undone += failed[r].undone;
+    // Every state reached (the agreed step after the undo included) is the
+    // failure-free run's state at that step.
+    for (const auto& [step, sum] : failed[r].checksum) {
+      ASSERT_TRUE(clean[r].checksum.count(step)) << "step " << step;
+      EXPECT_EQ(sum, clean[r].checksum.at(step)) << "step " << step;
+    }
+    EXPECT_EQ(failed[r].checksum.rbegin()->first, steps);
+  }
+  if (!replace) {
+    EXPECT_GE(undone, 1);  // at least the failed rank was half updated
+  }
+}
+
+// DP 2 without ZeRO: the surviving replica completes the step (nothing after
+// its update waits for the failed one) and must undo a whole step; the
+// failed one undoes a partial step.
+TEST(UpdateUndoTest, DataParallelReplicaUndoesACompletedStep) {
+  TrainerOptions o = TinyOptions();
+  o.comm.topology.dp = 2;
+  CheckRecoveredEqualsFailureFree(o, 2, 5, 1, 3);
+}
+
+// DP 2 x PP 2 with ZeRO-1 (padded buffer): the failed rank's DP peer is
+// stuck in the parameter all-gather, the other stage's ranks completed the
+// step and went on to the next forward.
+TEST(UpdateUndoTest, ZeroOnePipelineUndoesPartialAndCompletedSteps) {
+  TrainerOptions o = TinyOptions();
+  o.model.vocab = 61;
+  o.zero1 = true;
+  o.comm.topology.dp = 2;
+  o.comm.topology.pp = 2;
+  CheckRecoveredEqualsFailureFree(o, 4, 5, 3, 4);
+}
+
+// DP 2 x PP 2 without ZeRO: the rank that fails inside its update is
+// replaced by a new Trainer with empty state, which receives params, moments
+// and TrainState from its surviving DP replica after the survivors undo.
+TEST(UpdateUndoTest, ReplacementGetsTheStateFromADataParallelReplica) {
+  TrainerOptions o = TinyOptions();
+  o.comm.topology.dp = 2;
+  o.comm.topology.pp = 2;
+  CheckRecoveredEqualsFailureFree(o, 4, 5, 2, 3, /*replace=*/true);
+}
+
+TEST(UpdateUndoTest, NothingToUndoIsRefused) {
+  TrainerOptions o = TinyOptions();
+  auto t = Trainer::Create(o, nullptr);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ((*t)->UndoStep().code(), StatusCode::kFailedPrecondition);  // no log kept
+  o.undo_log = true;
+  auto u = Trainer::Create(o, nullptr);
+  ASSERT_TRUE(u.ok());
+  EXPECT_EQ((*u)->UndoStep().code(), StatusCode::kFailedPrecondition);  // no step yet
+  const uint64_t at0 = (*u)->StateChecksum();
+  ASSERT_TRUE((*u)->Step().ok());
+  const uint64_t at1 = (*u)->StateChecksum();
+  ASSERT_TRUE((*u)->UndoStep().ok());
+  EXPECT_EQ((*u)->StateChecksum(), at0);
+  EXPECT_EQ((*u)->state().step, 0);
+  Status again = (*u)->UndoStep();  // one step back only
+  EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition) << again;
+  ASSERT_TRUE((*u)->Step().ok());
+  EXPECT_EQ((*u)->StateChecksum(), at1);
+  // A world of one agrees with itself: nothing to undo at a clean step.
+  auto agreed = (*u)->RecoverByUndo();
+  ASSERT_TRUE(agreed.ok()) << agreed.status();
+  EXPECT_EQ(*agreed, 1);
+  EXPECT_EQ((*u)->StateChecksum(), at1);
+}
+
+// ---- Logging-based recovery (SWIFT 2.2) -------------------------------------
+
+// Fails the step at BeforeOptimizerStep(fail_step): after the gradient norm,
+// so the other stages complete that step.
+class LoseStage : public TrainerHooks {
+ public:
+  Status BeforeOptimizerStep(int64_t step) override {
+    if (step == fail_step) return AbortedError("stage lost in step " + std::to_string(step));
+    return Status::Ok();
+  }
+  int64_t fail_step = -1;
+};
+
+enum class ReplayMode { kClean, kReplay, kCorruptLog, kPerturbedSnapshot };
+
+struct ReplayRun {
+  Status status;
+  std::map<int64_t, uint64_t> checksum;
+  int64_t agreed = -1;
+  Status recovery;  // what RecoverByReplay returned
+  bool fell_back = false;
+  uint64_t log_bytes = 0;  // after the snapshot at k, at the lost step
+};
+
+// PP 4 (DP 1): snapshot (Save) at step k and truncate the logs, stage `lost`
+// fails in step t + 1; survivors write their logs, everyone reconnects, a
+// replacement loads the step-k snapshot and replays to the survivors' step.
+// When that fails, every rank falls back to the step-k snapshot.
+std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t, int steps) {
+  memento::testing::ScratchDir dir("trainer-replay");
+  TrainerOptions o = TinyOptions();
+  o.model.layers = 4;
+  o.micro_batches = 4;
+  o.comm.topology.pp = 4;
+  o.comm.rendezvous_dir = dir.path();
+  o.pipeline_log = true;
+  const int ranks = 4;
+  auto snapshot = [&](int r) { return dir.path() + "/state.rank" + std::to_string(r); };
+  auto log_path = [&](int r) { return dir.path() + "/pipeline_log.stage" + std::to_string(r); };
+  std::vector<ReplayRun> runs(ranks);
+  auto body = [&](int rank) {
+    ReplayRun& run = runs[rank];
+    TrainerOptions ro = o;
+    ro.comm.rank = rank;
+    LoseStage hooks;
+    if (mode != ReplayMode::kClean && rank == lost) hooks.fail_step = t + 1;
+    auto created = Trainer::Create(ro, &hooks);
+    if (!created.ok()) {
+      run.status = created.status();
+      return;
+    }
+    std::unique_ptr<Trainer> tr = std::move(*created);
+    bool recovered = false;
+    while (tr->state().step < steps) {
+      auto r = tr->Step();
+      if (r.ok()) {
+        run.checksum[tr->state().step] = tr->StateChecksum();
+        if (tr->state().step == k) {
+          run.status = tr->Save(snapshot(rank));
+          if (!run.status.ok()) return;
+          tr->TruncatePipelineLog(k);
+        }
+        if (tr->state().step == t + 1) run.log_bytes = tr->pipeline_log()->bytes();
+        continue;
+      }
+      if (mode == ReplayMode::kClean || recovered) {
+        run.status = r.status();
+        return;
+      }
+      recovered = true;
+      const bool replacement = rank == lost;
+      std::vector<std::string> inputs;
+      if (replacement) {
+        // The process is gone: its state and log with it. A new one joins
+        // under the new run id and loads the stage's snapshot.
+        tr.reset();
+        auto fresh = Trainer::Create(
+            [&] {
+              TrainerOptions n = ro;
+              n.comm.run_id = "recovery1";
+              return n;
+            }(),
+            nullptr);
+        if (!fresh.ok()) {
+          run.status = fresh.status();
+          return;
+        }
+        tr = std::move(*fresh);
+        run.status = tr->Load(snapshot(rank));
+        if (!run.status.ok()) return;
+        if (mode == ReplayMode::kPerturbedSnapshot) tr->params()[5] += 1e-3f;
+        for (int n : {rank - 1, rank + 1}) {
+          if (n < 0 || n >= ranks) continue;
+          inputs.push_back(log_path(n));
+          if (mode == ReplayMode::kCorruptLog && n == rank - 1) {
+            // One payload byte in the middle of the file.
+            FILE* f = std::fopen(log_path(n).c_str(), "r+b");
+            std::fseek(f, 0, SEEK_END);
+            const long size = std::ftell(f);
+            std::fseek(f, size / 2, SEEK_SET);
+            int c = std::fgetc(f);
+            std::fseek(f, size / 2, SEEK_SET);
+            std::fputc(c ^ 0x20, f);
+            std::fclose(f);
+          }
+        }
+      } else {
+        run.status = tr->WritePipelineLog(log_path(rank));
+        if (!run.status.ok()) return;
+        run.status = tr->Reconnect("recovery1");
+        if (!run.status.ok()) return;
+      }
+      auto agreed = tr->RecoverByReplay(inputs, replacement);
+      run.recovery = agreed.status();
+      if (agreed.ok()) {
+        run.agreed = *agreed;
+        run.checksum[tr->state().step] = tr->StateChecksum();
+        continue;
+      }
+      // The snapshot path: every rank loads step k.
+      run.fell_back = true;
+      run.status = tr->Load(snapshot(rank));
+      if (!run.status.ok()) return;
+      run.status = tr->CheckSameStep();
+      if (!run.status.ok()) return;
+      run.checksum[tr->state().step] = tr->StateChecksum();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) threads.emplace_back(body, r);
+  for (std::thread& th : threads) th.join();
+  return runs;
+}
+
+void ExpectSameStates(const std::vector<ReplayRun>& clean, const std::vector<ReplayRun>& runs,
+                      int steps) {
+  for (size_t r = 0; r < runs.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_TRUE(runs[r].status.ok()) << runs[r].status;
+    for (const auto& [step, sum] : runs[r].checksum) {
+      ASSERT_TRUE(clean[r].checksum.count(step)) << "step " << step;
+      EXPECT_EQ(sum, clean[r].checksum.at(step)) << "step " << step;
+    }
+    EXPECT_EQ(runs[r].checksum.rbegin()->first, steps);
+  }
+}
+
+TEST(LogReplayTest, LostStageReplaysToTheSurvivorsStepBitForBit) {
+  const int steps = 7, lost = 2;
+  const int64_t k = 2, t = 4;
+  std::vector<ReplayRun> clean = RunReplay(ReplayMode::kClean, lost, k, t, steps);
+  for (const ReplayRun& c : clean) ASSERT_TRUE(c.status.ok()) << c.status;
+  std::vector<ReplayRun> runs = RunReplay(ReplayMode::kReplay, lost, k, t, steps);
+  ExpectSameStates(clean, runs, steps);
+  for (size_t r = 0; r < runs.size(); ++r) {
+    EXPECT_TRUE(runs[r].recovery.ok()) << "rank " << r << ": " << runs[r].recovery;
+    EXPECT_FALSE(runs[r].fell_back);
+    // The others completed step t + 1 (the lost stage failed after the
+    // gradient norm): no step is lost, the replacement replays k+1 .. t+1.
+    EXPECT_EQ(runs[r].agreed, t + 1) << "rank " << r;
+  }
+  // The replacement's state at t + 1 came from replay alone.
+  ASSERT_TRUE(runs[lost].checksum.count(t + 1));
+  EXPECT_EQ(runs[lost].checksum.at(t + 1), clean[lost].checksum.at(t + 1));
+  for (int r = 0; r < 4; ++r) {
+    std::printf("stage %d: pipeline log after %lld steps since the snapshot: %llu bytes\n", r,
+                static_cast<long long>(t + 1 - k),
+                static_cast<unsigned long long>(clean[r].log_bytes));
+  }
+}
+
+TEST(LogReplayTest, CorruptedLogEntryFallsBackToTheSnapshot) {
+  const int steps = 6, lost = 1;
+  const int64_t k = 2, t = 3;
+  std::vector<ReplayRun> clean = RunReplay(ReplayMode::kClean, lost, k, t, steps);
+  std::vector<ReplayRun> runs = RunReplay(ReplayMode::kCorruptLog, lost, k, t, steps);
+  ExpectSameStates(clean, runs, steps);
+  for (size_t r = 0; r < runs.size(); ++r) {
+    EXPECT_EQ(runs[r].recovery.code(), StatusCode::kFailedPrecondition) << runs[r].recovery;
+    EXPECT_TRUE(runs[r].fell_back);
+  }
+  EXPECT_NE(runs[lost].recovery.message().find("checksum"), std::string::npos)
+      << runs[lost].recovery;
+}
+
+TEST(LogReplayTest, ReplayThatDivergesIsAnError) {
+  const int steps = 6, lost = 3;  // the last stage: its gradients go to stage 2
+  const int64_t k = 2, t = 3;
+  std::vector<ReplayRun> clean = RunReplay(ReplayMode::kClean, lost, k, t, steps);
+  std::vector<ReplayRun> runs = RunReplay(ReplayMode::kPerturbedSnapshot, lost, k, t, steps);
+  ExpectSameStates(clean, runs, steps);
+  for (size_t r = 0; r < runs.size(); ++r) EXPECT_TRUE(runs[r].fell_back) << "rank " << r;
+  EXPECT_NE(runs[lost].recovery.message().find("replay diverged"), std::string::npos)
+      << runs[lost].recovery;
+}
+
+}  // namespace
+}  // namespace memento::trainer
