@@ -267,7 +267,7 @@ Result<nlohmann::json> Run(const Args& a) {
                  "bench recover: store %s (memento inspect --store %s --job %s --token-file %s)\n",
                  url.c_str(), url.c_str(), kJob, token_file.c_str());
     std::set<std::string> members;
-    for (int i = 0; i < a.nodes; ++i) members.insert(launch::NodeName(i));
+    for (int i = 0; i < a.nodes; ++i) members.insert(coord::NodeName(i));
     MEMENTO_ASSIGN_OR_RETURN(coordinator, coord::CommitCoordinator::Start(
                                               &store, kJob, members, Deadline::AfterSeconds(10)));
     launch::JobTopology jt;

@@ -50,9 +50,8 @@ std::set<std::string> SplitNodes(const std::string& s) {
 
 Status RunStore(const StoreArgs& a) {
   InitLogging("store");
-  std::string host;
-  int port = 0;
-  MEMENTO_RETURN_IF_ERROR(net::ParseHostPort(a.listen, &host, &port));
+  Result<net::HostPort> listen = net::ParseHostPort(a.listen, net::PortUse::kListen);
+  if (!listen.ok()) return listen.status().WithContext("--listen");
   MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Load(a.token_file));
   std::set<std::string> nodes = SplitNodes(a.nodes);
   if (a.job.empty() != nodes.empty()) {
@@ -71,7 +70,8 @@ Status RunStore(const StoreArgs& a) {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
-  MEMENTO_ASSIGN_OR_RETURN(auto server, coord::EmbeddedStoreServer::Start(host, port, token));
+  MEMENTO_ASSIGN_OR_RETURN(auto server,
+                           coord::EmbeddedStoreServer::Start(listen->host, listen->port, token));
   std::unique_ptr<coord::CommitCoordinator> coordinator;
   if (!a.job.empty()) {
     MEMENTO_ASSIGN_OR_RETURN(coordinator,
@@ -87,9 +87,9 @@ Status RunStore(const StoreArgs& a) {
     }
     if (rename(tmp.c_str(), a.port_file.c_str()) != 0) return ErrnoError("rename " + tmp, errno);
   }
-  std::printf("listening %s:%d\n", host.c_str(), server->port());
+  std::printf("listening %s:%d\n", listen->host.c_str(), server->port());
   std::fflush(stdout);
-  MEMENTO_LOG_INFO("store: listening on {}:{}{}", host, server->port(),
+  MEMENTO_LOG_INFO("store: listening on {}:{}{}", listen->host, server->port(),
                    a.job.empty() ? "" : " (commit coordinator for job " + a.job + ")");
   int sig = 0;
   sigwait(&set, &sig);

@@ -13,11 +13,13 @@
 #include "codec/erasure_code.h"
 #include "common/checksum.h"
 #include "common/log.h"
+#include "common/tensor_json.h"
 #include "coord/keys.h"
 #include "fmt/format.h"
 #include "recover/recover.h"
 #include "shm/slot.h"
 #include "topo/plan_json.h"
+#include "topo/topology_json.h"
 
 namespace memento::agent {
 
@@ -28,99 +30,7 @@ namespace {
 constexpr double kStoreCallS = 10.0;
 constexpr size_t kEncodeChunkBytes = size_t{1} << 20;
 
-// "host:port" with port 0 allowed (ephemeral), unlike a peer's endpoint.
-Result<std::pair<std::string, int>> ParseListen(const std::string& hp) {
-  size_t colon = hp.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == hp.size()) {
-    return InvalidArgumentError("--listen '" + hp + "' is not HOST:PORT");
-  }
-  char* end = nullptr;
-  long port = std::strtol(hp.c_str() + colon + 1, &end, 10);
-  if (*end != '\0' || port < 0 || port > 65535) {
-    return InvalidArgumentError("--listen '" + hp + "' has a bad port (0..65535; 0: any)");
-  }
-  return std::make_pair(hp.substr(0, colon), static_cast<int>(port));
-}
-
 }  // namespace
-
-std::string ClusterNodeName(int node) { return "node" + std::to_string(node); }
-
-Result<ClusterTopology> ParseClusterTopology(const std::string& text) {
-  ClusterTopology out;
-  try {
-    json j = json::parse(text);
-    topo::Topology& t = out.topology;
-    t.dp = j.at("dp").get<int>();
-    t.tp = j.value("tp", 1);
-    t.pp = j.value("pp", 1);
-    if (j.contains("zero")) {
-      t.zero_stage = j.at("zero").get<int>();
-    } else {
-      t.zero_stage = j.value("zero_stage", 0);
-    }
-    t.rank_node = j.at("rank_node").get<std::vector<int>>();
-    if (j.contains("node_rack")) t.node_rack = j.at("node_rack").get<std::vector<std::string>>();
-    MEMENTO_ASSIGN_OR_RETURN(out.policy, topo::ParsePolicy(j.value("policy", std::string("xor"))));
-    std::string local = j.value("local_copy", std::string("sharded"));
-    if (local == "full") {
-      out.policy.local_copy = topo::LocalCopy::kFull;
-    } else if (local != "sharded") {
-      return InvalidArgumentError("topology: local_copy '" + local + "' is not full or sharded");
-    }
-  } catch (const json::exception& e) {
-    return InvalidArgumentError(std::string("malformed topology: ") + e.what() + ": " + text);
-  }
-  MEMENTO_RETURN_IF_ERROR(out.topology.Validate());
-  return out;
-}
-
-std::string ClusterTopologyToJson(const topo::Topology& t, const topo::Policy& policy) {
-  json j = {{"dp", t.dp},
-            {"tp", t.tp},
-            {"pp", t.pp},
-            {"zero", t.zero_stage},
-            {"rank_node", t.rank_node},
-            {"policy", topo::PolicyName(policy)},
-            {"local_copy", policy.local_copy == topo::LocalCopy::kFull ? "full" : "sharded"}};
-  if (!t.node_rack.empty()) j["node_rack"] = t.node_rack;
-  return j.dump();
-}
-
-std::string TensorListToJson(const std::vector<TensorMeta>& tensors) {
-  json arr = json::array();
-  for (const TensorMeta& m : tensors) {
-    arr.push_back({{"name", m.name},
-                   {"dtype", std::string(DTypeName(m.dtype))},
-                   {"shape", m.shape},
-                   {"state_class", std::string(StateClassName(m.state_class))},
-                   {"global_numel", m.global_numel},
-                   {"shard_offset", m.shard_offset}});
-  }
-  return arr.dump();
-}
-
-Result<std::vector<TensorMeta>> TensorListFromJson(const std::string& text) {
-  std::vector<TensorMeta> out;
-  try {
-    json arr = json::parse(text);
-    if (!arr.is_array()) return InvalidArgumentError("tensor list is not a JSON array: " + text);
-    for (const json& e : arr) {
-      TensorMeta m;
-      m.name = e.at("name").get<std::string>();
-      MEMENTO_ASSIGN_OR_RETURN(m.dtype, ParseDType(e.at("dtype").get<std::string>()));
-      m.shape = e.at("shape").get<std::vector<int64_t>>();
-      MEMENTO_ASSIGN_OR_RETURN(m.state_class,
-                               ParseStateClass(e.at("state_class").get<std::string>()));
-      m.global_numel = e.value("global_numel", int64_t{0});
-      m.shard_offset = e.value("shard_offset", int64_t{0});
-      out.push_back(std::move(m));
-    }
-  } catch (const json::exception& e) {
-    return InvalidArgumentError(std::string("malformed tensor list: ") + e.what());
-  }
-  return out;
-}
 
 // ---------------------------------------------------------------------------
 
@@ -133,7 +43,7 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
   c->options_ = options;
   c->job_ = job;
   c->node_ = node;
-  c->node_name_ = ClusterNodeName(node);
+  c->node_name_ = coord::NodeName(node);
   c->root_ = root;
   c->node_store_ = store;
   if (!(options.hold_timeout_s > 0)) return InvalidArgumentError("hold timeout must be > 0");
@@ -224,7 +134,7 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
       std::vector<TensorMeta> metas;
       for (const auto& t : info->tensors) metas.push_back(t.meta);
       MutexLock l(&c->mu_);
-      c->manifests_[rank] = TensorListToJson(metas);
+      c->manifests_[rank] = TensorListToJson(metas).dump();
     }
   }
   c->thread_ = std::thread([self] { self->Run(); });
@@ -260,7 +170,7 @@ void Cluster::OnSeal(int rank, const std::string& manifest) {
   bool was_unhealthy = false;
   {
     MutexLock l(&mu_);
-    std::string text = TensorListToJson(metas);
+    std::string text = TensorListToJson(metas).dump();
     auto it = manifests_.find(rank);
     if (it == manifests_.end() || it->second != text) {
       manifests_[rank] = std::move(text);
@@ -361,10 +271,10 @@ Status Cluster::OnReregister() {
   int republished = 0;
   if (ready_.load()) {
     for (size_t r = 0; r < inventory_.size(); ++r) {
-      MEMENTO_RETURN_IF_ERROR(
-          store_
-              ->Set(keys.Inventory(static_cast<int>(r)), TensorListToJson(inventory_[r]), deadline)
-              .status());
+      MEMENTO_RETURN_IF_ERROR(store_
+                                  ->Set(keys.Inventory(static_cast<int>(r)),
+                                        TensorListToJson(inventory_[r]).dump(), deadline)
+                                  .status());
       ++republished;
     }
   }
@@ -559,7 +469,7 @@ void Cluster::TrySetup() {
     }
     return;
   }
-  auto ct = ParseClusterTopology(topo_kv->value);
+  auto ct = topo::ParseJobTopology(topo_kv->value);
   if (!ct.ok()) {
     MEMENTO_LOG_ERROR("the job's topology is unusable: {}", ct.status().ToString());
     return;
@@ -574,7 +484,7 @@ void Cluster::TrySetup() {
     char* end = nullptr;
     long r = std::strtol(tail.c_str(), &end, 10);
     if (*end != '\0' || r < 0 || r >= ranks) continue;
-    auto metas = TensorListFromJson(kv.value);
+    auto metas = ParseTensorList(kv.value);
     if (!metas.ok()) {
       MEMENTO_LOG_ERROR("inventory of rank {}: {}", r, metas.status().ToString());
       return;
@@ -716,7 +626,7 @@ Status Cluster::ProduceEntries(int64_t step, std::map<int, RankView>& views) {
 
 Result<std::string> Cluster::NodeEndpoint(int node) {
   coord::JobKeys keys(job_);
-  MEMENTO_ASSIGN_OR_RETURN(coord::KeyValue kv, store_->Get(keys.Node(ClusterNodeName(node)),
+  MEMENTO_ASSIGN_OR_RETURN(coord::KeyValue kv, store_->Get(keys.Node(coord::NodeName(node)),
                                                            Deadline::AfterSeconds(kStoreCallS)));
   return kv.value;
 }
@@ -739,8 +649,8 @@ Status Cluster::PushCopies(int64_t step, std::map<int, RankView>& views) {
       if (client == nullptr || client->broken()) {
         client.reset();
         MEMENTO_ASSIGN_OR_RETURN(std::string ep, NodeEndpoint(c.node));
-        MEMENTO_ASSIGN_OR_RETURN(auto hp, ParseEndpoint(ep));
-        auto conn = net::RpcClient::Connect(hp.first, hp.second, *token_, deadline);
+        MEMENTO_ASSIGN_OR_RETURN(net::HostPort hp, net::ParseHostPort(ep, net::PortUse::kConnect));
+        auto conn = net::RpcClient::Connect(hp.host, hp.port, *token_, deadline);
         if (!conn.ok()) {
           st = conn.status();
           continue;
@@ -870,12 +780,13 @@ bool Cluster::Produce(int64_t step) {
 // ---- peer service ------------------------------------------------------------
 
 Status Cluster::StartPeerService() {
-  MEMENTO_ASSIGN_OR_RETURN(auto hp, ParseListen(options_.listen));
+  Result<net::HostPort> hp = net::ParseHostPort(options_.listen, net::PortUse::kListen);
+  if (!hp.ok()) return hp.status().WithContext("--listen");
   PeerServiceOptions po;
   po.job = job_;
   po.node = node_;
-  po.host = hp.first;
-  po.port = hp.second;
+  po.host = hp->host;
+  po.port = hp->port;
   po.store = node_store_;
   po.redundancy = red_.get();
   po.plan = [this]() -> Result<std::shared_ptr<const ClusterPlan>> {

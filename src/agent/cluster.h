@@ -68,25 +68,10 @@ struct ClusterOptions {
   double store_timeout_s = 30.0;
 };
 
-// The membership name of node `node`: "node<N>" (the CommitCoordinator's
-// member set is these names).
-std::string ClusterNodeName(int node);
-
-// /memento/<job>/topology: {"dp", "tp", "pp", "zero" (or "zero_stage"),
-// "rank_node": [...], "policy": "xor" | "replicate" | "rs:2" | ...,
-// optional "local_copy": "full" | "sharded", "node_rack": [...]}.
-struct ClusterTopology {
-  topo::Topology topology;
-  topo::Policy policy;
-};
-[[nodiscard]] Result<ClusterTopology> ParseClusterTopology(const std::string& text);
-std::string ClusterTopologyToJson(const topo::Topology& topology, const topo::Policy& policy);
-
-// /memento/<job>/inventory/<rank>: the rank's registered tensors, a JSON list
-// of {"name", "dtype", "shape", "state_class", "global_numel",
-// "shard_offset"} in registration order.
-std::string TensorListToJson(const std::vector<TensorMeta>& tensors);
-[[nodiscard]] Result<std::vector<TensorMeta>> TensorListFromJson(const std::string& text);
+// The codecs of the records this file reads and writes live next to their
+// types: coord::NodeName (membership names), topo::ParseJobTopology
+// (/memento/<job>/topology), memento::TensorListToJson / ParseTensorList
+// (/memento/<job>/inventory/<rank>).
 
 // Counters of the save path (tests, logs).
 struct ClusterStats {

@@ -18,6 +18,7 @@
 #include "fmt/format.h"
 #include "shm/slot.h"
 #include "tier/reader.h"
+#include "topo/topology_json.h"
 
 namespace memento::agent {
 
@@ -76,15 +77,14 @@ Result<tier::VersionView> DurableStreamer::BuildClusterView(int64_t step,
   view.step = step;
   view.epoch = epoch;
   // The same text on every node: the index of the version records it.
-  nlohmann::json topo = {
-      {"cluster", nlohmann::json::parse(ClusterTopologyToJson(plan.topology, plan.policy))},
-      {"plan_hash", fmt::format("{:016x}", cp->hash)},
-      {"names", plan.topology.tp * plan.topology.pp == 1
-                    ? "replicated and ZeRO-1 tensors by name, rank<r>/ "
-                      "for the rest"
-                    : "pp<p>.tp<t>/ for replicated and ZeRO-1 tensors, "
-                      "rank<r>/ for the rest"},
-      {"source", "memento agent (cluster mode)"}};
+  nlohmann::json topo = {{"cluster", topo::JobTopologyToJson({plan.topology, plan.policy})},
+                         {"plan_hash", fmt::format("{:016x}", cp->hash)},
+                         {"names", plan.topology.tp * plan.topology.pp == 1
+                                       ? "replicated and ZeRO-1 tensors by name, rank<r>/ "
+                                         "for the rest"
+                                       : "pp<p>.tp<t>/ for replicated and ZeRO-1 tensors, "
+                                         "rank<r>/ for the rest"},
+                         {"source", "memento agent (cluster mode)"}};
   view.topology_json = topo.dump();
 
   for (const auto& [rank, pieces] : by_rank) {

@@ -169,10 +169,10 @@ class DurableClusterTest : public ::testing::Test {
     f->service = std::move(svc).value();
   }
   Result<std::string> CallLoad(Fresh& f, const std::string& body) {
-    auto hp = ParseEndpoint(f.service->endpoint());
+    auto hp = net::ParseHostPort(f.service->endpoint(), net::PortUse::kConnect);
     MEMENTO_RETURN_IF_ERROR(hp.status());
     MEMENTO_ASSIGN_OR_RETURN(auto client,
-                             net::RpcClient::Connect(hp->first, hp->second, Token(), Soon()));
+                             net::RpcClient::Connect(hp->host, hp->port, Token(), Soon()));
     return client->Call(kPeerLoadDurable, body, Soon());
   }
 

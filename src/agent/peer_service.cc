@@ -32,28 +32,6 @@ std::shared_ptr<const ClusterPlan> MakeClusterPlan(topo::Plan plan, topo::Invent
   return cp;
 }
 
-Result<std::pair<std::string, int>> ParseEndpoint(const std::string& endpoint) {
-  const size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size()) {
-    return InvalidArgumentError("endpoint '" + endpoint + "' is not host:port");
-  }
-  int port = 0;
-  for (size_t i = colon + 1; i < endpoint.size(); ++i) {
-    if (endpoint[i] < '0' || endpoint[i] > '9' || port > 65535) {
-      return InvalidArgumentError("endpoint '" + endpoint + "': bad port");
-    }
-    port = port * 10 + (endpoint[i] - '0');
-  }
-  if (port <= 0 || port > 65535) {
-    return InvalidArgumentError("endpoint '" + endpoint + "': port out of range");
-  }
-  std::string host = endpoint.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return std::make_pair(host, port);
-}
-
 namespace {
 
 Result<nlohmann::json> ParseJson(std::string_view body, const char* what) {
@@ -68,8 +46,8 @@ Result<nlohmann::json> ParseJson(std::string_view body, const char* what) {
 
 Result<std::unique_ptr<net::RpcClient>> ConnectTo(const std::string& endpoint,
                                                   const net::JobToken& token, Deadline deadline) {
-  MEMENTO_ASSIGN_OR_RETURN(auto hp, ParseEndpoint(endpoint));
-  return net::RpcClient::Connect(hp.first, hp.second, token, deadline);
+  MEMENTO_ASSIGN_OR_RETURN(net::HostPort hp, net::ParseHostPort(endpoint, net::PortUse::kConnect));
+  return net::RpcClient::Connect(hp.host, hp.port, token, deadline);
 }
 
 }  // namespace

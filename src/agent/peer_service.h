@@ -57,9 +57,6 @@ using PlanSource = std::function<Result<std::shared_ptr<const ClusterPlan>>()>;
 // "host:port" of node `node`'s peer service; NotFound / Unavailable when unknown.
 using EndpointSource = std::function<Result<std::string>(int node)>;
 
-// "host:port" -> (host, port). InvalidArgument naming the text otherwise.
-[[nodiscard]] Result<std::pair<std::string, int>> ParseEndpoint(const std::string& endpoint);
-
 // Largest byte count one kPeerRead may ask for (ClusterReader splits larger
 // reads); below the transport's frame limit.
 inline constexpr uint64_t kMaxPeerReadBytes = uint64_t{64} << 20;

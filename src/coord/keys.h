@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "memento/status.h"
 
@@ -25,6 +26,14 @@ namespace memento::coord {
 
 // Job and node names: 1..64 of [A-Za-z0-9._-]. InvalidArgument otherwise.
 [[nodiscard]] Status ValidateName(const std::string& what, const std::string& name);
+
+// The store name of node `node` ("node0", "node1", ...): its membership key
+// (/memento/<job>/nodes/<name>), its signal and its COMPLETED reports; the
+// CommitCoordinator's member set is these names. REQUIRES: node >= 0.
+std::string NodeName(int node);
+// Inverse of NodeName: InvalidArgument unless `name` is exactly "node<N>"
+// with N in canonical decimal (no sign, no leading zero) below 2^31.
+[[nodiscard]] Result<int> ParseNodeName(std::string_view name);
 
 std::string StepKey(int64_t step);
 // Parses a 20-digit step; InvalidArgument otherwise.

@@ -20,12 +20,10 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::stri
     return InvalidArgumentError(
         fmt::format("store URL '{}': expected tcp://host:port (or etcd://..., reserved)", url));
   }
-  std::string host;
-  int port = 0;
-  MEMENTO_RETURN_IF_ERROR(net::ParseHostPort(url.substr(kTcp.size()), &host, &port));
-  if (port == 0) return InvalidArgumentError(fmt::format("store URL '{}': port 0", url));
+  Result<net::HostPort> hp = net::ParseHostPort(url.substr(kTcp.size()), net::PortUse::kConnect);
+  if (!hp.ok()) return hp.status().WithContext(fmt::format("store URL '{}'", url));
   MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Load(token_path));
-  auto client = std::make_unique<StoreClient>(host, port, std::move(token));
+  auto client = std::make_unique<StoreClient>(hp->host, hp->port, std::move(token));
   Status s = client->Ping(deadline);
   if (!s.ok()) return s.WithContext(fmt::format("opening store {}", url));
   return std::unique_ptr<Store>(std::move(client));

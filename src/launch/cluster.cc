@@ -8,95 +8,19 @@
 #include "agent/peer_protocol.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/tensor_json.h"
 #include "coord/keys.h"
 #include "net/rpc.h"
+#include "net/socket.h"
 
 namespace memento::launch {
 
 using nlohmann::json;
 
-std::string NodeName(int index) { return "node" + std::to_string(index); }
-
-// ---- topology ---------------------------------------------------------------
-
-json TopologyToJson(const JobTopology& t) {
-  return {{"dp", t.topology.dp},
-          {"tp", t.topology.tp},
-          {"pp", t.topology.pp},
-          {"zero", t.topology.zero_stage},
-          {"rank_node", t.topology.rank_node},
-          {"policy", topo::PolicyName(t.policy)},
-          {"local_copy", t.policy.local_copy == topo::LocalCopy::kFull ? "full" : "sharded"}};
-}
-
-Result<JobTopology> TopologyFromJson(const json& j) {
-  JobTopology t;
-  try {
-    t.topology.dp = j.at("dp").get<int>();
-    t.topology.tp = j.at("tp").get<int>();
-    t.topology.pp = j.at("pp").get<int>();
-    t.topology.zero_stage = j.at("zero").get<int>();
-    t.topology.rank_node = j.at("rank_node").get<std::vector<int>>();
-    MEMENTO_ASSIGN_OR_RETURN(t.policy, topo::ParsePolicy(j.at("policy").get<std::string>()));
-    if (j.value("local_copy", std::string("sharded")) == "full") {
-      t.policy.local_copy = topo::LocalCopy::kFull;
-    }
-  } catch (const json::exception& e) {
-    return InvalidArgumentError(std::string("malformed topology: ") + e.what());
-  }
-  MEMENTO_RETURN_IF_ERROR(t.topology.Validate());
-  return t;
-}
-
-json TensorMetaToJson(const TensorMeta& m) {
-  return {{"name", m.name},
-          {"dtype", std::string(DTypeName(m.dtype))},
-          {"shape", m.shape},
-          {"state_class", std::string(StateClassName(m.state_class))},
-          {"global_numel", m.global_numel},
-          {"shard_offset", m.shard_offset}};
-}
-
-Result<TensorMeta> TensorMetaFromJson(const json& j) {
-  TensorMeta m;
-  try {
-    m.name = j.at("name").get<std::string>();
-    const json& dt = j.at("dtype");
-    if (dt.is_string()) {
-      MEMENTO_ASSIGN_OR_RETURN(m.dtype, ParseDType(dt.get<std::string>()));
-    } else {
-      m.dtype = static_cast<DType>(dt.get<int>());
-    }
-    m.shape = j.at("shape").get<std::vector<int64_t>>();
-    const json& sc = j.contains("state_class") ? j.at("state_class") : j.at("class");
-    if (sc.is_string()) {
-      MEMENTO_ASSIGN_OR_RETURN(m.state_class, ParseStateClass(sc.get<std::string>()));
-    } else {
-      m.state_class = static_cast<StateClass>(sc.get<int>());
-    }
-    m.global_numel = j.value("global_numel", int64_t{0});
-    m.shard_offset = j.value("shard_offset", int64_t{0});
-  } catch (const json::exception& e) {
-    return InvalidArgumentError(std::string("malformed tensor description: ") + e.what());
-  }
-  return m;
-}
-
-Result<std::vector<TensorMeta>> TensorListFromJson(const json& j) {
-  const json& list = j.is_object() && j.contains("tensors") ? j.at("tensors") : j;
-  if (!list.is_array()) return InvalidArgumentError("tensor list: expected a JSON array");
-  std::vector<TensorMeta> out;
-  for (const json& t : list) {
-    MEMENTO_ASSIGN_OR_RETURN(TensorMeta m, TensorMetaFromJson(t));
-    out.push_back(std::move(m));
-  }
-  return out;
-}
-
 Status PublishTopology(coord::Store& store, const std::string& job, const JobTopology& t,
                        Deadline deadline) {
   coord::JobKeys keys(job);
-  return store.Set(keys.Topology(), TopologyToJson(t).dump(), deadline).status();
+  return store.Set(keys.Topology(), topo::JobTopologyToJson(t).dump(), deadline).status();
 }
 
 namespace {
@@ -113,7 +37,7 @@ Result<JobTopology> ReadTopology(coord::Store& store, const std::string& job, De
   coord::JobKeys keys(job);
   MEMENTO_ASSIGN_OR_RETURN(coord::KeyValue kv, store.Get(keys.Topology(), deadline));
   MEMENTO_ASSIGN_OR_RETURN(json j, ParseJson(kv.value, keys.Topology()));
-  return TopologyFromJson(j);
+  return topo::JobTopologyFromJson(j);
 }
 
 Result<topo::Inventory> ReadInventory(coord::Store& store, const std::string& job, int world_size,
@@ -161,9 +85,8 @@ Result<std::vector<std::string>> ReadEndpoints(coord::Store& store, const std::s
   std::vector<std::string> out(static_cast<size_t>(num_nodes));
   for (const coord::KeyValue& kv : list.kvs) {
     const std::string name = kv.key.substr(keys.NodesPrefix().size());
-    for (int i = 0; i < num_nodes; ++i) {
-      if (name == NodeName(i)) out[static_cast<size_t>(i)] = kv.value;
-    }
+    Result<int> node = coord::ParseNodeName(name);
+    if (node.ok() && *node < num_nodes) out[static_cast<size_t>(*node)] = kv.value;
   }
   return out;
 }
@@ -198,17 +121,9 @@ namespace {
 
 Result<std::unique_ptr<net::RpcClient>> ConnectPeer(const std::string& endpoint,
                                                     const net::JobToken& token, Deadline deadline) {
-  size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos) {
-    return InvalidArgumentError("agent endpoint '" + endpoint + "' is not host:port");
-  }
-  char* end = nullptr;
-  long port = std::strtol(endpoint.c_str() + colon + 1, &end, 10);
-  if (*end != '\0' || port <= 0 || port > 65535) {
-    return InvalidArgumentError("agent endpoint '" + endpoint + "' has a bad port");
-  }
-  return net::RpcClient::Connect(endpoint.substr(0, colon), static_cast<int>(port), token,
-                                 deadline);
+  Result<net::HostPort> hp = net::ParseHostPort(endpoint, net::PortUse::kConnect);
+  if (!hp.ok()) return hp.status().WithContext("agent endpoint");
+  return net::RpcClient::Connect(hp->host, hp->port, token, deadline);
 }
 
 Result<std::string> CallPeer(const std::string& endpoint, const net::JobToken& token,

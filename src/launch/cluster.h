@@ -25,27 +25,15 @@
 #include "net/job_token.h"
 #include "recover/recover.h"
 #include "topo/plan.h"
+#include "topo/topology_json.h"
 
 namespace memento::launch {
 
-// The store name of node `index` (membership, signals, completed reports):
-// "node0", "node1", ... (the agent's ClusterNodeName).
-std::string NodeName(int index);
-
-// What `memento launch` publishes at /memento/<job>/topology.
-struct JobTopology {
-  topo::Topology topology;
-  topo::Policy policy;
-};
-nlohmann::json TopologyToJson(const JobTopology& t);
-[[nodiscard]] Result<JobTopology> TopologyFromJson(const nlohmann::json& j);
-
-// TensorMeta <-> JSON ({"name","dtype":"F32","shape":[..],"state_class":"replicated",
-// "global_numel","shard_offset"}) as in /memento/<job>/inventory/<rank>: a list of
-// them (or {"tensors": [...]}).
-nlohmann::json TensorMetaToJson(const TensorMeta& m);
-[[nodiscard]] Result<TensorMeta> TensorMetaFromJson(const nlohmann::json& j);
-[[nodiscard]] Result<std::vector<TensorMeta>> TensorListFromJson(const nlohmann::json& j);
+// What `memento launch` publishes at /memento/<job>/topology. Its codec is
+// topo::JobTopologyToJson / JobTopologyFromJson (src/topo/topology_json.h);
+// node names are coord::NodeName; tensor lists memento::TensorListFromJson
+// (src/common/tensor_json.h).
+using JobTopology = topo::JobTopology;
 
 [[nodiscard]] Status PublishTopology(coord::Store& store, const std::string& job,
                                      const JobTopology& t, Deadline deadline);

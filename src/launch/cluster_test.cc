@@ -1,5 +1,6 @@
 #include "launch/cluster.h"
 
+#include "common/tensor_json.h"
 #include "coord/keys.h"
 #include "coord/memory_store.h"
 #include "gtest/gtest.h"
@@ -32,35 +33,22 @@ std::vector<TensorMeta> RankTensors(int dp_i, int dp) {
   return {w, opt, rng};
 }
 
-TEST(LaunchCluster, TopologyRoundTrip) {
+TEST(LaunchCluster, PublishedTopologyKeepsRackLabels) {
+  // The launcher's own topology codec used to drop node_rack; it now uses
+  // topo::JobTopologyToJson like the agents.
+  coord::MemoryStore store;
   auto topo = topo::Topology::Uniform(2, 1, 2, 1, 2);
   ASSERT_TRUE(topo.ok()) << topo.status();
+  topo->node_rack = {"rackA", "rackB"};
   JobTopology t{*topo, *topo::ParsePolicy("rs:2")};
   t.policy.local_copy = topo::LocalCopy::kFull;
-  auto back = TopologyFromJson(TopologyToJson(t));
+  ASSERT_TRUE(PublishTopology(store, "j", t, Soon()).ok());
+  auto back = ReadTopology(store, "j", Soon());
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->topology.dp, 2);
-  EXPECT_EQ(back->topology.pp, 2);
-  EXPECT_EQ(back->topology.zero_stage, 1);
   EXPECT_EQ(back->topology.rank_node, (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(back->topology.node_rack, (std::vector<std::string>{"rackA", "rackB"}));
   EXPECT_EQ(topo::PolicyName(back->policy), "rs:2");
   EXPECT_EQ(back->policy.local_copy, topo::LocalCopy::kFull);
-  auto bad = TopologyFromJson({{"dp", 2}});
-  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-}
-
-TEST(LaunchCluster, TensorMetaRoundTrip) {
-  for (const TensorMeta& m : RankTensors(1, 4)) {
-    auto back = TensorMetaFromJson(TensorMetaToJson(m));
-    ASSERT_TRUE(back.ok()) << back.status();
-    EXPECT_EQ(*back, m);
-  }
-  EXPECT_EQ(TensorMetaFromJson(
-                {{"name", "x"}, {"dtype", "F99"}, {"shape", {1}}, {"state_class", "private"}})
-                .status()
-                .code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_FALSE(TensorListFromJson(nlohmann::json::object()).ok());
 }
 
 TEST(LaunchCluster, PlanFromStoreWaitsForEveryInventoryThenMatchesMakePlan) {
@@ -95,13 +83,14 @@ TEST(LaunchCluster, PlanFromStoreWaitsForEveryInventoryThenMatchesMakePlan) {
 TEST(LaunchCluster, EndpointsByNodeName) {
   coord::MemoryStore store;
   coord::JobKeys keys("j");
-  ASSERT_TRUE(store.Set(keys.Node(NodeName(2)), "127.0.0.1:5002", Soon()).ok());
-  ASSERT_TRUE(store.Set(keys.Node(NodeName(0)), "127.0.0.1:5000", Soon()).ok());
+  ASSERT_TRUE(store.Set(keys.Node(coord::NodeName(2)), "127.0.0.1:5002", Soon()).ok());
+  ASSERT_TRUE(store.Set(keys.Node(coord::NodeName(0)), "127.0.0.1:5000", Soon()).ok());
   ASSERT_TRUE(store.Set(keys.Node("stranger"), "127.0.0.1:1", Soon()).ok());
+  ASSERT_TRUE(store.Set(keys.Node("node01"), "127.0.0.1:2", Soon()).ok());
+  ASSERT_TRUE(store.Set(keys.Node(coord::NodeName(3)), "127.0.0.1:3", Soon()).ok());
   auto eps = ReadEndpoints(store, "j", 3, Soon());
   ASSERT_TRUE(eps.ok()) << eps.status();
   EXPECT_EQ(*eps, (std::vector<std::string>{"127.0.0.1:5000", "", "127.0.0.1:5002"}));
-  EXPECT_EQ(NodeName(3), "node3");
 }
 
 }  // namespace

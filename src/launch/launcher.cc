@@ -512,7 +512,7 @@ struct Launcher::State {
   Status StartCoordinator(Deadline deadline) {
     coordinator.reset();
     std::set<std::string> members;
-    for (int i = 0; i < o.nodes; ++i) members.insert(NodeName(i));
+    for (int i = 0; i < o.nodes; ++i) members.insert(coord::NodeName(i));
     MEMENTO_ASSIGN_OR_RETURN(coordinator,
                              coord::CommitCoordinator::Start(
                                  store, o.job, members, deadline,
@@ -528,7 +528,7 @@ struct Launcher::State {
     unlink((root + "/agent.sock").c_str());  // a stale socket would look ready
     // A dead agent's lease would keep its old endpoint in the store for a TTL.
     coord::JobKeys keys(o.job);
-    auto kv = store->Get(keys.Node(NodeName(node)), Deadline::AfterSeconds(5));
+    auto kv = store->Get(keys.Node(coord::NodeName(node)), Deadline::AfterSeconds(5));
     if (kv.ok() && kv->lease != 0) {
       store->RevokeLease(kv->lease, Deadline::AfterSeconds(5)).IgnoreError();
     }

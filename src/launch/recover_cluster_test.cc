@@ -186,7 +186,7 @@ class TestCluster {
     ASSERT_TRUE(svc.ok()) << svc.status();
     nd->service = std::move(svc).value();
     coord::JobKeys keys(kJob);
-    ASSERT_TRUE(store_.Set(keys.Node(NodeName(i)), nd->service->endpoint(), Soon()).ok());
+    ASSERT_TRUE(store_.Set(keys.Node(coord::NodeName(i)), nd->service->endpoint(), Soon()).ok());
   }
 
   shm::testing::ShmScratchDir dir_{"memento-launch"};
@@ -278,7 +278,7 @@ TEST(RecoverCluster, ANodeWithoutAnAgentIsUnreachableAndItsRanksCannotBeRebuilt)
   c.WriteT0(5, 1);
   c.ProduceRedundancy(5);
   coord::JobKeys keys(kJob);
-  ASSERT_TRUE(c.store().Delete(keys.Node(NodeName(3)), Soon()).ok());
+  ASSERT_TRUE(c.store().Delete(keys.Node(coord::NodeName(3)), Soon()).ok());
   auto r = RecoverCluster(c.store(), c.plan(), Token(), Options(4), Soon());
   // Decide rebuilds rank 3 on node 3, which has no agent to do it.
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status();

@@ -221,20 +221,33 @@ Status RecvAll(int fd, void* buf, size_t len, Deadline deadline, size_t* receive
   return Status::Ok();
 }
 
-Status ParseHostPort(const std::string& s, std::string* host, int* port) {
-  size_t colon = s.rfind(':');
-  if (colon == std::string::npos || colon + 1 >= s.size()) {
+Result<HostPort> ParseHostPort(std::string_view s, PortUse use) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string_view::npos || colon + 1 >= s.size()) {
     return InvalidArgumentError(fmt::format("address '{}': expected host:port", s));
   }
-  std::string p = s.substr(colon + 1);
-  char* end = nullptr;
-  long v = std::strtol(p.c_str(), &end, 10);
-  if (*end != '\0' || v < 0 || v > 65535) {
-    return InvalidArgumentError(fmt::format("address '{}': port '{}' is not 0..65535", s, p));
+  const std::string_view digits = s.substr(colon + 1);
+  int64_t port = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9' || port > 65535) {
+      port = -1;
+      break;
+    }
+    port = port * 10 + (c - '0');
   }
-  *host = s.substr(0, colon);
-  *port = static_cast<int>(v);
-  return Status::Ok();
+  const int64_t lowest = use == PortUse::kListen ? 0 : 1;
+  if (port < lowest || port > 65535) {
+    return InvalidArgumentError(
+        fmt::format("address '{}': port '{}' is not {}..65535", s, digits, lowest));
+  }
+  std::string_view host = s.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty() && use == PortUse::kConnect) {
+    return InvalidArgumentError(fmt::format("address '{}': no host to connect to", s));
+  }
+  return HostPort{std::string(host), static_cast<int>(port)};
 }
 
 }  // namespace memento::net

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "common/checksum.h"
 #include "memento/deadline.h"
@@ -73,7 +74,19 @@ class Fd {
 [[nodiscard]] Status RecvAll(int fd, void* buf, size_t len, Deadline deadline,
                              size_t* received = nullptr, StreamingChecksum* sum = nullptr);
 
-// Splits "host:port" (port required, 0..65535).
-[[nodiscard]] Status ParseHostPort(const std::string& s, std::string* host, int* port);
+// The one parser of "host:port" addresses (store URLs, --listen flags, agent
+// endpoints in the store). An IPv6 host may be bracketed ("[::1]:80"); the
+// brackets are dropped. The port is decimal.
+//   kListen:  port 0..65535 (0: the kernel picks one); an empty host means
+//             every address (ListenTcp).
+//   kConnect: port 1..65535 and a host.
+// InvalidArgument quoting the text and saying what is wrong otherwise.
+// Tested in src/net/transport_test.cc (HostPortTest).
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+enum class PortUse { kListen, kConnect };
+[[nodiscard]] Result<HostPort> ParseHostPort(std::string_view s, PortUse use);
 
 }  // namespace memento::net

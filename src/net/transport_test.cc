@@ -45,6 +45,57 @@ struct EchoServer {
   }
 };
 
+TEST(HostPortTest, ParsesWhatTheFlagsAndTheStoreCarry) {
+  struct Case {
+    const char* text;
+    PortUse use;
+    const char* host;
+    int port;
+  };
+  const Case cases[] = {{"127.0.0.1:4000", PortUse::kConnect, "127.0.0.1", 4000},
+                        {"[::1]:80", PortUse::kConnect, "::1", 80},
+                        {"host.example:65535", PortUse::kConnect, "host.example", 65535},
+                        {"127.0.0.1:0", PortUse::kListen, "127.0.0.1", 0},
+                        {":7070", PortUse::kListen, "", 7070}};
+  for (const Case& c : cases) {
+    Result<HostPort> hp = ParseHostPort(c.text, c.use);
+    ASSERT_TRUE(hp.ok()) << c.text << ": " << hp.status().ToString();
+    EXPECT_EQ(hp->host, c.host) << c.text;
+    EXPECT_EQ(hp->port, c.port) << c.text;
+    // Round trip through the printed form.
+    const std::string printed = hp->host.find(':') != std::string::npos
+                                    ? "[" + hp->host + "]:" + std::to_string(hp->port)
+                                    : hp->host + ":" + std::to_string(hp->port);
+    Result<HostPort> again = ParseHostPort(printed, c.use);
+    ASSERT_TRUE(again.ok()) << printed;
+    EXPECT_EQ(again->host, hp->host);
+    EXPECT_EQ(again->port, hp->port);
+  }
+}
+
+TEST(HostPortTest, MalformedAddressSaysWhatIsWrong) {
+  const std::pair<const char*, const char*> connect_cases[] = {
+      {"", "expected host:port"},
+      {"localhost", "expected host:port"},
+      {"host:", "expected host:port"},
+      {":80", "no host"},
+      {"host:0", "1..65535"},
+      {"host:65536", "1..65535"},
+      {"host:99999999999999999999", "1..65535"},
+      {"host:-1", "1..65535"},
+      {"host:8o", "1..65535"}};
+  for (const auto& [text, why] : connect_cases) {
+    Result<HostPort> hp = ParseHostPort(text, PortUse::kConnect);
+    ASSERT_FALSE(hp.ok()) << text;
+    EXPECT_EQ(hp.status().code(), StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(hp.status().message().find(why), std::string::npos) << hp.status().message();
+    EXPECT_NE(hp.status().message().find(std::string("'") + text + "'"), std::string::npos)
+        << hp.status().message();
+  }
+  EXPECT_FALSE(ParseHostPort("host:65536", PortUse::kListen).ok());
+  EXPECT_FALSE(ParseHostPort("host", PortUse::kListen).ok());
+}
+
 TEST(JobTokenTest, FileModeIsChecked) {
   testing::ScratchDir dir("net-token");
   std::string path = dir.path() + "/token";

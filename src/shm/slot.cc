@@ -5,9 +5,11 @@
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "common/checksum.h"
 #include "common/clock.h"
+#include "common/tensor_json.h"
 #include "fmt/format.h"
 
 namespace memento::shm {
@@ -96,14 +98,10 @@ Result<SlotLayout> ComputeSlotLayout(const std::string& job_id, int rank,
 std::string EncodeManifest(const std::vector<SavedTensor>& tensors) {
   nlohmann::json arr = nlohmann::json::array();
   for (const SavedTensor& t : tensors) {
-    arr.push_back({{"name", t.meta.name},
-                   {"dtype", std::string(DTypeName(t.meta.dtype))},
-                   {"shape", t.meta.shape},
-                   {"state_class", std::string(StateClassName(t.meta.state_class))},
-                   {"global_numel", t.meta.global_numel},
-                   {"shard_offset", t.meta.shard_offset},
-                   {"offset", t.offset},
-                   {"nbytes", t.nbytes}});
+    nlohmann::json e = TensorMetaToJson(t.meta);
+    e["offset"] = t.offset;
+    e["nbytes"] = t.nbytes;
+    arr.push_back(std::move(e));
   }
   return nlohmann::json{{"format", 1}, {"tensors", arr}}.dump();
 }
@@ -114,13 +112,10 @@ Result<std::vector<SavedTensor>> ParseManifest(std::string_view text) {
     auto j = nlohmann::json::parse(text);
     for (const auto& e : j.at("tensors")) {
       SavedTensor t;
-      t.meta.name = e.at("name").get<std::string>();
-      MEMENTO_ASSIGN_OR_RETURN(t.meta.dtype, ParseDType(e.at("dtype").get<std::string>()));
-      t.meta.shape = e.at("shape").get<std::vector<int64_t>>();
-      MEMENTO_ASSIGN_OR_RETURN(t.meta.state_class,
-                               ParseStateClass(e.at("state_class").get<std::string>()));
-      t.meta.global_numel = e.at("global_numel").get<int64_t>();
-      t.meta.shard_offset = e.at("shard_offset").get<int64_t>();
+      Result<TensorMeta> meta = TensorMetaFromJson(e);
+      if (!meta.ok())
+        return DataLossError("slot manifest is not valid: " + meta.status().message());
+      t.meta = std::move(*meta);
       t.offset = e.at("offset").get<uint64_t>();
       t.nbytes = e.at("nbytes").get<uint64_t>();
       out.push_back(std::move(t));

@@ -1,6 +1,9 @@
 #include "topo/plan_json.h"
 
 #include <string>
+#include <utility>
+
+#include "topo/topology_json.h"
 
 namespace memento::topo {
 
@@ -24,13 +27,7 @@ json Ids(const std::vector<T>& v) {
 
 json PlanToJson(const Plan& plan) {
   json j;
-  const Topology& t = plan.topology;
-  j["topology"] = {{"dp", t.dp},
-                   {"tp", t.tp},
-                   {"pp", t.pp},
-                   {"zero_stage", t.zero_stage},
-                   {"rank_node", t.rank_node},
-                   {"node_rack", t.node_rack}};
+  j["topology"] = TopologyToJson(plan.topology);
   j["policy"] = {{"scheme", PolicyName(plan.policy)},
                  {"local_copy", plan.policy.local_copy == LocalCopy::kFull ? "full" : "sharded"},
                  {"host_bytes_per_node", plan.policy.host_bytes_per_node},
@@ -149,13 +146,9 @@ CopyKind ParseCopyKind(const std::string& s) {
 
 Plan PlanFromJsonOrThrow(const json& j) {
   Plan p;
-  const json& t = j.at("topology");
-  p.topology.dp = t.at("dp");
-  p.topology.tp = t.at("tp");
-  p.topology.pp = t.at("pp");
-  p.topology.zero_stage = t.at("zero_stage");
-  p.topology.rank_node = t.at("rank_node").get<std::vector<int>>();
-  p.topology.node_rack = t.at("node_rack").get<std::vector<std::string>>();
+  Result<Topology> topology = TopologyFromJson(j.at("topology"));
+  if (!topology.ok()) throw std::invalid_argument(topology.status().message());
+  p.topology = std::move(*topology);
   const json& pol = j.at("policy");
   Result<Policy> parsed = ParsePolicy(pol.at("scheme").get<std::string>());
   if (!parsed.ok()) throw std::invalid_argument(parsed.status().message());

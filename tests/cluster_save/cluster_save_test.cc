@@ -17,15 +17,18 @@
 #include "agent/peer_protocol.h"
 #include "codec/reference_codec.h"
 #include "common/check.h"
+#include "common/tensor_json.h"
 #include "common/test_util.h"
 #include "coord/commit.h"
 #include "coord/embedded_store.h"
 #include "coord/keys.h"
 #include "net/rpc.h"
+#include "net/socket.h"
 #include "recover/source.h"
 #include "shm/shm_test_util.h"
 #include "shm/slot.h"
 #include "topo/plan.h"
+#include "topo/topology_json.h"
 
 namespace memento {
 namespace {
@@ -54,7 +57,7 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
     server_ = std::move(*server);
     store_ = &server_->store();
     std::set<std::string> members;
-    for (int n = 0; n < kNodes; ++n) members.insert(agent::ClusterNodeName(n));
+    for (int n = 0; n < kNodes; ++n) members.insert(coord::NodeName(n));
     auto coordinator =
         coord::CommitCoordinator::Start(store_, kJob, members, Deadline::AfterSeconds(10));
     MEMENTO_CHECK_OK(coordinator.status());
@@ -85,7 +88,7 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
     topology_ = *t;
     MEMENTO_CHECK_OK(store_
                          ->Set(coord::JobKeys(kJob).Topology(),
-                               agent::ClusterTopologyToJson(*t, *p), Deadline::AfterSeconds(5))
+                               topo::JobTopologyToJson({*t, *p}).dump(), Deadline::AfterSeconds(5))
                          .status());
     policy_ = *p;
   }
@@ -148,7 +151,7 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
     for (int r = 0; r < topology_.num_ranks(); ++r) {
       auto kv = store_->Get(coord::JobKeys(kJob).Inventory(r), Deadline::AfterSeconds(5));
       MEMENTO_CHECK_OK(kv.status());
-      auto metas = agent::TensorListFromJson(kv->value);
+      auto metas = ParseTensorList(kv->value);
       MEMENTO_CHECK_OK(metas.status());
       inv[r] = *metas;
     }
@@ -189,13 +192,13 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
   // Reads a T1 entry of node `node` through its peer service (kPeerRead).
   std::vector<uint8_t> ReadEntry(int node, recover::SourceKind kind, uint32_t id, int64_t step,
                                  uint64_t bytes, std::vector<std::string>* errors) {
-    auto ep = store_->Get(coord::JobKeys(kJob).Node(agent::ClusterNodeName(node)),
-                          Deadline::AfterSeconds(5));
+    auto ep =
+        store_->Get(coord::JobKeys(kJob).Node(coord::NodeName(node)), Deadline::AfterSeconds(5));
     MEMENTO_CHECK_OK(ep.status());
-    size_t colon = ep->value.rfind(':');
+    auto hp = net::ParseHostPort(ep->value, net::PortUse::kConnect);
+    MEMENTO_CHECK_OK(hp.status());
     auto client = net::RpcClient::Connect(
-        ep->value.substr(0, colon), std::stoi(ep->value.substr(colon + 1)),
-        net::JobToken::FromSecret(kSecret).value(), Deadline::AfterSeconds(5));
+        hp->host, hp->port, net::JobToken::FromSecret(kSecret).value(), Deadline::AfterSeconds(5));
     MEMENTO_CHECK_OK(client.status());
     recover::ReadRequest req;
     req.step = step;

@@ -18,9 +18,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s HOST:PORT\n", argv[0]);
     return 2;
   }
-  std::string host;
-  int port = 0;
-  Status s = net::ParseHostPort(argv[1], &host, &port);
+  Result<net::HostPort> hp = net::ParseHostPort(argv[1], net::PortUse::kListen);
+  Status s = hp.status();
   auto token = net::JobToken::FromEnv();
   if (!s.ok() || !token.ok()) {
     std::fprintf(stderr, "store_helper: %s\n", (s.ok() ? token.status() : s).ToString().c_str());
@@ -29,7 +28,7 @@ int main(int argc, char** argv) {
   // Our stdout is a pipe the test closes after reading the port: a later
   // write (a sanitizer report, a log line) must not kill the store.
   signal(SIGPIPE, SIG_IGN);
-  auto server = coord::EmbeddedStoreServer::Start(host, port, *token);
+  auto server = coord::EmbeddedStoreServer::Start(hp->host, hp->port, *token);
   if (!server.ok()) {
     std::fprintf(stderr, "store_helper: %s\n", server.status().ToString().c_str());
     return 1;

@@ -1,0 +1,86 @@
+#include "topo/topology_json.h"
+
+#include <gtest/gtest.h>
+
+namespace memento::topo {
+namespace {
+
+using nlohmann::json;
+
+Topology Labelled() {
+  Result<Topology> t = Topology::Uniform(/*dp=*/2, /*tp=*/2, /*pp=*/2, /*zero_stage=*/1,
+                                         /*ranks_per_node=*/2);
+  EXPECT_TRUE(t.ok());
+  t->node_rack = {"r0", "r0", "r1", "r1"};
+  return *t;
+}
+
+void ExpectSame(const Topology& a, const Topology& b) {
+  EXPECT_EQ(a.dp, b.dp);
+  EXPECT_EQ(a.tp, b.tp);
+  EXPECT_EQ(a.pp, b.pp);
+  EXPECT_EQ(a.zero_stage, b.zero_stage);
+  EXPECT_EQ(a.rank_node, b.rank_node);
+  EXPECT_EQ(a.node_rack, b.node_rack);
+}
+
+TEST(TopologyJsonTest, TopologyRoundTrips) {
+  const Topology t = Labelled();
+  Result<Topology> back = TopologyFromJson(TopologyToJson(t));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ExpectSame(*back, t);
+}
+
+TEST(TopologyJsonTest, JobRecordRoundTripsWithRacksAndPolicy) {
+  for (const char* policy : {"xor", "rs:2", "replicate", "peer:3", "none"}) {
+    for (LocalCopy local : {LocalCopy::kSharded, LocalCopy::kFull}) {
+      JobTopology jt{Labelled(), *ParsePolicy(policy)};
+      jt.policy.local_copy = local;
+      Result<JobTopology> back = ParseJobTopology(JobTopologyToJson(jt).dump());
+      ASSERT_TRUE(back.ok()) << policy << ": " << back.status().ToString();
+      ExpectSame(back->topology, jt.topology);  // node_rack included (the launcher dropped it)
+      EXPECT_EQ(PolicyName(back->policy), policy);
+      EXPECT_EQ(back->policy.local_copy, local) << policy;
+    }
+  }
+}
+
+TEST(TopologyJsonTest, JobRecordKeepsItsDocumentedShape) {
+  JobTopology jt{*Topology::Uniform(2, 1, 1, 1, 1), *ParsePolicy("xor")};
+  json j = JobTopologyToJson(jt);
+  EXPECT_EQ(j.at("zero"), 1);  // `memento inspect` and docs/cluster.md read "zero"
+  EXPECT_EQ(j.at("policy"), "xor");
+  EXPECT_EQ(j.at("local_copy"), "sharded");
+  EXPECT_FALSE(j.contains("node_rack"));  // only when labelled
+  // The short form of docs/cluster_save.md: defaults for tp, pp, stage, policy.
+  Result<JobTopology> minimal = ParseJobTopology(R"({"dp":2,"rank_node":[0,1],"zero_stage":1})");
+  ASSERT_TRUE(minimal.ok()) << minimal.status().ToString();
+  EXPECT_EQ(minimal->topology.tp, 1);
+  EXPECT_EQ(minimal->topology.pp, 1);
+  EXPECT_EQ(minimal->topology.zero_stage, 1);
+  EXPECT_EQ(PolicyName(minimal->policy), "xor");
+}
+
+void ExpectBad(std::string_view text, const std::string& names) {
+  Result<JobTopology> r = ParseJobTopology(text);
+  ASSERT_FALSE(r.ok()) << text;
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << text;
+  EXPECT_NE(r.status().message().find(names), std::string::npos)
+      << "'" << r.status().message() << "' does not name '" << names << "'";
+}
+
+TEST(TopologyJsonTest, MalformedInputNamesTheProblem) {
+  ExpectBad("{\"dp\":", "not JSON");
+  ExpectBad("[1,2]", "not a JSON object");
+  ExpectBad(R"({"rank_node":[0,1]})", "dp");
+  ExpectBad(R"({"dp":2})", "rank_node");
+  ExpectBad(R"({"dp":"two","rank_node":[0,1]})", "malformed topology");
+  ExpectBad(R"({"dp":2,"rank_node":[0,1],"policy":"raid9"})", "raid9");
+  ExpectBad(R"({"dp":2,"rank_node":[0,1],"local_copy":"half"})", "half");
+  // Topology::Validate: 2 ranks but a map of 3.
+  Result<JobTopology> r = ParseJobTopology(R"({"dp":2,"rank_node":[0,1,2]})");
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace memento::topo
