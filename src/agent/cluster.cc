@@ -789,6 +789,8 @@ Status Cluster::StartPeerService() {
   po.port = hp->port;
   po.store = node_store_;
   po.redundancy = red_.get();
+  po.max_request_bytes = options_.peer_max_request_bytes;
+  po.max_buffered_bytes = options_.peer_max_buffered_bytes;
   po.plan = [this]() -> Result<std::shared_ptr<const ClusterPlan>> {
     MutexLock l(&plan_mu_);
     if (cluster_plan_ == nullptr) {

@@ -66,6 +66,9 @@ struct ClusterOptions {
   double hold_timeout_s = 10.0;
   // How long Start() waits for the store to answer.
   double store_timeout_s = 30.0;
+  // The peer service's receive caps (PeerServiceOptions).
+  uint64_t peer_max_request_bytes = kDefaultPeerMaxRequestBytes;
+  uint64_t peer_max_buffered_bytes = kDefaultPeerMaxBufferedBytes;
 };
 
 // The codecs of the records this file reads and writes live next to their
