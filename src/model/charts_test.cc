@@ -53,7 +53,7 @@ Parsed ParseSvg(const std::string& text) {
       o->nodes[std::stoi(a["data-node"])] = a["class"] == "node lost";
     }
     if (std::string(name) == "g" && a["class"] == "group") o->groups.push_back(a["data-nodes"]);
-    if (std::string(name) == "line" && a["class"] == "rebuild") {
+    if (std::string(name) == "path" && a["class"] == "rebuild") {
       o->rebuilds.emplace_back(std::stoi(a["data-from"]), std::stoi(a["data-to"]), a["data-kind"]);
     }
   });
