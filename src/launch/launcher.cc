@@ -558,6 +558,15 @@ struct Launcher::State {
     return Status::Ok();
   }
 
+  // " 1 3": the nodes whose agent is no longer running (reaps them).
+  std::string DeadAgents() {
+    std::string out;
+    for (int i = 0; i < o.nodes; ++i) {
+      if (!agents[static_cast<size_t>(i)].running()) out += " " + std::to_string(i);
+    }
+    return out;
+  }
+
   Status WaitAgentsReady(Deadline deadline) {
     for (int i = 0; i < o.nodes; ++i) {
       const std::string sock = Root(i) + "/agent.sock";
@@ -932,53 +941,80 @@ Result<LaunchSummary> Launcher::Run() {
         if (Status st = s.RestartStore(); !st.ok()) return finish(false, 1, st.ToString());
       }
       const Deadline agents_deadline = Deadline::AfterSeconds(o.agent_start_timeout_s);
-      for (int i = 0; i < o.nodes; ++i) {
-        Subprocess& a = s.agents[static_cast<size_t>(i)];
-        if (a.running()) continue;
-        const bool lost = s.node_lost[static_cast<size_t>(i)];
-        if (lost) rep.lost_nodes.push_back(i);
-        s.Say(lost ? "replacing node " + std::to_string(i) + " by a fresh agent on an empty root"
-                   : "restarting the agent of node " + std::to_string(i) + " on its root");
-        if (Status st = s.StartAgent(i, lost); !st.ok()) return finish(false, 1, st.ToString());
-      }
-      if (Status st = s.WaitAgentsReady(agents_deadline); !st.ok()) {
-        return finish(false, 1, st.ToString());
-      }
-      // kill-store@recovery=N: the store host is lost in the middle of this
-      // recovery (agents restarted, inventory round not begun).
-      for (size_t k = 0; k < injections_.size(); ++k) {
-        const Injection& inj = injections_[k];
-        if (s.fired[k] || inj.kind != InjectKind::kKillStore || inj.recovery != rep.n) continue;
-        s.fired[k] = true;
-        s.Say("injecting " + inj.ToString());
-        s.KillStore(inj.ToString(), rep.n, s.known_committed);
-        std::this_thread::sleep_for(std::chrono::duration<double>(o.store_down_s));
-        if (Status st = s.RestartStore(); !st.ok()) return finish(false, 1, st.ToString());
-      }
-      rep.committed = s.Committed();
-      if (s.plan.has_value() && rep.committed >= 0) {
-        if (Status st = s.WaitEndpoints(agents_deadline); !st.ok()) {
-          return finish(false, 1, st.ToString());
+      // An agent killed together with its trainer may still be dying when the
+      // trainer's death is noticed (its stale socket and lease look alive):
+      // when an agent turns out dead during the recovery, it is restarted on
+      // its root and the recovery starts over (at most kRecoveryRounds times).
+      constexpr int kRecoveryRounds = 3;
+      std::optional<ClusterRecovery> recovered;
+      for (int round = 0;; ++round) {
+        std::string failed;
+        for (int i = 0; i < o.nodes && failed.empty(); ++i) {
+          Subprocess& a = s.agents[static_cast<size_t>(i)];
+          if (a.running()) continue;  // reaps one that died unnoticed
+          const bool lost = s.node_lost[static_cast<size_t>(i)];
+          if (lost &&
+              std::find(rep.lost_nodes.begin(), rep.lost_nodes.end(), i) == rep.lost_nodes.end()) {
+            rep.lost_nodes.push_back(i);
+          }
+          s.Say(lost ? "replacing node " + std::to_string(i) + " by a fresh agent on an empty root"
+                     : "restarting the agent of node " + std::to_string(i) + " on its root" +
+                           (a.exit_status() ? " (it " + a.exit_status()->ToString() + ")" : ""));
+          if (Status st = s.StartAgent(i, lost); !st.ok()) return finish(false, 1, st.ToString());
         }
+        if (Status st = s.WaitAgentsReady(agents_deadline); !st.ok()) failed = st.ToString();
+        // kill-store@recovery=N: the store host is lost in the middle of this
+        // recovery (agents restarted, inventory round not begun).
+        for (size_t k = 0; k < injections_.size() && failed.empty(); ++k) {
+          const Injection& inj = injections_[k];
+          if (s.fired[k] || inj.kind != InjectKind::kKillStore || inj.recovery != rep.n) continue;
+          s.fired[k] = true;
+          s.Say("injecting " + inj.ToString());
+          s.KillStore(inj.ToString(), rep.n, s.known_committed);
+          std::this_thread::sleep_for(std::chrono::duration<double>(o.store_down_s));
+          if (Status st = s.RestartStore(); !st.ok()) return finish(false, 1, st.ToString());
+        }
+        if (failed.empty()) {
+          rep.committed = s.Committed();
+          if (s.plan.has_value() && rep.committed >= 0) {
+            if (Status st = s.WaitEndpoints(agents_deadline); !st.ok()) failed = st.ToString();
+          }
+        }
+        if (failed.empty()) {
+          rep.restart_s = SecondsBetween(detected, Now());
+          for (int rank : s.pending_corruptions) {
+            auto slot = CorruptSlot(s.Root(s.NodeOf(rank)), rank, rep.committed);
+            s.Say(slot.ok() ? "flipped a byte in slot " + std::to_string(*slot) + " of rank " +
+                                  std::to_string(rank) + " (committed step " +
+                                  std::to_string(rep.committed) + ")"
+                            : "corrupt-rank: " + slot.status().ToString());
+          }
+          s.pending_corruptions.clear();
+          if (!s.plan.has_value() || rep.committed < 0) break;
+          RecoverOptions ro;
+          ro.job = o.job;
+          ro.num_nodes = o.nodes;
+          ro.committed = rep.committed;
+          auto rec = RecoverCluster(*s.store, *s.plan, s.token, ro,
+                                    Deadline::AfterSeconds(o.recovery_timeout_s));
+          if (rec.ok()) {
+            // An agent that died meanwhile would fail the restarted trainers.
+            if (s.DeadAgents().empty()) {
+              recovered = std::move(*rec);
+              break;
+            }
+            failed = "the recovery's decision was made while an agent was dying";
+          } else {
+            failed = "recovery failed: " + rec.status().ToString();
+          }
+        }
+        const std::string dead = s.DeadAgents();
+        if (dead.empty() || round + 1 >= kRecoveryRounds) return finish(false, 1, failed);
+        s.Say("the agent(s) of node(s)" + dead + " died during recovery " + std::to_string(rep.n) +
+              " (" + failed + "); restarting them and trying again");
       }
-      rep.restart_s = SecondsBetween(detected, Now());
-
-      for (int rank : s.pending_corruptions) {
-        auto slot = CorruptSlot(s.Root(s.NodeOf(rank)), rank, rep.committed);
-        s.Say(slot.ok() ? "flipped a byte in slot " + std::to_string(*slot) + " of rank " +
-                              std::to_string(rank) + " (committed step " +
-                              std::to_string(rep.committed) + ")"
-                        : "corrupt-rank: " + slot.status().ToString());
-      }
-      s.pending_corruptions.clear();
-      if (s.plan.has_value() && rep.committed >= 0) {
-        RecoverOptions ro;
-        ro.job = o.job;
-        ro.num_nodes = o.nodes;
-        ro.committed = rep.committed;
-        auto rec = RecoverCluster(*s.store, *s.plan, s.token, ro,
-                                  Deadline::AfterSeconds(o.recovery_timeout_s));
-        if (!rec.ok()) return finish(false, 1, "recovery failed: " + rec.status().ToString());
+      if (recovered.has_value()) {
+        const ClusterRecovery* rec = &*recovered;
         rep.reason = rec->decision.reason;
         for (int n : rec->decision.lost_nodes) {
           if (std::find(rep.lost_nodes.begin(), rep.lost_nodes.end(), n) == rep.lost_nodes.end()) {
@@ -1097,7 +1133,7 @@ Result<LaunchSummary> Launcher::Run() {
       const int64_t c = s.Committed();
       if (c != s.last_progress_step) {
         int running = 0;
-        for (const Subprocess& t : s.trainers) running += t.running() ? 1 : 0;
+        for (Subprocess& t : s.trainers) running += t.running() ? 1 : 0;
         s.Say("attempt " + std::to_string(s.attempt) + ": committed step " + std::to_string(c) +
               ", " + std::to_string(running) + "/" + std::to_string(s.world) +
               " trainer(s) running");

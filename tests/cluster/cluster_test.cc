@@ -277,6 +277,28 @@ TEST_F(ClusterTest, AgentCrashRestartsOnItsRootAndAdoptsItsSlots) {
   ExpectBitIdentical(job, o, dir_.path());
 }
 
+// A trainer and its agent SIGKILLed together on one node, its memory kept
+// (issue 21): the launcher may notice the trainer's death while the agent is
+// still dying (its socket and lease look alive). The dead agent must be found
+// (reaped), restarted on its root, and the job recover from memory instead of
+// ending with exit 1 ("connection refused" / "exited before it was ready").
+TEST_F(ClusterTest, TrainerAndAgentKilledTogetherRecoverFromTheNodesMemory) {
+  Job job;
+  job.inject = "kill-rank:1@step=10,kill-agent:1@step=10";
+  Outcome o = RunJob(job, dir_.path(), "killboth");
+  SKIP_IF_UNSUPPORTED(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_NE(o.output.find("restarting the agent of node 1 on its root"), std::string::npos)
+      << LaunchLogs(o);
+  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
+  ASSERT_GE(o.summary["recoveries"].size(), 1u) << LaunchLogs(o);
+  for (const json& rec : o.summary["recoveries"]) {
+    EXPECT_GE(rec["step"].get<int64_t>(), 1) << LaunchLogs(o);
+    EXPECT_TRUE(rec["lost_nodes"].empty()) << "the node's memory survived\n" << LaunchLogs(o);
+  }
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
 TEST_F(ClusterTest, NodeLossUnderReplicate) {
   Job job;
   job.policy = "replicate";
