@@ -32,6 +32,8 @@
 #include "shm/slot_format.h"
 #include "tier/discovery.h"
 #include "tier/env.h"
+#include "tier/reader.h"
+#include "tier/verify.h"
 
 namespace memento::launch {
 
@@ -59,15 +61,21 @@ json RecoveryReport::ToJson() const {
           {"load_s", load_s},
           {"read_bytes", read_bytes},
           {"epoch", epoch},
+          {"durable_skipped", durable_skipped},
           {"reason", reason}};
 }
 
 std::string RecoveryReport::ToString() const {
   char buf[512];
-  if (step < 0) {
+  if (step < 0 && source == "scratch") {
     std::snprintf(buf, sizeof(buf), "recovery %d: restarted from scratch in %.3f s (%s)", n,
                   total_s, reason.c_str());
     return buf;
+  }
+  if (step < 0) {
+    // Nothing was restored and the trainers were not restarted (exit 3).
+    return "recovery " + std::to_string(n) + ": FAILED, nothing restored, the job ends (" + reason +
+           ")";
   }
   if (source == "durable") {
     std::snprintf(buf, sizeof(buf),
@@ -301,6 +309,32 @@ Result<int> CorruptSlot(const std::string& root, int rank, int64_t step) {
                        std::to_string(step) + " under " + root);
 }
 
+// corrupt-durable: flips one byte in the middle of the first piece of the
+// newest complete durable version under `dir`. Says what it flipped.
+Result<std::string> CorruptNewestDurable(const std::string& dir) {
+  tier::Env* env = tier::Env::Default();
+  MEMENTO_ASSIGN_OR_RETURN(int64_t step, tier::LatestCompleteVersion(env, dir));
+  MEMENTO_ASSIGN_OR_RETURN(tier::VersionIndex index, tier::LoadIndex(env, dir, step));
+  for (const auto& [name, t] : index.tensors) {
+    for (const tier::PieceRecord& p : t.pieces) {
+      if (p.length == 0) continue;
+      const std::string path = dir + "/" + tier::VersionDirName(step) + "/" + p.file;
+      int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) return ErrnoError("open " + path, errno);
+      const off_t at = static_cast<off_t>(p.file_offset + p.length / 2);
+      uint8_t b = 0;
+      bool done = pread(fd, &b, 1, at) == 1;
+      b ^= 0x5a;
+      done = done && pwrite(fd, &b, 1, at) == 1;
+      close(fd);
+      if (!done) return InternalError("cannot flip a byte of " + path);
+      return "flipped a byte of piece '" + p.key + "' (tensor '" + name + "') in version " +
+             std::to_string(step) + " (" + path + ")";
+    }
+  }
+  return NotFoundError("durable version " + std::to_string(step) + " in " + dir + " has no data");
+}
+
 std::string Seconds3(double s) {
   char b[32];
   std::snprintf(b, sizeof(b), "%.3f", s);
@@ -337,6 +371,7 @@ struct Launcher::State {
   std::optional<TimePoint> injected_at;  // the last injected failure
   std::vector<bool> fired;
   std::vector<int> pending_corruptions;  // corrupt-rank targets
+  bool corrupt_durable_pending = false;  // corrupt-durable fired
   Stopwatch progress_clock;
   int64_t last_progress_step = -2;
   // The store (docs/launch.md, "The store"). commit/latest only grows, but a
@@ -853,6 +888,10 @@ Result<LaunchSummary> Launcher::Run() {
           s.KillStore(inj.ToString(), -1, reached);
         } else if (inj.kind == InjectKind::kKillRank) {
           s.trainers[static_cast<size_t>(inj.target)].Kill(SIGKILL).IgnoreError();
+        } else if (inj.kind == InjectKind::kCorruptDurable) {
+          // Applied when a recovery next falls back to the durable tier.
+          s.corrupt_durable_pending = true;
+          s.injected_at.reset();
         } else if (inj.kind == InjectKind::kCorruptRank) {
           // Applied when the next failure has stopped the trainers, to the
           // newest committed version (the one that recovery then restores):
@@ -1021,23 +1060,65 @@ Result<LaunchSummary> Launcher::Run() {
             rep.lost_nodes.push_back(n);
           }
         }
-        std::optional<int64_t> durable_step;
+        // Fallback: the newest durable version that verifies now (every
+        // piece's checksum) is loaded by every node into its T0; a newer one
+        // that fails verification or loading is skipped, and said why.
+        bool from_durable = false;
         if (!rec->decision.from_memory && !o.durable_dir.empty()) {
-          tier::DurableVersionSource durable(tier::Env::Default(), o.durable_dir);
-          auto latest = durable.LatestComplete(Deadline::AfterSeconds(30));
-          if (latest.ok() && latest->has_value()) durable_step = **latest;
+          if (s.corrupt_durable_pending) {
+            s.corrupt_durable_pending = false;
+            auto what = CorruptNewestDurable(o.durable_dir);
+            s.Say(what.ok() ? "corrupt-durable: " + *what
+                            : "corrupt-durable: " + what.status().ToString());
+          }
+          auto versions = tier::ListVersions(tier::Env::Default(), o.durable_dir);
+          if (!versions.ok()) {
+            rep.durable_skipped.push_back("cannot list " + o.durable_dir + ": " +
+                                          versions.status().ToString());
+          } else {
+            for (auto it = versions->rbegin(); it != versions->rend() && !from_durable; ++it) {
+              if (!it->complete) continue;
+              tier::VersionCheck check =
+                  tier::VerifyVersion(tier::Env::Default(), o.durable_dir, it->step);
+              std::string why;
+              if (!check.ok) {
+                why = "fails verification: " +
+                      (check.problems.empty() ? std::string("?") : check.problems[0]);
+                if (check.problems.size() > 1) {
+                  why += " (and " + std::to_string(check.problems.size() - 1) + " more)";
+                }
+              } else {
+                Result<DurableLoad> load =
+                    s.FallBackToDurable(it->step, rec->decision.reason, &rep);
+                if (load.ok()) {
+                  from_durable = true;
+                  break;
+                }
+                why = "loading it failed: " + load.status().ToString();
+              }
+              rep.durable_skipped.push_back("step " + std::to_string(it->step) + " " + why);
+              s.Say("durable version " + std::to_string(it->step) + " skipped: " + why +
+                    "; trying an older one");
+            }
+          }
         }
-        if (!rec->decision.from_memory && durable_step) {
-          // Fallback: every node loads the durable version into its T0.
-          Result<DurableLoad> load = s.FallBackToDurable(*durable_step, rec->decision.reason, &rep);
-          if (!load.ok()) {
-            return finish(false, 1,
-                          "fallback to the durable tier failed: " + load.status().ToString());
+        if (from_durable) {
+          if (!rep.durable_skipped.empty()) {
+            rep.reason += "; newer durable version(s) skipped: ";
+            for (size_t k = 0; k < rep.durable_skipped.size(); ++k) {
+              rep.reason += (k ? "; " : "") + rep.durable_skipped[k];
+            }
           }
           rep.inventory_plan_s = rec->inventory_plan_s;
         } else if (!rec->decision.from_memory) {
           std::string msg = "memory cannot rebuild any committed version: " + rec->decision.reason;
-          if (!o.durable_dir.empty()) {
+          if (!o.durable_dir.empty() && !rep.durable_skipped.empty()) {
+            msg += "; the durable tier " + o.durable_dir +
+                   " holds no version that verifies and loads:";
+            for (size_t k = 0; k < rep.durable_skipped.size(); ++k) {
+              msg += (k ? "; " : " ") + rep.durable_skipped[k];
+            }
+          } else if (!o.durable_dir.empty()) {
             tier::DurableVersionSource durable(tier::Env::Default(), o.durable_dir);
             auto latest = durable.LatestComplete(Deadline::AfterSeconds(30));
             if (latest.ok() && latest->has_value()) {
@@ -1052,6 +1133,8 @@ Result<LaunchSummary> Launcher::Run() {
             msg += " (no --durable-dir to fall back to)";
           }
           s.Say(msg);
+          rep.source = "none";
+          rep.reason = msg;
           json record = rep.ToJson();
           record["recovery"] = rec->ToJson();
           record["from_memory"] = false;
