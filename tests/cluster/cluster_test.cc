@@ -371,6 +371,27 @@ TEST_F(ClusterTest, CorruptedSlotOnASurvivorIsDetectedAndRebuilt) {
   ExpectBitIdentical(job, o, dir_.path());
 }
 
+// Issue 21: the restarted agent of node 0 adopts (and verifies) its slots;
+// then rank 0's committed slot is corrupted at rest, before the inventory.
+// The recovery's verified inventory must verify now, not trust adoption's
+// verdict: rank 0 is rebuilt in this one recovery (before the fix the
+// decision called it intact, the trainer's restore failed its checksum and
+// cost a second recovery).
+TEST_F(ClusterTest, SlotCorruptedAfterAdoptionIsFoundByTheRecoveryInventory) {
+  Job job;
+  job.policy = "xor";
+  job.inject = "corrupt-rank:0@step=10,kill-agent:0@step=10";
+  Outcome o = RunJob(job, dir_.path(), "corruptadopt");
+  SKIP_IF_UNSUPPORTED(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_NE(o.output.find("restarting the agent of node 0 on its root"), std::string::npos)
+      << LaunchLogs(o);
+  EXPECT_NE(o.output.find("flipped a byte in slot"), std::string::npos) << LaunchLogs(o);
+  ExpectRestoredFromMemory(job, o, 1);
+  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
 // The store host is lost while the job trains: the launcher SIGKILLs its
 // store process and starts a fresh, EMPTY one on the same address. The agents
 // re-register and refill it (commit/latest from their CommitLogs, the
