@@ -136,15 +136,11 @@ json LaunchSummary::ToJson() const {
   for (const RecoveryReport& x : recoveries) r.push_back(x.ToJson());
   json sr = json::array();
   for (const StoreRestartReport& x : store_restarts) sr.push_back(x.ToJson());
-  return {{"success", success},
-          {"exit_code", exit_code},
-          {"attempts", attempts},
-          {"committed", final_committed},
-          {"commits", commits.ToJson()},
-          {"failures", failures},
-          {"recoveries", r},
-          {"store_restarts", sr},
-          {"message", message}};
+  return {{"success", success},          {"exit_code", exit_code},
+          {"attempts", attempts},        {"committed", final_committed},
+          {"commits", commits.ToJson()}, {"unprotected_steps", commits.unprotected_steps},
+          {"failures", failures},        {"recoveries", r},
+          {"store_restarts", sr},        {"message", message}};
 }
 
 std::string LaunchSummary::ToString() const {
@@ -153,6 +149,14 @@ std::string LaunchSummary::ToString() const {
                   std::to_string(final_committed) + "\n";
   if (!message.empty()) s += "  " + message + "\n";
   s += "  " + commits.ToString() + "\n";
+  if (commits.unprotected_steps > 0) {
+    s += "  WARNING: " + std::to_string(commits.unprotected_steps) +
+         " step(s) ran UNPROTECTED: a node could not write their redundancy (" +
+         commits.unprotected_reason +
+         "); a node loss then had nothing in memory to rebuild from. Give the agents more "
+         "memory (--agent-arg=--budget=..., a larger /dev/shm) or use --require-protection to "
+         "fail instead\n";
+  }
   s += "  failures: " + std::to_string(failures.size()) + "\n";
   for (const std::string& f : failures) s += "    - " + f + "\n";
   s += "  recoveries: " + std::to_string(recoveries.size()) + "\n";
@@ -372,6 +376,7 @@ struct Launcher::State {
   std::vector<bool> fired;
   std::vector<int> pending_corruptions;  // corrupt-rank targets
   bool corrupt_durable_pending = false;  // corrupt-durable fired
+  int64_t unprotected_warned = 0;        // unprotected steps at the last warning
   Stopwatch progress_clock;
   int64_t last_progress_step = -2;
   // The store (docs/launch.md, "The store"). commit/latest only grows, but a
@@ -868,6 +873,28 @@ Result<LaunchSummary> Launcher::Run() {
     if (Status st = s.RestartStoreIfDue(); !st.ok()) return finish(false, 1, st.ToString());
     if (Status st = s.CheckStore(); !st.ok()) return finish(false, 1, st.ToString());
     if (!s.StoreDown()) s.MaybePublishPlan();
+
+    // Steps whose redundancy could not be written ran unprotected: loud, and
+    // with --require-protection the end of the job.
+    if (const auto [n, why] = s.commit_history.Unprotected(); n > s.unprotected_warned) {
+      if (s.unprotected_warned == 0) {
+        s.Say(
+            "WARNING: the job is running UNPROTECTED: a node could not write the redundancy "
+            "of a step (" +
+            why + ")" +
+            (o.require_protection ? ""
+                                  : "; going on without protection (--require-protection "
+                                    "would end the job)"));
+      } else if (n >= 2 * s.unprotected_warned) {
+        s.Say("WARNING: " + std::to_string(n) + " step(s) unprotected so far");
+      }
+      if (s.unprotected_warned == 0 || n >= 2 * s.unprotected_warned) s.unprotected_warned = n;
+      if (o.require_protection) {
+        return finish(false, kExitUnprotected,
+                      "--require-protection: a step could not be protected (" + why +
+                          "); the job is stopped");
+      }
+    }
 
     // Injections.
     if (!injections_.empty() && !s.StoreDown()) {

@@ -57,6 +57,11 @@ struct LaunchOptions {
   // Empty: /dev/shm/memento-launch/<job>.
   std::string run_dir;
   bool keep_run_dir = false;  // keep node roots (shared memory) after the job
+  // A step whose redundancy a node could not write (ResourceExhausted: shared
+  // memory full, the agent's --budget) ran unprotected. The launcher always
+  // warns (log and summary); with this it ends the job instead, exit code
+  // kExitUnprotected.
+  bool require_protection = false;
   // The `memento` binary that runs the agents; empty: this executable.
   std::string memento_binary;
   std::vector<std::string> agent_args;  // extra flags for every agent
@@ -128,6 +133,10 @@ struct RecoveryReport {
   nlohmann::json ToJson() const;
   std::string ToString() const;  // one line with the breakdown
 };
+
+// `memento launch` exit codes besides 0, 1, 2 (usage), 3 (a loss beyond the
+// protection, nothing to fall back to) and 130 (a signal).
+inline constexpr int kExitUnprotected = 4;  // --require-protection: a step went unprotected
 
 struct LaunchSummary {
   bool success = false;

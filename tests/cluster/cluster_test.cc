@@ -392,6 +392,57 @@ TEST_F(ClusterTest, SlotCorruptedAfterAdoptionIsFoundByTheRecoveryInventory) {
   ExpectBitIdentical(job, o, dir_.path());
 }
 
+// A node budget that holds every rank's two T0 slots but no redundancy
+// version: every step's redundancy is refused (ResourceExhausted), every
+// step is abandoned, nothing commits. Issue 21: such a job ran unprotected
+// and ended with exit 0 and no warning.
+// Slot files of the workload's state at --elements 4096 are kUnprotectedSlotBytes
+// each (header, chunk table, data, page-aligned); the budget adds less than a
+// redundancy version (xor, 4 nodes: a parity of a third of the state).
+constexpr uint64_t kUnprotectedSlotBytes = 28672;
+constexpr uint64_t kUnprotectedBudget = 2 * kUnprotectedSlotBytes + 4096;
+
+Job UnprotectedJob() {
+  Job job;
+  job.policy = "xor";
+  job.steps = 12;
+  job.elements = 4096;
+  job.extra = {"--agent-arg=--budget=" + std::to_string(kUnprotectedBudget)};
+  return job;
+}
+
+TEST_F(ClusterTest, UnprotectedStepsAreReportedLoudly) {
+  Job job = UnprotectedJob();
+  Outcome o = RunJob(job, dir_.path(), "unprot");
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_NE(o.output.find("WARNING: the job is running UNPROTECTED"), std::string::npos)
+      << LaunchLogs(o);
+  EXPECT_NE(o.output.find("node memory budget exhausted: redundancy version"), std::string::npos)
+      << LaunchLogs(o);
+  EXPECT_NE(o.output.find("step(s) ran UNPROTECTED"), std::string::npos) << LaunchLogs(o);
+  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
+  EXPECT_GE(o.summary["unprotected_steps"].get<int64_t>(), 1) << LaunchLogs(o);
+  EXPECT_EQ(o.summary["commits"]["unprotected_steps"], o.summary["unprotected_steps"]);
+  EXPECT_NE(o.summary["commits"]["unprotected_reason"].get<std::string>().find("ResourceExhausted"),
+            std::string::npos)
+      << o.summary.dump();
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
+TEST_F(ClusterTest, RequireProtectionEndsAnUnprotectedJobWithExit4) {
+  Job job = UnprotectedJob();
+  job.steps = 400;  // would run long: the launcher must stop it
+  job.extra.push_back("--require-protection");
+  Outcome o = RunJob(job, dir_.path(), "reqprot");
+  EXPECT_EQ(o.exit.code, 4) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_NE(o.output.find("--require-protection: a step could not be protected"), std::string::npos)
+      << LaunchLogs(o);
+  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
+  EXPECT_FALSE(o.summary["success"].get<bool>());
+  EXPECT_EQ(o.summary["exit_code"], 4);
+  EXPECT_GE(o.summary["unprotected_steps"].get<int64_t>(), 1) << LaunchLogs(o);
+}
+
 // The store host is lost while the job trains: the launcher SIGKILLs its
 // store process and starts a fresh, EMPTY one on the same address. The agents
 // re-register and refill it (commit/latest from their CommitLogs, the
