@@ -251,8 +251,11 @@ class Campaign:
             lost = reached - rec["step"]
             max_lost = max(max_lost, lost)
             if lost > self.args.max_lost:
-                problems.append("recovery %d lost %d steps (reached %d, restored %d; limit %d)" %
-                                (n, lost, reached, rec["step"], self.args.max_lost))
+                # committed - restored: steps recovery gave up below the newest commit; reached -
+                # committed: how far the commit lagged behind the job when the failure came.
+                problems.append("recovery %d lost %d steps (reached %d, committed %d, restored %d;"
+                                " limit %d)" % (n, lost, reached, rec.get("committed", -1),
+                                                rec["step"], self.args.max_lost))
         # Bit-identity.
         identical = "-"
         if code == 0:
