@@ -240,6 +240,8 @@ class Campaign:
         for n, rec in enumerate(recoveries):
             if n >= len(groups) or fatal_at is not None and n >= fatal_at:
                 continue
+            if code == 3 and n == len(recoveries) - 1:
+                continue  # the recovery that ended the job: nothing was restored
             reached = groups[n]["reached"]
             if reached is None:
                 continue
