@@ -9,7 +9,8 @@
 #                                  corpus fuzz/corpus/<target>; new inputs go to
 #                                  $FUZZ_BUILD_DIR/fuzz-corpus, crashes to .../fuzz-artifacts
 #   scripts/fuzz.sh short          every target for $FUZZ_SHORT_SECONDS (default 5) when
-#                                  $FUZZ_BUILD_DIR was built; exit 77 (skipped) when it was not
+#                                  $FUZZ_BUILD_DIR was configured (brought up to date first, so
+#                                  stale binaries never run); exit 77 (skipped) when it was not
 #
 # A crash leaves its input in $FUZZ_BUILD_DIR/fuzz-artifacts/<target>-crash-*; once fixed, copy
 # it into fuzz/corpus/<target>/ so the replay test (ctest fuzz_replay_<target>) keeps it.
@@ -62,10 +63,11 @@ case "$cmd" in
         echo "fuzz.sh: skipped: $CXX_FUZZ with libFuzzer is not installed" >&2
         exit 77
       fi
-      if [ ! -x "$FUZZ_BUILD_DIR/fuzz/fuzz_tier_index" ]; then
+      if [ ! -f "$FUZZ_BUILD_DIR/build.ninja" ]; then
         echo "fuzz.sh: skipped: $FUZZ_BUILD_DIR is not built (scripts/fuzz.sh build)" >&2
         exit 77
       fi
+      cmake --build "$FUZZ_BUILD_DIR" -j "$JOBS" --target fuzz_all >/dev/null
     else
       seconds=${2:?usage: scripts/fuzz.sh run SECONDS [TARGET...]}
       shift 2
