@@ -6,6 +6,7 @@
 #   make demo     setup + build + the end-to-end demo
 #   make chaos    setup + build + the seeded chaos campaign (>= 1000 injected failures) and
 #                 the other long randomized fault runs (not in `make test`)
+#   make fuzz     clang-14 + libFuzzer build in build-fuzz/, each target FUZZ_SECONDS (600)
 #   make asan     build-asan/ (AddressSanitizer + UBSan) and its test suite (long: ~18 min build)
 #   make tsan     build-tsan/ (ThreadSanitizer) and its test suite (long)
 #   make format   clang-format every C++ source in place
@@ -17,7 +18,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all setup configure build test demo chaos asan tsan format clean
+.PHONY: all setup configure build test demo chaos fuzz asan tsan format clean
 
 all: build
 
@@ -32,7 +33,14 @@ configure: setup $(BUILD_DIR)/build.ninja
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# FUZZ=1 also builds the libFuzzer tree build-fuzz/ (clang-14, about 30 min
+# the first time on 2 cores) that `make test`'s fuzz_short test fuzzes with;
+# without it fuzz_short is skipped unless build-fuzz/ was built before.
+FUZZ ?= 0
+FUZZ_SECONDS ?= 600
+
 test: build
+	@if [ "$(FUZZ)" = 1 ] && scripts/fuzz.sh check 2>/dev/null; then JOBS=$(JOBS) scripts/fuzz.sh build; fi
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE chaos $(CTEST_FLAGS)
 
 demo: build
@@ -47,6 +55,11 @@ chaos: build
 	nice -n 19 scripts/chaos.py --build $(BUILD_DIR) --seed $(CHAOS_SEED) \
 	  --failures $(CHAOS_FAILURES) --work-dir $(BUILD_DIR)/chaos $(CHAOS_FLAGS)
 	cd $(BUILD_DIR) && MEMENTO_CHAOS=1 ctest --output-on-failure -L chaos $(CTEST_FLAGS)
+
+fuzz:
+	scripts/setup.sh --fuzz
+	JOBS=$(JOBS) scripts/fuzz.sh build
+	scripts/fuzz.sh run $(FUZZ_SECONDS)
 
 # Sanitizer builds (docs/testing.md). CTEST_FLAGS="-R <regex>" runs a subset.
 ASAN_OPTIONS ?= detect_leaks=1:halt_on_error=1:abort_on_error=0
@@ -75,4 +88,4 @@ format:
 	find include src tools examples bench tests -name '*.h' -o -name '*.cc' -o -name '*.cu' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan build-tsan
+	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz

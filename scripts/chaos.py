@@ -240,6 +240,8 @@ class Campaign:
         for n, rec in enumerate(recoveries):
             if n >= len(groups) or fatal_at is not None and n >= fatal_at:
                 continue
+            if code == 3 and n == len(recoveries) - 1:
+                continue  # the recovery that ended the job: nothing was restored
             reached = groups[n]["reached"]
             if reached is None:
                 continue
@@ -251,8 +253,11 @@ class Campaign:
             lost = reached - rec["step"]
             max_lost = max(max_lost, lost)
             if lost > self.args.max_lost:
-                problems.append("recovery %d lost %d steps (reached %d, restored %d; limit %d)" %
-                                (n, lost, reached, rec["step"], self.args.max_lost))
+                # committed - restored: steps recovery gave up below the newest commit; reached -
+                # committed: how far the commit lagged behind the job when the failure came.
+                problems.append("recovery %d lost %d steps (reached %d, committed %d, restored %d;"
+                                " limit %d)" % (n, lost, reached, rec.get("committed", -1),
+                                                rec["step"], self.args.max_lost))
         # Bit-identity.
         identical = "-"
         if code == 0:

@@ -7,6 +7,7 @@
 #                               Python package and its tests (docs/python.md)
 #   scripts/setup.sh --no-python  without PyTorch (its tests then skip)
 #   scripts/setup.sh --etcd     also etcd-server for the etcd store backend
+#   scripts/setup.sh --fuzz     also clang-14 and libFuzzer (make fuzz, docs/testing.md)
 #
 # Must run as root (or with sudo available) when something is missing.
 set -euo pipefail
@@ -33,8 +34,9 @@ for arg in "$@"; do
       done
       packages=("${kept[@]}") ;;
     --etcd) packages+=(etcd-server etcd-client) ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown option '$arg' (expected --no-python, --etcd)" >&2; exit 2 ;;
+    --fuzz) packages+=(clang-14 libfuzzer-14-dev libclang-rt-14-dev) ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (expected --no-python, --etcd, --fuzz)" >&2; exit 2 ;;
   esac
 done
 

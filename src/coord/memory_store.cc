@@ -201,7 +201,10 @@ Result<int64_t> MemoryStore::Add(const std::string& key, int64_t delta, Deadline
     MEMENTO_ASSIGN_OR_RETURN(v, ParseInt(key, it->second.value));
     lease = it->second.lease;
   }
-  v += delta;
+  if (__builtin_add_overflow(v, delta, &v)) {
+    return InvalidArgumentError(
+        fmt::format("add {} to '{}' overflows a 64-bit counter", delta, key));
+  }
   PutLocked(key, std::to_string(v), lease);
   return v;
 }

@@ -89,6 +89,11 @@ TEST_P(StoreTest, CompareAndSwapAndAdd) {
   EXPECT_EQ(*s.Add("/n", -2, Soon()), 3);
   EXPECT_EQ(s.Get("/n", Soon())->value, "3");
   EXPECT_EQ(s.Add("/k", 1, Soon()).status().code(), StatusCode::kInvalidArgument);
+  // A counter that would overflow is refused and keeps its value (the
+  // store_request fuzz target found the signed overflow).
+  ASSERT_TRUE(s.Add("/big", INT64_MAX - 1, Soon()).ok());
+  EXPECT_EQ(s.Add("/big", 2, Soon()).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(*s.Add("/big", 0, Soon()), INT64_MAX - 1);
 }
 
 TEST_P(StoreTest, CasRaceCountsEveryIncrementOnce) {

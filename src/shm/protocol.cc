@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/json_parse.h"
 #include "fmt/format.h"
 
 namespace memento::shm {
@@ -143,7 +144,7 @@ Status SendJson(int fd, const nlohmann::json& msg, Deadline deadline) {
 
 Result<nlohmann::json> RecvJson(int fd, Deadline deadline) {
   MEMENTO_ASSIGN_OR_RETURN(std::string body, RecvFrame(fd, deadline));
-  auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  auto j = ParseForeignJson(body, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return DataLossError("malformed message: not a JSON object");
   }
@@ -159,11 +160,18 @@ Status StatusFromJson(const nlohmann::json& reply) {
   auto ok = reply.find("ok");
   if (ok == reply.end() || !ok->is_boolean()) return DataLossError("malformed reply: no 'ok'");
   if (ok->get<bool>()) return Status::Ok();
-  int code = reply.value("code", static_cast<int>(StatusCode::kInternal));
-  if (code <= 0 || code > static_cast<int>(StatusCode::kPermissionDenied)) {
-    code = static_cast<int>(StatusCode::kInternal);
+  // Fields of the wrong type are read as absent (json::value would throw).
+  int code = static_cast<int>(StatusCode::kInternal);
+  auto c = reply.find("code");
+  if (c != reply.end() && c->is_number_integer()) {
+    const int64_t v = c->get<int64_t>();
+    if (v > 0 && v <= static_cast<int64_t>(StatusCode::kPermissionDenied)) {
+      code = static_cast<int>(v);
+    }
   }
-  std::string message = reply.value("message", std::string("(no message)"));
+  std::string message = "(no message)";
+  auto m = reply.find("message");
+  if (m != reply.end() && m->is_string()) message = m->get<std::string>();
   return Status(static_cast<StatusCode>(code), "agent: " + message);
 }
 

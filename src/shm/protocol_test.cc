@@ -58,6 +58,22 @@ TEST(ProtocolTest, StatusTravels) {
   EXPECT_EQ(StatusFromJson(nlohmann::json{{"x", 1}}).code(), StatusCode::kDataLoss);
 }
 
+// Found by the agent_frame fuzz target: fields of the wrong type threw
+// nlohmann::type_error out of StatusFromJson (and terminated the process).
+TEST(ProtocolTest, StatusFromJsonToleratesWrongTypes) {
+  Status a = StatusFromJson(nlohmann::json{{"ok", false}, {"code", "x"}, {"message", 5}});
+  EXPECT_EQ(a.code(), StatusCode::kInternal);
+  EXPECT_NE(a.message().find("(no message)"), std::string::npos);
+  EXPECT_EQ(StatusFromJson(nlohmann::json{{"ok", false}, {"code", 1e30}}).code(),
+            StatusCode::kInternal);
+  EXPECT_EQ(StatusFromJson(nlohmann::json{{"ok", false}, {"code", -3}}).code(),
+            StatusCode::kInternal);
+  Status b = StatusFromJson(nlohmann::json{
+      {"ok", false}, {"code", static_cast<int>(StatusCode::kNotFound)}, {"message", "m"}});
+  EXPECT_EQ(b.code(), StatusCode::kNotFound);
+  EXPECT_NE(b.message().find("m"), std::string::npos);
+}
+
 TEST(ProtocolTest, ListenConnectStaleAndPeerCred) {
   testing::ShmScratchDir dir;
   std::string path = AgentSocketPath(dir.path());

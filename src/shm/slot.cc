@@ -9,6 +9,7 @@
 
 #include "common/checksum.h"
 #include "common/clock.h"
+#include "common/json_parse.h"
 #include "common/tensor_json.h"
 #include "fmt/format.h"
 
@@ -109,7 +110,7 @@ std::string EncodeManifest(const std::vector<SavedTensor>& tensors) {
 Result<std::vector<SavedTensor>> ParseManifest(std::string_view text) {
   std::vector<SavedTensor> out;
   try {
-    auto j = nlohmann::json::parse(text);
+    auto j = ParseForeignJson(text);
     for (const auto& e : j.at("tensors")) {
       SavedTensor t;
       Result<TensorMeta> meta = TensorMetaFromJson(e);

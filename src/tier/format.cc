@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "common/json_parse.h"
+
 namespace memento::tier {
 
 using nlohmann::json;
@@ -145,7 +147,7 @@ Status CheckFormatVersion(const json& j, const std::string& what) {
 
 Result<VersionIndex> ParseIndex(const std::string& text, const std::string& what) {
   try {
-    json j = json::parse(text);
+    json j = ParseForeignJson(text);
     MEMENTO_RETURN_IF_ERROR(CheckFormatVersion(j, what));
     VersionIndex index;
     index.format_version = j.at("format_version").get<int>();
@@ -314,7 +316,7 @@ std::string SerializeNodeMarker(const NodeMarker& m) {
 
 Result<NodeMarker> ParseNodeMarker(const std::string& text, const std::string& what) {
   try {
-    json j = json::parse(text);
+    json j = ParseForeignJson(text);
     MEMENTO_RETURN_IF_ERROR(CheckFormatVersion(j, what));
     NodeMarker m;
     m.node = j.at("node").get<int>();
@@ -345,7 +347,7 @@ std::string SerializeCommit(const CommitRecord& c) {
 
 Result<CommitRecord> ParseCommit(const std::string& text, const std::string& what) {
   try {
-    json j = json::parse(text);
+    json j = ParseForeignJson(text);
     MEMENTO_RETURN_IF_ERROR(CheckFormatVersion(j, what));
     CommitRecord c;
     c.format_version = j.at("format_version").get<int>();

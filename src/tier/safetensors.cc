@@ -6,6 +6,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "common/json_parse.h"
 #include "memento/types.h"
 
 namespace memento::tier {
@@ -71,7 +72,7 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(RandomAccessFile* file, uint64_t
   SafetensorsHeader h;
   h.data_start = 8 + n;
   try {
-    json j = json::parse(text);
+    json j = ParseForeignJson(text);
     if (!j.is_object()) return DataLossError(what + ": header is not a JSON object");
     for (const auto& [key, v] : j.items()) {
       if (key == "__metadata__") {
@@ -96,9 +97,16 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(RandomAccessFile* file, uint64_t
       for (int64_t d : e.shape) {
         if (d < 0)
           return DataLossError(fmt::format("{}: tensor '{}' has a negative dim", what, key));
-        numel *= static_cast<uint64_t>(d);
+        if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel)) {
+          return DataLossError(
+              fmt::format("{}: tensor '{}' has more than 2^64 elements", what, key));
+        }
       }
-      if (numel * DTypeSize(*dt) != e.end - e.begin) {
+      uint64_t nbytes = 0;
+      if (__builtin_mul_overflow(numel, DTypeSize(*dt), &nbytes)) {
+        return DataLossError(fmt::format("{}: tensor '{}' has more than 2^64 bytes", what, key));
+      }
+      if (nbytes != e.end - e.begin) {
         return DataLossError(fmt::format("{}: tensor '{}': {} {} needs {} bytes, offsets give {}",
                                          what, key, e.dtype, ShapeToString(e.shape),
                                          numel * DTypeSize(*dt), e.end - e.begin));

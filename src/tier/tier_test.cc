@@ -143,6 +143,47 @@ TEST(SafetensorsTest, HeaderRoundTripAndValidation) {
   EXPECT_NE(bad.status().message().find("file has"), std::string::npos) << bad.status();
 }
 
+// A number written as a float that no integer type holds (1e30) where an
+// integer belongs: converting it was undefined behaviour (tier_index fuzz
+// target); it now reads as a missing field, a DataLoss naming the file.
+TEST(FormatTest, HugeFloatWhereAnIntegerBelongsIsDataLoss) {
+  auto m = ParseNodeMarker(
+      R"({"format_version":1,"node":0,"step":1e30,"epoch":1,"file":"f","file_size":1,)"
+      R"("manifest":"m","manifest_size":1,"manifest_xxh3":"0000000000000001"})",
+      "node-00000.done");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(m.status().message().find("node-00000.done"), std::string::npos) << m.status();
+  auto ok =
+      ParseNodeMarker(R"({"format_version":1,"node":0,"step":7,"epoch":1,"file":"f","file_size":1,)"
+                      R"("manifest":"m","manifest_size":1,"manifest_xxh3":"0000000000000001"})",
+                      "node-00000.done");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->step, 7);
+}
+
+// A shape whose element count wraps around 2^64 (2^32 x 2^32 bytes: 0 after
+// the wrap) matched an empty byte range and was accepted with that shape
+// (fuzz/corpus/safetensors_header/regression-shape-overflow).
+TEST(SafetensorsTest, ShapeOverflowIsRejected) {
+  ScratchDir dir("tier-st-overflow");
+  std::string json = R"({"w":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]}})";
+  json.append((8 - (8 + json.size()) % 8) % 8, ' ');
+  std::string h(8, '\0');
+  for (int i = 0; i < 8; ++i) h[i] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+  h += json;
+  std::string path = dir.path() + "/x.safetensors";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << h;
+  }
+  auto file = Env::Default()->NewRandomAccessFile(path, false);
+  ASSERT_TRUE(file.ok());
+  auto parsed = ReadSafetensorsHeader(file->get(), h.size(), path);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("more than 2^64"), std::string::npos) << parsed.status();
+}
+
 TEST(TierTest, WriteRestoreSameTopologyTwoNodes) {
   ScratchDir dir("tier-rt");
   Env* env = Env::Default();
