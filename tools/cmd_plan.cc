@@ -9,6 +9,7 @@
 
 #include "common/byte_flag.h"
 #include "common/human.h"
+#include "recover/recover.h"
 #include "tools/command.h"
 #include "topo/plan.h"
 #include "topo/plan_json.h"
@@ -100,7 +101,7 @@ Status RunLayout(const LayoutOptions& o) {
   }
   topo::RecoveryPlan rec;
   if (has_fail) {
-    MEMENTO_ASSIGN_OR_RETURN(rec, topo::Recover(plan, failed));
+    MEMENTO_ASSIGN_OR_RETURN(rec, recover::PlanFailure(plan, failed));
   }
 
   uint64_t max_total = 0, min_total = ~uint64_t{0};
@@ -128,7 +129,7 @@ Status RunLayout(const LayoutOptions& o) {
   }
   std::vector<std::string> fatal_racks;
   for (const auto& [rack, nodes] : racks) {
-    MEMENTO_ASSIGN_OR_RETURN(topo::RecoveryPlan r, topo::Recover(plan, nodes));
+    MEMENTO_ASSIGN_OR_RETURN(topo::RecoveryPlan r, recover::PlanFailure(plan, nodes));
     if (!r.recoverable) fatal_racks.push_back(rack);
   }
 
