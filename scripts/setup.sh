@@ -15,7 +15,7 @@ packages=(
   libisal-dev libxxhash-dev libzstd-dev liburing-dev
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgloo-dev libopenblas-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libexpat1-dev
   pybind11-dev python3-dev
   libssl-dev
   iproute2 procps

@@ -244,13 +244,32 @@ int LaunchLocal(int argc, char** argv, int world, const std::string& rendezvous,
   return failures == 0 ? 0 : 1;
 }
 
-// Fault injection inside the optimizer update (--fail-point update): the
-// rank kills itself before chunk `chunk` of step `step` is written.
-class KillInsideUpdate : public TrainerHooks {
+// Fault injection inside a step: --fail-point update kills the rank before
+// chunk `chunk` of step `step`'s optimizer update is written; --fail-point
+// pipeline at its `chunk`-th pipeline receive of that step (forward or
+// backward, while the other stages are mid-schedule).
+class KillInsideStep : public TrainerHooks {
  public:
-  KillInsideUpdate(int rank, int64_t step, int chunk) : rank_(rank), step_(step), chunk_(chunk) {}
+  // `trainer` outlives the hooks (Main owns both; the hooks are set on it).
+  KillInsideStep(const Trainer* trainer, int64_t step, int chunk, bool pipeline)
+      : trainer_(trainer),
+        rank_(trainer->rank()),
+        step_(step),
+        chunk_(chunk),
+        pipeline_(pipeline) {}
+  void OnPhase(TrainPhase phase) override {
+    if (!pipeline_ || phase != TrainPhase::kIdle || trainer_->state().step + 1 != step_ ||
+        idle_++ != chunk_) {
+      return;
+    }
+    std::fprintf(stderr,
+                 "memento-trainer rank %d: killing myself at receive %d of step %" PRId64 "\n",
+                 rank_, chunk_, step_);
+    std::fflush(nullptr);
+    raise(SIGKILL);
+  }
   Status OnOptimizerChunk(int64_t step, uint64_t offset, uint64_t count) override {
-    if (step != step_ || seen_++ != chunk_) return Status::Ok();
+    if (pipeline_ || step != step_ || seen_++ != chunk_) return Status::Ok();
     std::fprintf(stderr,
                  "memento-trainer rank %d: killing myself inside the update of step %" PRId64
                  " (chunk %d, elements %" PRIu64 "+%" PRIu64 ")\n",
@@ -261,10 +280,12 @@ class KillInsideUpdate : public TrainerHooks {
   }
 
  private:
+  const Trainer* trainer_;
   int rank_;
   int64_t step_;
   int chunk_;
-  int seen_ = 0;
+  bool pipeline_;
+  int seen_ = 0, idle_ = 0;
 };
 
 int Main(int argc, char** argv) {
@@ -342,9 +363,11 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--fail-point", fail_point,
                  "where --fail-at-step kills: step (after the step) | update (inside the "
-                 "optimizer update of that step, before chunk --fail-chunk)")
+                 "optimizer update of that step, before chunk --fail-chunk) | pipeline (at "
+                 "receive --fail-chunk of that step's pipeline schedule; needs --pp > 1)")
       ->capture_default_str();
-  app.add_option("--fail-chunk", fail_chunk, "with --fail-point update: the chunk")
+  app.add_option("--fail-chunk", fail_chunk,
+                 "with --fail-point update: the chunk; pipeline: the receive (0-based)")
       ->capture_default_str();
   app.add_option("--recovery", recovery,
                  "with --launch, what a failed rank triggers (docs/swift.md): none (stop) | "
@@ -465,8 +488,8 @@ int Main(int argc, char** argv) {
                  recovery.c_str());
     return 2;
   }
-  if (fail_point != "step" && fail_point != "update") {
-    std::fprintf(stderr, "memento-trainer: --fail-point '%s': expected step or update\n",
+  if (fail_point != "step" && fail_point != "update" && fail_point != "pipeline") {
+    std::fprintf(stderr, "memento-trainer: --fail-point '%s': expected step, update or pipeline\n",
                  fail_point.c_str());
     return 2;
   }
@@ -498,8 +521,9 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Trainer> trainer = std::move(*created);
   const int rank = o.comm.rank;
   std::unique_ptr<TrainerHooks> fault_hooks;
-  if (fail_point == "update" && fail_at_step > 0 && rank == fail_rank && generation == 0) {
-    fault_hooks = std::make_unique<KillInsideUpdate>(rank, fail_at_step, fail_chunk);
+  if (fail_point != "step" && fail_at_step > 0 && rank == fail_rank && generation == 0) {
+    fault_hooks = std::make_unique<KillInsideStep>(trainer.get(), fail_at_step, fail_chunk,
+                                                   fail_point == "pipeline");
     trainer->SetHooks(fault_hooks.get());
   }
   // Neighbouring stages of this rank (same DP and TP rank): their logs.
@@ -526,10 +550,12 @@ int Main(int argc, char** argv) {
   if (replace && (recovery == "undo" || recovery == "log")) {
     Stopwatch w_recover;
     Result<int64_t> agreed = int64_t{0};
+    int64_t from_step = -1;
     if (recovery == "undo") {
       agreed = trainer->RecoverByUndo(/*replacement=*/true);
     } else {
       Status st = trainer->Load(RankPath(save, rank));
+      from_step = trainer->state().step;
       agreed = st.ok() ? trainer->RecoverByReplay(neighbour_logs(), /*replacement=*/true)
                        : Result<int64_t>(st);
     }
@@ -538,7 +564,7 @@ int Main(int argc, char** argv) {
                    agreed.status().ToString().c_str());
       return kExitRecoveryFailed;
     }
-    report_recovery(recovery, true, -1, w_recover.Seconds());
+    report_recovery(recovery, true, from_step, w_recover.Seconds());
   }
   if (!load.empty() && !replace) {
     Status st = trainer->Load(RankPath(load, rank));
@@ -600,8 +626,9 @@ int Main(int argc, char** argv) {
   const int64_t first_step = trainer->state().step + 1;
   int64_t timed_steps = 0;
   double sum_s = 0, sum_idle = 0, sum_comm = 0, sum_fence = 0, sum_snap = 0, last_loss = 0;
-  double sum_cpu = 0;              // this rank's process CPU-seconds over the timed steps
-  std::vector<double> step_times;  // timed steps, for the median
+  double sum_cpu = 0;                       // this rank's process CPU-seconds over the timed steps
+  double sum_log_s = 0, sum_log_bytes = 0;  // pipeline log (--recovery log)
+  std::vector<double> step_times;           // timed steps, for the median
   double window_s = 0, window_overhead_s = 0;  // since the last progress line
   int64_t window_steps = 0;
   while (trainer->state().step < steps) {
@@ -689,6 +716,8 @@ int Main(int argc, char** argv) {
       sum_fence += r->fence_seconds;
       sum_snap += r->snapshot_seconds;
       sum_cpu += step_cpu_s;
+      sum_log_s += r->log_seconds;
+      sum_log_bytes += static_cast<double>(r->log_bytes);
       step_times.push_back(r->seconds);
     }
     last_loss = r->loss;
@@ -741,9 +770,12 @@ int Main(int argc, char** argv) {
         trainer->hooks() != nullptr ? trainer->hooks()->SummaryJson() : std::string();
     std::printf(
         "{\"rank_summary\": {\"rank\": %d, \"pp_rank\": %d, \"mean_step_s\": %.6f, "
-        "\"mean_cpu_s\": %.6f, \"snapshot\": %s}}\n",
+        "\"mean_cpu_s\": %.6f, \"log_bytes_per_step\": %.1f, \"log_s_per_step\": %.6f, "
+        "\"snapshot\": %s}}\n",
         rank, trainer->comm().pp_rank(), timed_steps > 0 ? sum_s / timed_steps : 0.0,
         timed_steps > 0 ? sum_cpu / timed_steps : 0.0,
+        timed_steps > 0 ? sum_log_bytes / timed_steps : 0.0,
+        timed_steps > 0 ? sum_log_s / timed_steps : 0.0,
         hooks_json.empty() ? "null" : hooks_json.c_str());
   }
   if (json && trainer->reports_loss() && timed_steps > 0) {

@@ -1,11 +1,11 @@
 // SWIFT recovery with real processes (docs/swift.md): `memento-trainer
-// --launch --recovery restart|undo|log`, one rank SIGKILLed after a step or
-// inside its optimizer update (rank, step, point and chunk drawn from the
-// test's seed). Every rank's final state (digest: xxHash3 of params, moments
-// and TrainState) must equal a failure-free run's, and the recovery must be
-// the one asked for: undo and log restart only the lost process, the
-// survivors recover in process; a recovery that cannot proceed (ZeRO-1: no
-// replica of the lost moment shard) falls back to the whole-job restart.
+// --launch --recovery restart|undo|log`, one rank SIGKILLed after a step,
+// inside its optimizer update or in the middle of the pipeline schedule
+// (rank, step, point and chunk drawn from the test's seed). Every rank's final state (digest:
+// xxHash3 of params, moments and TrainState) must equal a failure-free run's, and the recovery must
+// be the one asked for: undo and log restart only the lost process, the survivors recover in
+// process; a recovery that cannot proceed (ZeRO-1: no replica of the lost moment shard) falls back
+// to the whole-job restart.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -98,15 +98,20 @@ class SwiftProcessTest : public ::testing::Test {
     std::mt19937_64 rng(seed);
     const int rank = static_cast<int>(rng() % world);
     const int step = 4 + static_cast<int>(rng() % 4);
-    const bool update = rng() % 2 == 0;
+    const char* points[] = {"step", "update", "pipeline"};
+    const std::string point = points[rng() % 3];
     const int chunk = static_cast<int>(rng() % 2);
     *what = "seed " + std::to_string(seed) + ": rank " + std::to_string(rank) + " killed " +
-            (update ? "inside the update of step " : "after step ") + std::to_string(step) +
-            (update ? " before chunk " + std::to_string(chunk) : "");
+            (point == "step"     ? "after step " + std::to_string(step)
+             : point == "update" ? "inside the update of step " + std::to_string(step) +
+                                       " before chunk " + std::to_string(chunk)
+                                 : "at pipeline receive " + std::to_string(chunk) + " of step " +
+                                       std::to_string(step));
     std::printf("%s\n", what->c_str());
     std::fflush(stdout);
-    return {"--fail-rank",  std::to_string(rank),       "--fail-at-step", std::to_string(step),
-            "--fail-point", update ? "update" : "step", "--fail-chunk",   std::to_string(chunk)};
+    return {"--fail-rank",        std::to_string(rank), "--fail-at-step",
+            std::to_string(step), "--fail-point",       point,
+            "--fail-chunk",       std::to_string(chunk)};
   }
 
   void ExpectSameFinalStates(const Outcome& clean, const Outcome& o) {

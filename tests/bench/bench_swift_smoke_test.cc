@@ -1,0 +1,59 @@
+// `memento bench swift` end to end with the tiny trainer preset (DP 2 x PP 4
+// and DP 1 x PP 4, one rank SIGKILLed inside its optimizer update): checks
+// the JSON shape and what each recovery mode did (processes restarted, steps
+// lost, steps replayed), never the timings' values (no timed pass/fail on a
+// shared machine).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "bench_smoke_util.h"
+
+namespace {
+
+using memento::bench_testing::RunShell;
+
+TEST(BenchSwiftSmoke, EveryModeRecoversAndReports) {
+  const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench swift --json --trainer " +
+                          MEMENTO_TRAINER_BINARY +
+                          " --preset tiny --layers 4 --steps 12 --save-every 4 --kill-step 10"
+                          " --rounds 1 2>&1";
+  auto [rc, out] = RunShell(cmd);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["bench"], "swift");
+  for (const char* m : {"restart", "undo", "log", "restart_dp1"}) {
+    SCOPED_TRACE(m);
+    ASSERT_TRUE(j["modes"].contains(m)) << out;
+    EXPECT_GT(j["modes"][m]["resume_s"].get<double>(), 0);
+    EXPECT_EQ(j["modes"][m]["resume_s_spread"]["rounds"].size(), 1u);
+  }
+  // Killed inside the update of step 10, saves at 4 and 8: a restart
+  // resumes from 8 and loses step 9; undo and log restart one process and
+  // lose nothing; the log replacement replays 9 and 10 (the survivors
+  // completed 10).
+  EXPECT_EQ(j["modes"]["restart"]["processes_restarted"], 8.0);
+  EXPECT_EQ(j["modes"]["restart"]["steps_lost"], 1.0);
+  EXPECT_EQ(j["modes"]["restart_dp1"]["processes_restarted"], 4.0);
+  EXPECT_EQ(j["modes"]["undo"]["processes_restarted"], 1.0);
+  EXPECT_EQ(j["modes"]["undo"]["steps_lost"], 0.0);
+  EXPECT_EQ(j["modes"]["log"]["processes_restarted"], 1.0);
+  EXPECT_EQ(j["modes"]["log"]["steps_lost"], 0.0);
+  EXPECT_EQ(j["modes"]["log"]["replayed_steps"], 2.0);
+  // tiny, PP 4, 4 micro-batches: 4 x 2 KiB per stage boundary and direction,
+  // 3 boundaries, 2 directions, plus one 8-byte gradient norm per rank.
+  EXPECT_EQ(j["log_bytes_per_step"], 4.0 * 2048 * 3 * 2 + 4 * 8);
+  EXPECT_TRUE(std::isfinite(j["logging_overhead_pct"].get<double>()));
+}
+
+TEST(BenchSwiftSmoke, RefusesAKillBeforeTheFirstSave) {
+  auto [rc, out] =
+      RunShell(std::string(MEMENTO_CLI_BINARY) + " bench swift --kill-step 3 --save-every 4 2>&1");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--kill-step 3"), std::string::npos) << out;
+}
+
+}  // namespace

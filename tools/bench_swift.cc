@@ -1,0 +1,350 @@
+// `memento bench swift`: SWIFT recovery modes on the reference trainer
+// (docs/swift.md). Each round runs, with the same model:
+//   - failure-free baselines (step time; DP x PP with --recovery none, and
+//     DP 1 x PP with --recovery none and log: the pipeline log's overhead);
+//   - one rank SIGKILLed at --kill-step (after it, or inside its optimizer
+//     update) under --recovery restart and undo on DP x PP, and restart and
+//     log on DP 1 x PP (log replay needs DP 1: with DP replicas the trainer
+//     recovers from a replica).
+// Per failure run: time from the launcher reaping the killed rank to the
+// first step completed after the recovery, steps lost, processes restarted,
+// log bytes replayed. The trainer runs as a subprocess (memento-trainer
+// --launch: all ranks on this machine, one process each).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/subprocess.h"
+#include "tools/command.h"
+#include "tools/trainer_binary.h"
+
+namespace memento::tools {
+namespace {
+
+using json = nlohmann::json;
+
+struct Args {
+  bool json = false;
+  std::string trainer;
+  std::string preset = "small";
+  int layers = 0;  // 0: the preset's
+  int dp = 2, pp = 4;
+  int micro_batches = 4;
+  int steps = 24;
+  int save_every = 8;
+  int kill_step = 20;
+  int kill_rank = -1;  // -1: a middle stage's rank (pp / 2, dp 0)
+  std::string fail_point = "update";
+  int rounds = 3;
+  double run_timeout_s = 600;
+  bool keep = false;
+};
+
+struct RunOutput {
+  std::vector<json> lines;  // every JSON line of the launcher and the ranks
+  double wall_s = 0;
+  json Find(const char* key) const {
+    for (const json& j : lines)
+      if (j.contains(key)) return j[key];
+    return json();
+  }
+  std::vector<json> All(const char* key) const {
+    std::vector<json> out;
+    for (const json& j : lines)
+      if (j.contains(key)) out.push_back(j[key]);
+    return out;
+  }
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+json Spread(const std::vector<double>& v) {
+  if (v.empty()) return json::object();
+  return {{"median", Median(v)},
+          {"min", *std::min_element(v.begin(), v.end())},
+          {"max", *std::max_element(v.begin(), v.end())},
+          {"rounds", v}};
+}
+
+class Bench {
+ public:
+  Bench(const Args& a, std::string trainer, std::string base)
+      : a_(a), trainer_(std::move(trainer)), base_(std::move(base)) {}
+
+  // One memento-trainer --launch run; `extra` adds flags.
+  Result<RunOutput> Run(const std::string& name, int dp, const std::vector<std::string>& extra) {
+    const std::string dir = base_ + "/" + name + "." + std::to_string(runs_++);
+    if (mkdir(dir.c_str(), 0700) != 0) return ErrnoError("mkdir " + dir, errno);
+    std::vector<std::string> argv = {trainer_,
+                                     "--launch",
+                                     "--preset",
+                                     a_.preset,
+                                     "--dp",
+                                     std::to_string(dp),
+                                     "--pp",
+                                     std::to_string(a_.pp),
+                                     "--micro-batches",
+                                     std::to_string(a_.micro_batches),
+                                     "--batch",
+                                     std::to_string(a_.micro_batches * dp),
+                                     "--steps",
+                                     std::to_string(a_.steps),
+                                     "--quiet",
+                                     "--json",
+                                     "--rendezvous",
+                                     dir,
+                                     "--save",
+                                     dir + "/state.{rank}",
+                                     "--save-every",
+                                     std::to_string(a_.save_every),
+                                     "--comm-timeout",
+                                     "60"};
+    if (a_.layers > 0) argv.insert(argv.end(), {"--layers", std::to_string(a_.layers)});
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    SpawnOptions to;
+    to.argv = argv;
+    to.log_path = dir + "/trainer.log";
+    Stopwatch wall;
+    auto child = Subprocess::Spawn(to);
+    if (!child.ok()) return child.status();
+    auto status = child->Wait(Deadline::AfterSeconds(a_.run_timeout_s));
+    RunOutput out;
+    out.wall_s = wall.Seconds();
+    if (!status.ok() || !status->ok()) {
+      if (!status.ok()) child->Terminate(1);
+      return InternalError("memento-trainer (" + name + ") " +
+                           (status.ok() ? status->ToString() : std::string("timed out")) + ": " +
+                           TailFile(to.log_path, 3000));
+    }
+    std::ifstream in(to.log_path);
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t pos = line.find('{');
+      if (pos == std::string::npos) continue;
+      auto j = json::parse(line.substr(pos), nullptr, /*allow_exceptions=*/false);
+      if (!j.is_discarded() && j.is_object()) out.lines.push_back(std::move(j));
+    }
+    if (!a_.keep) std::filesystem::remove_all(dir);
+    return out;
+  }
+
+  // A run with a kill; the recovery figures.
+  Result<json> Failure(const std::string& mode, int dp) {
+    const int kill_rank = a_.kill_rank >= 0 ? a_.kill_rank : (a_.pp / 2) * dp;
+    MEMENTO_ASSIGN_OR_RETURN(
+        RunOutput out,
+        Run(mode + ".dp" + std::to_string(dp), dp,
+            {"--recovery", mode, "--fail-rank", std::to_string(kill_rank), "--fail-at-step",
+             std::to_string(a_.kill_step), "--fail-point", a_.fail_point}));
+    const json failure = out.Find("swift_failure");
+    const json resumed = out.Find("swift_resumed");
+    const std::vector<json> recs = out.All("swift_recovery");
+    if (failure.is_null() || resumed.is_null() || recs.empty()) {
+      return InternalError("run " + mode +
+                           ": no swift_failure / swift_recovery / swift_resumed "
+                           "lines (did the kill fire?)");
+    }
+    if (!out.Find("swift_fallback").is_null()) {
+      return InternalError("run " + mode + ": in-process recovery fell back to restart");
+    }
+    // The newest step any rank had completed when the kill came: after step
+    // N the killed rank had N; inside the update of N, N - 1, and survivors
+    // report theirs (from_step).
+    int64_t reached = a_.fail_point == "step" ? a_.kill_step : a_.kill_step - 1;
+    int64_t resumed_from = INT64_MAX, replayed_steps = 0;
+    int restarted = 0;
+    for (const json& r : recs) {
+      const bool replacement = r["replacement"].get<bool>();
+      if (!replacement && r["mode"] != "restart")
+        reached = std::max<int64_t>(reached, r["from_step"].get<int64_t>());
+      resumed_from = std::min<int64_t>(resumed_from, r["step"].get<int64_t>());
+      if (replacement || r["mode"] == "restart") ++restarted;
+      if (replacement && mode == "log")
+        replayed_steps = r["step"].get<int64_t>() - r["from_step"].get<int64_t>();
+    }
+    json j;
+    j["resume_s"] = resumed["wall_s"].get<double>() - failure["wall_s"].get<double>();
+    j["steps_lost"] = reached - resumed_from;
+    j["processes_restarted"] = restarted;
+    j["resumed_from_step"] = resumed_from;
+    if (mode == "log") j["replayed_steps"] = replayed_steps;
+    return j;
+  }
+
+  static double MedianStep(const RunOutput& out) {
+    for (const json& j : out.lines)
+      if (j.contains("median_step_s")) return j["median_step_s"].get<double>();
+    return 0;
+  }
+
+ private:
+  const Args& a_;
+  std::string trainer_, base_;
+  int runs_ = 0;
+};
+
+Result<json> RunSwift(const Args& a) {
+  if (a.fail_point != "step" && a.fail_point != "update") {
+    return InvalidArgumentError("--fail-point " + a.fail_point + ": expected step or update");
+  }
+  if (a.dp < 2 || a.pp < 2) {
+    return InvalidArgumentError("--dp " + std::to_string(a.dp) + " --pp " + std::to_string(a.pp) +
+                                ": undo needs dp >= 2 and log replay pp >= 2");
+  }
+  if (a.kill_step <= a.save_every || a.kill_step >= a.steps || a.save_every < 1) {
+    return InvalidArgumentError("--kill-step " + std::to_string(a.kill_step) +
+                                " must lie after the first save (--save-every " +
+                                std::to_string(a.save_every) + ") and before --steps " +
+                                std::to_string(a.steps));
+  }
+  if (a.rounds < 1) return InvalidArgumentError("--rounds must be >= 1");
+  MEMENTO_ASSIGN_OR_RETURN(std::string trainer, FindTrainer(a.trainer));
+  char tmpl[] = "/tmp/memento-bench-swift-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return ErrnoError("mkdtemp", errno);
+  const std::string base = tmpl;
+  Bench bench(a, trainer, base);
+  std::map<std::string, std::vector<double>> resume, lost, restarted, replayed;
+  std::vector<double> step_dp, step_dp1, step_dp1_log, overhead, log_bytes, log_s;
+  Stopwatch wall;
+  Status failed;
+  for (int round = 0; round < a.rounds && failed.ok(); ++round) {
+    auto run = [&]() -> Status {
+      MEMENTO_ASSIGN_OR_RETURN(RunOutput base_dp, bench.Run("baseline.dp", a.dp, {}));
+      MEMENTO_ASSIGN_OR_RETURN(RunOutput base_1, bench.Run("baseline.dp1", 1, {}));
+      MEMENTO_ASSIGN_OR_RETURN(RunOutput log_1, bench.Run("logging.dp1", 1, {"--recovery", "log"}));
+      step_dp.push_back(Bench::MedianStep(base_dp));
+      step_dp1.push_back(Bench::MedianStep(base_1));
+      step_dp1_log.push_back(Bench::MedianStep(log_1));
+      overhead.push_back(100.0 * (step_dp1_log.back() - step_dp1.back()) / step_dp1.back());
+      double bytes = 0, secs = 0, ranks = 0;
+      for (const json& r : log_1.All("rank_summary")) {
+        bytes += r.value("log_bytes_per_step", 0.0);
+        secs = std::max(secs, r.value("log_s_per_step", 0.0));
+        ranks += 1;
+      }
+      log_bytes.push_back(bytes);
+      log_s.push_back(secs);
+      const std::vector<std::pair<std::string, int>> runs = {
+          {"restart", a.dp}, {"undo", a.dp}, {"restart", 1}, {"log", 1}};
+      for (const auto& [mode, dp] : runs) {
+        MEMENTO_ASSIGN_OR_RETURN(json f, bench.Failure(mode, dp));
+        const std::string key = dp == 1 && mode == "restart" ? "restart_dp1" : mode;
+        resume[key].push_back(f["resume_s"].get<double>());
+        lost[key].push_back(f["steps_lost"].get<double>());
+        restarted[key].push_back(f["processes_restarted"].get<double>());
+        if (f.contains("replayed_steps"))
+          replayed[key].push_back(f["replayed_steps"].get<double>());
+      }
+      return Status::Ok();
+    };
+    failed = run();
+  }
+  if (!a.keep) std::filesystem::remove_all(base);
+  if (!failed.ok()) return failed;
+  json j;
+  j["bench"] = "swift";
+  j["modes"] = json::object();
+  for (const auto& [key, v] : resume) {
+    json m;
+    m["resume_s"] = Median(v);
+    m["resume_s_spread"] = Spread(v);
+    m["steps_lost"] = Median(lost[key]);
+    m["processes_restarted"] = Median(restarted[key]);
+    if (replayed.count(key)) {
+      m["replayed_steps"] = Median(replayed[key]);
+      m["bytes_replayed"] = Median(replayed[key]) * Median(log_bytes);
+    }
+    m["topology"] = key == "restart_dp1" || key == "log"
+                        ? "dp 1 x pp " + std::to_string(a.pp)
+                        : "dp " + std::to_string(a.dp) + " x pp " + std::to_string(a.pp);
+    j["modes"][key] = m;
+  }
+  const double restart = Median(resume["restart"]), restart1 = Median(resume["restart_dp1"]);
+  j["undo_vs_restart"] = restart > 0 ? Median(resume["undo"]) / restart : 0.0;
+  j["log_vs_restart_dp1"] = restart1 > 0 ? Median(resume["log"]) / restart1 : 0.0;
+  j["logging_overhead_pct"] = Median(overhead);
+  j["logging_overhead_pct_spread"] = Spread(overhead);
+  j["log_bytes_per_step"] = Median(log_bytes);
+  j["log_copy_s_per_step"] = Median(log_s);
+  j["baseline"] = {{"step_s_dp", Spread(step_dp)},
+                   {"step_s_dp1", Spread(step_dp1)},
+                   {"step_s_dp1_logging", Spread(step_dp1_log)}};
+  j["config"] = {{"preset", a.preset},
+                 {"layers", a.layers},
+                 {"dp", a.dp},
+                 {"pp", a.pp},
+                 {"micro_batches", a.micro_batches},
+                 {"steps", a.steps},
+                 {"save_every", a.save_every},
+                 {"kill_step", a.kill_step},
+                 {"kill_rank", a.kill_rank},
+                 {"fail_point", a.fail_point},
+                 {"rounds", a.rounds},
+                 {"trainer", trainer}};
+  j["notes"] =
+      "resume_s: from the launcher reaping the SIGKILLed rank to the reporting rank's first "
+      "step completed after the recovery; steps_lost: newest step completed before the kill "
+      "minus the step the job resumed from; logging_overhead_pct: median step time with the "
+      "pipeline log against without (dp 1, no failure), log_bytes_per_step summed over ranks; "
+      "all ranks are processes on this machine (memento-trainer --launch), no agents";
+  j["wall_s"] = wall.Seconds();
+  return j;
+}
+
+void Setup(CLI::App& bench, CommandContext& ctx) {
+  auto args = std::make_shared<Args>();
+  auto* cmd = bench.add_subcommand(
+      "swift", "SWIFT recovery (restart, update-undo, log replay) on the reference trainer");
+  cmd->add_flag("--json", args->json, "print JSON (the only format; accepted for symmetry)");
+  cmd->add_option("--trainer", args->trainer, "memento-trainer binary (default: found)");
+  cmd->add_option("--preset", args->preset, "trainer model preset")->capture_default_str();
+  cmd->add_option("--layers", args->layers, "override the preset's layers (a multiple of --pp)");
+  cmd->add_option("--dp", args->dp, "data-parallel size of the restart/undo runs")
+      ->capture_default_str();
+  cmd->add_option("--pp", args->pp, "pipeline stages")->capture_default_str();
+  cmd->add_option("--micro-batches", args->micro_batches, "micro-batches per step")
+      ->capture_default_str();
+  cmd->add_option("--steps", args->steps, "steps per run")->capture_default_str();
+  cmd->add_option("--save-every", args->save_every, "the trainer's snapshot interval (steps)")
+      ->capture_default_str();
+  cmd->add_option("--kill-step", args->kill_step, "the step at which a rank is killed")
+      ->capture_default_str();
+  cmd->add_option("--kill-rank", args->kill_rank,
+                  "the rank killed (default: DP rank 0 of the middle stage)")
+      ->capture_default_str();
+  cmd->add_option("--fail-point", args->fail_point,
+                  "step (after the step) | update (inside its optimizer update)")
+      ->capture_default_str();
+  cmd->add_option("--rounds", args->rounds, "each round runs every baseline and mode once")
+      ->capture_default_str();
+  cmd->add_flag("--keep", args->keep, "keep the work directory (trainer logs)");
+  cmd->footer(kExitCodesFooter);
+  cmd->callback([args, &ctx] {
+    auto r = RunSwift(*args);
+    if (!r.ok()) {
+      ctx.exit_code = ReportStatus(r.status());
+      return;
+    }
+    std::printf("%s\n", r->dump().c_str());
+  });
+}
+
+}  // namespace
+
+MEMENTO_REGISTER_BENCH(swift, Setup);
+
+}  // namespace memento::tools
