@@ -12,9 +12,10 @@
 #     non-test source under src/ for includes of a layer it may not use
 #     (the `layering_test` CTest entry; exit status 1 naming file and line).
 
-set(MEMENTO_LAYERS common topo codec shm net coord tier opt snap recover client agent launch)
+set(MEMENTO_LAYERS common topo model codec shm net coord tier opt snap recover client agent launch)
 set(MEMENTO_LAYER_ALLOWED_common "")
 set(MEMENTO_LAYER_ALLOWED_topo common)
+set(MEMENTO_LAYER_ALLOWED_model topo common)
 set(MEMENTO_LAYER_ALLOWED_codec common)
 set(MEMENTO_LAYER_ALLOWED_shm common)
 set(MEMENTO_LAYER_ALLOWED_net common)
