@@ -89,7 +89,7 @@ Result<tier::VersionView> DurableStreamer::BuildClusterView(int64_t step,
 
   for (const auto& [rank, pieces] : by_rank) {
     // The rank's slot that holds `step` complete (see BuildView).
-    MEMENTO_ASSIGN_OR_RETURN(const HeldSlot hs, HoldCompleteSlot(rank, step));
+    MEMENTO_ASSIGN_OR_RETURN(HeldSlot hs, HoldCompleteSlot(rank, step));
     const uint8_t* base = hs.segment->data() + hs.info.data_offset;
     std::map<std::string, uint32_t> index_of;
     for (uint32_t i = 0; i < hs.info.tensors.size(); ++i)
@@ -144,7 +144,7 @@ Result<tier::VersionView> DurableStreamer::BuildClusterView(int64_t step,
         }
       }
     }
-    hold->slots.push_back(std::move(*held));
+    hold->slots.push_back(std::move(hs));
   }
   return view;  // BuildView pins it (PinView)
 }
