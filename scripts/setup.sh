@@ -2,9 +2,10 @@
 # Installs the Debian packages memento needs. Idempotent: when everything is
 # already installed it only runs dpkg-query and exits in well under a second.
 #
-#   scripts/setup.sh            build, test and demo dependencies
-#   scripts/setup.sh --python   also Debian's PyTorch (python3-torch) for the
-#                               Python integration (large download)
+#   scripts/setup.sh            build, test and demo dependencies, Debian's
+#                               PyTorch (python3-torch, python3-numpy) for the
+#                               Python package and its tests (docs/python.md)
+#   scripts/setup.sh --no-python  without PyTorch (its tests then skip)
 #   scripts/setup.sh --etcd     also etcd-server for the etcd store backend
 #
 # Must run as root (or with sudo available) when something is missing.
@@ -17,16 +18,23 @@ packages=(
   libgloo-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev libexpat1-dev
   pybind11-dev python3-dev
+  python3-torch python3-numpy
   libssl-dev
   iproute2 procps
 )
 
 for arg in "$@"; do
   case "$arg" in
-    --python) packages+=(python3-torch python3-numpy) ;;
+    --python) ;;  # the default now; kept so old command lines work
+    --no-python)
+      kept=()
+      for p in "${packages[@]}"; do
+        case "$p" in python3-torch|python3-numpy) ;; *) kept+=("$p") ;; esac
+      done
+      packages=("${kept[@]}") ;;
     --etcd) packages+=(etcd-server etcd-client) ;;
     -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown option '$arg' (expected --python, --etcd)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown option '$arg' (expected --no-python, --etcd)" >&2; exit 2 ;;
   esac
 done
 

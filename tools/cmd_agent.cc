@@ -9,6 +9,7 @@
 #include "common/byte_flag.h"
 #include "common/human.h"
 #include "common/log.h"
+#include "fmt/format.h"
 #include "tools/command.h"
 
 namespace memento::tools {
@@ -47,6 +48,21 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
   }
   if (!(options.scrub_interval_s >= 0)) {
     return ReportStatus(InvalidArgumentError("--scrub-interval must be >= 0 seconds"));
+  }
+  // A peer pushes copies in parts of kMaxPushPartBytes: a smaller request
+  // cap would refuse the cluster's own traffic.
+  const uint64_t min_request = agent::kMaxPushPartBytes + (uint64_t{1} << 20);
+  if (options.cluster.peer_max_request_bytes < min_request) {
+    return ReportStatus(InvalidArgumentError(
+        fmt::format("--peer-max-request {} is below {} ({}): peers push copies in parts of {}",
+                    options.cluster.peer_max_request_bytes, min_request, HumanBytes(min_request),
+                    HumanBytes(agent::kMaxPushPartBytes))));
+  }
+  if (options.cluster.peer_max_buffered_bytes < options.cluster.peer_max_request_bytes) {
+    return ReportStatus(InvalidArgumentError(fmt::format(
+        "--peer-max-buffered {} is below --peer-max-request {}: one request could "
+        "never be held",
+        options.cluster.peer_max_buffered_bytes, options.cluster.peer_max_request_bytes)));
   }
   auto agent = agent::Agent::Start(options, durable);
   if (!agent.ok()) return ReportStatus(agent.status());
@@ -123,6 +139,17 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--lease-ttl", options.cluster.lease_ttl_s,
                   "Membership lease in seconds (the node reads OFFLINE this long after it dies)")
       ->default_val(3.0);
+  cmd->add_option("--peer-max-request", options.cluster.peer_max_request_bytes,
+                  "Largest request one peer connection may send the peer service (what one "
+                  "connection can make the agent hold); larger frames close the connection")
+      ->transform(ByteSize())
+      ->default_val("64M");
+  cmd->add_option("--peer-max-buffered", options.cluster.peer_max_buffered_bytes,
+                  "Most bytes of received requests all peer connections together may make the "
+                  "agent hold; a request beyond it is dropped unread and answered "
+                  "ResourceExhausted")
+      ->transform(ByteSize())
+      ->default_val("256M");
   cmd->add_option("--hold-timeout", options.cluster.hold_timeout_s,
                   "Seconds a reported step that does not commit stays protected from the "
                   "trainers, and the longest wait for the copies peers push")

@@ -8,7 +8,9 @@
 // `memento inspect --tier TIER TARGET [--json]`:
 //
 //   --tier durable DIR      versions in a durable-tier directory (step, state,
-//                           nodes, size, tensors, creation time)
+//                           nodes, size, tensors, creation time); a version
+//                           whose COMMIT, index, manifests or file sizes are
+//                           wrong is BROKEN (exit 1), never latest complete
 //   --tier memory ROOT...   slots under node roots on this host (rank, slot,
 //                           state, step, intact) and the newest step every
 //                           rank holds intact; --no-verify reads headers only;
@@ -35,6 +37,7 @@
 #include "tier/env.h"
 #include "tier/format.h"
 #include "tier/reader.h"
+#include "tier/verify.h"
 #include "tools/command.h"
 
 namespace {
@@ -62,6 +65,9 @@ std::string FormatTime(int64_t unix_ns) {
   return buf;
 }
 
+// Exit status: 0, or 1 when a version with a COMMIT marker is broken (its
+// index, a manifest or a data file's size fails QuickCheckVersion): it is
+// listed as BROKEN and never named latest complete.
 int InspectDurable(const InspectArgs& args) {
   using namespace memento::tier;
   Env* env = Env::Default();
@@ -73,15 +79,23 @@ int InspectDurable(const InspectArgs& args) {
   if (!versions.ok()) return memento::tools::ReportStatus(versions.status());
   nlohmann::json out = nlohmann::json::array();
   int64_t latest = -1;
+  std::vector<std::string> broken;  // "version N: problem"
   for (const auto& v : *versions) {
     nlohmann::json j{{"step", v.step},
                      {"complete", v.complete},
+                     {"broken", false},
                      {"state", v.state},
                      {"nodes_done", v.nodes_done}};
+    const bool has_commit = env->FileExists(v.dir + "/" + kCommitFileName);
     if (v.complete) {
-      latest = v.step;
-      auto index = LoadIndex(env, args.target, v.step);
+      // Only a version that passes the quick check (index, manifests, file
+      // sizes) is complete; the index is loaded before anything is claimed.
+      VersionCheck check = QuickCheckVersion(env, args.target, v.step);
+      auto index = check.ok ? LoadIndex(env, args.target, v.step)
+                            : memento::Result<VersionIndex>(memento::DataLossError(
+                                  check.problems.empty() ? "unreadable" : check.problems[0]));
       if (index.ok()) {
+        latest = v.step;
         uint64_t file_bytes = 0;
         for (const auto& n : index->nodes) file_bytes += n.file_size;
         j["job"] = index->job;
@@ -93,16 +107,37 @@ int InspectDurable(const InspectArgs& args) {
         j["topology"] = nlohmann::json::parse(index->topology_json, nullptr, false);
       } else {
         j["complete"] = false;
+        j["broken"] = true;
         j["state"] = index.status().ToString();
+        j["problems"] = check.problems.empty() ? std::vector<std::string>{index.status().ToString()}
+                                               : check.problems;
+        broken.push_back("version " + std::to_string(v.step) + ": " +
+                         j["state"].get<std::string>());
       }
+    } else if (has_commit) {
+      // A COMMIT that does not parse or names another step.
+      j["broken"] = true;
+      broken.push_back("version " + std::to_string(v.step) + ": " + v.state);
     }
     out.push_back(std::move(j));
   }
+  const int code = broken.empty() ? 0 : 1;
+  auto report_broken = [&] {
+    for (const std::string& b : broken) std::fprintf(stderr, "memento: BROKEN %s\n", b.c_str());
+    if (!broken.empty()) {
+      std::fprintf(stderr,
+                   "memento: %zu version(s) with a COMMIT marker are broken (not counted as "
+                   "complete); `memento verify %s` checks every byte\n",
+                   broken.size(), args.target.c_str());
+    }
+  };
   if (args.json) {
     nlohmann::json top{{"tier", "durable"}, {"dir", args.target}, {"versions", out}};
     top["latest_complete"] = latest >= 0 ? nlohmann::json(latest) : nlohmann::json(nullptr);
+    top["broken"] = broken;
     std::printf("%s\n", top.dump(1).c_str());
-    return 0;
+    report_broken();
+    return code;
   }
   std::printf("durable tier %s: %zu version director%s, latest complete: %s\n", args.target.c_str(),
               out.size(), out.size() == 1 ? "y" : "ies",
@@ -118,14 +153,15 @@ int InspectDurable(const InspectArgs& args) {
                   j["created"].get<std::string>().c_str(), j["job"].get<std::string>().c_str());
     } else {
       std::printf("%-12lld %-10s %-6zu %s\n", static_cast<long long>(j["step"].get<int64_t>()),
-                  "INCOMPLETE", j["nodes_done"].size(), j["state"].get<std::string>().c_str());
+                  j["broken"].get<bool>() ? "BROKEN" : "INCOMPLETE", j["nodes_done"].size(),
+                  j["state"].get<std::string>().c_str());
     }
   }
-  return 0;
+  std::fflush(stdout);
+  report_broken();
+  return code;
 }
 
-// The agent's background scrub report of a node root (<root>/scrub.json,
-// agent/scrub.h); null when the root has none (scrub off, older agent).
 nlohmann::json ReadScrubReport(const std::string& root) {
   std::FILE* f = std::fopen((root + "/scrub.json").c_str(), "r");
   if (f == nullptr) return nullptr;

@@ -64,7 +64,8 @@ void Setup(CLI::App &app, CommandContext &ctx) {
                   "Agents stream committed versions to this directory (the durable tier)");
   cmd->add_option("--inject", o.inject,
                   "Failures to inject: kill-rank:R@step=N, kill-agent:I@step=N, "
-                  "kill-node:I@step=N, corrupt-rank:R@step=N, kill-store@step=N, "
+                  "kill-node:I@step=N, corrupt-rank:R@step=N, corrupt-durable@step=N, "
+                  "kill-store@step=N, "
                   "kill-store@recovery=K, comma-separated");
   cmd->add_flag("--store-process", o.store_process,
                 "Run the coordination store as a child process (`memento store`); "
@@ -82,9 +83,16 @@ void Setup(CLI::App &app, CommandContext &ctx) {
   cmd->add_option("--run-dir", o.run_dir,
                   "Node roots, logs, token file (default /dev/shm/memento-launch/<job>)");
   cmd->add_flag("--keep-run-dir", o.keep_run_dir, "Keep the node roots after the job");
+  cmd->add_flag("--require-protection", o.require_protection,
+                "End the job (exit 4) as soon as a step cannot be protected because a node "
+                "could not write its redundancy (shared memory full, the agent's --budget); "
+                "without it the launcher warns and goes on unprotected");
   cmd->add_option("--memento", o.memento_binary,
                   "The memento binary the agents run (default: this one)");
-  cmd->add_option("--agent-arg", o.agent_args, "Extra flag for every agent (repeatable)");
+  // One value per --agent-arg: without allow_extra_args(false) a last
+  // --agent-arg=X before "--" swallowed the trainer's own flags.
+  cmd->add_option("--agent-arg", o.agent_args, "Extra flag for every agent (repeatable)")
+      ->allow_extra_args(false);
   cmd->add_flag("--netns", o.netns,
                 "Each node's agent and trainers in their own network namespace, on a bridge "
                 "(root and iproute2 needed)");
@@ -100,7 +108,9 @@ void Setup(CLI::App &app, CommandContext &ctx) {
       "Exit codes: 0 every trainer finished; 1 the job failed (a failure it could not recover "
       "from, more than --max-restarts failures, a setup error); 2 bad usage or invalid "
       "options; 3 a node loss beyond the protection with no durable version to fall back to "
-      "(the plan says which pieces are gone); 130 stopped by SIGINT/SIGTERM.");
+      "(the plan says which pieces are gone); 4 --require-protection and a step could not be "
+      "protected (a node could not write its redundancy: shared memory full, the agent's "
+      "--budget); 130 stopped by SIGINT/SIGTERM.");
   cmd->callback([&ctx] { ctx.exit_code = RunLaunch(o, summary_json); });
 }
 

@@ -1,6 +1,7 @@
 // `memento plan layout`: the placement plan for a topology and policy, and
 // what a failure set would need (docs/planner.md).
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -9,8 +10,10 @@
 
 #include "common/byte_flag.h"
 #include "common/human.h"
+#include "model/layout_svg.h"
 #include "recover/recover.h"
 #include "tools/command.h"
+#include "tools/plan_reliability.h"
 #include "topo/plan.h"
 #include "topo/plan_json.h"
 
@@ -29,6 +32,7 @@ struct LayoutOptions {
   uint64_t copy_budget = 0;
   bool json = false;
   bool full_plan = false;
+  std::string svg;  // write the placement picture here
 };
 
 Result<std::vector<int>> ParseNodeList(const std::string& text, int num_nodes) {
@@ -102,6 +106,13 @@ Status RunLayout(const LayoutOptions& o) {
   topo::RecoveryPlan rec;
   if (has_fail) {
     MEMENTO_ASSIGN_OR_RETURN(rec, recover::PlanFailure(plan, failed));
+  }
+
+  if (!o.svg.empty()) {
+    std::ofstream out(o.svg, std::ios::trunc);
+    out << model::RenderLayoutSvg(plan, has_fail ? &rec : nullptr);
+    out.close();
+    if (!out) return InvalidArgumentError("--svg " + o.svg + ": cannot write the file");
   }
 
   uint64_t max_total = 0, min_total = ~uint64_t{0};
@@ -283,7 +294,11 @@ void Setup(CLI::App& app, CommandContext& ctx) {
       ->transform(ByteSize());
   layout->add_flag("--json", o->json, "print JSON");
   layout->add_flag("--full-plan", o->full_plan, "with --json: include the whole plan");
+  layout->add_option("--svg", o->svg,
+                     "write the placement as SVG: nodes by sharding group and rack, pieces, "
+                     "copies, parity; with --fail the lost nodes and who rebuilds them");
   layout->callback([o, &ctx] { ctx.exit_code = ReportStatus(RunLayout(*o)); });
+  SetupPlanReliability(plan, ctx);
 }
 
 }  // namespace

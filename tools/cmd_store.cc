@@ -1,13 +1,15 @@
 // `memento store`: hosts the embedded coordination store (docs/coordination.md).
 //
 //   memento store --listen 127.0.0.1:7070 --token-file job.token
-//       [--port-file F] [--job J --nodes n0,n1,n2]
+//       [--port-file F] [--job J --nodes n0,n1,n2] [--max-request 64M --max-buffered 256M]
 //   memento store status --store tcp://127.0.0.1:7070 --job J [--token-file F] [--json]
 //
 // The server prints "listening HOST:PORT" on stdout once it accepts
 // connections (with --listen HOST:0 the chosen port; also written to
 // --port-file) and runs until SIGTERM or SIGINT. With --job and --nodes it
-// also runs the job's commit coordinator next to the store.
+// also runs the job's commit coordinator next to the store. --max-request
+// and --max-buffered cap what one connection, and all together, may make
+// the store hold (docs/transport.md, "Memory caps").
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,11 +18,13 @@
 #include <set>
 #include <sstream>
 
+#include "common/byte_flag.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "coord/cluster_view.h"
 #include "coord/commit.h"
 #include "coord/embedded_store.h"
+#include "fmt/format.h"
 #include "net/socket.h"
 #include "tools/command.h"
 
@@ -33,6 +37,7 @@ struct StoreArgs {
   std::string port_file;
   std::string job;
   std::string nodes;
+  coord::StoreServerLimits limits;
   // status
   std::string url;
   bool json = false;
@@ -50,6 +55,15 @@ std::set<std::string> SplitNodes(const std::string& s) {
 
 Status RunStore(const StoreArgs& a) {
   InitLogging("store");
+  if (a.limits.max_request_bytes < (uint64_t{1} << 20)) {
+    return InvalidArgumentError(
+        fmt::format("--max-request {} is below 1 MiB", a.limits.max_request_bytes));
+  }
+  if (a.limits.max_buffered_bytes < a.limits.max_request_bytes) {
+    return InvalidArgumentError(
+        fmt::format("--max-buffered {} is below --max-request {}: one request could never be held",
+                    a.limits.max_buffered_bytes, a.limits.max_request_bytes));
+  }
   Result<net::HostPort> listen = net::ParseHostPort(a.listen, net::PortUse::kListen);
   if (!listen.ok()) return listen.status().WithContext("--listen");
   MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Load(a.token_file));
@@ -70,8 +84,8 @@ Status RunStore(const StoreArgs& a) {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
-  MEMENTO_ASSIGN_OR_RETURN(auto server,
-                           coord::EmbeddedStoreServer::Start(listen->host, listen->port, token));
+  MEMENTO_ASSIGN_OR_RETURN(
+      auto server, coord::EmbeddedStoreServer::Start(listen->host, listen->port, token, a.limits));
   std::unique_ptr<coord::CommitCoordinator> coordinator;
   if (!a.job.empty()) {
     MEMENTO_ASSIGN_OR_RETURN(coordinator,
@@ -120,6 +134,16 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--port-file", args->port_file, "write the listening port to this file");
   cmd->add_option("--job", args->job, "also run the commit coordinator of this job");
   cmd->add_option("--nodes", args->nodes, "comma-separated node names of the job");
+  cmd->add_option("--max-request", args->limits.max_request_bytes,
+                  "largest request one connection may send (what one connection can make the "
+                  "store hold); larger frames close the connection")
+      ->transform(ByteSize())
+      ->default_val("64M");
+  cmd->add_option("--max-buffered", args->limits.max_buffered_bytes,
+                  "most bytes of received requests all connections together may make the store "
+                  "hold; a request beyond it is dropped unread and answered ResourceExhausted")
+      ->transform(ByteSize())
+      ->default_val("256M");
   auto* status = cmd->add_subcommand("status", "Show nodes, signals and the committed step");
   status->add_option("--store", args->url, "store URL (tcp://HOST:PORT)")->required();
   status->add_option("--job", args->job, "job name")->required();

@@ -19,6 +19,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "memento/status.h"
 
@@ -34,6 +35,10 @@ using CommandSetup = std::function<void(CLI::App& app, CommandContext& ctx)>;
 bool RegisterCommand(const char* name, CommandSetup setup);
 // `bench` is the parent App of `memento bench <name>`.
 bool RegisterBench(const char* name, CommandSetup setup);
+
+// `memento run`: the command after the first `--` (main.cc cuts it off
+// before CLI11 parses the rest).
+std::vector<std::string>& RunCommandArgs();
 
 // The exit codes every command shares; commands with more (launch) extend it.
 inline constexpr const char* kExitCodesFooter =

@@ -42,6 +42,17 @@ int ReportStatus(const Status& status) {
 
 int main(int argc, char** argv) {
   using namespace memento::tools;
+  // `memento run [options] -- COMMAND...`: the command after the first `--`
+  // is not parsed (its own flags would look like memento's).
+  if (argc > 1 && std::string(argv[1]) == "run") {
+    for (int i = 2; i < argc; ++i) {
+      if (std::string(argv[i]) == "--") {
+        RunCommandArgs().assign(argv + i + 1, argv + argc);
+        argc = i;
+        break;
+      }
+    }
+  }
   CLI::App app{"memento: in-memory checkpointing for large-model training", "memento"};
   app.set_version_flag("--version", MEMENTO_VERSION_STRING);
   app.require_subcommand(1);

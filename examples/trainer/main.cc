@@ -501,7 +501,9 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (launch) return LaunchLocal(argc, argv, w, o.comm.rendezvous_dir, recovery, max_recoveries);
-  o.undo_log = recovery == "undo";
+  // Log replay also undoes a survivor's step when another survivor is one
+  // step behind (docs/swift.md).
+  o.undo_log = recovery == "undo" || recovery == "log";
   o.pipeline_log = recovery == "log";
   const std::string base_run_id = o.comm.run_id;
   if (generation > 0) o.comm.run_id = base_run_id + "-g" + std::to_string(generation);

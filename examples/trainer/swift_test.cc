@@ -235,13 +235,15 @@ TEST(UpdateUndoTest, NothingToUndoIsRefused) {
 class LoseStage : public TrainerHooks {
  public:
   Status BeforeOptimizerStep(int64_t step) override {
-    if (step == fail_step) return AbortedError("stage lost in step " + std::to_string(step));
-    return Status::Ok();
+    if (step != fail_step || fired) return Status::Ok();
+    fired = true;
+    return AbortedError("stage lost in step " + std::to_string(step));
   }
   int64_t fail_step = -1;
+  bool fired = false;
 };
 
-enum class ReplayMode { kClean, kReplay, kCorruptLog, kPerturbedSnapshot };
+enum class ReplayMode { kClean, kReplay, kCorruptLog, kPerturbedSnapshot, kLaggingSurvivor };
 
 struct ReplayRun {
   Status status;
@@ -264,6 +266,7 @@ std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t
   o.comm.topology.pp = 4;
   o.comm.rendezvous_dir = dir.path();
   o.pipeline_log = true;
+  o.undo_log = true;  // a survivor ahead of a lagging one undoes its step
   const int ranks = 4;
   auto snapshot = [&](int r) { return dir.path() + "/state.rank" + std::to_string(r); };
   auto log_path = [&](int r) { return dir.path() + "/pipeline_log.stage" + std::to_string(r); };
@@ -274,6 +277,9 @@ std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t
     ro.comm.rank = rank;
     LoseStage hooks;
     if (mode != ReplayMode::kClean && rank == lost) hooks.fail_step = t + 1;
+    // Stage 0 fails too, before its update of t + 1: it survives one step
+    // behind the others, which must undo t + 1.
+    if (mode == ReplayMode::kLaggingSurvivor && rank == 0) hooks.fail_step = t + 1;
     auto created = Trainer::Create(ro, &hooks);
     if (!created.ok()) {
       run.status = created.status();
@@ -396,6 +402,19 @@ TEST(LogReplayTest, LostStageReplaysToTheSurvivorsStepBitForBit) {
     std::printf("stage %d: pipeline log after %lld steps since the snapshot: %llu bytes\n", r,
                 static_cast<long long>(t + 1 - k),
                 static_cast<unsigned long long>(clean[r].log_bytes));
+  }
+}
+
+TEST(LogReplayTest, SurvivorsAheadOfALaggingOneUndoTheirStep) {
+  const int steps = 6, lost = 2;
+  const int64_t k = 2, t = 3;
+  std::vector<ReplayRun> clean = RunReplay(ReplayMode::kClean, lost, k, t, steps);
+  std::vector<ReplayRun> runs = RunReplay(ReplayMode::kLaggingSurvivor, lost, k, t, steps);
+  ExpectSameStates(clean, runs, steps);
+  for (size_t r = 0; r < runs.size(); ++r) {
+    EXPECT_TRUE(runs[r].recovery.ok()) << "rank " << r << ": " << runs[r].recovery;
+    EXPECT_FALSE(runs[r].fell_back);
+    EXPECT_EQ(runs[r].agreed, t) << "rank " << r;  // stages 1 and 3 undid t + 1
   }
 }
 

@@ -439,16 +439,20 @@ Status Trainer::WritePipelineLog(const std::string& path) const {
 
 Result<int64_t> Trainer::RecoverByReplay(const std::vector<std::string>& log_paths,
                                          bool replacement) {
-  double neg = -static_cast<double>(state_.step);
-  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&neg, 1));
-  const int64_t target = static_cast<int64_t>(-neg);
+  // The last step every survivor completed. A survivor can be one step
+  // behind the others (the failure hit its gradient-norm allreduce after
+  // the others had left it) or half into an update: survivors ahead of
+  // the agreed step undo theirs (SWIFT: "if necessary, the surviving
+  // workers will undo the update"; needs TrainerOptions::undo_log).
+  double step = replacement ? 1e18 : static_cast<double>(state_.step);
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&step, 1));
+  const int64_t target = static_cast<int64_t>(step);
   Status mine;
   const Topology& t = options_.comm.topology;
   if (!plog_) {
     mine = FailedPreconditionError("the trainer keeps no pipeline log");
-  } else if (in_update_) {
-    mine = FailedPreconditionError("half into the update of step " +
-                                   std::to_string(state_.step + 1) + " (undo it first)");
+  } else if (!replacement && (state_.step == target + 1 || (state_.step == target && in_update_))) {
+    mine = UndoStep();
   } else if (replacement && (t.dp != 1 || t.tp != 1)) {
     mine = FailedPreconditionError(
         "log replay needs dp 1 and tp 1 (with DP replicas, recover "
@@ -471,7 +475,7 @@ Result<int64_t> Trainer::RecoverByReplay(const std::vector<std::string>& log_pat
     }
   } else if (state_.step != target) {
     mine = FailedPreconditionError("survivor at step " + std::to_string(state_.step) +
-                                   ", another at " + std::to_string(target));
+                                   " is more than one step past " + std::to_string(target));
   }
   double ok = mine.ok() ? 1.0 : 0.0;
   MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&ok, 1));

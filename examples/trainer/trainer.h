@@ -182,15 +182,16 @@ class Trainer {
   [[nodiscard]] Status WritePipelineLog(const std::string& path) const;
   // Collective over the world after a stage was lost and replaced (every
   // rank calls it on a working Comm, see Reconnect): the ranks agree on the
-  // newest step a survivor reached; the replacement (`replacement` true; it
-  // loaded the stage's last snapshot) reads its neighbours' logs from
-  // `log_paths` and replays the steps up to it with the logged inputs,
-  // checking that every output it recomputes is what it sent before (the
-  // receivers' checksums). Survivors keep their state. Returns the step.
+  // last step every survivor completed; a survivor ahead of it or half into
+  // the next update undoes that step (needs options().undo_log); the
+  // replacement (`replacement` true; it loaded the stage's last snapshot)
+  // reads its neighbours' logs from `log_paths` and replays the steps up to
+  // it with the logged inputs, checking that every output it recomputes is
+  // what it sent before (the receivers' checksums). Returns the step.
   // FailedPrecondition on every rank when any rank cannot (a log entry
-  // missing or failing its checksum, a replayed output that differs, a
-  // survivor behind or half into an update, DP or TP > 1: with DP replicas
-  // recover from a replica): the job must fall back to a snapshot.
+  // missing or failing its checksum, a replayed output that differs, an
+  // undo that is not possible, DP or TP > 1: with DP replicas recover from
+  // a replica): the job must fall back to a snapshot.
   Result<int64_t> RecoverByReplay(const std::vector<std::string>& log_paths, bool replacement);
 
   // Checksum (xxHash3) of params, moments and state: equal on two runs iff

@@ -181,14 +181,29 @@ void Agent::HandleConnection(int fd) {
     shm::SendJson(fd, shm::StatusToJson(denied), Deadline::AfterSeconds(1)).IgnoreError();
   } else {
     for (;;) {
-      auto req = shm::RecvJson(fd, Deadline::Infinite());
-      if (!req.ok()) {
-        if (req.status().code() != StatusCode::kUnavailable) {
-          MEMENTO_LOG_WARN("dropping a connection: {}", req.status().ToString());
+      auto body = shm::RecvFrameWithin(fd, shm::kFrameTimeoutS);
+      if (!body.ok()) {
+        if (body.status().code() != StatusCode::kUnavailable) {
+          // The framing is lost (a half-sent or oversized message): say why
+          // and close; other connections are not affected.
+          MEMENTO_LOG_WARN("dropping the connection of pid {}{}: {}", cred->pid,
+                           rank >= 0 ? fmt::format(" (rank {})", rank) : "",
+                           body.status().ToString());
+          shm::SendJson(fd, shm::StatusToJson(body.status()), Deadline::AfterSeconds(1))
+              .IgnoreError();
         }
         break;
       }
-      json reply = Handle(*req, cred->pid, &rank);
+      auto req = ParseAgentRequest(*body);
+      json reply;
+      if (!req.ok()) {
+        // A whole frame arrived, so the stream is still in step: answer the
+        // error and serve the next message.
+        MEMENTO_LOG_WARN("pid {}: {}", cred->pid, req.status().ToString());
+        reply = shm::StatusToJson(req.status());
+      } else {
+        reply = Handle(*req, cred->pid, &rank);
+      }
       if (!shm::SendJson(fd, reply, Deadline::AfterSeconds(10)).ok()) break;
     }
   }
@@ -213,23 +228,36 @@ void Agent::HandleConnection(int fd) {
   close(fd);
 }
 
-json Agent::Handle(const json& req, pid_t peer_pid, int* conn_rank) {
+json Agent::Handle(const AgentRequest& req, pid_t peer_pid, int* conn_rank) {
   try {
-    std::string op = req.at("op").get<std::string>();
-    if (op == "hello") {
-      uint32_t version = req.at("protocol").get<uint32_t>();
-      if (version != shm::kProtocolVersion) {
+    return HandleChecked(req, peer_pid, conn_rank);
+  } catch (const std::exception& e) {
+    // Every field was checked by ParseAgentRequest; this is a bug, not bad
+    // input, but it must not take the agent down.
+    MEMENTO_LOG_ERROR("'{}' request of rank {}: {}", AgentOpName(req.op), req.rank, e.what());
+    return shm::StatusToJson(InternalError(
+        fmt::format("'{}' request failed in the agent: {}", AgentOpName(req.op), e.what())));
+  }
+}
+
+json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_rank) {
+  const int rank = req.rank;
+  if (*conn_rank >= 0 && req.op != AgentOp::kPing && rank != *conn_rank) {
+    return shm::StatusToJson(InvalidArgumentError(
+        fmt::format("'{}' request names rank {}, but this connection said hello as rank {}",
+                    AgentOpName(req.op), rank, *conn_rank)));
+  }
+  switch (req.op) {
+    case AgentOp::kHello: {
+      if (req.protocol != shm::kProtocolVersion) {
         return shm::StatusToJson(FailedPreconditionError(fmt::format(
-            "protocol version {} (this agent speaks {})", version, shm::kProtocolVersion)));
+            "protocol version {} (this agent speaks {})", req.protocol, shm::kProtocolVersion)));
       }
-      std::string job = req.at("job").get<std::string>();
-      if (job != options_.job_id) {
+      if (req.job != options_.job_id) {
         return shm::StatusToJson(
             NotFoundError(fmt::format("unknown job '{}': the agent at {} serves job '{}' (node {})",
-                                      job, root_, options_.job_id, options_.node)));
+                                      req.job, root_, options_.job_id, options_.node)));
       }
-      int rank = req.at("rank").get<int>();
-      if (rank < 0) return shm::StatusToJson(InvalidArgumentError("rank must be >= 0"));
       {
         MutexLock l(&mu_);
         auto it = rank_owner_.find(rank);
@@ -251,43 +279,46 @@ json Agent::Handle(const json& req, pid_t peer_pid, int* conn_rank) {
       r["pid"] = getpid();
       return r;
     }
-    if (op == "ping") return shm::StatusToJson(Status::Ok());
-    int rank = req.at("rank").get<int>();
-    if (op == "seal") {
-      uint64_t bytes = req.at("bytes").get<uint64_t>();
-      auto paths = store_->EnsureSlots(rank, bytes);
-      if (!paths.ok()) {
-        MEMENTO_LOG_ERROR("rank {}: {}", rank, paths.status().ToString());
-        return shm::StatusToJson(paths.status());
-      }
-      MEMENTO_LOG_INFO("rank {} sealed: 2 slots of {} bytes", rank, bytes);
+    case AgentOp::kPing:
+      return shm::StatusToJson(Status::Ok());
+    case AgentOp::kSeal: {
       if (cluster_ != nullptr) {
-        if (!req.contains("manifest")) {
+        if (!req.has_manifest) {
           return shm::StatusToJson(FailedPreconditionError(
               "this agent runs in cluster mode and needs the rank's tensors (a client of this "
               "version sends them with seal)"));
         }
-        cluster_->OnSeal(rank, req.at("manifest").get<std::string>());
+        // Checked before anything is allocated for it.
+        auto tensors = shm::ParseManifest(req.manifest);
+        if (!tensors.ok()) {
+          return shm::StatusToJson(
+              InvalidArgumentError(fmt::format("'seal' request of rank {}: field 'manifest': {}",
+                                               rank, tensors.status().message())));
+        }
       }
+      auto paths = store_->EnsureSlots(rank, req.bytes);
+      if (!paths.ok()) {
+        MEMENTO_LOG_ERROR("rank {}: {}", rank, paths.status().ToString());
+        return shm::StatusToJson(paths.status());
+      }
+      MEMENTO_LOG_INFO("rank {} sealed: 2 slots of {} bytes", rank, req.bytes);
+      if (cluster_ != nullptr) cluster_->OnSeal(rank, req.manifest);
       json r = shm::StatusToJson(Status::Ok());
       r["paths"] = *paths;
       return r;
     }
-    if (op == "complete") {
-      int slot = req.at("slot").get<int>();
-      MEMENTO_LOG_DEBUG("rank {} completed step {} in slot {}", rank, req.at("step").get<int64_t>(),
-                        slot);
-      if (options_.verify_on_complete) EnqueueVerify(rank, slot);
+    case AgentOp::kComplete: {
+      MEMENTO_LOG_DEBUG("rank {} completed step {} in slot {}", rank, req.step, req.slot);
+      if (options_.verify_on_complete) EnqueueVerify(rank, req.slot);
       // Cluster mode: the durable stream follows the cluster's commits instead.
-      if (durable_ && !cluster_) durable_->OnComplete(rank, req.at("step").get<int64_t>());
-      if (cluster_) cluster_->OnComplete(rank, slot, req.at("step").get<int64_t>());
+      if (durable_ && !cluster_) durable_->OnComplete(rank, req.step);
+      if (cluster_) cluster_->OnComplete(rank, req.slot, req.step);
       return shm::StatusToJson(Status::Ok());
     }
-    if (op == "skipped") {
-      if (cluster_) cluster_->OnSkipped(rank, req.at("step").get<int64_t>());
+    case AgentOp::kSkipped:
+      if (cluster_) cluster_->OnSkipped(rank, req.step);
       return shm::StatusToJson(Status::Ok());
-    }
-    if (op == "target") {
+    case AgentOp::kTarget: {
       if (cluster_ == nullptr) {
         return shm::StatusToJson(FailedPreconditionError(
             "op 'target' needs an agent in cluster mode (--store); this one runs alone"));
@@ -296,15 +327,14 @@ json Agent::Handle(const json& req, pid_t peer_pid, int* conn_rank) {
       r["step"] = cluster_->RestoreTarget();
       return r;
     }
-    if (op == "verify") {
-      int slot = req.at("slot").get<int>();
-      Status st = store_->Verify(rank, slot);
-      if (!st.ok()) MEMENTO_LOG_ERROR("rank {} slot {}: {}", rank, slot, st.ToString());
+    case AgentOp::kVerify: {
+      Status st = store_->Verify(rank, req.slot);
+      if (!st.ok()) MEMENTO_LOG_ERROR("rank {} slot {}: {}", rank, req.slot, st.ToString());
       json r = shm::StatusToJson(Status::Ok());
       r["slot_status"] = shm::StatusToJson(st);
       return r;
     }
-    if (op == "list") {
+    case AgentOp::kList: {
       json versions = json::array();
       auto inv = store_->Inventory(rank);
       for (const auto& s : inv) {
@@ -328,10 +358,8 @@ json Agent::Handle(const json& req, pid_t peer_pid, int* conn_rank) {
       r["versions"] = versions;
       return r;
     }
-    return shm::StatusToJson(InvalidArgumentError("unknown op '" + op + "'"));
-  } catch (const std::exception& e) {
-    return shm::StatusToJson(InvalidArgumentError(std::string("malformed request: ") + e.what()));
   }
+  return shm::StatusToJson(InternalError("unhandled op"));
 }
 
 void Agent::EnqueueVerify(int rank, int slot) {

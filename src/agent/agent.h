@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/agent_request.h"
 #include "agent/cluster.h"
 #include "agent/durable.h"
 #include "agent/scrub.h"
@@ -87,7 +88,10 @@ class Agent {
  private:
   Agent() = default;
   void HandleConnection(int fd);
-  nlohmann::json Handle(const nlohmann::json& req, pid_t peer_pid, int* conn_rank);
+  // Answers one checked request (ParseAgentRequest); `conn_rank` is the rank
+  // the connection said hello as (-1 before).
+  nlohmann::json Handle(const AgentRequest& req, pid_t peer_pid, int* conn_rank);
+  nlohmann::json HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_rank);
   void VerifierLoop();
   void EnqueueVerify(int rank, int slot) EXCLUDES(mu_);
 

@@ -12,6 +12,7 @@
 #include "agent/peer_protocol.h"
 #include "codec/erasure_code.h"
 #include "common/checksum.h"
+#include "common/human.h"
 #include "common/log.h"
 #include "common/tensor_json.h"
 #include "coord/keys.h"
@@ -64,6 +65,24 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
                            coord::OpenStore(options.store_url, options.token_file,
                                             Deadline::AfterSeconds(options.store_timeout_s)));
   MEMENTO_ASSIGN_OR_RETURN(c->red_, RedundancyStore::Open(root, node));
+  if (store != nullptr && store->options().budget_bytes > 0) {
+    // The node's budget covers its slots and its redundancy: a version that
+    // does not fit is refused (its step is abandoned, unprotected; the
+    // launcher reports it, docs/launch.md "Unprotected steps").
+    shm::NodeStore* ns = store;
+    RedundancyStore* red = c->red_.get();
+    c->red_->SetRoomCheck([ns, red](uint64_t more, const std::string& why) -> Status {
+      const uint64_t slots = ns->allocated_bytes();
+      const uint64_t held = red->bytes_in_use();
+      const uint64_t budget = ns->options().budget_bytes;
+      if (slots + held + more <= budget) return Status::Ok();
+      return ResourceExhaustedError(fmt::format(
+          "node memory budget exhausted: {} needs {} more but the budget is {} with {} in use "
+          "({} slots, {} redundancy); raise the agent's --budget to at least {} bytes",
+          why, HumanBytes(more), HumanBytes(budget), HumanBytes(slots + held), HumanBytes(slots),
+          HumanBytes(held), slots + held + more));
+    });
+  }
   MEMENTO_RETURN_IF_ERROR(c->StartPeerService());
 
   coord::MembershipOptions mo;
@@ -203,18 +222,17 @@ std::string Cluster::SkippedKey(int64_t step, const std::string& node) const {
 }
 
 void Cluster::OnSkipped(int rank, int64_t step) {
-  (void)rank;
-  PublishDead(step);
+  PublishDead(step, fmt::format("rank {} skipped its snapshot", rank));
 }
 
-void Cluster::PublishDead(int64_t step) {
+void Cluster::PublishDead(int64_t step, const std::string& why) {
   if (step <= committed_.load()) return;
   {
     MutexLock l(&mu_);
     if (!dead_.insert(step).second) return;  // told already
   }
   cv_.SignalAll();
-  auto r = store_->Set(SkippedKey(step, node_name_), "", Deadline::AfterSeconds(2));
+  auto r = store_->Set(SkippedKey(step, node_name_), why, Deadline::AfterSeconds(2));
   if (!r.ok())
     MEMENTO_LOG_WARN("could not publish the skip of step {}: {}", step, r.status().ToString());
 }
@@ -361,8 +379,8 @@ void Cluster::Abandon(int64_t step, const std::string& why) {
   }
   MEMENTO_LOG_INFO("step {} abandoned: {}", step, why);
   // This node will never report `step`: the others must not keep it either
-  // (the same record as a trainer's skip).
-  PublishDead(step);
+  // (the same record as a trainer's skip, with the reason).
+  PublishDead(step, why);
 }
 
 // ---- cluster thread ----------------------------------------------------------
@@ -789,6 +807,8 @@ Status Cluster::StartPeerService() {
   po.port = hp->port;
   po.store = node_store_;
   po.redundancy = red_.get();
+  po.max_request_bytes = options_.peer_max_request_bytes;
+  po.max_buffered_bytes = options_.peer_max_buffered_bytes;
   po.plan = [this]() -> Result<std::shared_ptr<const ClusterPlan>> {
     MutexLock l(&plan_mu_);
     if (cluster_plan_ == nullptr) {

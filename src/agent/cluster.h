@@ -66,6 +66,9 @@ struct ClusterOptions {
   double hold_timeout_s = 10.0;
   // How long Start() waits for the store to answer.
   double store_timeout_s = 30.0;
+  // The peer service's receive caps (PeerServiceOptions).
+  uint64_t peer_max_request_bytes = kDefaultPeerMaxRequestBytes;
+  uint64_t peer_max_buffered_bytes = kDefaultPeerMaxBufferedBytes;
 };
 
 // The codecs of the records this file reads and writes live next to their
@@ -157,9 +160,11 @@ class Cluster {
   void ReleaseHold(int64_t step);
   void Abandon(int64_t step, const std::string& why) EXCLUDES(mu_);
   bool Dead(int64_t step) EXCLUDES(mu_);
-  // Records (and publishes at skipped/<step>/<node>) that this node will
-  // never report `step`: every node releases its hold on it.
-  void PublishDead(int64_t step) EXCLUDES(mu_);
+  // Records (and publishes at skipped/<step>/<node>, with `why` as the
+  // value) that this node will never report `step`: every node releases its
+  // hold on it. The launcher reads `why` (a redundancy that could not be
+  // written leaves the step unprotected).
+  void PublishDead(int64_t step, const std::string& why = "") EXCLUDES(mu_);
   std::string SkippedKey(int64_t step, const std::string& node) const;
 
   ClusterOptions options_;

@@ -339,6 +339,9 @@ Result<std::unique_ptr<PeerService>> PeerService::Start(PeerServiceOptions optio
   net::ServerOptions so;
   so.host = s->options_.host;
   so.port = s->options_.port;
+  so.connection.max_payload = s->options_.max_request_bytes;
+  so.max_buffered_bytes = s->options_.max_buffered_bytes;
+  so.limit_name = "the peer service's total receive cap, memento agent --peer-max-buffered";
   MEMENTO_RETURN_IF_ERROR(s->rpc_.Start(so, s->token_));
   MEMENTO_LOG_INFO("peer service of node {} (job {}) listening on {}", s->options_.node,
                    s->options_.job, s->endpoint());

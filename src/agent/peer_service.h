@@ -62,6 +62,9 @@ using EndpointSource = std::function<Result<std::string>(int node)>;
 inline constexpr uint64_t kMaxPeerReadBytes = uint64_t{64} << 20;
 // Largest payload of one kPeerPush part.
 inline constexpr uint64_t kMaxPushPartBytes = uint64_t{8} << 20;
+// Defaults of PeerServiceOptions::max_request_bytes / max_buffered_bytes.
+inline constexpr uint64_t kDefaultPeerMaxRequestBytes = uint64_t{64} << 20;
+inline constexpr uint64_t kDefaultPeerMaxBufferedBytes = uint64_t{256} << 20;
 // Largest data frame of a kPeerReadStream reply of copy / parity bytes
 // (hashed, then sent while still in cache).
 inline constexpr uint64_t kPeerStreamPartBytes = uint64_t{1} << 20;
@@ -163,6 +166,12 @@ struct PeerServiceOptions {
   // store, e.g. to wake the save path waiting for its T1 of `step`. May be empty.
   std::function<void(int64_t step, recover::ByteSource entry)> on_push_finished;
   size_t connections_per_peer = 4;
+  // What the service's connections may hold in received requests: one
+  // request (one connection; a kPeerPush part is at most kMaxPushPartBytes)
+  // and all connections together (docs/transport.md, "Memory caps";
+  // `memento agent --peer-max-request`, `--peer-max-buffered`).
+  uint64_t max_request_bytes = kDefaultPeerMaxRequestBytes;
+  uint64_t max_buffered_bytes = kDefaultPeerMaxBufferedBytes;
 };
 
 class PeerService {
@@ -183,6 +192,8 @@ class PeerService {
   PieceReader& pieces() { return *pieces_; }
   // This node's inventory (what kPeerInventory answers).
   recover::NodeInventory Inventory(bool verify);
+  // The total receive cap's account (tests).
+  const net::MemoryBudget* budget() const { return rpc_.budget(); }
   // Connections refused so far (failed authentication).
   uint64_t refused() const { return rpc_.server() ? rpc_.server()->refused() : 0; }
   // Stops accepting and closes every connection; idempotent.

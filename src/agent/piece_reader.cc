@@ -276,12 +276,10 @@ std::vector<int> RanksHolding(shm::NodeStore& store, const std::vector<int>& ran
   for (int rank : ranks) {
     for (const shm::SlotStatus& s : store.Inventory(rank)) {
       if (s.state != shm::SlotState::kComplete || s.step != step) continue;
-      bool intact;
-      if (verify && !s.verified) {
-        intact = store.Verify(rank, s.slot).ok();
-      } else {
-        intact = verify ? s.intact : !(s.verified && !s.intact);
-      }
+      // `verify` means verify now: a verification the store remembers (from
+      // adoption, a scrub or an earlier inventory) says nothing about bytes
+      // corrupted since, in the same generation.
+      const bool intact = verify ? store.Verify(rank, s.slot).ok() : !(s.verified && !s.intact);
       if (intact) {
         out.push_back(rank);
         break;
@@ -298,12 +296,10 @@ std::vector<std::pair<int64_t, std::vector<int>>> T0Holdings(shm::NodeStore& sto
   for (int rank : store.Ranks()) {
     for (const shm::SlotStatus& s : store.Inventory(rank)) {
       if (s.state != shm::SlotState::kComplete || s.step < 0) continue;
-      bool intact;
-      if (verify && !s.verified) {
-        intact = store.Verify(rank, s.slot).ok();
-      } else {
-        intact = verify ? s.intact : !(s.verified && !s.intact);
-      }
+      // `verify` means verify now: a verification the store remembers (from
+      // adoption, a scrub or an earlier inventory) says nothing about bytes
+      // corrupted since, in the same generation.
+      const bool intact = verify ? store.Verify(rank, s.slot).ok() : !(s.verified && !s.intact);
       if (intact) steps[s.step].insert(rank);
     }
   }

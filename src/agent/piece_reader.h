@@ -100,8 +100,11 @@ class PieceReader {
 };
 
 // Which of `ranks` hold version `step` in T0 on this node: slot complete at
-// `step`; with `verify`, also every chunk checksum verified (NodeStore::Verify,
-// cached per generation by the store). Sorted.
+// `step`; with `verify`, also every chunk checksum verified now
+// (NodeStore::Verify on every candidate slot, whatever an earlier verification
+// of the same generation found: bytes can be corrupted at rest after it).
+// Without `verify`, a slot is excluded only when a verification found it
+// corrupt. Sorted.
 std::vector<int> RanksHolding(shm::NodeStore& store, const std::vector<int>& ranks, int64_t step,
                               bool verify);
 

@@ -97,6 +97,40 @@ TEST_F(PieceReaderTest, CorruptedChunkIsDataLossNamingTheTensor) {
   EXPECT_TRUE(RanksHolding(*store_, {0}, 5, /*verify=*/true).empty());
 }
 
+// Issue 21: a slot verified once (by adoption, a scrub or an inventory) and
+// corrupted afterwards, in the same generation, must not be listed by a
+// verifying inventory: `verify` means verify now.
+TEST_F(PieceReaderTest, AVerifyingInventoryReVerifiesSlotsVerifiedBefore) {
+  WriteRankSlot(*store_, inv_, 0, 0, 5);
+  WriteRankSlot(*store_, inv_, 1, 0, 5);
+  ASSERT_EQ(RanksHolding(*store_, {0, 1}, 5, true), (std::vector<int>{0, 1}));
+  // A second store on the root adopts the slots (and verifies them).
+  auto adopted = shm::NodeStore::Open({root_, kJob, 0, 0});
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  for (const auto& s : (*adopted)->Inventory(0)) {
+    if (s.step == 5) {
+      EXPECT_TRUE(s.verified && s.intact) << "adoption verified the slot";
+    }
+  }
+  {
+    auto seg = shm::Segment::Open(shm::SlotPath(root_, 0, 0), true);
+    ASSERT_TRUE(seg.ok());
+    auto info = shm::ReadSlot(**seg);
+    ASSERT_TRUE(info.ok());
+    ASSERT_GT(info->data_bytes, 0u);
+    shm::SlotData(**seg)[info->data_bytes / 2] ^= 0x5a;
+  }
+  for (shm::NodeStore* st : {store_.get(), adopted->get()}) {
+    EXPECT_EQ(RanksHolding(*st, {0, 1}, 5, true), (std::vector<int>{1}));
+    auto all = T0Holdings(*st, true);
+    ASSERT_EQ(all.size(), 1u);
+    EXPECT_EQ(all[0].first, 5);
+    EXPECT_EQ(all[0].second, (std::vector<int>{1}));
+    // Without verification, the corruption the check just found is remembered.
+    EXPECT_EQ(RanksHolding(*st, {0, 1}, 5, false), (std::vector<int>{1}));
+  }
+}
+
 TEST_F(PieceReaderTest, HoldingOfT0) {
   WriteRankSlot(*store_, inv_, 0, 0, 5);
   WriteRankSlot(*store_, inv_, 0, 1, 6);

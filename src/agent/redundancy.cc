@@ -239,12 +239,26 @@ void ShmRedundancyStore::Remove(const std::shared_ptr<Version>& v) {
   }
 }
 
+void ShmRedundancyStore::SetRoomCheck(RoomCheck check) {
+  MutexLock l(&mu_);
+  room_check_ = std::move(check);
+}
+
+uint64_t ShmRedundancyStore::bytes_in_use() {
+  MutexLock l(&mu_);
+  uint64_t n = 0;
+  for (const auto& [step, v] : versions_) n += v->segment ? v->segment->size() : 0;
+  return n;
+}
+
 Status ShmRedundancyStore::Ensure(int64_t step) {
   if (step < 0) return InvalidArgumentError(fmt::format("redundancy store: step {} < 0", step));
   std::vector<PlannedEntry> planned;
   uint64_t plan_hash = 0;
+  RoomCheck room;
   {
     MutexLock l(&mu_);
+    room = room_check_;
     // Another thread (the save path, a push) may be creating this version:
     // wait for it rather than create it twice.
     while (creating_.count(step) != 0) created_cv_.Wait(&l);
@@ -259,7 +273,7 @@ Status ShmRedundancyStore::Ensure(int64_t step) {
   }
   // Allocating and populating the file can take a while for large entries:
   // done without the lock, so reads and other versions are not held up.
-  Result<std::shared_ptr<Version>> made = CreateVersion(step, planned, plan_hash);
+  Result<std::shared_ptr<Version>> made = CreateVersion(step, planned, plan_hash, room);
   MutexLock l(&mu_);
   const bool superseded = creating_[step];
   creating_.erase(step);
@@ -278,7 +292,8 @@ Status ShmRedundancyStore::Ensure(int64_t step) {
 }
 
 Result<std::shared_ptr<ShmRedundancyStore::Version>> ShmRedundancyStore::CreateVersion(
-    int64_t step, const std::vector<PlannedEntry>& planned, uint64_t plan_hash) {
+    int64_t step, const std::vector<PlannedEntry>& planned, uint64_t plan_hash,
+    const RoomCheck& room) {
   const uint64_t n = planned.size();
   const uint64_t data_offset =
       shm::AlignUp(kRedundancyHeaderBytes + n * sizeof(RedundancyEntry), kRedundancyDataAlignment);
@@ -291,6 +306,7 @@ Result<std::shared_ptr<ShmRedundancyStore::Version>> ShmRedundancyStore::CreateV
   }
   const uint64_t total = shm::AlignUp(end, kRedundancyDataAlignment);
   const std::string path = RedundancyVersionPath(root_, step);
+  if (room) MEMENTO_RETURN_IF_ERROR(room(total, fmt::format("redundancy version {}", step)));
   // A leftover file of this step is not ours (Adopt removed torn ones and we
   // do not hold this step): start from an empty file.
   if (unlink(path.c_str()) != 0 && errno != ENOENT) {

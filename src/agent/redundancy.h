@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +45,15 @@ class RedundancyStore {
   // Creates version `step` with every entry of this node's plan (idempotent;
   // a version that already exists is returned as is).
   [[nodiscard]] virtual Status Ensure(int64_t step) = 0;
+
+  // Asked before a new version's file is allocated, with its size and what it
+  // is ("redundancy version 42"): an error (ResourceExhausted) refuses the
+  // version, Ensure returns it. The agent checks its node budget (--budget)
+  // this way. Set before the store is used; the default store has none.
+  using RoomCheck = std::function<Status(uint64_t more_bytes, const std::string& why)>;
+  virtual void SetRoomCheck(RoomCheck check) {}
+  // Bytes of the version files this store holds now.
+  virtual uint64_t bytes_in_use() { return 0; }
 
   // Writable bytes of one entry (kCopy or kParity id of the plan) of version
   // `step`, for zero-copy receive and encode output. Valid until the version

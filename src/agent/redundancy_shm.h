@@ -35,6 +35,8 @@ class ShmRedundancyStore final : public RedundancyStore {
 
   Status SetPlan(const topo::Plan& plan) override EXCLUDES(mu_);
   Status Ensure(int64_t step) override EXCLUDES(mu_);
+  void SetRoomCheck(RoomCheck check) override EXCLUDES(mu_);
+  uint64_t bytes_in_use() override EXCLUDES(mu_);
   Result<uint8_t*> EntryBuffer(int64_t step, recover::ByteSource entry) override EXCLUDES(mu_);
   Status FinishEntry(int64_t step, recover::ByteSource entry) override EXCLUDES(mu_);
   bool Complete(int64_t step) override EXCLUDES(mu_);
@@ -111,7 +113,7 @@ class ShmRedundancyStore final : public RedundancyStore {
   // Creates, lays out and maps the file of a new version (no lock held).
   Result<std::shared_ptr<Version>> CreateVersion(int64_t step,
                                                  const std::vector<PlannedEntry>& planned,
-                                                 uint64_t plan_hash);
+                                                 uint64_t plan_hash, const RoomCheck& room);
   Status FinishEntryImpl(int64_t step, recover::ByteSource entry, const uint64_t* expected)
       EXCLUDES(mu_);
   // Seals the table and header and flips the state to complete.
@@ -126,6 +128,7 @@ class ShmRedundancyStore final : public RedundancyStore {
   uint64_t plan_hash_ GUARDED_BY(mu_) = 0;
   // The entries of this node's plan, in table order.
   std::vector<PlannedEntry> planned_ GUARDED_BY(mu_);
+  RoomCheck room_check_ GUARDED_BY(mu_);
   // Versions whose file is being made (no lock held), with whether a new
   // plan or a DropBelow past them arrived meanwhile (then they are discarded).
   std::map<int64_t, bool> creating_ GUARDED_BY(mu_);

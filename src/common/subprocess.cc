@@ -186,14 +186,14 @@ Result<ExitStatus> Subprocess::Wait(Deadline deadline) {
 }
 
 Status Subprocess::Kill(int sig) {
-  if (!running()) return Status::Ok();
+  if (!unreaped()) return Status::Ok();
   if (kill(pid_, sig) != 0 && errno != ESRCH) return ErrnoError("kill", errno);
   return Status::Ok();
 }
 
 Status Subprocess::KillGroup(int sig) {
   if (!group_) return FailedPreconditionError("kill group: the child was not spawned as a group");
-  if (!running()) return Status::Ok();
+  if (!unreaped()) return Status::Ok();
   if (kill(-pid_, sig) != 0 && errno != ESRCH) return ErrnoError("kill group", errno);
   return Status::Ok();
 }

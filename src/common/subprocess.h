@@ -72,7 +72,16 @@ class Subprocess {
   [[nodiscard]] static Result<Subprocess> Spawn(const SpawnOptions& options);
 
   pid_t pid() const { return pid_; }
-  bool running() const { return pid_ > 0 && !status_.has_value(); }
+  // Whether the child is still alive: reaps it first (Poll), so a child that
+  // died since the last Poll or Wait counts as ended (a cached answer would
+  // call a SIGKILLed, unreaped child running).
+  bool running() {
+    Poll();
+    return pid_ > 0 && !status_.has_value();
+  }
+  // Whether the child was started and not reaped yet: no system call; a child
+  // that died but was not reaped still counts (use running() to find out).
+  bool unreaped() const { return pid_ > 0 && !status_.has_value(); }
   // The exit status once reaped.
   const std::optional<ExitStatus>& exit_status() const { return status_; }
 

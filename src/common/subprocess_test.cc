@@ -69,6 +69,36 @@ TEST(Subprocess, KillWithARealSignal) {
   EXPECT_TRUE(p->Kill(SIGKILL).ok());
 }
 
+// The process state letter of `pid` from /proc/PID/stat ('Z' for a zombie:
+// dead, not reaped), or 0 when there is no such process.
+char ProcState(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return 0;
+  const size_t paren = line.rfind(')');
+  return paren + 2 < line.size() ? line[paren + 2] : 0;
+}
+
+// A child SIGKILLed from outside (nobody called Poll or Wait) is not running:
+// running() reaps it (issue 21: a cached flag left the launcher treating a
+// dead agent as alive, neither restarting nor excluding it).
+TEST(Subprocess, AChildKilledFromOutsideIsNotRunningBeforeAnyPoll) {
+  SpawnOptions o;
+  o.argv = {"sleep", "60"};
+  auto p = Subprocess::Spawn(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(kill(p->pid(), SIGKILL), 0);  // not through Subprocess::Kill
+  Deadline d = Deadline::AfterSeconds(30);
+  while (ProcState(p->pid()) != 'Z' && !d.expired()) usleep(1000);
+  ASSERT_EQ(ProcState(p->pid()), 'Z') << "the child did not become a zombie";
+  EXPECT_TRUE(p->unreaped());  // the cheap check does not look
+  EXPECT_FALSE(p->running());
+  EXPECT_FALSE(p->unreaped());
+  ASSERT_TRUE(p->exit_status().has_value());
+  EXPECT_EQ(p->exit_status()->signal, SIGKILL);
+  EXPECT_EQ(ProcState(p->pid()), 0) << "running() must reap the child";
+}
+
 TEST(Subprocess, TerminateEscalatesToSigkill) {
   SpawnOptions o;
   // Ignores SIGTERM: Terminate must fall back to SIGKILL after the grace.

@@ -33,15 +33,16 @@ Status BadRequest(StoreMethod m, const Status& s) {
 
 }  // namespace
 
-Result<std::unique_ptr<EmbeddedStoreServer>> EmbeddedStoreServer::Start(const std::string& host,
-                                                                        int port,
-                                                                        net::JobToken token) {
+Result<std::unique_ptr<EmbeddedStoreServer>> EmbeddedStoreServer::Start(
+    const std::string& host, int port, net::JobToken token, const StoreServerLimits& limits) {
   std::unique_ptr<EmbeddedStoreServer> s(new EmbeddedStoreServer());
   s->RegisterMethods();
   net::ServerOptions o;
   o.host = host;
   o.port = port;
-  o.connection.max_payload = 64 << 20;
+  o.connection.max_payload = limits.max_request_bytes;
+  o.max_buffered_bytes = limits.max_buffered_bytes;
+  o.limit_name = "the store's total receive cap, memento store --max-buffered";
   MEMENTO_RETURN_IF_ERROR(s->rpc_.Start(o, std::move(token)));
   return s;
 }

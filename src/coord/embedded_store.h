@@ -35,12 +35,21 @@ enum class StoreMethod : uint32_t {
 };
 
 // Thread safety: Stop() and store() from any thread.
+// What the store server's connections may hold in received requests
+// (docs/transport.md, "Memory caps"; `memento store --max-request`,
+// `--max-buffered`).
+struct StoreServerLimits {
+  uint64_t max_request_bytes = uint64_t{64} << 20;    // one request (one connection)
+  uint64_t max_buffered_bytes = uint64_t{256} << 20;  // all connections together
+};
+
 class EmbeddedStoreServer {
  public:
   // Listens on host:port (port 0 = ephemeral; see port()).
-  [[nodiscard]] static Result<std::unique_ptr<EmbeddedStoreServer>> Start(const std::string& host,
-                                                                          int port,
-                                                                          net::JobToken token);
+  [[nodiscard]] static Result<std::unique_ptr<EmbeddedStoreServer>> Start(
+      const std::string& host, int port, net::JobToken token, const StoreServerLimits& limits = {});
+  // The total receive cap's account (tests).
+  const net::MemoryBudget* budget() const { return rpc_.budget(); }
   ~EmbeddedStoreServer() { Stop(); }
 
   int port() const { return rpc_.port(); }

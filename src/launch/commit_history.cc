@@ -13,7 +13,12 @@ using nlohmann::json;
 
 json CommitHistorySummary::ToJson() const {
   json skips = json::array();
-  for (const auto& [step, node] : skipped) skips.push_back({{"step", step}, {"node", node}});
+  for (const auto& [step, node] : skipped) {
+    json j = {{"step", step}, {"node", node}};
+    auto r = skip_reasons.find({step, node});
+    if (r != skip_reasons.end()) j["reason"] = r->second;
+    skips.push_back(std::move(j));
+  }
   return {{"count", count},
           {"first", first},
           {"last", last},
@@ -21,7 +26,9 @@ json CommitHistorySummary::ToJson() const {
           {"gap_max_steps", gap_max_steps},
           {"gap_at_step", gap_at_step},
           {"uncommitted", uncommitted},
-          {"skipped", skips}};
+          {"skipped", skips},
+          {"unprotected_steps", unprotected_steps},
+          {"unprotected_reason", unprotected_reason}};
 }
 
 std::string CommitHistorySummary::ToString() const {
@@ -73,9 +80,26 @@ void CommitHistory::OnCommit(int64_t step, const std::vector<int64_t>& supersede
   superseded_.insert(superseded.begin(), superseded.end());
 }
 
-void CommitHistory::OnSkip(int64_t step, const std::string& node) {
+bool CommitHistory::IsUnprotectedReason(const std::string& reason) {
+  return reason.find("ResourceExhausted") != std::string::npos;
+}
+
+void CommitHistory::OnSkip(int64_t step, const std::string& node, const std::string& reason) {
   MutexLock l(&mu_);
   skipped_.insert({step, node});
+  if (reason.empty()) return;
+  skip_reasons_[{step, node}] = reason;
+  if (IsUnprotectedReason(reason)) {
+    if (unprotected_.empty()) {
+      unprotected_reason_ = fmt::format("step {} on {}: {}", step, node, reason);
+    }
+    unprotected_.insert(step);
+  }
+}
+
+std::pair<int64_t, std::string> CommitHistory::Unprotected() {
+  MutexLock l(&mu_);
+  return {static_cast<int64_t>(unprotected_.size()), unprotected_reason_};
 }
 
 void CommitHistory::WatchSkips(coord::Store* store, const std::string& job) {
@@ -90,7 +114,7 @@ void CommitHistory::WatchSkips(coord::Store* store, const std::string& job) {
         const size_t slash = rest.find('/');
         if (slash == std::string::npos) return;
         auto step = coord::ParseStep(rest.substr(0, slash));
-        if (step.ok()) OnSkip(*step, rest.substr(slash + 1));
+        if (step.ok()) OnSkip(*step, rest.substr(slash + 1), ev.kv.value);
       });
 }
 
@@ -119,6 +143,9 @@ CommitHistorySummary CommitHistory::Summary() {
     if (skipped_steps.count(step) == 0) s.uncommitted.push_back(step);
   }
   s.skipped.assign(skipped_.begin(), skipped_.end());
+  s.skip_reasons = skip_reasons_;
+  s.unprotected_steps = static_cast<int64_t>(unprotected_.size());
+  s.unprotected_reason = unprotected_reason_;
   return s;
 }
 

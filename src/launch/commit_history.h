@@ -37,6 +37,12 @@ struct CommitHistorySummary {
   int64_t gap_at_step = -1;
   std::vector<int64_t> uncommitted;                      // passed over, no skip record
   std::vector<std::pair<int64_t, std::string>> skipped;  // (step, node)
+  std::map<std::pair<int64_t, std::string>, std::string> skip_reasons;  // non-empty ones
+  // Steps some node abandoned because it could not write their redundancy
+  // (a ResourceExhausted reason: shared memory full, the node budget): they
+  // ran unprotected. The first such reason, with its step and node.
+  int64_t unprotected_steps = 0;
+  std::string unprotected_reason;
   nlohmann::json ToJson() const;
   std::string ToString() const;  // one line
 };
@@ -50,7 +56,14 @@ class CommitHistory {
   void SetAttempt(int attempt) EXCLUDES(mu_);
   // A commit of `step` that passed over `superseded` (CommitCoordinator::OnCommit).
   void OnCommit(int64_t step, const std::vector<int64_t>& superseded) EXCLUDES(mu_);
-  void OnSkip(int64_t step, const std::string& node) EXCLUDES(mu_);
+  // `reason`: the skip record's value (why the node abandoned the step; ""
+  // from older agents).
+  void OnSkip(int64_t step, const std::string& node, const std::string& reason = "") EXCLUDES(mu_);
+  // The number of unprotected steps so far and the first one's reason
+  // (CommitHistorySummary::unprotected_steps / unprotected_reason).
+  std::pair<int64_t, std::string> Unprotected() EXCLUDES(mu_);
+  // Whether a skip reason says the step's redundancy could not be written.
+  static bool IsUnprotectedReason(const std::string& reason);
   // Follows the job's skip records in `store` (replacing an earlier watch;
   // nullptr stops it). Agents delete old skip records, so they are collected
   // as they appear.
@@ -69,6 +82,9 @@ class CommitHistory {
   std::vector<Commit> commits_ GUARDED_BY(mu_);
   std::set<int64_t> superseded_ GUARDED_BY(mu_);
   std::set<std::pair<int64_t, std::string>> skipped_ GUARDED_BY(mu_);
+  std::map<std::pair<int64_t, std::string>, std::string> skip_reasons_ GUARDED_BY(mu_);
+  std::set<int64_t> unprotected_ GUARDED_BY(mu_);
+  std::string unprotected_reason_ GUARDED_BY(mu_);
   // Not guarded: replaced only by WatchSkips (the launcher's thread); its
   // callback takes mu_.
   std::unique_ptr<coord::Watcher> skip_watcher_;

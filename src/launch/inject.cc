@@ -16,11 +16,16 @@ std::string_view InjectKindName(InjectKind kind) {
       return "corrupt-rank";
     case InjectKind::kKillStore:
       return "kill-store";
+    case InjectKind::kCorruptDurable:
+      return "corrupt-durable";
   }
   return "?";
 }
 
 std::string Injection::ToString() const {
+  if (kind == InjectKind::kCorruptDurable) {
+    return std::string(InjectKindName(kind)) + "@step=" + std::to_string(step);
+  }
   if (kind == InjectKind::kKillStore) {
     return std::string(InjectKindName(kind)) + (recovery >= 0
                                                     ? "@recovery=" + std::to_string(recovery)
@@ -49,8 +54,24 @@ Result<Injection> ParseOne(std::string_view entry, int world_size, int num_nodes
   const std::string quoted = "'" + std::string(entry) + "'";
   const std::string form =
       " (expected kill-rank:R@step=N, kill-agent:I@step=N, kill-node:I@step=N, "
-      "corrupt-rank:R@step=N, kill-store@step=N or kill-store@recovery=K)";
+      "corrupt-rank:R@step=N, corrupt-durable@step=N, kill-store@step=N or "
+      "kill-store@recovery=K)";
   size_t at = entry.find('@');
+  if (at != std::string_view::npos && entry.substr(0, at) == "corrupt-durable") {
+    // The durable tier has no target: corrupt-durable@step=N.
+    Injection inj;
+    inj.kind = InjectKind::kCorruptDurable;
+    std::string_view when = entry.substr(at + 1);
+    if (when.substr(0, 5) != "step=") {
+      return InvalidArgumentError("injection " + quoted +
+                                  ": expected '@step=N' after corrupt-durable");
+    }
+    if (!ParseNumber(when.substr(5), &inj.step) || inj.step < 0) {
+      return InvalidArgumentError("injection " + quoted + ": step '" + std::string(when.substr(5)) +
+                                  "' is not a non-negative integer");
+    }
+    return inj;
+  }
   if (at != std::string_view::npos && entry.substr(0, at) == "kill-store") {
     // The store has no target: kill-store@step=N or kill-store@recovery=K.
     Injection inj;
@@ -90,9 +111,9 @@ Result<Injection> ParseOne(std::string_view entry, int world_size, int num_nodes
     inj.kind = InjectKind::kKillNode;
   } else if (kind == "corrupt-rank") {
     inj.kind = InjectKind::kCorruptRank;
-  } else if (kind == "kill-store") {
-    return InvalidArgumentError("injection " + quoted +
-                                ": kill-store takes no target (kill-store@step=N)");
+  } else if (kind == "kill-store" || kind == "corrupt-durable") {
+    return InvalidArgumentError("injection " + quoted + ": " + std::string(kind) +
+                                " takes no target (" + std::string(kind) + "@step=N)");
   } else {
     return InvalidArgumentError("injection " + quoted + ": unknown kind '" + std::string(kind) +
                                 "'" + form);

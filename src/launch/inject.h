@@ -10,6 +10,11 @@
 //                         holds the newest committed step, once the next
 //                         failure has stopped the trainers (silent corruption
 //                         at rest: recovery must detect it and rebuild the rank)
+//   corrupt-durable@step=N  flip one byte in a data piece of the newest
+//                         complete durable version when a recovery next falls
+//                         back to the durable tier (--durable-dir): corruption
+//                         at rest that only the fallback's verification finds;
+//                         the fallback must use an older version that verifies
 //   kill-store@step=N     SIGKILL the coordination store process (`memento
 //                         launch --store-process`) and, after --store-down-s,
 //                         start a fresh, EMPTY one on the same address: the
@@ -39,14 +44,17 @@ enum class InjectKind : uint8_t {
   kKillNode = 2,
   kCorruptRank = 3,
   kKillStore = 4,
+  kCorruptDurable = 5,
 };
 
-// "kill-rank", "kill-agent", "kill-node", "corrupt-rank", "kill-store"
+// "kill-rank", "kill-agent", "kill-node", "corrupt-rank", "kill-store",
+// "corrupt-durable"
 std::string_view InjectKindName(InjectKind kind);
 
 struct Injection {
   InjectKind kind = InjectKind::kKillRank;
-  int target = 0;    // rank (kill-rank, corrupt-rank) or node index; 0 for kill-store
+  int target =
+      0;  // rank (kill-rank, corrupt-rank) or node index; 0 for kill-store, corrupt-durable
   int64_t step = 0;  // fires when the job reaches this step (when recovery < 0)
   // kill-store only: fires during recovery number `recovery` instead (0-based).
   int recovery = -1;

@@ -32,8 +32,8 @@ TEST(ParseInjections, Several) {
 }
 
 TEST(ParseInjections, RoundTrip) {
-  for (const char* text :
-       {"kill-rank:7@step=12345678901", "kill-node:3@step=1", "corrupt-rank:5@step=9"}) {
+  for (const char* text : {"kill-rank:7@step=12345678901", "kill-node:3@step=1",
+                           "corrupt-rank:5@step=9", "corrupt-durable@step=4"}) {
     auto r = ParseInjections(text, 8, 4);
     ASSERT_TRUE(r.ok()) << text << ": " << r.status();
     ASSERT_EQ(r->size(), 1u);
@@ -77,6 +77,9 @@ TEST(ParseInjections, BadInputNamesTheEntry) {
       {",kill-rank:1@step=3", "empty entry"},
       {"kill-rank@step=3:1", "'kill-rank@step=3:1'"},
       {"kill-store:1@step=3", "kill-store takes no target"},
+      {"corrupt-durable:1@step=3", "corrupt-durable takes no target"},
+      {"corrupt-durable@recovery=0", "expected '@step=N' after corrupt-durable"},
+      {"corrupt-durable@step=-1", "step '-1'"},
       {"kill-store@step=x", "step 'x'"},
       {"kill-store@recovery=-1", "recovery '-1'"},
       {"kill-store@at=1", "expected '@step=N' or '@recovery=K'"},

@@ -33,6 +33,8 @@
 #include "shm/slot_format.h"
 #include "tier/discovery.h"
 #include "tier/env.h"
+#include "tier/reader.h"
+#include "tier/verify.h"
 
 namespace memento::launch {
 
@@ -60,15 +62,21 @@ json RecoveryReport::ToJson() const {
           {"load_s", load_s},
           {"read_bytes", read_bytes},
           {"epoch", epoch},
+          {"durable_skipped", durable_skipped},
           {"reason", reason}};
 }
 
 std::string RecoveryReport::ToString() const {
   char buf[512];
-  if (step < 0) {
+  if (step < 0 && source == "scratch") {
     std::snprintf(buf, sizeof(buf), "recovery %d: restarted from scratch in %.3f s (%s)", n,
                   total_s, reason.c_str());
     return buf;
+  }
+  if (step < 0) {
+    // Nothing was restored and the trainers were not restarted (exit 3).
+    return "recovery " + std::to_string(n) + ": FAILED, nothing restored, the job ends (" + reason +
+           ")";
   }
   if (source == "durable") {
     std::snprintf(buf, sizeof(buf),
@@ -129,15 +137,11 @@ json LaunchSummary::ToJson() const {
   for (const RecoveryReport& x : recoveries) r.push_back(x.ToJson());
   json sr = json::array();
   for (const StoreRestartReport& x : store_restarts) sr.push_back(x.ToJson());
-  return {{"success", success},
-          {"exit_code", exit_code},
-          {"attempts", attempts},
-          {"committed", final_committed},
-          {"commits", commits.ToJson()},
-          {"failures", failures},
-          {"recoveries", r},
-          {"store_restarts", sr},
-          {"message", message}};
+  return {{"success", success},          {"exit_code", exit_code},
+          {"attempts", attempts},        {"committed", final_committed},
+          {"commits", commits.ToJson()}, {"unprotected_steps", commits.unprotected_steps},
+          {"failures", failures},        {"recoveries", r},
+          {"store_restarts", sr},        {"message", message}};
 }
 
 std::string LaunchSummary::ToString() const {
@@ -146,6 +150,14 @@ std::string LaunchSummary::ToString() const {
                   std::to_string(final_committed) + "\n";
   if (!message.empty()) s += "  " + message + "\n";
   s += "  " + commits.ToString() + "\n";
+  if (commits.unprotected_steps > 0) {
+    s += "  WARNING: " + std::to_string(commits.unprotected_steps) +
+         " step(s) ran UNPROTECTED: a node could not write their redundancy (" +
+         commits.unprotected_reason +
+         "); a node loss then had nothing in memory to rebuild from. Give the agents more "
+         "memory (--agent-arg=--budget=..., a larger /dev/shm) or use --require-protection to "
+         "fail instead\n";
+  }
   s += "  failures: " + std::to_string(failures.size()) + "\n";
   for (const std::string& f : failures) s += "    - " + f + "\n";
   s += "  recoveries: " + std::to_string(recoveries.size()) + "\n";
@@ -298,6 +310,32 @@ Result<int> CorruptSlot(const std::string& root, int rank, int64_t step) {
   return found->slot;
 }
 
+// corrupt-durable: flips one byte in the middle of the first piece of the
+// newest complete durable version under `dir`. Says what it flipped.
+Result<std::string> CorruptNewestDurable(const std::string& dir) {
+  tier::Env* env = tier::Env::Default();
+  MEMENTO_ASSIGN_OR_RETURN(int64_t step, tier::LatestCompleteVersion(env, dir));
+  MEMENTO_ASSIGN_OR_RETURN(tier::VersionIndex index, tier::LoadIndex(env, dir, step));
+  for (const auto& [name, t] : index.tensors) {
+    for (const tier::PieceRecord& p : t.pieces) {
+      if (p.length == 0) continue;
+      const std::string path = dir + "/" + tier::VersionDirName(step) + "/" + p.file;
+      int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) return ErrnoError("open " + path, errno);
+      const off_t at = static_cast<off_t>(p.file_offset + p.length / 2);
+      uint8_t b = 0;
+      bool done = pread(fd, &b, 1, at) == 1;
+      b ^= 0x5a;
+      done = done && pwrite(fd, &b, 1, at) == 1;
+      close(fd);
+      if (!done) return InternalError("cannot flip a byte of " + path);
+      return "flipped a byte of piece '" + p.key + "' (tensor '" + name + "') in version " +
+             std::to_string(step) + " (" + path + ")";
+    }
+  }
+  return NotFoundError("durable version " + std::to_string(step) + " in " + dir + " has no data");
+}
+
 std::string Seconds3(double s) {
   char b[32];
   std::snprintf(b, sizeof(b), "%.3f", s);
@@ -334,6 +372,8 @@ struct Launcher::State {
   std::optional<TimePoint> injected_at;  // the last injected failure
   std::vector<bool> fired;
   std::vector<int> pending_corruptions;  // corrupt-rank targets
+  bool corrupt_durable_pending = false;  // corrupt-durable fired
+  int64_t unprotected_warned = 0;        // unprotected steps at the last warning
   Stopwatch progress_clock;
   int64_t last_progress_step = -2;
   // The store (docs/launch.md, "The store"). commit/latest only grows, but a
@@ -553,6 +593,15 @@ struct Launcher::State {
     MEMENTO_ASSIGN_OR_RETURN(agents[static_cast<size_t>(node)], Subprocess::Spawn(so));
     node_lost[static_cast<size_t>(node)] = false;
     return Status::Ok();
+  }
+
+  // " 1 3": the nodes whose agent is no longer running (reaps them).
+  std::string DeadAgents() {
+    std::string out;
+    for (int i = 0; i < o.nodes; ++i) {
+      if (!agents[static_cast<size_t>(i)].running()) out += " " + std::to_string(i);
+    }
+    return out;
   }
 
   Status WaitAgentsReady(Deadline deadline) {
@@ -822,6 +871,28 @@ Result<LaunchSummary> Launcher::Run() {
     if (Status st = s.CheckStore(); !st.ok()) return finish(false, 1, st.ToString());
     if (!s.StoreDown()) s.MaybePublishPlan();
 
+    // Steps whose redundancy could not be written ran unprotected: loud, and
+    // with --require-protection the end of the job.
+    if (const auto [n, why] = s.commit_history.Unprotected(); n > s.unprotected_warned) {
+      if (s.unprotected_warned == 0) {
+        s.Say(
+            "WARNING: the job is running UNPROTECTED: a node could not write the redundancy "
+            "of a step (" +
+            why + ")" +
+            (o.require_protection ? ""
+                                  : "; going on without protection (--require-protection "
+                                    "would end the job)"));
+      } else if (n >= 2 * s.unprotected_warned) {
+        s.Say("WARNING: " + std::to_string(n) + " step(s) unprotected so far");
+      }
+      if (s.unprotected_warned == 0 || n >= 2 * s.unprotected_warned) s.unprotected_warned = n;
+      if (o.require_protection) {
+        return finish(false, kExitUnprotected,
+                      "--require-protection: a step could not be protected (" + why +
+                          "); the job is stopped");
+      }
+    }
+
     // Injections.
     if (!injections_.empty() && !s.StoreDown()) {
       const int64_t reached = s.ReachedStep();
@@ -841,6 +912,10 @@ Result<LaunchSummary> Launcher::Run() {
           s.KillStore(inj.ToString(), -1, reached);
         } else if (inj.kind == InjectKind::kKillRank) {
           s.trainers[static_cast<size_t>(inj.target)].Kill(SIGKILL).IgnoreError();
+        } else if (inj.kind == InjectKind::kCorruptDurable) {
+          // Applied when a recovery next falls back to the durable tier.
+          s.corrupt_durable_pending = true;
+          s.injected_at.reset();
         } else if (inj.kind == InjectKind::kCorruptRank) {
           // Applied when the next failure has stopped the trainers, to the
           // newest committed version (the one that recovery then restores):
@@ -929,76 +1004,145 @@ Result<LaunchSummary> Launcher::Run() {
         if (Status st = s.RestartStore(); !st.ok()) return finish(false, 1, st.ToString());
       }
       const Deadline agents_deadline = Deadline::AfterSeconds(o.agent_start_timeout_s);
-      for (int i = 0; i < o.nodes; ++i) {
-        Subprocess& a = s.agents[static_cast<size_t>(i)];
-        if (a.running()) continue;
-        const bool lost = s.node_lost[static_cast<size_t>(i)];
-        if (lost) rep.lost_nodes.push_back(i);
-        s.Say(lost ? "replacing node " + std::to_string(i) + " by a fresh agent on an empty root"
-                   : "restarting the agent of node " + std::to_string(i) + " on its root");
-        if (Status st = s.StartAgent(i, lost); !st.ok()) return finish(false, 1, st.ToString());
-      }
-      if (Status st = s.WaitAgentsReady(agents_deadline); !st.ok()) {
-        return finish(false, 1, st.ToString());
-      }
-      // kill-store@recovery=N: the store host is lost in the middle of this
-      // recovery (agents restarted, inventory round not begun).
-      for (size_t k = 0; k < injections_.size(); ++k) {
-        const Injection& inj = injections_[k];
-        if (s.fired[k] || inj.kind != InjectKind::kKillStore || inj.recovery != rep.n) continue;
-        s.fired[k] = true;
-        s.Say("injecting " + inj.ToString());
-        s.KillStore(inj.ToString(), rep.n, s.known_committed);
-        std::this_thread::sleep_for(std::chrono::duration<double>(o.store_down_s));
-        if (Status st = s.RestartStore(); !st.ok()) return finish(false, 1, st.ToString());
-      }
-      rep.committed = s.Committed();
-      if (s.plan.has_value() && rep.committed >= 0) {
-        if (Status st = s.WaitEndpoints(agents_deadline); !st.ok()) {
-          return finish(false, 1, st.ToString());
+      // An agent killed together with its trainer may still be dying when the
+      // trainer's death is noticed (its stale socket and lease look alive):
+      // when an agent turns out dead during the recovery, it is restarted on
+      // its root and the recovery starts over (at most kRecoveryRounds times).
+      constexpr int kRecoveryRounds = 3;
+      std::optional<ClusterRecovery> recovered;
+      for (int round = 0;; ++round) {
+        std::string failed;
+        for (int i = 0; i < o.nodes && failed.empty(); ++i) {
+          Subprocess& a = s.agents[static_cast<size_t>(i)];
+          if (a.running()) continue;  // reaps one that died unnoticed
+          const bool lost = s.node_lost[static_cast<size_t>(i)];
+          if (lost &&
+              std::find(rep.lost_nodes.begin(), rep.lost_nodes.end(), i) == rep.lost_nodes.end()) {
+            rep.lost_nodes.push_back(i);
+          }
+          s.Say(lost ? "replacing node " + std::to_string(i) + " by a fresh agent on an empty root"
+                     : "restarting the agent of node " + std::to_string(i) + " on its root" +
+                           (a.exit_status() ? " (it " + a.exit_status()->ToString() + ")" : ""));
+          if (Status st = s.StartAgent(i, lost); !st.ok()) return finish(false, 1, st.ToString());
         }
+        if (Status st = s.WaitAgentsReady(agents_deadline); !st.ok()) failed = st.ToString();
+        // kill-store@recovery=N: the store host is lost in the middle of this
+        // recovery (agents restarted, inventory round not begun).
+        for (size_t k = 0; k < injections_.size() && failed.empty(); ++k) {
+          const Injection& inj = injections_[k];
+          if (s.fired[k] || inj.kind != InjectKind::kKillStore || inj.recovery != rep.n) continue;
+          s.fired[k] = true;
+          s.Say("injecting " + inj.ToString());
+          s.KillStore(inj.ToString(), rep.n, s.known_committed);
+          std::this_thread::sleep_for(std::chrono::duration<double>(o.store_down_s));
+          if (Status st = s.RestartStore(); !st.ok()) return finish(false, 1, st.ToString());
+        }
+        if (failed.empty()) {
+          rep.committed = s.Committed();
+          if (s.plan.has_value() && rep.committed >= 0) {
+            if (Status st = s.WaitEndpoints(agents_deadline); !st.ok()) failed = st.ToString();
+          }
+        }
+        if (failed.empty()) {
+          rep.restart_s = SecondsBetween(detected, Now());
+          for (int rank : s.pending_corruptions) {
+            auto slot = CorruptSlot(s.Root(s.NodeOf(rank)), rank, rep.committed);
+            s.Say(slot.ok() ? "flipped a byte in slot " + std::to_string(*slot) + " of rank " +
+                                  std::to_string(rank) + " (committed step " +
+                                  std::to_string(rep.committed) + ")"
+                            : "corrupt-rank: " + slot.status().ToString());
+          }
+          s.pending_corruptions.clear();
+          if (!s.plan.has_value() || rep.committed < 0) break;
+          RecoverOptions ro;
+          ro.job = o.job;
+          ro.num_nodes = o.nodes;
+          ro.committed = rep.committed;
+          auto rec = RecoverCluster(*s.store, *s.plan, s.token, ro,
+                                    Deadline::AfterSeconds(o.recovery_timeout_s));
+          if (rec.ok()) {
+            // An agent that died meanwhile would fail the restarted trainers.
+            if (s.DeadAgents().empty()) {
+              recovered = std::move(*rec);
+              break;
+            }
+            failed = "the recovery's decision was made while an agent was dying";
+          } else {
+            failed = "recovery failed: " + rec.status().ToString();
+          }
+        }
+        const std::string dead = s.DeadAgents();
+        if (dead.empty() || round + 1 >= kRecoveryRounds) return finish(false, 1, failed);
+        s.Say("the agent(s) of node(s)" + dead + " died during recovery " + std::to_string(rep.n) +
+              " (" + failed + "); restarting them and trying again");
       }
-      rep.restart_s = SecondsBetween(detected, Now());
-
-      for (int rank : s.pending_corruptions) {
-        auto slot = CorruptSlot(s.Root(s.NodeOf(rank)), rank, rep.committed);
-        s.Say(slot.ok() ? "flipped a byte in slot " + std::to_string(*slot) + " of rank " +
-                              std::to_string(rank) + " (committed step " +
-                              std::to_string(rep.committed) + ")"
-                        : "corrupt-rank: " + slot.status().ToString());
-      }
-      s.pending_corruptions.clear();
-      if (s.plan.has_value() && rep.committed >= 0) {
-        RecoverOptions ro;
-        ro.job = o.job;
-        ro.num_nodes = o.nodes;
-        ro.committed = rep.committed;
-        auto rec = RecoverCluster(*s.store, *s.plan, s.token, ro,
-                                  Deadline::AfterSeconds(o.recovery_timeout_s));
-        if (!rec.ok()) return finish(false, 1, "recovery failed: " + rec.status().ToString());
+      if (recovered.has_value()) {
+        const ClusterRecovery* rec = &*recovered;
         rep.reason = rec->decision.reason;
         for (int n : rec->decision.lost_nodes) {
           if (std::find(rep.lost_nodes.begin(), rep.lost_nodes.end(), n) == rep.lost_nodes.end()) {
             rep.lost_nodes.push_back(n);
           }
         }
-        std::optional<int64_t> durable_step;
+        // Fallback: the newest durable version that verifies now (every
+        // piece's checksum) is loaded by every node into its T0; a newer one
+        // that fails verification or loading is skipped, and said why.
+        bool from_durable = false;
         if (!rec->decision.from_memory && !o.durable_dir.empty()) {
-          tier::DurableVersionSource durable(tier::Env::Default(), o.durable_dir);
-          auto latest = durable.LatestComplete(Deadline::AfterSeconds(30));
-          if (latest.ok() && latest->has_value()) durable_step = **latest;
+          if (s.corrupt_durable_pending) {
+            s.corrupt_durable_pending = false;
+            auto what = CorruptNewestDurable(o.durable_dir);
+            s.Say(what.ok() ? "corrupt-durable: " + *what
+                            : "corrupt-durable: " + what.status().ToString());
+          }
+          auto versions = tier::ListVersions(tier::Env::Default(), o.durable_dir);
+          if (!versions.ok()) {
+            rep.durable_skipped.push_back("cannot list " + o.durable_dir + ": " +
+                                          versions.status().ToString());
+          } else {
+            for (auto it = versions->rbegin(); it != versions->rend() && !from_durable; ++it) {
+              if (!it->complete) continue;
+              tier::VersionCheck check =
+                  tier::VerifyVersion(tier::Env::Default(), o.durable_dir, it->step);
+              std::string why;
+              if (!check.ok) {
+                why = "fails verification: " +
+                      (check.problems.empty() ? std::string("?") : check.problems[0]);
+                if (check.problems.size() > 1) {
+                  why += " (and " + std::to_string(check.problems.size() - 1) + " more)";
+                }
+              } else {
+                Result<DurableLoad> load =
+                    s.FallBackToDurable(it->step, rec->decision.reason, &rep);
+                if (load.ok()) {
+                  from_durable = true;
+                  break;
+                }
+                why = "loading it failed: " + load.status().ToString();
+              }
+              rep.durable_skipped.push_back("step " + std::to_string(it->step) + " " + why);
+              s.Say("durable version " + std::to_string(it->step) + " skipped: " + why +
+                    "; trying an older one");
+            }
+          }
         }
-        if (!rec->decision.from_memory && durable_step) {
-          // Fallback: every node loads the durable version into its T0.
-          Result<DurableLoad> load = s.FallBackToDurable(*durable_step, rec->decision.reason, &rep);
-          if (!load.ok()) {
-            return finish(false, 1,
-                          "fallback to the durable tier failed: " + load.status().ToString());
+        if (from_durable) {
+          if (!rep.durable_skipped.empty()) {
+            rep.reason += "; newer durable version(s) skipped: ";
+            for (size_t k = 0; k < rep.durable_skipped.size(); ++k) {
+              rep.reason += (k ? "; " : "") + rep.durable_skipped[k];
+            }
           }
           rep.inventory_plan_s = rec->inventory_plan_s;
         } else if (!rec->decision.from_memory) {
           std::string msg = "memory cannot rebuild any committed version: " + rec->decision.reason;
-          if (!o.durable_dir.empty()) {
+          if (!o.durable_dir.empty() && !rep.durable_skipped.empty()) {
+            msg += "; the durable tier " + o.durable_dir +
+                   " holds no version that verifies and loads:";
+            for (size_t k = 0; k < rep.durable_skipped.size(); ++k) {
+              msg += (k ? "; " : " ") + rep.durable_skipped[k];
+            }
+          } else if (!o.durable_dir.empty()) {
             tier::DurableVersionSource durable(tier::Env::Default(), o.durable_dir);
             auto latest = durable.LatestComplete(Deadline::AfterSeconds(30));
             if (latest.ok() && latest->has_value()) {
@@ -1013,6 +1157,8 @@ Result<LaunchSummary> Launcher::Run() {
             msg += " (no --durable-dir to fall back to)";
           }
           s.Say(msg);
+          rep.source = "none";
+          rep.reason = msg;
           json record = rep.ToJson();
           record["recovery"] = rec->ToJson();
           record["from_memory"] = false;
@@ -1094,7 +1240,7 @@ Result<LaunchSummary> Launcher::Run() {
       const int64_t c = s.Committed();
       if (c != s.last_progress_step) {
         int running = 0;
-        for (const Subprocess& t : s.trainers) running += t.running() ? 1 : 0;
+        for (Subprocess& t : s.trainers) running += t.running() ? 1 : 0;
         s.Say("attempt " + std::to_string(s.attempt) + ": committed step " + std::to_string(c) +
               ", " + std::to_string(running) + "/" + std::to_string(s.world) +
               " trainer(s) running");

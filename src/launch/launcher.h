@@ -57,6 +57,11 @@ struct LaunchOptions {
   // Empty: /dev/shm/memento-launch/<job>.
   std::string run_dir;
   bool keep_run_dir = false;  // keep node roots (shared memory) after the job
+  // A step whose redundancy a node could not write (ResourceExhausted: shared
+  // memory full, the agent's --budget) ran unprotected. The launcher always
+  // warns (log and summary); with this it ends the job instead, exit code
+  // kExitUnprotected.
+  bool require_protection = false;
   // The `memento` binary that runs the agents; empty: this executable.
   std::string memento_binary;
   std::vector<std::string> agent_args;  // extra flags for every agent
@@ -114,16 +119,24 @@ struct RecoveryReport {
   uint64_t rebuilt_bytes = 0;
   // Where the restored step came from: "memory" (T0/T1 of the survivors),
   // "durable" (the durable tier, when memory could not rebuild any committed
-  // version), or "scratch" (nothing to restore: the trainers start over).
+  // version), "scratch" (nothing to restore: the trainers start over), or
+  // "none" (nothing could be restored: the job ended with exit 3).
   std::string source = "memory";
   int64_t steps_lost = 0;   // committed - step when restoring an older step
   double load_s = 0;        // durable: kPeerLoadDurable on every node (wall)
   uint64_t read_bytes = 0;  // durable: bytes read from the durable tier
   uint64_t epoch = 0;       // the durable epoch the job continues with
+  // Durable fallback: newer versions passed over, each "step N <why>" (fails
+  // verification, or loading it failed).
+  std::vector<std::string> durable_skipped;
   std::string reason;
   nlohmann::json ToJson() const;
   std::string ToString() const;  // one line with the breakdown
 };
+
+// `memento launch` exit codes besides 0, 1, 2 (usage), 3 (a loss beyond the
+// protection, nothing to fall back to) and 130 (a signal).
+inline constexpr int kExitUnprotected = 4;  // --require-protection: a step went unprotected
 
 struct LaunchSummary {
   bool success = false;

@@ -60,7 +60,7 @@ class StoreHost {
   const std::string& url() const { return url_; }
   StoreMode mode() const { return options_.mode; }
   // kProcess: the store process's pid while it runs, else -1.
-  pid_t pid() const { return process_.running() ? process_.pid() : -1; }
+  pid_t pid() const { return process_.unreaped() ? process_.pid() : -1; }
 
   // kProcess only (FailedPrecondition otherwise): SIGKILL the store process
   // and reap it. Everything it held is gone.

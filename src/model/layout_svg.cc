@@ -180,17 +180,31 @@ std::string RenderLayoutSvg(const topo::Plan& plan, const topo::RecoveryPlan* re
         }
       }
     }
+    // Curves in the gaps between rows: same row, from the bottom of the
+    // survivor's box dipping below the row to the bottom of the lost one;
+    // other rows, from the facing edges. Arrows into one node fan out.
+    int k = 0;
     for (const auto& [from, to, kind] : arrows) {
       auto [x1, y1] = pos[from];
       auto [x2, y2] = pos[to];
-      // Leave the boxes' centres so both ends stay visible.
-      const double bend = kind == "copy" ? 0 : 6;
-      o += "<line class=\"rebuild\" data-from=\"" + std::to_string(from) + "\" data-to=\"" +
-           std::to_string(to) + "\" data-kind=\"" + kind + "\" x1=\"" + F(x1) + "\" y1=\"" +
-           F(y1 + kBoxH / 2 - 4) + "\" x2=\"" + F(x2 + bend) + "\" y2=\"" + F(y2 + kBoxH / 2 - 4) +
-           "\" stroke=\"#d62728\" stroke-width=\"1.5\"" +
+      const double fan = 8.0 * (k % 7 - 3);
+      std::string d;
+      if (y1 == y2) {
+        const double yb = y1 + kBoxH / 2;
+        d = "M" + F(x1) + "," + F(yb) + " Q" + F((x1 + x2) / 2) + "," + F(yb + 45 + 6 * (k % 4)) +
+            " " + F(x2 + fan) + "," + F(yb);
+      } else {
+        const double sy = y1 < y2 ? y1 + kBoxH / 2 : y1 - kBoxH / 2;
+        const double ty = y1 < y2 ? y2 - kBoxH / 2 : y2 + kBoxH / 2;
+        d = "M" + F(x1) + "," + F(sy) + " Q" + F((x1 + x2) / 2 + 20) + "," + F((sy + ty) / 2) +
+            " " + F(x2 + fan) + "," + F(ty);
+      }
+      o += "<path class=\"rebuild\" data-from=\"" + std::to_string(from) + "\" data-to=\"" +
+           std::to_string(to) + "\" data-kind=\"" + kind + "\" d=\"" + d +
+           "\" fill=\"none\" stroke=\"#d62728\" stroke-width=\"1.5\"" +
            (kind == "decode" ? " stroke-dasharray=\"5 3\"" : "") +
            " marker-end=\"url(#arrow)\"/>\n";
+      ++k;
     }
     o += "<text x=\"10\" y=\"" + F(height - 20) +
          "\">red arrows: survivor -> lost node; solid = copy, dashed = decode input</text>\n";

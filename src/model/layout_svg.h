@@ -7,7 +7,7 @@
 // SVG elements a reader (or a test) can rely on:
 //   <g class="node" data-node="N" data-rack="R">, class "node lost" when lost;
 //   <g class="group" data-nodes="a,b,c">, one per row;
-//   <line class="rebuild" data-from="S" data-to="L" data-kind="copy|decode">.
+//   <path class="rebuild" data-from="S" data-to="L" data-kind="copy|decode">.
 //
 // Thread safety: pure function.
 #pragma once

@@ -9,6 +9,8 @@ namespace memento::model {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// Goodputs closer than this count as equal when choosing the interval.
+constexpr double kGoodputTolerance = 1e-4;
 
 std::string Gb(double bytes) {
   char buf[32];
@@ -172,25 +174,37 @@ Result<Recommendation> Recommend(const std::vector<Structure>& structures,
       }
     }
     const double cap = s.in_memory ? e.safe_interval_s : kInf;
-    e.best_goodput = -1;
+    // In-memory policies: the agent streams a version from host memory in
+    // the background, so versions cannot come faster than one persist time.
+    const double floor_s = s.in_memory ? f.state_bytes_per_node / f.durable_write_bps : 0.0;
     const double lo = std::log(60.0), hi = std::log(1000 * 86400.0);
+    double best = -1;
     for (int i = 0; i < grid; ++i) {
       const double I = std::exp(lo + (hi - lo) * i / (grid - 1));
       const double g = Goodput(e, rates, unit_s, K, R, I);
       e.curve.emplace_back(I, g);
-      if (I <= cap && g > e.best_goodput) {
-        e.best_goodput = g;
-        e.best_interval_s = I;
+      if (I >= floor_s && I <= cap) best = std::max(best, g);
+    }
+    // In-memory policies: the longest interval within kGoodputTolerance of
+    // the best (a flat curve, durable writes that cost training nothing,
+    // should not ask for a version every minute); durable-only: the optimum.
+    const double tol = s.in_memory ? kGoodputTolerance : 0.0;
+    e.best_goodput = -1;
+    bool beyond_cap = false;
+    for (auto [I, g] : e.curve) {
+      if (I < floor_s || g < best - tol) continue;
+      if (I > cap) {
+        beyond_cap = true;
+        continue;
       }
+      e.best_interval_s = I;
+      e.best_goodput = g;
     }
-    if (e.best_goodput < 0) {  // the safe interval is below a minute
-      e.best_interval_s = cap;
-      e.best_goodput = Goodput(e, rates, unit_s, K, R, cap);
+    if (e.best_goodput < 0) {  // the safe interval is below a minute or a persist
+      e.best_interval_s = std::max(floor_s, std::min(cap, 60.0));
+      e.best_goodput = Goodput(e, rates, unit_s, K, R, e.best_interval_s);
     }
-    // Capped when the unconstrained optimum lies beyond the safe interval.
-    double free_best = -1;
-    for (auto [I, g] : e.curve) free_best = std::max(free_best, g);
-    e.capped = s.in_memory && free_best > e.best_goodput + 1e-12;
+    e.capped = s.in_memory && beyond_cap;
     rec.ranked.push_back(std::move(e));
   }
   std::stable_sort(rec.ranked.begin(), rec.ranked.end(),
@@ -220,7 +234,7 @@ Result<Recommendation> Recommend(const std::vector<Structure>& structures,
                 best.policy.c_str(), best.best_goodput, Duration(best.best_interval_s).c_str(),
                 best.policy == "durable" ? "the goodput optimum"
                 : best.capped            ? "capped by the survival threshold"
-                                         : "the goodput optimum, within the survival threshold");
+                                         : "the longest interval within 1e-4 of the best goodput");
   rec.reason = buf;
   if (rec.ranked.size() > 1) {
     const Evaluation& next = rec.ranked[1];

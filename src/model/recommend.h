@@ -63,7 +63,10 @@ struct Evaluation {
   double safe_interval_s = 0;  // the same in seconds
   double p_fatal_node = 0;     // P(an outage that starts with a node loss falls back)
   double p_fatal_rack = 0;     // same for a rack loss
-  double best_interval_s = 0;  // goodput-optimal, capped at the safe interval
+  // The longest interval whose goodput is within 1e-4 of the best, no longer
+  // than the safe interval and, for in-memory policies, no shorter than one
+  // persist (state bytes / durable write bandwidth).
+  double best_interval_s = 0;
   double best_goodput = 0;
   bool capped = false;                           // the safe interval, not goodput, set the interval
   std::vector<std::pair<double, double>> curve;  // (interval s, goodput)

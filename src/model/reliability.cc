@@ -276,7 +276,23 @@ double GroupSurvival(const GroupRule& rule, const std::vector<double>& q) {
   return 1.0 - GroupLoss(rule, q);
 }
 
+namespace {
+double SurvivalImpl(const Structure& s, const FailureRates& rates, double t, double* gap);
+}  // namespace
+
 Result<double> Survival(const Structure& s, const FailureRates& rates, double t) {
+  return SurvivalImpl(s, rates, t, nullptr);
+}
+
+double RackEnumerationGap(const Structure& s, const FailureRates& rates, double t) {
+  double gap = 0;
+  SurvivalImpl(s, rates, t, &gap);
+  return gap;
+}
+
+namespace {
+double SurvivalImpl(const Structure& s, const FailureRates& rates, double t, double* gap) {
+  if (gap) *gap = 0;
   if (t <= 0) return 1.0;
   const double hw =
       rates.hardware.rate > 0 ? rates.hardware.rate * std::pow(t, rates.hardware.shape) : 0;
@@ -310,29 +326,49 @@ Result<double> Survival(const Structure& s, const FailureRates& rates, double t)
   }
   if (!racks) return std::exp(log0);
 
-  // Rack-failure sets by size j, until P(more than j racks lost) < 1e-12.
+  // Rack-failure sets by size j, until P(more than j racks lost) < 1e-7.
+  // Groups with the same rule and the same racks in ring order behave alike
+  // for every rack set: evaluate one per such signature and weight it.
+  if (std::isinf(log0)) return 0.0;
   const int R = s.num_racks;
-  std::vector<std::vector<int>> rack_groups(R);
+  std::map<std::tuple<int, int, int, std::vector<int>>, int> sig_of;
+  std::vector<int> sig_count, sig_rep;
+  std::vector<std::vector<int>> rack_sigs(R);
   for (size_t i = 0; i < s.groups.size(); ++i) {
-    std::set<int> touched;
-    for (int n : s.groups[i].nodes) touched.insert(s.node_rack[n]);
-    for (int r : touched) rack_groups[r].push_back(static_cast<int>(i));
+    const auto& g = s.groups[i];
+    std::vector<int> racks;
+    for (int n : g.nodes) racks.push_back(s.node_rack[n]);
+    auto [it, fresh] = sig_of.emplace(
+        std::make_tuple(static_cast<int>(g.rule.kind), g.rule.tolerate, g.rule.copies, racks),
+        static_cast<int>(sig_count.size()));
+    if (fresh) {
+      sig_count.push_back(0);
+      sig_rep.push_back(static_cast<int>(i));
+      std::sort(racks.begin(), racks.end());
+      racks.erase(std::unique(racks.begin(), racks.end()), racks.end());
+      for (int r : racks) rack_sigs[r].push_back(it->second);
+    }
+    ++sig_count[it->second];
   }
+  double per_rack = 0;
+  for (const auto& v : rack_sigs) per_rack += static_cast<double>(v.size());
+  per_rack = std::max(1.0, per_rack / R);
   const double log_f = std::log(rack_f);
   const double log_ok = std::log1p(-rack_f);
   double total = 0, covered = 0;
-  double sets = 0;
-  std::vector<char> rack_lost(R, 0);
+  double sets = 0, work = 0;
+  std::vector<char> rack_lost(R, 0), sig_seen(sig_count.size(), 0);
+  std::vector<int> touched;
   std::vector<double> qv;
   for (int j = 0; j <= R; ++j) {
     const double log_c = std::lgamma(R + 1.0) - std::lgamma(j + 1.0) - std::lgamma(R - j + 1.0);
     const double mass_j = std::exp(log_c + j * log_f + (R - j) * log_ok);
     sets += std::exp(log_c);
-    if (sets > 4e6) {
-      return ResourceExhaustedError(
-          "closed form with " + std::to_string(R) +
-          " racks would enumerate more than 4 million rack-failure sets at t=" + std::to_string(t) +
-          "; use the simulator (--simulate)");
+    work += std::exp(log_c) * j * per_rack;
+    if (j > 0 && (sets > 1e6 || work > 1e7)) {
+      // Too many sets: stop here; what is left out counts as lost.
+      if (gap) *gap = std::max(0.0, 1.0 - covered);
+      break;
     }
     const double p_set = std::exp(j * log_f + (R - j) * log_ok);
     // Enumerate j-subsets of racks in lexicographic order.
@@ -340,18 +376,21 @@ Result<double> Survival(const Structure& s, const FailureRates& rates, double t)
     for (int i = 0; i < j; ++i) idx[i] = i;
     while (true) {
       double log_s = log0;
-      std::set<int> touched;
+      touched.clear();
       for (int r : idx) {
         rack_lost[r] = 1;
-        for (int g : rack_groups[r]) touched.insert(g);
+        for (int sg : rack_sigs[r]) {
+          if (!sig_seen[sg]) sig_seen[sg] = 1, touched.push_back(sg);
+        }
       }
-      for (int g : touched) {
-        const auto& grp = s.groups[g];
+      for (int sg : touched) {
+        sig_seen[sg] = 0;
+        const auto& grp = s.groups[sig_rep[sg]];
         qv.assign(grp.nodes.size(), q);
         for (size_t k = 0; k < grp.nodes.size(); ++k) {
           if (rack_lost[s.node_rack[grp.nodes[k]]]) qv[k] = 1.0;
         }
-        log_s += LogSurvive(GroupLoss(grp.rule, qv)) - group_log[g];
+        log_s += sig_count[sg] * (LogSurvive(GroupLoss(grp.rule, qv)) - group_log[sig_rep[sg]]);
       }
       for (int r : idx) rack_lost[r] = 0;
       total += p_set * std::exp(log_s);
@@ -363,10 +402,14 @@ Result<double> Survival(const Structure& s, const FailureRates& rates, double t)
       for (int k = i + 1; k < j; ++k) idx[k] = idx[k - 1] + 1;
     }
     covered += mass_j;
-    if (1.0 - covered < 1e-12) break;
+    if (1.0 - covered < 1e-7) {
+      if (gap) *gap = std::max(0.0, 1.0 - covered);
+      break;
+    }
   }
   return std::min(1.0, total);
 }
+}  // namespace
 
 Result<double> TimeToThreshold(const Structure& s, const FailureRates& rates, double threshold) {
   if (!(threshold > 0 && threshold < 1)) {

@@ -109,11 +109,15 @@ double GroupSurvival(const GroupRule& rule, const std::vector<double>& q);
 
 // S(t): probability that state snapshotted at time 0 is still recoverable
 // from memory at t (Eq. 5 generalised; Eq. 6 for !in_memory). Exact for
-// independent nodes; with racks, rack-failure sets are enumerated by size
-// until the mass left out is below 1e-12 (that mass is counted as lost, so
-// the figure is a lower bound within 1e-12). ResourceExhausted when that
-// would take more than 4 million rack sets (use the simulator).
+// independent nodes and disjoint groups; with racks, rack-failure sets are
+// enumerated by size until the mass left out is below 1e-7, or until 1
+// million sets / 10 million group evaluations; the mass left out counts as
+// lost, so the figure is a lower bound within RackEnumerationGap().
 [[nodiscard]] Result<double> Survival(const Structure& s, const FailureRates& rates, double t);
+
+// The probability mass of rack-failure sets Survival(t) left out (0 without
+// racks; below 1e-7 unless the enumeration hit its limits).
+double RackEnumerationGap(const Structure& s, const FailureRates& rates, double t);
 
 // The largest t with S(t) >= threshold (bisection to 1e-9 relative); +inf when
 // S stays above it for 1e9 units. InvalidArgument for a threshold outside (0, 1).

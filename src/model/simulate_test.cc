@@ -174,6 +174,29 @@ TEST(SimulateTest, OverlappingGroupsGiveALowerBound) {
   }
 }
 
+// Many racks: the closed form stops enumerating rack sets at its limits and
+// says how much mass it left out; the simulated survival lies within
+// [S, S + gap] (5 standard errors).
+TEST(SimulateTest, RackEnumerationLimitGivesABracket) {
+  auto s = UniformStructure("xor", 200, 8, 25);  // racks of 8 nodes
+  ASSERT_TRUE(s.ok());
+  FailureRates rates;
+  rates.hardware = {0.001, 1.0};
+  rates.rack = {0.01, 1.0};
+  const double t = 3.0;
+  auto lower = Survival(*s, rates, t);
+  ASSERT_TRUE(lower.ok());
+  const double gap = RackEnumerationGap(*s, rates, t);
+  EXPECT_GT(gap, 1e-7);  // 25 racks: the limits cut the enumeration
+  auto est = SimulateSurvival(*s, rates, {t}, 4000, Seed());
+  ASSERT_TRUE(est.ok());
+  EXPECT_GE(est->survival[0], *lower - 5 * est->std_error[0]);
+  EXPECT_LE(est->survival[0], *lower + gap + 5 * est->std_error[0]);
+  auto none = UniformStructure("xor", 200, 8, 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(RackEnumerationGap(*none, rates, t), 0.0);
+}
+
 TEST(SimulateTest, YoungAndDalyIntervals) {
   EXPECT_NEAR(YoungInterval(60, 86400), std::sqrt(2 * 60 * 86400.0), 1e-9);
   const double d = DalyInterval(60, 86400);

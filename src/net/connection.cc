@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -181,6 +182,26 @@ Status TcpConnection::RecvData(const FrameHeader& h, uint64_t digest, void* head
   return Status::Ok();
 }
 
+Status TcpConnection::RecvDiscard(const FrameHeader& h, uint64_t digest, uint64_t len, Frame* f,
+                                  Deadline deadline) {
+  const bool digested = (h.flags & kFrameFlagDigest) != 0;
+  StreamingChecksum sum;
+  if (!digested) StartChecksum(h, &sum);
+  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(len, 64 << 10)));
+  for (uint64_t left = len; left > 0;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(left, buf.size()));
+    Status s = RecvAll(fd_.get(), buf.data(), n, deadline, nullptr, &sum);
+    if (!s.ok()) return Broken(s.WithContext("receiving the payload of a dropped frame"));
+    if (f->payload.size() < kDiscardHeadBytes) {
+      f->payload.append(buf.data(), std::min(n, kDiscardHeadBytes - f->payload.size()));
+    }
+    left -= n;
+  }
+  if (!digested) return FinishPayload(h, sum);
+  f->digest_ok = sum.Digest() == digest;
+  return Status::Ok();
+}
+
 Result<Frame> TcpConnection::Recv(Deadline deadline) {
   MutexLock l(&recv_mu_);
   MEMENTO_ASSIGN_OR_RETURN(FrameHeader h, RecvHeader(deadline));
@@ -240,6 +261,10 @@ Result<Frame> TcpConnection::RecvWith(const PayloadSink& sink, Deadline deadline
   Result<void*> where = sink ? sink(f.type, h.flags, len) : Result<void*>(nullptr);
   if (!where.ok()) return Broken(where.status());
   void* dst = *where;
+  if (dst == Connection::DiscardPayload()) {
+    MEMENTO_RETURN_IF_ERROR(RecvDiscard(h, digest, len, &f, deadline));
+    return f;
+  }
   if (dst == nullptr) {
     f.payload.resize(len);
     dst = f.payload.data();

@@ -57,6 +57,18 @@ class Connection {
   // Frame::payload. An error status breaks the connection (the data cannot
   // be skipped) and is returned by RecvWith.
   using PayloadSink = std::function<Result<void*>(FrameType type, uint32_t flags, uint64_t len)>;
+  // What a PayloadSink answers to drop a frame's data instead of placing
+  // it: the data is received and checked through a small buffer of the
+  // connection (nothing of the frame's size is allocated), and the frame
+  // comes back with at most kDiscardHeadBytes of its first bytes in payload
+  // (e.g. a request's header, to answer it) and size set to its whole
+  // length. For a receiver that refuses a frame it cannot hold yet keeps
+  // the stream in step (RpcServer's total receive cap).
+  static void* DiscardPayload() {
+    static char tag;
+    return &tag;
+  }
+  static constexpr size_t kDiscardHeadBytes = 64;
   // Receives one frame whose data goes where `sink` says (Frame::size bytes).
   // For a digest frame whose data does not match its digest, the frame is
   // returned with digest_ok = false and the connection stays usable (the
@@ -134,6 +146,11 @@ class TcpConnection : public Connection {
   Status RecvData(const FrameHeader& h, uint64_t digest, void* head, size_t head_len, void* body,
                   size_t body_len, bool* digest_ok, Deadline deadline) REQUIRES(recv_mu_);
   static void StartChecksum(const FrameHeader& h, StreamingChecksum* sum);
+  // Receives and drops the data of a frame whose prelude was read
+  // (PayloadSink answered DiscardPayload()), keeping its first bytes in
+  // f->payload.
+  Status RecvDiscard(const FrameHeader& h, uint64_t digest, uint64_t len, Frame* f,
+                     Deadline deadline) REQUIRES(recv_mu_);
   // Compares the checksum computed while the payload arrived.
   Status FinishPayload(const FrameHeader& h, const StreamingChecksum& sum) REQUIRES(recv_mu_);
 

@@ -45,6 +45,9 @@ void RpcServer::RegisterStream(uint32_t method, StreamMethod fn) {
 
 Status RpcServer::Start(const ServerOptions& options, JobToken token) {
   MEMENTO_CHECK(server_ == nullptr);
+  if (options.max_buffered_bytes > 0) {
+    budget_ = std::make_unique<MemoryBudget>(options.max_buffered_bytes, options.limit_name);
+  }
   MEMENTO_ASSIGN_OR_RETURN(server_, Server::Start(options, std::move(token),
                                                   [this](Connection& c) { ServeConnection(c); }));
   return Status::Ok();
@@ -52,15 +55,47 @@ Status RpcServer::Start(const ServerOptions& options, JobToken token) {
 
 void RpcServer::ServeConnection(Connection& conn) {
   for (;;) {
-    Result<Frame> f = conn.Recv(Deadline::Infinite());
+    // The request's payload counts against the total cap while it is
+    // received and served; one that does not fit is dropped as it arrives.
+    MemoryBudget::Hold hold;
+    Status refused;
+    const Connection::PayloadSink sink = [&](FrameType, uint32_t, uint64_t len) -> Result<void*> {
+      if (budget_ == nullptr) return static_cast<void*>(nullptr);
+      Result<MemoryBudget::Hold> h = budget_->Reserve(len);
+      if (!h.ok()) {
+        // Logged now: a peer that stalls inside the frame never gets a reply.
+        refused = h.status();
+        MEMENTO_LOG_WARN("net: rpc: dropping a request of {} bytes from {} unread: {}", len,
+                         conn.peer(), refused.message());
+        return Connection::DiscardPayload();
+      }
+      hold = std::move(*h);
+      return static_cast<void*>(nullptr);
+    };
+    Result<Frame> f = conn.RecvWith(sink, Deadline::Infinite());
     if (!f.ok()) return;  // peer gone, shut down or malformed (already logged)
+    if (!f->digest_ok) {
+      MEMENTO_LOG_WARN("net: rpc: closing {}: a frame of {} bytes does not match its digest",
+                       conn.peer(), f->size);
+      return;
+    }
     if (f->type != FrameType::kRpcRequest || f->payload.size() < sizeof(RpcRequestHeader)) {
       MEMENTO_LOG_WARN("net: rpc: closing {}: unexpected {} frame of {} bytes", conn.peer(),
-                       FrameTypeName(static_cast<uint16_t>(f->type)), f->payload.size());
+                       FrameTypeName(static_cast<uint16_t>(f->type)), f->size);
       return;
     }
     RpcRequestHeader req;
     std::memcpy(&req, f->payload.data(), sizeof(req));
+    if (!refused.ok()) {
+      const Status st = ResourceExhaustedError(
+          fmt::format("rpc: request of {} bytes (method {}) from {} refused: {}", f->size,
+                      req.method, conn.peer(), refused.message()));
+      RpcReplyHeader rep{req.request_id, static_cast<uint32_t>(st.code()),
+                         static_cast<uint32_t>(st.message().size())};
+      ConstBuffer parts[2] = {{&rep, sizeof(rep)}, {st.message().data(), st.message().size()}};
+      if (!conn.Send(FrameType::kRpcReply, 0, parts, 2, Deadline::AfterSeconds(60)).ok()) return;
+      continue;
+    }
     // A method that blocks until the deadline must answer before the caller
     // stops listening: keep back a margin for the reply's trip (1/5 of the
     // budget, at most 50 ms).

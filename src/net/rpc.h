@@ -22,6 +22,7 @@
 
 #include "common/mutex.h"
 #include "net/connection.h"
+#include "net/memory_budget.h"
 #include "net/server.h"
 
 namespace memento::net {
@@ -80,9 +81,12 @@ class RpcServer {
     if (server_) server_->Stop();
   }
   const Server* server() const { return server_.get(); }
+  // The total receive cap (ServerOptions::max_buffered_bytes); null without one.
+  const MemoryBudget* budget() const { return budget_.get(); }
 
  private:
   void ServeConnection(Connection& conn);
+  std::unique_ptr<MemoryBudget> budget_;                // set before the server starts
   std::unordered_map<uint32_t, StreamMethod> methods_;  // read-only once started
   std::unique_ptr<Server> server_;
 };

@@ -26,8 +26,17 @@ namespace memento::net {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0 = ephemeral; read it back with Server::port()
+  // connection.max_payload is what one connection may hold: its largest
+  // frame (RpcServer serves one request per connection at a time).
   ConnectionOptions connection;
   size_t max_connections = 1024;
+  // What all connections together may hold in received request payloads at
+  // once (RpcServer; 0: no total cap). A request that would exceed it is
+  // read and dropped without being held, answered ResourceExhausted and
+  // logged, both naming the cap as `limit_name` says (docs/transport.md,
+  // "Memory caps").
+  uint64_t max_buffered_bytes = 0;
+  std::string limit_name = "the server's total receive cap";
 };
 
 class Server {

@@ -16,6 +16,7 @@
 #include "common/human.h"
 #include "common/log.h"
 #include "fmt/format.h"
+#include "shm/slot_limits.h"
 
 namespace memento::shm {
 
@@ -131,10 +132,39 @@ Status NodeStore::Adopt() {
   }
   closedir(dir);
   for (auto [rank, slot] : found) {
-    auto seg = Segment::Open(SlotPath(options_.root, rank, slot), /*writable=*/false);
+    const std::string path = SlotPath(options_.root, rank, slot);
+    auto seg = Segment::Open(path, /*writable=*/false);
     if (!seg.ok()) {
       MEMENTO_LOG_WARN("adopt: cannot open slot {} of rank {}: {}", slot, rank,
                        seg.status().ToString());
+      continue;
+    }
+    // A file too short for a slot header, or whose state word is none of
+    // the slot states, was never a slot (an allocation that failed, a stray
+    // file): torn. Nobody can be writing it (a trainer maps only slots the
+    // agent sized), so it is removed and the rank's next seal allocates the
+    // slot afresh.
+    std::string torn;
+    if ((*seg)->size() < kSlotHeaderBytes) {
+      torn = fmt::format("its file is {} bytes, shorter than a slot header ({} bytes)",
+                         (*seg)->size(), kSlotHeaderBytes);
+    } else {
+      SlotState state;
+      uint64_t generation = 0;
+      LoadSlotVersion(**seg, &state, &generation);
+      if (state != SlotState::kEmpty && state != SlotState::kWriting &&
+          state != SlotState::kComplete) {
+        torn = fmt::format("its state word is {}, not a slot state (garbage)",
+                           static_cast<uint32_t>(state));
+      }
+    }
+    if (!torn.empty()) {
+      seg->reset();
+      const bool removed = unlink(path.c_str()) == 0;
+      MEMENTO_LOG_WARN("adopt: slot {} of rank {} is torn: {}; {}", slot, rank, torn,
+                       removed
+                           ? "removed " + path
+                           : fmt::format("could not remove {}: {}", path, std::strerror(errno)));
       continue;
     }
     {
@@ -182,10 +212,27 @@ Status NodeStore::CheckRoom(uint64_t more, const std::string& why) {
   return CheckShmCapacity(options_.root, more, why);
 }
 
+Status CheckSlotRequest(int rank, int slot, uint64_t bytes) {
+  if (rank < 0 || rank > kMaxRank) {
+    return InvalidArgumentError(fmt::format("rank {} is out of range [0, {}]", rank, kMaxRank));
+  }
+  if (slot < 0 || slot >= kSlotsPerRank) {
+    return InvalidArgumentError(
+        fmt::format("slot {} of rank {}: a rank has slots 0 to {}", slot, rank, kSlotsPerRank - 1));
+  }
+  if (bytes < kSlotHeaderBytes || bytes > kMaxSlotBytes) {
+    return InvalidArgumentError(
+        fmt::format("a slot of {} bytes for rank {}: a slot holds between {} (its header) and {} "
+                    "bytes",
+                    bytes, rank, kSlotHeaderBytes, kMaxSlotBytes));
+  }
+  return Status::Ok();
+}
+
 Result<std::vector<std::string>> NodeStore::EnsureSlots(int rank, uint64_t bytes) {
-  if (rank < 0) return InvalidArgumentError(fmt::format("rank {} must be >= 0", rank));
+  MEMENTO_RETURN_IF_ERROR(CheckSlotRequest(rank, 0, bytes));
   MutexLock l(&mu_);
-  uint64_t more = 0;
+  uint64_t more = 0;  // at most kSlotsPerRank * kMaxSlotBytes: no overflow
   for (int s = 0; s < kSlotsPerRank; ++s) {
     auto it = slots_.find({rank, s});
     uint64_t have = it == slots_.end() ? 0 : it->second.segment->size();
@@ -196,10 +243,12 @@ Result<std::vector<std::string>> NodeStore::EnsureSlots(int rank, uint64_t bytes
   std::vector<std::string> paths;
   for (int s = 0; s < kSlotsPerRank; ++s) {
     std::string path = SlotPath(options_.root, rank, s);
-    SlotEntry& e = slots_[{rank, s}];
-    if (e.segment == nullptr || e.segment->size() < bytes) {
+    auto it = slots_.find({rank, s});
+    if (it == slots_.end() || it->second.segment->size() < bytes) {
+      // The entry is made (or changed) only once the segment exists: a
+      // failed allocation leaves the store as it was.
       MEMENTO_ASSIGN_OR_RETURN(auto seg, Segment::CreateOrGrow(path, bytes));
-      e.segment = std::shared_ptr<Segment>(std::move(seg));
+      slots_[{rank, s}].segment = std::shared_ptr<Segment>(std::move(seg));
     }
     paths.push_back(path);
   }
@@ -207,9 +256,7 @@ Result<std::vector<std::string>> NodeStore::EnsureSlots(int rank, uint64_t bytes
 }
 
 Result<std::shared_ptr<Segment>> NodeStore::EnsureSlot(int rank, int slot, uint64_t bytes) {
-  if (rank < 0 || slot < 0 || slot >= kSlotsPerRank) {
-    return InvalidArgumentError(fmt::format("rank {} slot {}: no such slot", rank, slot));
-  }
+  MEMENTO_RETURN_IF_ERROR(CheckSlotRequest(rank, slot, bytes));
   MutexLock l(&mu_);
   auto it = slots_.find({rank, slot});
   const uint64_t have = it == slots_.end() ? 0 : it->second.segment->size();
@@ -278,8 +325,11 @@ Status NodeStore::Verify(int rank, int slot, const std::function<bool(uint64_t)>
 Status NodeStore::Record(int rank, int slot, const std::shared_ptr<Segment>& seg,
                          uint64_t generation, const Status& st) {
   MutexLock l(&mu_);
-  SlotEntry& e = slots_[{rank, slot}];
-  if (e.segment != seg) return AbortedError("slot was reallocated while being verified");
+  auto it = slots_.find({rank, slot});
+  if (it == slots_.end() || it->second.segment != seg) {
+    return AbortedError("slot was reallocated while being verified");
+  }
+  SlotEntry& e = it->second;
   e.verified = true;
   e.verified_generation = generation;
   e.intact = st.ok();

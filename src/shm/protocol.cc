@@ -108,8 +108,37 @@ Result<std::string> RecvFrame(int fd, Deadline deadline) {
   return body;
 }
 
+Result<std::string> RecvFrameWithin(int fd, double frame_timeout_s) {
+  MEMENTO_RETURN_IF_ERROR(WaitFd(fd, POLLIN, Deadline::Infinite()));
+  Deadline deadline = Deadline::AfterSeconds(frame_timeout_s);
+  unsigned char len[4];
+  Status s = ReadAll(fd, reinterpret_cast<char*>(len), 4, deadline, true);
+  if (s.code() == StatusCode::kDeadlineExceeded) {
+    return DeadlineExceededError(fmt::format(
+        "a message began but its 4-byte length did not arrive within {} s", frame_timeout_s));
+  }
+  MEMENTO_RETURN_IF_ERROR(s);
+  uint32_t n =
+      uint32_t{len[0]} | uint32_t{len[1]} << 8 | uint32_t{len[2]} << 16 | uint32_t{len[3]} << 24;
+  if (n > kMaxFrameBytes) {
+    return DataLossError(
+        fmt::format("frame of {} bytes exceeds the {}-byte limit", n, kMaxFrameBytes));
+  }
+  std::string body(n, '\0');
+  s = ReadAll(fd, body.data(), n, deadline, false);
+  if (s.code() == StatusCode::kDeadlineExceeded) {
+    return DeadlineExceededError(
+        fmt::format("a message of {} bytes did not arrive whole within {} s", n, frame_timeout_s));
+  }
+  MEMENTO_RETURN_IF_ERROR(s);
+  return body;
+}
+
 Status SendJson(int fd, const nlohmann::json& msg, Deadline deadline) {
-  return SendFrame(fd, msg.dump(), deadline);
+  // Invalid UTF-8 in a string (a message quoting bad input) is replaced,
+  // not thrown.
+  return SendFrame(fd, msg.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                   deadline);
 }
 
 Result<nlohmann::json> RecvJson(int fd, Deadline deadline) {

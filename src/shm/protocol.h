@@ -31,6 +31,19 @@ Status SendFrame(int fd, std::string_view body, Deadline deadline);
 // DataLoss for a malformed frame, DeadlineExceeded.
 Result<std::string> RecvFrame(int fd, Deadline deadline);
 
+// How long the rest of a frame may take once its first byte arrived, on the
+// agent's side of agent.sock: the same limit a TCP peer has for its whole
+// handshake (net::ConnectionOptions::handshake_timeout_s). A client that
+// sends part of a message and stalls is disconnected after it, instead of
+// holding a connection thread and its buffer forever.
+inline constexpr double kFrameTimeoutS = 5.0;
+
+// Waits without limit for a frame to begin (a trainer may stay quiet between
+// steps for as long as it likes), then receives it whole within
+// `frame_timeout_s`: DeadlineExceeded, naming the bytes that had arrived,
+// when it does not. Otherwise as RecvFrame.
+Result<std::string> RecvFrameWithin(int fd, double frame_timeout_s);
+
 // JSON message helpers (nlohmann's exceptions stop here).
 Status SendJson(int fd, const nlohmann::json& msg, Deadline deadline);
 Result<nlohmann::json> RecvJson(int fd, Deadline deadline);

@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "common/log.h"
+#include "fmt/format.h"
 
 namespace memento::shm {
 
@@ -128,15 +130,27 @@ void CollapseToHugePages(uint8_t* p, size_t begin, size_t end, const std::string
 }  // namespace
 
 Result<std::unique_ptr<Segment>> Segment::CreateOrGrow(const std::string& path, size_t min_bytes) {
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) return ErrnoError("open segment " + path, errno);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int err = errno;
-    close(fd);
-    return ErrnoError("fstat " + path, err);
+  if (min_bytes == 0) {
+    return InvalidArgumentError("segment " + path + ": a segment of 0 bytes was asked for");
   }
+  // Whether this call created the file: a failure below then removes it, so
+  // that no empty or short file is left for the next agent to adopt.
+  bool created = true;
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    created = false;
+    fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  }
+  if (fd < 0) return ErrnoError("open segment " + path, errno);
+  auto fail = [&](Status why) {
+    close(fd);
+    if (created) unlink(path.c_str());
+    return why;
+  };
+  struct stat st;
+  if (fstat(fd, &st) != 0) return fail(ErrnoError("fstat " + path, errno));
   if (st.st_uid != geteuid()) {
+    created = false;  // not ours to remove
     close(fd);
     return PermissionDeniedError("segment " + path + " belongs to uid " +
                                  std::to_string(st.st_uid) + ", not to this process's uid " +
@@ -147,28 +161,30 @@ Result<std::unique_ptr<Segment>> Segment::CreateOrGrow(const std::string& path, 
   if (size < min_bytes) {
     // posix_fallocate allocates the pages now (zeroed), so nobody faults them
     // later on the save path; ENOSPC here is the honest "shm is full".
-    int err = posix_fallocate(fd, 0, static_cast<off_t>(min_bytes));
+    int err = min_bytes > static_cast<size_t>(std::numeric_limits<off_t>::max())
+                  ? EFBIG
+                  : posix_fallocate(fd, 0, static_cast<off_t>(min_bytes));
     if (err != 0) {
-      if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      // An empty file left by the failure is removed (also one an earlier
+      // failure left): it holds nothing, and a reader would find no header.
+      if (size == 0) created = true;
+      if (!created && ftruncate(fd, static_cast<off_t>(size)) != 0) {
         MEMENTO_LOG_WARN("could not shrink {} back after a failed allocation", path);
       }
-      close(fd);
       if (err == ENOSPC) {
-        return ResourceExhaustedError("allocating " + std::to_string(min_bytes) +
-                                      " bytes for segment " + path +
-                                      ": the shared-memory filesystem is full");
+        return fail(ResourceExhaustedError("allocating " + std::to_string(min_bytes) +
+                                           " bytes for segment " + path +
+                                           ": the shared-memory filesystem is full"));
       }
-      return ErrnoError("posix_fallocate " + path, err);
+      return fail(
+          ErrnoError(fmt::format("allocating {} bytes for segment {}", min_bytes, path), err));
     }
     size = min_bytes;
   }
   fchmod(fd, 0600);
   const int prot = PROT_READ | PROT_WRITE;
   auto mapped = MapAligned(fd, size, prot, MAP_SHARED, path);
-  if (!mapped.ok()) {
-    close(fd);
-    return mapped.status();
-  }
+  if (!mapped.ok()) return fail(mapped.status());
   uint8_t* p = *mapped;
   madvise(p, size, MADV_HUGEPAGE);
   // The new pages (and the partial 2 MiB page before them) into huge pages

@@ -319,12 +319,19 @@ Status VerifySlotDataPaced(const Segment& segment, const SlotInfo& info, uint64_
 }
 
 void LoadSlotVersion(const Segment& segment, SlotState* state, uint64_t* generation) {
+  if (segment.size() < kSlotHeaderBytes) {
+    // No header to read (a short file): ReadSlot reports it as DataLoss.
+    *state = SlotState::kEmpty;
+    *generation = 0;
+    return;
+  }
   const SlotHeader* h = Header(segment);
   *state = LoadState(h);
   *generation = __atomic_load_n(&h->generation, __ATOMIC_ACQUIRE);
 }
 
 bool SlotUnchanged(const Segment& segment, const SlotInfo& info) {
+  if (segment.size() < kSlotHeaderBytes) return false;
   std::atomic_thread_fence(std::memory_order_acquire);
   const SlotHeader* h = Header(segment);
   SlotState state = LoadState(h);

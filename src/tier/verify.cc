@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "common/checksum.h"
 #include "tier/format.h"
 #include "tier/reader.h"
 #include "tier/safetensors.h"
@@ -18,25 +19,102 @@ bool VerifyReport::ok() const {
   return true;
 }
 
+namespace {
+
+// Every node's manifest (node-N.json) against its marker and the version.
+void CheckManifests(Env* env, const std::string& vdir, int64_t step, const VersionIndex& index,
+                    std::vector<std::string>* problems) {
+  for (const auto& n : index.nodes) {
+    if (n.manifest.empty()) continue;  // written before manifests were recorded
+    const std::string path = vdir + "/" + n.manifest;
+    auto text = env->ReadFileToString(path);
+    if (!text.ok()) {
+      problems->push_back(fmt::format("{}: node {}'s manifest is missing or unreadable ({})", path,
+                                      n.node, text.status().ToString()));
+      continue;
+    }
+    const std::string marker_path = vdir + "/" + NodeMarkerName(n.node);
+    if (env->FileExists(marker_path)) {
+      auto marker_text = env->ReadFileToString(marker_path);
+      auto marker = marker_text.ok() ? ParseNodeMarker(*marker_text, marker_path)
+                                     : Result<NodeMarker>(marker_text.status());
+      if (!marker.ok()) {
+        problems->push_back(marker.status().ToString());
+      } else {
+        const uint64_t sum = Checksum(text->data(), text->size());
+        if (marker->manifest_size != text->size() || marker->manifest_xxh3 != sum) {
+          problems->push_back(fmt::format("{}: {} bytes xxh3 {}, {} says {} bytes xxh3 {}", path,
+                                          text->size(), HexU64(sum), NodeMarkerName(n.node),
+                                          marker->manifest_size, HexU64(marker->manifest_xxh3)));
+          continue;
+        }
+      }
+    }
+    auto manifest = ParseIndex(*text, path);
+    if (!manifest.ok()) {
+      problems->push_back(manifest.status().ToString());
+      continue;
+    }
+    if (manifest->step != step) {
+      problems->push_back(
+          fmt::format("{}: names step {}, expected {}", path, manifest->step, step));
+    }
+  }
+}
+
+// COMMIT and the index; nullopt (problems filled) when the version cannot be
+// read any further.
+std::optional<VersionIndex> CheckCommitAndIndex(Env* env, const std::string& root, int64_t step,
+                                                VersionCheck* check) {
+  const std::string vdir = root + "/" + VersionDirName(step);
+  if (!env->IsDirectory(vdir)) {
+    check->problems.push_back(fmt::format("{}: version {} was never written here", vdir, step));
+    return std::nullopt;
+  }
+  if (!env->FileExists(vdir + "/" + kCommitFileName)) {
+    check->problems.push_back(fmt::format(
+        "{}: no COMMIT marker: version {} is incomplete and does not exist", vdir, step));
+    return std::nullopt;
+  }
+  check->complete = true;
+  auto index = LoadIndex(env, root, step);
+  if (!index.ok()) {
+    check->problems.push_back(index.status().ToString());
+    return std::nullopt;
+  }
+  return std::move(*index);
+}
+
+}  // namespace
+
+VersionCheck QuickCheckVersion(Env* env, const std::string& root, int64_t step) {
+  VersionCheck check;
+  check.step = step;
+  auto index = CheckCommitAndIndex(env, root, step, &check);
+  if (!index) return check;
+  const std::string vdir = root + "/" + VersionDirName(step);
+  CheckManifests(env, vdir, step, *index, &check.problems);
+  for (const auto& n : index->nodes) {
+    const std::string path = vdir + "/" + n.file;
+    auto size = env->FileSize(path);
+    if (!size.ok()) {
+      check.problems.push_back(fmt::format("{}: missing ({})", path, size.status().ToString()));
+    } else if (*size != n.file_size) {
+      check.problems.push_back(fmt::format("{}: {} bytes, index says {} (truncated or extended)",
+                                           path, *size, n.file_size));
+    }
+  }
+  check.ok = check.problems.empty();
+  return check;
+}
+
 VersionCheck VerifyVersion(Env* env, const std::string& root, int64_t step) {
   VersionCheck check;
   check.step = step;
+  auto index = CheckCommitAndIndex(env, root, step, &check);
+  if (!index) return check;
   const std::string vdir = root + "/" + VersionDirName(step);
-  if (!env->IsDirectory(vdir)) {
-    check.problems.push_back(fmt::format("{}: version {} was never written here", vdir, step));
-    return check;
-  }
-  if (!env->FileExists(vdir + "/" + kCommitFileName)) {
-    check.problems.push_back(fmt::format(
-        "{}: no COMMIT marker: version {} is incomplete and does not exist", vdir, step));
-    return check;
-  }
-  check.complete = true;
-  auto index = LoadIndex(env, root, step);
-  if (!index.ok()) {
-    check.problems.push_back(index.status().ToString());
-    return check;
-  }
+  CheckManifests(env, vdir, step, *index, &check.problems);
   // COMMIT's file list against the index's nodes.
   auto commit_text = env->ReadFileToString(vdir + "/" + kCommitFileName);
   std::set<std::string> commit_files;

@@ -36,4 +36,11 @@ struct VerifyReport {
 // Checks one complete version (step must have a COMMIT marker).
 VersionCheck VerifyVersion(Env* env, const std::string& root, int64_t step);
 
+// The cheap part of VerifyVersion, reading no tensor data: COMMIT, the index
+// (LoadIndex: size and checksum against COMMIT), every node's manifest
+// (node-N.json: present, parses, names this step and node, matches the size
+// and checksum its node-N.done marker recorded) and every data file's size.
+// `memento inspect` uses it so that it never calls a broken version complete.
+VersionCheck QuickCheckVersion(Env* env, const std::string& root, int64_t step);
+
 }  // namespace memento::tier

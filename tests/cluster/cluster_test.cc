@@ -277,6 +277,28 @@ TEST_F(ClusterTest, AgentCrashRestartsOnItsRootAndAdoptsItsSlots) {
   ExpectBitIdentical(job, o, dir_.path());
 }
 
+// A trainer and its agent SIGKILLed together on one node, its memory kept
+// (issue 21): the launcher may notice the trainer's death while the agent is
+// still dying (its socket and lease look alive). The dead agent must be found
+// (reaped), restarted on its root, and the job recover from memory instead of
+// ending with exit 1 ("connection refused" / "exited before it was ready").
+TEST_F(ClusterTest, TrainerAndAgentKilledTogetherRecoverFromTheNodesMemory) {
+  Job job;
+  job.inject = "kill-rank:1@step=10,kill-agent:1@step=10";
+  Outcome o = RunJob(job, dir_.path(), "killboth");
+  SKIP_IF_UNSUPPORTED(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_NE(o.output.find("restarting the agent of node 1 on its root"), std::string::npos)
+      << LaunchLogs(o);
+  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
+  ASSERT_GE(o.summary["recoveries"].size(), 1u) << LaunchLogs(o);
+  for (const json& rec : o.summary["recoveries"]) {
+    EXPECT_GE(rec["step"].get<int64_t>(), 1) << LaunchLogs(o);
+    EXPECT_TRUE(rec["lost_nodes"].empty()) << "the node's memory survived\n" << LaunchLogs(o);
+  }
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
 TEST_F(ClusterTest, NodeLossUnderReplicate) {
   Job job;
   job.policy = "replicate";
@@ -347,6 +369,78 @@ TEST_F(ClusterTest, CorruptedSlotOnASurvivorIsDetectedAndRebuilt) {
   ExpectRestoredFromMemory(job, o, 1);
   EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
   ExpectBitIdentical(job, o, dir_.path());
+}
+
+// Issue 21: the restarted agent of node 0 adopts (and verifies) its slots;
+// then rank 0's committed slot is corrupted at rest, before the inventory.
+// The recovery's verified inventory must verify now, not trust adoption's
+// verdict: rank 0 is rebuilt in this one recovery (before the fix the
+// decision called it intact, the trainer's restore failed its checksum and
+// cost a second recovery).
+TEST_F(ClusterTest, SlotCorruptedAfterAdoptionIsFoundByTheRecoveryInventory) {
+  Job job;
+  job.policy = "xor";
+  job.inject = "corrupt-rank:0@step=10,kill-agent:0@step=10";
+  Outcome o = RunJob(job, dir_.path(), "corruptadopt");
+  SKIP_IF_UNSUPPORTED(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_NE(o.output.find("restarting the agent of node 0 on its root"), std::string::npos)
+      << LaunchLogs(o);
+  EXPECT_NE(o.output.find("flipped a byte in slot"), std::string::npos) << LaunchLogs(o);
+  ExpectRestoredFromMemory(job, o, 1);
+  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
+// A node budget that holds every rank's two T0 slots but no redundancy
+// version: every step's redundancy is refused (ResourceExhausted), every
+// step is abandoned, nothing commits. Issue 21: such a job ran unprotected
+// and ended with exit 0 and no warning.
+// Slot files of the workload's state at --elements 4096 are kUnprotectedSlotBytes
+// each (header, chunk table, data, page-aligned); the budget adds less than a
+// redundancy version (xor, 4 nodes: a parity of a third of the state).
+constexpr uint64_t kUnprotectedSlotBytes = 28672;
+constexpr uint64_t kUnprotectedBudget = 2 * kUnprotectedSlotBytes + 4096;
+
+Job UnprotectedJob() {
+  Job job;
+  job.policy = "xor";
+  job.steps = 12;
+  job.elements = 4096;
+  job.extra = {"--agent-arg=--budget=" + std::to_string(kUnprotectedBudget)};
+  return job;
+}
+
+TEST_F(ClusterTest, UnprotectedStepsAreReportedLoudly) {
+  Job job = UnprotectedJob();
+  Outcome o = RunJob(job, dir_.path(), "unprot");
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_NE(o.output.find("WARNING: the job is running UNPROTECTED"), std::string::npos)
+      << LaunchLogs(o);
+  EXPECT_NE(o.output.find("node memory budget exhausted: redundancy version"), std::string::npos)
+      << LaunchLogs(o);
+  EXPECT_NE(o.output.find("step(s) ran UNPROTECTED"), std::string::npos) << LaunchLogs(o);
+  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
+  EXPECT_GE(o.summary["unprotected_steps"].get<int64_t>(), 1) << LaunchLogs(o);
+  EXPECT_EQ(o.summary["commits"]["unprotected_steps"], o.summary["unprotected_steps"]);
+  EXPECT_NE(o.summary["commits"]["unprotected_reason"].get<std::string>().find("ResourceExhausted"),
+            std::string::npos)
+      << o.summary.dump();
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
+TEST_F(ClusterTest, RequireProtectionEndsAnUnprotectedJobWithExit4) {
+  Job job = UnprotectedJob();
+  job.steps = 400;  // would run long: the launcher must stop it
+  job.extra.push_back("--require-protection");
+  Outcome o = RunJob(job, dir_.path(), "reqprot");
+  EXPECT_EQ(o.exit.code, 4) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_NE(o.output.find("--require-protection: a step could not be protected"), std::string::npos)
+      << LaunchLogs(o);
+  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
+  EXPECT_FALSE(o.summary["success"].get<bool>());
+  EXPECT_EQ(o.summary["exit_code"], 4);
+  EXPECT_GE(o.summary["unprotected_steps"].get<int64_t>(), 1) << LaunchLogs(o);
 }
 
 // The store host is lost while the job trains: the launcher SIGKILLs its

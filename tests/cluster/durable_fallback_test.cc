@@ -266,6 +266,70 @@ TEST_F(DurableFallbackTest, WithoutADurableVersionTheLauncherStillRefuses) {
   Outcome o = RunJob(job, dir_.path(), durable_dir());
   EXPECT_EQ(o.exit.code, 3) << o.exit.ToString() << "\n" << Logs(o);
   EXPECT_NE(o.output.find("holds no complete version"), std::string::npos) << Logs(o);
+  // The summary says the job ended unrestored, never "restarted from scratch".
+  EXPECT_EQ(o.output.find("restarted from scratch"), std::string::npos) << Logs(o);
+  EXPECT_NE(o.output.find("FAILED, nothing restored"), std::string::npos) << Logs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
+  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << Logs(o);
+  EXPECT_EQ(o.summary["recoveries"][0]["source"], "none") << Logs(o);
+}
+
+// The newest durable version is corrupted at rest (one flipped byte in a
+// piece, applied when the recovery falls back): the fallback must verify,
+// pass over it saying which and why, and restore the newest older version
+// that verifies (issue 21: the job ended with DataLoss although intact
+// older versions were on disk). The summary of a refused job (exit 3) must
+// not say "restarted from scratch".
+TEST_F(DurableFallbackTest, ACorruptNewestDurableVersionFallsBackToAnOlderOneThatVerifies) {
+  Job job;
+  job.steps = 34;
+  job.inject = "corrupt-durable@step=10,kill-node:1@step=22,kill-node:2@step=22";
+  Outcome o = RunJob(job, dir_.path(), durable_dir());
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  const size_t flipped = o.output.find("corrupt-durable: flipped a byte");
+  ASSERT_NE(flipped, std::string::npos) << Logs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
+  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << Logs(o);
+  const json& rec = o.summary["recoveries"][0];
+  EXPECT_EQ(rec["source"], "durable") << Logs(o);
+  ASSERT_GE(rec["durable_skipped"].size(), 1u) << Logs(o);
+  const std::string skipped = rec["durable_skipped"][0].get<std::string>();
+  EXPECT_NE(skipped.find("fails verification"), std::string::npos) << skipped;
+  EXPECT_NE(skipped.find("checksum"), std::string::npos) << skipped;
+  const int64_t bad = std::stoll(skipped.substr(5));  // "step N fails ..."
+  const int64_t step = rec["step"].get<int64_t>();
+  EXPECT_LT(step, bad) << Logs(o);
+  EXPECT_EQ(step % job.persist_every, 0) << Logs(o);
+  EXPECT_NE(
+      o.output.find("durable version " + std::to_string(bad) + " skipped: fails verification"),
+      std::string::npos)
+      << Logs(o);
+  EXPECT_NE(rec["reason"].get<std::string>().find("skipped"), std::string::npos) << rec.dump();
+  // The corrupted version is really bad: verify says so.
+  SpawnOptions so;
+  so.argv = {MEMENTO_BIN, "verify", durable_dir(), "--step", std::to_string(bad)};
+  so.log_path = dir_.path() + "/verify-bad.log";
+  auto p = Subprocess::Spawn(so);
+  ASSERT_TRUE(p.ok());
+  auto st = p->Wait(Deadline::AfterSeconds(60));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->code, 1) << ReadAll(so.log_path);
+
+  const int attempt = rec["attempt"].get<int>();
+  for (int r = 0; r < job.nodes; ++r) {
+    const std::string prefix = o.out_dir + "/rank" + std::to_string(r);
+    EXPECT_EQ(ReadAll(prefix + ".mismatch"), "") << "rank " << r;
+    std::istringstream in(ReadAll(prefix + ".restores"));
+    int a;
+    long long s;
+    bool found = false;
+    while (in >> a >> s) found |= (a == attempt && s == step);
+    EXPECT_TRUE(found) << "rank " << r << " did not restore step " << step << "\n" << Logs(o);
+    EXPECT_EQ(ReadAll(prefix + ".digest"),
+              std::to_string(job.steps) + " " + ReferenceDigest(job, r, dir_.path()) + "\n")
+        << "rank " << r << "\n"
+        << Logs(o);
+  }
 }
 
 }  // namespace

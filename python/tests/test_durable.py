@@ -1,0 +1,109 @@
+"""python_durable_test: `memento export` and memento.load_durable against a real durable tier.
+
+The agent streams versions to --durable-dir; the exported safetensors file
+and load_durable() give back the model's state_dict() and the optimizer's
+state byte for byte, and load_state_dict() takes them.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import agent_util  # noqa: E402
+
+agent_util.require_torch()
+
+import torch  # noqa: E402
+
+import memento  # noqa: E402
+from memento import _memento  # noqa: E402
+from memento.durable import read_safetensors  # noqa: E402
+from memento.torch import Checkpointer  # noqa: E402
+
+
+def wait_durable(root, steps, timeout=120):
+    """The newest complete durable step among `steps` (the agent persists in the background)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = [v["step"] for v in _memento.durable_versions(root) if v["complete"] and v["step"] in steps]
+        if done:
+            return max(done)
+        time.sleep(0.1)
+    raise AssertionError(f"none of steps {steps} durable in {root} after {timeout} s: "
+                         f"{_memento.durable_versions(root)}")
+
+
+class DurableTest(unittest.TestCase):
+    def test_export_and_load_durable_match_state_dict(self):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32),
+                                    torch.nn.Linear(32, 8))
+        model.register_buffer("bf", torch.randn(5).to(torch.bfloat16))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        durable = agent_util.tmpdir("durable-")
+        try:
+            with agent_util.Agent("pydurable", extra=["--durable-dir", durable,
+                                                       "--persist-every", "1"]) as agent:
+                ckpt = Checkpointer(model=model, optimizer=opt, job_id=agent.job,
+                                    agent_dir=agent.root)
+                states = []
+                for step in range(4):
+                    x = torch.randn(4, 16)
+                    model(x).sum().backward()
+                    opt.step()
+                    opt.zero_grad()
+                    ckpt.snapshot(step)
+                    states.append(({k: v.clone() for k, v in model.state_dict().items()},
+                                   [{k: v.clone() for k, v in st.items()} for st in opt.state.values()]))
+                ckpt.close()
+                step = wait_durable(durable, [1, 2, 3])
+
+            expected, state = states[step]
+            loaded = memento.load_durable(durable, prefix="model/")
+            self.assertEqual(sorted(loaded), sorted(expected))
+            for k, v in expected.items():
+                self.assertEqual(loaded[k].dtype, v.dtype, k)
+                self.assertTrue(torch.equal(loaded[k], v), k)
+            fresh = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32),
+                                        torch.nn.Linear(32, 8))
+            fresh.register_buffer("bf", torch.zeros(5, dtype=torch.bfloat16))
+            fresh.load_state_dict(loaded)
+            for k, v in fresh.state_dict().items():
+                self.assertTrue(torch.equal(v, expected[k]), k)
+
+            # The optimizer's state under its registered names.
+            everything = memento.load_durable(durable, step=step)
+            self.assertTrue(torch.equal(everything["optimizer/state/0/exp_avg"], state[0]["exp_avg"]))
+            self.assertTrue(torch.equal(everything["optimizer/state/3/exp_avg_sq"],
+                                        state[3]["exp_avg_sq"]))
+            self.assertFalse(any(k.startswith("__memento__") for k in everything))
+
+            # The command line writes the same file.
+            out = os.path.join(durable, "model.safetensors")
+            r = subprocess.run([agent_util.memento_bin(), "export", durable, "--step", str(step),
+                                "--prefix", "model/", "--out", out], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn(f"exported step {step}", r.stdout)
+            from_file = memento.load_durable(out)
+            for k, v in expected.items():
+                self.assertTrue(torch.equal(from_file[k], v), k)
+
+            # A step that does not exist is a clear error, from Python and the CLI.
+            with self.assertRaises(memento.Error) as cm:
+                memento.load_durable(durable, step=99)
+            self.assertEqual(cm.exception.code, "NotFound")
+            r = subprocess.run([agent_util.memento_bin(), "export", durable, "--step", "99",
+                                "--out", out + ".x"], capture_output=True, text=True)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("99", r.stderr)
+            self.assertFalse(os.path.exists(out + ".x"))
+        finally:
+            shutil.rmtree(durable, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main()

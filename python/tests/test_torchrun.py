@@ -1,0 +1,148 @@
+"""The PyTorch example under torchrun, with a worker killed by SIGKILL.
+
+    test_torchrun.py wrapper   `memento run` starts the agent; rank 1 is killed
+                               while its snapshot copy runs
+    test_torchrun.py sidecar   an agent started separately (as systemd or a
+                               Kubernetes sidecar would); rank 1 is killed in
+                               the middle of optimizer.step()
+    test_torchrun.py zero      ZeroRedundancyOptimizer (dp_sharded state);
+                               rank 1 is killed after a complete snapshot
+
+Each runs the example three ways under `torchrun --standalone --nproc_per_node
+2` (DDP over Gloo): without memento, failure-free (the reference); with
+memento and the kill, torchrun restarting the worker group
+(--max_restarts 1); and checks that every rank's final parameters, AdamW
+state, scheduler, data position and RNG equal the reference byte for byte,
+and that the restarted workers resumed from a restored step. The kill step is
+random (MEMENTO_TEST_SEED fixes it; the seed is printed).
+"""
+
+import os
+import random
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import agent_util  # noqa: E402
+
+agent_util.require_torch()
+
+import json  # noqa: E402
+import shutil  # noqa: E402
+
+import torch  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TRAIN = os.path.join(REPO, "examples", "torch", "train.py")
+STEPS = 8
+
+
+def torchrun(args, port_hint):
+    # --redirects/--tee: Python 3.11's torchrun otherwise loses worker output.
+    return ["torchrun", "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
+            "--redirects", "2", "--tee", "2", TRAIN, "--preset", "tiny", "--steps", str(STEPS), *args]
+
+
+def run(cmd, log):
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+    with open(log) as f:
+        out = f.read()
+    print(f"$ {' '.join(cmd)}\n  -> rc {rc} in {time.monotonic() - t0:.1f} s", flush=True)
+    if rc != 0:
+        print(out[-6000:])
+        raise SystemExit(f"FAIL: {cmd[0]} exited {rc}")
+    return out
+
+
+def compare(ref_dir, run_dir):
+    for rank in range(2):
+        a = torch.load(os.path.join(ref_dir, f"rank{rank}.pt"))
+        b = torch.load(os.path.join(run_dir, f"rank{rank}.pt"))
+        diffs = []
+
+        def walk(x, y, path):
+            if torch.is_tensor(x):
+                if not (torch.is_tensor(y) and x.dtype == y.dtype and x.shape == y.shape and
+                        torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))):
+                    diffs.append(path)
+            elif isinstance(x, dict):
+                if not isinstance(y, dict) or sorted(x, key=str) != sorted(y, key=str):
+                    diffs.append(path + " (keys)")
+                    return
+                for k in x:
+                    walk(x[k], y[k], f"{path}/{k}")
+            elif isinstance(x, (list, tuple)):
+                if len(x) != len(y):
+                    diffs.append(path + " (length)")
+                    return
+                for i, (u, v) in enumerate(zip(x, y)):
+                    walk(u, v, f"{path}/{i}")
+            elif x != y:
+                diffs.append(f"{path} ({x!r} != {y!r})")
+
+        walk(a, b, f"rank{rank}")
+        if diffs:
+            raise SystemExit(f"FAIL: rank {rank} differs from the failure-free run in "
+                             f"{len(diffs)} entries: {diffs[:20]}")
+        n = sum(t.numel() for t in a["model"].values())
+        print(f"rank {rank}: final state equals the failure-free run byte for byte "
+              f"({len(a['model'])} model tensors, {n} parameters, optimizer state, scheduler, data, RNG)")
+
+
+def main():
+    scenario = sys.argv[1] if len(sys.argv) > 1 else "wrapper"
+    seed = int(os.environ.get("MEMENTO_TEST_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    kill_step = rng.randrange(2, STEPS - 1)
+    kill_at = {"wrapper": "snapshot", "sidecar": "optimizer", "zero": "step"}[scenario]
+    extra = ["--zero"] if scenario == "zero" else []
+    print(f"scenario {scenario}: seed {seed}, rank 1 killed at step {kill_step} ({kill_at})", flush=True)
+
+    work = agent_util.tmpdir(f"torchrun-{scenario}-")
+    job = f"tr{scenario}{os.getpid()}"
+    root = f"/dev/shm/memento-test-{job}"
+    env_bin = agent_util.memento_bin()
+    try:
+        ref = os.path.join(work, "ref")
+        run(torchrun(["--no-memento", "--out", ref, *extra], 0), os.path.join(work, "ref.log"))
+        out_dir = os.path.join(work, "run")
+        kill = ["--out", out_dir, "--kill-rank", "1", "--kill-step", str(kill_step), "--kill-at", kill_at,
+                *extra]
+        if scenario in ("wrapper", "zero"):
+            out = run([env_bin, "run", "--job", job, "--root", root, "--remove-on-exit", "--",
+                       *torchrun(kill, 1)], os.path.join(work, "run.log"))
+            if "started agent" not in out:
+                raise SystemExit("FAIL: memento run did not start an agent:\n" + out[-3000:])
+            if os.path.exists(os.path.join(root, "agent.sock")):
+                raise SystemExit("FAIL: the agent that memento run started is still there after the run")
+        else:
+            with agent_util.Agent(job, root=root, extra=["--remove-on-exit"]) as agent:
+                out = run([env_bin, "run", "--job", job, "--root", root, "--", *torchrun(kill, 1)],
+                          os.path.join(work, "run.log"))
+                if "using the agent already serving" not in out:
+                    raise SystemExit("FAIL: memento run did not use the running agent:\n" + out[-3000:])
+                if agent.proc.poll() is not None:
+                    raise SystemExit("FAIL: the separately started agent stopped with the run")
+        if "SIGKILL at step" not in out:
+            raise SystemExit("FAIL: the worker was not killed:\n" + out[-3000:])
+        for rank in range(2):
+            with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+                info = json.load(f)
+            if info["attempt"] != 1 or info["start"] < 1:
+                raise SystemExit(f"FAIL: rank {rank} did not resume from a restored step after a "
+                                 f"restart: {info}\n" + out[-3000:])
+            print(f"rank {rank}: restart {info['attempt']} resumed at step {info['start']}")
+        compare(ref, out_dir)
+        print("PASS")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+        if os.path.exists(root + ".agent.log"):
+            os.unlink(root + ".agent.log")
+
+
+if __name__ == "__main__":
+    main()
