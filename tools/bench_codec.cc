@@ -18,6 +18,7 @@
 #include "common/byte_flag.h"
 #include "common/check.h"
 #include "common/clock.h"
+#include "recover/recover.h"
 #include "tools/command.h"
 #include "topo/plan.h"
 
@@ -195,7 +196,7 @@ nlohmann::json PlannerTime(const CodecBenchOptions& o) {
     const double plan_s = sw.Seconds();
     MEMENTO_CHECK(plan.ok());
     Stopwatch rw;
-    auto rec = topo::Recover(*plan, {0, topology->num_nodes() / 2});
+    auto rec = recover::PlanFailure(*plan, {0, topology->num_nodes() / 2});
     const double rec_s = rw.Seconds();
     MEMENTO_CHECK(rec.ok());
     out[policy] = {{"planner_seconds", plan_s},

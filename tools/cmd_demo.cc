@@ -38,6 +38,7 @@
 #include "memento/client.h"
 #include "shm/node_store.h"
 #include "shm/protocol.h"
+#include "shm/slot.h"
 #include "shm/slot_format.h"
 #include "tools/command.h"
 #include "tools/trainer_binary.h"
@@ -268,14 +269,8 @@ bool WaitFor(Pred pred, double timeout_s) {
 std::vector<std::pair<shm::SlotState, int64_t>> Slots(const std::string& root) {
   std::vector<std::pair<shm::SlotState, int64_t>> out;
   for (int s = 0; s < shm::kSlotsPerRank; ++s) {
-    shm::SlotHeader h{};
-    int fd = open(shm::SlotPath(root, 0, s).c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0 && pread(fd, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h))) {
-      out.emplace_back(static_cast<shm::SlotState>(h.state), h.step);
-    } else {
-      out.emplace_back(shm::SlotState::kEmpty, -1);
-    }
-    if (fd >= 0) close(fd);
+    const shm::SlotPeek peek = shm::PeekSlotFile(shm::SlotPath(root, 0, s));
+    out.emplace_back(peek.state, peek.step);
   }
   return out;
 }

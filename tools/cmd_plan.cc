@@ -11,6 +11,7 @@
 #include "common/byte_flag.h"
 #include "common/human.h"
 #include "model/layout_svg.h"
+#include "recover/recover.h"
 #include "tools/command.h"
 #include "tools/plan_reliability.h"
 #include "topo/plan.h"
@@ -104,7 +105,7 @@ Status RunLayout(const LayoutOptions& o) {
   }
   topo::RecoveryPlan rec;
   if (has_fail) {
-    MEMENTO_ASSIGN_OR_RETURN(rec, topo::Recover(plan, failed));
+    MEMENTO_ASSIGN_OR_RETURN(rec, recover::PlanFailure(plan, failed));
   }
 
   if (!o.svg.empty()) {
@@ -139,7 +140,7 @@ Status RunLayout(const LayoutOptions& o) {
   }
   std::vector<std::string> fatal_racks;
   for (const auto& [rack, nodes] : racks) {
-    MEMENTO_ASSIGN_OR_RETURN(topo::RecoveryPlan r, topo::Recover(plan, nodes));
+    MEMENTO_ASSIGN_OR_RETURN(topo::RecoveryPlan r, recover::PlanFailure(plan, nodes));
     if (!r.recoverable) fatal_racks.push_back(rack);
   }
 

@@ -291,6 +291,34 @@ Result<std::shared_ptr<shm::Segment>> DurableStreamer::MapSlot(int rank, int slo
   return shared;
 }
 
+Result<DurableStreamer::HeldSlot> DurableStreamer::HoldCompleteSlot(int rank, int64_t step) {
+  std::shared_ptr<shm::Segment> segments[shm::kSlotsPerRank];
+  shm::RankSlots slots{};
+  for (int s = 0; s < shm::kSlotsPerRank; ++s) {
+    auto seg = MapSlot(rank, s);
+    if (!seg.ok()) continue;
+    segments[s] = std::move(*seg);
+    slots[s] = segments[s].get();
+  }
+  // Complete with this generation when found (the seqlock start), so the
+  // header just copied belongs to it; any write that begins later changes the
+  // generation, which CheckBeforeMarker sees.
+  Result<shm::CompleteSlot> found = shm::FindCompleteSlot(slots, step);
+  MutexLock l(&mu_);
+  if (!found.ok()) {
+    ++stats_.gone;
+    return NotFoundError(
+        fmt::format("rank {} no longer holds version {} (its slot was recycled)", rank, step));
+  }
+  if (corrupt_.count({rank, found->slot, found->info.generation})) {
+    ++stats_.gone;
+    return DataLossError(
+        fmt::format("rank {} slot {} (version {}) failed its checksums; not persisted", rank,
+                    found->slot, step));
+  }
+  return HeldSlot{rank, segments[found->slot], std::move(found->info)};
+}
+
 Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
   std::shared_ptr<const ClusterPlan> plan;
   uint64_t epoch = 0;
@@ -347,33 +375,8 @@ Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
     return PinView(std::move(view), hold, step, seq, &release.armed);
   }
   for (int rank : ranks) {
-    bool found = false;
-    for (int s = 0; s < shm::kSlotsPerRank && !found; ++s) {
-      auto seg = MapSlot(rank, s);
-      if (!seg.ok()) continue;
-      auto info = shm::ReadSlot(**seg);
-      if (!info.ok() || info->state != shm::SlotState::kComplete || info->step != step) continue;
-      // Seqlock start: complete with this generation now, so the header just
-      // copied belongs to it; any write that begins later changes the
-      // generation, which CheckBeforeMarker sees.
-      if (!shm::SlotUnchanged(**seg, *info)) continue;
-      {
-        MutexLock l(&mu_);
-        if (corrupt_.count({rank, s, info->generation})) {
-          ++stats_.gone;
-          return DataLossError(fmt::format(
-              "rank {} slot {} (version {}) failed its checksums; not persisted", rank, s, step));
-        }
-      }
-      hold->slots.push_back(HeldSlot{rank, *seg, std::move(*info)});
-      found = true;
-    }
-    if (!found) {
-      MutexLock l(&mu_);
-      ++stats_.gone;
-      return NotFoundError(
-          fmt::format("rank {} no longer holds version {} (its slot was recycled)", rank, step));
-    }
+    MEMENTO_ASSIGN_OR_RETURN(HeldSlot held, HoldCompleteSlot(rank, step));
+    hold->slots.push_back(std::move(held));
   }
   tier::VersionView view;
   view.job = job_id_;

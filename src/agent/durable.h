@@ -185,6 +185,11 @@ class DurableStreamer {
   // A read-only mapping of a slot file, kept across versions: every first
   // touch of a page of a new mapping is slow on virtual machines.
   Result<std::shared_ptr<shm::Segment>> MapSlot(int rank, int slot) EXCLUDES(mu_);
+  struct HeldSlot;
+  // The slot of `rank` that holds `step` complete (shm::FindCompleteSlot over
+  // MapSlot's mappings). NotFound (counted gone) when no slot does, DataLoss
+  // when it is one the verifier found corrupt.
+  Result<HeldSlot> HoldCompleteSlot(int rank, int64_t step) EXCLUDES(mu_);
   // Runs (through the Env) just before the node marker of `step` is published.
   Status CheckBeforeMarker(int64_t step, const std::string& version_dir) EXCLUDES(mu_);
 

@@ -89,30 +89,7 @@ Result<tier::VersionView> DurableStreamer::BuildClusterView(int64_t step,
 
   for (const auto& [rank, pieces] : by_rank) {
     // The rank's slot that holds `step` complete (see BuildView).
-    std::optional<HeldSlot> held;
-    for (int s = 0; s < shm::kSlotsPerRank && !held; ++s) {
-      auto seg = MapSlot(rank, s);
-      if (!seg.ok()) continue;
-      auto info = shm::ReadSlot(**seg);
-      if (!info.ok() || info->state != shm::SlotState::kComplete || info->step != step) continue;
-      if (!shm::SlotUnchanged(**seg, *info)) continue;
-      {
-        MutexLock l(&mu_);
-        if (corrupt_.count({rank, s, info->generation})) {
-          ++stats_.gone;
-          return DataLossError(fmt::format(
-              "rank {} slot {} (version {}) failed its checksums; not persisted", rank, s, step));
-        }
-      }
-      held = HeldSlot{rank, *seg, std::move(*info)};
-    }
-    if (!held) {
-      MutexLock l(&mu_);
-      ++stats_.gone;
-      return NotFoundError(
-          fmt::format("rank {} no longer holds version {} (its slot was recycled)", rank, step));
-    }
-    const HeldSlot& hs = *held;
+    MEMENTO_ASSIGN_OR_RETURN(HeldSlot hs, HoldCompleteSlot(rank, step));
     const uint8_t* base = hs.segment->data() + hs.info.data_offset;
     std::map<std::string, uint32_t> index_of;
     for (uint32_t i = 0; i < hs.info.tensors.size(); ++i)
@@ -167,7 +144,7 @@ Result<tier::VersionView> DurableStreamer::BuildClusterView(int64_t step,
         }
       }
     }
-    hold->slots.push_back(std::move(*held));
+    hold->slots.push_back(std::move(hs));
   }
   return view;  // BuildView pins it (PinView)
 }

@@ -42,13 +42,11 @@ Result<std::shared_ptr<PieceReader::SlotCache>> PieceReader::FindSlot(int rank, 
       continue;
     }
     std::shared_ptr<SlotCache> c = *loaded;
-    if (c->segment->size() < shm::kSlotHeaderBytes) continue;
-    const auto* h = reinterpret_cast<const shm::SlotHeader*>(c->segment->data());
-    if (shm::LoadState(h) != shm::SlotState::kComplete ||
-        __atomic_load_n(&h->step, __ATOMIC_ACQUIRE) != step) {
-      continue;
-    }
-    const uint64_t gen = __atomic_load_n(&h->generation, __ATOMIC_ACQUIRE);
+    // A cheap header peek first: the cached SlotInfo of this generation
+    // stands; a new one is read and checked once (ReadSlot) below.
+    const shm::SlotPeek peek = shm::PeekSlot(*c->segment);
+    if (peek.state != shm::SlotState::kComplete || peek.step != step) continue;
+    const uint64_t gen = peek.generation;
     {
       MutexLock l(&mu_);
       if (c->have_info && c->generation == gen) return c;
@@ -59,8 +57,8 @@ Result<std::shared_ptr<PieceReader::SlotCache>> PieceReader::FindSlot(int rank, 
       // A header, manifest or table read while a trainer rewrote the slot
       // fails its checksums: that is an overwrite, not corruption.
       std::atomic_thread_fence(std::memory_order_acquire);
-      if (shm::LoadState(h) != shm::SlotState::kComplete ||
-          __atomic_load_n(&h->generation, __ATOMIC_ACQUIRE) != gen) {
+      const shm::SlotPeek now = shm::PeekSlot(*c->segment);
+      if (now.state != shm::SlotState::kComplete || now.generation != gen) {
         return AbortedError(fmt::format("slot {} (step {}) was overwritten while it was read",
                                         c->segment->path(), step));
       }

@@ -215,12 +215,12 @@ class ClientImpl final : public Client {
           std::make_unique<SlotPrefault>(segments_[s]->data(), head, segments_[s]->size());
     }
     // The newest version held decides which slot the next snapshot overwrites.
-    for (int s = 0; s < shm::kSlotsPerRank; ++s) {
-      auto info = shm::ReadSlot(*segments_[s]);
-      if (info.ok() && info->state == shm::SlotState::kComplete && info->step > last_step_) {
-        last_step_ = info->step;
-        SetNewestSlot(s);
-      }
+    shm::RankSlots slots{};
+    for (int s = 0; s < shm::kSlotsPerRank; ++s) slots[s] = segments_[s].get();
+    auto newest = shm::FindNewestCompleteSlot(slots);
+    if (newest.ok() && newest->info.step > last_step_) {
+      last_step_ = newest->info.step;
+      SetNewestSlot(newest->slot);
     }
     StartPrefault();
     MEMENTO_RETURN_IF_ERROR(StartDevicePath());
@@ -984,9 +984,8 @@ class ClientImpl final : public Client {
   // writes its slots (the agent writes them only while the trainers are
   // stopped, in recovery), so reading the header directly is safe here.
   int64_t SlotStep(int s) const {
-    const auto* h = reinterpret_cast<const shm::SlotHeader*>(segments_[s]->data());
-    if (shm::LoadState(h) != shm::SlotState::kComplete) return -1;
-    return h->step;
+    const shm::SlotPeek peek = shm::PeekSlot(*segments_[s]);
+    return peek.state == shm::SlotState::kComplete ? peek.step : -1;
   }
 
   // Target choice for Snapshot(step) when the agent publishes a hold word

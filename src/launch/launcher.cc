@@ -29,6 +29,7 @@
 #include "net/job_token.h"
 #include "recover/recover.h"
 #include "shm/node_store.h"
+#include "shm/slot.h"
 #include "shm/slot_format.h"
 #include "tier/discovery.h"
 #include "tier/env.h"
@@ -291,26 +292,22 @@ void AppendLine(const std::string& path, const std::string& line) {
 // corrupt-rank: flips one byte in the middle of the data region of the T0
 // slot of `rank` under `root` that holds `step` complete. Returns which slot.
 Result<int> CorruptSlot(const std::string& root, int rank, int64_t step) {
-  for (int slot = 0; slot < shm::kSlotsPerRank; ++slot) {
-    const std::string path = shm::SlotPath(root, rank, slot);
-    int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) continue;
-    shm::SlotHeader h{};
-    bool done = false;
-    if (pread(fd, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h)) && h.step == step &&
-        h.state == static_cast<uint32_t>(shm::SlotState::kComplete) && h.data_bytes > 0) {
-      const off_t at = static_cast<off_t>(h.data_offset + h.data_bytes / 2);
-      uint8_t b = 0;
-      if (pread(fd, &b, 1, at) == 1) {
-        b ^= 0x5a;
-        done = pwrite(fd, &b, 1, at) == 1;
-      }
-    }
-    close(fd);
-    if (done) return slot;
+  std::unique_ptr<shm::Segment> segments[shm::kSlotsPerRank];
+  shm::RankSlots slots{};
+  for (int s = 0; s < shm::kSlotsPerRank; ++s) {
+    auto seg = shm::Segment::Open(shm::SlotPath(root, rank, s), /*writable=*/true);
+    if (!seg.ok()) continue;
+    segments[s] = std::move(*seg);
+    slots[s] = segments[s].get();
   }
-  return NotFoundError("rank " + std::to_string(rank) + " has no complete slot of step " +
-                       std::to_string(step) + " under " + root);
+  Result<shm::CompleteSlot> found = shm::FindCompleteSlot(slots, step);
+  if (!found.ok() || found->info.data_bytes == 0) {
+    return NotFoundError("rank " + std::to_string(rank) + " has no complete slot of step " +
+                         std::to_string(step) + " under " + root +
+                         (found.ok() ? "" : ": " + found.status().message()));
+  }
+  segments[found->slot]->data()[found->info.data_offset + found->info.data_bytes / 2] ^= 0x5a;
+  return found->slot;
 }
 
 // corrupt-durable: flips one byte in the middle of the first piece of the

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "model/layout_svg.h"
+#include "recover/recover.h"
 
 namespace memento::model {
 namespace {
@@ -144,7 +145,7 @@ TEST(ChartsTest, LayoutPictureShowsNodesGroupsAndRebuilds) {
   ASSERT_TRUE(pol.ok());
   auto plan = topo::MakePlan(*t, inv, *pol);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  auto rec = topo::Recover(*plan, {5});
+  auto rec = recover::PlanFailure(*plan, {5});
   ASSERT_TRUE(rec.ok());
   ASSERT_TRUE(rec->recoverable);
   const Parsed parsed = ParseSvg(RenderLayoutSvg(*plan, &*rec));

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "common/test_util.h"
+#include "recover/recover.h"
 #include "topo/plan.h"
 
 namespace memento::model {
@@ -137,8 +138,8 @@ TEST(ReliabilityTest, RacksMatchBruteForce) {
 }
 
 // The rules are the planner's: for small topologies every failure set that
-// topo::Recover rebuilds is one the model's rule calls recoverable, and
-// conversely.
+// recover::PlanFailure (what recovery plans) rebuilds is one the model's rule calls recoverable,
+// and conversely.
 TEST(ReliabilityTest, RulesAgreeWithThePlanner) {
   int checked = 0, overlapping = 0;
   for (bool with_private : {false, true}) {
@@ -184,7 +185,7 @@ TEST(ReliabilityTest, RulesAgreeWithThePlanner) {
           for (int n = 0; n < nodes; ++n) {
             if (mask >> n & 1) failed.push_back(n);
           }
-          auto rec = topo::Recover(*plan, failed);
+          auto rec = recover::PlanFailure(*plan, failed);
           ASSERT_TRUE(rec.ok());
           bool model_ok = true;
           for (const auto& g : s->groups) {

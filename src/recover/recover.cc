@@ -547,6 +547,100 @@ Result<Decision> Decide(const topo::Plan& plan, uint64_t plan_hash,
   return d;
 }
 
+Result<topo::RecoveryPlan> PlanFailure(const topo::Plan& plan,
+                                       const std::vector<int>& failed_nodes) {
+  const int num_nodes = static_cast<int>(plan.nodes.size());
+  std::vector<bool> failed(num_nodes, false);
+  for (int n : failed_nodes) {
+    if (n < 0 || n >= num_nodes) {
+      return InvalidArgumentError(fmt::format("failed node {} out of range [0, {})", n, num_nodes));
+    }
+    failed[n] = true;
+  }
+  topo::RecoveryPlan out;
+  for (int n = 0; n < num_nodes; ++n) {
+    if (failed[n]) out.failed_nodes.push_back(n);
+  }
+  // The inventories recovery would get: every surviving node lists all its
+  // ranks, copies and parities of one version under this plan.
+  constexpr uint64_t kThisPlan = 1;
+  constexpr int64_t kStep = 0;
+  std::vector<NodeInventory> live;
+  for (const topo::NodePlan& np : plan.nodes) {
+    if (failed[np.node]) continue;
+    NodeInventory inv;
+    inv.node = np.node;
+    inv.plan_hash = kThisPlan;
+    inv.versions.push_back(VersionHolding{kStep, np.ranks, np.copies, np.parities});
+    live.push_back(std::move(inv));
+  }
+  std::vector<const NodeInventory*> by_node(num_nodes, nullptr);
+  for (const NodeInventory& inv : live) by_node[inv.node] = &inv;
+  const PlanIndex index(plan);
+  const StepView view = ViewOf(plan, by_node, kThisPlan, kStep);
+  const SourcePlanner planner(plan, index, view);
+
+  out.recoverable = true;
+  for (int n : out.failed_nodes) {
+    for (uint32_t pid : plan.nodes[n].pieces) {
+      const topo::Piece& piece = plan.pieces[pid];
+      topo::PieceRecipe recipe;
+      recipe.piece = pid;
+      recipe.recoverable = true;
+      PiecePart part;
+      std::string why;
+      if (piece.bytes == 0) {
+        // Nothing to rebuild.
+      } else if (!planner.Part(pid, piece.node, &part, &why)) {
+        recipe.recoverable = false;
+        recipe.reason = fmt::format("not recoverable from memory: {} ({}, {}): {}", piece.key,
+                                    topo::PieceKindName(piece.kind), HumanBytes(piece.bytes), why);
+      } else if (part.op == PiecePart::Op::kRead) {
+        topo::RecoveryStep step;
+        step.kind = topo::RecoveryStep::Kind::kCopy;
+        step.node = part.read.node;
+        step.copy = part.read.source.kind == SourceKind::kCopy ? part.read.source.id : topo::kNoId;
+        step.length = piece.bytes;
+        recipe.steps.push_back(step);
+        out.copy_bytes += piece.bytes;
+      } else {
+        for (const DecodeBlock& b : part.blocks) {
+          const topo::Stripe& s = plan.stripes[b.stripe];
+          topo::RecoveryStep step;
+          step.kind = topo::RecoveryStep::Kind::kDecode;
+          step.stripe = b.stripe;
+          step.target = b.target;
+          step.offset = b.offset;
+          step.length = b.length;
+          for (const DecodeInput& in : b.inputs) {
+            topo::BlockSource src;
+            src.index = in.index;
+            src.zero = in.zero;
+            if (in.index < s.k) {
+              const topo::StripeBlock& blk = s.data[in.index];
+              src.piece = blk.piece;
+              src.offset = blk.offset;
+              src.length = blk.length;
+              if (!in.zero) src.node = in.range.node;
+            } else {
+              const topo::Parity& par = plan.parities[in.range.source.id];
+              src.parity = par.id;
+              src.node = par.node;
+              src.length = par.bytes;
+            }
+            step.inputs.push_back(src);
+          }
+          out.decode_bytes += step.length;
+          recipe.steps.push_back(std::move(step));
+        }
+      }
+      out.recoverable &= recipe.recoverable;
+      out.recipes.push_back(std::move(recipe));
+    }
+  }
+  return out;
+}
+
 nlohmann::json DecisionToJson(const Decision& d) {
   nlohmann::json assemblies = nlohmann::json::array();
   for (const RankAssembly& a : d.assemblies) {

@@ -65,6 +65,18 @@ struct Decision {
 [[nodiscard]] Result<Decision> Decide(const topo::Plan& plan, uint64_t plan_hash,
                                       const std::vector<NodeInventory>& live, int64_t committed);
 
+// What recovery would do if exactly `failed_nodes` were lost and every other
+// node held all the plan gives it, intact, at one version: per piece whose
+// primary node failed, where its bytes come from (a copy, or a decode from
+// surviving stripe blocks), or why memory cannot rebuild it. This is what
+// `memento plan --fail` and `plan`'s whole-rack check print. It runs the
+// source planner Decide runs (the same per-plan indexes and source choice),
+// so the plan tool cannot disagree with recovery (recover_test,
+// PlanToolAgreesWithRecovery). Pure and deterministic. InvalidArgument for a
+// node id out of range.
+[[nodiscard]] Result<topo::RecoveryPlan> PlanFailure(const topo::Plan& plan,
+                                                     const std::vector<int>& failed_nodes);
+
 nlohmann::json DecisionToJson(const Decision& d);
 [[nodiscard]] Result<Decision> DecisionFromJson(const nlohmann::json& j);
 

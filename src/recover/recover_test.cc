@@ -421,7 +421,7 @@ TEST_P(NodeLossTest, EveryOneAndTwoNodeLoss) {
     auto d = Decide(*plan, live, 10);
     ASSERT_TRUE(d.ok()) << where << d.status();
     // The verdict agrees with the plan's own recovery for whole-node losses.
-    auto rec = topo::Recover(*plan, lost);
+    auto rec = PlanFailure(*plan, lost);
     ASSERT_TRUE(rec.ok());
     EXPECT_EQ(d->from_memory, rec->recoverable) << where << ": " << d->reason;
     EXPECT_EQ(d->lost_nodes, lost) << where;
@@ -487,6 +487,115 @@ INSTANTIATE_TEST_SUITE_P(Topologies, NodeLossTest,
                            std::replace(p.begin(), p.end(), ':', '_');
                            return std::string(std::get<0>(info.param).name) + "_" + p;
                          });
+
+// ---- the plan tool (memento plan --fail) and recovery agree ------------------
+
+// PlanFailure is what `memento plan --fail` prints; Decide is what recovery
+// runs. For whole-node losses with every survivor holding all the plan gives
+// it, they must give the same verdict, and for every lost piece the plan
+// tool's recipe must name the sources recovery's recipe reads.
+TEST(PlanToolTest, PlanToolAgreesWithRecovery) {
+  std::mt19937_64 rng(testing::TestSeed("PlanToolTest"));
+  struct Case {
+    Shape shape;
+    const char* policy;
+    std::vector<std::vector<int>> failures;
+  };
+  const Case cases[] = {
+      {{"dp4_zero1", 4, 1, 1, 1, 1}, "xor", {{0}, {2}, {0, 1}, {1, 3}}},
+      {{"dp6_rs2", 6, 1, 1, 1, 1}, "rs:2", {{0, 1}, {2, 5}, {0, 1, 2}}},
+      {{"dp4_tp2_pp2", 4, 2, 2, 1, 2}, "replicate", {{1}, {0, 4}, {3, 7}}},
+      {{"dp3_peer", 3, 1, 2, 1, 1}, "peer:2", {{0}, {1, 4}, {0, 3}}},
+      {{"dp2_none", 2, 1, 1, 0, 1}, "none", {{1}}},
+  };
+  for (const Case& c : cases) {
+    auto topo = topo::Topology::Uniform(c.shape.dp, c.shape.tp, c.shape.pp, c.shape.zero,
+                                        c.shape.ranks_per_node);
+    ASSERT_TRUE(topo.ok()) << c.shape.name << ": " << topo.status();
+    Cluster cluster(*topo, rng);
+    auto plan = topo::MakePlan(*topo, cluster.inventory(), *topo::ParsePolicy(c.policy));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const uint64_t hash = PlanHash(*plan);
+    std::vector<NodeInventory> all;
+    for (const topo::NodePlan& np : plan->nodes) {
+      NodeInventory n;
+      n.node = np.node;
+      n.plan_hash = hash;
+      n.versions.push_back(VersionHolding{10, np.ranks, np.copies, np.parities});
+      all.push_back(std::move(n));
+    }
+    for (const std::vector<int>& lost : c.failures) {
+      std::string where = std::string(c.shape.name) + " " + c.policy + " lost=";
+      for (int n : lost) where += std::to_string(n) + ",";
+      auto tool = PlanFailure(*plan, lost);
+      ASSERT_TRUE(tool.ok()) << where << tool.status();
+      auto d = Decide(*plan, hash, Without(all, lost), 10);
+      ASSERT_TRUE(d.ok()) << where << d.status();
+      ASSERT_EQ(tool->recoverable, d->from_memory) << where << ": " << d->reason;
+      EXPECT_EQ(tool->failed_nodes, lost) << where;
+      if (!d->from_memory) {
+        // Every piece the tool cannot rebuild is one recovery names.
+        int named = 0;
+        for (const topo::PieceRecipe& r : tool->recipes) {
+          if (r.recoverable) continue;
+          const topo::Piece& p = plan->pieces[r.piece];
+          EXPECT_NE(d->reason.find(p.key + " (node " + std::to_string(p.node) + ")"),
+                    std::string::npos)
+              << where << ": " << p.key << " not in " << d->reason;
+          ++named;
+        }
+        EXPECT_GT(named, 0) << where;
+        continue;
+      }
+      // Recovery's part for each piece, from the recipe of the piece's rank.
+      std::map<uint32_t, PiecePart> parts;
+      for (const RankAssembly& a : d->assemblies) {
+        auto recipe = RecipeFromJson(a.recipe);
+        ASSERT_TRUE(recipe.ok()) << recipe.status();
+        for (const PiecePart& part : recipe->parts) {
+          if (plan->pieces[part.piece].rank == a.rank) parts[part.piece] = part;
+        }
+      }
+      int compared = 0;
+      for (const topo::PieceRecipe& r : tool->recipes) {
+        ASSERT_TRUE(r.recoverable) << where << ": " << r.reason;
+        if (plan->pieces[r.piece].bytes == 0) continue;
+        const std::string what = where + " piece " + plan->pieces[r.piece].key;
+        ASSERT_EQ(parts.count(r.piece), 1u) << what << ": recovery does not rebuild it";
+        const PiecePart& part = parts[r.piece];
+        ASSERT_FALSE(r.steps.empty()) << what;
+        if (r.steps[0].kind == topo::RecoveryStep::Kind::kCopy) {
+          ASSERT_EQ(part.op, PiecePart::Op::kRead) << what;
+          ASSERT_EQ(r.steps.size(), 1u) << what;
+          EXPECT_EQ(r.steps[0].node, part.read.node) << what;
+          EXPECT_EQ(part.read.source.kind, SourceKind::kCopy) << what;
+          EXPECT_EQ(r.steps[0].copy, part.read.source.id) << what;
+        } else {
+          ASSERT_EQ(part.op, PiecePart::Op::kDecode) << what;
+          ASSERT_EQ(r.steps.size(), part.blocks.size()) << what;
+          for (size_t i = 0; i < r.steps.size(); ++i) {
+            const topo::RecoveryStep& st = r.steps[i];
+            const DecodeBlock& b = part.blocks[i];
+            EXPECT_EQ(st.stripe, b.stripe) << what;
+            EXPECT_EQ(st.target, b.target) << what;
+            EXPECT_EQ(st.offset, b.offset) << what;
+            EXPECT_EQ(st.length, b.length) << what;
+            ASSERT_EQ(st.inputs.size(), b.inputs.size()) << what;
+            for (size_t k = 0; k < b.inputs.size(); ++k) {
+              EXPECT_EQ(st.inputs[k].index, b.inputs[k].index) << what;
+              EXPECT_EQ(st.inputs[k].zero, b.inputs[k].zero) << what;
+              if (!b.inputs[k].zero) {
+                EXPECT_EQ(st.inputs[k].node, b.inputs[k].range.node) << what;
+              }
+            }
+          }
+        }
+        ++compared;
+      }
+      EXPECT_GT(compared, 0) << where;
+    }
+  }
+}
 
 // ---- specific cases -----------------------------------------------------------
 
@@ -1110,7 +1219,7 @@ TEST(DecideTest, LargePlan) {
     auto d = Decide(*plan, hash, Without(all, lost), 30);
     const double s = sw.Seconds();
     ASSERT_TRUE(d.ok()) << d.status();
-    auto rec = topo::Recover(*plan, lost);
+    auto rec = PlanFailure(*plan, lost);
     ASSERT_TRUE(rec.ok());
     EXPECT_EQ(d->from_memory, rec->recoverable) << d->reason.substr(0, 300);
     if (d->from_memory) {

@@ -1,10 +1,14 @@
 #include "shm/slot.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 
 #include "common/checksum.h"
@@ -334,6 +338,94 @@ bool SlotUnchanged(const Segment& segment, const SlotInfo& info) {
   SlotState state = LoadState(h);
   uint64_t gen = __atomic_load_n(&h->generation, __ATOMIC_ACQUIRE);
   return state == info.state && gen == info.generation;
+}
+
+namespace {
+
+// ReadSlot + the seqlock re-check; the why-not goes to `why` (for NotFound).
+std::optional<SlotInfo> ReadCompleteSlot(const Segment* segment, int slot, std::string* why) {
+  if (segment == nullptr) {
+    *why += fmt::format(" slot {}: absent;", slot);
+    return std::nullopt;
+  }
+  Result<SlotInfo> info = ReadSlot(*segment);
+  if (!info.ok()) {
+    *why += fmt::format(" slot {}: {};", slot, info.status().message());
+    return std::nullopt;
+  }
+  if (info->state != SlotState::kComplete) {
+    *why += fmt::format(" slot {}: {} step {};", slot, SlotStateName(info->state), info->step);
+    return std::nullopt;
+  }
+  if (!SlotUnchanged(*segment, *info)) {
+    *why += fmt::format(" slot {}: rewritten while read;", slot);
+    return std::nullopt;
+  }
+  return std::move(*info);
+}
+
+}  // namespace
+
+Result<CompleteSlot> FindCompleteSlot(const RankSlots& slots, int64_t step) {
+  std::string why;
+  for (int s = 0; s < kSlotsPerRank; ++s) {
+    // The header says kComplete with this step before anything is parsed.
+    if (slots[s] != nullptr) {
+      const SlotPeek peek = PeekSlot(*slots[s]);
+      if (peek.state == SlotState::kComplete && peek.step != step) {
+        why += fmt::format(" slot {}: complete step {};", s, peek.step);
+        continue;
+      }
+    }
+    std::optional<SlotInfo> info = ReadCompleteSlot(slots[s], s, &why);
+    if (!info) continue;
+    if (info->step != step) {
+      why += fmt::format(" slot {}: complete step {};", s, info->step);
+      continue;
+    }
+    return CompleteSlot{s, std::move(*info)};
+  }
+  if (!why.empty()) why.pop_back();
+  return NotFoundError(fmt::format("no slot holds step {} complete:{}", step, why));
+}
+
+Result<CompleteSlot> FindNewestCompleteSlot(const RankSlots& slots) {
+  std::optional<CompleteSlot> best;
+  std::string why;
+  for (int s = 0; s < kSlotsPerRank; ++s) {
+    std::optional<SlotInfo> info = ReadCompleteSlot(slots[s], s, &why);
+    if (!info) continue;
+    if (!best || info->step > best->info.step) best = CompleteSlot{s, std::move(*info)};
+  }
+  if (!best) {
+    if (!why.empty()) why.pop_back();
+    return NotFoundError(fmt::format("no slot holds a complete step:{}", why));
+  }
+  return std::move(*best);
+}
+
+SlotPeek PeekSlot(const Segment& segment) {
+  SlotPeek peek;
+  if (segment.size() < kSlotHeaderBytes) return peek;
+  const SlotHeader* h = Header(segment);
+  peek.state = LoadState(h);
+  peek.step = __atomic_load_n(&h->step, __ATOMIC_ACQUIRE);
+  peek.generation = __atomic_load_n(&h->generation, __ATOMIC_ACQUIRE);
+  return peek;
+}
+
+SlotPeek PeekSlotFile(const std::string& path) {
+  SlotPeek peek;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return peek;
+  SlotHeader h{};
+  if (pread(fd, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h))) {
+    peek.state = static_cast<SlotState>(h.state);
+    peek.step = h.step;
+    peek.generation = h.generation;
+  }
+  close(fd);
+  return peek;
 }
 
 }  // namespace memento::shm

@@ -15,6 +15,7 @@
 // write through the header's generation (see ReadSlot / SlotUnchanged).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -110,5 +111,44 @@ Status VerifySlotDataPaced(const Segment& segment, const SlotInfo& info, uint64_
 bool SlotUnchanged(const Segment& segment, const SlotInfo& info);
 // The live state and generation of a slot (a seqlock reader's first load).
 void LoadSlotVersion(const Segment& segment, SlotState* state, uint64_t* generation);
+
+// ---- Finding a rank's slot --------------------------------------------------
+//
+// A rank owns kSlotsPerRank slots. These are the one way to ask which of them
+// holds a step (tested in src/shm/slot_test.cc, FindSlotTest).
+
+// A rank's slots by slot index; nullptr where a slot is not mapped or absent.
+using RankSlots = std::array<const Segment*, kSlotsPerRank>;
+
+struct CompleteSlot {
+  int slot = -1;  // index into RankSlots
+  SlotInfo info;  // ReadSlot's answer, state kComplete
+};
+
+// The slot that holds `step` complete. A slot counts only when ReadSlot
+// accepts its header, manifest and table with state kComplete and this step,
+// and the slot is unchanged after that read (SlotUnchanged: no writer started
+// meanwhile). So a torn write (kWriting), a corrupt header, an older or newer
+// step, or a slot being rewritten never counts. Slots are tried in index
+// order; the first that counts wins. NotFound naming the step and what each
+// slot held otherwise. Does not check the data's checksums (VerifySlotData).
+[[nodiscard]] Result<CompleteSlot> FindCompleteSlot(const RankSlots& slots, int64_t step);
+// The slot holding the newest complete step, by the same rules (on a tie, the
+// lower index). NotFound when no slot holds a complete step.
+[[nodiscard]] Result<CompleteSlot> FindNewestCompleteSlot(const RankSlots& slots);
+
+// A slot header's state, step and generation as they are now, without any
+// checksum: a hint for polling and display, or for the slot's only writer.
+// Anything else confirms with FindCompleteSlot / ReadSlot.
+struct SlotPeek {
+  SlotState state = SlotState::kEmpty;
+  int64_t step = -1;
+  uint64_t generation = 0;
+};
+// kEmpty / -1 for a segment shorter than a header.
+SlotPeek PeekSlot(const Segment& segment);
+// From a slot file by pread, without mapping it: kEmpty / -1 when the file is
+// missing or shorter than a header.
+SlotPeek PeekSlotFile(const std::string& path);
 
 }  // namespace memento::shm

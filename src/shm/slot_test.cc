@@ -186,5 +186,119 @@ TEST_F(SlotTest, CorruptHeaderManifestOrTableIsDataLoss) {
   }
 }
 
+// FindCompleteSlot / FindNewestCompleteSlot / PeekSlot: the one way every
+// component asks which of a rank's two slots holds a step.
+class FindSlotTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto layout = ComputeSlotLayout("job", 1, SampleTensors(), 1024);
+    ASSERT_TRUE(layout.ok());
+    layout_ = *layout;
+    for (int s = 0; s < kSlotsPerRank; ++s) {
+      path_[s] = dir_.path() + "/rank1.slot" + std::to_string(s);
+      auto seg = Segment::CreateOrGrow(path_[s], layout_.total_bytes);
+      ASSERT_TRUE(seg.ok()) << seg.status();
+      seg_[s] = std::move(*seg);
+      slots_[s] = seg_[s].get();
+    }
+  }
+  void Write(int s, int64_t step) { WriteSlot(*seg_[s], layout_, s, step, rng_); }
+
+  testing::ShmScratchDir dir_;
+  SlotLayout layout_;
+  std::string path_[kSlotsPerRank];
+  std::unique_ptr<Segment> seg_[kSlotsPerRank];
+  RankSlots slots_{};
+  std::mt19937_64 rng_{memento::testing::TestSeed("FindSlotTest")};
+};
+
+TEST_F(FindSlotTest, BothSlotsEachStepFindsItsOwn) {
+  Write(0, 10);
+  Write(1, 11);
+  auto a = FindCompleteSlot(slots_, 10);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->slot, 0);
+  EXPECT_EQ(a->info.step, 10);
+  EXPECT_EQ(a->info.state, SlotState::kComplete);
+  auto b = FindCompleteSlot(slots_, 11);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->slot, 1);
+  auto newest = FindNewestCompleteSlot(slots_);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->slot, 1);
+  EXPECT_EQ(newest->info.step, 11);
+  // The newest in slot 0 this time.
+  Write(0, 12);
+  newest = FindNewestCompleteSlot(slots_);
+  ASSERT_TRUE(newest.ok());
+  EXPECT_EQ(newest->slot, 0);
+  EXPECT_EQ(newest->info.step, 12);
+}
+
+TEST_F(FindSlotTest, WrongOrOlderStepIsNotFound) {
+  Write(0, 10);
+  Write(1, 11);
+  for (int64_t step : {int64_t{9}, int64_t{12}, int64_t{-1}}) {
+    auto r = FindCompleteSlot(slots_, step);
+    EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << step;
+    EXPECT_NE(r.status().message().find("step " + std::to_string(step)), std::string::npos)
+        << r.status();
+  }
+  // Step 10 overwritten by 12: the older step is gone.
+  Write(0, 12);
+  auto gone = FindCompleteSlot(slots_, 10);
+  EXPECT_EQ(gone.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(gone.status().message().find("complete step 12"), std::string::npos) << gone.status();
+}
+
+TEST_F(FindSlotTest, TornSlotNeverCounts) {
+  Write(0, 10);
+  // A write of step 11 into slot 1 that never completed (a crash).
+  BeginSlotWrite(*seg_[1], layout_, 1, 11);
+  auto r = FindCompleteSlot(slots_, 11);
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("writing step 11"), std::string::npos) << r.status();
+  auto newest = FindNewestCompleteSlot(slots_);
+  ASSERT_TRUE(newest.ok());
+  EXPECT_EQ(newest->info.step, 10);
+  EXPECT_EQ(PeekSlot(*seg_[1]).state, SlotState::kWriting);
+  EXPECT_EQ(PeekSlot(*seg_[1]).step, 11);
+  // Both torn: no complete step at all.
+  BeginSlotWrite(*seg_[0], layout_, 0, 12);
+  EXPECT_EQ(FindNewestCompleteSlot(slots_).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(FindSlotTest, CorruptHeaderOrAbsentSlotNeverCounts) {
+  Write(0, 10);
+  Write(1, 11);
+  seg_[1]->data()[layout_.manifest_offset + 3] ^= 0x40;  // manifest checksum fails
+  auto r = FindCompleteSlot(slots_, 11);
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("checksum"), std::string::npos) << r.status();
+  auto newest = FindNewestCompleteSlot(slots_);
+  ASSERT_TRUE(newest.ok());
+  EXPECT_EQ(newest->info.step, 10);
+  RankSlots only_one{nullptr, slots_[1]};
+  EXPECT_EQ(FindCompleteSlot(only_one, 10).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(FindNewestCompleteSlot(RankSlots{}).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(FindSlotTest, PeekFileAgreesWithTheMapping) {
+  Write(0, 10);
+  BeginSlotWrite(*seg_[1], layout_, 1, 11);
+  for (int s = 0; s < kSlotsPerRank; ++s) {
+    const SlotPeek mapped = PeekSlot(*seg_[s]);
+    const SlotPeek file = PeekSlotFile(path_[s]);
+    EXPECT_EQ(file.state, mapped.state) << s;
+    EXPECT_EQ(file.step, mapped.step) << s;
+    EXPECT_EQ(file.generation, mapped.generation) << s;
+  }
+  EXPECT_EQ(PeekSlotFile(path_[0]).state, SlotState::kComplete);
+  EXPECT_EQ(PeekSlotFile(path_[0]).step, 10);
+  const SlotPeek missing = PeekSlotFile(dir_.path() + "/rank9.slot0");
+  EXPECT_EQ(missing.state, SlotState::kEmpty);
+  EXPECT_EQ(missing.step, -1);
+}
+
 }  // namespace
 }  // namespace memento::shm

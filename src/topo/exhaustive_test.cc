@@ -22,6 +22,7 @@
 #include "codec/reference_codec.h"
 #include "common/check.h"
 #include "common/test_util.h"
+#include "recover/recover.h"
 #include "topo/plan.h"
 
 namespace memento::topo {
@@ -413,7 +414,7 @@ void CheckTopology(const Topology& topo, std::mt19937_64& rng, const std::string
       ForEachSubset(num_nodes, size, [&](const std::vector<int>& set) {
         std::vector<bool> failed(num_nodes, false);
         for (int n : set) failed[n] = true;
-        auto rec = Recover(*plan, set);
+        auto rec = recover::PlanFailure(*plan, set);
         ASSERT_TRUE(rec.ok()) << rec.status();
         ++stats->sets;
         const bool truth = OracleRecoverable(*plan, failed);

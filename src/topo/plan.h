@@ -255,9 +255,8 @@ struct RecoveryPlan {
   uint64_t decode_bytes = 0;         // bytes rebuilt by kDecode steps
 };
 
-// Recipes to rebuild every piece whose node failed, from memory of surviving
-// nodes only; "not recoverable from memory" per piece otherwise. Pure and
-// deterministic. InvalidArgument for a node id out of range.
-[[nodiscard]] Result<RecoveryPlan> Recover(const Plan& plan, const std::vector<int>& failed_nodes);
+// Recipes to rebuild every piece whose node failed (the view `memento plan
+// --fail` prints) are computed by recover::PlanFailure (src/recover/recover.h)
+// with the source planner real recovery uses; these are their types.
 
 }  // namespace memento::topo

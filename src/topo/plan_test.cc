@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "recover/recover.h"
 #include "topo/plan_json.h"
 
 namespace memento::topo {
@@ -111,7 +112,7 @@ TEST(PlanTest, AllReplicasOnOneNodeFallBackToPeerCopiesAndSaySo) {
   auto one = Topology::Uniform(1, 1, 1, 0, 1);
   const Plan single = MustPlan(*one, Uniform(*one, 4096, 0, 8), "xor");
   EXPECT_EQ(single.protection, 0);
-  auto rec = Recover(single, {0});
+  auto rec = recover::PlanFailure(single, {0});
   ASSERT_TRUE(rec.ok());
   EXPECT_FALSE(rec->recoverable);
   EXPECT_NE(rec->recipes[0].reason.find("not recoverable from memory"), std::string::npos);
@@ -172,7 +173,7 @@ TEST(PlanTest, BadInputIsAClearError) {
   EXPECT_FALSE(ParsePolicy("raid").ok());
   EXPECT_FALSE(Topology::Uniform(0, 1, 1, 0, 1).ok());
   EXPECT_FALSE(Topology::Uniform(2, 1, 1, 2, 1).ok());
-  EXPECT_EQ(Recover(MustPlan(*t, Uniform(*t, 256, 0, 0), "xor"), {5}).status().code(),
+  EXPECT_EQ(recover::PlanFailure(MustPlan(*t, Uniform(*t, 256, 0, 0), "xor"), {5}).status().code(),
             StatusCode::kInvalidArgument);
 }
 
@@ -206,8 +207,8 @@ TEST(PlanTest, JsonRoundTripIsExact) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(PlanToJson(*back), j);
   // Recovery from the parsed plan is identical.
-  auto r1 = Recover(plan, {0, 3});
-  auto r2 = Recover(*back, {0, 3});
+  auto r1 = recover::PlanFailure(plan, {0, 3});
+  auto r2 = recover::PlanFailure(*back, {0, 3});
   ASSERT_TRUE(r1.ok() && r2.ok());
   EXPECT_EQ(RecoveryToJson(plan, *r1), RecoveryToJson(*back, *r2));
   EXPECT_FALSE(PlanFromJson(nlohmann::json::parse("{\"topology\": 3}")).ok());
