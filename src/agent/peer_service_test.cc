@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "agent/cluster_test_util.h"
 #include "agent/peer_protocol.h"
@@ -432,6 +434,12 @@ TEST(PeerServiceTest, UnauthenticatedPeerIsRefused) {
   Status s =
       stranger.Read(0, {1, {SourceKind::kPiece, 0}, 0, 16}, buf.data(), Deadline::AfterSeconds(5));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  // The server counts a refusal after it has closed the connection, which the client can see first:
+  // wait for the count (bounded) instead of reading it once.
+  Deadline counted = Deadline::AfterSeconds(10);
+  while (c.node(0).service->refused() < 1u && !counted.expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   EXPECT_GE(c.node(0).service->refused(), 1u);
 }
 
