@@ -260,7 +260,12 @@ Result<json> RunSwift(const Args& a) {
   j["modes"] = json::object();
   for (const auto& [key, v] : resume) {
     json m;
+    const bool dp1 = key == "restart_dp1" || key == "log";
+    const double step_s = Median(dp1 ? step_dp1 : step_dp);
     m["resume_s"] = Median(v);
+    // The lost steps must be trained again: the time until the job is back
+    // where it was, at the baseline's step time.
+    m["regain_s"] = Median(v) + Median(lost[key]) * step_s;
     m["resume_s_spread"] = Spread(v);
     m["steps_lost"] = Median(lost[key]);
     m["processes_restarted"] = Median(restarted[key]);
@@ -276,6 +281,14 @@ Result<json> RunSwift(const Args& a) {
   const double restart = Median(resume["restart"]), restart1 = Median(resume["restart_dp1"]);
   j["undo_vs_restart"] = restart > 0 ? Median(resume["undo"]) / restart : 0.0;
   j["log_vs_restart_dp1"] = restart1 > 0 ? Median(resume["log"]) / restart1 : 0.0;
+  j["undo_vs_restart_regain"] = j["modes"]["restart"]["regain_s"].get<double>() > 0
+                                    ? j["modes"]["undo"]["regain_s"].get<double>() /
+                                          j["modes"]["restart"]["regain_s"].get<double>()
+                                    : 0.0;
+  j["log_vs_restart_dp1_regain"] = j["modes"]["restart_dp1"]["regain_s"].get<double>() > 0
+                                       ? j["modes"]["log"]["regain_s"].get<double>() /
+                                             j["modes"]["restart_dp1"]["regain_s"].get<double>()
+                                       : 0.0;
   j["logging_overhead_pct"] = Median(overhead);
   j["logging_overhead_pct_spread"] = Spread(overhead);
   j["log_bytes_per_step"] = Median(log_bytes);
@@ -298,7 +311,9 @@ Result<json> RunSwift(const Args& a) {
   j["notes"] =
       "resume_s: from the launcher reaping the SIGKILLed rank to the reporting rank's first "
       "step completed after the recovery; steps_lost: newest step completed before the kill "
-      "minus the step the job resumed from; logging_overhead_pct: median step time with the "
+      "minus the step the job resumed from (restart: a lower bound, the killed survivors do not "
+      "report); regain_s: resume_s + steps_lost x the baseline's median step time; "
+      "logging_overhead_pct: median step time with the "
       "pipeline log against without (dp 1, no failure), log_bytes_per_step summed over ranks; "
       "all ranks are processes on this machine (memento-trainer --launch), no agents";
   j["wall_s"] = wall.Seconds();

@@ -501,6 +501,9 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (launch) return LaunchLocal(argc, argv, w, o.comm.rendezvous_dir, recovery, max_recoveries);
+  // A write to a dead peer's socket must be an error Gloo reports, not a
+  // SIGPIPE that kills a survivor in the middle of its recovery.
+  if (recovery != "none") signal(SIGPIPE, SIG_IGN);
   // Log replay also undoes a survivor's step when another survivor is one
   // step behind (docs/swift.md).
   o.undo_log = recovery == "undo" || recovery == "log";
@@ -518,7 +521,8 @@ int Main(int argc, char** argv) {
   if (!created.ok()) {
     std::fprintf(stderr, "memento-trainer rank %d: %s\n", o.comm.rank,
                  created.status().ToString().c_str());
-    return 1;
+    // A replacement that cannot join the survivors: fall back to restart.
+    return replace ? kExitRecoveryFailed : 1;
   }
   std::unique_ptr<Trainer> trainer = std::move(*created);
   const int rank = o.comm.rank;

@@ -10,6 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
@@ -379,6 +382,64 @@ void ExpectSameStates(const std::vector<ReplayRun>& clean, const std::vector<Rep
     }
     EXPECT_EQ(runs[r].checksum.rbegin()->first, steps);
   }
+}
+
+TEST(PipelineLogTest, FileRoundTripTruncateAndRefusals) {
+  memento::testing::ScratchDir dir("pipeline-log");
+  PipelineLog log;
+  std::vector<float> a(64), b(32);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.5f * static_cast<float>(i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -1.0f * static_cast<float>(i);
+  const MessageKey k1{1, 0, 0, 1, MessageKind::kActivation};
+  const MessageKey k2{2, 1, 1, 0, MessageKind::kGradient};
+  const MessageKey k3{2, 0, -1, -1, MessageKind::kGradNormSq};
+  log.AppendSent(k1, a.data(), a.size() * 4);
+  log.AppendSent(k2, b.data(), b.size() * 4);
+  const double sumsq = 3.25;
+  log.AppendSent(k3, &sumsq, sizeof(sumsq));
+  log.RecordReceived(k1, a.data(), a.size() * 4);
+  EXPECT_EQ(log.bytes(), 64u * 4 + 32 * 4 + 8);
+  const std::string path = dir.path() + "/log";
+  ASSERT_TRUE(log.WriteFile(path).ok());
+  auto read = PipelineLog::ReadFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->bytes(), log.bytes());
+  auto got = read->Sent(k2);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(0, std::memcmp((*got)->data(), b.data(), b.size() * 4));
+  auto receipt = read->ReceivedChecksum(k1);
+  ASSERT_TRUE(receipt.ok());
+  EXPECT_EQ(*receipt, MessageChecksum(k1, a.data(), a.size() * 4));
+  EXPECT_EQ(read->Sent(MessageKey{9, 0, 0, 1, MessageKind::kActivation}).status().code(),
+            StatusCode::kNotFound);
+  // A committed version at step 1 makes the step-1 entries garbage.
+  read->Truncate(1);
+  EXPECT_EQ(read->Sent(k1).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(read->ReceivedChecksum(k1).status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(read->Sent(k2).ok());
+  EXPECT_EQ(read->bytes(), 32u * 4 + 8);
+  // Refusals: a truncated file, another file, a flipped payload byte.
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto write = [&](const std::string& name, const std::string& content) {
+    std::ofstream out(dir.path() + "/" + name, std::ios::binary);
+    out << content;
+    return dir.path() + "/" + name;
+  };
+  EXPECT_EQ(
+      PipelineLog::ReadFile(write("cut", bytes.substr(0, bytes.size() - 100))).status().code(),
+      StatusCode::kDataLoss);
+  EXPECT_EQ(PipelineLog::ReadFile(write("magic", "XXXXXXXX" + bytes.substr(8))).status().code(),
+            StatusCode::kInvalidArgument);
+  std::string flipped = bytes;
+  flipped[32 + 40 + 10] ^= 0x01;  // inside the first entry's payload
+  auto bad = PipelineLog::ReadFile(write("flip", flipped));
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss) << bad.status();
+  EXPECT_NE(bad.status().message().find("checksum"), std::string::npos) << bad.status();
+  EXPECT_FALSE(PipelineLog::ReadFile(dir.path() + "/missing").ok());
 }
 
 TEST(LogReplayTest, LostStageReplaysToTheSurvivorsStepBitForBit) {
