@@ -89,9 +89,9 @@ case "$cmd" in
         > "$FUZZ_BUILD_DIR/fuzz-$t.log" 2>&1; then
         failed+=("$t")
         echo "fuzz.sh: $t FAILED; log $FUZZ_BUILD_DIR/fuzz-$t.log:" >&2
-        grep -E "ERROR|SUMMARY|Test unit written" "$FUZZ_BUILD_DIR/fuzz-$t.log" | head -5 >&2 || true
+        grep -a -E "ERROR|SUMMARY|Test unit written" "$FUZZ_BUILD_DIR/fuzz-$t.log" | head -5 >&2 || true
       else
-        grep -E "stat::number_of_executed_units|stat::new_units_added" "$FUZZ_BUILD_DIR/fuzz-$t.log" \
+        grep -a -E "stat::number_of_executed_units|stat::new_units_added" "$FUZZ_BUILD_DIR/fuzz-$t.log" \
           | tr '\n' ' ' | sed 's/^/  /'; echo
       fi
     done
