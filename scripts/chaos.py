@@ -117,6 +117,8 @@ class Campaign:
         self.ref_cache = {}
 
     def recoverable(self, run, failed):
+        if not failed:
+            return True  # no node lost: `plan layout` without --fail reports no recovery
         key = (run.policy, run.nodes, run.zero, tuple(sorted(failed)))
         if key not in self.plan_cache:
             cmd = [self.memento, "plan", "layout", "--dp", str(run.dp), "--tp", "1", "--pp", "1",
