@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/human.h"
+#include "model/svg.h"
 
 namespace memento::model {
 namespace {
@@ -15,29 +16,6 @@ namespace {
 constexpr double kBoxW = 150, kBoxH = 78, kGapX = 30, kRowH = 150, kLeft = 150, kTop = 70;
 const char* const kRackColors[] = {"#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e",
                                    "#8c564b", "#17becf", "#bcbd22", "#e377c2"};
-
-std::string Esc(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 std::string F(double v) {
   char buf[32];
@@ -113,16 +91,16 @@ std::string RenderLayoutSvg(const topo::Plan& plan, const topo::RecoveryPlan* re
     title += recovery->recoverable ? "; failure set recoverable from memory"
                                    : "; failure set NOT recoverable from memory";
   }
-  o += "<title>" + Esc(title) + "</title>\n";
-  o += "<text x=\"10\" y=\"22\" font-size=\"15\">" + Esc(title) + "</text>\n";
+  o += "<title>" + SvgEscape(title) + "</title>\n";
+  o += "<text x=\"10\" y=\"22\" font-size=\"15\">" + SvgEscape(title) + "</text>\n";
   if (!rack_index.empty()) {
     std::string legend;
     double x = 10;
     for (const auto& [rack, i] : rack_index) {
       const char* color = kRackColors[i % 8];
       o += "<rect x=\"" + F(x) + "\" y=\"34\" width=\"12\" height=\"12\" fill=\"none\" stroke=\"" +
-           color + "\" stroke-width=\"3\"/><text x=\"" + F(x + 16) + "\" y=\"44\">" + Esc(rack) +
-           "</text>\n";
+           color + "\" stroke-width=\"3\"/><text x=\"" + F(x + 16) + "\" y=\"44\">" +
+           SvgEscape(rack) + "</text>\n";
       x += 20 + 7.0 * rack.size() + 10;
     }
   }
@@ -133,7 +111,7 @@ std::string RenderLayoutSvg(const topo::Plan& plan, const topo::RecoveryPlan* re
     o += "<g class=\"group\" data-nodes=\"" + members + "\">\n";
     o += "<rect x=\"5\" y=\"" + F(y - 8) + "\" width=\"" + F(width - 10) + "\" height=\"" +
          F(kBoxH + 16) + "\" fill=\"#f4f4f4\" stroke=\"#bbb\"/>\n";
-    o += "<text x=\"12\" y=\"" + F(y + kBoxH / 2) + "\">" + Esc(row_names[r]) + "</text>\n";
+    o += "<text x=\"12\" y=\"" + F(y + kBoxH / 2) + "\">" + SvgEscape(row_names[r]) + "</text>\n";
     for (size_t i = 0; i < rows[r].size(); ++i) {
       const int n = rows[r][i];
       const auto& np = plan.nodes[n];
@@ -143,7 +121,7 @@ std::string RenderLayoutSvg(const topo::Plan& plan, const topo::RecoveryPlan* re
       const bool is_lost = lost.count(n) > 0;
       const char* stroke = rack.empty() ? "#333" : kRackColors[rack_index[rack] % 8];
       o += "<g class=\"node" + std::string(is_lost ? " lost" : "") + "\" data-node=\"" +
-           std::to_string(n) + "\" data-rack=\"" + Esc(rack) + "\">\n";
+           std::to_string(n) + "\" data-rack=\"" + SvgEscape(rack) + "\">\n";
       o += "<rect x=\"" + F(x) + "\" y=\"" + F(y) + "\" width=\"" + F(kBoxW) + "\" height=\"" +
            F(kBoxH) + "\" rx=\"6\" fill=\"" + (is_lost ? "#f8d0d0" : "white") + "\" stroke=\"" +
            stroke + "\" stroke-width=\"3\"/>\n";
@@ -158,7 +136,7 @@ std::string RenderLayoutSvg(const topo::Plan& plan, const topo::RecoveryPlan* re
       int line = 0;
       for (const std::string& text : {head, l1, l2, l3}) {
         o += "<text x=\"" + F(x + 6) + "\" y=\"" + F(y + 16 + 18 * line) + "\"" +
-             (line == 0 ? " font-weight=\"bold\"" : "") + ">" + Esc(text) + "</text>\n";
+             (line == 0 ? " font-weight=\"bold\"" : "") + ">" + SvgEscape(text) + "</text>\n";
         ++line;
       }
       o += "</g>\n";

@@ -6,13 +6,8 @@
 #include <limits>
 
 namespace memento::model {
-namespace {
 
-constexpr double kW = 800, kH = 500, kLeft = 80, kRight = 180, kTop = 50, kBottom = 60;
-const char* const kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
-                               "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-
-std::string Escape(const std::string& s) {
+std::string SvgEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
@@ -34,6 +29,12 @@ std::string Escape(const std::string& s) {
   }
   return out;
 }
+
+namespace {
+
+constexpr double kW = 800, kH = 500, kLeft = 80, kRight = 180, kTop = 50, kBottom = 60;
+const char* const kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                               "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
 std::string Num(double v) {
   char buf[32];
@@ -99,10 +100,10 @@ std::string RenderSvg(const Chart& chart) {
   o += "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   o += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + Num(kW) + "\" height=\"" + Num(kH) +
        "\" viewBox=\"0 0 " + Num(kW) + " " + Num(kH) + "\" font-family=\"sans-serif\">\n";
-  o += "<title>" + Escape(chart.title) + "</title>\n";
+  o += "<title>" + SvgEscape(chart.title) + "</title>\n";
   o += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   o += "<text x=\"" + Num(kW / 2) + "\" y=\"25\" text-anchor=\"middle\" font-size=\"16\">" +
-       Escape(chart.title) + "</text>\n";
+       SvgEscape(chart.title) + "</text>\n";
   // Axes and ticks.
   o += "<g class=\"axes\" stroke=\"black\" fill=\"none\">\n";
   o += "<rect x=\"" + Num(kLeft) + "\" y=\"" + Num(kTop) + "\" width=\"" + Num(pw) +
@@ -131,9 +132,9 @@ std::string RenderSvg(const Chart& chart) {
   }
   o += "</g>\n";
   o += "<text x=\"" + Num(kLeft + pw / 2) + "\" y=\"" + Num(kH - 15) +
-       "\" text-anchor=\"middle\" font-size=\"13\">" + Escape(chart.x_label) + "</text>\n";
+       "\" text-anchor=\"middle\" font-size=\"13\">" + SvgEscape(chart.x_label) + "</text>\n";
   o += "<text transform=\"translate(20," + Num(kTop + ph / 2) +
-       ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">" + Escape(chart.y_label) +
+       ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">" + SvgEscape(chart.y_label) +
        "</text>\n";
   for (const auto& [y, label] : chart.hlines) {
     const double Y = py(y);
@@ -141,7 +142,7 @@ std::string RenderSvg(const Chart& chart) {
          "\" y1=\"" + Num(Y) + "\" x2=\"" + Num(kLeft + pw) + "\" y2=\"" + Num(Y) +
          "\" stroke=\"black\" stroke-dasharray=\"6 4\"/>\n";
     o += "<text x=\"" + Num(kLeft + 4) + "\" y=\"" + Num(Y - 4) + "\" font-size=\"11\">" +
-         Escape(label) + "</text>\n";
+         SvgEscape(label) + "</text>\n";
   }
   // Curves, clipped to the plot area, and the legend.
   o += "<clipPath id=\"plot\"><rect x=\"" + Num(kLeft) + "\" y=\"" + Num(kTop) + "\" width=\"" +
@@ -155,7 +156,7 @@ std::string RenderSvg(const Chart& chart) {
       if (!pts.empty()) pts += ' ';
       pts += Num(px(x)) + "," + Num(py(y));
     }
-    o += "<polyline class=\"series\" data-name=\"" + Escape(s.name) +
+    o += "<polyline class=\"series\" data-name=\"" + SvgEscape(s.name) +
          "\" clip-path=\"url(#plot)\" " + "fill=\"none\" stroke=\"" + color +
          "\" stroke-width=\"2\" points=\"" + pts + "\"/>\n";
     const double ly = kTop + 10 + 20 * static_cast<double>(i);
@@ -163,7 +164,7 @@ std::string RenderSvg(const Chart& chart) {
          Num(kW - kRight + 40) + "\" y2=\"" + Num(ly) + "\" stroke=\"" + color +
          "\" stroke-width=\"2\"/>\n";
     o += "<text x=\"" + Num(kW - kRight + 46) + "\" y=\"" + Num(ly + 4) + "\" font-size=\"12\">" +
-         Escape(s.name) + "</text>\n";
+         SvgEscape(s.name) + "</text>\n";
   }
   o += "</svg>\n";
   return o;

@@ -31,6 +31,10 @@ struct Chart {
   std::vector<std::pair<double, std::string>> hlines;  // (y, label)
 };
 
+// `s` with the XML special characters (& < > ") escaped, for SVG text and
+// attribute values; shared by the charts and the placement picture.
+std::string SvgEscape(const std::string& s);
+
 // A standalone SVG document (UTF-8, XML-escaped labels). Points that are not
 // finite are left out of their polyline.
 std::string RenderSvg(const Chart& chart);
