@@ -170,6 +170,26 @@ class DurableFallbackTest : public ::testing::Test {
  protected:
   testing::ScratchDir dir_{"durable-fallback"};
   std::string durable_dir() const { return dir_.path() + "/durable"; }
+
+  // Every rank restored `step` in recovery attempt `attempt`, saw no mismatch,
+  // and ended bit-identical to the failure-free reference run.
+  void ExpectEveryRankRestoredBitIdentical(const Job& job, const Outcome& o, int attempt,
+                                           int64_t step) {
+    for (int r = 0; r < job.nodes; ++r) {
+      const std::string prefix = o.out_dir + "/rank" + std::to_string(r);
+      EXPECT_EQ(ReadAll(prefix + ".mismatch"), "") << "rank " << r;
+      std::istringstream in(ReadAll(prefix + ".restores"));
+      int a;
+      long long s;
+      bool found = false;
+      while (in >> a >> s) found |= (a == attempt && s == step);
+      EXPECT_TRUE(found) << "rank " << r << " did not restore step " << step << "\n" << Logs(o);
+      EXPECT_EQ(ReadAll(prefix + ".digest"),
+                std::to_string(job.steps) + " " + ReferenceDigest(job, r, dir_.path()) + "\n")
+          << "rank " << r << "\n"
+          << Logs(o);
+    }
+  }
 };
 
 TEST_F(DurableFallbackTest, LossBeyondProtectionRecoversFromTheDurableTier) {
@@ -197,21 +217,7 @@ TEST_F(DurableFallbackTest, LossBeyondProtectionRecoversFromTheDurableTier) {
   EXPECT_GE(rec["epoch"].get<uint64_t>(), 1u) << Logs(o);
 
   // Every rank restarted from the durable step, and ends bit-identical.
-  const int attempt = rec["attempt"].get<int>();
-  for (int r = 0; r < job.nodes; ++r) {
-    const std::string prefix = o.out_dir + "/rank" + std::to_string(r);
-    EXPECT_EQ(ReadAll(prefix + ".mismatch"), "") << "rank " << r;
-    std::istringstream in(ReadAll(prefix + ".restores"));
-    int a;
-    long long s;
-    bool found = false;
-    while (in >> a >> s) found |= (a == attempt && s == step);
-    EXPECT_TRUE(found) << "rank " << r << " did not restore step " << step << "\n" << Logs(o);
-    EXPECT_EQ(ReadAll(prefix + ".digest"),
-              std::to_string(job.steps) + " " + ReferenceDigest(job, r, dir_.path()) + "\n")
-        << "rank " << r << "\n"
-        << Logs(o);
-  }
+  ExpectEveryRankRestoredBitIdentical(job, o, rec["attempt"].get<int>(), step);
 
   // Every persisted cluster version verifies; each stores the replicated
   // tensors once (pieces from several nodes tiling them), and has 4 nodes.
@@ -315,21 +321,7 @@ TEST_F(DurableFallbackTest, ACorruptNewestDurableVersionFallsBackToAnOlderOneTha
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->code, 1) << ReadAll(so.log_path);
 
-  const int attempt = rec["attempt"].get<int>();
-  for (int r = 0; r < job.nodes; ++r) {
-    const std::string prefix = o.out_dir + "/rank" + std::to_string(r);
-    EXPECT_EQ(ReadAll(prefix + ".mismatch"), "") << "rank " << r;
-    std::istringstream in(ReadAll(prefix + ".restores"));
-    int a;
-    long long s;
-    bool found = false;
-    while (in >> a >> s) found |= (a == attempt && s == step);
-    EXPECT_TRUE(found) << "rank " << r << " did not restore step " << step << "\n" << Logs(o);
-    EXPECT_EQ(ReadAll(prefix + ".digest"),
-              std::to_string(job.steps) + " " + ReferenceDigest(job, r, dir_.path()) + "\n")
-        << "rank " << r << "\n"
-        << Logs(o);
-  }
+  ExpectEveryRankRestoredBitIdentical(job, o, rec["attempt"].get<int>(), step);
 }
 
 }  // namespace
