@@ -1,0 +1,121 @@
+// AOR (REFT 4.2, Eq. 4): a host replica of a peer's ZeRO-1 optimizer shard,
+// brought forward every step by running the optimizer update on the host
+// from the gradient slice the replica's holder already has (gradients are
+// complete on every DP member after the all-reduce), so a lost shard is
+// rebuilt without any network at save time. docs/reft.md, "AOR".
+//
+// The replica holds the optimizer state of the range [offset, offset + count)
+// of the flat buffer (AdamW: exp_avg and exp_avg_sq); the parameters are
+// replicated state, so Advance() takes the pre-update parameter slice from
+// the holder's own copy, and the replica keeps only the hash of the updated
+// parameters it computed. The hash matters: AdamW's moments do not depend on
+// the learning rate, so a replica given the wrong learning rate has the
+// right moments and wrong parameters; the checksums cover both.
+//
+// Bit-exactness: Advance() runs the same Optimizer::Step (src/opt, built
+// once, -ffp-contract=off) on the same inputs as the owner's step, so the
+// state equals the owner's byte for byte as long as the holder passes what
+// the owner used (step, lr, gradient after clipping, pre-update params). Any
+// divergence (for example an LR schedule changed in the trainer but not
+// passed to the replica) is caught, not restored: the replica carries the
+// owner's checksum of the shard it was seeded from, and each step it is
+// confirmed either locally, against the updated parameters the all-gather
+// brings the holder (ConfirmParams: no network beyond training's own), or
+// against the owner's checksum of that step (Confirm: ShardChecksum of the
+// owner's params and state slices after the step, reported with its
+// snapshot); recovery calls CheckForRestore(), which refuses a replica that
+// does not match the owner's checksum.
+//
+// Thread safety: none; one holder thread uses a replica.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memento/status.h"
+#include "opt/optimizer.h"
+
+namespace memento::opt {
+
+class AorReplica {
+ public:
+  // A replica of [offset, offset + count) under `optimizer` (immutable,
+  // shared with whoever else uses it). InvalidArgument on a null optimizer,
+  // count 0 or an overflowing range.
+  [[nodiscard]] static Result<std::unique_ptr<AorReplica>> Create(
+      std::shared_ptr<const Optimizer> optimizer, uint64_t offset, uint64_t count);
+
+  // Sets the replica to the owner's shard after step `step` (0 = the
+  // initial state): `params` (the shard's parameter slice) and `state`
+  // (num_state() slices), `count` elements each; `owner_checksum` is
+  // ShardChecksum(offset, count, params, state) as the owner computed it.
+  // DataLoss (nothing changed) when the bytes do not hash to it;
+  // InvalidArgument on a wrong number of slices or a null one.
+  [[nodiscard]] Status Seed(int64_t step, const float* params,
+                            const std::vector<const float*>& state, uint64_t owner_checksum);
+
+  // Applies the owner's optimizer step `step` with learning rate `lr`:
+  // `grads` and `params` point at element `offset` of the gradient (as the
+  // owner's optimizer reads it: after the all-reduce and any clipping) and
+  // of the parameters before the update. Neither is written.
+  // FailedPrecondition when the replica is not seeded, is diverged (a failed
+  // Confirm), or `step` is not step() + 1; InvalidArgument on null pointers.
+  [[nodiscard]] Status Advance(int64_t step, float lr, const float* grads, const float* params);
+
+  // The owner's checksum of its shard after `step` (ShardChecksum of its
+  // params and state slices). OK when it equals the replica's; otherwise
+  // DataLoss naming the step and both values, and the replica is marked
+  // diverged: Advance and CheckForRestore refuse it until Seed().
+  // FailedPrecondition when the replica is not at `step`.
+  [[nodiscard]] Status Confirm(int64_t step, uint64_t owner_checksum);
+
+  // The local check: `params` points at element `offset` of the holder's
+  // parameters after step `step`'s all-gather (the owner's updated slice).
+  // OK when the replica computed the same parameters; otherwise DataLoss and
+  // the replica is diverged, as for Confirm.
+  [[nodiscard]] Status ConfirmParams(int64_t step, const float* params);
+
+  // Recovery: OK when the replica is at `step`, not diverged, its bytes
+  // still hash to the checksum computed when they were written (no
+  // corruption in memory since), and that checksum equals `owner_checksum`
+  // (the owner's checksum of `step`, from its COMPLETED report). Otherwise
+  // DataLoss / FailedPrecondition naming what differs; nothing is changed.
+  [[nodiscard]] Status CheckForRestore(int64_t step, uint64_t owner_checksum) const;
+
+  uint64_t offset() const { return offset_; }
+  uint64_t count() const { return count_; }
+  // -1 until seeded.
+  int64_t step() const { return step_; }
+  // The step and owner checksum the replica was seeded from.
+  int64_t seed_step() const { return seed_step_; }
+  uint64_t seed_checksum() const { return seed_checksum_; }
+  // ShardChecksum of the shard (updated params, state) as computed by the
+  // last Seed/Advance: what the owner's checksum of step() must be.
+  uint64_t checksum() const { return checksum_; }
+  bool diverged() const { return diverged_; }
+  // State slice k (num_state() of them), `count` elements.
+  const float* state(int k) const { return state_[k].data(); }
+  int num_state() const { return static_cast<int>(state_.size()); }
+
+ private:
+  AorReplica(std::shared_ptr<const Optimizer> optimizer, uint64_t offset, uint64_t count);
+  uint64_t StateHash() const;
+  uint64_t ParamsHash(const float* params) const;
+  std::string Name() const;
+
+  std::shared_ptr<const Optimizer> optimizer_;
+  uint64_t offset_, count_;
+  std::vector<std::vector<float>> state_;
+  std::vector<float> scratch_params_;  // the update writes params; not kept
+  int64_t step_ = -1;
+  int64_t seed_step_ = -1;
+  uint64_t seed_checksum_ = 0;
+  uint64_t checksum_ = 0;     // ShardChecksum(updated params, state)
+  uint64_t state_hash_ = 0;   // ShardChecksum(no params, state): in-memory integrity
+  uint64_t params_hash_ = 0;  // of the updated params slice: ConfirmParams
+  bool diverged_ = false;
+};
+
+}  // namespace memento::opt
