@@ -1,0 +1,65 @@
+// The words through which the agent holds versions in this rank's slots
+// (shm/commit_word.h): the commit word in cluster mode (docs/cluster.md,
+// save path 5) and the durable hold word in single-node mode with a durable
+// tier (docs/durable_tier.md, "The durable hold"). They decide which slot a
+// snapshot overwrites, and whether it must be skipped.
+//
+// Thread safety: the trainer thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "shm/commit_word.h"
+#include "shm/segment.h"
+#include "shm/slot.h"
+
+namespace memento::client {
+
+class HoldWords {
+ public:
+  HoldWords(std::string dir, int rank) : dir_(std::move(dir)), rank_(rank) {}
+
+  // Cluster mode: maps <dir>/commit.word once it exists (the agent creates
+  // it when it runs with --store). Returns whether the client is in cluster
+  // mode.
+  bool MapCommitWord();
+
+  // Single-node mode with a durable tier: maps <dir>/durable.word once it
+  // exists (the agent creates it when it runs with --durable-dir and no
+  // --store). Returns whether the durable hold applies.
+  bool MapDurableWord();
+
+  // The slot Snapshot(step) writes. *target comes in as the single-node
+  // choice (the slot that does not hold the newest complete version). In
+  // cluster mode it becomes the slot that does not hold the newest committed
+  // version. Returns false when the snapshot must be skipped: the target slot
+  // holds a version the agent protects, for T1 (a newer version than the
+  // committed one) or for the durable tier (until its deadline); *why then
+  // says which. The claim handshake with the agent (shm/commit_word.h) makes
+  // "the agent keeps that version" and "this client overwrites it" exclusive.
+  // Only this rank writes its slots (the agent writes them only while the
+  // trainers are stopped, in recovery), so their headers are read directly.
+  bool ChooseTarget(const shm::RankSlots& slots, int* target, std::string* why);
+
+  // Whether the commit word is mapped (cluster mode).
+  bool cluster() const { return commit_word_ != nullptr; }
+
+ private:
+  bool HeldTarget(shm::CommitWord* w, bool cluster, const shm::RankSlots& slots, int* target,
+                  std::string* why);
+
+  const std::string dir_;
+  const int rank_;
+  // Cluster mode (null otherwise): the agent's commit word, mapped writable
+  // for this rank's claim entry.
+  std::unique_ptr<shm::Segment> commit_word_seg_;
+  shm::CommitWord* commit_word_ = nullptr;
+  // Single-node mode with a durable tier (null otherwise): the agent's
+  // durable hold word, mapped writable for this rank's claim entry.
+  std::unique_ptr<shm::Segment> durable_word_seg_;
+  shm::CommitWord* durable_word_ = nullptr;
+};
+
+}  // namespace memento::client
