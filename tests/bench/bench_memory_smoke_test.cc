@@ -1,0 +1,76 @@
+// `memento bench memory` end to end with the tiny trainer preset (4 nodes,
+// DP 4, ZeRO 0 and 1, replicate and xor): the JSON shape, and what must hold
+// on any save path: the T1 bytes every node holds are the plan's copies and
+// parities (plus the redundancy files' headers), the T0 bytes copied per step
+// lie between the plan's pieces (REFT) and the ranks' whole state, and the
+// plan's pieces are about 1/m of the replicated state. No timing is checked.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "bench_smoke_util.h"
+
+namespace {
+
+using memento::bench_testing::RunShell;
+using memento::bench_testing::StderrFile;
+
+TEST(BenchMemorySmoke, ReportsHostBytesAgainstThePlan) {
+  const std::string err = StderrFile("bench-memory");
+  const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench memory --json --trainer " +
+                          MEMENTO_TRAINER_BINARY +
+                          " --preset tiny --steps 2 --cases dp4 --zero 0,1"
+                          " --policies replicate,xor 2>" +
+                          err;
+  auto [rc, out] = RunShell(cmd);
+  ASSERT_EQ(rc, 0) << out << "\n(stderr in " << err << ")";
+  auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["bench"], "memory");
+  ASSERT_EQ(j["cases"].size(), 4u) << out;
+  for (const auto& c : j["cases"]) {
+    SCOPED_TRACE(c["case"].get<std::string>());
+    for (const char* k :
+         {"host_bytes_per_node", "reft_bytes_per_node", "copy_bytes_per_step",
+          "full_copy_bytes_per_step", "plan_copy_bytes_per_step", "resident_bytes_per_node"}) {
+      ASSERT_TRUE(c.contains(k)) << k;
+      EXPECT_GT(c[k].get<uint64_t>(), 0u) << k;
+    }
+    EXPECT_GE(c["committed_step"].get<int64_t>(), 1);
+    const double ratio = c["ratio"].get<double>();
+    EXPECT_NEAR(ratio,
+                static_cast<double>(c["host_bytes_per_node"].get<uint64_t>()) /
+                    c["reft_bytes_per_node"].get<uint64_t>(),
+                1e-9);
+    ASSERT_EQ(c["nodes"].size(), 4u);
+    for (const auto& n : c["nodes"]) {
+      SCOPED_TRACE("node " + std::to_string(n["node"].get<int>()));
+      const uint64_t t1 = n["t1_bytes"], t0 = n["t0_bytes"];
+      const uint64_t plan_t1 =
+          n["plan_copy_bytes"].get<uint64_t>() + n["plan_parity_bytes"].get<uint64_t>();
+      // T1 is the plan's redundancy; each red.<step> entry adds a header and
+      // rounds to 4 KiB.
+      EXPECT_GE(t1, plan_t1);
+      EXPECT_LE(t1, plan_t1 + 64 * 1024);
+      EXPECT_GE(t0, n["plan_piece_bytes"].get<uint64_t>());
+      EXPECT_LE(t0, n["full_copy_bytes"].get<uint64_t>());
+      EXPECT_GE(n["resident_bytes"].get<uint64_t>(), t0 + t1);
+    }
+    // Under ZeRO 0 everything but the RNG blob and cursor is replicated: the
+    // node's own piece is about a quarter of its rank's state (REFT's 1/m).
+    if (c["zero"] == 0) {
+      const double piece = c["plan_copy_bytes_per_step"].get<uint64_t>();
+      const double full = c["full_copy_bytes_per_step"].get<uint64_t>();
+      EXPECT_NEAR(piece / full, 0.25, 0.02);
+    }
+  }
+}
+
+TEST(BenchMemorySmoke, RefusesAnUnknownCase) {
+  auto [rc, out] = RunShell(std::string(MEMENTO_CLI_BINARY) + " bench memory --cases dp3 2>&1");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("dp3"), std::string::npos) << out;
+}
+
+}  // namespace

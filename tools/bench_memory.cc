@@ -1,0 +1,298 @@
+// `memento bench memory [--cases dp4,dp2pp2] [--zero 0,1] [--policies
+// replicate,xor,rs:2] [--preset small] [--steps 3] [--json]`: host memory and
+// copy volume per node of the save path that runs, next to REFT's formula
+// (issue 15, docs/reft.md section 6).
+//
+// Each case is a real `memento launch` job: 4 nodes, one rank per node,
+// memento-trainer with a snapshot every step, the case's DP x PP, ZeRO stage
+// and policy. The node roots are kept and read after the job:
+//
+//   - T0: per rank of the node, the data bytes of its newest complete slot
+//     (one version; the second slot of the double buffer is not counted);
+//   - T1: the node's newest `red.<step>` entries (one version);
+//   - resident: every file under the node root, allocated bytes (both slots,
+//     every version the agent still holds, the commit word);
+//   - the plan: topo::MakePlan over the job's topology and the inventory read
+//     from the slots' manifests, i.e. what the agents computed. Its per-node
+//     bytes are REFT's formulas (ARC 2W/m, AEC W/m + W/(m(m-1)), rs:f, AOR
+//     shard copies, private peer copies; topo_test checks them).
+//
+// Prints one JSON object: per case `case`, `host_bytes_per_node` (T0 + T1 of
+// the fullest node), `reft_bytes_per_node` (the plan's bytes of that node),
+// `ratio`, `copy_bytes_per_step` (T0 bytes the node's ranks copy per
+// snapshot), `full_copy_bytes_per_step` (the node's ranks' whole registered
+// state), `plan_copy_bytes_per_step` (the node's own pieces: what REFT
+// copies), `resident_bytes_per_node`, and every node's figures.
+#if __has_include("launch/launcher.h") && __has_include("shm/slot.h")
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/log.h"
+#include "launch/launcher.h"
+#include "shm/node_store.h"
+#include "shm/segment.h"
+#include "shm/slot.h"
+#include "tools/command.h"
+#include "tools/trainer_binary.h"
+#include "topo/plan.h"
+
+namespace memento::tools {
+namespace {
+
+struct MemoryBenchOptions {
+  std::vector<std::string> cases = {"dp4", "dp2pp2"};
+  std::vector<int> zero = {0, 1};
+  std::vector<std::string> policies = {"replicate", "xor", "rs:2"};
+  std::string preset = "small";
+  int steps = 3;
+  std::string trainer;
+  std::string run_dir;  // empty: /dev/shm/memento-bench-memory-<pid>
+  bool json = true;
+};
+
+struct Case {
+  std::string name;
+  int dp = 0, pp = 0;
+};
+
+Result<Case> ParseCase(const std::string& text) {
+  if (text == "dp4") return Case{text, 4, 1};
+  if (text == "dp2pp2") return Case{text, 2, 2};
+  if (text == "dp1pp4") return Case{text, 1, 4};
+  return InvalidArgumentError("--cases: unknown case '" + text +
+                              "' (known: dp4, dp2pp2, dp1pp4; 4 nodes, one rank each)");
+}
+
+struct NodeBytes {
+  uint64_t t0 = 0, t1 = 0, resident = 0;
+  int64_t t1_step = -1;
+};
+
+// One version of T0 and T1 under `root`, and everything resident; the
+// manifests of the ranks' newest complete slots go into `inventory`.
+Result<NodeBytes> MeasureNode(const std::string& root, const std::vector<int>& ranks,
+                              topo::Inventory* inventory) {
+  NodeBytes b;
+  for (int rank : ranks) {
+    std::vector<std::unique_ptr<shm::Segment>> segs;
+    shm::RankSlots slots{};
+    for (int s = 0; s < shm::kSlotsPerRank; ++s) {
+      auto seg = shm::Segment::Open(shm::SlotPath(root, rank, s), /*writable=*/false);
+      if (!seg.ok()) continue;
+      slots[s] = seg->get();
+      segs.push_back(std::move(*seg));
+    }
+    auto newest = shm::FindNewestCompleteSlot(slots);
+    if (!newest.ok()) {
+      return newest.status().WithContext("rank " + std::to_string(rank) + " under " + root);
+    }
+    b.t0 += newest->info.data_bytes;
+    std::vector<TensorMeta> metas;
+    for (const shm::SavedTensor& t : newest->info.tensors) metas.push_back(t.meta);
+    (*inventory)[rank] = std::move(metas);
+  }
+  std::error_code ec;
+  std::map<int64_t, uint64_t> red;  // step -> bytes
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    struct stat st;
+    if (stat(e.path().c_str(), &st) == 0) b.resident += static_cast<uint64_t>(st.st_blocks) * 512;
+    const std::string name = e.path().filename().string();
+    if (name.rfind("red.", 0) == 0 && e.path().parent_path() == root) {
+      red[std::atoll(name.c_str() + 4)] += e.file_size(ec);
+    }
+  }
+  if (!red.empty()) {
+    b.t1_step = red.rbegin()->first;
+    b.t1 = red.rbegin()->second;
+  }
+  return b;
+}
+
+Result<nlohmann::json> RunCase(const MemoryBenchOptions& o, const Case& c, int zero,
+                               const std::string& policy_text, const std::string& trainer,
+                               const std::string& base) {
+  constexpr int kNodes = 4;
+  MEMENTO_ASSIGN_OR_RETURN(topo::Policy policy, topo::ParsePolicy(policy_text));
+  const std::string name = c.name + (zero ? "-zero1-" : "-zero0-") + policy_text;
+  std::string job = "benchmem-" + c.name + "-z" + std::to_string(zero) + "-" + policy_text;
+  std::replace(job.begin(), job.end(), ':', '-');
+  launch::LaunchOptions lo;
+  lo.job = job;
+  lo.nodes = kNodes;
+  lo.ranks_per_node = 1;
+  lo.dp = c.dp;
+  lo.pp = c.pp;
+  lo.zero = zero;
+  lo.policy = policy_text;
+  lo.run_dir = base + "/" + job;
+  lo.keep_run_dir = true;  // measured below, then removed
+  lo.max_restarts = 0;
+  lo.quiet = true;
+  lo.trainer = {trainer,   "--preset", o.preset,          "--steps", std::to_string(o.steps),
+                "--batch", "8",        "--micro-batches", "2",       "--comm-timeout",
+                "60",      "--quiet"};
+  if (zero == 1) lo.trainer.push_back("--zero");
+  MEMENTO_ASSIGN_OR_RETURN(auto launcher, launch::Launcher::Create(lo));
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{lo.run_dir};
+  MEMENTO_ASSIGN_OR_RETURN(launch::LaunchSummary summary, launcher->Run());
+  if (!summary.success) {
+    return InternalError("case " + name + ": the job failed: " + summary.message + " (logs in " +
+                         lo.run_dir + "/logs, removed)");
+  }
+  MEMENTO_ASSIGN_OR_RETURN(topo::Topology topology,
+                           topo::Topology::Uniform(c.dp, 1, c.pp, zero, 1));
+  topo::Inventory inventory(topology.num_ranks());
+  std::vector<NodeBytes> nodes;
+  for (int n = 0; n < kNodes; ++n) {
+    std::vector<int> ranks;
+    for (int r = 0; r < topology.num_ranks(); ++r) {
+      if (topology.rank_node[r] == n) ranks.push_back(r);
+    }
+    MEMENTO_ASSIGN_OR_RETURN(
+        NodeBytes b, MeasureNode(lo.run_dir + "/node" + std::to_string(n), ranks, &inventory));
+    nodes.push_back(b);
+  }
+  MEMENTO_ASSIGN_OR_RETURN(topo::Plan plan, topo::MakePlan(topology, inventory, policy));
+  nlohmann::json per_node = nlohmann::json::array();
+  int fullest = 0;
+  double worst_ratio = 0;
+  uint64_t full_copy_max = 0;
+  for (int n = 0; n < kNodes; ++n) {
+    const topo::NodePlan& np = plan.nodes[n];
+    uint64_t full = 0;
+    for (int r : np.ranks) {
+      for (const TensorMeta& m : inventory[r]) full += m.nbytes();
+    }
+    const uint64_t host = nodes[n].t0 + nodes[n].t1;
+    const double ratio = np.total_bytes() ? static_cast<double>(host) / np.total_bytes() : 0.0;
+    if (host > nodes[fullest].t0 + nodes[fullest].t1) fullest = n;
+    worst_ratio = std::max(worst_ratio, ratio);
+    full_copy_max = std::max(full_copy_max, full);
+    per_node.push_back({{"node", n},
+                        {"t0_bytes", nodes[n].t0},
+                        {"t1_bytes", nodes[n].t1},
+                        {"t1_step", nodes[n].t1_step},
+                        {"resident_bytes", nodes[n].resident},
+                        {"full_copy_bytes", full},
+                        {"plan_piece_bytes", np.piece_bytes},
+                        {"plan_copy_bytes", np.copy_bytes},
+                        {"plan_parity_bytes", np.parity_bytes},
+                        {"plan_total_bytes", np.total_bytes()},
+                        {"ratio", ratio}});
+  }
+  const topo::NodePlan& fp = plan.nodes[fullest];
+  const uint64_t host = nodes[fullest].t0 + nodes[fullest].t1;
+  nlohmann::json j = {
+      {"case", name},
+      {"dp", c.dp},
+      {"pp", c.pp},
+      {"zero", zero},
+      {"policy", policy_text},
+      {"scheme", plan.groups.empty() ? "" : plan.groups[0].scheme},
+      {"committed_step", summary.final_committed},
+      {"fullest_node", fullest},
+      {"host_bytes_per_node", host},
+      {"reft_bytes_per_node", fp.total_bytes()},
+      {"ratio", fp.total_bytes() ? static_cast<double>(host) / fp.total_bytes() : 0.0},
+      {"max_ratio", worst_ratio},
+      {"copy_bytes_per_step", nodes[fullest].t0},
+      {"full_copy_bytes_per_step", full_copy_max},
+      {"plan_copy_bytes_per_step", fp.piece_bytes},
+      {"resident_bytes_per_node", nodes[fullest].resident},
+      {"nodes", per_node}};
+  return j;
+}
+
+Result<nlohmann::json> Measure(const MemoryBenchOptions& o) {
+  InitLogging("bench");
+  if (o.steps < 1) return InvalidArgumentError("--steps must be >= 1");
+  std::vector<Case> cases;
+  for (const std::string& t : o.cases) {
+    MEMENTO_ASSIGN_OR_RETURN(Case c, ParseCase(t));
+    cases.push_back(c);
+  }
+  for (int z : o.zero) {
+    if (z != 0 && z != 1) {
+      return InvalidArgumentError("--zero: " + std::to_string(z) + " (only 0 and 1 are measured)");
+    }
+  }
+  for (const std::string& p : o.policies) {
+    MEMENTO_RETURN_IF_ERROR(topo::ParsePolicy(p).status().WithContext("--policies"));
+  }
+  MEMENTO_ASSIGN_OR_RETURN(std::string trainer, FindTrainer(o.trainer));
+  const std::string base =
+      o.run_dir.empty() ? "/dev/shm/memento-bench-memory-" + std::to_string(getpid()) : o.run_dir;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const Case& c : cases) {
+    for (int z : o.zero) {
+      for (const std::string& p : o.policies) {
+        MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, RunCase(o, c, z, p, trainer, base));
+        std::fprintf(stderr, "bench memory: %s host %llu B/node, reft %llu B/node, ratio %.2f\n",
+                     j["case"].get<std::string>().c_str(),
+                     static_cast<unsigned long long>(j["host_bytes_per_node"].get<uint64_t>()),
+                     static_cast<unsigned long long>(j["reft_bytes_per_node"].get<uint64_t>()),
+                     j["ratio"].get<double>());
+        rows.push_back(std::move(j));
+      }
+    }
+  }
+  std::error_code ec;
+  if (o.run_dir.empty()) std::filesystem::remove_all(base, ec);
+  return nlohmann::json{
+      {"bench", "memory"}, {"preset", o.preset}, {"steps", o.steps}, {"nodes", 4}, {"cases", rows}};
+}
+
+void Setup(CLI::App& bench, CommandContext& ctx) {
+  auto* cmd = bench.add_subcommand(
+      "memory",
+      "Host bytes and copy volume per node of a 4-node launch, next to REFT's formula (JSON)");
+  auto o = std::make_shared<MemoryBenchOptions>();
+  cmd->add_option("--cases", o->cases, "topologies on 4 nodes: dp4, dp2pp2, dp1pp4")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--zero", o->zero, "ZeRO stages to measure (0, 1)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--policies", o->policies, "policies (replicate, xor, rs:F, peer:M, none)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--preset", o->preset, "memento-trainer model preset (tiny, small, 100m)")
+      ->capture_default_str();
+  cmd->add_option("--steps", o->steps, "training steps per case (a snapshot every step)")
+      ->capture_default_str();
+  cmd->add_option("--trainer", o->trainer, "memento-trainer binary (default: next to memento)");
+  cmd->add_option("--run-dir", o->run_dir,
+                  "where the node roots go (default /dev/shm/memento-bench-memory-<pid>)");
+  cmd->add_flag("--json", o->json, "print JSON (always on)");
+  cmd->callback([o, &ctx] {
+    Result<nlohmann::json> j = Measure(*o);
+    if (!j.ok()) {
+      ctx.exit_code = ReportStatus(j.status());
+      return;
+    }
+    std::printf("%s\n", j->dump(2).c_str());
+  });
+}
+
+}  // namespace
+}  // namespace memento::tools
+
+MEMENTO_REGISTER_BENCH(memory, memento::tools::Setup);
+
+#endif
