@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "agent/peer_protocol.h"
@@ -261,9 +262,48 @@ int64_t Cluster::RestoreTarget() {
 }
 
 void Cluster::SetRestoreTarget(int64_t step) {
-  MutexLock l(&mu_);
-  restore_target_ = step;
-  MEMENTO_LOG_INFO("restore target: step {}", step);
+  // The job goes back to `step` and computes the later steps again. Skips
+  // and completions of those steps from the failed attempt must not count:
+  // a skip of step s keeps s from committing in the new attempt too (seed
+  // 0x5f3f57eb of the chaos campaign lost 5 steps that way: every step
+  // between the restored one and the next failure had a stale skip).
+  size_t forgotten = 0;
+  {
+    MutexLock l(&mu_);
+    restore_target_ = step;
+    rollback_ = step;
+    forgotten = static_cast<size_t>(std::distance(dead_.upper_bound(step), dead_.end()));
+    dead_.erase(dead_.upper_bound(step), dead_.end());
+    completes_.erase(completes_.upper_bound(step), completes_.end());
+  }
+  // A hold of a later step would make the trainers skip every snapshot that
+  // targets its slot until the hold times out.
+  const int64_t hold = shm::LoadWord(&word_->hold);
+  if (hold > step) ReleaseHold(hold);
+  // T1 entries of later steps (made here or pushed by peers) would refuse
+  // the new attempt's entries of the same step ("already finished").
+  red_->DropAbove(step);
+  // This node's skip records of later steps (the other nodes delete theirs).
+  coord::JobKeys keys(job_);
+  auto listing = store_->List(keys.SkippedPrefix(), Deadline::AfterSeconds(kStoreCallS));
+  if (listing.ok()) {
+    for (const auto& kv : listing->kvs) {
+      std::string tail = kv.key.substr(keys.SkippedPrefix().size());
+      size_t slash = tail.find('/');
+      if (slash == std::string::npos || tail.substr(slash + 1) != node_name_) continue;
+      auto s = coord::ParseStep(tail.substr(0, slash));
+      if (s.ok() && *s > step) {
+        store_->Delete(kv.key, Deadline::AfterSeconds(kStoreCallS)).status().IgnoreError();
+      }
+    }
+  } else {
+    MEMENTO_LOG_WARN("restore target {}: cannot list the skip records: {}", step,
+                     listing.status().ToString());
+  }
+  cv_.SignalAll();
+  MEMENTO_LOG_INFO("restore target: step {}{}", step,
+                   forgotten > 0 ? fmt::format(" ({} skip(s) of later steps forgotten)", forgotten)
+                                 : std::string());
 }
 
 ClusterStats Cluster::stats() {
@@ -393,6 +433,18 @@ void Cluster::Run() {
       if (stop_) return;
       cv_.WaitUntil(&l, Now() + std::chrono::milliseconds(50));
       if (stop_) return;
+    }
+    {
+      // SetRestoreTarget: steps after the restored one are computed again.
+      int64_t rollback = -1;
+      {
+        MutexLock l(&mu_);
+        std::swap(rollback, rollback_);
+      }
+      if (rollback >= 0) {
+        last_attempt_ = std::min(last_attempt_, rollback);
+        if (reported_ > rollback) reported_ = -1;
+      }
     }
     PublishInventories();
     if (!ready_.load()) {

@@ -117,11 +117,17 @@ class Cluster {
   // newest step of the commit log; -1 when none.
   int64_t RestoreTarget() EXCLUDES(mu_);
   // kPeerSetRestoreTarget: the cluster restores `step`; kept until a newer
-  // step commits.
+  // step commits. The job goes back to `step`, so what this node knew of
+  // later steps belongs to the failed attempt and is forgotten: its
+  // completions, its skips (also this node's skip records in the store), the
+  // hold and the report of a later step, its T1 versions of later steps.
   void SetRestoreTarget(int64_t step) EXCLUDES(mu_);
 
   std::string endpoint() const { return endpoint_; }
   ClusterStats stats() EXCLUDES(mu_);
+  // Whether this node knows that some node skipped the uncommitted `step`
+  // (so it cannot commit).
+  bool Dead(int64_t step) EXCLUDES(mu_);
 
  private:
   Cluster() = default;
@@ -159,7 +165,6 @@ class Cluster {
   void SetHold(int64_t step);
   void ReleaseHold(int64_t step);
   void Abandon(int64_t step, const std::string& why) EXCLUDES(mu_);
-  bool Dead(int64_t step) EXCLUDES(mu_);
   // Records (and publishes at skipped/<step>/<node>, with `why` as the
   // value) that this node will never report `step`: every node releases its
   // hold on it. The launcher reads `why` (a redundancy that could not be
@@ -197,6 +202,7 @@ class Cluster {
   std::map<int64_t, std::set<int>> completes_ GUARDED_BY(mu_);  // step -> local ranks
   std::set<int64_t> dead_ GUARDED_BY(mu_);  // uncommitted steps some node skipped
   int64_t restore_target_ GUARDED_BY(mu_) = -1;
+  int64_t rollback_ GUARDED_BY(mu_) = -1;  // SetRestoreTarget's step, for the cluster thread
   bool unhealthy_ GUARDED_BY(mu_) = false;
   ClusterStats stats_ GUARDED_BY(mu_);
   // Set once by the cluster thread (then read-only): the plan and topology.
