@@ -116,6 +116,9 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
         if (!step.ok() || *step <= self->committed_.load()) return;
         {
           MutexLock l(&self->mu_);
+          // A record of the failed attempt whose event comes after the
+          // rollback (SetRestoreTarget) must not count again.
+          if (*step > self->rollback_ && ev.kv.mod_revision <= self->rollback_revision_) return;
           self->dead_.insert(*step);
         }
         self->cv_.SignalAll();
@@ -267,11 +270,17 @@ void Cluster::SetRestoreTarget(int64_t step) {
   // a skip of step s keeps s from committing in the new attempt too (seed
   // 0x5f3f57eb of the chaos campaign lost 5 steps that way: every step
   // between the restored one and the next failure had a stale skip).
+  // The listing comes first: its revision separates the failed attempt's
+  // skip records (erased below, and ignored by the skip watcher however late
+  // their events arrive) from the new attempt's.
+  coord::JobKeys keys(job_);
+  auto listing = store_->List(keys.SkippedPrefix(), Deadline::AfterSeconds(kStoreCallS));
   size_t forgotten = 0;
   {
     MutexLock l(&mu_);
     restore_target_ = step;
     rollback_ = step;
+    if (listing.ok()) rollback_revision_ = std::max(rollback_revision_, listing->revision);
     forgotten = static_cast<size_t>(std::distance(dead_.upper_bound(step), dead_.end()));
     dead_.erase(dead_.upper_bound(step), dead_.end());
     completes_.erase(completes_.upper_bound(step), completes_.end());
@@ -284,8 +293,6 @@ void Cluster::SetRestoreTarget(int64_t step) {
   // the new attempt's entries of the same step ("already finished").
   red_->DropAbove(step);
   // This node's skip records of later steps (the other nodes delete theirs).
-  coord::JobKeys keys(job_);
-  auto listing = store_->List(keys.SkippedPrefix(), Deadline::AfterSeconds(kStoreCallS));
   if (listing.ok()) {
     for (const auto& kv : listing->kvs) {
       std::string tail = kv.key.substr(keys.SkippedPrefix().size());
@@ -324,7 +331,8 @@ Status Cluster::OnReregister() {
   //    node computes its plan from them), else those of its own ranks.
   {
     MutexLock l(&mu_);
-    published_.clear();  // the cluster thread publishes the local ones again
+    published_.clear();      // the cluster thread publishes the local ones again
+    rollback_revision_ = 0;  // a new store numbers its revisions afresh
   }
   int republished = 0;
   if (ready_.load()) {

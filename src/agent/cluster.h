@@ -203,6 +203,11 @@ class Cluster {
   std::set<int64_t> dead_ GUARDED_BY(mu_);  // uncommitted steps some node skipped
   int64_t restore_target_ GUARDED_BY(mu_) = -1;
   int64_t rollback_ GUARDED_BY(mu_) = -1;  // SetRestoreTarget's step, for the cluster thread
+  // The store revision SetRestoreTarget listed the skip records at: a skip
+  // record of a step after rollback_ written at or before it belongs to the
+  // failed attempt, however late its watch event arrives (0: none; reset
+  // when the store is replaced, whose revisions start again).
+  int64_t rollback_revision_ GUARDED_BY(mu_) = 0;
   bool unhealthy_ GUARDED_BY(mu_) = false;
   ClusterStats stats_ GUARDED_BY(mu_);
   // Set once by the cluster thread (then read-only): the plan and topology.
