@@ -273,11 +273,7 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
       }
       *conn_rank = rank;
       MEMENTO_LOG_INFO("rank {} connected (pid {})", rank, peer_pid);
-      json r = shm::StatusToJson(Status::Ok());
-      r["node"] = options_.node;
-      r["root"] = root_;
-      r["pid"] = getpid();
-      return r;
+      return shm::ToJson(shm::HelloReply{options_.node, root_, getpid()});
     }
     case AgentOp::kPing:
       return shm::StatusToJson(Status::Ok());
@@ -303,9 +299,7 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
       }
       MEMENTO_LOG_INFO("rank {} sealed: 2 slots of {} bytes", rank, req.bytes);
       if (cluster_ != nullptr) cluster_->OnSeal(rank, req.manifest);
-      json r = shm::StatusToJson(Status::Ok());
-      r["paths"] = *paths;
-      return r;
+      return shm::ToJson(shm::SealReply{*paths});
     }
     case AgentOp::kComplete: {
       MEMENTO_LOG_DEBUG("rank {} completed step {} in slot {}", rank, req.step, req.slot);
@@ -323,19 +317,15 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
         return shm::StatusToJson(FailedPreconditionError(
             "op 'target' needs an agent in cluster mode (--store); this one runs alone"));
       }
-      json r = shm::StatusToJson(Status::Ok());
-      r["step"] = cluster_->RestoreTarget();
-      return r;
+      return shm::ToJson(shm::TargetReply{cluster_->RestoreTarget()});
     }
     case AgentOp::kVerify: {
       Status st = store_->Verify(rank, req.slot);
       if (!st.ok()) MEMENTO_LOG_ERROR("rank {} slot {}: {}", rank, req.slot, st.ToString());
-      json r = shm::StatusToJson(Status::Ok());
-      r["slot_status"] = shm::StatusToJson(st);
-      return r;
+      return shm::ToJson(shm::VerifyReply{st});
     }
     case AgentOp::kList: {
-      json versions = json::array();
+      shm::ListReply list;
       auto inv = store_->Inventory(rank);
       for (const auto& s : inv) {
         if (s.state != shm::SlotState::kComplete || s.verified) continue;
@@ -345,18 +335,12 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
       inv = store_->Inventory(rank);
       for (const auto& s : inv) {
         if (s.state != shm::SlotState::kComplete) continue;
-        versions.push_back({{"step", s.step},
-                            {"slot", s.slot},
-                            {"intact", s.intact},
-                            {"bytes", s.data_bytes},
-                            {"error", s.error}});
+        list.versions.push_back({s.step, s.slot, s.intact, s.data_bytes, s.error});
       }
-      std::sort(versions.begin(), versions.end(), [](const json& a, const json& b) {
-        return a["step"].get<int64_t>() > b["step"].get<int64_t>();
-      });
-      json r = shm::StatusToJson(Status::Ok());
-      r["versions"] = versions;
-      return r;
+      std::sort(
+          list.versions.begin(), list.versions.end(),
+          [](const shm::VersionEntry& a, const shm::VersionEntry& b) { return a.step > b.step; });
+      return shm::ToJson(list);
     }
   }
   return shm::StatusToJson(InternalError("unhandled op"));

@@ -20,16 +20,22 @@
 #include <thread>
 #include <vector>
 
-#include "agent/agent_request.h"
 #include "agent/cluster.h"
 #include "agent/durable.h"
 #include "agent/scrub.h"
 #include "common/mutex.h"
 #include "memento/status.h"
+#include "shm/agent_messages.h"
 #include "shm/node_store.h"
 #include "shm/protocol.h"
 
 namespace memento::agent {
+
+// The client <-> agent messages live below both (shm/agent_messages.h).
+using shm::AgentOp;
+using shm::AgentOpName;
+using shm::AgentRequest;
+using shm::ParseAgentRequest;
 
 struct AgentOptions {
   std::string job_id;

@@ -67,11 +67,8 @@ Status AgentChannel::ConnectOnce(Deadline deadline) {
         fmt::format("the agent at {} runs as uid {}, this trainer as uid {}", path,
                     cred.ok() ? static_cast<int64_t>(cred->uid) : -1, geteuid()));
   }
-  json hello = {{"op", "hello"},
-                {"protocol", shm::kProtocolVersion},
-                {"job", options_.job_id},
-                {"rank", options_.rank},
-                {"world_size", options_.world_size}};
+  const json hello = shm::AgentRequestToJson(
+      shm::HelloRequest(options_.job_id, options_.rank, options_.world_size));
   // The agent answers at once; give it a second even when the connect
   // deadline is (nearly) spent.
   Deadline hello_deadline =
@@ -90,7 +87,9 @@ Status AgentChannel::ConnectOnce(Deadline deadline) {
   return Status::Ok();
 }
 
-Result<json> AgentChannel::Call(const json& request, Deadline deadline, double reconnect_s) {
+Result<json> AgentChannel::Call(const shm::AgentRequest& request, Deadline deadline,
+                                double reconnect_s) {
+  const json msg = shm::AgentRequestToJson(request);
   MutexLock l(&mu_);
   Status st;
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -98,7 +97,7 @@ Result<json> AgentChannel::Call(const json& request, Deadline deadline, double r
       st = ConnectLocked(Deadline::AfterSeconds(std::min(options_.connect_timeout_s, reconnect_s)));
       if (!st.ok()) return st;
     }
-    st = shm::SendJson(fd_, request, deadline);
+    st = shm::SendJson(fd_, msg, deadline);
     if (st.ok()) {
       auto reply = shm::RecvJson(fd_, deadline);
       if (reply.ok()) {

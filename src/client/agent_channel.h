@@ -12,6 +12,7 @@
 #include "memento/client.h"
 #include "memento/deadline.h"
 #include "memento/status.h"
+#include "shm/agent_messages.h"
 #include "shm/protocol.h"
 
 namespace memento::client {
@@ -33,8 +34,9 @@ class AgentChannel {
   // One request/response; reconnects once (waiting at most reconnect_s, and
   // never longer than connect_timeout_s) when the agent went away: it may
   // have been restarted, and slots live on in shared memory. An error reply
-  // is returned as its Status.
-  Result<nlohmann::json> Call(const nlohmann::json& request, Deadline deadline,
+  // is returned as its Status; an ok reply is returned whole, for the
+  // Parse...Reply of its op (shm/agent_messages.h).
+  Result<nlohmann::json> Call(const shm::AgentRequest& request, Deadline deadline,
                               double reconnect_s = 2.0) EXCLUDES(mu_);
 
   // The agent's directory.

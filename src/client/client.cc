@@ -25,6 +25,7 @@
 #include "client/slot_prefault.h"
 #include "common/log.h"
 #include "fmt/format.h"
+#include "shm/agent_messages.h"
 #include "shm/node_store.h"
 #include "shm/segment.h"
 #include "shm/slot.h"
@@ -99,20 +100,12 @@ class ClientImpl final : public Client, private client::SlotSink {
                                                              options_.chunk_bytes));
     // The manifest lets an agent in cluster mode publish this rank's
     // inventory (docs/cluster.md); a single-node agent ignores it.
-    json req = {{"op", "seal"},
-                {"rank", options_.rank},
-                {"bytes", layout_.total_bytes},
-                {"manifest", layout_.manifest}};
-    MEMENTO_ASSIGN_OR_RETURN(json reply, agent_.Call(req, Deadline::AfterSeconds(600)));
-    std::vector<std::string> paths;
-    try {
-      paths = reply.at("paths").get<std::vector<std::string>>();
-    } catch (const std::exception& e) {
-      return DataLossError(std::string("malformed seal reply: ") + e.what());
-    }
-    if (paths.size() != shm::kSlotsPerRank) {
-      return DataLossError(fmt::format("seal reply has {} slots", paths.size()));
-    }
+    MEMENTO_ASSIGN_OR_RETURN(
+        json reply,
+        agent_.Call(shm::SealRequest(options_.rank, layout_.total_bytes, layout_.manifest),
+                    Deadline::AfterSeconds(600)));
+    MEMENTO_ASSIGN_OR_RETURN(shm::SealReply sealed, shm::ParseSealReply(reply));
+    const std::vector<std::string>& paths = sealed.paths;
     // Map both slots, but touch only their headers, manifests and tables
     // here (what Snapshot() writes on the training thread); their data
     // regions are touched by the SlotPrefaults, in the background.
@@ -226,14 +219,10 @@ class ClientImpl final : public Client, private client::SlotSink {
     if (!sealed_) return FailedPreconditionError("Restore() before Seal()");
     if (!holds_.MapCommitWord()) return RestoreVersion(std::nullopt);
     // Cluster mode: every rank must load the same step; the agent knows it.
-    json req = {{"op", "target"}, {"rank", options_.rank}};
-    MEMENTO_ASSIGN_OR_RETURN(json reply, agent_.Call(req, Deadline::AfterSeconds(60)));
-    int64_t step = -1;
-    try {
-      step = reply.at("step").get<int64_t>();
-    } catch (const std::exception& e) {
-      return DataLossError(std::string("malformed target reply: ") + e.what());
-    }
+    MEMENTO_ASSIGN_OR_RETURN(
+        json reply, agent_.Call(shm::TargetRequest(options_.rank), Deadline::AfterSeconds(60)));
+    MEMENTO_ASSIGN_OR_RETURN(shm::TargetReply target, shm::ParseTargetReply(reply));
+    const int64_t step = target.step;
     if (step < 0) {
       return NotFoundError(fmt::format(
           "no committed version of job {} yet (rank {}; the agent at {} has none in its commit "
@@ -250,19 +239,16 @@ class ClientImpl final : public Client, private client::SlotSink {
   }
 
   Result<std::vector<VersionInfo>> ListVersions() override {
-    json req = {{"op", "list"}, {"rank", options_.rank}};
-    MEMENTO_ASSIGN_OR_RETURN(json reply, agent_.Call(req, Deadline::AfterSeconds(600)));
+    MEMENTO_ASSIGN_OR_RETURN(
+        json reply, agent_.Call(shm::ListRequest(options_.rank), Deadline::AfterSeconds(600)));
+    MEMENTO_ASSIGN_OR_RETURN(shm::ListReply list, shm::ParseListReply(reply));
     std::vector<VersionInfo> out;
-    try {
-      for (const auto& v : reply.at("versions")) {
-        VersionInfo vi;
-        vi.step = v.at("step").get<int64_t>();
-        vi.committed = v.at("intact").get<bool>();
-        vi.bytes = v.at("bytes").get<uint64_t>();
-        out.push_back(vi);
-      }
-    } catch (const std::exception& e) {
-      return DataLossError(std::string("malformed list reply: ") + e.what());
+    for (const shm::VersionEntry& v : list.versions) {
+      VersionInfo vi;
+      vi.step = v.step;
+      vi.committed = v.intact;
+      vi.bytes = v.bytes;
+      out.push_back(vi);
     }
     return out;
   }
@@ -341,8 +327,8 @@ class ClientImpl final : public Client, private client::SlotSink {
     if (!holds_.cluster()) return;
     // Tell the agent at once: the other nodes stop protecting `step`, which
     // cannot commit without this node (docs/cluster_save.md, "Skips").
-    json req = {{"op", "skipped"}, {"rank", options_.rank}, {"step", step}};
-    auto reply = agent_.Call(req, Deadline::AfterSeconds(2), /*reconnect_s=*/0);
+    auto reply = agent_.Call(shm::SkippedRequest(options_.rank, step), Deadline::AfterSeconds(2),
+                             /*reconnect_s=*/0);
     if (!reply.ok()) {
       MEMENTO_LOG_WARN("snapshot {} skipped; the agent was not told: {}", step,
                        reply.status().ToString());
@@ -358,9 +344,9 @@ class ClientImpl final : public Client, private client::SlotSink {
   void CompleteSlot(int slot, int64_t step) override {
     shm::CompleteSlotWrite(*segments_[slot]);  // node-local complete, last
     SetNewestSlot(slot);
-    json req = {{"op", "complete"}, {"rank", options_.rank}, {"slot", slot}, {"step", step}};
     // One reconnect attempt at most: the trainer must not wait on a dead agent.
-    auto reply = agent_.Call(req, Deadline::AfterSeconds(10), /*reconnect_s=*/0);
+    auto reply = agent_.Call(shm::CompleteRequest(options_.rank, slot, step),
+                             Deadline::AfterSeconds(10), /*reconnect_s=*/0);
     if (!reply.ok()) {
       MEMENTO_LOG_WARN("step {} is complete in shared memory but the agent was not told: {}", step,
                        reply.status().ToString());

@@ -14,8 +14,6 @@
 namespace memento::client {
 namespace {
 
-using nlohmann::json;
-
 // Checks every chunk of the version `info` describes against its checksum,
 // on the copy engine's number of threads, reading the slot only. DataLoss
 // naming the first bad chunk; Aborted when the slot was rewritten meanwhile.
@@ -177,8 +175,11 @@ Result<RestoredVersion> RestoreVersion(const RestoreContext& ctx, std::optional<
     MEMENTO_LOG_ERROR("restore: {}{}", line, only.has_value() ? "" : "; trying an older version");
     stats.skipped.push_back(line);
     // Corruption at rest: have the agent re-check, so its inventory agrees.
-    json req = {{"op", "verify"}, {"rank", options.rank}, {"slot", c.slot}};
-    ctx.agent->Call(req, Deadline::AfterSeconds(60), /*reconnect_s=*/0).status().IgnoreError();
+    ctx.agent
+        ->Call(shm::VerifyRequest(options.rank, c.slot), Deadline::AfterSeconds(60),
+               /*reconnect_s=*/0)
+        .status()
+        .IgnoreError();
   }
   stats.restore_s = sw.Seconds();
   *out = stats;

@@ -1,5 +1,5 @@
 // What a client may ask the node store for: the ranks and slot sizes the
-// agent accepts from a trainer (agent/agent_request.h) and that
+// agent accepts from a trainer (shm/agent_messages.h) and that
 // NodeStore::EnsureSlots / EnsureSlot check again before they allocate.
 //
 // Thread safety: free functions.

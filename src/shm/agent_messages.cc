@@ -1,0 +1,450 @@
+#include "shm/agent_messages.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "fmt/format.h"
+#include "shm/protocol.h"
+#include "shm/slot_format.h"
+#include "shm/slot_limits.h"
+
+namespace memento::shm {
+
+using nlohmann::json;
+
+namespace {
+
+// Every field name of the protocol, spelled once.
+constexpr const char* kOp = "op";
+constexpr const char* kProtocol = "protocol";
+constexpr const char* kJob = "job";
+constexpr const char* kWorldSize = "world_size";
+constexpr const char* kRank = "rank";
+constexpr const char* kBytes = "bytes";
+constexpr const char* kManifest = "manifest";
+constexpr const char* kSlot = "slot";
+constexpr const char* kStep = "step";
+constexpr const char* kNode = "node";
+constexpr const char* kRoot = "root";
+constexpr const char* kPid = "pid";
+constexpr const char* kPaths = "paths";
+constexpr const char* kSlotStatus = "slot_status";
+constexpr const char* kVersions = "versions";
+constexpr const char* kIntact = "intact";
+constexpr const char* kError = "error";
+
+constexpr AgentOp kOps[] = {AgentOp::kHello,    AgentOp::kPing,    AgentOp::kSeal,
+                            AgentOp::kComplete, AgentOp::kSkipped, AgentOp::kTarget,
+                            AgentOp::kVerify,   AgentOp::kList};
+constexpr int64_t kMaxStep = std::numeric_limits<int64_t>::max();
+
+// A value for an error message: its JSON text, cut short.
+std::string Shown(const json& v) {
+  std::string s = v.dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace);
+  if (s.size() > 64) s = s.substr(0, 61) + "...";
+  return s;
+}
+
+// The deepest nesting of [ and { outside strings: nlohmann's parser is
+// iterative, but a value nested a million deep is still no request.
+bool NestsDeeperThan(std::string_view body, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    char c = body[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+// The checked fields of one message; `what` names it in errors
+// ("'seal' request", "'list' reply").
+class Fields {
+ public:
+  Fields(const json& msg, std::string what) : msg_(msg), what_(std::move(what)) {}
+
+  Result<const json*> Get(const char* name) const {
+    auto it = msg_.is_object() ? msg_.find(name) : msg_.end();
+    if (it == msg_.end()) {
+      return InvalidArgumentError(fmt::format("{} lacks the field '{}'", what_, name));
+    }
+    return &*it;
+  }
+
+  // An integer (not a float, not a string) in [lo, hi].
+  Result<int64_t> Int(const char* name, int64_t lo, int64_t hi) const {
+    MEMENTO_ASSIGN_OR_RETURN(const json* v, Get(name));
+    bool in_range = false;
+    int64_t n = 0;
+    if (v->is_number_unsigned()) {
+      uint64_t u = v->get<uint64_t>();
+      in_range = u <= static_cast<uint64_t>(hi) && static_cast<int64_t>(u) >= lo;
+      n = static_cast<int64_t>(u);
+    } else if (v->is_number_integer()) {
+      n = v->get<int64_t>();
+      in_range = n >= lo && n <= hi;
+    }
+    if (!in_range) return Bad(name, *v, fmt::format("an integer in [{}, {}]", lo, hi));
+    return n;
+  }
+
+  Result<uint64_t> Uint(const char* name, uint64_t lo, uint64_t hi) const {
+    MEMENTO_ASSIGN_OR_RETURN(const json* v, Get(name));
+    if (!v->is_number_unsigned() || v->get<uint64_t>() < lo || v->get<uint64_t>() > hi) {
+      return Bad(name, *v, fmt::format("an integer in [{}, {}]", lo, hi));
+    }
+    return v->get<uint64_t>();
+  }
+
+  Result<std::string> String(const char* name) const {
+    MEMENTO_ASSIGN_OR_RETURN(const json* v, Get(name));
+    if (!v->is_string()) return Bad(name, *v, "a string");
+    return v->get<std::string>();
+  }
+
+  Result<bool> Bool(const char* name) const {
+    MEMENTO_ASSIGN_OR_RETURN(const json* v, Get(name));
+    if (!v->is_boolean()) return Bad(name, *v, "true or false");
+    return v->get<bool>();
+  }
+
+  // An array of at most `max_size` elements.
+  Result<const json*> Array(const char* name, size_t max_size) const {
+    MEMENTO_ASSIGN_OR_RETURN(const json* v, Get(name));
+    if (!v->is_array() || v->size() > max_size) {
+      return Bad(name, *v, fmt::format("an array of at most {} elements", max_size));
+    }
+    return v;
+  }
+
+  Result<const json*> Object(const char* name) const {
+    MEMENTO_ASSIGN_OR_RETURN(const json* v, Get(name));
+    if (!v->is_object()) return Bad(name, *v, "an object");
+    return v;
+  }
+
+  Status Bad(const char* name, const json& v, const std::string& want) const {
+    return InvalidArgumentError(fmt::format("{}: field '{}' must be {}, got {} ({})", what_, name,
+                                            want, Shown(v), v.type_name()));
+  }
+
+  const std::string& what() const { return what_; }
+
+ private:
+  const json& msg_;
+  const std::string what_;
+};
+
+std::string Request(AgentOp op) { return fmt::format("'{}' request", AgentOpName(op)); }
+std::string Reply(AgentOp op) { return fmt::format("'{}' reply", AgentOpName(op)); }
+
+json OkReply() { return StatusToJson(Status::Ok()); }
+
+}  // namespace
+
+const char* AgentOpName(AgentOp op) {
+  switch (op) {
+    case AgentOp::kHello:
+      return "hello";
+    case AgentOp::kPing:
+      return "ping";
+    case AgentOp::kSeal:
+      return "seal";
+    case AgentOp::kComplete:
+      return "complete";
+    case AgentOp::kSkipped:
+      return "skipped";
+    case AgentOp::kTarget:
+      return "target";
+    case AgentOp::kVerify:
+      return "verify";
+    case AgentOp::kList:
+      return "list";
+  }
+  return "unknown";
+}
+
+// ---- Requests ----------------------------------------------------------------
+
+namespace {
+AgentRequest RankRequest(AgentOp op, int rank) {
+  AgentRequest r;
+  r.op = op;
+  r.rank = rank;
+  return r;
+}
+}  // namespace
+
+AgentRequest HelloRequest(const std::string& job, int rank, int world_size) {
+  AgentRequest r = RankRequest(AgentOp::kHello, rank);
+  r.protocol = kProtocolVersion;
+  r.job = job;
+  r.world_size = world_size;
+  return r;
+}
+
+AgentRequest SealRequest(int rank, uint64_t bytes, std::string manifest) {
+  AgentRequest r = RankRequest(AgentOp::kSeal, rank);
+  r.bytes = bytes;
+  r.has_manifest = true;
+  r.manifest = std::move(manifest);
+  return r;
+}
+
+AgentRequest CompleteRequest(int rank, int slot, int64_t step) {
+  AgentRequest r = RankRequest(AgentOp::kComplete, rank);
+  r.slot = slot;
+  r.step = step;
+  return r;
+}
+
+AgentRequest SkippedRequest(int rank, int64_t step) {
+  AgentRequest r = RankRequest(AgentOp::kSkipped, rank);
+  r.step = step;
+  return r;
+}
+
+AgentRequest TargetRequest(int rank) { return RankRequest(AgentOp::kTarget, rank); }
+
+AgentRequest VerifyRequest(int rank, int slot) {
+  AgentRequest r = RankRequest(AgentOp::kVerify, rank);
+  r.slot = slot;
+  return r;
+}
+
+AgentRequest ListRequest(int rank) { return RankRequest(AgentOp::kList, rank); }
+
+json AgentRequestToJson(const AgentRequest& r) {
+  json msg = {{kOp, AgentOpName(r.op)}};
+  if (r.op == AgentOp::kPing) return msg;
+  msg[kRank] = r.rank;
+  switch (r.op) {
+    case AgentOp::kHello:
+      msg[kProtocol] = r.protocol;
+      msg[kJob] = r.job;
+      if (r.world_size > 0) msg[kWorldSize] = r.world_size;
+      break;
+    case AgentOp::kSeal:
+      msg[kBytes] = r.bytes;
+      if (r.has_manifest) msg[kManifest] = r.manifest;
+      break;
+    case AgentOp::kComplete:
+      msg[kSlot] = r.slot;
+      msg[kStep] = r.step;
+      break;
+    case AgentOp::kSkipped:
+      msg[kStep] = r.step;
+      break;
+    case AgentOp::kVerify:
+      msg[kSlot] = r.slot;
+      break;
+    case AgentOp::kPing:
+    case AgentOp::kTarget:
+    case AgentOp::kList:
+      break;
+  }
+  return msg;
+}
+
+Result<AgentRequest> ParseAgentRequest(std::string_view body) {
+  if (NestsDeeperThan(body, kMaxRequestDepth)) {
+    return InvalidArgumentError(
+        fmt::format("malformed request: nests deeper than {} levels", kMaxRequestDepth));
+  }
+  json msg = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (msg.is_discarded()) {
+    return InvalidArgumentError(
+        fmt::format("malformed request: {} bytes that are not JSON", body.size()));
+  }
+  return AgentRequestFromJson(msg);
+}
+
+Result<AgentRequest> AgentRequestFromJson(const json& msg) {
+  if (!msg.is_object()) {
+    return InvalidArgumentError(
+        fmt::format("malformed request: a JSON {}, not an object", msg.type_name()));
+  }
+  auto op_it = msg.find(kOp);
+  if (op_it == msg.end() || !op_it->is_string()) {
+    return InvalidArgumentError(
+        fmt::format("malformed request: no \"op\" string{}",
+                    op_it == msg.end() ? "" : fmt::format(" (got {})", Shown(*op_it))));
+  }
+  const std::string& name = op_it->get_ref<const std::string&>();
+  AgentRequest r;
+  bool known = false;
+  for (AgentOp op : kOps) {
+    if (name == AgentOpName(op)) {
+      r.op = op;
+      known = true;
+    }
+  }
+  if (!known) {
+    return InvalidArgumentError(fmt::format(
+        "unknown op {} (known: hello, ping, seal, complete, skipped, target, verify, list)",
+        Shown(*op_it)));
+  }
+  if (r.op == AgentOp::kPing) return r;
+  const Fields f(msg, Request(r.op));
+  MEMENTO_ASSIGN_OR_RETURN(int64_t rank, f.Int(kRank, 0, kMaxRank));
+  r.rank = static_cast<int>(rank);
+  switch (r.op) {
+    case AgentOp::kHello: {
+      MEMENTO_ASSIGN_OR_RETURN(uint64_t protocol,
+                               f.Uint(kProtocol, 0, std::numeric_limits<uint32_t>::max()));
+      r.protocol = static_cast<uint32_t>(protocol);
+      MEMENTO_ASSIGN_OR_RETURN(r.job, f.String(kJob));
+      if (r.job.empty()) return InvalidArgumentError("'hello' request: field 'job' is empty");
+      if (msg.contains(kWorldSize)) {
+        MEMENTO_ASSIGN_OR_RETURN(int64_t world_size, f.Int(kWorldSize, 1, int64_t{kMaxRank} + 1));
+        r.world_size = static_cast<int>(world_size);
+      }
+      break;
+    }
+    case AgentOp::kSeal: {
+      MEMENTO_ASSIGN_OR_RETURN(r.bytes, f.Uint(kBytes, kSlotHeaderBytes, kMaxSlotBytes));
+      if (msg.contains(kManifest)) {
+        MEMENTO_ASSIGN_OR_RETURN(r.manifest, f.String(kManifest));
+        r.has_manifest = true;
+      }
+      break;
+    }
+    case AgentOp::kComplete: {
+      MEMENTO_ASSIGN_OR_RETURN(int64_t slot, f.Int(kSlot, 0, kSlotsPerRank - 1));
+      r.slot = static_cast<int>(slot);
+      MEMENTO_ASSIGN_OR_RETURN(r.step, f.Int(kStep, 0, kMaxStep));
+      break;
+    }
+    case AgentOp::kSkipped: {
+      MEMENTO_ASSIGN_OR_RETURN(r.step, f.Int(kStep, 0, kMaxStep));
+      break;
+    }
+    case AgentOp::kVerify: {
+      MEMENTO_ASSIGN_OR_RETURN(int64_t slot, f.Int(kSlot, 0, kSlotsPerRank - 1));
+      r.slot = static_cast<int>(slot);
+      break;
+    }
+    case AgentOp::kPing:
+    case AgentOp::kTarget:
+    case AgentOp::kList:
+      break;
+  }
+  return r;
+}
+
+// ---- Replies -------------------------------------------------------------------
+
+json ToJson(const HelloReply& reply) {
+  json r = OkReply();
+  r[kNode] = reply.node;
+  r[kRoot] = reply.root;
+  r[kPid] = reply.pid;
+  return r;
+}
+
+json ToJson(const SealReply& reply) {
+  json r = OkReply();
+  r[kPaths] = reply.paths;
+  return r;
+}
+
+json ToJson(const TargetReply& reply) {
+  json r = OkReply();
+  r[kStep] = reply.step;
+  return r;
+}
+
+json ToJson(const VerifyReply& reply) {
+  json r = OkReply();
+  r[kSlotStatus] = StatusToJson(reply.slot_status);
+  return r;
+}
+
+json ToJson(const ListReply& reply) {
+  json versions = json::array();
+  for (const VersionEntry& v : reply.versions) {
+    versions.push_back({{kStep, v.step},
+                        {kSlot, v.slot},
+                        {kIntact, v.intact},
+                        {kBytes, v.bytes},
+                        {kError, v.error}});
+  }
+  json r = OkReply();
+  r[kVersions] = std::move(versions);
+  return r;
+}
+
+Result<HelloReply> ParseHelloReply(const json& reply) {
+  const Fields f(reply, Reply(AgentOp::kHello));
+  HelloReply out;
+  MEMENTO_ASSIGN_OR_RETURN(int64_t node, f.Int(kNode, 0, std::numeric_limits<int>::max()));
+  out.node = static_cast<int>(node);
+  MEMENTO_ASSIGN_OR_RETURN(out.root, f.String(kRoot));
+  MEMENTO_ASSIGN_OR_RETURN(out.pid, f.Int(kPid, 1, std::numeric_limits<int>::max()));
+  return out;
+}
+
+Result<SealReply> ParseSealReply(const json& reply) {
+  const Fields f(reply, Reply(AgentOp::kSeal));
+  MEMENTO_ASSIGN_OR_RETURN(const json* paths, f.Array(kPaths, kSlotsPerRank));
+  SealReply out;
+  for (const json& p : *paths) {
+    if (!p.is_string() || p.get_ref<const std::string&>().empty()) {
+      return f.Bad(kPaths, *paths, fmt::format("{} non-empty strings", kSlotsPerRank));
+    }
+    out.paths.push_back(p.get<std::string>());
+  }
+  if (out.paths.size() != kSlotsPerRank) {
+    return f.Bad(kPaths, *paths, fmt::format("{} non-empty strings", kSlotsPerRank));
+  }
+  return out;
+}
+
+Result<TargetReply> ParseTargetReply(const json& reply) {
+  const Fields f(reply, Reply(AgentOp::kTarget));
+  TargetReply out;
+  MEMENTO_ASSIGN_OR_RETURN(out.step, f.Int(kStep, -1, kMaxStep));
+  return out;
+}
+
+Result<VerifyReply> ParseVerifyReply(const json& reply) {
+  const Fields f(reply, Reply(AgentOp::kVerify));
+  MEMENTO_ASSIGN_OR_RETURN(const json* st, f.Object(kSlotStatus));
+  VerifyReply out;
+  out.slot_status = StatusFromJson(*st);
+  return out;
+}
+
+Result<ListReply> ParseListReply(const json& reply) {
+  const Fields f(reply, Reply(AgentOp::kList));
+  MEMENTO_ASSIGN_OR_RETURN(const json* versions, f.Array(kVersions, kSlotsPerRank));
+  ListReply out;
+  for (size_t i = 0; i < versions->size(); ++i) {
+    const json& v = (*versions)[i];
+    const Fields e(v, fmt::format("{}: {}[{}]", f.what(), kVersions, i));
+    if (!v.is_object()) return f.Bad(kVersions, *versions, "an array of objects");
+    VersionEntry entry;
+    MEMENTO_ASSIGN_OR_RETURN(entry.step, e.Int(kStep, 0, kMaxStep));
+    MEMENTO_ASSIGN_OR_RETURN(int64_t slot, e.Int(kSlot, 0, kSlotsPerRank - 1));
+    entry.slot = static_cast<int>(slot);
+    MEMENTO_ASSIGN_OR_RETURN(entry.intact, e.Bool(kIntact));
+    MEMENTO_ASSIGN_OR_RETURN(entry.bytes, e.Uint(kBytes, 0, std::numeric_limits<uint64_t>::max()));
+    MEMENTO_ASSIGN_OR_RETURN(entry.error, e.String(kError));
+    out.versions.push_back(std::move(entry));
+  }
+  return out;
+}
+
+}  // namespace memento::shm

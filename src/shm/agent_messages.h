@@ -1,0 +1,126 @@
+// The messages between a trainer's client and its node agent on agent.sock
+// (framing: shm/protocol.h; the operations: docs/node_store.md, "Agent
+// protocol"). One typed struct per message, encoded and decoded here for
+// both directions, so each field's name is spelled once (agent_messages.cc):
+//
+//   client:  SendJson(fd, AgentRequestToJson(SealRequest(rank, bytes, m)))
+//   agent:   auto req = ParseAgentRequest(frame_body);  // every field checked
+//            if (!req.ok()) reply(StatusToJson(req.status()));  // names the field
+//            ... reply(ToJson(SealReply{paths}));
+//   client:  MEMENTO_ASSIGN_OR_RETURN(SealReply r, ParseSealReply(reply));
+//
+// The decoders are pure functions of the message (no agent or client
+// state), so that they can be fuzzed on their own (issue 21, section 5).
+// Every malformed message, in either direction, is InvalidArgument naming
+// the op, the field, the value received and what was expected.
+//
+// Thread safety: free functions.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "memento/status.h"
+
+namespace memento::shm {
+
+enum class AgentOp { kHello, kPing, kSeal, kComplete, kSkipped, kTarget, kVerify, kList };
+const char* AgentOpName(AgentOp op);
+
+// ---- Requests (client -> agent) ---------------------------------------------
+
+// One request. Only the fields of its op are set; the others keep these
+// defaults.
+struct AgentRequest {
+  AgentOp op = AgentOp::kPing;
+  uint32_t protocol = 0;  // hello: the client's protocol version
+  std::string job;        // hello: the job the client belongs to (non-empty)
+  int world_size = 0;     // hello: the job's world size (optional: 0 when not sent)
+  int rank = -1;          // every op but ping: in [0, shm::kMaxRank]
+  // seal: the size of each of the rank's two slots, in
+  // [shm::kSlotHeaderBytes, shm::kMaxSlotBytes].
+  uint64_t bytes = 0;
+  bool has_manifest = false;  // seal: whether "manifest" was sent
+  std::string manifest;       // seal: the rank's tensors (shm::EncodeManifest text)
+  int slot = -1;              // complete, verify: in [0, shm::kSlotsPerRank)
+  int64_t step = -1;          // complete, skipped: >= 0
+};
+
+// The requests a client sends (hello carries shm::kProtocolVersion).
+AgentRequest HelloRequest(const std::string& job, int rank, int world_size);
+AgentRequest SealRequest(int rank, uint64_t bytes, std::string manifest);
+AgentRequest CompleteRequest(int rank, int slot, int64_t step);
+AgentRequest SkippedRequest(int rank, int64_t step);
+AgentRequest TargetRequest(int rank);
+AgentRequest VerifyRequest(int rank, int slot);
+AgentRequest ListRequest(int rank);
+
+// The JSON of a request: "op" and the fields of its op.
+nlohmann::json AgentRequestToJson(const AgentRequest& request);
+
+// Deepest nesting of arrays and objects a request may have (requests are
+// flat; this keeps a hostile message from exhausting the parser's stack).
+inline constexpr int kMaxRequestDepth = 16;
+
+// Parses one frame's body. InvalidArgument, naming the op, the field, the
+// value received and what was expected, for: a body that is not a JSON
+// object (or nests deeper than kMaxRequestDepth), a missing or unknown "op",
+// a missing field, a field of the wrong type (a float or string where an
+// integer belongs, e.g. "bytes": 1e30), or a value out of range (a negative
+// or huge rank, "bytes": 0). Fields an op does not use are ignored.
+Result<AgentRequest> ParseAgentRequest(std::string_view body);
+// The same for a message already parsed as JSON.
+Result<AgentRequest> AgentRequestFromJson(const nlohmann::json& msg);
+
+// ---- Replies (agent -> client) ----------------------------------------------
+//
+// A reply is shm::StatusToJson(status) ({"ok": true}, or the error's code and
+// message) and, when ok, the fields of its op below. complete, skipped and
+// ping answer the status alone. ToJson(...) writes an ok reply; the Parse
+// functions read the fields of a reply whose status was ok (StatusFromJson
+// first).
+
+struct HelloReply {
+  int node = 0;
+  std::string root;  // the agent's directory
+  int64_t pid = 0;   // the agent's process id
+};
+struct SealReply {
+  std::vector<std::string> paths;  // the rank's slot files, kSlotsPerRank of them
+};
+struct TargetReply {
+  int64_t step = -1;  // the step the cluster restores; -1: none
+};
+struct VerifyReply {
+  Status slot_status;  // the slot's verification result
+};
+struct VersionEntry {  // one complete slot of a rank
+  int64_t step = -1;
+  int slot = -1;
+  bool intact = false;  // verified against its checksums
+  uint64_t bytes = 0;
+  std::string error;  // why it is not intact; empty when it is
+};
+struct ListReply {
+  std::vector<VersionEntry> versions;  // newest first
+};
+
+nlohmann::json ToJson(const HelloReply& reply);
+nlohmann::json ToJson(const SealReply& reply);
+nlohmann::json ToJson(const TargetReply& reply);
+nlohmann::json ToJson(const VerifyReply& reply);
+nlohmann::json ToJson(const ListReply& reply);
+
+// InvalidArgument naming the op and the field for a reply that lacks a
+// field or holds one of the wrong type or range (a seal reply with other
+// than kSlotsPerRank paths, a negative pid, a slot other than 0 or 1).
+Result<HelloReply> ParseHelloReply(const nlohmann::json& reply);
+Result<SealReply> ParseSealReply(const nlohmann::json& reply);
+Result<TargetReply> ParseTargetReply(const nlohmann::json& reply);
+Result<VerifyReply> ParseVerifyReply(const nlohmann::json& reply);
+Result<ListReply> ParseListReply(const nlohmann::json& reply);
+
+}  // namespace memento::shm

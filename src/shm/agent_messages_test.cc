@@ -1,0 +1,189 @@
+#include "shm/agent_messages.h"
+
+#include <gtest/gtest.h>
+
+#include "shm/protocol.h"
+#include "shm/slot_limits.h"
+
+namespace memento::shm {
+namespace {
+
+TEST(AgentRequestTest, ParsesEveryOpTheClientSends) {
+  auto hello = ParseAgentRequest(R"({"op":"hello","protocol":1,"job":"j","rank":3,"pid":9})");
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  EXPECT_EQ(hello->op, AgentOp::kHello);
+  EXPECT_EQ(hello->protocol, 1u);
+  EXPECT_EQ(hello->job, "j");
+  EXPECT_EQ(hello->rank, 3);
+  auto seal = ParseAgentRequest(R"({"op":"seal","rank":0,"bytes":8192,"manifest":"[]"})");
+  ASSERT_TRUE(seal.ok()) << seal.status();
+  EXPECT_EQ(seal->bytes, 8192u);
+  EXPECT_TRUE(seal->has_manifest);
+  EXPECT_EQ(seal->manifest, "[]");
+  auto bare = ParseAgentRequest(R"({"op":"seal","rank":0,"bytes":4096})");
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_FALSE(bare->has_manifest);
+  auto complete = ParseAgentRequest(R"({"op":"complete","rank":2,"slot":1,"step":40})");
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  EXPECT_EQ(complete->slot, 1);
+  EXPECT_EQ(complete->step, 40);
+  EXPECT_TRUE(ParseAgentRequest(R"({"op":"skipped","rank":2,"step":0})").ok());
+  EXPECT_TRUE(ParseAgentRequest(R"({"op":"target","rank":2})").ok());
+  EXPECT_TRUE(ParseAgentRequest(R"({"op":"verify","rank":2,"slot":0})").ok());
+  EXPECT_TRUE(ParseAgentRequest(R"({"op":"list","rank":2})").ok());
+  EXPECT_TRUE(ParseAgentRequest(R"({"op":"ping"})").ok());
+  auto top = ParseAgentRequest(R"({"op":"seal","rank":1073741823,"bytes":281474976710656})");
+  ASSERT_TRUE(top.ok()) << top.status();
+  EXPECT_EQ(top->rank, kMaxRank);
+  EXPECT_EQ(top->bytes, kMaxSlotBytes);
+}
+
+TEST(AgentRequestTest, ErrorsNameTheFieldAndTheValue) {
+  auto r = ParseAgentRequest(R"({"op":"seal","rank":0,"bytes":1e30})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("'bytes'"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("1e+30"), std::string::npos) << r.status();
+  r = ParseAgentRequest(R"({"op":"seal","rank":0,"bytes":281474976710657})");
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  r = ParseAgentRequest(R"({"op":"seal","rank":1073741824,"bytes":8192})");
+  EXPECT_NE(r.status().message().find("'rank'"), std::string::npos) << r.status();
+  // Strings inside the message may hold brackets without counting as depth.
+  std::string deep_string = R"({"op":"ping","x":")" + std::string(1000, '[') + R"("})";
+  EXPECT_TRUE(ParseAgentRequest(deep_string).ok());
+  std::string deep = R"({"op":"ping","x":)" + std::string(20, '[') + std::string(20, ']') + "}";
+  EXPECT_EQ(ParseAgentRequest(deep).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Every request the client builds comes back from the agent's parser as it
+// was built, through the bytes that cross the socket.
+TEST(AgentRequestTest, EveryRequestRoundTripsThroughTheWire) {
+  const std::vector<AgentRequest> requests = {HelloRequest("job-1", 7, 16),
+                                              SealRequest(3, 1 << 20, "[]"),
+                                              CompleteRequest(2, 1, 41),
+                                              SkippedRequest(2, 0),
+                                              TargetRequest(5),
+                                              VerifyRequest(5, 0),
+                                              ListRequest(kMaxRank),
+                                              AgentRequest{}};
+  for (const AgentRequest& sent : requests) {
+    auto got = ParseAgentRequest(AgentRequestToJson(sent).dump());
+    ASSERT_TRUE(got.ok()) << AgentOpName(sent.op) << ": " << got.status();
+    EXPECT_EQ(got->op, sent.op);
+    EXPECT_EQ(got->protocol, sent.protocol);
+    EXPECT_EQ(got->job, sent.job);
+    EXPECT_EQ(got->world_size, sent.world_size);
+    EXPECT_EQ(got->rank, sent.rank);
+    EXPECT_EQ(got->bytes, sent.bytes);
+    EXPECT_EQ(got->has_manifest, sent.has_manifest);
+    EXPECT_EQ(got->manifest, sent.manifest);
+    EXPECT_EQ(got->slot, sent.slot);
+    EXPECT_EQ(got->step, sent.step);
+  }
+  EXPECT_EQ(HelloRequest("j", 0, 1).protocol, kProtocolVersion);
+}
+
+TEST(AgentRequestTest, ABadWorldSizeInHelloIsNamed) {
+  auto r = ParseAgentRequest(R"({"op":"hello","protocol":1,"job":"j","rank":0,"world_size":0})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("'world_size'"), std::string::npos) << r.status();
+}
+
+// Every reply the agent writes comes back from the client's parser as it
+// was written, through the bytes that cross the socket.
+TEST(AgentReplyTest, EveryReplyRoundTripsThroughTheWire) {
+  auto wire = [](const nlohmann::json& j) { return nlohmann::json::parse(j.dump()); };
+  auto hello = ParseHelloReply(wire(ToJson(HelloReply{3, "/dev/shm/memento/j/node3", 4242})));
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  EXPECT_EQ(hello->node, 3);
+  EXPECT_EQ(hello->root, "/dev/shm/memento/j/node3");
+  EXPECT_EQ(hello->pid, 4242);
+
+  auto seal = ParseSealReply(wire(ToJson(SealReply{{"/a/rank0.slot0", "/a/rank0.slot1"}})));
+  ASSERT_TRUE(seal.ok()) << seal.status();
+  EXPECT_EQ(seal->paths, (std::vector<std::string>{"/a/rank0.slot0", "/a/rank0.slot1"}));
+
+  for (int64_t step : {int64_t{-1}, int64_t{0}, int64_t{1} << 40}) {
+    auto target = ParseTargetReply(wire(ToJson(TargetReply{step})));
+    ASSERT_TRUE(target.ok()) << target.status();
+    EXPECT_EQ(target->step, step);
+  }
+
+  auto ok = ParseVerifyReply(wire(ToJson(VerifyReply{Status::Ok()})));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->slot_status.ok());
+  auto bad = ParseVerifyReply(wire(ToJson(VerifyReply{DataLossError("chunk 3 fails")})));
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_EQ(bad->slot_status.code(), StatusCode::kDataLoss);
+  EXPECT_NE(bad->slot_status.message().find("chunk 3 fails"), std::string::npos);
+
+  ListReply list;
+  list.versions.push_back({12, 1, true, 1 << 20, ""});
+  list.versions.push_back({11, 0, false, 4096, "chunk 0 fails its checksum"});
+  auto got = ParseListReply(wire(ToJson(list)));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->versions.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(got->versions[i].step, list.versions[i].step);
+    EXPECT_EQ(got->versions[i].slot, list.versions[i].slot);
+    EXPECT_EQ(got->versions[i].intact, list.versions[i].intact);
+    EXPECT_EQ(got->versions[i].bytes, list.versions[i].bytes);
+    EXPECT_EQ(got->versions[i].error, list.versions[i].error);
+  }
+  EXPECT_TRUE(ParseListReply(wire(ToJson(ListReply{}))).value().versions.empty());
+}
+
+// A malformed reply is InvalidArgument naming the op and the field, never an
+// exception or a half-filled struct.
+TEST(AgentReplyTest, MalformedRepliesNameTheOpAndTheField) {
+  struct Case {
+    const char* json;
+    const char* op;     // which parser
+    const char* field;  // what the message must name
+  };
+  const Case cases[] = {
+      {R"({"ok":true})", "seal", "'paths'"},
+      {R"({"ok":true,"paths":"/a"})", "seal", "'paths'"},
+      {R"({"ok":true,"paths":["/a"]})", "seal", "'paths'"},
+      {R"({"ok":true,"paths":["/a","/b","/c"]})", "seal", "'paths'"},
+      {R"({"ok":true,"paths":["/a",7]})", "seal", "'paths'"},
+      {R"({"ok":true,"paths":["/a",""]})", "seal", "'paths'"},
+      {R"({"ok":true})", "target", "'step'"},
+      {R"({"ok":true,"step":"4"})", "target", "'step'"},
+      {R"({"ok":true,"step":-2})", "target", "'step'"},
+      {R"({"ok":true,"step":1.5})", "target", "'step'"},
+      {R"({"ok":true,"slot_status":true})", "verify", "'slot_status'"},
+      {R"({"ok":true})", "list", "'versions'"},
+      {R"({"ok":true,"versions":{}})", "list", "'versions'"},
+      {R"({"ok":true,"versions":[1]})", "list", "'versions'"},
+      {R"({"ok":true,"versions":[{},{},{}]})", "list", "'versions'"},
+      {R"({"ok":true,"versions":[{"step":1,"slot":2,"intact":true,"bytes":1,"error":""}]})", "list",
+       "'slot'"},
+      {R"({"ok":true,"versions":[{"step":1,"slot":0,"intact":1,"bytes":1,"error":""}]})", "list",
+       "'intact'"},
+      {R"({"ok":true,"versions":[{"step":1,"slot":0,"intact":true,"bytes":-1,"error":""}]})",
+       "list", "'bytes'"},
+      {R"({"ok":true,"versions":[{"step":1,"slot":0,"intact":true,"bytes":1}]})", "list",
+       "'error'"},
+      {R"({"ok":true,"node":0,"root":"/r","pid":0})", "hello", "'pid'"},
+      {R"({"ok":true,"node":-1,"root":"/r","pid":5})", "hello", "'node'"},
+      {R"([1,2])", "hello", "'node'"},
+  };
+  for (const Case& c : cases) {
+    const nlohmann::json j = nlohmann::json::parse(c.json);
+    Status st;
+    const std::string op = c.op;
+    if (op == "seal") st = ParseSealReply(j).status();
+    if (op == "target") st = ParseTargetReply(j).status();
+    if (op == "verify") st = ParseVerifyReply(j).status();
+    if (op == "list") st = ParseListReply(j).status();
+    if (op == "hello") st = ParseHelloReply(j).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.json << ": " << st;
+    EXPECT_NE(st.message().find("'" + op + "' reply"), std::string::npos) << c.json << ": " << st;
+    EXPECT_NE(st.message().find(c.field), std::string::npos) << c.json << ": " << st;
+  }
+}
+
+}  // namespace
+}  // namespace memento::shm
