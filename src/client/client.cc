@@ -224,6 +224,11 @@ class ClientImpl final : public Client, private client::SlotSink {
     MEMENTO_ASSIGN_OR_RETURN(shm::TargetReply target, shm::ParseTargetReply(reply));
     const int64_t step = target.step;
     if (step < 0) {
+      // Nothing committed: the job starts over, and what these slots hold
+      // belongs to an attempt the cluster abandoned. Snapshots from step 1
+      // on must not be refused as older than those uncommitted steps (they
+      // are overwritten like any version that is not the committed one).
+      last_step_ = -1;
       return NotFoundError(fmt::format(
           "no committed version of job {} yet (rank {}; the agent at {} has none in its commit "
           "log and no restore target)",

@@ -431,5 +431,41 @@ TEST_F(ClusterKillTest, TrainerKilledMidSnapshotKeepsTheCommittedVersion) {
   EXPECT_EQ(after.restored[0].second, before.digests.at(committed));
 }
 
+// A failure before anything committed (chaos campaign seed 0xed6f0b09: under
+// load the plan came late and no step committed before an agent was killed):
+// the trainers restart from scratch while their slots still hold the steps
+// of the abandoned attempt. Restore() says NotFound (no commit, no restore
+// target) and the trainer starts over at step 1: its snapshots must not be
+// refused as older than the uncommitted steps the slots hold (the job ended
+// with exit 1 after every restart failed the same way).
+TEST_F(ClusterKillTest, NothingCommittedTheRestartedTrainerStartsOver) {
+  // No topology: the agents never plan, so nothing can commit.
+  ASSERT_NO_FATAL_FAILURE(StartAgents());
+  for (int r = 0; r < kNodes; ++r) trainers_.push_back(StartTrainer(r, 3, 0, 64 << 10));
+  for (int r = 0; r < kNodes; ++r) {
+    int st = WaitExit(trainers_[r], 60);
+    trainers_[r] = -1;
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        << "rank " << r << ": " << ReadProgress(ProgressPath(r)).error;
+  }
+  ASSERT_EQ(Committed(), -1);
+  // Rank 0's slots hold step 3 of the abandoned attempt.
+  bool holds3 = false;
+  for (int s = 0; s < 2; ++s) {
+    auto seg = shm::Segment::Open(shm::SlotPath(Root(0), 0, s), false);
+    ASSERT_TRUE(seg.ok());
+    auto info = shm::ReadSlot(**seg);
+    holds3 |= info.ok() && info->state == shm::SlotState::kComplete && info->step == 3;
+  }
+  ASSERT_TRUE(holds3);
+  unlink(ProgressPath(0).c_str());
+  pid_t again = StartTrainer(0, 3, 0, 64 << 10);
+  int st = WaitExit(again, 60);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadProgress(ProgressPath(0)).error;
+  Progress after = ReadProgress(ProgressPath(0));
+  EXPECT_TRUE(after.restored.empty()) << "nothing was committed: nothing to restore";
+  EXPECT_EQ(after.digests.size(), 3u) << "steps 1..3 computed and saved again";
+}
+
 }  // namespace
 }  // namespace memento
