@@ -50,6 +50,13 @@ struct LaunchOptions {
   int pp = 1;
   int zero = 0;  // ZeRO stage (0 or 1; 3 = no inherent redundancy)
   std::string policy = "xor";
+  // `auto`'s budgets (0 = unlimited), published with the job topology so
+  // that every agent resolves `auto` as the launcher does: host bytes a node
+  // may hold per version, device -> host bytes a node may copy per snapshot.
+  // Checked against the plan's bytes (docs/reft.md); ignored by other
+  // policies.
+  uint64_t host_budget = 0;
+  uint64_t copy_budget = 0;
   // Agents stream committed versions here (`memento agent --durable-dir`).
   std::string durable_dir;
   std::string inject;  // launch/inject.h
