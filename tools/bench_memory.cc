@@ -8,9 +8,10 @@
 // and policy. The launcher measures every node root at the end
 // (launch::MeasureNodeMemory, LaunchSummary::memory):
 //
-//   - T0: per rank of the node, the data bytes of its newest complete slot
-//     (one version; the second slot of the double buffer is not counted);
-//   - T1: the node's newest `red.<step>` entries (one version);
+//   - T0: per rank of the node, the data bytes of its slot of the newest
+//     committed step (one version; the other slot of the double buffer is
+//     not counted);
+//   - T1: the node's `red.<step>` entries of that step;
 //   - resident: every file under the node root, allocated bytes (both slots,
 //     every version the agent still holds, the commit word);
 //   - the plan's bytes of the node (the launcher's plan, the agents' plan):

@@ -399,7 +399,7 @@ struct Launcher::State {
 
   std::string Root(int node) const { return o.run_dir + "/node" + std::to_string(node); }
   // Every node's host bytes next to the plan's (LaunchSummary::memory).
-  std::vector<NodeMemory> MeasureMemory() const {
+  std::vector<NodeMemory> MeasureMemory(int64_t step) const {
     std::vector<NodeMemory> out;
     for (int n = 0; n < o.nodes; ++n) {
       std::vector<int> ranks;
@@ -407,7 +407,7 @@ struct Launcher::State {
       for (size_t r = 0; r < rank_node.size(); ++r) {
         if (rank_node[r] == n) ranks.push_back(static_cast<int>(r));
       }
-      auto m = MeasureNodeMemory(n, Root(n), ranks);
+      auto m = MeasureNodeMemory(n, Root(n), ranks, step);
       if (!m.ok()) {
         MEMENTO_LOG_INFO("host memory of node {} not measured: {}", n, m.status().ToString());
         continue;
@@ -863,7 +863,7 @@ Result<LaunchSummary> Launcher::Run() {
     s.StopTrainers();
     s.StopAgents();
     summary.final_committed = s.Committed();
-    if (s.plan.has_value()) summary.memory = s.MeasureMemory();
+    if (s.plan.has_value()) summary.memory = s.MeasureMemory(summary.final_committed);
     summary.store_restarts = s.store_restarts;
     s.coordinator.reset();
     s.commit_history.WatchSkips(nullptr, o.job);

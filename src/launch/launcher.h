@@ -155,10 +155,11 @@ struct LaunchSummary {
   std::vector<std::string> failures;
   std::vector<RecoveryReport> recoveries;
   std::vector<StoreRestartReport> store_restarts;
-  // At the end, per node: the host bytes of one version (T0 + T1) and the
-  // bytes copied per snapshot, next to the plan's (REFT's formulas). Empty
-  // when the job never had a plan (no rank sealed); a node whose root could
-  // not be measured (lost, no complete slot) is left out.
+  // At the end, per node: the host bytes of the newest committed version
+  // (T0 + T1) and the bytes copied per snapshot, next to the plan's (REFT's
+  // formulas). Empty when the job never had a plan (no rank sealed); a node
+  // whose root could not be measured (lost, no slot of that step) is left
+  // out.
   std::vector<NodeMemory> memory;
   std::string message;  // why it ended
   nlohmann::json ToJson() const;

@@ -15,9 +15,11 @@
 namespace memento::launch {
 
 Result<NodeMemory> MeasureNodeMemory(int node, const std::string& root,
-                                     const std::vector<int>& ranks, topo::Inventory* inventory) {
+                                     const std::vector<int>& ranks, int64_t step,
+                                     topo::Inventory* inventory) {
   NodeMemory m;
   m.node = node;
+  m.step = step;
   for (int rank : ranks) {
     std::vector<std::unique_ptr<shm::Segment>> segs;
     shm::RankSlots slots{};
@@ -27,14 +29,14 @@ Result<NodeMemory> MeasureNodeMemory(int node, const std::string& root,
       slots[s] = seg->get();
       segs.push_back(std::move(*seg));
     }
-    auto newest = shm::FindNewestCompleteSlot(slots);
-    if (!newest.ok()) {
-      return newest.status().WithContext("rank " + std::to_string(rank) + " under " + root);
+    auto found =
+        step >= 0 ? shm::FindCompleteSlot(slots, step) : shm::FindNewestCompleteSlot(slots);
+    if (!found.ok()) {
+      return found.status().WithContext("rank " + std::to_string(rank) + " under " + root);
     }
-    m.t0_bytes += newest->info.data_bytes;
-    if (m.t0_step < 0 || newest->info.step < m.t0_step) m.t0_step = newest->info.step;
+    m.t0_bytes += found->info.data_bytes;
     std::vector<TensorMeta> metas;
-    for (const shm::SavedTensor& t : newest->info.tensors) {
+    for (const shm::SavedTensor& t : found->info.tensors) {
       m.full_bytes += t.meta.nbytes();
       metas.push_back(t.meta);
     }
@@ -56,8 +58,10 @@ Result<NodeMemory> MeasureNodeMemory(int node, const std::string& root,
       red[std::atoll(name.c_str() + 4)] += static_cast<uint64_t>(st.st_size);
     }
   }
-  if (!red.empty()) {
-    m.t1_step = red.rbegin()->first;
+  if (step >= 0) {
+    auto it = red.find(step);
+    if (it != red.end()) m.t1_bytes = it->second;
+  } else if (!red.empty()) {
     m.t1_bytes = red.rbegin()->second;
   }
   return m;
@@ -76,8 +80,7 @@ nlohmann::json NodeMemory::ToJson() const {
   return {{"node", node},
           {"t0_bytes", t0_bytes},
           {"t1_bytes", t1_bytes},
-          {"t0_step", t0_step},
-          {"t1_step", t1_step},
+          {"step", step},
           {"host_bytes", t0_bytes + t1_bytes},
           {"copy_bytes_per_step", t0_bytes},
           {"full_copy_bytes_per_step", full_bytes},

@@ -20,13 +20,12 @@ namespace memento::launch {
 
 struct NodeMemory {
   int node = -1;
-  // One version: the data bytes of each rank's newest complete slot (what
-  // the node's ranks copy per snapshot), and the node's newest `red.<step>`
-  // entries (T1, headers included).
+  // One version (`step`): the data bytes of each rank's slot of it (what
+  // the node's ranks copy per snapshot), and the node's `red.<step>` entries
+  // (T1, headers included).
+  int64_t step = -1;
   uint64_t t0_bytes = 0;
   uint64_t t1_bytes = 0;
-  int64_t t0_step = -1;  // the oldest of the ranks' newest complete steps
-  int64_t t1_step = -1;
   // The ranks' whole registered state (the slots' manifests): what a save
   // path that does not shard copies.
   uint64_t full_bytes = 0;
@@ -43,12 +42,14 @@ struct NodeMemory {
   std::string ToString() const;  // one line
 };
 
-// Measures node `node`'s root `root` for the ranks `ranks`. When `inventory`
-// is not null, the tensors of each rank's newest complete slot are stored at
-// (*inventory)[rank] (REQUIRES: large enough). NotFound when a rank has no
-// complete slot; the root's other errors as they come.
+// Measures version `step` (a committed step: complete in T0 and T1 on
+// every node; -1: each rank's newest complete slot and the newest T1 version)
+// of node `node`'s root `root` for the ranks `ranks`. When `inventory` is not
+// null, the tensors of each rank's slot are stored at (*inventory)[rank]
+// (REQUIRES: large enough). NotFound when a rank has no complete slot of the
+// step; the root's other errors as they come.
 [[nodiscard]] Result<NodeMemory> MeasureNodeMemory(int node, const std::string& root,
-                                                   const std::vector<int>& ranks,
+                                                   const std::vector<int>& ranks, int64_t step,
                                                    topo::Inventory* inventory = nullptr);
 
 // Fills the plan's bytes of `m->node`.
