@@ -1,5 +1,5 @@
 // `memento bench memory [--cases dp4,dp2pp2] [--zero 0,1] [--policies
-// replicate,xor,rs:2] [--preset small] [--steps 3] [--json]`: host memory and
+// replicate,xor,rs:2] [--preset small] [--steps 5] [--json]`: host memory and
 // copy volume per node of the save path that runs, next to REFT's formula
 // (issue 15, docs/reft.md section 6).
 //
@@ -47,7 +47,7 @@ struct MemoryBenchOptions {
   std::vector<int> zero = {0, 1};
   std::vector<std::string> policies = {"replicate", "xor", "rs:2"};
   std::string preset = "small";
-  int steps = 3;
+  int steps = 5;
   std::string trainer;
   std::string run_dir;  // empty: /dev/shm/memento-bench-memory-<pid>
   bool json = true;
@@ -99,6 +99,11 @@ Result<nlohmann::json> RunCase(const MemoryBenchOptions& o, const Case& c, int z
   MEMENTO_ASSIGN_OR_RETURN(launch::LaunchSummary summary, launcher->Run());
   if (!summary.success) {
     return InternalError("case " + name + ": the job failed: " + summary.message);
+  }
+  if (summary.final_committed < 0) {
+    return UnavailableError("case " + name +
+                            ": no step committed before the trainers finished (a loaded "
+                            "machine); run with more --steps");
   }
   if (summary.memory.size() != kNodes) {
     return InternalError("case " + name + ": " + std::to_string(summary.memory.size()) +

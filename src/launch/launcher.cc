@@ -863,7 +863,9 @@ Result<LaunchSummary> Launcher::Run() {
     s.StopTrainers();
     s.StopAgents();
     summary.final_committed = s.Committed();
-    if (s.plan.has_value()) summary.memory = s.MeasureMemory(summary.final_committed);
+    if (s.plan.has_value() && summary.final_committed >= 0) {
+      summary.memory = s.MeasureMemory(summary.final_committed);
+    }
     summary.store_restarts = s.store_restarts;
     s.coordinator.reset();
     s.commit_history.WatchSkips(nullptr, o.job);

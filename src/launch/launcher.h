@@ -157,9 +157,9 @@ struct LaunchSummary {
   std::vector<StoreRestartReport> store_restarts;
   // At the end, per node: the host bytes of the newest committed version
   // (T0 + T1) and the bytes copied per snapshot, next to the plan's (REFT's
-  // formulas). Empty when the job never had a plan (no rank sealed); a node
-  // whose root could not be measured (lost, no slot of that step) is left
-  // out.
+  // formulas). Empty when the job never had a plan (no rank sealed) or no
+  // step committed; a node whose root could not be measured (lost, no slot
+  // of that step) is left out.
   std::vector<NodeMemory> memory;
   std::string message;  // why it ended
   nlohmann::json ToJson() const;

@@ -20,7 +20,7 @@ TEST(BenchMemorySmoke, ReportsHostBytesAgainstThePlan) {
   const std::string err = StderrFile("bench-memory");
   const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench memory --json --trainer " +
                           MEMENTO_TRAINER_BINARY +
-                          " --preset tiny --steps 2 --cases dp4 --zero 0,1"
+                          " --preset tiny --steps 6 --cases dp4 --zero 0,1"
                           " --policies replicate,xor 2>" +
                           err;
   auto [rc, out] = RunShell(cmd);
