@@ -1,21 +1,22 @@
 // `memento bench memory [--cases dp4,dp2pp2] [--zero 0,1] [--policies
-// replicate,xor,rs:2] [--preset small] [--steps 3] [--json]`: host memory and
+// replicate,xor,rs:2] [--preset small] [--steps 5] [--json]`: host memory and
 // copy volume per node of the save path that runs, next to REFT's formula
 // (issue 15, docs/reft.md section 6).
 //
 // Each case is a real `memento launch` job: 4 nodes, one rank per node,
 // memento-trainer with a snapshot every step, the case's DP x PP, ZeRO stage
-// and policy. The node roots are kept and read after the job:
+// and policy. The launcher measures every node root at the end
+// (launch::MeasureNodeMemory, LaunchSummary::memory):
 //
-//   - T0: per rank of the node, the data bytes of its newest complete slot
-//     (one version; the second slot of the double buffer is not counted);
-//   - T1: the node's newest `red.<step>` entries (one version);
+//   - T0: per rank of the node, the data bytes of its slot of the newest
+//     committed step (one version; the other slot of the double buffer is
+//     not counted);
+//   - T1: the node's `red.<step>` entries of that step;
 //   - resident: every file under the node root, allocated bytes (both slots,
 //     every version the agent still holds, the commit word);
-//   - the plan: topo::MakePlan over the job's topology and the inventory read
-//     from the slots' manifests, i.e. what the agents computed. Its per-node
-//     bytes are REFT's formulas (ARC 2W/m, AEC W/m + W/(m(m-1)), rs:f, AOR
-//     shard copies, private peer copies; topo_test checks them).
+//   - the plan's bytes of the node (the launcher's plan, the agents' plan):
+//     REFT's formulas (ARC 2W/m, AEC W/m + W/(m(m-1)), rs:f, AOR shard
+//     copies, private peer copies; topo_test checks them).
 //
 // Prints one JSON object: per case `case`, `host_bytes_per_node` (T0 + T1 of
 // the fullest node), `reft_bytes_per_node` (the plan's bytes of that node),
@@ -23,14 +24,11 @@
 // snapshot), `full_copy_bytes_per_step` (the node's ranks' whole registered
 // state), `plan_copy_bytes_per_step` (the node's own pieces: what REFT
 // copies), `resident_bytes_per_node`, and every node's figures.
-#if __has_include("launch/launcher.h") && __has_include("shm/slot.h")
-
-#include <sys/stat.h>
+#if __has_include("launch/launcher.h")
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -38,12 +36,8 @@
 
 #include "common/log.h"
 #include "launch/launcher.h"
-#include "shm/node_store.h"
-#include "shm/segment.h"
-#include "shm/slot.h"
 #include "tools/command.h"
 #include "tools/trainer_binary.h"
-#include "topo/plan.h"
 
 namespace memento::tools {
 namespace {
@@ -53,7 +47,7 @@ struct MemoryBenchOptions {
   std::vector<int> zero = {0, 1};
   std::vector<std::string> policies = {"replicate", "xor", "rs:2"};
   std::string preset = "small";
-  int steps = 3;
+  int steps = 5;
   std::string trainer;
   std::string run_dir;  // empty: /dev/shm/memento-bench-memory-<pid>
   bool json = true;
@@ -72,57 +66,10 @@ Result<Case> ParseCase(const std::string& text) {
                               "' (known: dp4, dp2pp2, dp1pp4; 4 nodes, one rank each)");
 }
 
-struct NodeBytes {
-  uint64_t t0 = 0, t1 = 0, resident = 0;
-  int64_t t1_step = -1;
-};
-
-// One version of T0 and T1 under `root`, and everything resident; the
-// manifests of the ranks' newest complete slots go into `inventory`.
-Result<NodeBytes> MeasureNode(const std::string& root, const std::vector<int>& ranks,
-                              topo::Inventory* inventory) {
-  NodeBytes b;
-  for (int rank : ranks) {
-    std::vector<std::unique_ptr<shm::Segment>> segs;
-    shm::RankSlots slots{};
-    for (int s = 0; s < shm::kSlotsPerRank; ++s) {
-      auto seg = shm::Segment::Open(shm::SlotPath(root, rank, s), /*writable=*/false);
-      if (!seg.ok()) continue;
-      slots[s] = seg->get();
-      segs.push_back(std::move(*seg));
-    }
-    auto newest = shm::FindNewestCompleteSlot(slots);
-    if (!newest.ok()) {
-      return newest.status().WithContext("rank " + std::to_string(rank) + " under " + root);
-    }
-    b.t0 += newest->info.data_bytes;
-    std::vector<TensorMeta> metas;
-    for (const shm::SavedTensor& t : newest->info.tensors) metas.push_back(t.meta);
-    (*inventory)[rank] = std::move(metas);
-  }
-  std::error_code ec;
-  std::map<int64_t, uint64_t> red;  // step -> bytes
-  for (const auto& e : std::filesystem::recursive_directory_iterator(root, ec)) {
-    if (!e.is_regular_file(ec)) continue;
-    struct stat st;
-    if (stat(e.path().c_str(), &st) == 0) b.resident += static_cast<uint64_t>(st.st_blocks) * 512;
-    const std::string name = e.path().filename().string();
-    if (name.rfind("red.", 0) == 0 && e.path().parent_path() == root) {
-      red[std::atoll(name.c_str() + 4)] += e.file_size(ec);
-    }
-  }
-  if (!red.empty()) {
-    b.t1_step = red.rbegin()->first;
-    b.t1 = red.rbegin()->second;
-  }
-  return b;
-}
-
 Result<nlohmann::json> RunCase(const MemoryBenchOptions& o, const Case& c, int zero,
                                const std::string& policy_text, const std::string& trainer,
                                const std::string& base) {
   constexpr int kNodes = 4;
-  MEMENTO_ASSIGN_OR_RETURN(topo::Policy policy, topo::ParsePolicy(policy_text));
   const std::string name = c.name + (zero ? "-zero1-" : "-zero0-") + policy_text;
   std::string job = "benchmem-" + c.name + "-z" + std::to_string(zero) + "-" + policy_text;
   std::replace(job.begin(), job.end(), ':', '-');
@@ -135,7 +82,6 @@ Result<nlohmann::json> RunCase(const MemoryBenchOptions& o, const Case& c, int z
   lo.zero = zero;
   lo.policy = policy_text;
   lo.run_dir = base + "/" + job;
-  lo.keep_run_dir = true;  // measured below, then removed
   lo.max_restarts = 0;
   lo.quiet = true;
   lo.trainer = {trainer,   "--preset", o.preset,          "--steps", std::to_string(o.steps),
@@ -143,7 +89,7 @@ Result<nlohmann::json> RunCase(const MemoryBenchOptions& o, const Case& c, int z
                 "60",      "--quiet"};
   if (zero == 1) lo.trainer.push_back("--zero");
   MEMENTO_ASSIGN_OR_RETURN(auto launcher, launch::Launcher::Create(lo));
-  struct Cleanup {
+  struct Cleanup {  // the logs, on any way out
     std::string dir;
     ~Cleanup() {
       std::error_code ec;
@@ -152,70 +98,48 @@ Result<nlohmann::json> RunCase(const MemoryBenchOptions& o, const Case& c, int z
   } cleanup{lo.run_dir};
   MEMENTO_ASSIGN_OR_RETURN(launch::LaunchSummary summary, launcher->Run());
   if (!summary.success) {
-    return InternalError("case " + name + ": the job failed: " + summary.message + " (logs in " +
-                         lo.run_dir + "/logs, removed)");
+    return InternalError("case " + name + ": the job failed: " + summary.message);
   }
-  MEMENTO_ASSIGN_OR_RETURN(topo::Topology topology,
-                           topo::Topology::Uniform(c.dp, 1, c.pp, zero, 1));
-  topo::Inventory inventory(topology.num_ranks());
-  std::vector<NodeBytes> nodes;
-  for (int n = 0; n < kNodes; ++n) {
-    std::vector<int> ranks;
-    for (int r = 0; r < topology.num_ranks(); ++r) {
-      if (topology.rank_node[r] == n) ranks.push_back(r);
-    }
-    MEMENTO_ASSIGN_OR_RETURN(
-        NodeBytes b, MeasureNode(lo.run_dir + "/node" + std::to_string(n), ranks, &inventory));
-    nodes.push_back(b);
+  if (summary.final_committed < 0) {
+    return UnavailableError("case " + name +
+                            ": no step committed before the trainers finished (a loaded "
+                            "machine); run with more --steps");
   }
-  MEMENTO_ASSIGN_OR_RETURN(topo::Plan plan, topo::MakePlan(topology, inventory, policy));
+  if (summary.memory.size() != kNodes) {
+    return InternalError("case " + name + ": " + std::to_string(summary.memory.size()) +
+                         " of 4 nodes measured (see the log above)");
+  }
   nlohmann::json per_node = nlohmann::json::array();
   int fullest = 0;
   double worst_ratio = 0;
   uint64_t full_copy_max = 0;
   for (int n = 0; n < kNodes; ++n) {
-    const topo::NodePlan& np = plan.nodes[n];
-    uint64_t full = 0;
-    for (int r : np.ranks) {
-      for (const TensorMeta& m : inventory[r]) full += m.nbytes();
-    }
-    const uint64_t host = nodes[n].t0 + nodes[n].t1;
-    const double ratio = np.total_bytes() ? static_cast<double>(host) / np.total_bytes() : 0.0;
-    if (host > nodes[fullest].t0 + nodes[fullest].t1) fullest = n;
-    worst_ratio = std::max(worst_ratio, ratio);
-    full_copy_max = std::max(full_copy_max, full);
-    per_node.push_back({{"node", n},
-                        {"t0_bytes", nodes[n].t0},
-                        {"t1_bytes", nodes[n].t1},
-                        {"t1_step", nodes[n].t1_step},
-                        {"resident_bytes", nodes[n].resident},
-                        {"full_copy_bytes", full},
-                        {"plan_piece_bytes", np.piece_bytes},
-                        {"plan_copy_bytes", np.copy_bytes},
-                        {"plan_parity_bytes", np.parity_bytes},
-                        {"plan_total_bytes", np.total_bytes()},
-                        {"ratio", ratio}});
+    const launch::NodeMemory& m = summary.memory[n];
+    const launch::NodeMemory& f = summary.memory[fullest];
+    if (m.t0_bytes + m.t1_bytes > f.t0_bytes + f.t1_bytes) fullest = n;
+    nlohmann::json j = m.ToJson();
+    worst_ratio = std::max(worst_ratio, j["ratio"].get<double>());
+    full_copy_max = std::max(full_copy_max, m.full_bytes);
+    per_node.push_back(std::move(j));
   }
-  const topo::NodePlan& fp = plan.nodes[fullest];
-  const uint64_t host = nodes[fullest].t0 + nodes[fullest].t1;
-  nlohmann::json j = {
-      {"case", name},
-      {"dp", c.dp},
-      {"pp", c.pp},
-      {"zero", zero},
-      {"policy", policy_text},
-      {"scheme", plan.groups.empty() ? "" : plan.groups[0].scheme},
-      {"committed_step", summary.final_committed},
-      {"fullest_node", fullest},
-      {"host_bytes_per_node", host},
-      {"reft_bytes_per_node", fp.total_bytes()},
-      {"ratio", fp.total_bytes() ? static_cast<double>(host) / fp.total_bytes() : 0.0},
-      {"max_ratio", worst_ratio},
-      {"copy_bytes_per_step", nodes[fullest].t0},
-      {"full_copy_bytes_per_step", full_copy_max},
-      {"plan_copy_bytes_per_step", fp.piece_bytes},
-      {"resident_bytes_per_node", nodes[fullest].resident},
-      {"nodes", per_node}};
+  const launch::NodeMemory& fm = summary.memory[fullest];
+  const uint64_t host = fm.t0_bytes + fm.t1_bytes, reft = fm.plan_total_bytes();
+  nlohmann::json j = {{"case", name},
+                      {"dp", c.dp},
+                      {"pp", c.pp},
+                      {"zero", zero},
+                      {"policy", policy_text},
+                      {"committed_step", summary.final_committed},
+                      {"fullest_node", fullest},
+                      {"host_bytes_per_node", host},
+                      {"reft_bytes_per_node", reft},
+                      {"ratio", reft ? static_cast<double>(host) / reft : 0.0},
+                      {"max_ratio", worst_ratio},
+                      {"copy_bytes_per_step", fm.t0_bytes},
+                      {"full_copy_bytes_per_step", full_copy_max},
+                      {"plan_copy_bytes_per_step", fm.plan_piece_bytes},
+                      {"resident_bytes_per_node", fm.resident_bytes},
+                      {"nodes", per_node}};
   return j;
 }
 

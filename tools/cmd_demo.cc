@@ -47,7 +47,6 @@
 #include <atomic>
 #include <nlohmann/json.hpp>
 
-#include "agent/memory_tier.h"
 #include "fmt/ranges.h"
 #include "launch/launcher.h"
 #define MEMENTO_DEMO_HAVE_LAUNCH 1
@@ -478,33 +477,11 @@ struct ClusterRun {
   std::vector<std::pair<int64_t, std::string>> losses;     // (step, loss bits) in log order
   std::map<int, std::string> params_digest, state_digest;  // rank -> xxh3
   std::map<int, int64_t> final_step;
-  nlohmann::json trainer_json;               // reporting rank, last attempt
-  std::vector<uint64_t> t0_bytes, t1_bytes;  // per node, at the end
+  nlohmann::json trainer_json;  // reporting rank, last attempt
+  // Per node at the end, as the launcher measured it (LaunchSummary::memory),
+  // with the plan's (REFT's) bytes; empty where a node was not measured.
+  std::map<int, launch::NodeMemory> memory;
 };
-
-// Newest step of a complete T0 slot per rank and the bytes of the redundancy
-// entries (red.<step>) under a node root.
-void MeasureNode(const std::string& root, uint64_t* t0, uint64_t* t1) {
-  *t0 = *t1 = 0;
-  auto report = agent::InspectMemoryTier({root}, /*verify_data=*/false);
-  if (report.ok()) {
-    std::map<int, std::pair<int64_t, uint64_t>> newest;  // rank -> (step, bytes)
-    for (const auto& s : report->slots) {
-      if (s.state != "complete") continue;
-      auto& n = newest[s.rank];
-      if (s.step > n.first || n.second == 0) n = {s.step, s.data_bytes};
-    }
-    for (const auto& [rank, n] : newest) *t0 += n.second;
-  }
-  std::error_code ec;
-  std::map<int64_t, uint64_t> red;  // step -> bytes
-  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("red.", 0) != 0 || !e.is_regular_file(ec)) continue;
-    red[std::atoll(name.c_str() + 4)] += e.file_size(ec);
-  }
-  if (!red.empty()) *t1 = red.rbegin()->second;  // the newest version's entries
-}
 
 // Follows a trainer log while the job runs and echoes its progress lines.
 class LogFollower {
@@ -584,12 +561,7 @@ Result<ClusterRun> RunCluster(const DemoArgs& a, const std::string& name, const 
   run.wall_s = wall.Seconds();
   if (!summary.ok()) return summary.status();
   run.summary = *summary;
-  for (int i = 0; i < a.nodes; ++i) {
-    uint64_t t0 = 0, t1 = 0;
-    MeasureNode(o.run_dir + "/node" + std::to_string(i), &t0, &t1);
-    run.t0_bytes.push_back(t0);
-    run.t1_bytes.push_back(t1);
-  }
+  for (const launch::NodeMemory& m : run.summary.memory) run.memory[m.node] = m;
   {
     std::ifstream in(out + "/loss.txt");
     int64_t step;
@@ -754,10 +726,18 @@ int RunClusterDemo(const DemoArgs& a, int64_t steps) {
   }
   std::printf(
       "bytes protected per node (run 2, end; T0 = the node's ranks' newest version, "
-      "T1 = redundancy it holds for the others):\n");
+      "T1 = redundancy it holds for the others; REFT = the plan's bytes for the policy, "
+      "docs/reft.md):\n");
   for (int i = 0; i < a.nodes; ++i) {
-    std::printf("  node%d: T0 %.2f MiB, T1 %.2f MiB\n", i, clean->t0_bytes[i] / 1048576.0,
-                clean->t1_bytes[i] / 1048576.0);
+    const launch::NodeMemory m = clean->memory.count(i) ? clean->memory[i] : launch::NodeMemory{};
+    const uint64_t reft = m.plan_total_bytes();
+    std::printf(
+        "  node%d: T0 %.2f MiB, T1 %.2f MiB; REFT %.2f MiB (own pieces %.2f + copies %.2f + "
+        "parity %.2f), %.2fx\n",
+        i, m.t0_bytes / 1048576.0, m.t1_bytes / 1048576.0, reft / 1048576.0,
+        m.plan_piece_bytes / 1048576.0, m.plan_copy_bytes / 1048576.0,
+        m.plan_parity_bytes / 1048576.0,
+        reft ? static_cast<double>(m.t0_bytes + m.t1_bytes) / reft : 0.0);
   }
   std::printf("durable tier: not configured in this demo (restore from memory only)\n");
   bool same = failed->summary.success && clean->summary.success;

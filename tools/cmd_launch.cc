@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/byte_flag.h"
 #include "common/log.h"
 #include "launch/launcher.h"
 #include "tools/command.h"
@@ -60,6 +61,14 @@ void Setup(CLI::App &app, CommandContext &ctx) {
       ->default_val(0);
   cmd->add_option("--policy", o.policy, "Protection: none, replicate, xor, rs:F, peer:M, auto")
       ->default_val("xor");
+  cmd->add_option("--host-budget", o.host_budget,
+                  "--policy auto: host bytes a node may hold per version (plan bytes; 0: "
+                  "unlimited); every agent gets it with the job topology")
+      ->transform(ByteSize());
+  cmd->add_option("--copy-budget", o.copy_budget,
+                  "--policy auto: device->host bytes a node may copy per snapshot (plan bytes; "
+                  "0: unlimited)")
+      ->transform(ByteSize());
   cmd->add_option("--durable-dir", o.durable_dir,
                   "Agents stream committed versions to this directory (the durable tier)");
   cmd->add_option("--inject", o.inject,

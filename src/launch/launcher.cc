@@ -137,11 +137,14 @@ json LaunchSummary::ToJson() const {
   for (const RecoveryReport& x : recoveries) r.push_back(x.ToJson());
   json sr = json::array();
   for (const StoreRestartReport& x : store_restarts) sr.push_back(x.ToJson());
+  json mem = json::array();
+  for (const NodeMemory& x : memory) mem.push_back(x.ToJson());
   return {{"success", success},          {"exit_code", exit_code},
           {"attempts", attempts},        {"committed", final_committed},
           {"commits", commits.ToJson()}, {"unprotected_steps", commits.unprotected_steps},
           {"failures", failures},        {"recoveries", r},
-          {"store_restarts", sr},        {"message", message}};
+          {"store_restarts", sr},        {"memory", mem},
+          {"message", message}};
 }
 
 std::string LaunchSummary::ToString() const {
@@ -165,6 +168,10 @@ std::string LaunchSummary::ToString() const {
   if (!store_restarts.empty()) {
     s += "  store restarts: " + std::to_string(store_restarts.size()) + "\n";
     for (const StoreRestartReport& r : store_restarts) s += "    - " + r.ToString() + "\n";
+  }
+  if (!memory.empty()) {
+    s += "  host memory per node (one version; plan = REFT's bytes for the policy):\n";
+    for (const NodeMemory& m : memory) s += "    - " + m.ToString() + "\n";
   }
   return s;
 }
@@ -391,6 +398,25 @@ struct Launcher::State {
   explicit State(const LaunchOptions& options, net::JobToken t) : o(options), token(std::move(t)) {}
 
   std::string Root(int node) const { return o.run_dir + "/node" + std::to_string(node); }
+  // Every node's host bytes next to the plan's (LaunchSummary::memory).
+  std::vector<NodeMemory> MeasureMemory(int64_t step) const {
+    std::vector<NodeMemory> out;
+    for (int n = 0; n < o.nodes; ++n) {
+      std::vector<int> ranks;
+      const auto& rank_node = topology.topology.rank_node;
+      for (size_t r = 0; r < rank_node.size(); ++r) {
+        if (rank_node[r] == n) ranks.push_back(static_cast<int>(r));
+      }
+      auto m = MeasureNodeMemory(n, Root(n), ranks, step);
+      if (!m.ok()) {
+        MEMENTO_LOG_INFO("host memory of node {} not measured: {}", n, m.status().ToString());
+        continue;
+      }
+      AddPlanBytes(*plan, &*m);
+      out.push_back(*m);
+    }
+    return out;
+  }
   // The address node `node`'s agent listens on and its argv prefix (--netns).
   std::string NodeAddress(int node) const {
     return network ? network->NodeAddress(node) : "127.0.0.1";
@@ -758,7 +784,8 @@ struct Launcher::State {
       Say("plan " + std::to_string(hash) + ": policy " + topo::PolicyName(p->policy) +
           ", protection " + std::to_string(p->protection) + " node failure(s), " +
           std::to_string(p->total_state_bytes) + " state bytes, " +
-          std::to_string(p->total_held_bytes) + " bytes held");
+          std::to_string(p->total_held_bytes) + " bytes held" +
+          (p->reason.empty() ? std::string() : " (auto: " + p->reason + ")"));
     }
     plan = std::move(*p);
   }
@@ -781,6 +808,8 @@ Result<LaunchSummary> Launcher::Run() {
   MEMENTO_ASSIGN_OR_RETURN(s.topology.topology,
                            topo::Topology::Uniform(o.dp, o.tp, o.pp, o.zero, o.ranks_per_node));
   MEMENTO_ASSIGN_OR_RETURN(s.topology.policy, topo::ParsePolicy(o.policy));
+  s.topology.policy.host_bytes_per_node = o.host_budget;
+  s.topology.policy.copy_bytes_per_node = o.copy_budget;
   s.fired.assign(injections_.size(), false);
   s.agents.resize(static_cast<size_t>(o.nodes));
   s.node_lost.assign(static_cast<size_t>(o.nodes), false);
@@ -834,6 +863,9 @@ Result<LaunchSummary> Launcher::Run() {
     s.StopTrainers();
     s.StopAgents();
     summary.final_committed = s.Committed();
+    if (s.plan.has_value() && summary.final_committed >= 0) {
+      summary.memory = s.MeasureMemory(summary.final_committed);
+    }
     summary.store_restarts = s.store_restarts;
     s.coordinator.reset();
     s.commit_history.WatchSkips(nullptr, o.job);

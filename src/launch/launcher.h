@@ -36,6 +36,7 @@
 
 #include "launch/commit_history.h"
 #include "launch/inject.h"
+#include "launch/node_memory.h"
 #include "memento/status.h"
 
 namespace memento::launch {
@@ -49,6 +50,13 @@ struct LaunchOptions {
   int pp = 1;
   int zero = 0;  // ZeRO stage (0 or 1; 3 = no inherent redundancy)
   std::string policy = "xor";
+  // `auto`'s budgets (0 = unlimited), published with the job topology so
+  // that every agent resolves `auto` as the launcher does: host bytes a node
+  // may hold per version, device -> host bytes a node may copy per snapshot.
+  // Checked against the plan's bytes (docs/reft.md); ignored by other
+  // policies.
+  uint64_t host_budget = 0;
+  uint64_t copy_budget = 0;
   // Agents stream committed versions here (`memento agent --durable-dir`).
   std::string durable_dir;
   std::string inject;  // launch/inject.h
@@ -147,6 +155,12 @@ struct LaunchSummary {
   std::vector<std::string> failures;
   std::vector<RecoveryReport> recoveries;
   std::vector<StoreRestartReport> store_restarts;
+  // At the end, per node: the host bytes of the newest committed version
+  // (T0 + T1) and the bytes copied per snapshot, next to the plan's (REFT's
+  // formulas). Empty when the job never had a plan (no rank sealed) or no
+  // step committed; a node whose root could not be measured (lost, no slot
+  // of that step) is left out.
+  std::vector<NodeMemory> memory;
   std::string message;  // why it ended
   nlohmann::json ToJson() const;
   std::string ToString() const;

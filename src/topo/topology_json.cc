@@ -44,6 +44,9 @@ json JobTopologyToJson(const JobTopology& t) {
             {"policy", PolicyName(t.policy)},
             {"local_copy", t.policy.local_copy == LocalCopy::kFull ? "full" : "sharded"}};
   if (!t.topology.node_rack.empty()) j["node_rack"] = t.topology.node_rack;
+  // `auto`'s budgets (0 = unlimited is the absent field).
+  if (t.policy.host_bytes_per_node != 0) j["host_budget"] = t.policy.host_bytes_per_node;
+  if (t.policy.copy_bytes_per_node != 0) j["copy_budget"] = t.policy.copy_bytes_per_node;
   return j;
 }
 
@@ -57,6 +60,15 @@ Result<JobTopology> JobTopologyFromJson(const json& j) {
       out.policy.local_copy = LocalCopy::kFull;
     } else if (local != "sharded") {
       return InvalidArgumentError("topology: local_copy '" + local + "' is not full or sharded");
+    }
+    for (auto [key, field] : {std::pair{"host_budget", &out.policy.host_bytes_per_node},
+                              std::pair{"copy_budget", &out.policy.copy_bytes_per_node}}) {
+      if (!j.contains(key)) continue;
+      if (!j[key].is_number_unsigned()) {
+        return InvalidArgumentError(std::string("topology: ") + key + " " + j[key].dump() +
+                                    " is not a byte count (an integer >= 0)");
+      }
+      *field = j[key].get<uint64_t>();
     }
   } catch (const json::exception& e) {
     return InvalidArgumentError(std::string("malformed topology: ") + e.what() + ": " +

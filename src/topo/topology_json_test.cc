@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "topo/plan.h"
+
 namespace memento::topo {
 namespace {
 
@@ -61,6 +63,46 @@ TEST(TopologyJsonTest, JobRecordKeepsItsDocumentedShape) {
   EXPECT_EQ(PolicyName(minimal->policy), "xor");
 }
 
+// `auto`'s budgets travel with the record, so the launcher and every agent
+// resolve `auto` to the same scheme (and the same plan hash): without them an
+// agent would plan with unlimited budgets (replicate) while the launcher
+// planned xor.
+TEST(TopologyJsonTest, AutoBudgetsTravelWithTheRecord) {
+  JobTopology jt{*Topology::Uniform(8, 1, 1, 0, 1), *ParsePolicy("auto")};
+  const uint64_t w = 64ull * 8 * 7 * 100;
+  jt.policy.host_bytes_per_node = w / 8 + w / 8 / 2;  // ARC (2W/D) does not fit, XOR does
+  jt.policy.copy_bytes_per_node = 1ull << 40;
+  json j = JobTopologyToJson(jt);
+  EXPECT_EQ(j.at("policy"), "auto");
+  EXPECT_EQ(j.at("host_budget"), jt.policy.host_bytes_per_node);
+  EXPECT_EQ(j.at("copy_budget"), jt.policy.copy_bytes_per_node);
+  Result<JobTopology> back = ParseJobTopology(j.dump());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->policy.host_bytes_per_node, jt.policy.host_bytes_per_node);
+  EXPECT_EQ(back->policy.copy_bytes_per_node, jt.policy.copy_bytes_per_node);
+  Inventory inv(jt.topology.num_ranks());
+  for (auto& r : inv) {
+    TensorMeta m;
+    m.name = "params";
+    m.dtype = DType::kFloat32;
+    m.shape = {static_cast<int64_t>(w / 4)};
+    m.state_class = StateClass::kReplicated;
+    r.push_back(m);
+  }
+  Result<Plan> plan = MakePlan(back->topology, inv, back->policy);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->policy.scheme, Scheme::kXor) << plan->reason;
+  // Without budgets (the field absent: unlimited) the same record says
+  // replicate.
+  j.erase("host_budget");
+  j.erase("copy_budget");
+  Result<JobTopology> unlimited = ParseJobTopology(j.dump());
+  ASSERT_TRUE(unlimited.ok());
+  EXPECT_EQ(unlimited->policy.host_bytes_per_node, 0u);
+  EXPECT_EQ(MakePlan(unlimited->topology, inv, unlimited->policy)->policy.scheme,
+            Scheme::kReplicate);
+}
+
 void ExpectBad(std::string_view text, const std::string& names) {
   Result<JobTopology> r = ParseJobTopology(text);
   ASSERT_FALSE(r.ok()) << text;
@@ -77,6 +119,8 @@ TEST(TopologyJsonTest, MalformedInputNamesTheProblem) {
   ExpectBad(R"({"dp":"two","rank_node":[0,1]})", "malformed topology");
   ExpectBad(R"({"dp":2,"rank_node":[0,1],"policy":"raid9"})", "raid9");
   ExpectBad(R"({"dp":2,"rank_node":[0,1],"local_copy":"half"})", "half");
+  ExpectBad(R"({"dp":2,"rank_node":[0,1],"policy":"auto","host_budget":-5})", "host_budget -5");
+  ExpectBad(R"({"dp":2,"rank_node":[0,1],"policy":"auto","copy_budget":"1G"})", "copy_budget");
   // Topology::Validate: 2 ranks but a map of 3.
   Result<JobTopology> r = ParseJobTopology(R"({"dp":2,"rank_node":[0,1,2]})");
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
