@@ -34,7 +34,9 @@
 // recover_cpu_s_per_gib (those CPU-seconds per rebuilt GiB),
 // tcp_cpu_s_per_gib (sender + receiver per GiB moved, the best sample;
 // _median over all samples, each sample's in tcp_samples) and
-// cpu_per_gib_ratio = recover_cpu_s_per_gib / tcp_cpu_s_per_gib_median.
+// cpu_per_gib_ratio = recover_cpu_s_per_gib / tcp_cpu_s_per_gib_median;
+// recover_cpu_s_by_process splits recover_cpu_s: the bench, then agent 0,
+// 1, ... (agent 1 rebuilds, the others serve).
 #if __has_include("launch/cluster.h") && __has_include("agent/cluster.h")
 
 #include <fcntl.h>
@@ -337,12 +339,19 @@ Result<nlohmann::json> Run(const Args& a) {
     std::vector<pid_t> pids = {getpid()};
     for (const AgentProcess& p : agents) pids.push_back(p.pid);
     const double cpu0 = CpuSecondsOf(pids);
+    std::vector<double> cpu0_each;
+    for (pid_t pid : pids) cpu0_each.push_back(CpuSecondsOf({pid}));
     Stopwatch sw;
     MEMENTO_ASSIGN_OR_RETURN(
         launch::ClusterRecovery rec,
         launch::RecoverCluster(store, plan, token, ro, Deadline::AfterSeconds(300)));
     const double recover_s = sw.Seconds();
     const double recover_cpu_s = CpuSecondsOf(pids) - cpu0;
+    // Per process: the bench (the launcher's orchestration), then agent
+    // 0, 1, ... (agent `lost` rebuilds, the others serve).
+    nlohmann::json cpu_each = nlohmann::json::array();
+    for (size_t i = 0; i < pids.size(); ++i)
+      cpu_each.push_back(CpuSecondsOf({pids[i]}) - cpu0_each[i]);
     if (!rec.decision.from_memory) {
       return FailedPreconditionError("memory cannot rebuild step 1: " + rec.decision.reason);
     }
@@ -387,6 +396,7 @@ Result<nlohmann::json> Run(const Args& a) {
     j["write_s"] = rec.write_s;
     j["rebuild_s"] = rec.rebuild_s;
     j["recover_cpu_s"] = recover_cpu_s;
+    j["recover_cpu_s_by_process"] = cpu_each;
     j["recover_cores"] = recover_s > 0 ? recover_cpu_s / recover_s : 0.0;
     j["recover_cpu_s_per_gib"] =
         lost_bytes > 0 ? recover_cpu_s / (static_cast<double>(lost_bytes) / (1 << 30)) : 0.0;
