@@ -30,7 +30,13 @@
 // baseline sample, all in tcp_samples), ratio (ratio_median against their
 // median), and the CPU
 // both kept busy (recover_cores: the bench and every agent process during
-// recovery; tcp_cores: sender + receiver of the baseline).
+// recovery; tcp_cores: sender + receiver of the baseline), and per byte:
+// recover_cpu_s_per_gib (those CPU-seconds per rebuilt GiB),
+// tcp_cpu_s_per_gib (sender + receiver per GiB moved, the best sample;
+// _median over all samples, each sample's in tcp_samples) and
+// cpu_per_gib_ratio = recover_cpu_s_per_gib / tcp_cpu_s_per_gib_median;
+// recover_cpu_s_by_process splits recover_cpu_s: the bench, then agent 0,
+// 1, ... (agent 1 rebuilds, the others serve).
 #if __has_include("launch/cluster.h") && __has_include("agent/cluster.h")
 
 #include <fcntl.h>
@@ -333,12 +339,19 @@ Result<nlohmann::json> Run(const Args& a) {
     std::vector<pid_t> pids = {getpid()};
     for (const AgentProcess& p : agents) pids.push_back(p.pid);
     const double cpu0 = CpuSecondsOf(pids);
+    std::vector<double> cpu0_each;
+    for (pid_t pid : pids) cpu0_each.push_back(CpuSecondsOf({pid}));
     Stopwatch sw;
     MEMENTO_ASSIGN_OR_RETURN(
         launch::ClusterRecovery rec,
         launch::RecoverCluster(store, plan, token, ro, Deadline::AfterSeconds(300)));
     const double recover_s = sw.Seconds();
     const double recover_cpu_s = CpuSecondsOf(pids) - cpu0;
+    // Per process: the bench (the launcher's orchestration), then agent
+    // 0, 1, ... (agent `lost` rebuilds, the others serve).
+    nlohmann::json cpu_each = nlohmann::json::array();
+    for (size_t i = 0; i < pids.size(); ++i)
+      cpu_each.push_back(CpuSecondsOf({pids[i]}) - cpu0_each[i]);
     if (!rec.decision.from_memory) {
       return FailedPreconditionError("memory cannot rebuild step 1: " + rec.decision.reason);
     }
@@ -383,7 +396,10 @@ Result<nlohmann::json> Run(const Args& a) {
     j["write_s"] = rec.write_s;
     j["rebuild_s"] = rec.rebuild_s;
     j["recover_cpu_s"] = recover_cpu_s;
+    j["recover_cpu_s_by_process"] = cpu_each;
     j["recover_cores"] = recover_s > 0 ? recover_cpu_s / recover_s : 0.0;
+    j["recover_cpu_s_per_gib"] =
+        lost_bytes > 0 ? recover_cpu_s / (static_cast<double>(lost_bytes) / (1 << 30)) : 0.0;
     j["effective_gbps"] = eff;
     j["cores"] = static_cast<int>(std::thread::hardware_concurrency());
     j["verified"] = true;
@@ -397,16 +413,25 @@ Result<nlohmann::json> Run(const Args& a) {
   nlohmann::json& j = *result;
   const net::ThroughputResult* best = nullptr;
   const net::ThroughputResult* best_hot = nullptr;
-  std::vector<double> gbps;
+  std::vector<double> gbps, tcp_per_gib;
+  // CPU-seconds of sender and receiver per GiB moved: the cost the
+  // recovery's recover_cpu_s_per_gib is compared with.
+  auto cpu_per_gib = [](const net::ThroughputResult& t) {
+    return t.bytes > 0
+               ? (t.sender_cpu_s + t.receiver_cpu_s) / (static_cast<double>(t.bytes) / (1 << 30))
+               : 0.0;
+  };
   nlohmann::json samples = nlohmann::json::array();
   for (size_t i = 0; i < tcp_samples.size(); ++i) {
     const net::ThroughputResult& t = tcp_samples[i];
     if (best == nullptr || t.gbps > best->gbps) best = &t;
     gbps.push_back(t.gbps);
+    tcp_per_gib.push_back(cpu_per_gib(t));
     samples.push_back(
         {{"when", tcp_when[i]},
          {"gbps", t.gbps},
          {"seconds", t.seconds},
+         {"cpu_s_per_gib", cpu_per_gib(t)},
          {"cores", t.seconds > 0 ? (t.sender_cpu_s + t.receiver_cpu_s) / t.seconds : 0.0}});
   }
   for (const net::ThroughputResult& h : hot_samples) {
@@ -419,6 +444,13 @@ Result<nlohmann::json> Run(const Args& a) {
   j["tcp_cores"] =
       best->seconds > 0 ? (best->sender_cpu_s + best->receiver_cpu_s) / best->seconds : 0.0;
   j["tcp_samples"] = samples;
+  j["tcp_cpu_s_per_gib"] = cpu_per_gib(*best);
+  j["tcp_cpu_s_per_gib_median"] = Median(tcp_per_gib);
+  // Recovery CPU per rebuilt GiB against raw TCP's per GiB moved (the
+  // median sample: per-byte CPU varies less than throughput under load).
+  const double tcp_gib_cost = Median(tcp_per_gib);
+  j["cpu_per_gib_ratio"] =
+      tcp_gib_cost > 0 ? j["recover_cpu_s_per_gib"].get<double>() / tcp_gib_cost : 0.0;
   j["tcp_gbps_median"] = median;
   j["tcp_baseline"] = "best of tcp_samples (before and after the recovery)";
   j["tcp_hot_gbps"] = best_hot->gbps;
