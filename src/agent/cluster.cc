@@ -481,6 +481,13 @@ void Cluster::Run() {
       }
       reported_ = -1;
     }
+    // A reported step keeps its hold until it commits, is skipped by some
+    // node or times out: producing a newer step now would move the hold, and
+    // the trainers could overwrite this node's T0 of a step whose report
+    // stands and that may still commit (the commit word lags under load).
+    // Chaos seed 0x3bb4a570: step 1 committed without node 2's T0, and two
+    // node losses under rs:2 could not rebuild it.
+    if (reported_ >= 0 && reported_ > committed_.load()) continue;
     // The newest step every local rank completed (older ones are superseded).
     int64_t step = -1;
     std::vector<int64_t> superseded;
