@@ -280,6 +280,7 @@ void Cluster::SetRestoreTarget(int64_t step) {
     MutexLock l(&mu_);
     restore_target_ = step;
     rollback_ = step;
+    rollback_pending_ = true;
     if (listing.ok()) rollback_revision_ = std::max(rollback_revision_, listing->revision);
     forgotten = static_cast<size_t>(std::distance(dead_.upper_bound(step), dead_.end()));
     dead_.erase(dead_.upper_bound(step), dead_.end());
@@ -447,7 +448,8 @@ void Cluster::Run() {
       int64_t rollback = -1;
       {
         MutexLock l(&mu_);
-        std::swap(rollback, rollback_);
+        if (rollback_pending_) rollback = rollback_;
+        rollback_pending_ = false;
       }
       if (rollback >= 0) {
         last_attempt_ = std::min(last_attempt_, rollback);
