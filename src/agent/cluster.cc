@@ -280,6 +280,7 @@ void Cluster::SetRestoreTarget(int64_t step) {
     MutexLock l(&mu_);
     restore_target_ = step;
     rollback_ = step;
+    rollback_pending_ = true;
     if (listing.ok()) rollback_revision_ = std::max(rollback_revision_, listing->revision);
     forgotten = static_cast<size_t>(std::distance(dead_.upper_bound(step), dead_.end()));
     dead_.erase(dead_.upper_bound(step), dead_.end());
@@ -447,7 +448,8 @@ void Cluster::Run() {
       int64_t rollback = -1;
       {
         MutexLock l(&mu_);
-        std::swap(rollback, rollback_);
+        if (rollback_pending_) rollback = rollback_;
+        rollback_pending_ = false;
       }
       if (rollback >= 0) {
         last_attempt_ = std::min(last_attempt_, rollback);
@@ -481,6 +483,13 @@ void Cluster::Run() {
       }
       reported_ = -1;
     }
+    // A reported step keeps its hold until it commits, is skipped by some
+    // node or times out: producing a newer step now would move the hold, and
+    // the trainers could overwrite this node's T0 of a step whose report
+    // stands and that may still commit (the commit word lags under load).
+    // Chaos seed 0x3bb4a570: step 1 committed without node 2's T0, and two
+    // node losses under rs:2 could not rebuild it.
+    if (reported_ >= 0 && reported_ > committed_.load()) continue;
     // The newest step every local rank completed (older ones are superseded).
     int64_t step = -1;
     std::vector<int64_t> superseded;

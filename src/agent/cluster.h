@@ -202,7 +202,8 @@ class Cluster {
   std::map<int64_t, std::set<int>> completes_ GUARDED_BY(mu_);  // step -> local ranks
   std::set<int64_t> dead_ GUARDED_BY(mu_);  // uncommitted steps some node skipped
   int64_t restore_target_ GUARDED_BY(mu_) = -1;
-  int64_t rollback_ GUARDED_BY(mu_) = -1;  // SetRestoreTarget's step, for the cluster thread
+  int64_t rollback_ GUARDED_BY(mu_) = -1;          // SetRestoreTarget's step (kept; -1: none)
+  bool rollback_pending_ GUARDED_BY(mu_) = false;  // the cluster thread has not applied it yet
   // The store revision SetRestoreTarget listed the skip records at: a skip
   // record of a step after rollback_ written at or before it belongs to the
   // failed attempt, however late its watch event arrives (0: none; reset
