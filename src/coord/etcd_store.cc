@@ -335,8 +335,17 @@ Status EtcdStore::Authenticate(Deadline deadline) {
     token_.clear();
   }
   auto r = Call("/v3/auth/authenticate", body, deadline, true);
-  if (!r.ok())
-    return r.status().WithContext(fmt::format("etcd authentication as '{}'", options_.user));
+  if (!r.ok()) {
+    const StatusCode c = r.status().code();
+    if (c == StatusCode::kUnavailable || c == StatusCode::kDeadlineExceeded) {
+      return r.status().WithContext(fmt::format("etcd authentication as '{}'", options_.user));
+    }
+    // etcd answers a wrong password with INVALID_ARGUMENT.
+    return PermissionDeniedError(
+        fmt::format("etcd {} refused user '{}' ({}): check "
+                    "MEMENTO_ETCD_USER and MEMENTO_ETCD_PASSWORD(_FILE)",
+                    url_, options_.user, r.status().message()));
+  }
   std::string token = r->value("token", std::string());
   if (token.empty()) {
     return PermissionDeniedError(

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/subprocess.h"
 #include "common/test_util.h"
 #include "coord/embedded_store.h"
 #include "coord/etcd_process.h"
@@ -468,6 +469,40 @@ TEST_F(EtcdFaultTest, LeaseOutlivesARestartWhenKeptAliveThenExpires) {
   }
   EXPECT_EQ(store_->Get("/node/a", Soon()).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(store_->KeepAlive(*lease, Soon()).code(), StatusCode::kNotFound);
+}
+
+// etcd with authentication enabled: no credentials and a wrong password are
+// refused and name the problem; the right user and password work, from the
+// environment (MEMENTO_ETCD_USER / MEMENTO_ETCD_PASSWORD) as agents get them.
+TEST_F(EtcdFaultTest, UserAndPasswordWhenAuthenticationIsEnabled) {
+  auto etcdctl = FindExecutable("etcdctl");
+  if (!etcdctl.ok()) GTEST_SKIP() << "no etcdctl (Debian etcd-client)";
+  const std::string endpoint = "--endpoints=" + etcd_->url().replace(0, 7, "http://");
+  for (std::vector<std::string> args : {std::vector<std::string>{"user", "add", "root:s3cret"},
+                                        std::vector<std::string>{"auth", "enable"}}) {
+    SpawnOptions o;
+    o.argv = {*etcdctl, endpoint};
+    o.argv.insert(o.argv.end(), args.begin(), args.end());
+    o.log_path = dir_.path() + "/etcdctl.log";
+    auto p = Subprocess::Spawn(o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    auto st = p->Wait(Soon());
+    ASSERT_TRUE(st.ok() && st->ok()) << TailFile(o.log_path);
+  }
+  auto none = OpenStore(etcd_->url(), "", Soon());
+  EXPECT_FALSE(none.ok());
+  setenv("MEMENTO_ETCD_USER", "root", 1);
+  setenv("MEMENTO_ETCD_PASSWORD", "wrong", 1);
+  auto wrong = OpenStore(etcd_->url(), "", Soon());
+  EXPECT_EQ(wrong.status().code(), StatusCode::kPermissionDenied) << wrong.status();
+  EXPECT_NE(wrong.status().message().find("MEMENTO_ETCD_PASSWORD"), std::string::npos);
+  setenv("MEMENTO_ETCD_PASSWORD", "s3cret", 1);
+  auto right = OpenStore(etcd_->url(), "", Soon());
+  unsetenv("MEMENTO_ETCD_USER");
+  unsetenv("MEMENTO_ETCD_PASSWORD");
+  ASSERT_TRUE(right.ok()) << right.status();
+  ASSERT_TRUE((*right)->Set("/auth/k", "v", Soon()).ok());
+  EXPECT_EQ((*right)->Get("/auth/k", Soon())->value, "v");
 }
 
 }  // namespace
