@@ -4,16 +4,19 @@
 #include <httplib.h>
 #include <sys/random.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/json_parse.h"
 #include "net/socket.h"
 
@@ -212,6 +215,38 @@ struct EtcdStore::Conn {
   std::unique_ptr<httplib::Client> client;
 };
 
+struct EtcdStore::ClientSlot {
+  Mutex mu;
+  httplib::Client* client GUARDED_BY(mu) = nullptr;
+  bool stopped GUARDED_BY(mu) = false;
+  void Stop() {
+    MutexLock l(&mu);
+    stopped = true;
+    // cpp-httplib allows stop() from another thread: it shuts the socket down.
+    if (client != nullptr) client->stop();
+  }
+};
+
+struct EtcdStore::WatchStream {
+  std::string prefix;
+  int64_t from = 0;  // the stream delivers every event with revision > from
+  Mutex mu;
+  CondVar cv;
+  std::deque<WatchEvent> events GUARDED_BY(mu);  // received, not yet passed by a poll
+  int64_t served_through GUARDED_BY(mu) = 0;     // polls asked for events after this
+  int64_t known_rev GUARDED_BY(mu) = 0;          // the store is known to have reached this revision
+  bool ended GUARDED_BY(mu) = false;
+  Status end_status GUARDED_BY(mu);
+  TimePoint last_used GUARDED_BY(mu);
+  std::atomic<bool> stop{false};
+  ClientSlot client;
+  std::thread thread;
+  void Stop() {
+    stop.store(true);
+    client.Stop();
+  }
+};
+
 Result<EtcdOptions> ParseEtcdUrl(const std::string& url) {
   constexpr std::string_view kScheme = "etcd://";
   if (url.compare(0, kScheme.size(), kScheme) != 0) {
@@ -248,7 +283,17 @@ EtcdStore::EtcdStore(EtcdOptions options)
       }()),
       epoch_(RandomEpoch()) {}
 
-EtcdStore::~EtcdStore() = default;
+EtcdStore::~EtcdStore() {
+  std::map<std::string, std::shared_ptr<WatchStream>> streams;
+  {
+    MutexLock l(&streams_mu_);
+    streams.swap(streams_);
+  }
+  for (auto& [prefix, ws] : streams) {
+    ws->Stop();
+    if (ws->thread.joinable()) ws->thread.join();
+  }
+}
 
 Result<std::unique_ptr<EtcdStore>> EtcdStore::Open(EtcdOptions options, Deadline deadline) {
   if (options.endpoints.empty()) return InvalidArgumentError("etcd store: no endpoint");
@@ -313,14 +358,18 @@ std::string EtcdStore::AuthToken() {
   return token_;
 }
 
-int64_t EtcdStore::Observe(const json& response) {
+int64_t EtcdStore::Observe(const json& response, int64_t floor) {
   auto h = response.find("header");
   if (h == response.end()) return 0;
   const int64_t rev = I64(*h, "revision");
   int64_t seen = max_revision_.load();
   while (rev > seen && !max_revision_.compare_exchange_weak(seen, rev)) {
   }
-  if (rev > 0 && rev < seen) {
+  // `floor` was the highest revision seen before this request was sent: a
+  // linearizable answer to it cannot be older. (Answers to requests that were
+  // in flight together arrive in any order: comparing with the running
+  // maximum instead changed the epoch for nothing.)
+  if (rev > 0 && rev < floor) {
     // The store's history went back: this etcd lost its data (restarted empty).
     max_revision_.store(rev);
     epoch_.store(RandomEpoch());
@@ -370,6 +419,7 @@ Result<json> EtcdStore::Call(const std::string& path, const json& body, Deadline
     size_t ep = 0;
     std::unique_ptr<Conn> conn = Acquire(&ep);
     SetTimeouts(*conn->client, deadline);
+    const int64_t floor = max_revision_.load();
     httplib::Headers headers;
     if (path != "/v3/auth/authenticate") {
       std::string token = AuthToken();
@@ -446,19 +496,24 @@ Result<json> EtcdStore::Call(const std::string& path, const json& body, Deadline
     }
     if (auto it = j.find("result"); it != j.end()) {  // a stream's single answer
       json inner = *it;
-      Observe(inner);
+      Observe(inner, floor);
       return inner;
     }
-    Observe(j);
+    Observe(j, floor);
     return j;
   }
 }
 
 Status EtcdStore::Stream(const std::string& path, const json& body, Deadline deadline,
-                         const std::function<bool(const json&)>& on_message) {
+                         const std::function<bool(const json&)>& on_message, ClientSlot* slot) {
   size_t ep = 0;
   std::unique_ptr<Conn> conn = Acquire(&ep);
   SetTimeouts(*conn->client, deadline);
+  if (slot) {
+    MutexLock l(&slot->mu);
+    if (slot->stopped) return AbortedError("etcd stream stopped");
+    slot->client = conn->client.get();
+  }
   httplib::Request req;
   req.method = "POST";
   req.path = path;
@@ -499,6 +554,11 @@ Status EtcdStore::Stream(const std::string& path, const json& body, Deadline dea
   httplib::Response res;
   httplib::Error error = httplib::Error::Success;
   const bool sent = conn->client->send(req, res, error);
+  if (slot) {
+    MutexLock l(&slot->mu);
+    slot->client = nullptr;
+    if (slot->stopped) return AbortedError("etcd stream stopped");
+  }
   if (!failure.ok()) return failure;
   if (stopped) return Status::Ok();  // our cancel: the connection is closed, not reused
   if (!buffer.empty()) {             // a last message without a newline (an error answer)
@@ -673,8 +733,196 @@ Status EtcdStore::Wait(const std::vector<std::string>& keys, Deadline deadline) 
   return Status::Ok();
 }
 
+Status EtcdStore::CheckNotFuture(const std::string& prefix, int64_t after, int64_t header_revision,
+                                 Deadline deadline) {
+  if (after <= header_revision) return Status::Ok();
+  // A watch's header can lag a write that already returned by a revision or
+  // two: ask the store itself before calling the revision impossible.
+  MEMENTO_ASSIGN_OR_RETURN(
+      json cur,
+      Call("/v3/kv/range", json{{"key", B64("/")}, {"count_only", true}}, deadline, true));
+  const int64_t now = I64(cur["header"], "revision");
+  if (after <= now) return Status::Ok();
+  return FailedPreconditionError(
+      fmt::format("watch of '{}' from revision {}: etcd {} is at revision {} (it restarted without "
+                  "its data); re-list",
+                  prefix, after, url_, now));
+}
+
+constexpr double kIdleStreamS = 30;
+constexpr double kStreamReadS = 5;
+
+std::shared_ptr<EtcdStore::WatchStream> EtcdStore::StreamFor(const std::string& prefix,
+                                                             int64_t after) {
+  std::vector<std::shared_ptr<WatchStream>> retired;
+  std::shared_ptr<WatchStream> out;
+  {
+    MutexLock l(&streams_mu_);
+    for (auto it = streams_.begin(); it != streams_.end();) {
+      bool idle;
+      {
+        MutexLock sl(&it->second->mu);
+        idle = it->second->ended || SecondsBetween(it->second->last_used, Now()) > kIdleStreamS;
+      }
+      if (idle && it->first != prefix) {
+        retired.push_back(std::move(it->second));
+        it = streams_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto it = streams_.find(prefix);
+    if (it != streams_.end()) {
+      std::shared_ptr<WatchStream>& ws = it->second;
+      MutexLock sl(&ws->mu);
+      if (ws->ended) {
+        // Deliver what it received, then its end; the next poll starts anew.
+        if (ws->events.empty() || after < ws->served_through) {
+          retired.push_back(std::move(ws));
+          streams_.erase(it);
+        } else {
+          out = ws;
+        }
+      } else if (after >= ws->served_through && after >= ws->from) {
+        out = ws;
+      }
+      // else: an older position than the stream's: a one-shot poll (nullptr).
+      if (out) out->last_used = Now();
+    }
+    if (!out && streams_.find(prefix) == streams_.end()) {
+      out = std::make_shared<WatchStream>();
+      out->prefix = prefix;
+      out->from = after;
+      {
+        MutexLock sl(&out->mu);
+        out->served_through = after;
+        out->last_used = Now();
+      }
+      streams_[prefix] = out;
+      out->thread = std::thread([this, ws = out] { RunWatchStream(ws); });
+    }
+  }
+  for (auto& ws : retired) {
+    ws->Stop();
+    if (ws->thread.joinable()) ws->thread.join();
+  }
+  return out;
+}
+
+void EtcdStore::RunWatchStream(const std::shared_ptr<WatchStream>& ws) {
+  int64_t pos = ws->from;  // every event up to here was delivered
+  Status refused, s;
+  while (!ws->stop.load()) {
+    json create = PrefixRange(ws->prefix);
+    create["start_revision"] = std::to_string(pos + 1);
+    // Each read waits at most kStreamReadS: a quiet stream is re-opened from
+    // `pos` (transparent to the polls), and a Stop() that raced the start of
+    // a request is noticed within that time.
+    s = Stream(
+        "/v3/watch", json{{"create_request", create}}, Deadline::AfterSeconds(kStreamReadS),
+        [&](const json& m) {
+          if (ws->stop.load()) return false;
+          const int64_t compacted = I64(m, "compact_revision");
+          if (compacted > 0) {
+            refused = FailedPreconditionError(fmt::format(
+                "watch of '{}' from revision {}: etcd {} compacted its history up to {}; re-list",
+                ws->prefix, pos, url_, compacted));
+            return false;
+          }
+          if (m.value("created", false)) {
+            const int64_t header = I64(m["header"], "revision");
+            refused = CheckNotFuture(ws->prefix, pos, header, Deadline::AfterSeconds(10));
+            if (!refused.ok()) return false;
+            MutexLock l(&ws->mu);
+            ws->known_rev = std::max({ws->known_rev, header, pos});
+          }
+          if (m.value("canceled", false)) {
+            refused = FailedPreconditionError(
+                fmt::format("etcd {} cancelled the watch of '{}': {}", url_, ws->prefix,
+                            m.value("cancel_reason", std::string("no reason given"))));
+            return false;
+          }
+          auto ev = m.find("events");
+          if (ev == m.end() || !ev->is_array() || ev->empty()) return true;
+          {
+            MutexLock l(&ws->mu);
+            for (const json& e : *ev) {
+              WatchEvent we;
+              we.type = e.value("type", std::string("PUT")) == "DELETE" ? WatchEvent::Type::kDelete
+                                                                        : WatchEvent::Type::kPut;
+              we.kv = ParseKv(e["kv"]);
+              if (we.kv.mod_revision <= pos) continue;
+              pos = we.kv.mod_revision;
+              ws->known_rev = std::max(ws->known_rev, pos);
+              ws->events.push_back(std::move(we));
+            }
+          }
+          ws->cv.SignalAll();
+          return !ws->stop.load();
+        },
+        &ws->client);
+    if (!refused.ok() || ws->stop.load()) break;
+    if (s.code() != StatusCode::kDeadlineExceeded) break;  // ended or failed: not quiet
+  }
+  {
+    MutexLock l(&ws->mu);
+    ws->ended = true;
+    if (!refused.ok()) {
+      ws->end_status = refused;
+    } else if (!s.ok()) {
+      ws->end_status = s;
+    } else {
+      ws->end_status =
+          UnavailableError(fmt::format("etcd {}: the watch of '{}' was closed", url_, ws->prefix));
+    }
+  }
+  ws->cv.SignalAll();
+}
+
 Result<WatchBatch> EtcdStore::WatchPoll(const std::string& prefix, int64_t after_revision,
                                         Deadline deadline) {
+  if (after_revision < 0) after_revision = 0;
+  std::shared_ptr<WatchStream> ws = StreamFor(prefix, after_revision);
+  if (!ws) return OneShotWatchPoll(prefix, after_revision, deadline);
+  int64_t known;
+  {
+    MutexLock l(&ws->mu);
+    known = ws->known_rev;
+  }
+  if (after_revision > known) {
+    // A revision the stream has not seen (learnt from a List, or from a store
+    // that since restarted empty): confirm it with the store once.
+    MEMENTO_RETURN_IF_ERROR(CheckNotFuture(prefix, after_revision, known, deadline));
+    MutexLock l(&ws->mu);
+    ws->known_rev = std::max(ws->known_rev, after_revision);
+  }
+  MutexLock l(&ws->mu);
+  for (;;) {
+    while (!ws->events.empty() && ws->events.front().kv.mod_revision <= after_revision) {
+      ws->events.pop_front();
+    }
+    ws->served_through = std::max(ws->served_through, after_revision);
+    ws->last_used = Now();
+    if (!ws->events.empty()) {
+      WatchBatch batch;
+      batch.epoch = epoch_.load();
+      batch.events.assign(ws->events.begin(), ws->events.end());
+      batch.revision = batch.events.back().kv.mod_revision;
+      return batch;
+    }
+    if (ws->ended) return ws->end_status;
+    if (deadline.expired()) {
+      WatchBatch batch;
+      batch.epoch = epoch_.load();
+      batch.revision = after_revision;  // nothing new up to here
+      return batch;
+    }
+    ws->cv.WaitUntil(&l, deadline.when());
+  }
+}
+
+Result<WatchBatch> EtcdStore::OneShotWatchPoll(const std::string& prefix, int64_t after_revision,
+                                               Deadline deadline) {
   if (after_revision < 0) after_revision = 0;
   json create = PrefixRange(prefix);
   create["start_revision"] = std::to_string(after_revision + 1);
@@ -691,23 +939,10 @@ Result<WatchBatch> EtcdStore::WatchPoll(const std::string& prefix, int64_t after
     }
     if (m.value("created", false)) {
       created = true;
-      int64_t now = I64(m["header"], "revision");
-      if (after_revision > now) {
-        // The header can lag a write that already returned by a revision or
-        // two: ask the store itself before calling the revision impossible.
-        auto cur =
-            Call("/v3/kv/range", json{{"key", B64("/")}, {"count_only", true}}, deadline, true);
-        if (!cur.ok()) {
-          refused = cur.status();
-          return false;
-        }
-        now = I64((*cur)["header"], "revision");
-      }
-      if (after_revision > now) {
-        refused = FailedPreconditionError(fmt::format(
-            "watch of '{}' from revision {}: etcd {} is at revision {} (it restarted without "
-            "its data); re-list",
-            prefix, after_revision, url_, now));
+      Status future =
+          CheckNotFuture(prefix, after_revision, I64(m["header"], "revision"), deadline);
+      if (!future.ok()) {
+        refused = future;
         return false;
       }
     }

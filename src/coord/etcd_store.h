@@ -28,6 +28,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -94,13 +95,30 @@ class EtcdStore final : public Store {
                               Deadline deadline, bool retry_after_send);
   // A streaming call: `on_message` gets each {"result": ...} object; returning
   // false ends the stream. DeadlineExceeded when the deadline ended it.
+  // `slot`, when given, holds the HTTP client while the stream runs, so that
+  // another thread can end the stream (ClientSlot::Stop).
+  struct ClientSlot;
   Status Stream(const std::string& path, const nlohmann::json& body, Deadline deadline,
-                const std::function<bool(const nlohmann::json&)>& on_message);
+                const std::function<bool(const nlohmann::json&)>& on_message,
+                ClientSlot* slot = nullptr);
+  // Watches (docs/etcd.md, "Watch streams"): one long-lived stream per
+  // prefix serves consecutive polls; a poll it cannot serve uses a one-shot
+  // stream (OneShotWatchPoll).
+  struct WatchStream;
+  std::shared_ptr<WatchStream> StreamFor(const std::string& prefix, int64_t after)
+      EXCLUDES(streams_mu_);
+  void RunWatchStream(const std::shared_ptr<WatchStream>& ws);
+  Result<WatchBatch> OneShotWatchPoll(const std::string& prefix, int64_t after_revision,
+                                      Deadline deadline);
+  // FailedPrecondition when `after` is newer than the store (it restarted empty).
+  Status CheckNotFuture(const std::string& prefix, int64_t after, int64_t header_revision,
+                        Deadline deadline);
   Status Authenticate(Deadline deadline) EXCLUDES(auth_mu_);
   std::unique_ptr<Conn> Acquire(size_t* endpoint) EXCLUDES(pool_mu_);
   void Release(std::unique_ptr<Conn> conn) EXCLUDES(pool_mu_);
   // Notes a response header's revision (epoch bookkeeping).
-  int64_t Observe(const nlohmann::json& response);
+  // `floor`: the highest revision seen before the request was sent.
+  int64_t Observe(const nlohmann::json& response, int64_t floor);
   std::string AuthToken() EXCLUDES(auth_mu_);
   Result<std::optional<KeyValue>> Range1(const std::string& key, Deadline deadline);
 
@@ -113,6 +131,8 @@ class EtcdStore final : public Store {
   std::vector<std::unique_ptr<Conn>> idle_ GUARDED_BY(pool_mu_);
   Mutex auth_mu_;
   std::string token_ GUARDED_BY(auth_mu_);
+  Mutex streams_mu_;
+  std::map<std::string, std::shared_ptr<WatchStream>> streams_ GUARDED_BY(streams_mu_);
 };
 
 }  // namespace memento::coord
