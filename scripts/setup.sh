@@ -4,9 +4,11 @@
 #
 #   scripts/setup.sh            build, test and demo dependencies, Debian's
 #                               PyTorch (python3-torch, python3-numpy) for the
-#                               Python package and its tests (docs/python.md)
+#                               Python package and its tests (docs/python.md),
+#                               etcd (etcd-server, etcd-client) and cpp-httplib
+#                               for the etcd store backend and its tests (docs/etcd.md)
 #   scripts/setup.sh --no-python  without PyTorch (its tests then skip)
-#   scripts/setup.sh --etcd     also etcd-server for the etcd store backend
+#   scripts/setup.sh --etcd     accepted for old command lines (etcd is in the default set)
 #   scripts/setup.sh --fuzz     also clang-14 and libFuzzer (make fuzz, docs/testing.md)
 #
 # Must run as root (or with sudo available) when something is missing.
@@ -22,6 +24,7 @@ packages=(
   python3-torch python3-numpy
   libssl-dev
   iproute2 procps
+  libcpp-httplib-dev etcd-server etcd-client
 )
 
 for arg in "$@"; do
@@ -33,9 +36,9 @@ for arg in "$@"; do
         case "$p" in python3-torch|python3-numpy) ;; *) kept+=("$p") ;; esac
       done
       packages=("${kept[@]}") ;;
-    --etcd) packages+=(etcd-server etcd-client) ;;
+    --etcd) ;;  # in the default set now; kept so old command lines work
     --fuzz) packages+=(clang-14 libfuzzer-14-dev libclang-rt-14-dev) ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (expected --no-python, --etcd, --fuzz)" >&2; exit 2 ;;
   esac
 done

@@ -129,8 +129,8 @@ void Setup(CLI::App& app, CommandContext& ctx) {
       ->default_val("auto");
   // Cluster mode (docs/cluster.md, "Agent in cluster mode").
   cmd->add_option("--store", options.cluster.store_url,
-                  "Coordination store (tcp://HOST:PORT): run in cluster mode (membership, "
-                  "commits, redundancy for the other nodes, peer service)");
+                  "Coordination store (tcp://HOST:PORT or etcd://HOST:PORT[,...]): run in cluster "
+                  "mode (membership, commits, redundancy for the other nodes, peer service)");
   cmd->add_option("--token-file", options.cluster.token_file,
                   "The job token file (mode 0600; default $MEMENTO_JOB_TOKEN)");
   cmd->add_option("--listen", options.cluster.listen,

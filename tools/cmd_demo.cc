@@ -73,6 +73,7 @@ struct DemoArgs {
   int64_t kill_node_at = 200;
   int kill_node = 1;
   int64_t progress_every = 25;
+  std::string store_url;  // empty: the launcher hosts the embedded store
   // trainer mode
   bool trainer = false;
   std::string root;
@@ -523,6 +524,12 @@ Result<ClusterRun> RunCluster(const DemoArgs& a, const std::string& name, const 
   if (ec) return ErrnoError("mkdir " + out, ec.value());
   launch::LaunchOptions o;
   o.job = "demo-" + name;
+  if (!a.store_url.empty()) {
+    // A long-lived external store (etcd) refuses a job name that already has
+    // commits there: each demo run gets its own.
+    o.store_url = a.store_url;
+    o.job += fmt::format("-{}-{}", getpid(), WallNanos() / 1000000 % 1000000000);
+  }
   o.nodes = a.nodes;
   o.ranks_per_node = 1;
   o.dp = a.dp;
@@ -814,6 +821,10 @@ void Setup(CLI::App& app, CommandContext& ctx) {
       ->capture_default_str();
   cmd->add_option("--progress-every", args.progress_every, "a progress line every K steps")
       ->capture_default_str();
+  cmd->add_option("--store", args.store_url,
+                  "coordinate through this store instead of the launcher's embedded one, e.g. "
+                  "etcd://HOST:PORT[,...] (a real etcd, docs/etcd.md); each run uses a new job "
+                  "name there");
   // single-node
   cmd->add_option("--mib", args.mib, "--single-node: MiB of trainer state")
       ->transform(ByteSize(uint64_t{1} << 20))

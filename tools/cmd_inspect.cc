@@ -437,8 +437,9 @@ void Setup(CLI::App& app, memento::tools::CommandContext& ctx) {
   cmd->add_option("target", args->targets,
                   "What to inspect (durable: the directory; memory: node roots such as "
                   "/dev/shm/memento/JOB/node0)");
-  cmd->add_option("--store", args->store_url,
-                  "cluster: the coordination store (tcp://HOST:PORT); needs --job");
+  cmd->add_option(
+      "--store", args->store_url,
+      "cluster: the coordination store (tcp://HOST:PORT or etcd://HOST:PORT[,...]); needs --job");
   cmd->add_option("--job", args->job, "cluster: the job");
   cmd->add_option("--token-file", args->token_file,
                   "cluster: job token file (mode 0600); default: $MEMENTO_JOB_TOKEN");

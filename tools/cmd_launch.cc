@@ -80,8 +80,9 @@ void Setup(CLI::App &app, CommandContext &ctx) {
                 "Run the coordination store as a child process (`memento store`); "
                 "kill-store implies it");
   cmd->add_option("--store", o.store_url,
-                  "Use this external coordination store (tcp://HOST:PORT) instead of hosting "
-                  "one; the token comes from --token-file or MEMENTO_JOB_TOKEN");
+                  "Use this external coordination store instead of hosting one: "
+                  "tcp://HOST:PORT (an embedded store; the token comes from --token-file or "
+                  "MEMENTO_JOB_TOKEN) or etcd://HOST:PORT[,...] (a real etcd, docs/etcd.md)");
   cmd->add_option("--token-file", o.token_file,
                   "The job token file (mode 0600) to use instead of a fresh random token");
   cmd->add_option("--store-down-s", o.store_down_s,

@@ -145,7 +145,8 @@ void Setup(CLI::App& app, CommandContext& ctx) {
       ->transform(ByteSize())
       ->default_val("256M");
   auto* status = cmd->add_subcommand("status", "Show nodes, signals and the committed step");
-  status->add_option("--store", args->url, "store URL (tcp://HOST:PORT)")->required();
+  status->add_option("--store", args->url, "store URL (tcp://HOST:PORT or etcd://HOST:PORT[,...])")
+      ->required();
   status->add_option("--job", args->job, "job name")->required();
   status->add_option("--token-file", args->token_file,
                      "job token file (mode 0600); default: $MEMENTO_JOB_TOKEN");

@@ -277,12 +277,21 @@ Result<std::unique_ptr<CommitCoordinator>> CommitCoordinator::Start(Store* store
   MEMENTO_ASSIGN_OR_RETURN(ListResult reports, store->List(c->keys_.CompletedPrefix(), deadline));
   for (auto& kv : reports.kvs) c->OnEvent(WatchEvent{WatchEvent::Type::kPut, std::move(kv)});
   CommitCoordinator* self = c.get();
+  c->cleaner_ = std::thread([self] { self->Clean(); });
   c->watcher_ = std::make_unique<Watcher>(store, c->keys_.CompletedPrefix(), reports.revision,
                                           [self](const WatchEvent& ev) { self->OnEvent(ev); });
   return c;
 }
 
-CommitCoordinator::~CommitCoordinator() { watcher_.reset(); }
+CommitCoordinator::~CommitCoordinator() {
+  watcher_.reset();
+  {
+    MutexLock l(&clean_mu_);
+    clean_stop_ = true;
+  }
+  clean_cv_.SignalAll();
+  if (cleaner_.joinable()) cleaner_.join();
+}
 
 void CommitCoordinator::OnEvent(const WatchEvent& ev) {
   if (ev.type != WatchEvent::Type::kPut) return;
@@ -335,16 +344,37 @@ void CommitCoordinator::Commit(int64_t step, std::vector<int64_t> superseded) {
     return;
   }
   MEMENTO_LOG_INFO("coord: job {} committed step {}", job_, step);
-  // Reports of committed steps are no longer needed.
-  auto reports = store_->List(keys_.CompletedPrefix(), d);
-  if (reports.ok()) {
+  // Reports of committed steps are no longer needed: the cleaner deletes them.
+  {
+    MutexLock l(&clean_mu_);
+    clean_through_ = std::max(clean_through_, step);
+  }
+  clean_cv_.Signal();
+  if (on_commit_) on_commit_(step, superseded);
+}
+
+void CommitCoordinator::Clean() {
+  int64_t done = -1;
+  for (;;) {
+    int64_t step;
+    {
+      MutexLock l(&clean_mu_);
+      while (!clean_stop_ && clean_through_ <= done) clean_cv_.Wait(&l);
+      if (clean_stop_) return;
+      step = clean_through_;
+    }
+    Deadline d = Deadline::AfterSeconds(10);
+    auto reports = store_->List(keys_.CompletedPrefix(), d);
+    if (!reports.ok()) continue;  // the next commit tries again
     for (const auto& kv : reports->kvs) {
       std::string rest = kv.key.substr(keys_.CompletedPrefix().size());
       auto s2 = ParseStep(rest.substr(0, rest.find('/')));
       if (s2.ok() && *s2 <= step) store_->Delete(kv.key, d).status().IgnoreError();
+      MutexLock l(&clean_mu_);
+      if (clean_stop_) return;
     }
+    done = step;
   }
-  if (on_commit_) on_commit_(step, superseded);
 }
 
 // ---- CommitFollower -----------------------------------------------------------

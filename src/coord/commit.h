@@ -22,6 +22,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/mutex.h"
@@ -126,7 +127,9 @@ class CommitLog {
 // store or on the first node's agent.
 //
 // Thread model: one Watcher thread on completed/ (feeds the tracker, publishes
-// commits, deletes reports of committed steps).
+// commits) and one cleaner thread that deletes the reports of committed steps
+// (1,000 nodes' reports are 1,000 deletes: on the watcher thread they held up
+// the next step's reports; `memento bench store`).
 class CommitCoordinator {
  public:
   // Called on the watcher thread after each published commit, with the steps
@@ -144,6 +147,7 @@ class CommitCoordinator {
                     OnCommit on_commit);
   void OnEvent(const WatchEvent& ev) EXCLUDES(mu_);
   void Commit(int64_t step, std::vector<int64_t> superseded) EXCLUDES(mu_);
+  void Clean() EXCLUDES(clean_mu_);
 
   Store* const store_;
   const std::string job_;
@@ -151,6 +155,11 @@ class CommitCoordinator {
   const OnCommit on_commit_;
   Mutex mu_;
   CommitTracker tracker_ GUARDED_BY(mu_);
+  Mutex clean_mu_;
+  CondVar clean_cv_;
+  int64_t clean_through_ GUARDED_BY(clean_mu_) = -1;  // delete reports of steps <= this
+  bool clean_stop_ GUARDED_BY(clean_mu_) = false;
+  std::thread cleaner_;
   std::unique_ptr<Watcher> watcher_;
 };
 

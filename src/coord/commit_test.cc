@@ -39,7 +39,7 @@ TEST(CommitTrackerTest, NewerStepSupersedesOlderPendingOne) {
   EXPECT_FALSE(t.OnCompleted(1, "a"));
   EXPECT_FALSE(t.OnCompleted(2, "a"));
   EXPECT_EQ(t.OnCompleted(2, "b"), 2);
-  EXPECT_TRUE(t.PendingSteps().empty());  // step 1 dropped with the commit of 2
+  EXPECT_TRUE(t.PendingSteps().empty());                   // step 1 dropped with the commit of 2
   EXPECT_EQ(t.TakeSuperseded(), std::vector<int64_t>{1});  // and said so, once
   EXPECT_TRUE(t.TakeSuperseded().empty());
   EXPECT_FALSE(t.OnCompleted(1, "b"));  // and can never commit now
@@ -172,8 +172,9 @@ TEST(CommitStoreTest, CoordinatorAndFollowers) {
   testing::ScratchDir dir("commit");
   MemoryStore store;
   std::atomic<int64_t> coordinator_saw{-1};
-  auto coord = CommitCoordinator::Start(&store, "job", {"n0", "n1", "n2"}, Soon(),
-                                        [&](int64_t s, const std::vector<int64_t>&) { coordinator_saw.store(s); });
+  auto coord = CommitCoordinator::Start(
+      &store, "job", {"n0", "n1", "n2"}, Soon(),
+      [&](int64_t s, const std::vector<int64_t>&) { coordinator_saw.store(s); });
   ASSERT_TRUE(coord.ok()) << coord.status();
   auto log = CommitLog::Open(dir.path() + "/log").value();
   std::vector<int64_t> seen;
@@ -202,8 +203,13 @@ TEST(CommitStoreTest, CoordinatorAndFollowers) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ((*coord)->committed(), 1);
   EXPECT_EQ(*ReadLatestCommit(store, "job", Soon()), 1);
-  // Reports of step 1 were cleaned up; step 2's are still there.
+  // Reports of step 1 are cleaned up (by the coordinator's cleaner thread);
+  // step 2's stay.
   auto reports = store.List(JobKeys("job").CompletedPrefix(), Soon()).value();
+  for (d = Soon(); reports.kvs.size() > 2 && !d.expired();) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    reports = store.List(JobKeys("job").CompletedPrefix(), Soon()).value();
+  }
   ASSERT_EQ(reports.kvs.size(), 2u);
   // The recovery path replaces n2 by n3, which reports.
   (*coord)->SetMembers({"n0", "n1", "n3"});

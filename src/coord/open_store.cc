@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "coord/embedded_store.h"
+#include "coord/etcd_store.h"
 #include "coord/store.h"
 #include "net/socket.h"
 
@@ -11,14 +12,14 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::stri
   constexpr std::string_view kTcp = "tcp://";
   constexpr std::string_view kEtcd = "etcd://";
   if (url.compare(0, kEtcd.size(), kEtcd) == 0) {
-    return InvalidArgumentError(fmt::format(
-        "store '{}': the etcd backend is not built into this version of memento; use the "
-        "embedded store (tcp://host:port, started by `memento store` or the launcher)",
-        url));
+    MEMENTO_ASSIGN_OR_RETURN(EtcdOptions options, ParseEtcdUrl(url));
+    auto store = EtcdStore::Open(std::move(options), deadline);
+    if (!store.ok()) return store.status();
+    return std::unique_ptr<Store>(std::move(*store));
   }
   if (url.compare(0, kTcp.size(), kTcp) != 0) {
-    return InvalidArgumentError(
-        fmt::format("store URL '{}': expected tcp://host:port (or etcd://..., reserved)", url));
+    return InvalidArgumentError(fmt::format(
+        "store URL '{}': expected tcp://host:port or etcd://host:port[,host:port...]", url));
   }
   Result<net::HostPort> hp = net::ParseHostPort(url.substr(kTcp.size()), net::PortUse::kConnect);
   if (!hp.ok()) return hp.status().WithContext(fmt::format("store URL '{}'", url));

@@ -110,7 +110,9 @@ class Store {
 // Opens a store by URL:
 //   tcp://host:port   the embedded store (EmbeddedStoreServer), authenticated
 //                     with `token_path` (file) or MEMENTO_JOB_TOKEN
-//   etcd://...        reserved: InvalidArgument (not built in this version)
+//   etcd://host:port[,host:port...]   a real etcd (EtcdStore, etcd_store.h);
+//                     etcd's own user/password from MEMENTO_ETCD_USER and
+//                     MEMENTO_ETCD_PASSWORD(_FILE); the job token is not used
 // Unavailable when the store cannot be reached before the deadline.
 [[nodiscard]] Result<std::unique_ptr<Store>> OpenStore(const std::string& url,
                                                        const std::string& token_path,

@@ -235,7 +235,8 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
     if (std::string why = NodeNetwork::Unsupported(); !why.empty()) {
       return FailedPreconditionError(why);
     }
-    if (o.store_url.rfind("tcp://127.", 0) == 0 || o.store_url.rfind("tcp://localhost", 0) == 0) {
+    if (o.store_url.rfind("tcp://127.", 0) == 0 || o.store_url.rfind("tcp://localhost", 0) == 0 ||
+        o.store_url.rfind("etcd://127.", 0) == 0 || o.store_url.rfind("etcd://localhost", 0) == 0) {
       return InvalidArgumentError("--netns: the store " + o.store_url +
                                   " is on loopback, which the nodes' namespaces cannot reach");
     }
@@ -794,7 +795,10 @@ struct Launcher::State {
 Result<LaunchSummary> Launcher::Run() {
   const LaunchOptions& o = options_;
   LaunchSummary summary;
-  Result<net::JobToken> token = (!o.token_file.empty() || !o.store_url.empty())
+  // An external embedded store was started with the job's token; etcd has its
+  // own authentication, so the agents' token is generated as for a hosted store.
+  const bool store_has_token = !o.store_url.empty() && o.store_url.rfind("etcd://", 0) != 0;
+  Result<net::JobToken> token = (!o.token_file.empty() || store_has_token)
                                     ? net::JobToken::Load(o.token_file)
                                     : net::JobToken::Generate();
   if (!token.ok()) {

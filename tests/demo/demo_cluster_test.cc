@@ -10,6 +10,10 @@
 #include <cstdio>
 #include <string>
 
+#include "common/test_util.h"
+#include "coord/etcd_process.h"
+#include "coord/store.h"
+
 namespace {
 
 std::pair<int, std::string> RunShell(const std::string& cmd) {
@@ -37,6 +41,35 @@ TEST(DemoClusterTest, CrashAndNodeLossEndBitIdentical) {
         "RESULT: the final parameters ARE bit-identical"}) {
     EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in\n" << out;
   }
+}
+
+// The same story with the job coordinated through a real etcd on loopback
+// (`memento demo --store etcd://...`, docs/etcd.md): the launcher, the agents
+// and the trainers all use the etcd store; the result line must be the same.
+// One failure (the node loss) keeps it short.
+TEST(DemoClusterTest, NodeLossThroughARealEtcdEndsBitIdentical) {
+  memento::testing::ScratchDir dir("demo-etcd");
+  auto etcd = memento::coord::EtcdProcess::Start(dir.path(), memento::Deadline::AfterSeconds(30));
+  if (etcd.status().code() == memento::StatusCode::kNotFound) GTEST_SKIP() << etcd.status();
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  const std::string cmd = std::string(MEMENTO_CLI_BINARY) +
+                          " demo --trainer-bin " MEMENTO_TRAINER_BINARY
+                          " --preset tiny --steps 30 --kill-rank-at 0"
+                          " --kill-node 1 --kill-node-at 15 --progress-every 10 --store " +
+                          (*etcd)->url();
+  auto [rc, out] = RunShell(cmd);
+  EXPECT_EQ(rc, 0) << out;
+  for (const std::string want : {"store " + (*etcd)->url() + " (external)",
+                                 std::string("1. node 1 lost"), std::string("node(s) lost: 1"),
+                                 std::string("RESULT: the final parameters ARE bit-identical")}) {
+    EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in\n" << out;
+  }
+  // The job's keys are in etcd: the launcher and the agents wrote there.
+  auto store = memento::coord::OpenStore((*etcd)->url(), "", memento::Deadline::AfterSeconds(10));
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto keys = (*store)->List("/memento/demo-failures-", memento::Deadline::AfterSeconds(10));
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_FALSE(keys->kvs.empty());
 }
 
 }  // namespace
