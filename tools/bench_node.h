@@ -116,7 +116,7 @@ class BenchNode {
     o.chunk_bytes = chunk;
     // Exactly `threads` copy: with "idle" a waiting Fence()/Restore() would
     // copy on the bench's own thread too.
-    o.copy_priority = "normal";
+    o.copy_priority = CopyPriority::kNormal;
     return o;
   }
 

@@ -125,14 +125,14 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
   co.world_size = to.comm.topology.world();
   co.agent_dir = options.agent_dir;
   co.node = options.node;
-  co.schedule = options.schedule;
-  co.copy_priority = options.copy_priority;
+  MEMENTO_ASSIGN_OR_RETURN(co.schedule, ParseSchedule(options.schedule));
+  MEMENTO_ASSIGN_OR_RETURN(co.copy_priority, ParseCopyPriority(options.copy_priority));
   if (options.chunk_bytes > 0) co.chunk_bytes = options.chunk_bytes;
   MEMENTO_RETURN_IF_ERROR(CheckSnapshotMode(options.snapshot_mode));
   if (options.snapshot_mode == "has") {
-    co.schedule = "has";
+    co.schedule = Schedule::kHas;
   } else if (!options.snapshot_mode.empty()) {
-    co.schedule = "eager";
+    co.schedule = Schedule::kEager;
     // host: one chunk per tensor (the largest chunk the slot layout takes
     // that still fits every tensor of these presets whole).
     if (options.snapshot_mode == "host") co.chunk_bytes = size_t{1} << 30;
@@ -177,8 +177,8 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
       return restored.status();
     }
   }
-  return std::unique_ptr<TrainerHooks>(
-      new MementoHooks(std::move(client), options.snapshot_mode, co.schedule));
+  return std::unique_ptr<TrainerHooks>(new MementoHooks(std::move(client), options.snapshot_mode,
+                                                        std::string(ScheduleName(co.schedule))));
 }
 
 }  // namespace memento::trainer

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "memento/deadline.h"
@@ -34,6 +35,56 @@
 #include "memento/types.h"
 
 namespace memento {
+
+// Scheduling priority of the copy workers (docs/thread_model.md).
+enum class CopyPriority : uint8_t {
+  // SCHED_IDLE: the copy runs on CPU time that training leaves unused and
+  // never preempts the trainer. A Fence() or Restore() that has to wait
+  // copies the remaining chunks on the calling thread and lifts the workers
+  // to normal priority (where the OS allows it) until the next Snapshot(), so
+  // a fence cannot be starved.
+  kIdle = 0,
+  // The trainer's own priority; Fence() only waits.
+  kNormal = 1,
+};
+std::string_view CopyPriorityName(CopyPriority priority);  // "idle", "normal"
+// "idle" or "normal"; InvalidArgument naming the value and the choices.
+Result<CopyPriority> ParseCopyPriority(std::string_view name);
+
+// How a snapshot's chunks are scheduled (docs/has.md).
+enum class Schedule : uint8_t {
+  // "eager" until the trainer reports an idle window (OnPhase(kIdle)); "has"
+  // from the next Snapshot() on. A trainer without phase hooks keeps the
+  // eager path unchanged.
+  kAuto = 0,
+  // Every chunk is copied at once on copy_threads workers.
+  kEager = 1,
+  // Hierarchical asynchronous snapshotting: chunks go into idle windows
+  // reported by OnPhase(kIdle) first, are paced beside computation, and only
+  // the rest is copied at full speed when Fence() waits. Same slot format and
+  // crash consistency.
+  kHas = 2,
+};
+std::string_view ScheduleName(Schedule schedule);  // "auto", "eager", "has"
+// "auto", "eager" or "has"; InvalidArgument naming the value and the choices.
+Result<Schedule> ParseSchedule(std::string_view name);
+
+// Tuning of the HAS schedule (Schedule::kHas, and kAuto once it switched).
+struct HasTuning {
+  // The 1F1B pipeline schedule of this rank's stage, when known (REFT
+  // Algorithm 1 estimates its bubbles from it). pipeline_stages == 0:
+  // unknown, bubbles are measured online from the phase hooks.
+  int pipeline_stages = 0;
+  int pipeline_stage = 0;
+  int pipeline_microbatches = 0;
+  double pipeline_fwd_s = 0;  // forward time of one micro-batch on this stage
+  double pipeline_bwd_s = 0;  // backward time of one micro-batch on this stage
+  // The snapshot copy uses another link than training's communication, so
+  // it may run while the trainer communicates (layer 3).
+  bool separate_comm_link = false;
+  // A hard cap (bytes/s) on copying beside computation; 0: none.
+  double compute_max_rate = 0;
+};
 
 struct ClientOptions {
   // Job id: names the agent's directories; letters, digits, '-', '_' and '.'.
@@ -48,78 +99,21 @@ struct ClientOptions {
   // Copy engine worker threads and chunk size (bytes; a multiple of 64 KiB).
   int copy_threads = 1;
   size_t chunk_bytes = size_t{4} << 20;
-  // Scheduling priority of the copy workers (docs/thread_model.md):
-  //   "idle"    SCHED_IDLE: the copy runs on CPU time that training leaves
-  //             unused and never preempts the trainer. A Fence() or
-  //             Restore() that has to wait copies the remaining chunks on
-  //             the calling thread and lifts the workers to normal priority
-  //             (where the OS allows it) until the next Snapshot(), so a
-  //             fence cannot be starved.
-  //   "normal"  the trainer's own priority; Fence() only waits.
-  std::string copy_priority = "idle";
+  CopyPriority copy_priority = CopyPriority::kIdle;
   // How long Connect waits for the agent to answer.
   double connect_timeout_s = 10.0;
-  // How a snapshot's chunks are scheduled (docs/has.md):
-  //   "eager"  every chunk is copied at once on copy_threads workers;
-  //   "has"    hierarchical asynchronous snapshotting: chunks go into idle
-  //            windows reported by OnPhase(kIdle) first, are paced beside
-  //            computation, and only the rest is copied at full speed when
-  //            Fence() waits. Same slot format and crash consistency.
-  //   "auto"   (default) "eager" until the trainer reports an idle window
-  //            (OnPhase(kIdle)); "has" from the next Snapshot() on. A trainer
-  //            without phase hooks keeps the eager path unchanged.
-  std::string schedule = "auto";
-  // HAS only: the 1F1B pipeline schedule of this rank's stage, when known
-  // (REFT Algorithm 1 estimates its bubbles from it). pipeline_stages == 0:
-  // unknown, bubbles are measured online from the phase hooks.
-  int pipeline_stages = 0;
-  int pipeline_stage = 0;
-  int pipeline_microbatches = 0;
-  double pipeline_fwd_s = 0;  // forward time of one micro-batch on this stage
-  double pipeline_bwd_s = 0;  // backward time of one micro-batch on this stage
-  // HAS only: the snapshot copy uses another link than training's
-  // communication, so it may run while the trainer communicates (layer 3).
-  bool has_separate_comm_link = false;
-  // HAS only: a hard cap (bytes/s) on copying beside computation; 0: none.
-  double has_compute_max_rate = 0;
+  Schedule schedule = Schedule::kAuto;
+  HasTuning has;
 };
 
 // A version of this rank's state that the agent holds.
 struct VersionInfo {
   int64_t step = -1;
-  bool committed = false;  // complete and verified (T0); see DESIGN.md "version"
+  // Complete and verified against its checksums in this rank's slots (T0).
+  // Not "committed": whether every node of a cluster holds it is the commit
+  // log's business (docs/cluster.md); see DESIGN.md "version".
+  bool intact = false;
   uint64_t bytes = 0;
-};
-
-// Training phases reported by the trainer (HAS uses idle windows: pipeline
-// bubbles, waits on activations or gradients).
-enum class Phase : uint8_t { kCompute = 0, kIdle = 1, kCommunicate = 2 };
-
-// Per-snapshot statistics, filled when the snapshot completes.
-struct SnapshotStats {
-  int64_t step = -1;
-  uint64_t bytes = 0;
-  double copy_s = 0;               // wall time from Snapshot() to the slot being complete
-  double fence_wait_s = 0;         // time Fence() blocked the trainer for this snapshot
-  uint64_t bytes_idle = 0;         // HAS layer 1 (inside idle windows)
-  uint64_t bytes_compute = 0;      // HAS layer 2 (beside computation)
-  uint64_t bytes_communicate = 0;  // HAS layer 3
-  // The part of bytes_compute copied while Fence() was already waiting
-  // (training stood still): eager, copied by the trainer thread helping in
-  // Fence(); HAS, released only once Fence() waited. idle + compute +
-  // communicate == bytes always; bytes_fence is not a fourth layer.
-  uint64_t bytes_fence = 0;
-  // CPU time the copy workers spent on this snapshot (CLOCK_THREAD_CPUTIME_ID
-  // of the threads that copied and hashed its chunks, the slot completion and
-  // the agent notification included). Chunks the training thread copied
-  // itself in Fence() are not in it (they are in fence_wait_s).
-  double copy_cpu_s = 0;
-  // Cluster mode (docs/cluster.md): this step was not written because the
-  // only slot it could take holds a newer-than-committed version the agent is
-  // still protecting (making its redundancy or waiting for its commit). A
-  // skipped snapshot is a success: the step simply does not become a version.
-  bool skipped = false;
-  uint64_t skipped_total = 0;  // snapshots skipped since Connect()
 };
 
 // Statistics of the last Restore().
@@ -137,8 +131,15 @@ struct RestoreStats {
   std::vector<std::string> skipped;
 };
 
+// Every call that can block takes a Deadline (DeadlineExceeded when it
+// passes); the defaults are the waits of earlier versions.
 class Client {
  public:
+  // Waits for the snapshot in flight, if any, to finish (its copy reads
+  // registered memory, so it must end before the caller may free that
+  // memory; there is no deadline: a copy of memory always ends), then stops
+  // the client's threads and closes the connection. A version whose copy
+  // completed is in shared memory whether or not the agent heard of it.
   virtual ~Client() = default;
 
   // Connects to the node's agent. Fails with Unavailable (agent not running
@@ -157,8 +158,9 @@ class Client {
   // Ends registration: the agent allocates (or adopts) this rank's slots,
   // pre-faulted. Fails with ResourceExhausted when the node's memory budget
   // or the shared-memory filesystem cannot hold them, saying how much is
-  // needed.
-  virtual Status Seal() = 0;
+  // needed. DeadlineExceeded when the agent has not allocated them by
+  // `deadline` (a large job on a loaded node can take minutes).
+  virtual Status Seal(Deadline deadline = Deadline::AfterSeconds(600)) = 0;
 
   // Starts snapshotting the registered state as version `step` and returns
   // at once. REQUIRES: sealed; step greater than every earlier snapshot's.
@@ -182,9 +184,12 @@ class Client {
   // every difference, and nothing is written. A version that fails its
   // checksums is skipped (DataLoss is returned only when no intact version is
   // left; the registered tensors are then unchanged: every version is
-  // verified in shared memory before its first byte is copied). REQUIRES:
-  // sealed.
-  virtual Result<int64_t> Restore() = 0;
+  // verified in shared memory before its first byte is copied).
+  // DeadlineExceeded when the snapshot in flight has not finished by
+  // `deadline`, or the agent has not named the step by then (it is given 60
+  // s at most); the verification and copy themselves run to the end.
+  // REQUIRES: sealed.
+  virtual Result<int64_t> Restore(Deadline deadline = Deadline::Infinite()) = 0;
 
   // Loads exactly version `step` into the registered tensors and returns
   // `step`. For a multi-rank job, which must restart every rank at the same
@@ -196,11 +201,15 @@ class Client {
   // saved tensors differ from the registered ones (nothing written);
   // DataLoss when the version fails its checksums; the version is verified
   // before its first byte is copied, so the registered tensors are then
-  // unchanged. Never falls back to another step. REQUIRES: sealed.
-  virtual Result<int64_t> Restore(int64_t step) = 0;
+  // unchanged. Never falls back to another step. DeadlineExceeded as for
+  // Restore(). REQUIRES: sealed.
+  virtual Result<int64_t> Restore(int64_t step, Deadline deadline = Deadline::Infinite()) = 0;
 
-  // Versions the agent holds for this rank, newest first.
-  virtual Result<std::vector<VersionInfo>> ListVersions() = 0;
+  // Versions the agent holds for this rank, newest first (the agent first
+  // verifies complete versions it has not verified yet, which reads them
+  // whole). DeadlineExceeded when the agent has not answered by `deadline`.
+  virtual Result<std::vector<VersionInfo>> ListVersions(
+      Deadline deadline = Deadline::AfterSeconds(600)) = 0;
 
   // Reports the trainer's current phase (HAS scheduling; any thread). With
   // schedule "eager" it is recorded and has no effect on the copy.

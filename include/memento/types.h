@@ -87,4 +87,35 @@ struct TensorMeta {
 // "[4096, 1024]".
 std::string ShapeToString(const std::vector<int64_t>& shape);
 
+// Training phases reported by the trainer (HAS uses idle windows: pipeline
+// bubbles, waits on activations or gradients).
+enum class Phase : uint8_t { kCompute = 0, kIdle = 1, kCommunicate = 2 };
+
+// Per-snapshot statistics, filled when the snapshot completes.
+struct SnapshotStats {
+  int64_t step = -1;
+  uint64_t bytes = 0;
+  double copy_s = 0;               // wall time from Snapshot() to the slot being complete
+  double fence_wait_s = 0;         // time Fence() blocked the trainer for this snapshot
+  uint64_t bytes_idle = 0;         // HAS layer 1 (inside idle windows)
+  uint64_t bytes_compute = 0;      // HAS layer 2 (beside computation)
+  uint64_t bytes_communicate = 0;  // HAS layer 3
+  // The part of bytes_compute copied while Fence() was already waiting
+  // (training stood still): eager, copied by the trainer thread helping in
+  // Fence(); HAS, released only once Fence() waited. idle + compute +
+  // communicate == bytes always; bytes_fence is not a fourth layer.
+  uint64_t bytes_fence = 0;
+  // CPU time the copy workers spent on this snapshot (CLOCK_THREAD_CPUTIME_ID
+  // of the threads that copied and hashed its chunks, the slot completion and
+  // the agent notification included). Chunks the training thread copied
+  // itself in Fence() are not in it (they are in fence_wait_s).
+  double copy_cpu_s = 0;
+  // Cluster mode (docs/cluster.md): this step was not written because the
+  // only slot it could take holds a newer-than-committed version the agent is
+  // still protecting (making its redundancy or waiting for its commit). A
+  // skipped snapshot is a success: the step simply does not become a version.
+  bool skipped = false;
+  uint64_t skipped_total = 0;  // snapshots skipped since Connect()
+};
+
 }  // namespace memento

@@ -390,7 +390,10 @@ class Checkpointer:
             self._client.fence(timeout_s)
 
     def versions(self):
-        """Versions the agent holds for this rank: [{"step", "committed", "bytes"}], newest first."""
+        """Versions the agent holds for this rank: [{"step", "intact", "bytes"}], newest first.
+
+        "intact": complete and verified in this node's slots ("committed" is
+        the same flag under its old name)."""
         client = self._client or self._connect()
         try:
             return client.versions()
@@ -472,7 +475,7 @@ class Checkpointer:
         """
         probe = self._client or self._connect()
         try:
-            held = [v["step"] for v in probe.versions() if v["committed"]]
+            held = [v["step"] for v in probe.versions() if v["intact"]]
         finally:
             if probe is not self._client:
                 probe.close()

@@ -165,7 +165,8 @@ class PyClient {
     for (const VersionInfo& v : Take(std::move(r))) {
       py::dict d;
       d["step"] = v.step;
-      d["committed"] = v.committed;
+      d["intact"] = v.intact;
+      d["committed"] = v.intact;  // the old name of "intact", kept for callers
       d["bytes"] = v.bytes;
       out.append(d);
     }
@@ -219,9 +220,9 @@ std::unique_ptr<PyClient> Connect(const std::string& job_id, int rank, int world
   o.node = node;
   o.copy_threads = copy_threads;
   o.chunk_bytes = chunk_bytes;
-  o.copy_priority = copy_priority;
+  o.copy_priority = Take(ParseCopyPriority(copy_priority));
   o.connect_timeout_s = connect_timeout_s;
-  o.schedule = schedule;
+  o.schedule = Take(ParseSchedule(schedule));
   Result<std::unique_ptr<Client>> r = UnavailableError("");
   {
     py::gil_scoped_release release;

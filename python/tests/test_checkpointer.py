@@ -201,7 +201,7 @@ class CheckpointerTest(unittest.TestCase):
             ckpt = self.ckpt(agent, fresh)
             self.assertEqual(ckpt.restore(), 0)
             assert_identical(self, fingerprint(*fresh), at0)
-            self.assertEqual([v["step"] for v in ckpt.versions() if v["committed"]], [0])
+            self.assertEqual([v["step"] for v in ckpt.versions() if v["intact"]], [0])
 
     def test_reallocated_tensor_is_registered_again(self):
         with agent_util.Agent("pyrealloc") as agent:

@@ -43,7 +43,7 @@ class ClientImpl final : public Client, private client::SlotSink {
       : options_(std::move(options)),
         agent_(options_, dir),
         holds_(dir, options_.rank),
-        idle_priority_(options_.copy_priority == "idle") {}
+        idle_priority_(options_.copy_priority == CopyPriority::kIdle) {}
 
   // Waits for the snapshot in flight (the copy of registered memory must end
   // before the caller may free it), then stops every thread of the client.
@@ -92,7 +92,7 @@ class ClientImpl final : public Client, private client::SlotSink {
     return RegisterTensor(meta, data, Device::Host());
   }
 
-  Status Seal() override {
+  Status Seal(Deadline deadline) override {
     if (sealed_) return FailedPreconditionError("Seal() called twice");
     std::vector<TensorMeta> metas;
     for (const RegisteredTensor& r : tensors_) metas.push_back(r.meta);
@@ -103,7 +103,7 @@ class ClientImpl final : public Client, private client::SlotSink {
     MEMENTO_ASSIGN_OR_RETURN(
         json reply,
         agent_.Call(shm::SealRequest(options_.rank, layout_.total_bytes, layout_.manifest),
-                    Deadline::AfterSeconds(600)));
+                    deadline));
     MEMENTO_ASSIGN_OR_RETURN(shm::SealReply sealed, shm::ParseSealReply(reply));
     const std::vector<std::string>& paths = sealed.paths;
     // Map both slots, but touch only their headers, manifests and tables
@@ -144,7 +144,7 @@ class ClientImpl final : public Client, private client::SlotSink {
     engine_ = std::make_unique<snap::CopyEngine>(eo);
     eager_ = std::make_unique<client::EagerPath>(engine_.get(), idle_priority_, Sink());
     has_chunk_delay_us_ = eo.chunk_delay_us;
-    if (options_.schedule == "has") MEMENTO_RETURN_IF_ERROR(StartHas());
+    if (options_.schedule == Schedule::kHas) MEMENTO_RETURN_IF_ERROR(StartHas());
     holds_.MapCommitWord();
     sealed_ = true;
     return Status::Ok();
@@ -185,7 +185,7 @@ class ClientImpl final : public Client, private client::SlotSink {
     }
     // "auto": HAS from the first snapshot after the trainer reported an
     // idle window (its phase hooks are wired); eager until then.
-    if (has_ == nullptr && options_.schedule == "auto" &&
+    if (has_ == nullptr && options_.schedule == Schedule::kAuto &&
         idle_reported_.load(std::memory_order_relaxed)) {
       MEMENTO_RETURN_IF_ERROR(StartHas());
       MEMENTO_LOG_INFO(
@@ -215,12 +215,13 @@ class ClientImpl final : public Client, private client::SlotSink {
     return st;
   }
 
-  Result<int64_t> Restore() override {
+  Result<int64_t> Restore(Deadline deadline) override {
     if (!sealed_) return FailedPreconditionError("Restore() before Seal()");
-    if (!holds_.MapCommitWord()) return RestoreVersion(std::nullopt);
+    if (!holds_.MapCommitWord()) return RestoreVersion(std::nullopt, deadline);
     // Cluster mode: every rank must load the same step; the agent knows it.
-    MEMENTO_ASSIGN_OR_RETURN(
-        json reply, agent_.Call(shm::TargetRequest(options_.rank), Deadline::AfterSeconds(60)));
+    MEMENTO_ASSIGN_OR_RETURN(json reply,
+                             agent_.Call(shm::TargetRequest(options_.rank),
+                                         Earlier(deadline, Deadline::AfterSeconds(60))));
     MEMENTO_ASSIGN_OR_RETURN(shm::TargetReply target, shm::ParseTargetReply(reply));
     const int64_t step = target.step;
     if (step < 0) {
@@ -235,23 +236,22 @@ class ClientImpl final : public Client, private client::SlotSink {
           options_.job_id, options_.rank, agent_.dir()));
     }
     MEMENTO_LOG_INFO("restore: the agent's target is step {}", step);
-    return RestoreVersion(step);
+    return RestoreVersion(step, deadline);
   }
 
-  Result<int64_t> Restore(int64_t step) override {
+  Result<int64_t> Restore(int64_t step, Deadline deadline) override {
     if (step < 0) return InvalidArgumentError(fmt::format("Restore({}): step < 0", step));
-    return RestoreVersion(step);
+    return RestoreVersion(step, deadline);
   }
 
-  Result<std::vector<VersionInfo>> ListVersions() override {
-    MEMENTO_ASSIGN_OR_RETURN(
-        json reply, agent_.Call(shm::ListRequest(options_.rank), Deadline::AfterSeconds(600)));
+  Result<std::vector<VersionInfo>> ListVersions(Deadline deadline) override {
+    MEMENTO_ASSIGN_OR_RETURN(json reply, agent_.Call(shm::ListRequest(options_.rank), deadline));
     MEMENTO_ASSIGN_OR_RETURN(shm::ListReply list, shm::ParseListReply(reply));
     std::vector<VersionInfo> out;
     for (const shm::VersionEntry& v : list.versions) {
       VersionInfo vi;
       vi.step = v.step;
-      vi.committed = v.intact;
+      vi.intact = v.intact;
       vi.bytes = v.bytes;
       out.push_back(vi);
     }
@@ -280,10 +280,12 @@ class ClientImpl final : public Client, private client::SlotSink {
     return slots;
   }
 
+  static Deadline Earlier(Deadline a, Deadline b) { return a.when() < b.when() ? a : b; }
+
   // The newest intact version, or exactly `only` (no fallback) when given.
-  Result<int64_t> RestoreVersion(std::optional<int64_t> only) {
+  Result<int64_t> RestoreVersion(std::optional<int64_t> only, Deadline deadline) {
     if (!sealed_) return FailedPreconditionError("Restore() before Seal()");
-    MEMENTO_RETURN_IF_ERROR(Fence(Deadline::Infinite()));
+    MEMENTO_RETURN_IF_ERROR(Fence(deadline));
     client::RestoreContext ctx;
     ctx.options = &options_;
     ctx.tensors = &tensors_;
@@ -415,27 +417,28 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
     return InvalidArgumentError(
         fmt::format("copy_threads {} must be in [1, 64]", options.copy_threads));
   }
-  if (options.copy_priority != "idle" && options.copy_priority != "normal") {
-    return InvalidArgumentError(
-        fmt::format("copy_priority '{}' is not one of: idle, normal", options.copy_priority));
+  if (CopyPriorityName(options.copy_priority).empty()) {
+    return InvalidArgumentError(fmt::format("copy_priority {} is not one of: idle, normal",
+                                            static_cast<int>(options.copy_priority)));
   }
-  if (options.schedule != "eager" && options.schedule != "has" && options.schedule != "auto") {
-    return InvalidArgumentError(
-        fmt::format("schedule '{}' is not one of: auto, eager, has", options.schedule));
+  if (ScheduleName(options.schedule).empty()) {
+    return InvalidArgumentError(fmt::format("schedule {} is not one of: auto, eager, has",
+                                            static_cast<int>(options.schedule)));
   }
-  if (options.pipeline_stages < 0 ||
-      (options.pipeline_stages > 0 &&
-       (options.pipeline_stage < 0 || options.pipeline_stage >= options.pipeline_stages ||
-        options.pipeline_microbatches < 1 || !(options.pipeline_fwd_s >= 0) ||
-        !(options.pipeline_bwd_s >= 0)))) {
+  const HasTuning& has = options.has;
+  if (has.pipeline_stages < 0 ||
+      (has.pipeline_stages > 0 &&
+       (has.pipeline_stage < 0 || has.pipeline_stage >= has.pipeline_stages ||
+        has.pipeline_microbatches < 1 || !(has.pipeline_fwd_s >= 0) ||
+        !(has.pipeline_bwd_s >= 0)))) {
     return InvalidArgumentError(fmt::format(
         "pipeline schedule (stages {}, stage {}, microbatches {}, fwd {} s, bwd {} s) needs "
         "0 <= stage < stages, microbatches >= 1 and non-negative times",
-        options.pipeline_stages, options.pipeline_stage, options.pipeline_microbatches,
-        options.pipeline_fwd_s, options.pipeline_bwd_s));
+        has.pipeline_stages, has.pipeline_stage, has.pipeline_microbatches, has.pipeline_fwd_s,
+        has.pipeline_bwd_s));
   }
-  if (!(options.has_compute_max_rate >= 0)) {
-    return InvalidArgumentError("has_compute_max_rate must be >= 0");
+  if (!(has.compute_max_rate >= 0)) {
+    return InvalidArgumentError("has.compute_max_rate must be >= 0");
   }
   // Validates the job id the same way slots do.
   MEMENTO_RETURN_IF_ERROR(shm::ComputeSlotLayout(options.job_id, 0, {}, 1).status());
@@ -447,6 +450,42 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   auto client = std::make_unique<ClientImpl>(options, dir);
   MEMENTO_RETURN_IF_ERROR(client->ConnectNow(Deadline::AfterSeconds(options.connect_timeout_s)));
   return std::unique_ptr<Client>(std::move(client));
+}
+
+std::string_view CopyPriorityName(CopyPriority priority) {
+  switch (priority) {
+    case CopyPriority::kIdle:
+      return "idle";
+    case CopyPriority::kNormal:
+      return "normal";
+  }
+  return "";
+}
+
+Result<CopyPriority> ParseCopyPriority(std::string_view name) {
+  for (CopyPriority p : {CopyPriority::kIdle, CopyPriority::kNormal}) {
+    if (name == CopyPriorityName(p)) return p;
+  }
+  return InvalidArgumentError(fmt::format("copy_priority '{}' is not one of: idle, normal", name));
+}
+
+std::string_view ScheduleName(Schedule schedule) {
+  switch (schedule) {
+    case Schedule::kAuto:
+      return "auto";
+    case Schedule::kEager:
+      return "eager";
+    case Schedule::kHas:
+      return "has";
+  }
+  return "";
+}
+
+Result<Schedule> ParseSchedule(std::string_view name) {
+  for (Schedule s : {Schedule::kAuto, Schedule::kEager, Schedule::kHas}) {
+    if (name == ScheduleName(s)) return s;
+  }
+  return InvalidArgumentError(fmt::format("schedule '{}' is not one of: auto, eager, has", name));
 }
 
 }  // namespace memento

@@ -19,13 +19,13 @@ Result<std::unique_ptr<HasPath>> HasPath::Create(const ClientOptions& options, P
   std::unique_ptr<HasPath> path(new HasPath(options, chunk_delay_us, device, sink));
   has::HasRunnerOptions ro;
   ro.threads = std::max(1, options.copy_threads);
-  ro.has.separate_comm_link = options.has_separate_comm_link;
-  ro.has.compute_max_rate = options.has_compute_max_rate;
-  ro.has.schedule.num_stages = options.pipeline_stages;
-  ro.has.schedule.stage = options.pipeline_stage;
-  ro.has.schedule.num_microbatches = options.pipeline_microbatches;
-  ro.has.schedule.fwd_s = options.pipeline_fwd_s;
-  ro.has.schedule.bwd_s = options.pipeline_bwd_s;
+  ro.has.separate_comm_link = options.has.separate_comm_link;
+  ro.has.compute_max_rate = options.has.compute_max_rate;
+  ro.has.schedule.num_stages = options.has.pipeline_stages;
+  ro.has.schedule.stage = options.has.pipeline_stage;
+  ro.has.schedule.num_microbatches = options.has.pipeline_microbatches;
+  ro.has.schedule.fwd_s = options.has.pipeline_fwd_s;
+  ro.has.schedule.bwd_s = options.has.pipeline_bwd_s;
   HasPath* p = path.get();
   MEMENTO_ASSIGN_OR_RETURN(path->runner_,
                            has::HasRunner::Create(ro, [p](size_t i) { return p->CopyChunk(i); }));

@@ -40,7 +40,7 @@ class HasPath final : public SnapshotPath {
  private:
   HasPath(const ClientOptions& options, int chunk_delay_us, DeviceCopier* device, SlotSink* sink)
       : rank_(options.rank),
-        idle_priority_(options.copy_priority == "idle"),
+        idle_priority_(options.copy_priority == CopyPriority::kIdle),
         chunk_delay_us_(chunk_delay_us),
         device_(device),
         sink_(sink) {}

@@ -37,7 +37,7 @@ int VisibleDevices() {
 class ClientDeviceTest : public ::testing::Test {
  protected:
   ClientDeviceTest() : root_(dir_.path() + "/jobd/node0") {}
-  ClientOptions Options(const std::string& schedule) {
+  ClientOptions Options(Schedule schedule) {
     ClientOptions o;
     o.job_id = "jobd";
     o.agent_dir = root_;
@@ -54,7 +54,7 @@ class ClientDeviceTest : public ::testing::Test {
 TEST_F(ClientDeviceTest, RefusesDeviceTensorNamingItWithoutCudaOrDevice) {
   if (VisibleDevices() > 0) GTEST_SKIP() << "a CUDA device is visible: the GPU cases run instead";
   AgentThread agent({"jobd", 0, root_, 0});
-  auto c = Client::Connect(Options("eager"));
+  auto c = Client::Connect(Options(Schedule::kEager));
   ASSERT_TRUE(c.ok()) << c.status();
   float fake[4] = {};
   TensorMeta meta{"layer3.weight", DType::kFloat32, {4}, StateClass::kReplicated};
@@ -118,7 +118,7 @@ TEST_P(ClientDeviceRoundTrip, SnapshotsAndRestoresBitIdentically) {
   const size_t bytes = (size_t{3} << 20) + 4096;  // several chunks and a short tail
   std::mt19937_64 g(memento::testing::TestSeed("ClientDeviceRoundTrip"));
   DeviceState s(bytes);
-  auto c = Client::Connect(Options(GetParam()));
+  auto c = Client::Connect(Options(ParseSchedule(GetParam()).value()));
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_TRUE(s.Register(**c).ok());
   ASSERT_TRUE((*c)->Seal().ok());
@@ -141,7 +141,7 @@ TEST_P(ClientDeviceRoundTrip, SnapshotsAndRestoresBitIdentically) {
   c->reset();
 
   DeviceState t(bytes);
-  auto c2 = Client::Connect(Options("eager"));
+  auto c2 = Client::Connect(Options(Schedule::kEager));
   ASSERT_TRUE(c2.ok()) << c2.status();
   ASSERT_TRUE(t.Register(**c2).ok());
   ASSERT_TRUE((*c2)->Seal().ok());
@@ -160,7 +160,7 @@ TEST_F(ClientDeviceTest, RefusesADeviceThatDoesNotExist) {
   const int n = VisibleDevices();
   if (n == 0) GTEST_SKIP() << "no CUDA device visible";
   AgentThread agent({"jobd", 0, root_, 0});
-  auto c = Client::Connect(Options("eager"));
+  auto c = Client::Connect(Options(Schedule::kEager));
   ASSERT_TRUE(c.ok()) << c.status();
   float fake[4];
   Status st = (*c)->RegisterTensor({"x", DType::kFloat32, {4}, StateClass::kReplicated}, fake,

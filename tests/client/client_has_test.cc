@@ -59,7 +59,7 @@ bool CanLiftIdleThreads() {
 class ClientHasTest : public ::testing::Test {
  protected:
   ClientHasTest() : root_(dir_.path() + "/job1/node0") {}
-  ClientOptions Options(const std::string& schedule = "has") {
+  ClientOptions Options(Schedule schedule = Schedule::kHas) {
     ClientOptions o;
     o.job_id = "job1";
     o.rank = 0;
@@ -85,7 +85,7 @@ class ClientHasTest : public ::testing::Test {
       auto v = c.ListVersions();
       if (v.ok()) {
         for (const VersionInfo& vi : *v) {
-          if (vi.step == step && vi.committed) return true;
+          if (vi.step == step && vi.intact) return true;
         }
       }
       usleep(10000);
@@ -111,12 +111,16 @@ class ClientHasTest : public ::testing::Test {
 
 TEST_F(ClientHasTest, RejectsUnknownSchedule) {
   AgentThread agent({"job1", 0, root_, 0});
-  ClientOptions o = Options("lazy");
+  auto lazy = ParseSchedule("lazy");
+  EXPECT_EQ(lazy.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(lazy.status().message().find("'lazy'"), std::string::npos) << lazy.status();
+  ClientOptions o = Options();
+  o.schedule = static_cast<Schedule>(7);
   EXPECT_EQ(Client::Connect(o).status().code(), StatusCode::kInvalidArgument);
   o = Options();
-  o.pipeline_stages = 4;
-  o.pipeline_stage = 4;
-  o.pipeline_microbatches = 8;
+  o.has.pipeline_stages = 4;
+  o.has.pipeline_stage = 4;
+  o.has.pipeline_microbatches = 8;
   EXPECT_EQ(Client::Connect(o).status().code(), StatusCode::kInvalidArgument);
 }
 
@@ -157,7 +161,7 @@ TEST_F(ClientHasTest, RoundTripBitIdenticalWithPhasesFromAnotherThread) {
   // And an eager client reads what HAS wrote (same slot format).
   c2.reset();
   State u;
-  auto c3 = Sealed(u, Options("eager"));
+  auto c3 = Sealed(u, Options(Schedule::kEager));
   r = c3->Restore();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(*r, 5);
@@ -202,7 +206,7 @@ TEST_F(ClientHasTest, AutoSwitchesToHasOnceIdlePhasesAreReported) {
   AgentThread agent({"job1", 0, root_, 0});
   uint64_t seed = memento::testing::TestSeed("ClientHasTest.Auto");
   State s;
-  auto c = Sealed(s, Options("auto"));
+  auto c = Sealed(s, Options(Schedule::kAuto));
   s.Fill(seed + 1);
   ASSERT_TRUE(c->Snapshot(1).ok());
   ASSERT_TRUE(WaitCommitted(*c, 1));
@@ -224,7 +228,7 @@ TEST_F(ClientHasTest, AutoSwitchesToHasOnceIdlePhasesAreReported) {
   const uint64_t digest = s.Digest();
   c.reset();
   State t;
-  auto c2 = Sealed(t, Options("eager"));
+  auto c2 = Sealed(t, Options(Schedule::kEager));
   auto r = c2->Restore();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(*r, 2);
@@ -239,7 +243,7 @@ TEST_F(ClientHasTest, WithoutIdleWindowsTheFenceCopiesTheRest) {
   uint64_t seed = memento::testing::TestSeed("ClientHasTest.Fence");
   State s;
   ClientOptions o = Options();
-  o.has_compute_max_rate = 1;
+  o.has.compute_max_rate = 1;
   auto c = Sealed(s, o);
   s.Fill(seed);
   c->OnPhase(Phase::kCompute);
@@ -293,7 +297,7 @@ TEST_F(ClientHasTest, HasWorkersRunAtIdlePriorityUntilTheFence) {
   c.reset();
 
   ClientOptions normal = Options();
-  normal.copy_priority = "normal";
+  normal.copy_priority = CopyPriority::kNormal;
   State t;
   auto c2 = Sealed(t, normal);
   auto r = c2->Restore();
@@ -312,7 +316,7 @@ TEST_F(ClientHasTest, FenceDeadlineCanBeRetried) {
   AgentThread agent({"job1", 0, root_, 0});
   State s;
   ClientOptions o = Options();
-  o.has_compute_max_rate = 1;
+  o.has.compute_max_rate = 1;
   auto c = Sealed(s, o);
   s.Fill(memento::testing::TestSeed("ClientHasTest.Deadline"));
   ASSERT_TRUE(c->Snapshot(1).ok());

@@ -74,7 +74,7 @@ TEST_F(ClientAgentTest, SnapshotRestoreRoundTrip) {
   ASSERT_TRUE(versions.ok()) << versions.status();
   ASSERT_EQ(versions->size(), 2u);
   EXPECT_EQ((*versions)[0].step, 3);
-  EXPECT_TRUE((*versions)[0].committed);
+  EXPECT_TRUE((*versions)[0].intact);
   EXPECT_EQ((*versions)[1].step, 2);
   c.reset();
 
@@ -244,8 +244,8 @@ TEST_F(ClientAgentTest, CorruptedSlotFallsBackThenDataLoss) {
   ASSERT_TRUE(versions.ok());
   ASSERT_EQ(versions->size(), 2u);
   EXPECT_EQ((*versions)[0].step, 2);
-  EXPECT_FALSE((*versions)[0].committed);  // the agent's verifier saw it too
-  EXPECT_TRUE((*versions)[1].committed);
+  EXPECT_FALSE((*versions)[0].intact);  // the agent's verifier saw it too
+  EXPECT_TRUE((*versions)[1].intact);
   c2.reset();
   flip(0);
   State u;
@@ -306,7 +306,7 @@ TEST_F(ClientAgentTest, FailedRestoreLeavesRegisteredTensorsUntouched) {
   auto versions = c2->ListVersions();
   ASSERT_TRUE(versions.ok()) << versions.status();
   ASSERT_EQ(versions->size(), 2u);
-  for (const VersionInfo& v : *versions) EXPECT_FALSE(v.committed) << "step " << v.step;
+  for (const VersionInfo& v : *versions) EXPECT_FALSE(v.intact) << "step " << v.step;
 }
 
 // Restore(step): exactly that version or NotFound / DataLoss, never another
@@ -444,11 +444,12 @@ TEST_F(ClientAgentTest, ClearErrorsForBadSetups) {
   bad = o;
   bad.job_id = "a/b";
   EXPECT_EQ(Client::Connect(bad).status().code(), StatusCode::kInvalidArgument);
-  bad = o;
-  bad.copy_priority = "high";
-  auto refused = Client::Connect(bad);
+  auto refused = ParseCopyPriority("high");
   EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("idle, normal"), std::string::npos) << refused.status();
+  bad = o;
+  bad.copy_priority = static_cast<CopyPriority>(9);
+  EXPECT_EQ(Client::Connect(bad).status().code(), StatusCode::kInvalidArgument);
 }
 
 // With idle-priority copy workers (the default) a Fence() that has to wait
@@ -459,8 +460,8 @@ TEST_F(ClientAgentTest, IdlePriorityFenceCopiesWhatIsLeft) {
   AgentThread agent({"job1", 0, root_, 0});
   uint64_t seed = memento::testing::TestSeed("ClientAgentTest.IdlePriorityFenceCopiesWhatIsLeft");
   setenv("MEMENTO_TEST_COPY_DELAY_US", "20000", 1);
-  for (const char* priority : {"idle", "normal"}) {
-    SCOPED_TRACE(priority);
+  for (CopyPriority priority : {CopyPriority::kIdle, CopyPriority::kNormal}) {
+    SCOPED_TRACE(CopyPriorityName(priority));
     State s;
     ClientOptions o = Options();
     o.copy_priority = priority;
@@ -468,14 +469,14 @@ TEST_F(ClientAgentTest, IdlePriorityFenceCopiesWhatIsLeft) {
     ASSERT_TRUE(c.ok()) << c.status();
     ASSERT_TRUE(s.Register(**c).ok());
     ASSERT_TRUE((*c)->Seal().ok());
-    const int64_t step = std::string(priority) == "idle" ? 1 : 2;
+    const int64_t step = priority == CopyPriority::kIdle ? 1 : 2;
     s.Fill(seed + step);
     const uint64_t digest = s.Digest();
     ASSERT_TRUE((*c)->Snapshot(step).ok());
     ASSERT_TRUE((*c)->Fence().ok());
     SnapshotStats stats = (*c)->LastSnapshotStats();
     EXPECT_EQ(stats.bytes, s.Bytes());
-    if (std::string(priority) == "idle") {
+    if (priority == CopyPriority::kIdle) {
       // 7 chunks, 2 workers each sleeping 20 ms after a chunk.
       EXPECT_GT(stats.bytes_fence, 0u);
       EXPECT_LT(stats.bytes_fence, stats.bytes);

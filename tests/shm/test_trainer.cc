@@ -126,7 +126,9 @@ int main(int argc, char** argv) {
     o.agent_dir = dir;
     o.copy_threads = threads;
     o.connect_timeout_s = 20;
-    o.schedule = schedule;
+    auto parsed = memento::ParseSchedule(schedule);
+    if (!parsed.ok()) Fail(parsed.status().ToString());
+    o.schedule = *parsed;
     auto c = memento::Client::Connect(o);
     if (!c.ok()) Fail(c.status().ToString());
     client = std::move(*c);

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "memento/client.h"
 #include "memento/status.h"
+#include "memento/types.h"
 #include "snap/has/has_scheduler.h"
 
 namespace memento::has {

@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "common/mutex.h"
-#include "memento/client.h"
 #include "memento/deadline.h"
 #include "memento/status.h"
+#include "memento/types.h"
 #include "snap/has/has_scheduler.h"
 
 namespace memento::has {

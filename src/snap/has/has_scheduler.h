@@ -35,8 +35,8 @@
 #include <string>
 #include <vector>
 
-#include "memento/client.h"
 #include "memento/status.h"
+#include "memento/types.h"
 
 namespace memento::has {
 
