@@ -25,8 +25,8 @@ set(MEMENTO_LAYER_ALLOWED_opt common)
 set(MEMENTO_LAYER_ALLOWED_snap shm common)
 set(MEMENTO_LAYER_ALLOWED_recover topo codec shm common)
 set(MEMENTO_LAYER_ALLOWED_client snap shm common)
-set(MEMENTO_LAYER_ALLOWED_agent recover coord net tier topo codec shm opt common)
-set(MEMENTO_LAYER_ALLOWED_launch recover coord tier topo shm net common)
+set(MEMENTO_LAYER_ALLOWED_agent recover coord net tier topo model codec shm opt common)
+set(MEMENTO_LAYER_ALLOWED_launch recover coord tier topo model shm net common)
 # Known exception (docs/architecture.md): the launcher includes the agent's
 # peer method numbers without linking the agent.
 set(MEMENTO_LAYER_HEADER_EXCEPTIONS "launch:agent/peer_protocol.h")

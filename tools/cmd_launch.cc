@@ -23,6 +23,13 @@ void OnSignal(int) {
 
 int RunLaunch(const launch::LaunchOptions &options, const std::string &summary_json) {
   InitLogging("launch");
+  if ((options.host_budget || options.copy_budget || options.network_budget) &&
+      options.policy != "auto") {
+    return ReportStatus(InvalidArgumentError(
+        "--host-budget, --copy-budget and --network-budget apply to --policy auto only (got "
+        "--policy " +
+        options.policy + ")"));
+  }
   auto launcher = launch::Launcher::Create(options);
   if (!launcher.ok()) return ReportStatus(launcher.status());
   g_launcher = launcher->get();
@@ -59,7 +66,9 @@ void Setup(CLI::App &app, CommandContext &ctx) {
   cmd->add_option("--pp", o.pp, "Pipeline-parallel size")->default_val(1);
   cmd->add_option("--zero", o.zero, "ZeRO stage (0, 1; 3 = no inherent redundancy)")
       ->default_val(0);
-  cmd->add_option("--policy", o.policy, "Protection: none, replicate, xor, rs:F, peer:M, auto")
+  cmd->add_option("--policy", o.policy,
+                  "Protection: none, replicate, xor, rs:F, peer:M, auto (the reliability "
+                  "model's choice within the budgets below; docs/reliability.md)")
       ->default_val("xor");
   cmd->add_option("--host-budget", o.host_budget,
                   "--policy auto: host bytes a node may hold per version (plan bytes; 0: "
@@ -68,6 +77,9 @@ void Setup(CLI::App &app, CommandContext &ctx) {
   cmd->add_option("--copy-budget", o.copy_budget,
                   "--policy auto: device->host bytes a node may copy per snapshot (plan bytes; "
                   "0: unlimited)")
+      ->transform(ByteSize());
+  cmd->add_option("--network-budget", o.network_budget,
+                  "--policy auto: bytes a node receives from peers per snapshot (0: unlimited)")
       ->transform(ByteSize());
   cmd->add_option("--durable-dir", o.durable_dir,
                   "Agents stream committed versions to this directory (the durable tier)");

@@ -1,5 +1,6 @@
 // `memento plan layout`: the placement plan for a topology and policy, and
 // what a failure set would need (docs/planner.md).
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -10,6 +11,7 @@
 
 #include "common/byte_flag.h"
 #include "common/human.h"
+#include "model/auto_plan.h"
 #include "model/layout_svg.h"
 #include "recover/recover.h"
 #include "tools/command.h"
@@ -30,6 +32,10 @@ struct LayoutOptions {
   uint64_t private_bytes = 4096;
   uint64_t host_budget = 0;
   uint64_t copy_budget = 0;
+  uint64_t network_budget = 0;
+  // auto: the reliability model's inputs (per node-day / rack-day).
+  double hw_rate = 1e-4, sw_rate = 1e-5, rack_rate = 0, shape = 1;
+  std::vector<std::string> bench_files;
   bool json = false;
   bool full_plan = false;
   std::string svg;  // write the placement picture here
@@ -61,6 +67,33 @@ Status RunLayout(const LayoutOptions& o) {
   }
   policy.host_bytes_per_node = o.host_budget;
   policy.copy_bytes_per_node = o.copy_budget;
+  policy.network_bytes_per_node = o.network_budget;
+  model::AutoInputs auto_in;
+  if (policy.scheme == topo::Scheme::kAuto) {
+    for (auto [name, v] : {std::pair<const char*, double>{"--hw-rate", o.hw_rate},
+                           {"--sw-rate", o.sw_rate},
+                           {"--rack-rate", o.rack_rate}}) {
+      if (!(v >= 0) || std::isinf(v)) {
+        return InvalidArgumentError(std::string(name) + " " + std::to_string(v) +
+                                    ": expected a rate >= 0");
+      }
+    }
+    if (!(o.shape > 0) || std::isinf(o.shape)) {
+      return InvalidArgumentError("--shape " + std::to_string(o.shape) + ": expected > 0");
+    }
+    auto_in.rates.hardware = {o.hw_rate, o.shape};
+    auto_in.rates.software = {o.sw_rate, o.shape};
+    auto_in.rates.rack = {o.rack_rate, o.shape};
+    for (const auto& path : o.bench_files) {
+      MEMENTO_RETURN_IF_ERROR(ApplyBenchFile(path, auto_in.figures));
+    }
+  } else if (o.host_budget || o.copy_budget || o.network_budget || !o.bench_files.empty() ||
+             o.hw_rate != 1e-4 || o.sw_rate != 1e-5 || o.rack_rate != 0 || o.shape != 1) {
+    return InvalidArgumentError(
+        "--host-budget, --copy-budget, --network-budget, --bench and the failure rates are "
+        "inputs of --policy auto only (got --policy " +
+        o.policy + ")");
+  }
   MEMENTO_ASSIGN_OR_RETURN(topo::Topology topology,
                            topo::Topology::Uniform(o.dp, o.tp, o.pp, o.zero, o.ranks_per_node));
   const int num_nodes = topology.num_nodes();
@@ -97,7 +130,9 @@ Status RunLayout(const LayoutOptions& o) {
     r.state_class = StateClass::kPrivate;
     tensors.push_back(r);
   }
-  MEMENTO_ASSIGN_OR_RETURN(topo::Plan plan, topo::MakePlan(topology, inv, policy));
+  model::Recommendation ranking;
+  MEMENTO_ASSIGN_OR_RETURN(topo::Plan plan,
+                           model::MakeJobPlan(topology, inv, policy, auto_in, &ranking));
   std::vector<int> failed;
   const bool has_fail = !o.fail.empty();
   if (has_fail) {
@@ -161,6 +196,23 @@ Status RunLayout(const LayoutOptions& o) {
     j["policy"] = topo::PolicyName(plan.policy);
     j["local_copy"] = o.local_copy;
     if (!plan.reason.empty()) j["reason"] = plan.reason;
+    if (!ranking.ranked.empty()) {
+      nlohmann::json r = nlohmann::json::array();
+      for (const auto& e : ranking.ranked) {
+        r.push_back(
+            {{"policy", e.policy},
+             {"goodput", e.best_goodput},
+             {"durable_interval_s", e.best_interval_s},
+             {"safe_interval_s", std::isinf(e.safe_interval_s) ? nlohmann::json(nullptr)
+                                                               : nlohmann::json(e.safe_interval_s)},
+             {"host_bytes_per_node", e.cost.host_bytes},
+             {"copy_bytes_per_node", e.cost.copy_bytes},
+             {"network_bytes_per_node", e.cost.network_bytes},
+             {"fits", e.cost.fits},
+             {"why_not", e.cost.why_not}});
+      }
+      j["auto_ranking"] = std::move(r);
+    }
     j["protection"] = plan.protection;
     j["state_bytes"] = plan.total_state_bytes;
     j["held_bytes"] = plan.total_held_bytes;
@@ -200,6 +252,12 @@ Status RunLayout(const LayoutOptions& o) {
   std::printf("policy     %s (local copy %s)\n", topo::PolicyName(plan.policy).c_str(),
               o.local_copy.c_str());
   if (!plan.reason.empty()) std::printf("auto       %s\n", plan.reason.c_str());
+  for (const auto& e : ranking.ranked) {
+    std::printf("  %-10s goodput %.5f, durable version every %.3g h, host %s per node%s%s\n",
+                e.policy.c_str(), e.best_goodput, e.best_interval_s / 3600,
+                HumanBytes(static_cast<uint64_t>(e.cost.host_bytes)).c_str(),
+                e.cost.fits ? "" : ": excluded, ", e.cost.why_not.c_str());
+  }
   std::printf("protection any %d node failure(s) recover from memory\n", plan.protection);
   std::printf("state      %s unique, %s held in host memory (redundancy overhead %.1f%%)\n",
               HumanBytes(plan.total_state_bytes).c_str(), HumanBytes(plan.total_held_bytes).c_str(),
@@ -292,6 +350,25 @@ void Setup(CLI::App& app, CommandContext& ctx) {
       ->add_option("--copy-budget", o->copy_budget,
                    "auto: device->host bytes per node per snapshot (0: unlimited)")
       ->transform(ByteSize());
+  layout
+      ->add_option("--network-budget", o->network_budget,
+                   "auto: bytes a node receives from peers per snapshot (0: unlimited)")
+      ->transform(ByteSize());
+  layout
+      ->add_option("--hw-rate", o->hw_rate,
+                   "auto: node losses (host memory lost) per node-day, Weibull rate")
+      ->capture_default_str();
+  layout
+      ->add_option("--sw-rate", o->sw_rate,
+                   "auto: process failures (host memory survives) per node-day")
+      ->capture_default_str();
+  layout->add_option("--rack-rate", o->rack_rate, "auto: whole-rack losses per rack-day")
+      ->capture_default_str();
+  layout->add_option("--shape", o->shape, "auto: Weibull shape of the failure times")
+      ->capture_default_str();
+  layout->add_option("--bench", o->bench_files,
+                     "auto: measured speeds, the --json of memento bench recover, persist or "
+                     "overhead (repeatable)");
   layout->add_flag("--json", o->json, "print JSON");
   layout->add_flag("--full-plan", o->full_plan, "with --json: include the whole plan");
   layout->add_option("--svg", o->svg,

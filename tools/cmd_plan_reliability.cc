@@ -46,51 +46,6 @@ struct ReliabilityOptions {
   uint64_t seed = 1;
 };
 
-// Reads `memento bench recover|persist|overhead --json` output into the
-// cluster figures the recommendation uses.
-Status ApplyBenchFile(const std::string& path, model::ClusterFigures& f) {
-  std::ifstream in(path);
-  if (!in) return InvalidArgumentError("--bench " + path + ": cannot open");
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const std::exception& e) {
-    return InvalidArgumentError("--bench " + path + ": not JSON (" + e.what() + ")");
-  }
-  const std::string kind = j.is_object() ? j.value("bench", "") : "";
-  auto number = [&](const char* key) -> Result<double> {
-    if (!j.contains(key) || !j[key].is_number() || !(j[key].get<double>() >= 0)) {
-      return InvalidArgumentError("--bench " + path + " (bench " + kind + "): no number '" + key +
-                                  "'");
-    }
-    return j[key].get<double>();
-  };
-  if (kind == "recover") {
-    MEMENTO_ASSIGN_OR_RETURN(double gbps, number("effective_gbps"));
-    if (gbps > 0) f.rebuild_bps = gbps * 1e9 / 8;
-  } else if (kind == "persist") {
-    MEMENTO_ASSIGN_OR_RETURN(double w, number("persist_MiB_s"));
-    MEMENTO_ASSIGN_OR_RETURN(double r, number("restore_durable_MiB_s"));
-    MEMENTO_ASSIGN_OR_RETURN(double m, number("restore_memory_MiB_s"));
-    if (w > 0) f.durable_write_bps = w * 1048576;
-    if (r > 0) f.durable_read_bps = r * 1048576;
-    if (m > 0) f.memory_restore_bps = m * 1048576;
-  } else if (kind == "overhead") {
-    MEMENTO_ASSIGN_OR_RETURN(double step, number("step_s_off"));
-    if (!j.contains("overhead_pct") || !j["overhead_pct"].is_number()) {
-      return InvalidArgumentError("--bench " + path +
-                                  " (bench overhead): no number 'overhead_pct'");
-    }
-    if (step > 0) f.step_s = step;
-    f.snapshot_overhead = std::max(0.0, j["overhead_pct"].get<double>() / 100);
-  } else {
-    return InvalidArgumentError(
-        "--bench " + path + ": \"bench\" is '" + kind +
-        "'; expected the JSON of memento bench recover, persist or overhead");
-  }
-  return Status::Ok();
-}
-
 Status WriteFile(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::trunc);
   if (!out) return InvalidArgumentError("cannot write '" + path + "'");
@@ -438,6 +393,49 @@ Status RunReliability(const ReliabilityOptions& o) {
 }
 
 }  // namespace
+
+Status ApplyBenchFile(const std::string& path, model::ClusterFigures& f) {
+  std::ifstream in(path);
+  if (!in) return InvalidArgumentError("--bench " + path + ": cannot open");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    return InvalidArgumentError("--bench " + path + ": not JSON (" + e.what() + ")");
+  }
+  const std::string kind = j.is_object() ? j.value("bench", "") : "";
+  auto number = [&](const char* key) -> Result<double> {
+    if (!j.contains(key) || !j[key].is_number() || !(j[key].get<double>() >= 0)) {
+      return InvalidArgumentError("--bench " + path + " (bench " + kind + "): no number '" + key +
+                                  "'");
+    }
+    return j[key].get<double>();
+  };
+  if (kind == "recover") {
+    MEMENTO_ASSIGN_OR_RETURN(double gbps, number("effective_gbps"));
+    if (gbps > 0) f.rebuild_bps = gbps * 1e9 / 8;
+  } else if (kind == "persist") {
+    MEMENTO_ASSIGN_OR_RETURN(double w, number("persist_MiB_s"));
+    MEMENTO_ASSIGN_OR_RETURN(double r, number("restore_durable_MiB_s"));
+    MEMENTO_ASSIGN_OR_RETURN(double m, number("restore_memory_MiB_s"));
+    if (w > 0) f.durable_write_bps = w * 1048576;
+    if (r > 0) f.durable_read_bps = r * 1048576;
+    if (m > 0) f.memory_restore_bps = m * 1048576;
+  } else if (kind == "overhead") {
+    MEMENTO_ASSIGN_OR_RETURN(double step, number("step_s_off"));
+    if (!j.contains("overhead_pct") || !j["overhead_pct"].is_number()) {
+      return InvalidArgumentError("--bench " + path +
+                                  " (bench overhead): no number 'overhead_pct'");
+    }
+    if (step > 0) f.step_s = step;
+    f.snapshot_overhead = std::max(0.0, j["overhead_pct"].get<double>() / 100);
+  } else {
+    return InvalidArgumentError(
+        "--bench " + path + ": \"bench\" is '" + kind +
+        "'; expected the JSON of memento bench recover, persist or overhead");
+  }
+  return Status::Ok();
+}
 
 void SetupPlanReliability(CLI::App* plan, CommandContext& ctx) {
   auto* cmd = plan->add_subcommand(

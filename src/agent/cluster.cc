@@ -18,6 +18,7 @@
 #include "common/tensor_json.h"
 #include "coord/keys.h"
 #include "fmt/format.h"
+#include "model/auto_plan.h"
 #include "recover/recover.h"
 #include "shm/slot.h"
 #include "topo/plan_json.h"
@@ -580,7 +581,8 @@ void Cluster::TrySetup() {
     ++have;
   }
   if (have < ranks) return;
-  auto plan = topo::MakePlan(ct->topology, inventory, ct->policy);
+  // model::MakeJobPlan: policy auto resolved as the launcher resolves it.
+  auto plan = model::MakeJobPlan(ct->topology, inventory, ct->policy);
   if (!plan.ok()) {
     MEMENTO_LOG_ERROR("cannot plan the job: {}", plan.status().ToString());
     membership_

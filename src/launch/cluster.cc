@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/tensor_json.h"
 #include "coord/keys.h"
+#include "model/auto_plan.h"
 #include "net/rpc.h"
 #include "net/socket.h"
 
@@ -75,7 +76,7 @@ Result<topo::Plan> PlanFromStore(coord::Store& store, const std::string& job, De
   MEMENTO_ASSIGN_OR_RETURN(JobTopology t, ReadTopology(store, job, deadline));
   MEMENTO_ASSIGN_OR_RETURN(topo::Inventory inv,
                            ReadInventory(store, job, t.topology.num_ranks(), deadline));
-  return topo::MakePlan(t.topology, inv, t.policy);
+  return model::MakeJobPlan(t.topology, inv, t.policy);
 }
 
 Result<std::vector<std::string>> ReadEndpoints(coord::Store& store, const std::string& job,

@@ -3,7 +3,7 @@
 //
 //   PublishTopology   /memento/<job>/topology (the launcher, before agents start)
 //   ReadInventory     every rank's registered tensors (/memento/<job>/inventory/<rank>)
-//   PlanFromStore     topo::MakePlan(topology, inventory, policy): what every agent computes
+//   PlanFromStore     model::MakeJobPlan(topology, inventory, policy): what every agent computes
 //   RecoverCluster    inventory (kPeerInventory, verify) from every agent, recover::Decide,
 //                     kPeerRecover to the nodes with assemblies, kPeerSetRestoreTarget on all
 //

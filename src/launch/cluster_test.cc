@@ -4,6 +4,7 @@
 #include "coord/keys.h"
 #include "coord/memory_store.h"
 #include "gtest/gtest.h"
+#include "model/auto_plan.h"
 #include "recover/recover.h"
 #include "topo/plan_json.h"
 
@@ -78,6 +79,54 @@ TEST(LaunchCluster, PlanFromStoreWaitsForEveryInventoryThenMatchesMakePlan) {
   ASSERT_TRUE(direct.ok());
   EXPECT_EQ(recover::PlanHash(*plan), recover::PlanHash(*direct));
   EXPECT_EQ(topo::PlanToJson(*plan).dump(), topo::PlanToJson(*direct).dump());
+}
+
+// Policy auto: the budgets travel in the published topology, and the plan the
+// launcher computes from the store is the reliability model's choice
+// (model::MakeJobPlan), the one every agent computes from the same keys.
+TEST(LaunchCluster, AutoPolicyBudgetsTravelAndThePlanIsTheModelsChoice) {
+  coord::MemoryStore store;
+  const std::string job = "j";
+  auto topo = topo::Topology::Uniform(4, 1, 1, 0, 1);
+  ASSERT_TRUE(topo.ok());
+  topo::Inventory inv(4);
+  for (auto& r : inv) {
+    TensorMeta t;
+    t.name = "params";
+    t.dtype = DType::kFloat32;
+    t.shape = {1 << 20};  // 4 MiB replicated: 1 MiB per node unique
+    t.state_class = StateClass::kReplicated;
+    r.push_back(t);
+  }
+  JobTopology t{*topo, *topo::ParsePolicy("auto")};
+  t.policy.host_bytes_per_node = (1 << 20) + (1 << 19);  // replicate (2 MiB) does not fit
+  t.policy.copy_bytes_per_node = 3 << 20;
+  t.policy.network_bytes_per_node = 5 << 20;
+  ASSERT_TRUE(PublishTopology(store, job, t, Soon()).ok());
+  auto back = ReadTopology(store, job, Soon());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->policy.scheme, topo::Scheme::kAuto);
+  EXPECT_EQ(back->policy.host_bytes_per_node, t.policy.host_bytes_per_node);
+  EXPECT_EQ(back->policy.copy_bytes_per_node, t.policy.copy_bytes_per_node);
+  EXPECT_EQ(back->policy.network_bytes_per_node, t.policy.network_bytes_per_node);
+  coord::JobKeys keys(job);
+  for (int r = 0; r < 4; ++r) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& m : inv[r]) list.push_back(TensorMetaToJson(m));
+    ASSERT_TRUE(store.Set(keys.Inventory(r), list.dump(), Soon()).ok());
+  }
+  auto plan = PlanFromStore(store, job, Soon());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NE(plan->policy.scheme, topo::Scheme::kAuto);
+  EXPECT_NE(plan->policy.scheme, topo::Scheme::kReplicate) << plan->reason;
+  EXPECT_NE(plan->reason.find("replicate excluded: needs"), std::string::npos) << plan->reason;
+  auto direct = model::MakeJobPlan(*topo, inv, t.policy);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(recover::PlanHash(*plan), recover::PlanHash(*direct));
+  // Without the budgets the choice differs: the budget really decided.
+  auto unlimited = model::MakeJobPlan(*topo, inv, *topo::ParsePolicy("auto"));
+  ASSERT_TRUE(unlimited.ok());
+  EXPECT_NE(unlimited->policy.scheme, plan->policy.scheme) << unlimited->reason;
 }
 
 TEST(LaunchCluster, EndpointsByNodeName) {

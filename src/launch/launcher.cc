@@ -786,7 +786,7 @@ struct Launcher::State {
           ", protection " + std::to_string(p->protection) + " node failure(s), " +
           std::to_string(p->total_state_bytes) + " state bytes, " +
           std::to_string(p->total_held_bytes) + " bytes held" +
-          (p->reason.empty() ? std::string() : " (auto: " + p->reason + ")"));
+          (p->reason.empty() ? "" : "; " + p->reason));
     }
     plan = std::move(*p);
   }
@@ -814,6 +814,7 @@ Result<LaunchSummary> Launcher::Run() {
   MEMENTO_ASSIGN_OR_RETURN(s.topology.policy, topo::ParsePolicy(o.policy));
   s.topology.policy.host_bytes_per_node = o.host_budget;
   s.topology.policy.copy_bytes_per_node = o.copy_budget;
+  s.topology.policy.network_bytes_per_node = o.network_budget;
   s.fired.assign(injections_.size(), false);
   s.agents.resize(static_cast<size_t>(o.nodes));
   s.node_lost.assign(static_cast<size_t>(o.nodes), false);

@@ -57,6 +57,8 @@ struct LaunchOptions {
   // policies.
   uint64_t host_budget = 0;
   uint64_t copy_budget = 0;
+  // Bytes a node may receive from peers per snapshot (model::MakeJobPlan).
+  uint64_t network_budget = 0;
   // Agents stream committed versions here (`memento agent --durable-dir`).
   std::string durable_dir;
   std::string inject;  // launch/inject.h

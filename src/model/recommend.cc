@@ -56,6 +56,25 @@ double FatalGiven(const Structure& s, const std::vector<int>& forced, double q) 
   return 1.0 - survive;
 }
 
+// Marks `c` as not fitting when its bytes exceed a budget of `f`.
+void ApplyBudgets(PolicyCost& c, const ClusterFigures& f) {
+  c.fits = true;
+  c.why_not.clear();
+  if (f.host_budget > 0 && c.host_bytes > static_cast<double>(f.host_budget)) {
+    c.fits = false;
+    c.why_not = "needs " + Gb(c.host_bytes) + " host memory per node, budget " +
+                Gb(static_cast<double>(f.host_budget));
+  } else if (f.network_budget > 0 && c.network_bytes > static_cast<double>(f.network_budget)) {
+    c.fits = false;
+    c.why_not = "sends " + Gb(c.network_bytes) + " per node per snapshot, budget " +
+                Gb(static_cast<double>(f.network_budget));
+  } else if (f.copy_budget > 0 && c.copy_bytes > static_cast<double>(f.copy_budget)) {
+    c.fits = false;
+    c.why_not = "copies " + Gb(c.copy_bytes) + " device -> host per node per snapshot, budget " +
+                Gb(static_cast<double>(f.copy_budget));
+  }
+}
+
 }  // namespace
 
 Result<PolicyCost> CostOf(const std::string& policy, int n, const ClusterFigures& f) {
@@ -96,15 +115,7 @@ Result<PolicyCost> CostOf(const std::string& policy, int n, const ClusterFigures
     c.rebuild_bytes = k * S;
   }
   c.costs.rebuild_s = c.rebuild_bytes / f.rebuild_bps;
-  if (f.host_budget > 0 && c.host_bytes > static_cast<double>(f.host_budget)) {
-    c.fits = false;
-    c.why_not = "needs " + Gb(c.host_bytes) + " host memory per node, budget " +
-                Gb(static_cast<double>(f.host_budget));
-  } else if (f.network_budget > 0 && c.network_bytes > static_cast<double>(f.network_budget)) {
-    c.fits = false;
-    c.why_not = "sends " + Gb(c.network_bytes) + " per node per snapshot, budget " +
-                Gb(static_cast<double>(f.network_budget));
-  }
+  ApplyBudgets(c, f);
   return c;
 }
 
@@ -136,16 +147,28 @@ double Goodput(const Evaluation& e, const FailureRates& rates, double unit_s, in
 
 Result<Recommendation> Recommend(const std::vector<Structure>& structures,
                                  const FailureRates& rates, double unit_s, double threshold,
-                                 const ClusterFigures& f, int grid) {
+                                 const ClusterFigures& f, int grid,
+                                 const std::vector<MeasuredBytes>* measured) {
   if (structures.empty()) return InvalidArgumentError("no policy to compare");
+  if (measured != nullptr && measured->size() != structures.size()) {
+    return InvalidArgumentError(std::to_string(measured->size()) + " measured plans for " +
+                                std::to_string(structures.size()) + " policies");
+  }
   if (grid < 2) return InvalidArgumentError("grid of " + std::to_string(grid) + " points");
   Recommendation rec;
   const int K = structures[0].num_nodes, R = structures[0].num_racks;
-  for (const auto& s : structures) {
+  for (size_t si = 0; si < structures.size(); ++si) {
+    const Structure& s = structures[si];
     const int n = s.groups.empty() ? 1 : static_cast<int>(s.groups[0].nodes.size());
     Evaluation e;
     e.policy = s.policy;
     MEMENTO_ASSIGN_OR_RETURN(e.cost, CostOf(s.policy, n, f));
+    if (measured != nullptr) {
+      e.cost.host_bytes = (*measured)[si].host;
+      e.cost.copy_bytes = (*measured)[si].copy;
+      e.cost.network_bytes = (*measured)[si].network;
+      ApplyBudgets(e.cost, f);
+    }
     MEMENTO_ASSIGN_OR_RETURN(e.safe_interval, TimeToThreshold(s, rates, threshold));
     e.safe_interval_s = e.safe_interval * unit_s;
     if (!s.in_memory) {
@@ -210,7 +233,10 @@ Result<Recommendation> Recommend(const std::vector<Structure>& structures,
   std::stable_sort(rec.ranked.begin(), rec.ranked.end(),
                    [](const Evaluation& a, const Evaluation& b) {
                      if (a.cost.fits != b.cost.fits) return a.cost.fits;
-                     return a.best_goodput > b.best_goodput;
+                     // Equal goodput (e.g. no node ever loses its memory):
+                     // the one that holds less host memory.
+                     if (a.best_goodput != b.best_goodput) return a.best_goodput > b.best_goodput;
+                     return a.cost.host_bytes < b.cost.host_bytes;
                    });
   // Durable-only baseline.
   const double total = SystemRate(rates.hardware, K, unit_s) +

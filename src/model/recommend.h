@@ -39,6 +39,15 @@ struct ClusterFigures {
   double durable_block_s = 0;
   uint64_t host_budget = 0;     // host bytes per node for snapshots; 0: unlimited
   uint64_t network_budget = 0;  // bytes a node may send per snapshot; 0: unlimited
+  uint64_t copy_budget = 0;     // device -> host bytes per node per snapshot; 0: unlimited
+};
+
+// A real plan's largest per-node bytes (topo::MaxNodeCosts): given to
+// Recommend, they replace CostOf's formulas in the budget checks.
+struct MeasuredBytes {
+  double host = 0;
+  double copy = 0;     // device -> host per snapshot
+  double network = 0;  // received from peers per snapshot
 };
 
 // Costs of one policy on a group of n nodes. Host bytes: the unique state
@@ -48,6 +57,7 @@ struct PolicyCost {
   std::string policy;
   double host_bytes = 0;
   double network_bytes = 0;  // per node per snapshot (peer copies)
+  double copy_bytes = 0;     // device -> host per node per snapshot (measured plans only)
   double rebuild_bytes = 0;
   Costs costs;  // for SimulateTraining
   bool fits = true;
@@ -85,9 +95,11 @@ double Goodput(const Evaluation& e, const FailureRates& rates, double unit_s, in
 
 // Evaluates every policy (structures built by the caller, same nodes) on a
 // log grid of intervals (`grid` points from 1 minute to 1000 days).
-[[nodiscard]] Result<Recommendation> Recommend(const std::vector<Structure>& structures,
-                                               const FailureRates& rates, double unit_s,
-                                               double threshold, const ClusterFigures& f,
-                                               int grid = 200);
+// `measured` (one per structure, or null): the real plans' bytes for the
+// budget checks instead of the formulas.
+[[nodiscard]] Result<Recommendation> Recommend(
+    const std::vector<Structure>& structures, const FailureRates& rates, double unit_s,
+    double threshold, const ClusterFigures& f, int grid = 200,
+    const std::vector<MeasuredBytes>* measured = nullptr);
 
 }  // namespace memento::model

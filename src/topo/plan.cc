@@ -703,14 +703,10 @@ std::string_view CopyKindName(CopyKind kind) {
   return "?";
 }
 
-namespace {
-
-// Largest per-node host bytes and per-node device -> host copy bytes of a plan.
-void PlanCosts(const Plan& plan, uint64_t* host, uint64_t* copy) {
-  *host = 0;
-  *copy = 0;
+NodeCosts MaxNodeCosts(const Plan& plan) {
+  NodeCosts out;
   for (const NodePlan& n : plan.nodes) {
-    *host = std::max(*host, n.total_bytes());
+    out.host = std::max(out.host, n.total_bytes());
     // Parity is computed on the device from bytes already there: only the
     // pieces, local copies and parity cross PCIe; AOR and peer copies do not.
     uint64_t c = n.piece_bytes + n.parity_bytes;
@@ -720,48 +716,21 @@ void PlanCosts(const Plan& plan, uint64_t* host, uint64_t* copy) {
         c += plan.pieces[cp.piece].bytes;
       }
     }
-    *copy = std::max(*copy, c);
+    out.copy = std::max(out.copy, c);
+    out.network = std::max(out.network, n.network_bytes);
   }
+  return out;
 }
 
-}  // namespace
-
 Result<Plan> MakePlan(const Topology& topology, const Inventory& inventory, const Policy& policy) {
-  if (policy.scheme != Scheme::kAuto) return Planner(topology, inventory, policy).Run();
-  // auto: the cheapest-to-recover scheme that fits the budgets (ARC needs no
-  // decode, then XOR parity), else none; the reason says which limit decided.
-  std::string reason;
-  for (Scheme s : {Scheme::kReplicate, Scheme::kXor}) {
-    Policy p = policy;
-    p.scheme = s;
-    MEMENTO_ASSIGN_OR_RETURN(Plan plan, Planner(topology, inventory, p).Run());
-    uint64_t host, copy;
-    PlanCosts(plan, &host, &copy);
-    const std::string name = PolicyName(p);
-    std::string why;
-    if (policy.host_bytes_per_node && host > policy.host_bytes_per_node) {
-      why = name + " needs " + HumanBytes(host) + " host memory on a node > budget " +
-            HumanBytes(policy.host_bytes_per_node);
-    } else if (policy.copy_bytes_per_node && copy > policy.copy_bytes_per_node) {
-      why = name + " copies " + HumanBytes(copy) + " per node per snapshot > budget " +
-            HumanBytes(policy.copy_bytes_per_node);
-    }
-    if (why.empty()) {
-      reason += name + " fits (host " + HumanBytes(host) + ", copy " + HumanBytes(copy) +
-                " per node per snapshot)";
-      if (plan.protection == 0 && topology.num_nodes() > 1) {
-        reason += "; protection 0 because the topology offers no second failure domain";
-      }
-      plan.reason = reason;
-      return plan;
-    }
-    reason += why + "; ";
+  if (policy.scheme == Scheme::kAuto) {
+    // One choice for every caller: the launcher, each agent and `plan
+    // layout` resolve auto through model::MakeJobPlan (src/model/auto_plan.h).
+    return InvalidArgumentError(
+        "policy auto is chosen by the reliability model: call model::MakeJobPlan "
+        "(src/model/auto_plan.h), not topo::MakePlan");
   }
-  Policy p = policy;
-  p.scheme = Scheme::kNone;
-  MEMENTO_ASSIGN_OR_RETURN(Plan plan, Planner(topology, inventory, p).Run());
-  plan.reason = reason + "nothing fits: no redundancy (node failures need the durable tier)";
-  return plan;
+  return Planner(topology, inventory, policy).Run();
 }
 
 }  // namespace memento::topo

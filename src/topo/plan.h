@@ -54,10 +54,13 @@ struct Policy {
   int f = 1;  // kRs: node failures tolerated per sharding group
   int m = 2;  // kPeer: copies (Gemini group size)
   LocalCopy local_copy = LocalCopy::kSharded;
-  // kAuto budgets (0 = unlimited): host memory a node may spend on snapshots
-  // and the bytes a node may move device -> host per snapshot.
+  // kAuto budgets (0 = unlimited): host memory a node may spend on snapshots,
+  // the bytes a node may move device -> host per snapshot and the bytes it
+  // may receive from peers per snapshot. kAuto itself is resolved by the
+  // reliability model (model::MakeJobPlan, src/model/auto_plan.h).
   uint64_t host_bytes_per_node = 0;
   uint64_t copy_bytes_per_node = 0;
+  uint64_t network_bytes_per_node = 0;
 };
 
 // "none", "replicate", "xor", "rs:2", "peer:3", "auto" (case-sensitive).
@@ -206,9 +209,22 @@ struct Plan {
 
 // Builds the plan. InvalidArgument when the topology or inventory is
 // malformed (inventory size != ranks, replicated tensors that differ between
-// DP replicas, dp_sharded state under a policy that needs ZeRO-1...).
+// DP replicas, dp_sharded state under a policy that needs ZeRO-1...), and for
+// kAuto: that choice needs the reliability model (model::MakeJobPlan).
 [[nodiscard]] Result<Plan> MakePlan(const Topology& topology, const Inventory& inventory,
                                     const Policy& policy);
+
+// The largest per-node figures of a plan, as the kAuto budgets count them:
+// host bytes held (NodePlan::total_bytes), device -> host bytes per snapshot
+// (pieces, parity, ARC and local_full copies; parity is computed on the device
+// and AOR/peer copies do not cross PCIe) and bytes received from peers per
+// snapshot (NodePlan::network_bytes).
+struct NodeCosts {
+  uint64_t host = 0;
+  uint64_t copy = 0;
+  uint64_t network = 0;
+};
+NodeCosts MaxNodeCosts(const Plan& plan);
 
 // ---- recovery -----------------------------------------------------------
 

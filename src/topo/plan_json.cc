@@ -31,7 +31,8 @@ json PlanToJson(const Plan& plan) {
   j["policy"] = {{"scheme", PolicyName(plan.policy)},
                  {"local_copy", plan.policy.local_copy == LocalCopy::kFull ? "full" : "sharded"},
                  {"host_bytes_per_node", plan.policy.host_bytes_per_node},
-                 {"copy_bytes_per_node", plan.policy.copy_bytes_per_node}};
+                 {"copy_bytes_per_node", plan.policy.copy_bytes_per_node},
+                 {"network_bytes_per_node", plan.policy.network_bytes_per_node}};
   j["reason"] = plan.reason;
   j["protection"] = plan.protection;
   j["notes"] = plan.notes;
@@ -156,6 +157,7 @@ Plan PlanFromJsonOrThrow(const json& j) {
   p.policy.local_copy = pol.at("local_copy") == "full" ? LocalCopy::kFull : LocalCopy::kSharded;
   p.policy.host_bytes_per_node = pol.at("host_bytes_per_node");
   p.policy.copy_bytes_per_node = pol.at("copy_bytes_per_node");
+  p.policy.network_bytes_per_node = pol.value("network_bytes_per_node", uint64_t{0});
   p.reason = j.at("reason");
   p.protection = j.at("protection");
   p.notes = j.at("notes").get<std::vector<std::string>>();

@@ -47,6 +47,7 @@ json JobTopologyToJson(const JobTopology& t) {
   // `auto`'s budgets (0 = unlimited is the absent field).
   if (t.policy.host_bytes_per_node != 0) j["host_budget"] = t.policy.host_bytes_per_node;
   if (t.policy.copy_bytes_per_node != 0) j["copy_budget"] = t.policy.copy_bytes_per_node;
+  if (t.policy.network_bytes_per_node != 0) j["network_budget"] = t.policy.network_bytes_per_node;
   return j;
 }
 
@@ -62,7 +63,8 @@ Result<JobTopology> JobTopologyFromJson(const json& j) {
       return InvalidArgumentError("topology: local_copy '" + local + "' is not full or sharded");
     }
     for (auto [key, field] : {std::pair{"host_budget", &out.policy.host_bytes_per_node},
-                              std::pair{"copy_budget", &out.policy.copy_bytes_per_node}}) {
+                              std::pair{"copy_budget", &out.policy.copy_bytes_per_node},
+                              std::pair{"network_budget", &out.policy.network_bytes_per_node}}) {
       if (!j.contains(key)) continue;
       if (!j[key].is_number_unsigned()) {
         return InvalidArgumentError(std::string("topology: ") + key + " " + j[key].dump() +

@@ -64,43 +64,33 @@ TEST(TopologyJsonTest, JobRecordKeepsItsDocumentedShape) {
 }
 
 // `auto`'s budgets travel with the record, so the launcher and every agent
-// resolve `auto` to the same scheme (and the same plan hash): without them an
-// agent would plan with unlimited budgets (replicate) while the launcher
-// planned xor.
+// resolve `auto` (model::MakeJobPlan) to the same scheme and plan hash; the
+// choice itself: launch_cluster_test
+// LaunchCluster.AutoPolicyBudgetsTravelAndThePlanIsTheModelsChoice.
 TEST(TopologyJsonTest, AutoBudgetsTravelWithTheRecord) {
   JobTopology jt{*Topology::Uniform(8, 1, 1, 0, 1), *ParsePolicy("auto")};
   const uint64_t w = 64ull * 8 * 7 * 100;
-  jt.policy.host_bytes_per_node = w / 8 + w / 8 / 2;  // ARC (2W/D) does not fit, XOR does
+  jt.policy.host_bytes_per_node = w / 8 + w / 8 / 2;
   jt.policy.copy_bytes_per_node = 1ull << 40;
+  jt.policy.network_bytes_per_node = 12345;
   json j = JobTopologyToJson(jt);
   EXPECT_EQ(j.at("policy"), "auto");
   EXPECT_EQ(j.at("host_budget"), jt.policy.host_bytes_per_node);
   EXPECT_EQ(j.at("copy_budget"), jt.policy.copy_bytes_per_node);
+  EXPECT_EQ(j.at("network_budget"), jt.policy.network_bytes_per_node);
   Result<JobTopology> back = ParseJobTopology(j.dump());
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->policy.host_bytes_per_node, jt.policy.host_bytes_per_node);
   EXPECT_EQ(back->policy.copy_bytes_per_node, jt.policy.copy_bytes_per_node);
-  Inventory inv(jt.topology.num_ranks());
-  for (auto& r : inv) {
-    TensorMeta m;
-    m.name = "params";
-    m.dtype = DType::kFloat32;
-    m.shape = {static_cast<int64_t>(w / 4)};
-    m.state_class = StateClass::kReplicated;
-    r.push_back(m);
-  }
-  Result<Plan> plan = MakePlan(back->topology, inv, back->policy);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->policy.scheme, Scheme::kXor) << plan->reason;
-  // Without budgets (the field absent: unlimited) the same record says
-  // replicate.
+  EXPECT_EQ(back->policy.network_bytes_per_node, jt.policy.network_bytes_per_node);
+  // Without budgets (the fields absent): unlimited.
   j.erase("host_budget");
   j.erase("copy_budget");
+  j.erase("network_budget");
   Result<JobTopology> unlimited = ParseJobTopology(j.dump());
   ASSERT_TRUE(unlimited.ok());
   EXPECT_EQ(unlimited->policy.host_bytes_per_node, 0u);
-  EXPECT_EQ(MakePlan(unlimited->topology, inv, unlimited->policy)->policy.scheme,
-            Scheme::kReplicate);
+  EXPECT_EQ(unlimited->policy.network_bytes_per_node, 0u);
 }
 
 void ExpectBad(std::string_view text, const std::string& names) {
@@ -121,6 +111,8 @@ TEST(TopologyJsonTest, MalformedInputNamesTheProblem) {
   ExpectBad(R"({"dp":2,"rank_node":[0,1],"local_copy":"half"})", "half");
   ExpectBad(R"({"dp":2,"rank_node":[0,1],"policy":"auto","host_budget":-5})", "host_budget -5");
   ExpectBad(R"({"dp":2,"rank_node":[0,1],"policy":"auto","copy_budget":"1G"})", "copy_budget");
+  ExpectBad(R"({"dp":2,"rank_node":[0,1],"policy":"auto","network_budget":-1})",
+            "network_budget -1");
   // Topology::Validate: 2 ranks but a map of 3.
   Result<JobTopology> r = ParseJobTopology(R"({"dp":2,"rank_node":[0,1,2]})");
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);

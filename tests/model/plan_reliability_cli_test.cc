@@ -101,6 +101,60 @@ TEST(PlanReliabilityCliTest, RecommendsFromBenchFilesWithinBudgets) {
   EXPECT_EQ(tj["racks"], 4);
 }
 
+// The measured figures come from the real `bench persist --json` output, and
+// `plan layout --policy auto` ranks by the model with them, within budgets.
+TEST(PlanReliabilityCliTest, LayoutAutoUsesTheModelWithMeasuredFigures) {
+  memento::testing::ScratchDir dir("plan-reliability");
+  const std::string persist = dir.path() + "/persist.json";
+  CliRun bp =
+      Memento("bench persist --size 4M --reps 1 --dir " + dir.path() + " --json", dir.path());
+  ASSERT_EQ(bp.code, 0) << bp.err;
+  std::ofstream(persist) << bp.out;
+  const auto measured = nlohmann::json::parse(bp.out);
+  CliRun rel =
+      Memento("plan reliability --nodes 16 --group-size 8 --recommend --json --bench " + persist,
+              dir.path());
+  ASSERT_EQ(rel.code, 0) << rel.err;
+  const auto fig = nlohmann::json::parse(rel.out)["recommendation"]["figures"];
+  EXPECT_DOUBLE_EQ(fig["durable_write_bps"].get<double>(),
+                   measured["persist_MiB_s"].get<double>() * 1048576);
+  EXPECT_DOUBLE_EQ(fig["durable_read_bps"].get<double>(),
+                   measured["restore_durable_MiB_s"].get<double>() * 1048576);
+
+  const std::string layout =
+      "plan layout --dp 8 --tp 1 --pp 1 --zero 0 --ranks-per-node 1 "
+      "--param-bytes 8G --policy auto --json --bench " +
+      persist;
+  CliRun free = Memento(layout, dir.path());
+  ASSERT_EQ(free.code, 0) << free.err;
+  auto fj = nlohmann::json::parse(free.out);
+  EXPECT_NE(fj["policy"], "auto");
+  EXPECT_EQ(fj["auto_ranking"].size(), 4u);
+  EXPECT_EQ(fj["auto_ranking"][0]["policy"], fj["policy"]);
+  EXPECT_EQ(
+      fj["reason"].get<std::string>().rfind("auto chose " + fj["policy"].get<std::string>(), 0), 0u)
+      << fj["reason"];
+  // 1 GiB unique per node: 1.2 GiB fits xor (S + S/7) only.
+  CliRun tight = Memento(layout + " --host-budget 1228M", dir.path());
+  ASSERT_EQ(tight.code, 0) << tight.err;
+  auto tj = nlohmann::json::parse(tight.out);
+  EXPECT_EQ(tj["policy"], "xor") << tj["reason"];
+  EXPECT_NE(tj["reason"].get<std::string>().find("replicate excluded: needs"), std::string::npos);
+  // The failure rates reach the model (the reason states them; how they turn
+  // the choice: model_recommend_test AutoPlanTest.FailureRatesDecide).
+  CliRun often = Memento(layout + " --hw-rate 2 --sw-rate 0.01", dir.path());
+  ASSERT_EQ(often.code, 0) << often.err;
+  EXPECT_NE(nlohmann::json::parse(often.out)["reason"].get<std::string>().find("hardware 2,"),
+            std::string::npos);
+  // Budgets and rates belong to auto: with another policy they are an error.
+  CliRun bad = Memento("plan layout --policy xor --host-budget 1G", dir.path());
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--policy auto only"), std::string::npos) << bad.err;
+  CliRun launch = Memento("launch --nodes 2 --policy xor --host-budget 1G -- true", dir.path());
+  EXPECT_EQ(launch.code, 2);
+  EXPECT_NE(launch.err.find("--policy auto only"), std::string::npos) << launch.err;
+}
+
 TEST(PlanReliabilityCliTest, SimulatesATrace) {
   memento::testing::ScratchDir dir("plan-reliability");
   const std::string trace = dir.path() + "/trace.txt";
