@@ -1,5 +1,5 @@
 // The launcher's recovery orchestration (docs/launch.md, docs/recovery.md):
-// agents back (a lost node on an empty root), RecoverCluster, the durable
+// agents back (a lost node on an empty root), RecoverJob, the durable
 // fallback, the new attempt's records. See launcher_state.h.
 #include <algorithm>
 
@@ -31,10 +31,10 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause) {
   if (StoreDown()) {
     if (Status st = RestartStore(); !st.ok()) return JobEnd{false, 1, st.ToString()};
   }
-  std::optional<ClusterRecovery> recovered;
+  std::optional<JobRecovery> recovered;
   if (auto end = RestartAgentsAndRecover(detected, &rep, &recovered)) return end;
   if (recovered.has_value()) {
-    const ClusterRecovery* rec = &*recovered;
+    const JobRecovery* rec = &*recovered;
     rep.reason = rec->decision.reason;
     for (int n : rec->decision.lost_nodes) {
       if (std::find(rep.lost_nodes.begin(), rep.lost_nodes.end(), n) == rep.lost_nodes.end()) {
@@ -80,7 +80,7 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause) {
 }
 
 std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(
-    TimePoint detected, RecoveryReport* rep, std::optional<ClusterRecovery>* recovered) {
+    TimePoint detected, RecoveryReport* rep, std::optional<JobRecovery>* recovered) {
   const Deadline agents_deadline = Deadline::AfterSeconds(o.agent_start_timeout_s);
   // An agent killed together with its trainer may still be dying when the
   // trainer's death is noticed (its stale socket and lease look alive):
@@ -124,8 +124,7 @@ std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(
       ro.job = o.job;
       ro.num_nodes = o.nodes;
       ro.committed = rep->committed;
-      auto rec =
-          RecoverCluster(*store, *plan, token, ro, Deadline::AfterSeconds(o.recovery_timeout_s));
+      auto rec = RecoverJob(*store, *plan, token, ro, Deadline::AfterSeconds(o.recovery_timeout_s));
       if (rec.ok()) {
         // An agent that died meanwhile would fail the restarted trainers.
         if (DeadAgents().empty()) {
@@ -148,7 +147,7 @@ std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(
 // checksum) is loaded by every node into its T0; a newer one that fails
 // verification or loading is skipped, and said why. Returns whether a
 // version was loaded.
-bool Launcher::State::FallBackToDurableTier(const ClusterRecovery& rec, RecoveryReport* rep) {
+bool Launcher::State::FallBackToDurableTier(const JobRecovery& rec, RecoveryReport* rep) {
   ApplyPendingDurableCorruption();
   auto versions = tier::ListVersions(tier::Env::Default(), o.durable_dir);
   if (!versions.ok()) {
@@ -188,9 +187,9 @@ Result<DurableLoad> Launcher::State::FallBackToDurable(int64_t step,
   Say("memory cannot rebuild any committed version: " + memory_reason);
   Say("falling back to the durable tier " + o.durable_dir + ": loading step " +
       std::to_string(step) + " on " + std::to_string(o.nodes) + " node(s)");
-  MEMENTO_ASSIGN_OR_RETURN(DurableLoad load,
-                           LoadDurableCluster(*store, token, o.job, o.nodes, o.durable_dir, step,
-                                              Deadline::AfterSeconds(o.recovery_timeout_s)));
+  MEMENTO_ASSIGN_OR_RETURN(
+      DurableLoad load, LoadDurableOnEveryNode(*store, token, o.job, o.nodes, o.durable_dir, step,
+                                               Deadline::AfterSeconds(o.recovery_timeout_s)));
   rep->source = "durable";
   rep->step = step;
   rep->steps_lost = std::max<int64_t>(0, rep->committed - step);
@@ -206,7 +205,7 @@ Result<DurableLoad> Launcher::State::FallBackToDurable(int64_t step,
 
 // Memory cannot rebuild any committed version and the durable tier gave none:
 // the job ends with exit 3, saying what each tier holds.
-JobEnd Launcher::State::EndWithNothingRestored(const ClusterRecovery& rec, RecoveryReport* rep) {
+JobEnd Launcher::State::EndWithNothingRestored(const JobRecovery& rec, RecoveryReport* rep) {
   std::string msg = "memory cannot rebuild any committed version: " + rec.decision.reason;
   if (!o.durable_dir.empty() && !rep->durable_skipped.empty()) {
     msg += "; the durable tier " + o.durable_dir + " holds no version that verifies and loads:";

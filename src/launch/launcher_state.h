@@ -6,7 +6,7 @@
 //                          the store's loss and restart (kill-store)
 //   launcher_processes.cc  starting, watching and stopping agents and trainers
 //   launcher_inject.cc     firing the injections (launch/inject.h)
-//   launcher_recovery.cc   recovery orchestration: agents back, RecoverCluster,
+//   launcher_recovery.cc   recovery orchestration: agents back, RecoverJob,
 //                          the durable fallback, the trainers' restart
 //   launcher_reports.cc    the reports and the summary (text and JSON)
 // Thread model: launcher.h (everything here runs on Run()'s thread).
@@ -26,9 +26,9 @@
 #include "common/subprocess.h"
 #include "coord/commit.h"
 #include "coord/keys.h"
-#include "launch/cluster.h"
 #include "launch/commit_history.h"
 #include "launch/inject.h"
+#include "launch/job_recovery.h"
 #include "launch/launcher.h"
 #include "launch/netns.h"
 #include "launch/store_host.h"
@@ -179,11 +179,11 @@ struct Launcher::State {
   // trainers run again.
   std::optional<JobEnd> Recover(const std::string& cause);
   std::optional<JobEnd> RestartAgentsAndRecover(TimePoint detected, RecoveryReport* rep,
-                                                std::optional<ClusterRecovery>* recovered);
-  bool FallBackToDurableTier(const ClusterRecovery& rec, RecoveryReport* rep);
+                                                std::optional<JobRecovery>* recovered);
+  bool FallBackToDurableTier(const JobRecovery& rec, RecoveryReport* rep);
   Result<DurableLoad> FallBackToDurable(int64_t step, const std::string& memory_reason,
                                         RecoveryReport* rep);
-  JobEnd EndWithNothingRestored(const ClusterRecovery& rec, RecoveryReport* rep);
+  JobEnd EndWithNothingRestored(const JobRecovery& rec, RecoveryReport* rep);
   void PublishRecovery(TimePoint detected, RecoveryReport* rep);
 };
 
