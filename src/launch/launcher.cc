@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/log.h"
 #include "coord/membership.h"
 #include "launch/launcher_state.h"
 
@@ -132,6 +133,8 @@ Status Launcher::State::SetUp(Deadline setup, StoreMode* store_mode) {
   MEMENTO_ASSIGN_OR_RETURN(topology.topology,
                            topo::Topology::Uniform(o.dp, o.tp, o.pp, o.zero, o.ranks_per_node));
   MEMENTO_ASSIGN_OR_RETURN(topology.policy, topo::ParsePolicy(o.policy));
+  topology.policy.host_bytes_per_node = o.host_budget;
+  topology.policy.copy_bytes_per_node = o.copy_budget;
   fired.assign(injections.size(), false);
   agents.resize(static_cast<size_t>(o.nodes));
   node_lost.assign(static_cast<size_t>(o.nodes), false);
@@ -196,10 +199,32 @@ std::optional<JobEnd> Launcher::State::CheckProtection() {
   return std::nullopt;
 }
 
+std::vector<NodeMemory> Launcher::State::MeasureMemory(int64_t step) const {
+  std::vector<NodeMemory> out;
+  for (int n = 0; n < o.nodes; ++n) {
+    std::vector<int> ranks;
+    const auto& rank_node = topology.topology.rank_node;
+    for (size_t r = 0; r < rank_node.size(); ++r) {
+      if (rank_node[r] == n) ranks.push_back(static_cast<int>(r));
+    }
+    auto m = MeasureNodeMemory(n, Root(n), ranks, step);
+    if (!m.ok()) {
+      MEMENTO_LOG_INFO("host memory of node {} not measured: {}", n, m.status().ToString());
+      continue;
+    }
+    AddPlanBytes(*plan, &*m);
+    out.push_back(*m);
+  }
+  return out;
+}
+
 LaunchSummary Launcher::State::Finish(JobEnd end) {
   StopTrainers();
   StopAgents();
   summary.final_committed = Committed();
+  if (plan.has_value() && summary.final_committed >= 0) {
+    summary.memory = MeasureMemory(summary.final_committed);
+  }
   summary.store_restarts = store_restarts;
   coordinator.reset();
   commit_history.WatchSkips(nullptr, o.job);

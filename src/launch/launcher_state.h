@@ -31,6 +31,7 @@
 #include "launch/job_recovery.h"
 #include "launch/launcher.h"
 #include "launch/netns.h"
+#include "launch/node_memory.h"
 #include "launch/store_host.h"
 #include "net/job_token.h"
 #include "topo/plan.h"
@@ -136,6 +137,8 @@ struct Launcher::State {
   // Stops the children and the store, removes the node roots (unless
   // keep_run_dir) and fills the summary.
   LaunchSummary Finish(JobEnd end);
+  // Every node's host bytes next to the plan's (LaunchSummary::memory).
+  std::vector<NodeMemory> MeasureMemory(int64_t step) const;
 
   // ---- launcher_store.cc ----
   Status RepublishLauncherKeys(Deadline deadline);

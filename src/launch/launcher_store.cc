@@ -166,7 +166,8 @@ void Launcher::State::MaybePublishPlan() {
     Say("plan " + std::to_string(hash) + ": policy " + topo::PolicyName(p->policy) +
         ", protection " + std::to_string(p->protection) + " node failure(s), " +
         std::to_string(p->total_state_bytes) + " state bytes, " +
-        std::to_string(p->total_held_bytes) + " bytes held");
+        std::to_string(p->total_held_bytes) + " bytes held" +
+        (p->reason.empty() ? std::string() : " (auto: " + p->reason + ")"));
   }
   plan = std::move(*p);
 }
