@@ -16,10 +16,10 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libisal-dev libxxhash-dev libzstd-dev liburing-dev
+  libisal-dev libxxhash-dev liburing-dev
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgloo-dev libopenblas-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libexpat1-dev
+  libgtest-dev libexpat1-dev
   pybind11-dev python3-dev
   python3-torch python3-numpy
   libssl-dev

@@ -17,7 +17,7 @@
 //   4. Node 1 is lost: the clients go (the launcher stops every trainer),
 //      node 1's agent is killed with SIGKILL and its root deleted; a fresh
 //      agent starts on an empty root.
-//   5. launch::RecoverCluster (the launcher's own orchestration: inventories,
+//   5. launch::RecoverJob (the launcher's own orchestration: inventories,
 //      recover::Decide, kPeerRecover, restore target) rebuilds node 1's T0
 //      slot from the peers; recover_s is its wall time.
 //   6. A client of rank 1 restores from the rebuilt slot and the bench
@@ -37,7 +37,7 @@
 // cpu_per_gib_ratio = recover_cpu_s_per_gib / tcp_cpu_s_per_gib_median;
 // recover_cpu_s_by_process splits recover_cpu_s: the bench, then agent 0,
 // 1, ... (agent 1 rebuilds, the others serve).
-#if __has_include("launch/cluster.h") && __has_include("agent/cluster.h")
+#if __has_include("launch/job_recovery.h") && __has_include("agent/job_member.h")
 
 #include <fcntl.h>
 #include <signal.h>
@@ -64,7 +64,7 @@
 #include "common/log.h"
 #include "coord/commit.h"
 #include "coord/embedded_store.h"
-#include "launch/cluster.h"
+#include "launch/job_recovery.h"
 #include "memento/client.h"
 #include "net/job_token.h"
 #include "net/throughput.h"
@@ -343,8 +343,8 @@ Result<nlohmann::json> Run(const Args& a) {
     for (pid_t pid : pids) cpu0_each.push_back(CpuSecondsOf({pid}));
     Stopwatch sw;
     MEMENTO_ASSIGN_OR_RETURN(
-        launch::ClusterRecovery rec,
-        launch::RecoverCluster(store, plan, token, ro, Deadline::AfterSeconds(300)));
+        launch::JobRecovery rec,
+        launch::RecoverJob(store, plan, token, ro, Deadline::AfterSeconds(300)));
     const double recover_s = sw.Seconds();
     const double recover_cpu_s = CpuSecondsOf(pids) - cpu0;
     // Per process: the bench (the launcher's orchestration), then agent
@@ -502,4 +502,4 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
 }  // namespace memento::tools
 MEMENTO_REGISTER_BENCH(recover, memento::tools::Setup);
 
-#endif  // launch/cluster.h and agent/cluster.h
+#endif  // launch/job_recovery.h and agent/job_member.h

@@ -72,9 +72,9 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
-  if ((*agent)->cluster() != nullptr) {
+  if ((*agent)->job_member() != nullptr) {
     std::printf("memento agent ready: job=%s node=%d root=%s endpoint=%s\n", options.job_id.c_str(),
-                options.node, (*agent)->root().c_str(), (*agent)->cluster()->endpoint().c_str());
+                options.node, (*agent)->root().c_str(), (*agent)->job_member()->endpoint().c_str());
   } else {
     std::printf("memento agent ready: job=%s node=%d root=%s\n", options.job_id.c_str(),
                 options.node, (*agent)->root().c_str());

@@ -29,8 +29,8 @@ Agent::~Agent() {
   for (auto& t : conn_threads_) t.thread.join();
   if (verifier_.joinable()) verifier_.join();
   scrubber_.reset();
-  cluster_.reset();  // first: it drives durable_ in cluster mode (commits, epoch)
-  durable_.reset();  // no connection thread can offer a version any more
+  job_member_.reset();  // first: it drives durable_ in cluster mode (commits, epoch)
+  durable_.reset();     // no connection thread can offer a version any more
   if (listen_fd_ >= 0) close(listen_fd_);
   if (options_.remove_on_exit && stopped_cleanly_.load() && lock_fd_ >= 0) {
     // Still holding agent.lock: no other agent can be adopting the root.
@@ -89,8 +89,9 @@ Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options,
   }
   if (!options.cluster.store_url.empty()) {
     MEMENTO_ASSIGN_OR_RETURN(
-        agent->cluster_, Cluster::Start(options.cluster, options.job_id, options.node, agent->root_,
-                                        agent->store_.get(), agent->durable_.get()));
+        agent->job_member_,
+        JobMember::Start(options.cluster, options.job_id, options.node, agent->root_,
+                         agent->store_.get(), agent->durable_.get()));
   } else if (unlink(shm::CommitWordPath(agent->root_).c_str()) == 0) {
     // A single-node agent on a root that a cluster agent used: without the
     // file the trainers go back to the single-node slot rule.
@@ -213,7 +214,7 @@ void Agent::HandleConnection(int fd) {
     MutexLock l(&mu_);
     stopping = stopping_;
   }
-  if (rank >= 0 && cluster_ != nullptr && !stopping) cluster_->OnTrainerGone(rank);
+  if (rank >= 0 && job_member_ != nullptr && !stopping) job_member_->OnTrainerGone(rank);
   MutexLock l(&mu_);
   auto owner = rank_owner_.find(rank);
   if (owner != rank_owner_.end() && cred.ok() && owner->second == cred->pid) {
@@ -278,7 +279,7 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
     case AgentOp::kPing:
       return shm::StatusToJson(Status::Ok());
     case AgentOp::kSeal: {
-      if (cluster_ != nullptr) {
+      if (job_member_ != nullptr) {
         if (!req.has_manifest) {
           return shm::StatusToJson(FailedPreconditionError(
               "this agent runs in cluster mode and needs the rank's tensors (a client of this "
@@ -298,26 +299,26 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
         return shm::StatusToJson(paths.status());
       }
       MEMENTO_LOG_INFO("rank {} sealed: 2 slots of {} bytes", rank, req.bytes);
-      if (cluster_ != nullptr) cluster_->OnSeal(rank, req.manifest);
+      if (job_member_ != nullptr) job_member_->OnSeal(rank, req.manifest);
       return shm::ToJson(shm::SealReply{*paths});
     }
     case AgentOp::kComplete: {
       MEMENTO_LOG_DEBUG("rank {} completed step {} in slot {}", rank, req.step, req.slot);
       if (options_.verify_on_complete) EnqueueVerify(rank, req.slot);
       // Cluster mode: the durable stream follows the cluster's commits instead.
-      if (durable_ && !cluster_) durable_->OnComplete(rank, req.step);
-      if (cluster_) cluster_->OnComplete(rank, req.slot, req.step);
+      if (durable_ && !job_member_) durable_->OnComplete(rank, req.step);
+      if (job_member_) job_member_->OnComplete(rank, req.slot, req.step);
       return shm::StatusToJson(Status::Ok());
     }
     case AgentOp::kSkipped:
-      if (cluster_) cluster_->OnSkipped(rank, req.step);
+      if (job_member_) job_member_->OnSkipped(rank, req.step);
       return shm::StatusToJson(Status::Ok());
     case AgentOp::kTarget: {
-      if (cluster_ == nullptr) {
+      if (job_member_ == nullptr) {
         return shm::StatusToJson(FailedPreconditionError(
             "op 'target' needs an agent in cluster mode (--store); this one runs alone"));
       }
-      return shm::ToJson(shm::TargetReply{cluster_->RestoreTarget()});
+      return shm::ToJson(shm::TargetReply{job_member_->RestoreTarget()});
     }
     case AgentOp::kVerify: {
       Status st = store_->Verify(rank, req.slot);

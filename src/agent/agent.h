@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "agent/cluster.h"
 #include "agent/durable.h"
+#include "agent/job_member.h"
 #include "agent/scrub.h"
 #include "common/mutex.h"
 #include "memento/status.h"
@@ -51,7 +51,7 @@ struct AgentOptions {
   bool verify_on_complete = false;
   // Cluster mode (docs/cluster.md) when cluster.store_url is set: store,
   // membership, commits, redundancy (T1) and the peer service.
-  ClusterOptions cluster = {};
+  JobMemberOptions cluster = {};
   // Background scrub of the slots at rest (agent/scrub.h): at most this many
   // bytes hashed per second (0: off), a pass every `scrub_interval_s`.
   uint64_t scrub_bytes_per_s = uint64_t{64} << 20;
@@ -87,7 +87,7 @@ class Agent {
   // Null without a durable directory.
   DurableStreamer* durable() { return durable_.get(); }
   // Null without --store.
-  Cluster* cluster() { return cluster_.get(); }
+  JobMember* job_member() { return job_member_.get(); }
   // Null when the scrub is off.
   Scrubber* scrubber() { return scrubber_.get(); }
 
@@ -123,7 +123,7 @@ class Agent {
   std::vector<ConnThread> conn_threads_;  // touched by Serve() and ~Agent only
   std::thread verifier_;
   std::unique_ptr<DurableStreamer> durable_;  // reads store_'s slots; reset first
-  std::unique_ptr<Cluster> cluster_;          // reads store_'s slots; reset with durable_
+  std::unique_ptr<JobMember> job_member_;     // reads store_'s slots; reset with durable_
   std::unique_ptr<Scrubber> scrubber_;        // reads store_'s slots; reset first
   std::atomic<bool> stopped_cleanly_{false};  // Serve() returned after Stop()
 };

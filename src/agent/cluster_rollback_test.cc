@@ -1,4 +1,4 @@
-// Cluster::SetRestoreTarget (kPeerSetRestoreTarget) against a real agent
+// JobMember::SetRestoreTarget (kPeerSetRestoreTarget) against a real agent
 // cluster mode in this process: a real embedded store over authenticated TCP,
 // a real node store and commit word in shared memory. The job goes back to
 // the restored step, so the skips, the hold and the skip records of later
@@ -13,7 +13,7 @@
 #include <string>
 #include <thread>
 
-#include "agent/cluster.h"
+#include "agent/job_member.h"
 #include "coord/embedded_store.h"
 #include "coord/keys.h"
 #include "coord/store.h"
@@ -56,11 +56,11 @@ TEST(ClusterRollback, RestoreTargetForgetsTheFailedAttemptsLaterSteps) {
   const std::string root = dir.path() + "/node0";
   auto node_store = shm::NodeStore::Open({root, kJob, 0, 0});
   ASSERT_TRUE(node_store.ok()) << node_store.status();
-  ClusterOptions options;
+  JobMemberOptions options;
   options.store_url = url;
-  auto cluster = Cluster::Start(options, kJob, 0, root, node_store->get());
+  auto cluster = JobMember::Start(options, kJob, 0, root, node_store->get());
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  Cluster& c = **cluster;
+  JobMember& c = **cluster;
 
   // The failed attempt: node0 skipped steps 9 and 12, node1 skipped 12 too;
   // node0 held step 14 (reported, not committed) when the failure came.

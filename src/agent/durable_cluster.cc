@@ -10,8 +10,8 @@
 #include <set>
 #include <utility>
 
-#include "agent/cluster.h"
 #include "agent/durable.h"
+#include "agent/job_member.h"
 #include "common/checksum.h"
 #include "common/clock.h"
 #include "common/log.h"

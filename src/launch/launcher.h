@@ -15,7 +15,7 @@
 //   - on a failure (a trainer exits non-zero or dies, an agent dies), stops
 //     every trainer like torchrun's elastic agent, replaces a lost node by a
 //     fresh agent on an empty root (an agent that died alone restarts on its
-//     root and adopts it), runs the recovery (launch/cluster.h), stores
+//     root and adopts it), runs the recovery (launch/job_recovery.h), stores
 //     /memento/<job>/restore and /memento/<job>/recovery/<n>, and restarts
 //     every trainer with attempt + 1 and a fresh rendezvous directory;
 //   - injects failures (launch/inject.h).
@@ -23,7 +23,7 @@
 // Thread model: Run() is a single supervisor loop on the caller's thread
 // (polls children, the store and the injections every 20 ms); the store
 // server and the commit coordinator have their own threads (src/coord);
-// RecoverCluster uses short-lived threads, one per node. RequestStop() is
+// RecoverJob uses short-lived threads, one per node. RequestStop() is
 // async-signal-safe.
 #pragma once
 

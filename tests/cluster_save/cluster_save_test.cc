@@ -13,7 +13,7 @@
 #include <set>
 
 #include "../shm/proc_util.h"
-#include "agent/cluster.h"
+#include "agent/job_member.h"
 #include "agent/peer_protocol.h"
 #include "codec/reference_codec.h"
 #include "common/check.h"

@@ -1,4 +1,4 @@
-#include "agent/cluster.h"
+#include "agent/job_member.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -31,17 +31,16 @@ using nlohmann::json;
 namespace {
 
 constexpr double kStoreCallS = 10.0;
-constexpr size_t kEncodeChunkBytes = size_t{1} << 20;
 
 }  // namespace
 
 // ---------------------------------------------------------------------------
 
-Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
-                                                const std::string& job, int node,
-                                                const std::string& root, shm::NodeStore* store,
-                                                DurableStreamer* durable) {
-  std::unique_ptr<Cluster> c(new Cluster());
+Result<std::unique_ptr<JobMember>> JobMember::Start(const JobMemberOptions& options,
+                                                    const std::string& job, int node,
+                                                    const std::string& root, shm::NodeStore* store,
+                                                    DurableStreamer* durable) {
+  std::unique_ptr<JobMember> c(new JobMember());
   c->durable_ = durable;
   c->options_ = options;
   c->job_ = job;
@@ -56,10 +55,7 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
   c->committed_.store(committed);
 
   // The commit word: trainers switch to the cluster rule when it exists.
-  MEMENTO_ASSIGN_OR_RETURN(
-      c->word_seg_, shm::Segment::CreateOrGrow(shm::CommitWordPath(root), sizeof(shm::CommitWord)));
-  c->word_ = reinterpret_cast<shm::CommitWord*>(c->word_seg_->data());
-  shm::InitCommitWord(c->word_, committed);
+  MEMENTO_ASSIGN_OR_RETURN(c->hold_, CommitHold::Create(root, committed));
 
   MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Load(options.token_file));
   c->token_ = std::make_unique<net::JobToken>(std::move(token));
@@ -92,7 +88,7 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
   mo.node = c->node_name_;
   mo.endpoint = c->endpoint_;
   mo.ttl_s = options.lease_ttl_s;
-  Cluster* rejoining = c.get();  // the membership stops before *c is destroyed
+  JobMember* rejoining = c.get();  // the membership stops before *c is destroyed
   mo.on_reregister = [rejoining] { return rejoining->OnReregister(); };
   MEMENTO_ASSIGN_OR_RETURN(
       c->membership_, coord::Membership::Join(c->store_.get(), mo,
@@ -102,7 +98,7 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
     coord::RepublishCommits(*c->store_, job, *c->log_, Deadline::AfterSeconds(kStoreCallS))
         .IgnoreError();
   }
-  Cluster* self = c.get();
+  JobMember* self = c.get();
   MEMENTO_ASSIGN_OR_RETURN(c->follower_, coord::CommitFollower::Start(
                                              c->store_.get(), job, c->log_.get(),
                                              [self](int64_t s) { self->OnCommit(s); },
@@ -167,7 +163,7 @@ Result<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& options,
   return c;
 }
 
-Cluster::~Cluster() {
+JobMember::~JobMember() {
   {
     MutexLock l(&mu_);
     stop_ = true;
@@ -179,10 +175,10 @@ Cluster::~Cluster() {
   epoch_watcher_.reset();
   membership_.reset();  // the lease expires on its own, like a crash
   StopPeerService();
-  peers_.clear();
+  producer_.reset();
 }
 
-void Cluster::OnSeal(int rank, const std::string& manifest) {
+void JobMember::OnSeal(int rank, const std::string& manifest) {
   auto tensors = shm::ParseManifest(manifest);
   if (!tensors.ok()) {
     MEMENTO_LOG_ERROR("rank {} sealed with an unreadable manifest: {}", rank,
@@ -212,8 +208,8 @@ void Cluster::OnSeal(int rank, const std::string& manifest) {
   }
 }
 
-void Cluster::OnComplete(int rank, int slot, int64_t step) {
-  (void)slot;  // the cluster thread finds the slot by its header
+void JobMember::OnComplete(int rank, int slot, int64_t step) {
+  (void)slot;  // the member thread finds the slot by its header
   {
     MutexLock l(&mu_);
     if (step <= committed_.load()) return;
@@ -222,15 +218,15 @@ void Cluster::OnComplete(int rank, int slot, int64_t step) {
   cv_.SignalAll();
 }
 
-std::string Cluster::SkippedKey(int64_t step, const std::string& node) const {
+std::string JobMember::SkippedKey(int64_t step, const std::string& node) const {
   return coord::JobKeys(job_).Skipped(step, node);
 }
 
-void Cluster::OnSkipped(int rank, int64_t step) {
+void JobMember::OnSkipped(int rank, int64_t step) {
   PublishDead(step, fmt::format("rank {} skipped its snapshot", rank));
 }
 
-void Cluster::PublishDead(int64_t step, const std::string& why) {
+void JobMember::PublishDead(int64_t step, const std::string& why) {
   if (step <= committed_.load()) return;
   {
     MutexLock l(&mu_);
@@ -242,12 +238,12 @@ void Cluster::PublishDead(int64_t step, const std::string& why) {
     MEMENTO_LOG_WARN("could not publish the skip of step {}: {}", step, r.status().ToString());
 }
 
-bool Cluster::Dead(int64_t step) {
+bool JobMember::Dead(int64_t step) {
   MutexLock l(&mu_);
   return dead_.count(step) != 0;
 }
 
-void Cluster::OnTrainerGone(int rank) {
+void JobMember::OnTrainerGone(int rank) {
   {
     MutexLock l(&mu_);
     unhealthy_ = true;
@@ -258,14 +254,14 @@ void Cluster::OnTrainerGone(int rank) {
   if (!st.ok()) MEMENTO_LOG_WARN("could not signal UNHEALTHY: {}", st.ToString());
 }
 
-int64_t Cluster::RestoreTarget() {
+int64_t JobMember::RestoreTarget() {
   MutexLock l(&mu_);
   if (restore_target_ >= 0) return restore_target_;
   auto latest = log_->latest();
   return latest ? latest->step : -1;
 }
 
-void Cluster::SetRestoreTarget(int64_t step) {
+void JobMember::SetRestoreTarget(int64_t step) {
   // The job goes back to `step` and computes the later steps again. Skips
   // and completions of those steps from the failed attempt must not count:
   // a skip of step s keeps s from committing in the new attempt too (seed
@@ -289,8 +285,8 @@ void Cluster::SetRestoreTarget(int64_t step) {
   }
   // A hold of a later step would make the trainers skip every snapshot that
   // targets its slot until the hold times out.
-  const int64_t hold = shm::LoadWord(&word_->hold);
-  if (hold > step) ReleaseHold(hold);
+  const int64_t hold = hold_->held();
+  if (hold > step) hold_->Release(hold);
   // T1 entries of later steps (made here or pushed by peers) would refuse
   // the new attempt's entries of the same step ("already finished").
   red_->DropAbove(step);
@@ -315,16 +311,16 @@ void Cluster::SetRestoreTarget(int64_t step) {
                                  : std::string());
 }
 
-ClusterStats Cluster::stats() {
+JobMemberStats JobMember::stats() {
   MutexLock l(&mu_);
-  ClusterStats s = stats_;
+  JobMemberStats s = stats_;
   s.committed = committed_.load();
   return s;
 }
 
 // ---- store loss ----------------------------------------------------------------
 
-Status Cluster::OnReregister() {
+Status JobMember::OnReregister() {
   const Deadline deadline = Deadline::AfterSeconds(kStoreCallS);
   coord::JobKeys keys(job_);
   // 1. The newest commit this node saw: commit/latest comes back.
@@ -333,7 +329,7 @@ Status Cluster::OnReregister() {
   //    node computes its plan from them), else those of its own ranks.
   {
     MutexLock l(&mu_);
-    published_.clear();      // the cluster thread publishes the local ones again
+    published_.clear();      // the member thread publishes the local ones again
     rollback_revision_ = 0;  // a new store numbers its revisions afresh
   }
   int republished = 0;
@@ -359,7 +355,7 @@ Status Cluster::OnReregister() {
   // 4. A step this node reported and still holds, uncommitted: its report may
   //    have died with the store. Reporting it again is idempotent.
   const int64_t reported = last_reported_.load();
-  if (reported > committed_.load() && shm::LoadWord(&word_->hold) == reported) {
+  if (reported > committed_.load() && hold_->held() == reported) {
     MEMENTO_RETURN_IF_ERROR(coord::ReportCompleted(*store_, job_, node_name_, reported, deadline));
   }
   cv_.SignalAll();
@@ -370,30 +366,14 @@ Status Cluster::OnReregister() {
   return Status::Ok();
 }
 
-// ---- commit word -------------------------------------------------------------
+// ---- commits -------------------------------------------------------------------
 
-void Cluster::SetHold(int64_t step) {
-  shm::StoreWord(&word_->hold, step);
-  __atomic_add_fetch(&word_->generation, 1, __ATOMIC_SEQ_CST);
-  shm::FullFence();
-}
-
-void Cluster::ReleaseHold(int64_t step) {
-  int64_t expected = step;
-  __atomic_compare_exchange_n(&word_->hold, &expected, int64_t{-1}, false, __ATOMIC_SEQ_CST,
-                              __ATOMIC_SEQ_CST);
-  __atomic_add_fetch(&word_->generation, 1, __ATOMIC_SEQ_CST);
-}
-
-void Cluster::OnCommit(int64_t step) {
+void JobMember::OnCommit(int64_t step) {
   // The log already has the record (CommitFollower appends first).
   int64_t prev = committed_.load();
   while (prev < step && !committed_.compare_exchange_weak(prev, step)) {
   }
-  shm::StoreWord(&word_->committed, step);
-  int64_t hold = shm::LoadWord(&word_->hold);
-  if (hold >= 0 && hold <= step) ReleaseHold(hold);
-  __atomic_add_fetch(&word_->generation, 1, __ATOMIC_SEQ_CST);
+  hold_->Commit(step);
   red_->DropBelow(step);
   {
     MutexLock l(&mu_);
@@ -421,8 +401,8 @@ void Cluster::OnCommit(int64_t step) {
   if (durable_ != nullptr) durable_->OnCommitted(step);
 }
 
-void Cluster::Abandon(int64_t step, const std::string& why) {
-  ReleaseHold(step);
+void JobMember::Abandon(int64_t step, const std::string& why) {
+  hold_->Release(step);
   {
     MutexLock l(&mu_);
     ++stats_.abandoned;
@@ -433,9 +413,9 @@ void Cluster::Abandon(int64_t step, const std::string& why) {
   PublishDead(step, why);
 }
 
-// ---- cluster thread ----------------------------------------------------------
+// ---- the member thread ----------------------------------------------------------
 
-void Cluster::Run() {
+void JobMember::Run() {
   TimePoint last_progress = Now();
   for (;;) {
     {
@@ -470,15 +450,15 @@ void Cluster::Run() {
     // once, so that every node writes the next step. One that does not commit
     // in time is released too (another node must have abandoned it).
     if (reported_ >= 0 && reported_ > committed_.load() && Dead(reported_)) {
-      ReleaseHold(reported_);
+      hold_->Release(reported_);
       MEMENTO_LOG_INFO("step {} was skipped by another node; its hold is released", reported_);
       reported_ = -1;
     }
     if (reported_ >= 0 && reported_ > committed_.load() &&
         Now() - reported_at_ > std::chrono::duration_cast<Duration>(
                                    std::chrono::duration<double>(options_.hold_timeout_s))) {
-      if (shm::LoadWord(&word_->hold) == reported_) {
-        ReleaseHold(reported_);
+      if (hold_->held() == reported_) {
+        hold_->Release(reported_);
         MEMENTO_LOG_INFO("step {} did not commit within {} s; its hold is released", reported_,
                          options_.hold_timeout_s);
       }
@@ -526,7 +506,7 @@ void Cluster::Run() {
   }
 }
 
-void Cluster::PublishInventories() {
+void JobMember::PublishInventories() {
   std::map<int, std::string> todo;
   {
     MutexLock l(&mu_);
@@ -548,7 +528,7 @@ void Cluster::PublishInventories() {
   }
 }
 
-void Cluster::TrySetup() {
+void JobMember::TrySetup() {
   coord::JobKeys keys(job_);
   auto topo_kv = store_->Get(keys.Topology(), Deadline::AfterSeconds(kStoreCallS));
   if (!topo_kv.ok()) {
@@ -616,6 +596,8 @@ void Cluster::TrySetup() {
   for (int r = 0; r < ranks; ++r) {
     if (ct->topology.rank_node[r] == node_) local_ranks_.push_back(r);
   }
+  producer_ = std::make_unique<T1Producer>(&plan_, node_, red_.get(), token_.get(),
+                                           [this](int n) { return NodeEndpoint(n); });
   SetPeerPlan();
   ready_.store(true);
   const topo::NodePlan& np = plan_.nodes[node_];
@@ -626,163 +608,29 @@ void Cluster::TrySetup() {
       np.parities.size(), np.copy_bytes + np.parity_bytes, plan_.protection);
 }
 
-// ---- T1 production -------------------------------------------------------------
+// ---- the save path of one version -------------------------------------------------------------
 
-Status Cluster::ReadPiece(const RankView& view, uint32_t piece_id, uint64_t offset, uint64_t n,
-                          uint8_t* dst) const {
-  const topo::Piece& piece = plan_.pieces[piece_id];
-  if (offset + n > piece.bytes) {
-    return InternalError(
-        fmt::format("read [{}, +{}) past piece {} ({} bytes)", offset, n, piece.key, piece.bytes));
-  }
-  const uint8_t* data = view.segment->data() + view.info.data_offset;
-  uint64_t pos = 0;  // piece offset of the current segment
-  for (const topo::Segment& s : piece.segments) {
-    if (n == 0) break;
-    if (offset < pos + s.length) {
-      const shm::SavedTensor* t = nullptr;
-      for (const auto& saved : view.info.tensors) {
-        if (saved.meta.name == s.tensor) t = &saved;
-      }
-      if (t == nullptr || s.offset + s.length > t->nbytes) {
-        return FailedPreconditionError(
-            fmt::format("rank {} step {} has no bytes [{}, +{}) of tensor '{}' (piece {})",
-                        view.rank, view.info.step, s.offset, s.length, s.tensor, piece.key));
-      }
-      uint64_t in = offset - pos;
-      uint64_t take = std::min(n, s.length - in);
-      std::memcpy(dst, data + t->offset + s.offset + in, take);
-      dst += take;
-      offset += take;
-      n -= take;
-    }
-    pos += s.length;
-  }
-  if (n != 0) return InternalError("piece segments shorter than the piece");
-  return Status::Ok();
-}
-
-Status Cluster::ProduceEntries(int64_t step, std::map<int, RankView>& views) {
-  const topo::NodePlan& np = plan_.nodes[node_];
-  auto view_of = [&](int rank) -> Result<const RankView*> {
-    auto it = views.find(rank);
-    if (it == views.end()) {
-      return InternalError(fmt::format("rank {} is not on node {}", rank, node_));
-    }
-    return &it->second;
-  };
-  for (uint32_t pid : np.parities) {
-    const topo::Parity& par = plan_.parities[pid];
-    const topo::Stripe& stripe = plan_.stripes[par.stripe];
-    MEMENTO_ASSIGN_OR_RETURN(const RankView* view, view_of(par.producer_rank));
-    MEMENTO_ASSIGN_OR_RETURN(
-        codec::ErasureCode code,
-        codec::ErasureCode::Create(stripe.xor_code ? codec::CodeKind::kXor : codec::CodeKind::kRs,
-                                   stripe.k, stripe.f));
-    MEMENTO_ASSIGN_OR_RETURN(uint8_t * out,
-                             red_->EntryBuffer(step, {recover::SourceKind::kParity, pid}));
-    Status st = codec::EncodeStream(
-        code, stripe.block_bytes, kEncodeChunkBytes,
-        [&](size_t off, size_t n, uint8_t* const* chunks) -> Status {
-          for (int i = 0; i < stripe.k; ++i) {
-            const topo::StripeBlock& b = stripe.data[i];
-            uint64_t have = off < b.length ? std::min<uint64_t>(n, b.length - off) : 0;
-            if (have > 0) {
-              MEMENTO_RETURN_IF_ERROR(ReadPiece(*view, b.piece, b.offset + off, have, chunks[i]));
-            }
-            if (have < n) std::memset(chunks[i] + have, 0, n - have);  // zero padding
-          }
-          return Status::Ok();
-        },
-        [&](size_t off, size_t n, const uint8_t* const* parity) -> Status {
-          std::memcpy(out + off, parity[par.index], n);
-          return Status::Ok();
-        });
-    MEMENTO_RETURN_IF_ERROR(st);
-    MEMENTO_RETURN_IF_ERROR(red_->FinishEntry(step, {recover::SourceKind::kParity, pid}));
-  }
-  for (uint32_t cid : np.copies) {
-    const topo::Copy& c = plan_.copies[cid];
-    if (c.kind != topo::CopyKind::kArc && c.kind != topo::CopyKind::kLocalFull) continue;
-    MEMENTO_ASSIGN_OR_RETURN(const RankView* view, view_of(c.producer_rank));
-    MEMENTO_ASSIGN_OR_RETURN(uint8_t * out,
-                             red_->EntryBuffer(step, {recover::SourceKind::kCopy, cid}));
-    MEMENTO_RETURN_IF_ERROR(ReadPiece(*view, c.piece, 0, plan_.pieces[c.piece].bytes, out));
-    MEMENTO_RETURN_IF_ERROR(red_->FinishEntry(step, {recover::SourceKind::kCopy, cid}));
-  }
-  return Status::Ok();
-}
-
-Result<std::string> Cluster::NodeEndpoint(int node) {
+Result<std::string> JobMember::NodeEndpoint(int node) {
   coord::JobKeys keys(job_);
   MEMENTO_ASSIGN_OR_RETURN(coord::KeyValue kv, store_->Get(keys.Node(coord::NodeName(node)),
                                                            Deadline::AfterSeconds(kStoreCallS)));
   return kv.value;
 }
 
-Status Cluster::PushCopies(int64_t step, std::map<int, RankView>& views) {
-  std::vector<uint8_t> buf;
-  for (const topo::Copy& c : plan_.copies) {
-    if (c.kind != topo::CopyKind::kPeer && c.kind != topo::CopyKind::kAor) continue;
-    const topo::Piece& piece = plan_.pieces[c.piece];
-    if (piece.node != node_) continue;
-    auto it = views.find(piece.rank);
-    if (it == views.end())
-      return InternalError(fmt::format("piece {} has no local rank", piece.key));
-    buf.resize(piece.bytes);
-    MEMENTO_RETURN_IF_ERROR(ReadPiece(it->second, c.piece, 0, piece.bytes, buf.data()));
-    Deadline deadline = Deadline::AfterSeconds(options_.hold_timeout_s);
-    Status st;
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      auto& client = peers_[c.node];
-      if (client == nullptr || client->broken()) {
-        client.reset();
-        MEMENTO_ASSIGN_OR_RETURN(std::string ep, NodeEndpoint(c.node));
-        MEMENTO_ASSIGN_OR_RETURN(net::HostPort hp, net::ParseHostPort(ep, net::PortUse::kConnect));
-        auto conn = net::RpcClient::Connect(hp.host, hp.port, *token_, deadline);
-        if (!conn.ok()) {
-          st = conn.status();
-          continue;
-        }
-        client = std::move(*conn);
-      }
-      st = PushCopy(*client, step, c.id, buf.data(), buf.size(), deadline);
-      if (st.ok()) break;
-      if (st.code() == StatusCode::kFailedPrecondition && !deadline.expired() && !Dead(step) &&
-          committed_.load() < step) {
-        // The receiver has no plan yet (it is still waiting for the
-        // inventories): try again shortly.
-        usleep(20000);
-        attempt = -1;
-        continue;
-      }
-      // A broken connection (peer restarted) is retried once on a fresh one.
-      if (!client->broken()) break;
-    }
-    if (!st.ok()) {
-      return Status(st.code(), fmt::format("pushing copy {} of piece {} (step {}) to node {}: {}",
-                                           c.id, piece.key, step, c.node, st.message()));
-    }
-    MutexLock l(&mu_);
-    stats_.pushed_bytes += static_cast<int64_t>(piece.bytes);
-  }
-  return Status::Ok();
-}
-
-bool Cluster::Produce(int64_t step) {
+bool JobMember::Produce(int64_t step) {
   // 1. Hold first, then look at the claims (shm/commit_word.h): a trainer
   //    that already decided to overwrite a slot of `step` wins.
-  SetHold(step);
+  hold_->Set(step);
   for (int r : local_ranks_) {
-    if (r < shm::kCommitWordMaxRanks && shm::LoadWord(&word_->claim[r]) == step) {
+    if (hold_->Claimed(r, step)) {
       Abandon(step, fmt::format("rank {} is overwriting its slot of it", r));
       return false;
     }
   }
   // 2. The local ranks' slots of `step`.
-  std::map<int, RankView> views;
+  std::map<int, RankSlotView> views;
   for (int r : local_ranks_) {
-    RankView v;
+    RankSlotView v;
     v.rank = r;
     for (int slot = 0; slot < shm::kSlotsPerRank && v.slot < 0; ++slot) {
       auto seg = node_store_->SlotSegment(r, slot);
@@ -816,8 +664,16 @@ bool Cluster::Produce(int64_t step) {
   };
   // 3. Own entries, then the copies peers hold of this node's pieces.
   Status st = red_->Ensure(step);
-  if (st.ok()) st = ProduceEntries(step, views);
-  if (st.ok()) st = PushCopies(step, views);
+  if (st.ok()) st = producer_->ProduceEntries(step, views);
+  if (st.ok()) {
+    st = producer_->PushCopies(
+        step, views, options_.hold_timeout_s,
+        [this, step] { return !Dead(step) && committed_.load() < step; },
+        [this](uint64_t bytes) {
+          MutexLock l(&mu_);
+          stats_.pushed_bytes += static_cast<int64_t>(bytes);
+        });
+  }
   if (!st.ok()) {
     Abandon(step, st.ToString());
     return false;
@@ -868,7 +724,7 @@ bool Cluster::Produce(int64_t step) {
 
 // ---- peer service ------------------------------------------------------------
 
-Status Cluster::StartPeerService() {
+Status JobMember::StartPeerService() {
   Result<net::HostPort> hp = net::ParseHostPort(options_.listen, net::PortUse::kListen);
   if (!hp.ok()) return hp.status().WithContext("--listen");
   PeerServiceOptions po;
@@ -902,14 +758,14 @@ Status Cluster::StartPeerService() {
   return Status::Ok();
 }
 
-void Cluster::SetPeerPlan() {
+void JobMember::SetPeerPlan() {
   auto cp = MakeClusterPlan(plan_, inventory_);
   if (durable_ != nullptr) durable_->SetClusterPlan(cp);
   MutexLock l(&plan_mu_);
   cluster_plan_ = std::move(cp);
 }
 
-void Cluster::StopPeerService() {
+void JobMember::StopPeerService() {
   if (peer_) peer_->Stop();
 }
 

@@ -1,4 +1,4 @@
-#include "launch/cluster.h"
+#include "launch/job_recovery.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -94,7 +94,7 @@ Result<std::vector<std::string>> ReadEndpoints(coord::Store& store, const std::s
 
 // ---- recovery -----------------------------------------------------------------
 
-json ClusterRecovery::ToJson() const {
+json JobRecovery::ToJson() const {
   json nodes_j = json::array();
   for (const NodeRecoveryStats& n : nodes) {
     nodes_j.push_back({{"node", n.node},
@@ -140,11 +140,11 @@ double NumberOr(const json& j, const char* key, double def) {
 
 }  // namespace
 
-Result<ClusterRecovery> RecoverCluster(coord::Store& store, const topo::Plan& plan,
-                                       const net::JobToken& token, const RecoverOptions& options,
-                                       Deadline deadline) {
+Result<JobRecovery> RecoverJob(coord::Store& store, const topo::Plan& plan,
+                               const net::JobToken& token, const RecoverOptions& options,
+                               Deadline deadline) {
   Stopwatch total;
-  ClusterRecovery out;
+  JobRecovery out;
   const int n = options.num_nodes;
   MEMENTO_ASSIGN_OR_RETURN(std::vector<std::string> endpoints,
                            ReadEndpoints(store, options.job, n, deadline));
@@ -311,9 +311,10 @@ json DurableLoad::ToJson() const {
           {"total_s", total_s}};
 }
 
-Result<DurableLoad> LoadDurableCluster(coord::Store& store, const net::JobToken& token,
-                                       const std::string& job, int num_nodes,
-                                       const std::string& dir, int64_t step, Deadline deadline) {
+Result<DurableLoad> LoadDurableOnEveryNode(coord::Store& store, const net::JobToken& token,
+                                           const std::string& job, int num_nodes,
+                                           const std::string& dir, int64_t step,
+                                           Deadline deadline) {
   Stopwatch total;
   DurableLoad out;
   out.step = step;

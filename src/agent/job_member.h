@@ -1,6 +1,9 @@
-// The agent's cluster mode (docs/cluster.md, "Save path of version s" and
-// "Agent in cluster mode"): what `memento agent --store ...` adds to the
-// single-node agent.
+// JobMember: the agent as a member of a multi-node job, what `memento agent
+// --store ...` adds to the single-node agent (docs/cluster.md calls it the
+// agent's "cluster mode": "Save path of version s", "Agent in cluster mode").
+// Its parts: the commit word (agent/commit_hold.h), T1 production of one
+// version (agent/t1_producer.h), the peer service (agent/peer_service.h);
+// this class joins them to the coordination store.
 //
 //   - publishes each local rank's inventory (inventory/<rank>, from the
 //     rank's seal or its adopted slots), waits for the job's topology and
@@ -17,7 +20,7 @@
 //     ReportCompleted(s). A trainer that overwrites a slot during this
 //     abandons s (hold word + claims + slot generation; nothing torn is kept).
 //
-// Thread model: one cluster thread (setup, then T1 production one step at a
+// Thread model: one member thread (setup, then T1 production one step at a
 // time, hold timeouts); the commit follower's watcher thread (OnCommit); the
 // membership heartbeat; the peer service's threads. The agent's connection
 // threads call OnSeal / OnComplete / OnTrainerGone / RestoreTarget.
@@ -34,9 +37,11 @@
 #include <thread>
 #include <vector>
 
+#include "agent/commit_hold.h"
 #include "agent/durable.h"
 #include "agent/peer_service.h"
 #include "agent/redundancy.h"
+#include "agent/t1_producer.h"
 #include "common/mutex.h"
 #include "coord/commit.h"
 #include "coord/membership.h"
@@ -52,7 +57,7 @@
 
 namespace memento::agent {
 
-struct ClusterOptions {
+struct JobMemberOptions {
   std::string store_url;   // tcp://host:port (coord::OpenStore)
   std::string token_file;  // the job token (else MEMENTO_JOB_TOKEN)
   // Address of this node's peer service: "host:port" (port 0: ephemeral).
@@ -77,31 +82,31 @@ struct ClusterOptions {
 // (/memento/<job>/inventory/<rank>).
 
 // Counters of the save path (tests, logs).
-struct ClusterStats {
+struct JobMemberStats {
   int64_t produced = 0;   // versions whose T1 this node produced and reported
   int64_t abandoned = 0;  // versions given up (slot rewritten, claim, timeout)
   int64_t pushed_bytes = 0;
   int64_t committed = -1;
 };
 
-class Cluster {
+class JobMember {
  public:
   // Opens the store, the commit log and commit word, the redundancy store,
   // starts the peer service, joins the membership and the commit follower,
-  // and starts the cluster thread (which waits for the topology and the
+  // and starts the member thread (which waits for the topology and the
   // inventories in the background: Start() does not).
   // With `durable` (the agent's durable stream, which must outlive the
-  // Cluster) the cluster drives it (docs/durable_tier.md, "Cluster mode"):
+  // JobMember) the member drives it (docs/durable_tier.md, "Cluster mode"):
   // the plan once known, the epoch (/memento/<job>/epoch, watched) and every
   // commit (DurableStreamer::OnCommitted).
-  [[nodiscard]] static Result<std::unique_ptr<Cluster>> Start(const ClusterOptions& options,
-                                                              const std::string& job, int node,
-                                                              const std::string& root,
-                                                              shm::NodeStore* store,
-                                                              DurableStreamer* durable = nullptr);
-  ~Cluster();
-  Cluster(const Cluster&) = delete;
-  Cluster& operator=(const Cluster&) = delete;
+  [[nodiscard]] static Result<std::unique_ptr<JobMember>> Start(const JobMemberOptions& options,
+                                                                const std::string& job, int node,
+                                                                const std::string& root,
+                                                                shm::NodeStore* store,
+                                                                DurableStreamer* durable = nullptr);
+  ~JobMember();
+  JobMember(const JobMember&) = delete;
+  JobMember& operator=(const JobMember&) = delete;
 
   // A trainer sealed `rank` with these tensors (the slot manifest's JSON).
   void OnSeal(int rank, const std::string& manifest) EXCLUDES(mu_);
@@ -116,7 +121,7 @@ class Cluster {
   // The step trainers restore: the launcher's restore target, else the
   // newest step of the commit log; -1 when none.
   int64_t RestoreTarget() EXCLUDES(mu_);
-  // kPeerSetRestoreTarget: the cluster restores `step`; kept until a newer
+  // kPeerSetRestoreTarget: the job restores `step`; kept until a newer
   // step commits. The job goes back to `step`, so what this node knew of
   // later steps belongs to the failed attempt and is forgotten: its
   // completions, its skips (also this node's skip records in the store), the
@@ -124,21 +129,13 @@ class Cluster {
   void SetRestoreTarget(int64_t step) EXCLUDES(mu_);
 
   std::string endpoint() const { return endpoint_; }
-  ClusterStats stats() EXCLUDES(mu_);
+  JobMemberStats stats() EXCLUDES(mu_);
   // Whether this node knows that some node skipped the uncommitted `step`
   // (so it cannot commit).
   bool Dead(int64_t step) EXCLUDES(mu_);
 
  private:
-  Cluster() = default;
-  // A local rank's T0 slot of one version, as the cluster thread reads it.
-  struct RankView {
-    int rank = -1;
-    int slot = -1;
-    std::shared_ptr<shm::Segment> segment;
-    shm::SlotInfo info;
-  };
-
+  JobMember() = default;
   void Run();
   // The membership re-registered with a store that lost this node's lease
   // (restarted empty): republishes what the store lost that this node knows
@@ -148,13 +145,9 @@ class Cluster {
   void PublishInventories() EXCLUDES(mu_);
   void TrySetup() EXCLUDES(mu_);
   void OnCommit(int64_t step) EXCLUDES(mu_);
-  // T1 of `step`; false (and the hold released) when the step is abandoned.
+  // T1 of `step` (T1Producer), then COMPLETED; false (and the hold
+  // released) when the step is abandoned.
   bool Produce(int64_t step);
-  Status ProduceEntries(int64_t step, std::map<int, RankView>& views);
-  Status PushCopies(int64_t step, std::map<int, RankView>& views);
-  // Bytes [offset, offset + n) of plan piece `piece`, read from `view`'s slot.
-  Status ReadPiece(const RankView& view, uint32_t piece, uint64_t offset, uint64_t n,
-                   uint8_t* dst) const;
   Result<std::string> NodeEndpoint(int node);
   // The peer service (RPC server: inventory, read, push, recover, restore
   // target): started before the membership join (its address is the node's
@@ -162,8 +155,6 @@ class Cluster {
   Status StartPeerService();
   void SetPeerPlan();
   void StopPeerService();
-  void SetHold(int64_t step);
-  void ReleaseHold(int64_t step);
   void Abandon(int64_t step, const std::string& why) EXCLUDES(mu_);
   // Records (and publishes at skipped/<step>/<node>, with `why` as the
   // value) that this node will never report `step`: every node releases its
@@ -172,7 +163,7 @@ class Cluster {
   void PublishDead(int64_t step, const std::string& why = "") EXCLUDES(mu_);
   std::string SkippedKey(int64_t step, const std::string& node) const;
 
-  ClusterOptions options_;
+  JobMemberOptions options_;
   std::string job_;
   int node_ = 0;
   std::string node_name_;
@@ -182,8 +173,7 @@ class Cluster {
   std::unique_ptr<coord::Store> store_;
   std::unique_ptr<net::JobToken> token_;
   std::unique_ptr<coord::CommitLog> log_;
-  std::unique_ptr<shm::Segment> word_seg_;
-  shm::CommitWord* word_ = nullptr;  // in word_seg_
+  std::unique_ptr<CommitHold> hold_;  // <root>/commit.word
   std::unique_ptr<RedundancyStore> red_;
   std::unique_ptr<PeerService> peer_;
   std::unique_ptr<coord::Membership> membership_;
@@ -203,15 +193,15 @@ class Cluster {
   std::set<int64_t> dead_ GUARDED_BY(mu_);  // uncommitted steps some node skipped
   int64_t restore_target_ GUARDED_BY(mu_) = -1;
   int64_t rollback_ GUARDED_BY(mu_) = -1;          // SetRestoreTarget's step (kept; -1: none)
-  bool rollback_pending_ GUARDED_BY(mu_) = false;  // the cluster thread has not applied it yet
+  bool rollback_pending_ GUARDED_BY(mu_) = false;  // the member thread has not applied it yet
   // The store revision SetRestoreTarget listed the skip records at: a skip
   // record of a step after rollback_ written at or before it belongs to the
   // failed attempt, however late its watch event arrives (0: none; reset
   // when the store is replaced, whose revisions start again).
   int64_t rollback_revision_ GUARDED_BY(mu_) = 0;
   bool unhealthy_ GUARDED_BY(mu_) = false;
-  ClusterStats stats_ GUARDED_BY(mu_);
-  // Set once by the cluster thread (then read-only): the plan and topology.
+  JobMemberStats stats_ GUARDED_BY(mu_);
+  // Set once by the member thread (then read-only): the plan and topology.
   std::atomic<bool> ready_{false};
   topo::Plan plan_;
   std::vector<int> local_ranks_;
@@ -220,11 +210,11 @@ class Cluster {
   Mutex plan_mu_;
   std::shared_ptr<const ClusterPlan> cluster_plan_ GUARDED_BY(plan_mu_);
 
-  // Cluster thread only.
+  // Member thread only.
   int64_t last_attempt_ = -1;
   int64_t reported_ = -1;
   TimePoint reported_at_{};
-  std::map<int, std::unique_ptr<net::RpcClient>> peers_;
+  std::unique_ptr<T1Producer> producer_;  // made once the plan is known
   std::thread thread_;
 };
 

@@ -1,4 +1,4 @@
-#include "launch/cluster.h"
+#include "launch/job_recovery.h"
 
 #include "common/tensor_json.h"
 #include "coord/keys.h"

@@ -1,15 +1,15 @@
-// The launcher's view of a cluster job in the coordination store, and the
+// The launcher's view of a job in the coordination store, and the
 // recovery orchestration of docs/cluster.md ("Recovery", steps 2-6):
 //
 //   PublishTopology   /memento/<job>/topology (the launcher, before agents start)
 //   ReadInventory     every rank's registered tensors (/memento/<job>/inventory/<rank>)
 //   PlanFromStore     model::MakeJobPlan(topology, inventory, policy): what every agent computes
-//   RecoverCluster    inventory (kPeerInventory, verify) from every agent, recover::Decide,
+//   RecoverJob    inventory (kPeerInventory, verify) from every agent, recover::Decide,
 //                     kPeerRecover to the nodes with assemblies, kPeerSetRestoreTarget on all
 //
 // `memento launch` calls them; `memento bench recover` and tests may too.
 //
-// Thread safety: free functions; RecoverCluster uses its own threads (one per
+// Thread safety: free functions; RecoverJob uses its own threads (one per
 // node) and the thread-safe Store.
 #pragma once
 
@@ -62,7 +62,7 @@ struct NodeRecoveryStats {
   double transfer_s = 0, decode_s = 0, write_s = 0, total_s = 0;
 };
 
-struct ClusterRecovery {
+struct JobRecovery {
   recover::Decision decision;
   std::vector<recover::NodeInventory> inventories;  // the agents that answered
   std::vector<int> unreachable;                     // nodes that did not answer
@@ -94,10 +94,9 @@ struct RecoverOptions {
 // Errors: an agent that fails kPeerRecover or kPeerSetRestoreTarget (the
 // message names the node).
 // `token` authenticates the launcher to the agents' peer services.
-[[nodiscard]] Result<ClusterRecovery> RecoverCluster(coord::Store& store, const topo::Plan& plan,
-                                                     const net::JobToken& token,
-                                                     const RecoverOptions& options,
-                                                     Deadline deadline);
+[[nodiscard]] Result<JobRecovery> RecoverJob(coord::Store& store, const topo::Plan& plan,
+                                             const net::JobToken& token,
+                                             const RecoverOptions& options, Deadline deadline);
 
 // ---- the durable-tier fallback (docs/recovery.md, "Fallback to the durable tier") ----
 
@@ -125,11 +124,11 @@ struct DurableLoad {
 // and is asked again for up to 15 s): each one writes complete, verified T0
 // slots of `step` for its ranks from the durable version and makes `step`
 // its restore target. Errors name the node (the first failure).
-[[nodiscard]] Result<DurableLoad> LoadDurableCluster(coord::Store& store,
-                                                     const net::JobToken& token,
-                                                     const std::string& job, int num_nodes,
-                                                     const std::string& dir, int64_t step,
-                                                     Deadline deadline);
+[[nodiscard]] Result<DurableLoad> LoadDurableOnEveryNode(coord::Store& store,
+                                                         const net::JobToken& token,
+                                                         const std::string& job, int num_nodes,
+                                                         const std::string& dir, int64_t step,
+                                                         Deadline deadline);
 
 // /memento/<job>/epoch: the durable tier's history counter (decimal, absent
 // = 0). The launcher bumps it at every recovery; agents write their durable

@@ -1,4 +1,4 @@
-// RecoverCluster (the launcher's recovery orchestration) against real agent
+// RecoverJob (the launcher's recovery orchestration) against real agent
 // peer services in this process: real node stores and redundancy stores in
 // shared memory, the peer protocol over authenticated TCP, endpoints in a
 // coordination store, recover::Decide and kPeerRecover / kPeerSetRestoreTarget.
@@ -16,7 +16,7 @@
 #include "coord/keys.h"
 #include "coord/memory_store.h"
 #include "gtest/gtest.h"
-#include "launch/cluster.h"
+#include "launch/job_recovery.h"
 #include "recover/recover.h"
 #include "shm/node_store.h"
 #include "shm/shm_test_util.h"
@@ -204,7 +204,7 @@ RecoverOptions Options(int n) {
   return o;
 }
 
-TEST(RecoverCluster, ALostNodeIsRebuiltAndEveryAgentGetsTheTarget) {
+TEST(RecoverJob, ALostNodeIsRebuiltAndEveryAgentGetsTheTarget) {
   for (const char* policy : {"xor", "replicate", "rs:2"}) {
     SCOPED_TRACE(policy);
     TestCluster c(4, policy);
@@ -212,7 +212,7 @@ TEST(RecoverCluster, ALostNodeIsRebuiltAndEveryAgentGetsTheTarget) {
     c.WriteT0(5, 1);
     c.ProduceRedundancy(5);
     c.ReplaceNode(1);
-    auto r = RecoverCluster(c.store(), c.plan(), Token(), Options(4), Soon());
+    auto r = RecoverJob(c.store(), c.plan(), Token(), Options(4), Soon());
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_TRUE(r->decision.from_memory) << r->decision.reason;
     EXPECT_EQ(r->decision.step, 5);
@@ -232,26 +232,26 @@ TEST(RecoverCluster, ALostNodeIsRebuiltAndEveryAgentGetsTheTarget) {
   }
 }
 
-TEST(RecoverCluster, TwoLostNodesOfOneGroupUnderRs2) {
+TEST(RecoverJob, TwoLostNodesOfOneGroupUnderRs2) {
   TestCluster c(4, "rs:2");
   c.WriteT0(5, 1);
   c.ProduceRedundancy(5);
   c.ReplaceNode(1);
   c.ReplaceNode(2);
-  auto r = RecoverCluster(c.store(), c.plan(), Token(), Options(4), Soon());
+  auto r = RecoverJob(c.store(), c.plan(), Token(), Options(4), Soon());
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_TRUE(r->decision.from_memory) << r->decision.reason;
   c.ExpectRankRestored(1, 5);
   c.ExpectRankRestored(2, 5);
 }
 
-TEST(RecoverCluster, LossBeyondProtectionChangesNothingAndNamesThePieces) {
+TEST(RecoverJob, LossBeyondProtectionChangesNothingAndNamesThePieces) {
   TestCluster c(4, "xor");
   c.WriteT0(5, 1);
   c.ProduceRedundancy(5);
   c.ReplaceNode(1);
   c.ReplaceNode(2);
-  auto r = RecoverCluster(c.store(), c.plan(), Token(), Options(4), Soon());
+  auto r = RecoverJob(c.store(), c.plan(), Token(), Options(4), Soon());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->decision.from_memory);
   EXPECT_NE(r->decision.reason.find("sg0/r1"), std::string::npos) << r->decision.reason;
@@ -259,12 +259,12 @@ TEST(RecoverCluster, LossBeyondProtectionChangesNothingAndNamesThePieces) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(c.node(i).restore_target.load(), -1) << i;
 }
 
-TEST(RecoverCluster, ACorruptedSlotOnASurvivorIsRebuilt) {
+TEST(RecoverJob, ACorruptedSlotOnASurvivorIsRebuilt) {
   TestCluster c(4, "xor");
   c.WriteT0(5, 1);
   c.ProduceRedundancy(5);
   c.CorruptSlot(2, 1);
-  auto r = RecoverCluster(c.store(), c.plan(), Token(), Options(4), Soon());
+  auto r = RecoverJob(c.store(), c.plan(), Token(), Options(4), Soon());
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_TRUE(r->decision.from_memory) << r->decision.reason;
   EXPECT_EQ(r->decision.step, 5);
@@ -273,13 +273,13 @@ TEST(RecoverCluster, ACorruptedSlotOnASurvivorIsRebuilt) {
   c.ExpectRankRestored(2, 5);
 }
 
-TEST(RecoverCluster, ANodeWithoutAnAgentIsUnreachableAndItsRanksCannotBeRebuilt) {
+TEST(RecoverJob, ANodeWithoutAnAgentIsUnreachableAndItsRanksCannotBeRebuilt) {
   TestCluster c(4, "xor");
   c.WriteT0(5, 1);
   c.ProduceRedundancy(5);
   coord::JobKeys keys(kJob);
   ASSERT_TRUE(c.store().Delete(keys.Node(coord::NodeName(3)), Soon()).ok());
-  auto r = RecoverCluster(c.store(), c.plan(), Token(), Options(4), Soon());
+  auto r = RecoverJob(c.store(), c.plan(), Token(), Options(4), Soon());
   // Decide rebuilds rank 3 on node 3, which has no agent to do it.
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status();
   EXPECT_NE(r.status().message().find("recovery on node 3"), std::string::npos) << r.status();

@@ -1,0 +1,166 @@
+#include "agent/t1_producer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "agent/peer_service.h"
+#include "codec/erasure_code.h"
+#include "fmt/format.h"
+#include "net/socket.h"
+#include "recover/source.h"
+
+namespace memento::agent {
+
+namespace {
+
+constexpr size_t kEncodeChunkBytes = size_t{1} << 20;
+
+}  // namespace
+
+T1Producer::T1Producer(const topo::Plan* plan, int node, RedundancyStore* redundancy,
+                       const net::JobToken* token,
+                       std::function<Result<std::string>(int)> endpoint_of)
+    : plan_(plan),
+      node_(node),
+      red_(redundancy),
+      token_(token),
+      endpoint_of_(std::move(endpoint_of)) {}
+
+Status T1Producer::ReadPiece(const RankSlotView& view, uint32_t piece_id, uint64_t offset,
+                             uint64_t n, uint8_t* dst) const {
+  const topo::Piece& piece = plan_->pieces[piece_id];
+  if (offset + n > piece.bytes) {
+    return InternalError(
+        fmt::format("read [{}, +{}) past piece {} ({} bytes)", offset, n, piece.key, piece.bytes));
+  }
+  const uint8_t* data = view.segment->data() + view.info.data_offset;
+  uint64_t pos = 0;  // piece offset of the current segment
+  for (const topo::Segment& s : piece.segments) {
+    if (n == 0) break;
+    if (offset < pos + s.length) {
+      const shm::SavedTensor* t = nullptr;
+      for (const auto& saved : view.info.tensors) {
+        if (saved.meta.name == s.tensor) t = &saved;
+      }
+      if (t == nullptr || s.offset + s.length > t->nbytes) {
+        return FailedPreconditionError(
+            fmt::format("rank {} step {} has no bytes [{}, +{}) of tensor '{}' (piece {})",
+                        view.rank, view.info.step, s.offset, s.length, s.tensor, piece.key));
+      }
+      uint64_t in = offset - pos;
+      uint64_t take = std::min(n, s.length - in);
+      std::memcpy(dst, data + t->offset + s.offset + in, take);
+      dst += take;
+      offset += take;
+      n -= take;
+    }
+    pos += s.length;
+  }
+  if (n != 0) return InternalError("piece segments shorter than the piece");
+  return Status::Ok();
+}
+
+Status T1Producer::ProduceEntries(int64_t step, const std::map<int, RankSlotView>& views) {
+  const topo::NodePlan& np = plan_->nodes[node_];
+  auto view_of = [&](int rank) -> Result<const RankSlotView*> {
+    auto it = views.find(rank);
+    if (it == views.end()) {
+      return InternalError(fmt::format("rank {} is not on node {}", rank, node_));
+    }
+    return &it->second;
+  };
+  for (uint32_t pid : np.parities) {
+    const topo::Parity& par = plan_->parities[pid];
+    const topo::Stripe& stripe = plan_->stripes[par.stripe];
+    MEMENTO_ASSIGN_OR_RETURN(const RankSlotView* view, view_of(par.producer_rank));
+    MEMENTO_ASSIGN_OR_RETURN(
+        codec::ErasureCode code,
+        codec::ErasureCode::Create(stripe.xor_code ? codec::CodeKind::kXor : codec::CodeKind::kRs,
+                                   stripe.k, stripe.f));
+    MEMENTO_ASSIGN_OR_RETURN(uint8_t * out,
+                             red_->EntryBuffer(step, {recover::SourceKind::kParity, pid}));
+    Status st = codec::EncodeStream(
+        code, stripe.block_bytes, kEncodeChunkBytes,
+        [&](size_t off, size_t n, uint8_t* const* chunks) -> Status {
+          for (int i = 0; i < stripe.k; ++i) {
+            const topo::StripeBlock& b = stripe.data[i];
+            uint64_t have = off < b.length ? std::min<uint64_t>(n, b.length - off) : 0;
+            if (have > 0) {
+              MEMENTO_RETURN_IF_ERROR(ReadPiece(*view, b.piece, b.offset + off, have, chunks[i]));
+            }
+            if (have < n) std::memset(chunks[i] + have, 0, n - have);  // zero padding
+          }
+          return Status::Ok();
+        },
+        [&](size_t off, size_t n, const uint8_t* const* parity) -> Status {
+          std::memcpy(out + off, parity[par.index], n);
+          return Status::Ok();
+        });
+    MEMENTO_RETURN_IF_ERROR(st);
+    MEMENTO_RETURN_IF_ERROR(red_->FinishEntry(step, {recover::SourceKind::kParity, pid}));
+  }
+  for (uint32_t cid : np.copies) {
+    const topo::Copy& c = plan_->copies[cid];
+    if (c.kind != topo::CopyKind::kArc && c.kind != topo::CopyKind::kLocalFull) continue;
+    MEMENTO_ASSIGN_OR_RETURN(const RankSlotView* view, view_of(c.producer_rank));
+    MEMENTO_ASSIGN_OR_RETURN(uint8_t * out,
+                             red_->EntryBuffer(step, {recover::SourceKind::kCopy, cid}));
+    MEMENTO_RETURN_IF_ERROR(ReadPiece(*view, c.piece, 0, plan_->pieces[c.piece].bytes, out));
+    MEMENTO_RETURN_IF_ERROR(red_->FinishEntry(step, {recover::SourceKind::kCopy, cid}));
+  }
+  return Status::Ok();
+}
+
+Status T1Producer::PushCopies(int64_t step, const std::map<int, RankSlotView>& views,
+                              double timeout_s, const std::function<bool()>& keep_trying,
+                              const std::function<void(uint64_t)>& on_pushed) {
+  std::vector<uint8_t> buf;
+  for (const topo::Copy& c : plan_->copies) {
+    if (c.kind != topo::CopyKind::kPeer && c.kind != topo::CopyKind::kAor) continue;
+    const topo::Piece& piece = plan_->pieces[c.piece];
+    if (piece.node != node_) continue;
+    auto it = views.find(piece.rank);
+    if (it == views.end())
+      return InternalError(fmt::format("piece {} has no local rank", piece.key));
+    buf.resize(piece.bytes);
+    MEMENTO_RETURN_IF_ERROR(ReadPiece(it->second, c.piece, 0, piece.bytes, buf.data()));
+    Deadline deadline = Deadline::AfterSeconds(timeout_s);
+    Status st;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      auto& client = peers_[c.node];
+      if (client == nullptr || client->broken()) {
+        client.reset();
+        MEMENTO_ASSIGN_OR_RETURN(std::string ep, endpoint_of_(c.node));
+        MEMENTO_ASSIGN_OR_RETURN(net::HostPort hp, net::ParseHostPort(ep, net::PortUse::kConnect));
+        auto conn = net::RpcClient::Connect(hp.host, hp.port, *token_, deadline);
+        if (!conn.ok()) {
+          st = conn.status();
+          continue;
+        }
+        client = std::move(*conn);
+      }
+      st = PushCopy(*client, step, c.id, buf.data(), buf.size(), deadline);
+      if (st.ok()) break;
+      if (st.code() == StatusCode::kFailedPrecondition && !deadline.expired() && keep_trying()) {
+        // The receiver has no plan yet (it is still waiting for the
+        // inventories): try again shortly.
+        usleep(20000);
+        attempt = -1;
+        continue;
+      }
+      // A broken connection (peer restarted) is retried once on a fresh one.
+      if (!client->broken()) break;
+    }
+    if (!st.ok()) {
+      return Status(st.code(), fmt::format("pushing copy {} of piece {} (step {}) to node {}: {}",
+                                           c.id, piece.key, step, c.node, st.message()));
+    }
+    on_pushed(piece.bytes);
+  }
+  return Status::Ok();
+}
+
+}  // namespace memento::agent

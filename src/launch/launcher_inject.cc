@@ -1,0 +1,155 @@
+// The launcher fires the injections (launch/inject.h): kills, store losses
+// and corruptions at rest. See launcher_state.h.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <thread>
+
+#include "launch/launcher_state.h"
+#include "shm/node_store.h"
+#include "shm/slot.h"
+#include "shm/slot_format.h"
+#include "tier/discovery.h"
+#include "tier/env.h"
+#include "tier/reader.h"
+
+namespace memento::launch {
+
+namespace {
+
+// corrupt-rank: flips one byte in the middle of the data region of the T0
+// slot of `rank` under `root` that holds `step` complete. Returns which slot.
+Result<int> CorruptSlot(const std::string& root, int rank, int64_t step) {
+  std::unique_ptr<shm::Segment> segments[shm::kSlotsPerRank];
+  shm::RankSlots slots{};
+  for (int s = 0; s < shm::kSlotsPerRank; ++s) {
+    auto seg = shm::Segment::Open(shm::SlotPath(root, rank, s), /*writable=*/true);
+    if (!seg.ok()) continue;
+    segments[s] = std::move(*seg);
+    slots[s] = segments[s].get();
+  }
+  Result<shm::CompleteSlot> found = shm::FindCompleteSlot(slots, step);
+  if (!found.ok() || found->info.data_bytes == 0) {
+    return NotFoundError("rank " + std::to_string(rank) + " has no complete slot of step " +
+                         std::to_string(step) + " under " + root +
+                         (found.ok() ? "" : ": " + found.status().message()));
+  }
+  segments[found->slot]->data()[found->info.data_offset + found->info.data_bytes / 2] ^= 0x5a;
+  return found->slot;
+}
+
+// corrupt-durable: flips one byte in the middle of the first piece of the
+// newest complete durable version under `dir`. Says what it flipped.
+Result<std::string> CorruptNewestDurable(const std::string& dir) {
+  tier::Env* env = tier::Env::Default();
+  MEMENTO_ASSIGN_OR_RETURN(int64_t step, tier::LatestCompleteVersion(env, dir));
+  MEMENTO_ASSIGN_OR_RETURN(tier::VersionIndex index, tier::LoadIndex(env, dir, step));
+  for (const auto& [name, t] : index.tensors) {
+    for (const tier::PieceRecord& p : t.pieces) {
+      if (p.length == 0) continue;
+      const std::string path = dir + "/" + tier::VersionDirName(step) + "/" + p.file;
+      int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) return ErrnoError("open " + path, errno);
+      const off_t at = static_cast<off_t>(p.file_offset + p.length / 2);
+      uint8_t b = 0;
+      bool done = pread(fd, &b, 1, at) == 1;
+      b ^= 0x5a;
+      done = done && pwrite(fd, &b, 1, at) == 1;
+      close(fd);
+      if (!done) return InternalError("cannot flip a byte of " + path);
+      return "flipped a byte of piece '" + p.key + "' (tensor '" + name + "') in version " +
+             std::to_string(step) + " (" + path + ")";
+    }
+  }
+  return NotFoundError("durable version " + std::to_string(step) + " in " + dir + " has no data");
+}
+
+}  // namespace
+
+void Launcher::State::FireInjections() {
+  const int64_t reached = ReachedStep();
+  for (size_t k = 0; k < injections.size(); ++k) {
+    const Injection& inj = injections[k];
+    if (fired[k] || inj.recovery >= 0 || reached < inj.step) continue;
+    // One loss at a time: after a store restart, the next injection waits
+    // until commits resumed (so "a node loss after the store restart"
+    // really recovers from a commit made on the fresh store).
+    if (StoreDown() || store_restarted_at.has_value()) continue;
+    fired[k] = true;
+    injected_at = Now();
+    Say("injecting " + inj.ToString() + " (job at step " + std::to_string(reached) + ")");
+    if (inj.kind == InjectKind::kKillStore) {
+      // Not a failure of the training: nothing to recover, nothing to time.
+      injected_at.reset();
+      KillStore(inj.ToString(), -1, reached);
+    } else if (inj.kind == InjectKind::kKillRank) {
+      trainers[static_cast<size_t>(inj.target)].Kill(SIGKILL).IgnoreError();
+    } else if (inj.kind == InjectKind::kCorruptDurable) {
+      // Applied when a recovery next falls back to the durable tier.
+      corrupt_durable_pending = true;
+      injected_at.reset();
+    } else if (inj.kind == InjectKind::kCorruptRank) {
+      // Applied when the next failure has stopped the trainers, to the
+      // newest committed version (the one that recovery then restores):
+      // corruption at rest that only the recovery's verification can find.
+      pending_corruptions.push_back(inj.target);
+      injected_at.reset();
+    } else {
+      Subprocess& a = agents[static_cast<size_t>(inj.target)];
+      a.Kill(SIGKILL).IgnoreError();
+      if (inj.kind == InjectKind::kKillNode) {
+        for (int r = 0; r < world; ++r) {
+          if (NodeOf(r) == inj.target) trainers[static_cast<size_t>(r)].Kill(SIGKILL).IgnoreError();
+        }
+        // The host is gone with its memory: nothing of the root survives.
+        (void)a.Wait(Deadline::AfterSeconds(10));
+        for (int r = 0; r < world; ++r) {
+          if (NodeOf(r) == inj.target) {
+            (void)trainers[static_cast<size_t>(r)].Wait(Deadline::AfterSeconds(10));
+          }
+        }
+        RemoveAll(Root(inj.target));
+        node_lost[static_cast<size_t>(inj.target)] = true;
+        if (network) {
+          // The host is off the network too.
+          Status st = network->SetNodeLink(inj.target, false);
+          if (!st.ok()) Say("kill-node: taking the link down: " + st.ToString());
+        }
+      }
+    }
+  }
+}
+
+Status Launcher::State::FireRecoveryInjections(int recovery) {
+  for (size_t k = 0; k < injections.size(); ++k) {
+    const Injection& inj = injections[k];
+    if (fired[k] || inj.kind != InjectKind::kKillStore || inj.recovery != recovery) continue;
+    fired[k] = true;
+    Say("injecting " + inj.ToString());
+    KillStore(inj.ToString(), recovery, known_committed);
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.store_down_s));
+    MEMENTO_RETURN_IF_ERROR(RestartStore());
+  }
+  return Status::Ok();
+}
+
+void Launcher::State::ApplyPendingCorruptions(int64_t committed) {
+  for (int rank : pending_corruptions) {
+    auto slot = CorruptSlot(Root(NodeOf(rank)), rank, committed);
+    Say(slot.ok() ? "flipped a byte in slot " + std::to_string(*slot) + " of rank " +
+                        std::to_string(rank) + " (committed step " + std::to_string(committed) + ")"
+                  : "corrupt-rank: " + slot.status().ToString());
+  }
+  pending_corruptions.clear();
+}
+
+void Launcher::State::ApplyPendingDurableCorruption() {
+  if (!corrupt_durable_pending) return;
+  corrupt_durable_pending = false;
+  auto what = CorruptNewestDurable(o.durable_dir);
+  Say(what.ok() ? "corrupt-durable: " + *what : "corrupt-durable: " + what.status().ToString());
+}
+
+}  // namespace memento::launch

@@ -1,0 +1,271 @@
+// The launcher's recovery orchestration (docs/launch.md, docs/recovery.md):
+// agents back (a lost node on an empty root), RecoverJob, the durable
+// fallback, the new attempt's records. See launcher_state.h.
+#include <algorithm>
+
+#include "launch/launcher_state.h"
+#include "tier/discovery.h"
+#include "tier/env.h"
+#include "tier/reader.h"
+#include "tier/verify.h"
+
+namespace memento::launch {
+
+std::optional<JobEnd> Launcher::State::Recover(const std::string& cause) {
+  const TimePoint detected = Now();
+  RecoveryReport rep;
+  rep.n = static_cast<int>(summary.recoveries.size());
+  rep.cause = cause;
+  rep.detect_s = injected_at ? SecondsBetween(*injected_at, detected) : 0.0;
+  injected_at.reset();
+  summary.failures.push_back(cause);
+  Say("failure: " + cause);
+  if (restarts >= o.max_restarts) {
+    return JobEnd{false, 1,
+                  "giving up: " + std::to_string(summary.failures.size()) +
+                      " failure(s), --max-restarts " + std::to_string(o.max_restarts)};
+  }
+  ++restarts;
+  StopTrainers();
+  // Recovery needs the store: a killed one comes back now.
+  if (StoreDown()) {
+    if (Status st = RestartStore(); !st.ok()) return JobEnd{false, 1, st.ToString()};
+  }
+  std::optional<JobRecovery> recovered;
+  if (auto end = RestartAgentsAndRecover(detected, &rep, &recovered)) return end;
+  if (recovered.has_value()) {
+    const JobRecovery* rec = &*recovered;
+    rep.reason = rec->decision.reason;
+    for (int n : rec->decision.lost_nodes) {
+      if (std::find(rep.lost_nodes.begin(), rep.lost_nodes.end(), n) == rep.lost_nodes.end()) {
+        rep.lost_nodes.push_back(n);
+      }
+    }
+    const bool from_durable =
+        !rec->decision.from_memory && !o.durable_dir.empty() && FallBackToDurableTier(*rec, &rep);
+    if (from_durable) {
+      if (!rep.durable_skipped.empty()) {
+        rep.reason += "; newer durable version(s) skipped: ";
+        for (size_t k = 0; k < rep.durable_skipped.size(); ++k) {
+          rep.reason += (k ? "; " : "") + rep.durable_skipped[k];
+        }
+      }
+      rep.inventory_plan_s = rec->inventory_plan_s;
+    } else if (!rec->decision.from_memory) {
+      return EndWithNothingRestored(*rec, &rep);
+    } else {
+      rep.step = rec->decision.step;
+      rep.steps_lost = std::max<int64_t>(0, rep.committed - rep.step);
+      rep.inventory_plan_s = rec->inventory_plan_s;
+      rep.transfer_s = rec->transfer_s;
+      rep.decode_s = rec->decode_s;
+      rep.write_s = rec->write_s;
+      rep.rebuilt_bytes = rec->rebuilt_bytes;
+      Say("decision: " + rec->decision.reason);
+    }
+  } else {
+    rep.source = "scratch";
+    rep.reason = plan.has_value() ? "no committed version yet: the trainers start over"
+                                  : "not every rank registered its state yet: the "
+                                    "trainers start over";
+    Say(rep.reason);
+  }
+
+  // The commit rule starts over from the restored step: reports of later
+  // steps from the failed attempt must not count towards new commits.
+  if (Status st = RestartCommitRule(); !st.ok()) return JobEnd{false, 1, st.ToString()};
+  PublishRecovery(detected, &rep);
+  if (Status st = StartTrainers(); !st.ok()) return JobEnd{false, 1, st.ToString()};
+  return std::nullopt;
+}
+
+std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(
+    TimePoint detected, RecoveryReport* rep, std::optional<JobRecovery>* recovered) {
+  const Deadline agents_deadline = Deadline::AfterSeconds(o.agent_start_timeout_s);
+  // An agent killed together with its trainer may still be dying when the
+  // trainer's death is noticed (its stale socket and lease look alive):
+  // when an agent turns out dead during the recovery, it is restarted on
+  // its root and the recovery starts over (at most kRecoveryRounds times).
+  constexpr int kRecoveryRounds = 3;
+  for (int round = 0;; ++round) {
+    std::string failed;
+    for (int i = 0; i < o.nodes && failed.empty(); ++i) {
+      Subprocess& a = agents[static_cast<size_t>(i)];
+      if (a.running()) continue;  // reaps one that died unnoticed
+      const bool lost = node_lost[static_cast<size_t>(i)];
+      if (lost &&
+          std::find(rep->lost_nodes.begin(), rep->lost_nodes.end(), i) == rep->lost_nodes.end()) {
+        rep->lost_nodes.push_back(i);
+      }
+      Say(lost ? "replacing node " + std::to_string(i) + " by a fresh agent on an empty root"
+               : "restarting the agent of node " + std::to_string(i) + " on its root" +
+                     (a.exit_status() ? " (it " + a.exit_status()->ToString() + ")" : ""));
+      if (Status st = StartAgent(i, lost); !st.ok()) return JobEnd{false, 1, st.ToString()};
+    }
+    if (Status st = WaitAgentsReady(agents_deadline); !st.ok()) failed = st.ToString();
+    // kill-store@recovery=N: the store host is lost in the middle of this
+    // recovery (agents restarted, inventory round not begun).
+    if (failed.empty()) {
+      if (Status st = FireRecoveryInjections(rep->n); !st.ok()) {
+        return JobEnd{false, 1, st.ToString()};
+      }
+    }
+    if (failed.empty()) {
+      rep->committed = Committed();
+      if (plan.has_value() && rep->committed >= 0) {
+        if (Status st = WaitEndpoints(agents_deadline); !st.ok()) failed = st.ToString();
+      }
+    }
+    if (failed.empty()) {
+      rep->restart_s = SecondsBetween(detected, Now());
+      ApplyPendingCorruptions(rep->committed);
+      if (!plan.has_value() || rep->committed < 0) return std::nullopt;
+      RecoverOptions ro;
+      ro.job = o.job;
+      ro.num_nodes = o.nodes;
+      ro.committed = rep->committed;
+      auto rec = RecoverJob(*store, *plan, token, ro, Deadline::AfterSeconds(o.recovery_timeout_s));
+      if (rec.ok()) {
+        // An agent that died meanwhile would fail the restarted trainers.
+        if (DeadAgents().empty()) {
+          *recovered = std::move(*rec);
+          return std::nullopt;
+        }
+        failed = "the recovery's decision was made while an agent was dying";
+      } else {
+        failed = "recovery failed: " + rec.status().ToString();
+      }
+    }
+    const std::string dead = DeadAgents();
+    if (dead.empty() || round + 1 >= kRecoveryRounds) return JobEnd{false, 1, failed};
+    Say("the agent(s) of node(s)" + dead + " died during recovery " + std::to_string(rep->n) +
+        " (" + failed + "); restarting them and trying again");
+  }
+}
+
+// Fallback: the newest durable version that verifies now (every piece's
+// checksum) is loaded by every node into its T0; a newer one that fails
+// verification or loading is skipped, and said why. Returns whether a
+// version was loaded.
+bool Launcher::State::FallBackToDurableTier(const JobRecovery& rec, RecoveryReport* rep) {
+  ApplyPendingDurableCorruption();
+  auto versions = tier::ListVersions(tier::Env::Default(), o.durable_dir);
+  if (!versions.ok()) {
+    rep->durable_skipped.push_back("cannot list " + o.durable_dir + ": " +
+                                   versions.status().ToString());
+    return false;
+  }
+  for (auto it = versions->rbegin(); it != versions->rend(); ++it) {
+    if (!it->complete) continue;
+    tier::VersionCheck check = tier::VerifyVersion(tier::Env::Default(), o.durable_dir, it->step);
+    std::string why;
+    if (!check.ok) {
+      why =
+          "fails verification: " + (check.problems.empty() ? std::string("?") : check.problems[0]);
+      if (check.problems.size() > 1) {
+        why += " (and " + std::to_string(check.problems.size() - 1) + " more)";
+      }
+    } else {
+      Result<DurableLoad> load = FallBackToDurable(it->step, rec.decision.reason, rep);
+      if (load.ok()) return true;
+      why = "loading it failed: " + load.status().ToString();
+    }
+    rep->durable_skipped.push_back("step " + std::to_string(it->step) + " " + why);
+    Say("durable version " + std::to_string(it->step) + " skipped: " + why +
+        "; trying an older one");
+  }
+  return false;
+}
+
+// The durable-tier fallback (docs/recovery.md): memory cannot rebuild any
+// committed version, and `step` is the newest complete durable version.
+// Every node loads it into its T0 (kPeerLoadDurable, in parallel) and
+// targets it; fills the report's durable fields.
+Result<DurableLoad> Launcher::State::FallBackToDurable(int64_t step,
+                                                       const std::string& memory_reason,
+                                                       RecoveryReport* rep) {
+  Say("memory cannot rebuild any committed version: " + memory_reason);
+  Say("falling back to the durable tier " + o.durable_dir + ": loading step " +
+      std::to_string(step) + " on " + std::to_string(o.nodes) + " node(s)");
+  MEMENTO_ASSIGN_OR_RETURN(
+      DurableLoad load, LoadDurableOnEveryNode(*store, token, o.job, o.nodes, o.durable_dir, step,
+                                               Deadline::AfterSeconds(o.recovery_timeout_s)));
+  rep->source = "durable";
+  rep->step = step;
+  rep->steps_lost = std::max<int64_t>(0, rep->committed - step);
+  rep->load_s = load.total_s;
+  rep->read_bytes = load.read_bytes;
+  rep->rebuilt_bytes = load.bytes;
+  rep->write_s = load.write_s;
+  rep->reason = "restored from the durable tier at step " + std::to_string(step) + ", " +
+                std::to_string(rep->steps_lost) + " steps lost (committed " +
+                std::to_string(rep->committed) + "; memory: " + memory_reason + ")";
+  return load;
+}
+
+// Memory cannot rebuild any committed version and the durable tier gave none:
+// the job ends with exit 3, saying what each tier holds.
+JobEnd Launcher::State::EndWithNothingRestored(const JobRecovery& rec, RecoveryReport* rep) {
+  std::string msg = "memory cannot rebuild any committed version: " + rec.decision.reason;
+  if (!o.durable_dir.empty() && !rep->durable_skipped.empty()) {
+    msg += "; the durable tier " + o.durable_dir + " holds no version that verifies and loads:";
+    for (size_t k = 0; k < rep->durable_skipped.size(); ++k) {
+      msg += (k ? "; " : " ") + rep->durable_skipped[k];
+    }
+  } else if (!o.durable_dir.empty()) {
+    tier::DurableVersionSource durable(tier::Env::Default(), o.durable_dir);
+    auto latest = durable.LatestComplete(Deadline::AfterSeconds(30));
+    if (latest.ok() && latest->has_value()) {
+      // Only when it completed after the look-up above.
+      msg += "; the durable tier " + o.durable_dir + " holds step " + std::to_string(**latest) +
+             ": restart the job from it";
+    } else {
+      msg += "; the durable tier " + o.durable_dir + " holds no complete version" +
+             (latest.ok() ? "" : " (" + latest.status().ToString() + ")");
+    }
+  } else {
+    msg += " (no --durable-dir to fall back to)";
+  }
+  Say(msg);
+  rep->source = "none";
+  rep->reason = msg;
+  json record = rep->ToJson();
+  record["recovery"] = rec.ToJson();
+  record["from_memory"] = false;
+  coord::JobKeys keys(o.job);
+  store->Set(keys.Recovery(rep->n), record.dump(), Deadline::AfterSeconds(5))
+      .status()
+      .IgnoreError();
+  summary.recoveries.push_back(*rep);
+  return JobEnd{false, 3, msg};
+}
+
+// A new incarnation of the job's history (the durable epoch, the attempt) and
+// the records restore and recovery/<n> in the store.
+void Launcher::State::PublishRecovery(TimePoint detected, RecoveryReport* rep) {
+  // Durable parts written from now on carry the new epoch, so that node 0
+  // never commits a version from parts of two histories
+  // (docs/durable_tier.md, "Cluster mode").
+  auto epoch = BumpEpoch(*store, o.job, Deadline::AfterSeconds(5));
+  if (epoch.ok()) {
+    rep->epoch = *epoch;
+  } else {
+    Say("cannot bump the durable epoch: " + epoch.status().ToString());
+  }
+  ++attempt;
+  commit_history.SetAttempt(attempt);
+  rep->attempt = attempt;
+  rep->total_s = SecondsBetween(detected, Now()) + rep->detect_s;
+  coord::JobKeys keys(o.job);
+  json restore = {{"step", rep->step}, {"attempt", attempt}};
+  restore_record = restore;
+  recovery_records[rep->n] = rep->ToJson().dump();
+  store->Set(keys.Restore(), restore.dump(), Deadline::AfterSeconds(5)).status().IgnoreError();
+  store->Set(keys.Recovery(rep->n), rep->ToJson().dump(), Deadline::AfterSeconds(5))
+      .status()
+      .IgnoreError();
+  Say(rep->ToString());
+  summary.recoveries.push_back(*rep);
+}
+
+}  // namespace memento::launch

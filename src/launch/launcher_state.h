@@ -1,0 +1,193 @@
+// Internal to the launcher (src/launch/launcher*.cc), not for other layers:
+// the state of the supervisor behind Launcher::Run and its steps, one file per
+// seam:
+//   launcher.cc            the options, the setup, the supervisor loop, the end
+//   launcher_store.cc      the store: the commit coordinator, the plan hash,
+//                          the store's loss and restart (kill-store)
+//   launcher_processes.cc  starting, watching and stopping agents and trainers
+//   launcher_inject.cc     firing the injections (launch/inject.h)
+//   launcher_recovery.cc   recovery orchestration: agents back, RecoverJob,
+//                          the durable fallback, the trainers' restart
+//   launcher_reports.cc    the reports and the summary (text and JSON)
+// Thread model: launcher.h (everything here runs on Run()'s thread).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/subprocess.h"
+#include "coord/commit.h"
+#include "coord/keys.h"
+#include "launch/commit_history.h"
+#include "launch/inject.h"
+#include "launch/job_recovery.h"
+#include "launch/launcher.h"
+#include "launch/netns.h"
+#include "launch/node_memory.h"
+#include "launch/store_host.h"
+#include "net/job_token.h"
+#include "topo/plan.h"
+
+namespace memento::launch {
+
+// How the job ends: LaunchSummary's success, exit_code and message.
+struct JobEnd {
+  bool success = false;
+  int exit_code = 1;
+  std::string message;
+};
+
+// Helpers shared by the launcher*.cc files.
+Status MakeDirs(const std::string& path);  // mkdir -p, mode 0700
+void RemoveAll(const std::string& path);   // rm -rf, errors ignored
+std::string Seconds3(double s);            // "%.3f"
+
+struct Launcher::State {
+  using json = nlohmann::json;
+
+  const LaunchOptions& o;
+  const std::vector<Injection>& injections;
+  // --netns: first member after the options, so it is torn down last (after
+  // every child died).
+  std::unique_ptr<NodeNetwork> network;
+  int world = 0;
+  JobTopology topology;
+  net::JobToken token;
+  std::string token_path, store_url, logs, port_file;
+  std::unique_ptr<StoreHost> store_host;
+  coord::Store* store = nullptr;  // store_host->store(); valid while store_host lives
+  // Declared after store_host and before coordinator: it outlives the
+  // coordinator that feeds it, and its skip watcher dies before the store.
+  CommitHistory commit_history;
+  std::unique_ptr<coord::CommitCoordinator> coordinator;
+  std::optional<topo::Plan> plan;
+  std::vector<Subprocess> agents;
+  std::vector<bool> node_lost;
+  std::vector<Subprocess> trainers;
+  std::vector<bool> trainer_done;
+  int attempt = 0;
+  int restarts = 0;                      // failures recovered from (--max-restarts)
+  std::optional<TimePoint> injected_at;  // the last injected failure
+  std::vector<bool> fired;
+  std::vector<int> pending_corruptions;  // corrupt-rank targets
+  bool corrupt_durable_pending = false;  // corrupt-durable fired
+  int64_t unprotected_warned = 0;        // unprotected steps at the last warning
+  Stopwatch progress_clock;
+  int64_t last_progress_step = -2;
+  // The store (docs/launch.md, "The store"). commit/latest only grows, but a
+  // restarted store forgets it until the agents republish it: the launcher
+  // keeps the newest it saw.
+  int64_t known_committed = -1;
+  std::optional<TimePoint> store_down_since;    // killed; the fresh one is not started yet
+  std::optional<TimePoint> store_restarted_at;  // watching for the commits to come back
+  std::vector<StoreRestartReport> store_restarts;
+  Stopwatch store_check_clock;
+  // What the launcher wrote besides the topology and plan hash, to republish.
+  json restore_record;                          // null before the first recovery
+  std::map<int, std::string> recovery_records;  // recovery/<n>
+  LaunchSummary summary;
+
+  State(const LaunchOptions& options, const std::vector<Injection>& injections_in, net::JobToken t)
+      : o(options), injections(injections_in), token(std::move(t)) {}
+
+  std::string Root(int node) const { return o.run_dir + "/node" + std::to_string(node); }
+  // The address node `node`'s agent listens on and its argv prefix (--netns).
+  std::string NodeAddress(int node) const {
+    return network ? network->NodeAddress(node) : "127.0.0.1";
+  }
+  std::vector<std::string> InNode(int node, std::vector<std::string> argv) const {
+    if (!network) return argv;
+    std::vector<std::string> out = network->ExecPrefix(node);
+    out.insert(out.end(), argv.begin(), argv.end());
+    return out;
+  }
+  int NodeOf(int rank) const { return rank / o.ranks_per_node; }
+
+  void Say(const std::string& line) const {
+    std::printf("[launch] %s\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  bool StoreDown() const { return store_down_since.has_value(); }
+
+  // The newest committed step: commit/latest, or the newest the launcher saw
+  // (a restarted store has none until an agent republishes it).
+  int64_t Committed() {
+    if (StoreDown()) return known_committed;
+    auto r = coord::ReadLatestCommit(*store, o.job, Deadline::AfterSeconds(5));
+    if (r.ok()) known_committed = std::max(known_committed, *r);
+    return known_committed;
+  }
+
+  // ---- launcher.cc ----
+  // The run dir, the token file, the network namespaces, the store, the
+  // topology and the commit coordinator, by `setup`. Fills `store_mode`.
+  Status SetUp(Deadline setup, StoreMode* store_mode);
+  // Steps whose redundancy could not be written: warns; the job's end with
+  // --require-protection.
+  std::optional<JobEnd> CheckProtection();
+  // Stops the children and the store, removes the node roots (unless
+  // keep_run_dir) and fills the summary.
+  LaunchSummary Finish(JobEnd end);
+  // Every node's host bytes next to the plan's (LaunchSummary::memory).
+  std::vector<NodeMemory> MeasureMemory(int64_t step) const;
+
+  // ---- launcher_store.cc ----
+  Status RepublishLauncherKeys(Deadline deadline);
+  void KillStore(const std::string& cause, int recovery, int64_t reached);
+  Status RestartStore();
+  Status RestartStoreIfDue();
+  Status CheckStore();
+  int64_t ReachedStep();
+  Status StartCoordinator(Deadline deadline);
+  void MaybePublishPlan();
+  // The commit rule starts over (after a recovery): drops the completion
+  // reports of the failed attempt and restarts the coordinator.
+  Status RestartCommitRule();
+
+  // ---- launcher_processes.cc ----
+  Status StartAgent(int node, bool fresh_root);
+  std::string DeadAgents();
+  Status WaitAgentsReady(Deadline deadline);
+  Status WaitEndpoints(Deadline deadline);
+  Status StartTrainers();
+  void StopTrainers();
+  void StopAgents();
+  // Polls every child. Returns the cause of a failure (empty: none) and sets
+  // *all_done when every trainer exited 0.
+  std::string PollChildren(bool* all_done);
+  // Every 2 s (unless quiet): the committed step and the running trainers.
+  void ReportProgress();
+
+  // ---- launcher_inject.cc ----
+  // Fires the injections due at the job's step (not the @recovery ones).
+  void FireInjections();
+  // kill-store@recovery=N during recovery `recovery`.
+  Status FireRecoveryInjections(int recovery);
+  // corrupt-rank: applied to `committed` once the trainers are stopped.
+  void ApplyPendingCorruptions(int64_t committed);
+  // corrupt-durable: applied when a recovery falls back to the durable tier.
+  void ApplyPendingDurableCorruption();
+
+  // ---- launcher_recovery.cc ----
+  // The recovery after a failure: returns the job's end, or nothing when the
+  // trainers run again.
+  std::optional<JobEnd> Recover(const std::string& cause);
+  std::optional<JobEnd> RestartAgentsAndRecover(TimePoint detected, RecoveryReport* rep,
+                                                std::optional<JobRecovery>* recovered);
+  bool FallBackToDurableTier(const JobRecovery& rec, RecoveryReport* rep);
+  Result<DurableLoad> FallBackToDurable(int64_t step, const std::string& memory_reason,
+                                        RecoveryReport* rep);
+  JobEnd EndWithNothingRestored(const JobRecovery& rec, RecoveryReport* rep);
+  void PublishRecovery(TimePoint detected, RecoveryReport* rep);
+};
+
+}  // namespace memento::launch
