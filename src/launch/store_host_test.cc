@@ -117,9 +117,9 @@ TEST_F(StoreHostTest, ExternalStore) {
   EXPECT_EQ((*h)->Kill().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ((*h)->Restart(Deadline::AfterSeconds(1)).code(), StatusCode::kFailedPrecondition);
 
-  o.url = "etcd://somewhere:2379";
+  o.url = "nope://somewhere:2379";
   auto bad = StoreHost::Start(o, *token_, Deadline::AfterSeconds(2));
-  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status();
 }
 
 }  // namespace
