@@ -44,7 +44,9 @@ import os
 import pickle
 import random
 import struct
+import time
 import types
+import warnings
 
 import torch
 
@@ -203,6 +205,11 @@ class Checkpointer:
         self._staged = set()
         self._blob = torch.zeros(self._blob_bytes, dtype=torch.uint8)
         self._pending = False   # a snapshot may still be copying
+        self._classes = {}      # registered name -> state class
+        # The newest snapshot() that the client skipped (the agent's durable
+        # hold protected the slot it would overwrite), while the registered
+        # state is still that step's: close() takes it again.
+        self._skipped_step = None
         self.registrations = 0  # how many times the state was (re-)registered
         self.skipped_versions = []  # why restore() skipped newer versions
         if optimizer is not None and fence_optimizer:
@@ -216,7 +223,7 @@ class Checkpointer:
             # An LR scheduler already wrapped step() (it counts the calls and
             # checks its own marker at every scheduler.step()): keep the marker.
             def counted_step(*args, **kwargs):
-                ckpt.fence()
+                ckpt._before_mutation()
                 return inner(*args, **kwargs)
 
             counted_step._with_counter = True
@@ -224,7 +231,7 @@ class Checkpointer:
             return
 
         def step(self_opt, *args, **kwargs):
-            ckpt.fence()
+            ckpt._before_mutation()
             return inner(*args, **kwargs)
 
         # A bound method, so that an LR scheduler created later can wrap it again.
@@ -323,7 +330,7 @@ class Checkpointer:
     def _register(self, tensors, classes, staged):
         """(Re-)registers `tensors` (staged ones by their shadow) and the blob with a new client."""
         if self._client is not None:
-            self.fence()
+            self._fence()
             self._client.close()
             self._client = None
         client = self._connect()
@@ -337,19 +344,27 @@ class Checkpointer:
                 registered[name] = shadow
             else:
                 registered[name] = live
-        for name, t in registered.items():
-            client.register_tensor(name, _DTYPE_NAMES[t.dtype], list(t.shape), classes[name],
-                                   t.data_ptr(), t.numel() * t.element_size(),
-                                   device_type=t.device.type,
-                                   device_index=t.device.index or 0)
-        client.register_blob(BLOB_NAME, self._blob.data_ptr(), self._blob_bytes)
-        client.seal()
+        self._register_with(client, registered, classes)
         self._client = client
         self._tensors = registered
+        self._classes = dict(classes)
         self._staged = set(staged)
         self._signature = self._signature_of(tensors, classes, staged)
         self._sealed = True
         self.registrations += 1
+
+    def _register_with(self, client, registered, classes):
+        try:
+            for name, t in registered.items():
+                client.register_tensor(name, _DTYPE_NAMES[t.dtype], list(t.shape), classes[name],
+                                       t.data_ptr(), t.numel() * t.element_size(),
+                                       device_type=t.device.type,
+                                       device_index=t.device.index or 0)
+            client.register_blob(BLOB_NAME, self._blob.data_ptr(), self._blob_bytes)
+            client.seal()
+        except BaseException:
+            client.close()
+            raise
 
     def _write_blob(self, skeleton):
         buf = io.BytesIO()
@@ -372,7 +387,7 @@ class Checkpointer:
         The tensors must not be written until the next fence() (the optimizer
         hook does it); the non-tensor state is pickled now.
         """
-        self.fence()
+        self._fence()
         tensors, classes, skeleton, staged = self._flatten()
         if self._signature_of(tensors, classes, staged) != self._signature:
             self._register(tensors, classes, staged)
@@ -380,11 +395,34 @@ class Checkpointer:
             for name in staged:
                 self._tensors[name].copy_(tensors[name])
         self._write_blob(skeleton)
+        self._skipped_step = None
         self._client.snapshot(int(step))
         self._pending = True
+        if self._was_skipped(self._client, int(step)):
+            self._pending = False
+            self._skipped_step = int(step)
+
+    @staticmethod
+    def _was_skipped(client, step):
+        # A skipped snapshot sets the stats at once; a taken one only at its fence.
+        stats = client.last_snapshot_stats()
+        return stats["step"] == step and stats["skipped"]
 
     def fence(self, timeout_s=None):
-        """Waits until the running snapshot is complete in shared memory."""
+        """Waits until the running snapshot is complete in shared memory.
+
+        Call it before anything writes the registered tensors (the optimizer
+        hook does, unless ``fence_optimizer=False``)."""
+        self._before_mutation()
+        self._fence(timeout_s)
+
+    def _before_mutation(self):
+        # The registered state is about to change: a skipped snapshot of the
+        # old state can no longer be taken again.
+        self._skipped_step = None
+        self._fence()
+
+    def _fence(self, timeout_s=None):
         if self._pending and self._client is not None:
             self._pending = False
             self._client.fence(timeout_s)
@@ -407,13 +445,67 @@ class Checkpointer:
     def last_restore_stats(self):
         return self._client.last_restore_stats() if self._client else None
 
-    def close(self):
-        """Fences and disconnects (the agent keeps the versions)."""
-        if self._client is not None:
-            self.fence()
+    def close(self, retake_timeout_s=60.0):
+        """Fences, makes sure the last snapshot() is taken, and disconnects (the agent keeps the versions).
+
+        A snapshot() skips (returns without copying) when the slot it would
+        overwrite holds a version the agent's durable tier is still writing
+        (``--durable-hold-max-s``). When the last snapshot() was skipped and
+        the registered state has not changed since (no optimizer step(), no
+        fence()), close() takes that step again as soon as the hold passes
+        (at most ``retake_timeout_s`` seconds), so the final state of a run
+        reaches the agent and its durable tier. When it cannot (the time ran
+        out; an agent in cluster mode, where a skipped step cannot commit) it
+        warns (RuntimeWarning) naming the step.
+        """
+        if self._client is None:
+            return
+        try:
+            self._fence()
+            if self._skipped_step is not None:
+                self._retake(self._skipped_step, retake_timeout_s)
+        finally:
+            self._skipped_step = None
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+            self._signature = None
+
+    def _retake(self, step, timeout_s):
+        """Takes the skipped snapshot `step` again, from the same registered memory.
+
+        The staged shadows and the blob still hold what snapshot(step) put
+        there, and the tensors read in place have not changed (no fence since).
+        A new client session may take a step its last session skipped.
+        """
+        if self._cluster_mode():
+            warnings.warn(f"memento: the snapshot of step {step} was skipped (the agent runs in "
+                          "cluster mode, where a skipped step cannot commit); the newest saved "
+                          "version is an older step", RuntimeWarning, stacklevel=3)
+            return
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
             self._client.close()
             self._client = None
-            self._signature = None
+            client = self._connect()
+            self._register_with(client, self._tensors, self._classes)
+            self._client = client
+            client.snapshot(step)
+            if not self._was_skipped(client, step):
+                client.fence()
+                return
+            if time.monotonic() >= deadline:
+                warnings.warn(f"memento: the snapshot of step {step} was skipped (the agent's "
+                              "durable tier held the slot) and could not be taken again within "
+                              f"{timeout_s} s; the newest saved version is an older step",
+                              RuntimeWarning, stacklevel=3)
+                return
+            time.sleep(0.1)
+
+    def _cluster_mode(self):
+        root = self.agent_dir or os.environ.get("MEMENTO_RUN_DIR") or \
+            f"/dev/shm/memento/{self.job_id}/node{self.node}"
+        return os.path.exists(os.path.join(root, "commit.word"))
 
     def __enter__(self):
         return self
@@ -492,7 +584,7 @@ class Checkpointer:
             tensors, classes, _, staged = self._flatten()
             if self._signature_of(tensors, classes, staged) != self._signature:
                 self._register(tensors, classes, staged)
-            self.fence()
+            self._before_mutation()
             for target in candidates:
                 error = None
                 try:

@@ -60,7 +60,8 @@ class DurableTest(unittest.TestCase):
                     states.append(({k: v.clone() for k, v in model.state_dict().items()},
                                    [{k: v.clone() for k, v in st.items()} for st in opt.state.values()]))
                 ckpt.close()
-                step = wait_durable(durable, [1, 2, 3])
+                # close() takes a last snapshot that the durable hold skipped.
+                step = wait_durable(durable, [3])
 
             expected, state = states[step]
             loaded = memento.load_durable(durable, prefix="model/")
@@ -103,6 +104,70 @@ class DurableTest(unittest.TestCase):
             self.assertFalse(os.path.exists(out + ".x"))
         finally:
             shutil.rmtree(durable, ignore_errors=True)
+
+    def test_close_takes_the_last_snapshot_that_the_durable_hold_skipped(self):
+        """The last step of a run reaches the durable tier although its snapshot() was skipped.
+
+        The bandwidth cap keeps step 0 in the persister for about a second,
+        so the agent's hold protects its slot and snapshot(2) and snapshot(3),
+        which would overwrite it, are skipped. close() takes step 3 again once
+        the hold passes; the agent persists it. A skipped snapshot followed by
+        an optimizer step is not taken again (the state is no longer step 3's).
+        """
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 64))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)  # ~3.3 MB of state with AdamW
+
+        def train_step():
+            model(torch.randn(8, 256)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+        durable = agent_util.tmpdir("durable-")
+        try:
+            with agent_util.Agent("pydurable-close", extra=[
+                    "--durable-dir", durable, "--persist-every", "1",
+                    "--persist-bandwidth", "2M", "--durable-hold-max-s", "60"]) as agent, \
+                    agent_util.Agent("pydurable-close-2", extra=[
+                        "--durable-dir", durable + "-2", "--persist-every", "1",
+                        "--persist-bandwidth", "2M", "--durable-hold-max-s", "60"]) as agent2:
+                ckpt = Checkpointer(model=model, optimizer=opt, job_id=agent.job,
+                                    agent_dir=agent.root)
+                skipped = []
+                for step in range(4):
+                    train_step()
+                    ckpt.snapshot(step)
+                    skipped.append(ckpt.last_snapshot_stats()["skipped"])
+                final = {k: v.clone() for k, v in model.state_dict().items()}
+                final_opt = [{k: v.clone() for k, v in st.items()} for st in opt.state.values()]
+                # The situation this test is about (deterministic: persisting
+                # step 0 takes ~1.6 s at 2 MB/s, the four steps milliseconds).
+                self.assertEqual(skipped, [False, False, True, True])
+                self.assertEqual(max(v["step"] for v in ckpt.versions()), 1)
+                ckpt.close()
+                held = Checkpointer(model=model, optimizer=opt, job_id=agent.job,
+                                    agent_dir=agent.root, fence_optimizer=False).versions()
+                self.assertEqual(max(v["step"] for v in held), 3, held)
+                wait_durable(durable, [3])
+                loaded = memento.load_durable(durable, step=3)
+                for k, v in final.items():
+                    self.assertTrue(torch.equal(loaded["model/" + k], v), k)
+                self.assertTrue(torch.equal(loaded["optimizer/state/3/exp_avg_sq"],
+                                            final_opt[3]["exp_avg_sq"]))
+
+                # Skipped, then the state changes: close() must not save it as step 3.
+                ckpt = Checkpointer(model=model, optimizer=opt, job_id=agent.job + "-2",
+                                    agent_dir=agent2.root)
+                for step in range(4):
+                    train_step()
+                    ckpt.snapshot(step)
+                self.assertTrue(ckpt.last_snapshot_stats()["skipped"])
+                train_step()        # the fenced optimizer step changes the state
+                ckpt.close()
+                self.assertEqual(max(v["step"] for v in ckpt.versions()), 1)
+        finally:
+            shutil.rmtree(durable, ignore_errors=True)
+            shutil.rmtree(durable + "-2", ignore_errors=True)
 
 
 if __name__ == "__main__":
