@@ -18,6 +18,8 @@ at step S in its first attempt (TORCHELASTIC_RESTART_COUNT 0); WHERE is
 "snapshot" (while the step's snapshot copy runs), "optimizer" (between two
 parameter updates inside optimizer.step()) or "step" (after the step's
 snapshot is complete).
+--stop-after S: stop cleanly after step S's snapshot (the schedule is still the
+one for --steps; nothing is written to --out), as a job that was preempted.
 """
 
 import argparse
@@ -145,6 +147,9 @@ def main():
     p.add_argument("--kill-rank", type=int, default=-1)
     p.add_argument("--kill-step", type=int, default=-1)
     p.add_argument("--kill-at", choices=["snapshot", "optimizer", "step"], default="snapshot")
+    p.add_argument("--stop-after", type=int, default=-1,
+                   help="stop after this step's snapshot (the LR schedule stays the one for --steps; "
+                        "no --out files)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds of extra work per step")
     args = p.parse_args()
 
@@ -207,10 +212,13 @@ def main():
             os.kill(os.getpid(), signal.SIGKILL)
         if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
             print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if step == args.stop_after:
+            print(f"rank {rank}: stopping after step {step} (--stop-after)", flush=True)
+            break
 
     if ckpt is not None:
         ckpt.close()
-    if args.out:
+    if args.out and args.stop_after < 0:
         os.makedirs(args.out, exist_ok=True)
         torch.save(final_state(model, opt, sched, data, args.steps - 1), os.path.join(args.out, f"rank{rank}.pt"))
         with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:

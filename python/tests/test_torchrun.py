@@ -7,6 +7,10 @@
                                the middle of optimizer.step()
     test_torchrun.py zero      ZeroRedundancyOptimizer (dp_sharded state);
                                rank 1 is killed after a complete snapshot
+    test_torchrun.py corrupt   the job stops after step K (both ranks hold K
+                               and K-1), rank 1's copy of step K is corrupted
+                               in its slot, and a new launch (a new agent that
+                               adopts the slots) falls back to K-1 on every rank
 
 Each runs the example three ways under `torchrun --standalone --nproc_per_node
 2` (DDP over Gloo): without memento, failure-free (the reference); with
@@ -30,6 +34,7 @@ agent_util.require_torch()
 
 import json  # noqa: E402
 import shutil  # noqa: E402
+import struct  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -92,14 +97,77 @@ def compare(ref_dir, run_dir):
               f"({len(a['model'])} model tensors, {n} parameters, optimizer state, scheduler, data, RNG)")
 
 
+def memory_slots(root):
+    r = subprocess.run([agent_util.memento_bin(), "inspect", "--tier", "memory", "--json", root],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"FAIL: memento inspect --tier memory {root}: {r.stderr}")
+    return json.loads(r.stdout)["slots"]
+
+
+def corrupt_newest(root, rank, step):
+    """Flips one byte in the middle of the tensor data of rank's slot holding `step`."""
+    slots = [s for s in memory_slots(root) if s["rank"] == rank and s["step"] == step and s["intact"]]
+    if len(slots) != 1:
+        raise SystemExit(f"FAIL: rank {rank} does not hold an intact step {step}: {memory_slots(root)}")
+    path = os.path.join(root, f"rank{rank}.slot{slots[0]['slot']}")
+    with open(path, "r+b") as f:
+        # SlotHeader (src/shm/slot_format.h): data_offset at byte 152, data_bytes at 160.
+        f.seek(152)
+        data_offset, data_bytes = struct.unpack("<QQ", f.read(16))
+        pos = data_offset + data_bytes // 2
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 0xFF]))
+    after = [s for s in memory_slots(root) if s["rank"] == rank and s["slot"] == slots[0]["slot"]]
+    if after[0]["intact"]:
+        raise SystemExit(f"FAIL: flipping byte {pos} of {path} left it intact: {after}")
+    print(f"corrupted rank {rank}'s step {step} (byte {pos} of {path}): {after[0]['error']}", flush=True)
+
+
+def corrupt_scenario(work, job, root, ref):
+    """Stops after step K, corrupts rank 1's step K, resumes: every rank restores K-1."""
+    k = STEPS // 2
+    env_bin = agent_util.memento_bin()
+    out_dir = os.path.join(work, "run")
+    first = run([env_bin, "run", "--job", job, "--root", root, "--",
+                 *torchrun(["--stop-after", str(k)], 1)], os.path.join(work, "run1.log"))
+    if "stopping after step" not in first:
+        raise SystemExit("FAIL: the first launch did not stop early:\n" + first[-3000:])
+    for rank in range(2):
+        held = sorted(s["step"] for s in memory_slots(root) if s["rank"] == rank and s["intact"])
+        if held != [k - 1, k]:
+            raise SystemExit(f"FAIL: rank {rank} holds steps {held} after the first launch, "
+                             f"expected [{k - 1}, {k}]")
+    corrupt_newest(root, 1, k)
+    out = run([env_bin, "run", "--job", job, "--root", root, "--remove-on-exit", "--",
+               *torchrun(["--out", out_dir], 1)], os.path.join(work, "run2.log"))
+    if "started agent" not in out:
+        raise SystemExit("FAIL: memento run did not start a new agent:\n" + out[-3000:])
+    for rank in range(2):
+        if f"rank {rank} attempt 0: restored {k - 1}, starting at step {k}" not in out:
+            raise SystemExit(f"FAIL: rank {rank} did not fall back to step {k - 1}:\n" + out[-3000:])
+        with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+            info = json.load(f)
+        if info["start"] != k:
+            raise SystemExit(f"FAIL: rank {rank} started at {info['start']}, expected {k}")
+        print(f"rank {rank}: step {k} corrupted on rank 1, both resumed at step {k} from step {k - 1}")
+    compare(ref, out_dir)
+    print("PASS")
+
+
 def main():
     scenario = sys.argv[1] if len(sys.argv) > 1 else "wrapper"
     seed = int(os.environ.get("MEMENTO_TEST_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     kill_step = rng.randrange(2, STEPS - 1)
-    kill_at = {"wrapper": "snapshot", "sidecar": "optimizer", "zero": "step"}[scenario]
+    kill_at = {"wrapper": "snapshot", "sidecar": "optimizer", "zero": "step", "corrupt": "-"}[scenario]
     extra = ["--zero"] if scenario == "zero" else []
-    print(f"scenario {scenario}: seed {seed}, rank 1 killed at step {kill_step} ({kill_at})", flush=True)
+    if scenario == "corrupt":
+        print(f"scenario corrupt: stop after step {STEPS // 2}, corrupt it on rank 1", flush=True)
+    else:
+        print(f"scenario {scenario}: seed {seed}, rank 1 killed at step {kill_step} ({kill_at})", flush=True)
 
     work = agent_util.tmpdir(f"torchrun-{scenario}-")
     job = f"tr{scenario}{os.getpid()}"
@@ -108,6 +176,8 @@ def main():
     try:
         ref = os.path.join(work, "ref")
         run(torchrun(["--no-memento", "--out", ref, *extra], 0), os.path.join(work, "ref.log"))
+        if scenario == "corrupt":
+            return corrupt_scenario(work, job, root, ref)
         out_dir = os.path.join(work, "run")
         kill = ["--out", out_dir, "--kill-rank", "1", "--kill-step", str(kill_step), "--kill-at", kill_at,
                 *extra]

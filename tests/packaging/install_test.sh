@@ -38,7 +38,8 @@ cmake -S "$consumer_src" -B "$tmp/cmake-build" -G Ninja -DCMAKE_CXX_COMPILER="$c
   cat "$tmp/cmake.log" >&2; fail "configuring the consumer with find_package(memento) failed"; }
 cmake --build "$tmp/cmake-build" >"$tmp/build.log" 2>&1 || {
   cat "$tmp/build.log" >&2; fail "building the consumer with find_package(memento) failed"; }
-out=$("$tmp/cmake-build/consumer" "$tmp/no-agent")
+out=$("$tmp/cmake-build/consumer" "$tmp/no-agent") ||
+  fail "the find_package consumer exited $? (>128: killed by signal; a libmemento.so older than the installed headers crashes this way: build every target before installing)"
 echo "find_package consumer: $out"
 ldd "$tmp/cmake-build/consumer" >"$tmp/ldd.txt"
 grep -q "$prefix/lib/libmemento.so" "$tmp/ldd.txt" ||
@@ -48,6 +49,7 @@ grep -q "$prefix/lib/libmemento.so" "$tmp/ldd.txt" ||
 flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs memento) ||
   fail "pkg-config does not find memento.pc"
 "$cxx" -o "$tmp/pc-consumer" "$consumer_src/consumer.cc" $flags || fail "building with pkg-config flags ($flags) failed"
-out=$(LD_LIBRARY_PATH="$prefix/lib" "$tmp/pc-consumer" "$tmp/no-agent")
+out=$(LD_LIBRARY_PATH="$prefix/lib" "$tmp/pc-consumer" "$tmp/no-agent") ||
+  fail "the pkg-config consumer exited $?"
 echo "pkg-config consumer: $out"
 echo "packaging_install_test: OK ($(cat "$tmp/version.txt"))"
