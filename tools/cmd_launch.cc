@@ -102,6 +102,16 @@ void Setup(CLI::App &app, CommandContext &ctx) {
       ->default_val(1.0);
   cmd->add_option("--max-restarts", o.max_restarts, "Failures to recover from before giving up")
       ->default_val(3);
+  cmd->add_option("--recovery", o.recovery,
+                  "What a trainer rank's failure triggers: restart (stop every trainer, recover "
+                  "from memory, start all again), undo (in process, SWIFT: the survivors stay, "
+                  "undo a partial update and reconnect; only the lost rank starts again, its "
+                  "state from a data-parallel replica, under --zero 1 its moment shard from its "
+                  "node's T0; needs --dp >= 2; falls back to restart when it cannot proceed), "
+                  "auto (undo where dp >= 2, else restart). A lost node or agent always "
+                  "restarts. The trainer must speak the protocol of docs/swift.md "
+                  "(memento-trainer does). docs/launch.md")
+      ->default_val("restart");
   cmd->add_option("--run-dir", o.run_dir,
                   "Node roots, logs, token file (default /dev/shm/memento-launch/<job>)");
   cmd->add_flag("--keep-run-dir", o.keep_run_dir, "Keep the node roots after the job");

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "common/byte_flag.h"
 #include "common/checksum.h"
 #include "common/clock.h"
+#include "launch/swift_protocol.h"
 #include "launch_env.h"
 #include "trainer.h"
 #ifdef MEMENTO_TRAINER_WITH_CLIENT
@@ -83,39 +85,12 @@ Status WriteDigest(Trainer& trainer, const std::string& path) {
   return Status::Ok();
 }
 
-// Exit status of a rank whose in-process recovery (undo, log) failed.
-constexpr int kExitRecoveryFailed = 75;
-
-double WallSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
-// SWIFT recovery (docs/swift.md): the launcher announces a new generation of
-// the job in this file; survivors poll it after a failure.
-std::string GenerationPath(const std::string& rendezvous) {
-  return rendezvous + "/swift.generation";
-}
-
-Status WriteGeneration(const std::string& rendezvous, int generation) {
-  const std::string path = GenerationPath(rendezvous), tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) return ErrnoError("open " + tmp, errno);
-  const bool ok = std::fprintf(f, "%d\n", generation) > 0;
-  if (std::fclose(f) != 0 || !ok) return ErrnoError("write " + tmp, errno);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return ErrnoError("rename " + tmp, errno);
-  return Status::Ok();
-}
-
-int ReadGeneration(const std::string& rendezvous) {
-  FILE* f = std::fopen(GenerationPath(rendezvous).c_str(), "r");
-  if (f == nullptr) return 0;
-  int g = 0;
-  if (std::fscanf(f, "%d", &g) != 1) g = 0;
-  std::fclose(f);
-  return g;
-}
+// In-process recovery speaks the launchers' shared protocol
+// (launch/swift_protocol.h): generation file, exit status 75, reports.
+using launch::swift::kExitRecoveryFailed;
+using launch::swift::ReadGeneration;
+using launch::swift::WallSeconds;
+using launch::swift::WriteGeneration;
 
 // Starts one child per rank (this binary, the same flags, plus --rank and
 // --rendezvous) and waits for all. When one fails: with recovery "none" the
@@ -257,7 +232,10 @@ class KillInsideStep : public TrainerHooks {
         step_(step),
         chunk_(chunk),
         pipeline_(pipeline) {}
+  // Hooks that run behind these (memento's), or null.
+  void set_inner(TrainerHooks* inner) { inner_ = inner; }
   void OnPhase(TrainPhase phase) override {
+    if (inner_ != nullptr) inner_->OnPhase(phase);
     if (!pipeline_ || phase != TrainPhase::kIdle || trainer_->state().step + 1 != step_ ||
         idle_++ != chunk_) {
       return;
@@ -268,7 +246,22 @@ class KillInsideStep : public TrainerHooks {
     std::fflush(nullptr);
     raise(SIGKILL);
   }
+  Status BeforeOptimizerStep(int64_t step) override {
+    return inner_ != nullptr ? inner_->BeforeOptimizerStep(step) : Status::Ok();
+  }
+  Status AfterOptimizerStep(int64_t step) override {
+    return inner_ != nullptr ? inner_->AfterOptimizerStep(step) : Status::Ok();
+  }
+  std::string ProgressNote() override { return inner_ != nullptr ? inner_->ProgressNote() : ""; }
+  std::string SummaryJson() override { return inner_ != nullptr ? inner_->SummaryJson() : ""; }
+  Status BeforeRecovery() override {
+    return inner_ != nullptr ? inner_->BeforeRecovery() : Status::Ok();
+  }
+  Status AfterRecovery(int64_t step, int64_t held_through) override {
+    return inner_ != nullptr ? inner_->AfterRecovery(step, held_through) : Status::Ok();
+  }
   Status OnOptimizerChunk(int64_t step, uint64_t offset, uint64_t count) override {
+    if (inner_ != nullptr) MEMENTO_RETURN_IF_ERROR(inner_->OnOptimizerChunk(step, offset, count));
     if (pipeline_ || step != step_ || seen_++ != chunk_) return Status::Ok();
     std::fprintf(stderr,
                  "memento-trainer rank %d: killing myself inside the update of step %" PRId64
@@ -286,6 +279,7 @@ class KillInsideStep : public TrainerHooks {
   int chunk_;
   bool pipeline_;
   int seen_ = 0, idle_ = 0;
+  TrainerHooks* inner_ = nullptr;
 };
 
 int Main(int argc, char** argv) {
@@ -478,6 +472,21 @@ int Main(int argc, char** argv) {
   mo.agent_dir = target.agent_dir;
   mo.node = target.node;
 #endif
+  // `memento launch --recovery undo|auto` (launch/swift_protocol.h): the
+  // mode for every rank, and generation and role for a replacement.
+  int attempt = 0;
+  if (const char* a = std::getenv("MEMENTO_ATTEMPT")) attempt = std::atoi(a);
+  if (app.count("--recovery") == 0) {
+    if (const char* r = std::getenv(launch::swift::kEnvRecovery); r != nullptr && *r != '\0') {
+      recovery = r;
+    }
+  }
+  if (app.count("--generation") == 0) {
+    if (const char* g = std::getenv(launch::swift::kEnvGeneration)) generation = std::atoi(g);
+  }
+  if (app.count("--replace") == 0) {
+    if (const char* r = std::getenv(launch::swift::kEnvReplace)) replace = std::string(r) == "1";
+  }
   const int w = o.comm.topology.world();
   if (world != 0 && world != w) {
     std::fprintf(stderr, "memento-trainer: --world %d but dp x tp x pp = %d\n", world, w);
@@ -526,8 +535,9 @@ int Main(int argc, char** argv) {
   }
   std::unique_ptr<Trainer> trainer = std::move(*created);
   const int rank = o.comm.rank;
-  std::unique_ptr<TrainerHooks> fault_hooks;
-  if (fail_point != "step" && fail_at_step > 0 && rank == fail_rank && generation == 0) {
+  std::unique_ptr<KillInsideStep> fault_hooks;
+  if (fail_point != "step" && fail_at_step > 0 && rank == fail_rank && generation == 0 &&
+      attempt == 0) {
     fault_hooks = std::make_unique<KillInsideStep>(trainer.get(), fail_at_step, fail_chunk,
                                                    fail_point == "pipeline");
     trainer->SetHooks(fault_hooks.get());
@@ -544,21 +554,68 @@ int Main(int argc, char** argv) {
   };
   auto report_recovery = [&](const std::string& mode, bool replacement, int64_t from_step,
                              double seconds) {
-    std::printf(
-        "{\"swift_recovery\": {\"rank\": %d, \"mode\": \"%s\", \"generation\": %d, "
-        "\"replacement\": %s, \"from_step\": %" PRId64 ", \"step\": %" PRId64
-        ", \"recover_s\": %.6f, \"wall_s\": %.6f}}\n",
-        rank, mode.c_str(), generation, replacement ? "true" : "false", from_step,
-        trainer->state().step, seconds, WallSeconds());
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "{\"rank\": %d, \"mode\": \"%s\", \"generation\": %d, "
+                  "\"replacement\": %s, \"from_step\": %" PRId64 ", \"step\": %" PRId64
+                  ", \"recover_s\": %.6f, \"wall_s\": %.6f}",
+                  rank, mode.c_str(), generation, replacement ? "true" : "false", from_step,
+                  trainer->state().step, seconds, WallSeconds());
+    std::printf("{\"swift_recovery\": %s}\n", line);
     std::fflush(stdout);
+    // For `memento launch` (its report per failure): launch/swift_protocol.h.
+    if (mode != "restart" && !o.comm.rendezvous_dir.empty()) {
+      launch::swift::WriteFileAtomic(
+          launch::swift::RecoveredPath(o.comm.rendezvous_dir, generation, rank),
+          std::string(line) + "\n")
+          .IgnoreError();
+    }
   };
-  bool report_resume = generation > 0;
+  bool report_resume = generation > 0 || attempt > 0;
+#ifdef MEMENTO_TRAINER_WITH_CLIENT
+  std::unique_ptr<TrainerHooks> hooks;
+  // Connects this rank to its node's agent; `restore`: loads the version the
+  // cluster (or the agent's commit log) names.
+  auto connect_memento = [&](bool restore) -> Status {
+    int64_t restored = -1;
+    if (ranks_per_node > 0) mo.node = rank / ranks_per_node;
+    const std::string key = "{node}";
+    if (size_t pos = mo.agent_dir.find(key); pos != std::string::npos) {
+      mo.agent_dir.replace(pos, key.size(), std::to_string(mo.node));
+    }
+    mo.restore = restore;
+    auto connected = ConnectMemento(trainer.get(), mo, &restored);
+    if (!connected.ok()) return connected.status().WithContext("memento");
+    hooks = std::move(*connected);
+    if (fault_hooks) {
+      fault_hooks->set_inner(hooks.get());  // the fault point stays in front
+    } else {
+      trainer->SetHooks(hooks.get());
+    }
+    if (restored >= 0) std::printf("rank %d restored step %" PRId64 "\n", rank, restored);
+    return Status::Ok();
+  };
+#endif
   if (replace && (recovery == "undo" || recovery == "log")) {
     Stopwatch w_recover;
     Result<int64_t> agreed = int64_t{0};
     int64_t from_step = -1;
+    std::function<Status(int64_t)> restore_shard;
+#ifdef MEMENTO_TRAINER_WITH_CLIENT
+    // The replacement's state comes from the recovery, not from a restore;
+    // under ZeRO-1 its moment shard from its node's tiers (Restore(step)).
+    if (use_memento) {
+      if (Status st = connect_memento(/*restore=*/false); !st.ok()) {
+        std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
+        return kExitRecoveryFailed;
+      }
+      if (o.zero1) {
+        restore_shard = [&](int64_t step) { return RestoreMementoStep(hooks.get(), step); };
+      }
+    }
+#endif
     if (recovery == "undo") {
-      agreed = trainer->RecoverByUndo(/*replacement=*/true);
+      agreed = trainer->RecoverByUndo(/*replacement=*/true, restore_shard);
     } else {
       Status st = trainer->Load(RankPath(save, rank));
       from_step = trainer->state().step;
@@ -569,6 +626,13 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "memento-trainer rank %d: recovery: %s\n", rank,
                    agreed.status().ToString().c_str());
       return kExitRecoveryFailed;
+    }
+    if (trainer->hooks() != nullptr) {
+      if (Status st = trainer->hooks()->AfterRecovery(*agreed, -1); !st.ok()) {
+        std::fprintf(stderr, "memento-trainer rank %d: after recovery: %s\n", rank,
+                     st.ToString().c_str());
+        return kExitRecoveryFailed;
+      }
     }
     report_recovery(recovery, true, from_step, w_recover.Seconds());
   }
@@ -590,23 +654,11 @@ int Main(int argc, char** argv) {
     }
   }
 #ifdef MEMENTO_TRAINER_WITH_CLIENT
-  std::unique_ptr<TrainerHooks> hooks;
-  if (use_memento) {
-    int64_t restored = -1;
-    if (ranks_per_node > 0) mo.node = rank / ranks_per_node;
-    const std::string key = "{node}";
-    if (size_t pos = mo.agent_dir.find(key); pos != std::string::npos) {
-      mo.agent_dir.replace(pos, key.size(), std::to_string(mo.node));
-    }
-    auto connected = ConnectMemento(trainer.get(), mo, &restored);
-    if (!connected.ok()) {
-      std::fprintf(stderr, "memento-trainer rank %d: memento: %s\n", rank,
-                   connected.status().ToString().c_str());
+  if (use_memento && hooks == nullptr) {
+    if (Status st = connect_memento(/*restore=*/true); !st.ok()) {
+      std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
       return 1;
     }
-    hooks = std::move(*connected);
-    trainer->SetHooks(hooks.get());
-    if (restored >= 0) std::printf("rank %d restored step %" PRId64 "\n", rank, restored);
   }
 #endif
   if (generation > 0 && !replace) report_recovery("restart", false, -1, 0.0);
@@ -648,8 +700,9 @@ int Main(int argc, char** argv) {
                    trainer->state().step + 1, r.status().ToString().c_str(), recovery.c_str());
       Stopwatch w_recover;
       const int64_t from_step = trainer->state().step;
-      Status st;
-      if (recovery == "log") {
+      // A snapshot still reading the state finishes before anything rewrites it.
+      Status st = trainer->hooks() != nullptr ? trainer->hooks()->BeforeRecovery() : Status::Ok();
+      if (st.ok() && recovery == "log") {
         st = trainer->WritePipelineLog(o.comm.rendezvous_dir + "/pipeline_log.rank" +
                                        std::to_string(rank));
       }
@@ -669,6 +722,9 @@ int Main(int argc, char** argv) {
         auto agreed = recovery == "undo" ? trainer->RecoverByUndo(false)
                                          : trainer->RecoverByReplay({}, false);
         st = agreed.status();
+        if (agreed.ok() && trainer->hooks() != nullptr) {
+          st = trainer->hooks()->AfterRecovery(*agreed, from_step);
+        }
       }
       if (!st.ok()) {
         std::fprintf(stderr, "memento-trainer rank %d: recovery: %s\n", rank,
@@ -685,9 +741,16 @@ int Main(int argc, char** argv) {
       return 1;
     }
     if (report_resume && r->has_loss) {
-      std::printf("{\"swift_resumed\": {\"rank\": %d, \"step\": %" PRId64
-                  ", \"generation\": %d, \"wall_s\": %.6f}}\n",
-                  rank, r->step, generation, WallSeconds());
+      char line[256];
+      std::snprintf(line, sizeof(line),
+                    "{\"rank\": %d, \"step\": %" PRId64 ", \"generation\": %d, \"wall_s\": %.6f}",
+                    rank, r->step, generation, WallSeconds());
+      std::printf("{\"swift_resumed\": %s}\n", line);
+      if (!o.comm.rendezvous_dir.empty()) {
+        launch::swift::WriteFileAtomic(
+            launch::swift::ResumedPath(o.comm.rendezvous_dir, generation), std::string(line) + "\n")
+            .IgnoreError();
+      }
       std::fflush(stdout);
     }
     report_resume = false;
@@ -762,7 +825,8 @@ int Main(int argc, char** argv) {
         std::fflush(log);
       }
     }
-    if (rank == fail_rank && r->step == fail_at_step && fail_point == "step" && generation == 0) {
+    if (rank == fail_rank && r->step == fail_at_step && fail_point == "step" && generation == 0 &&
+        attempt == 0) {
       std::fprintf(stderr, "memento-trainer rank %d: killing myself after step %" PRId64 "\n", rank,
                    r->step);
       std::fflush(nullptr);

@@ -1,5 +1,6 @@
 #include "memento_hooks.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <utility>
@@ -58,12 +59,49 @@ class MementoHooks : public TrainerHooks {
     return st;
   }
   Status AfterOptimizerStep(int64_t step) override {
+    // After an in-process recovery, a step this rank already snapshotted
+    // before the failure (recomputed now to the same bytes) is not taken
+    // again: the client refuses a step that is not newer.
+    if (step <= held_through_) return Status::Ok();
     MEMENTO_RETURN_IF_ERROR(client_->Snapshot(step));
     if (mode_ != "sync") return Status::Ok();
     // sync: the copy blocks the step (the baseline every other mode beats).
     Status st = client_->Fence();
     tally_.Add(client_->LastSnapshotStats());
     return st;
+  }
+
+  Status BeforeRecovery() override {
+    // The state is about to be rewritten: the snapshot in flight reads it.
+    Status st = client_->Fence();
+    tally_.Add(client_->LastSnapshotStats());
+    return st;
+  }
+
+  Status AfterRecovery(int64_t step, int64_t held_through) override {
+    held_through_ = std::max(held_through_, held_through);
+    // A replacement's slots may hold a newer version its dead process took.
+    auto versions = client_->ListVersions(Deadline::AfterSeconds(60));
+    if (versions.ok()) {
+      for (const VersionInfo& v : *versions) held_through_ = std::max(held_through_, v.step);
+    }
+    if (held_through_ > step) {
+      std::fprintf(stderr,
+                   "memento: recovered to step %" PRId64
+                   "; this rank already holds snapshots through step %" PRId64
+                   ", not taken again\n",
+                   step, held_through_);
+    }
+    if (held_through_ >= step) return Status::Ok();
+    // A replacement whose state came from a replica holds no snapshot of
+    // the agreed step: without one the step never commits.
+    held_through_ = step;
+    return client_->Snapshot(step);
+  }
+
+  Status RestoreStep(int64_t step) {
+    auto r = client_->Restore(step);
+    return r.status();
   }
 
   std::string SummaryJson() override {
@@ -102,9 +140,16 @@ class MementoHooks : public TrainerHooks {
   const std::string mode_;
   const std::string schedule_;
   SnapshotTally tally_;
+  int64_t held_through_ = -1;
 };
 
 }  // namespace
+
+Status RestoreMementoStep(TrainerHooks* hooks, int64_t step) {
+  auto* m = dynamic_cast<MementoHooks*>(hooks);
+  if (m == nullptr) return FailedPreconditionError("no memento client to restore from");
+  return m->RestoreStep(step);
+}
 
 Status CheckSnapshotMode(const std::string& mode) {
   for (const char* m : {"", "sync", "host", "host_device", "has"}) {

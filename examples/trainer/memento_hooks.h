@@ -57,4 +57,10 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
                                                      const MementoHookOptions& options,
                                                      int64_t* restored_step);
 
+// Loads exactly version `step` of this rank from memento (the client's
+// Restore(step): its node's T0, verified) through hooks made by
+// ConnectMemento. In-process recovery under ZeRO-1 rebuilds a lost moment
+// shard with it (docs/swift.md).
+Status RestoreMementoStep(TrainerHooks* hooks, int64_t step);
+
 }  // namespace memento::trainer

@@ -329,7 +329,8 @@ Status Trainer::UndoStep() {
   return Status::Ok();
 }
 
-Result<int64_t> Trainer::RecoverByUndo(bool replacement) {
+Result<int64_t> Trainer::RecoverByUndo(bool replacement,
+                                       const std::function<Status(int64_t)>& restore) {
   // A survivor is either at the agreed step t (clean, or half into step
   // t + 1: in_update_) or it completed t + 1. The gradient allreduce before
   // every optimizer step keeps ranks within one step of each other. A
@@ -357,18 +358,28 @@ Result<int64_t> Trainer::RecoverByUndo(bool replacement) {
   if (replacement) {
     if (root < 0) {
       mine = FailedPreconditionError("no surviving DP replica of rank " + std::to_string(rank()));
-    } else if (options_.zero1) {
+    } else if (options_.zero1 && !restore) {
       mine = FailedPreconditionError(
           "ZeRO-1: the lost moment shard has no DP replica (recover from a snapshot)");
+    } else if (options_.zero1) {
+      // The moment shard from memento's tiers, at the agreed step.
+      mine = restore(target);
+      if (mine.ok() && state_.step != target) {
+        mine = DataLossError("ZeRO-1: the moment shard restored for step " +
+                             std::to_string(target) + " holds step " + std::to_string(state_.step));
+      }
+      if (!mine.ok()) {
+        mine = FailedPreconditionError(
+            "ZeRO-1: the lost moment shard has no DP replica and restoring it from the tiers "
+            "failed: " +
+            mine.ToString());
+      }
     }
   } else if (state_.step == target + 1 || (state_.step == target && in_update_)) {
     mine = UndoStep();
   } else if (state_.step != target) {
     mine = FailedPreconditionError("rank at step " + std::to_string(state_.step) +
                                    " is more than one step past " + std::to_string(target));
-  }
-  if (!replacement && group_has_replacement && options_.zero1) {
-    mine = FailedPreconditionError("ZeRO-1: a lost moment shard has no DP replica");
   }
   double ok = mine.ok() ? 1.0 : 0.0;
   MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&ok, 1));
@@ -383,10 +394,14 @@ Result<int64_t> Trainer::RecoverByUndo(bool replacement) {
   }
   if (group_has_replacement) {
     // Replication-based recovery: the root's state to the replacement(s).
+    // (ZeRO-1: the moments are shards, each rank's own; the replacement's
+    // came from the tiers above.)
     MEMENTO_RETURN_IF_ERROR(
         comm_->BroadcastDp(params_.data(), params_.size() * sizeof(float), root));
-    MEMENTO_RETURN_IF_ERROR(comm_->BroadcastDp(m_.data(), m_.size() * sizeof(float), root));
-    MEMENTO_RETURN_IF_ERROR(comm_->BroadcastDp(v_.data(), v_.size() * sizeof(float), root));
+    if (!options_.zero1) {
+      MEMENTO_RETURN_IF_ERROR(comm_->BroadcastDp(m_.data(), m_.size() * sizeof(float), root));
+      MEMENTO_RETURN_IF_ERROR(comm_->BroadcastDp(v_.data(), v_.size() * sizeof(float), root));
+    }
     MEMENTO_RETURN_IF_ERROR(comm_->BroadcastDp(&state_, sizeof(state_), root));
     if (replacement) {
       undo_ready_ = false;

@@ -30,6 +30,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,6 +75,18 @@ class TrainerHooks {
   // HAS layer), printed by --json on every rank; empty for none. Called once,
   // after the last step.
   virtual std::string SummaryJson() { return ""; }
+  // In-process recovery (docs/swift.md): called before the rank's state is
+  // rewritten (an undo, a replica's or a tier's state written over it), so
+  // that a snapshot still reading it is finished first.
+  [[nodiscard]] virtual Status BeforeRecovery() { return Status::Ok(); }
+  // After an in-process recovery to step `step`: the rank may already hold
+  // snapshots of later steps (taken before the failure, from the same
+  // bytes the steps recomputed now give), up to `held_through`; a rank that
+  // holds none of `step` (a replacement whose state came from a replica)
+  // snapshots it now, so that the step can commit.
+  [[nodiscard]] virtual Status AfterRecovery(int64_t step, int64_t held_through) {
+    return Status::Ok();
+  }
 };
 
 // The private part of a rank's state; fixed layout (saved raw).
@@ -160,7 +173,13 @@ class Trainer {
   // Returns the agreed step. FailedPrecondition on every rank when some rank
   // cannot get there (two steps ahead, its log gone or corrupt, no replica):
   // the job must fall back to a snapshot.
-  Result<int64_t> RecoverByUndo(bool replacement = false);
+  // Under ZeRO-1 a replacement's moment shard has no replica: it is loaded by
+  // `restore(step)` instead (memento's tiers: the client's Restore(step) of
+  // the agreed step), which must leave state().step == step; params and
+  // TrainState still come from the replica. Without `restore`, ZeRO-1 is
+  // FailedPrecondition ("no DP replica").
+  Result<int64_t> RecoverByUndo(bool replacement = false,
+                                const std::function<Status(int64_t)>& restore = nullptr);
   // True between the first write of an optimizer step and the end of Step()
   // (a failure in between leaves the rank half updated).
   bool in_update() const { return in_update_; }

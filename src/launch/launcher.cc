@@ -47,6 +47,15 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
   MEMENTO_RETURN_IF_ERROR(topo::ParsePolicy(o.policy).status());
   if (o.trainer.empty()) return InvalidArgumentError("no trainer command (give it after --)");
   if (o.max_restarts < 0) return InvalidArgumentError("--max-restarts must be >= 0");
+  if (o.recovery != "restart" && o.recovery != "undo" && o.recovery != "auto") {
+    return InvalidArgumentError("--recovery '" + o.recovery + "': expected restart, undo or auto");
+  }
+  if (o.recovery == "undo" && o.dp < 2) {
+    return InvalidArgumentError(
+        "--recovery undo needs --dp >= 2 (the lost rank is rebuilt from a data-parallel "
+        "replica); dp is " +
+        std::to_string(o.dp) + " (use restart, or auto)");
+  }
   if (o.job.empty()) o.job = "launch-" + std::to_string(getpid());
   MEMENTO_RETURN_IF_ERROR(coord::ValidateName("job", o.job));
   if (o.run_dir.empty()) o.run_dir = "/dev/shm/memento-launch/" + o.job;
@@ -221,6 +230,8 @@ std::vector<NodeMemory> Launcher::State::MeasureMemory(int64_t step) const {
 
 LaunchSummary Launcher::State::Finish(JobEnd end) {
   StopTrainers();
+  WatchRecoveries();
+  if (in_process.has_value()) FinishInProcess();  // the job ended before it resumed
   StopAgents();
   summary.final_committed = Committed();
   if (plan.has_value() && summary.final_committed >= 0) {
@@ -298,15 +309,24 @@ Result<LaunchSummary> Launcher::Run() {
     if (!injections_.empty() && !s.StoreDown()) s.FireInjections();
 
     bool all_done = false;
-    const std::string cause = s.PollChildren(&all_done);
+    int failed_rank = -1;
+    ExitStatus failed_status;
+    const std::string cause = s.PollChildren(&all_done, &failed_rank, &failed_status);
     if (cause.empty() && all_done) {
       if (!o.quiet) s.Say("every trainer finished");
       return s.Finish({true, 0, "every trainer exited 0"});
     }
     if (!cause.empty()) {
-      if (auto end = s.Recover(cause)) return s.Finish(std::move(*end));
+      // --recovery undo|auto: a lost rank is replaced in process when it can
+      // be; otherwise (and for lost nodes and agents) the whole job restarts.
+      const std::string fallback = s.TryInProcess(cause, failed_rank, failed_status);
+      if (fallback.empty()) continue;
+      if (auto end = s.Recover(cause, fallback == "restart" ? "" : fallback)) {
+        return s.Finish(std::move(*end));
+      }
       continue;
     }
+    s.WatchRecoveries();
     s.ReportProgress();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

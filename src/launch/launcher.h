@@ -63,6 +63,16 @@ struct LaunchOptions {
   std::string durable_dir;
   std::string inject;  // launch/inject.h
   int max_restarts = 3;
+  // What a trainer rank's failure triggers (docs/launch.md, "Recovery
+  // modes"; a lost node or agent is always a whole-job restart):
+  //   restart  stop every trainer, recover from memory, start all again
+  //   undo     in process (SWIFT, docs/swift.md): the survivors stay alive,
+  //            undo a partial update and reconnect; only the lost rank is
+  //            started again, its state from a DP replica (ZeRO-1: its moment
+  //            shard from its node's T0). Needs dp > 1. Falls back to restart
+  //            when it cannot proceed.
+  //   auto     undo where it can work (dp > 1), restart otherwise
+  std::string recovery = "restart";
   // Node roots (node<i>), logs (logs/), the token file and rendezvous dirs.
   // Empty: /dev/shm/memento-launch/<job>.
   std::string run_dir;
@@ -140,6 +150,19 @@ struct RecoveryReport {
   // verification, or loading it failed).
   std::vector<std::string> durable_skipped;
   std::string reason;
+  // Which recovery ran: "restart" (every trainer stopped and started again)
+  // or "undo" (in process: only the lost rank restarted).
+  std::string mode = "restart";
+  // Why an in-process recovery was not possible or failed (empty: none).
+  std::string fallback;
+  int processes_restarted = 0;  // trainer processes started for this failure
+  int replaced_rank = -1;       // undo: the rank started again
+  int generation = 0;           // undo: the in-process generation
+  int64_t reached_step = -1;    // undo: the newest step a survivor had completed
+  // From the failure to the first step completed after the recovery (the
+  // trainer reports it in the rendezvous dir, launch/swift_protocol.h); -1:
+  // not reported.
+  double resume_s = -1;
   nlohmann::json ToJson() const;
   std::string ToString() const;  // one line with the breakdown
 };

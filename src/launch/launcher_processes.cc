@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "launch/launcher_state.h"
+#include "launch/swift_protocol.h"
 
 namespace memento::launch {
 
@@ -133,49 +134,64 @@ Status Launcher::State::WaitEndpoints(Deadline deadline) {
 }
 
 Status Launcher::State::StartTrainers() {
-  const std::string rdzv = o.run_dir + "/rendezvous." + std::to_string(attempt);
+  const std::string rdzv = Rendezvous();
   RemoveAll(rdzv);
   MEMENTO_RETURN_IF_ERROR(MakeDirs(rdzv));
+  generation = 0;
   trainers.clear();
   trainers.resize(static_cast<size_t>(world));
   trainer_done.assign(static_cast<size_t>(world), false);
-  for (int r = 0; r < world; ++r) {
-    const int node = NodeOf(r);
-    std::map<std::string, std::string> vars = {{"rank", std::to_string(r)},
-                                               {"node", std::to_string(node)},
-                                               {"world_size", std::to_string(world)},
-                                               {"job", o.job},
-                                               {"run_dir", o.run_dir},
-                                               {"node_dir", Root(node)},
-                                               {"attempt", std::to_string(attempt)},
-                                               {"rendezvous", rdzv},
-                                               {"dp", std::to_string(o.dp)},
-                                               {"tp", std::to_string(o.tp)},
-                                               {"pp", std::to_string(o.pp)}};
-    SpawnOptions so;
-    for (const std::string& a : o.trainer) so.argv.push_back(Substitute(a, vars));
-    so.argv = InNode(node, std::move(so.argv));
-    so.env = {"MEMENTO_JOB=" + o.job,
-              "MEMENTO_RANK=" + std::to_string(r),
-              "MEMENTO_WORLD_SIZE=" + std::to_string(world),
-              "MEMENTO_NODE=" + std::to_string(node),
-              "MEMENTO_RUN_DIR=" + Root(node),
-              "MEMENTO_RENDEZVOUS=" + rdzv,
-              "MEMENTO_ATTEMPT=" + std::to_string(attempt),
-              "MEMENTO_DP=" + std::to_string(o.dp),
-              "MEMENTO_TP=" + std::to_string(o.tp),
-              "MEMENTO_PP=" + std::to_string(o.pp),
-              "MEMENTO_ZERO=" + std::to_string(o.zero),
-              "MEMENTO_STORE=" + store_url,
-              "MEMENTO_TOKEN_FILE=" + token_path,
-              "MEMENTO_NODE_ADDR=" + NodeAddress(node)};
-    so.log_path = logs + "/rank" + std::to_string(r) + ".log";
-    AppendLine(so.log_path, "---- memento launch: rank " + std::to_string(r) + " attempt " +
-                                std::to_string(attempt) + " ----");
-    auto p = Subprocess::Spawn(so);
-    if (!p.ok()) return p.status().WithContext("start trainer rank " + std::to_string(r));
-    trainers[static_cast<size_t>(r)] = std::move(*p);
+  for (int r = 0; r < world; ++r) MEMENTO_RETURN_IF_ERROR(StartTrainer(r, {}));
+  return Status::Ok();
+}
+
+Status Launcher::State::StartTrainer(int r, const std::vector<std::string>& extra_env) {
+  const std::string rdzv = Rendezvous();
+  const int node = NodeOf(r);
+  std::map<std::string, std::string> vars = {{"rank", std::to_string(r)},
+                                             {"node", std::to_string(node)},
+                                             {"world_size", std::to_string(world)},
+                                             {"job", o.job},
+                                             {"run_dir", o.run_dir},
+                                             {"node_dir", Root(node)},
+                                             {"attempt", std::to_string(attempt)},
+                                             {"rendezvous", rdzv},
+                                             {"dp", std::to_string(o.dp)},
+                                             {"tp", std::to_string(o.tp)},
+                                             {"pp", std::to_string(o.pp)}};
+  SpawnOptions so;
+  for (const std::string& a : o.trainer) so.argv.push_back(Substitute(a, vars));
+  so.argv = InNode(node, std::move(so.argv));
+  so.env = {"MEMENTO_JOB=" + o.job,
+            "MEMENTO_RANK=" + std::to_string(r),
+            "MEMENTO_WORLD_SIZE=" + std::to_string(world),
+            "MEMENTO_NODE=" + std::to_string(node),
+            "MEMENTO_RUN_DIR=" + Root(node),
+            "MEMENTO_RENDEZVOUS=" + rdzv,
+            "MEMENTO_ATTEMPT=" + std::to_string(attempt),
+            "MEMENTO_DP=" + std::to_string(o.dp),
+            "MEMENTO_TP=" + std::to_string(o.tp),
+            "MEMENTO_PP=" + std::to_string(o.pp),
+            "MEMENTO_ZERO=" + std::to_string(o.zero),
+            "MEMENTO_STORE=" + store_url,
+            "MEMENTO_TOKEN_FILE=" + token_path,
+            "MEMENTO_NODE_ADDR=" + NodeAddress(node)};
+  // In-process recovery: every rank learns the mode (launch/swift_protocol.h).
+  if (o.recovery != "restart") {
+    so.env.push_back(std::string(swift::kEnvRecovery) + "=undo");
   }
+  so.env.insert(so.env.end(), extra_env.begin(), extra_env.end());
+  so.log_path = logs + "/rank" + std::to_string(r) + ".log";
+  AppendLine(so.log_path, "---- memento launch: rank " + std::to_string(r) + " attempt " +
+                              std::to_string(attempt) +
+                              (generation > 0 ? " generation " + std::to_string(generation) +
+                                                    " (replacement, in-process recovery)"
+                                              : "") +
+                              " ----");
+  auto p = Subprocess::Spawn(so);
+  if (!p.ok()) return p.status().WithContext("start trainer rank " + std::to_string(r));
+  trainers[static_cast<size_t>(r)] = std::move(*p);
+  trainer_done[static_cast<size_t>(r)] = false;
   return Status::Ok();
 }
 
@@ -197,8 +213,10 @@ void Launcher::State::StopAgents() {
   }
 }
 
-std::string Launcher::State::PollChildren(bool* all_done_out) {
+std::string Launcher::State::PollChildren(bool* all_done_out, int* failed_rank,
+                                          ExitStatus* failed_status) {
   std::string cause;
+  *failed_rank = -1;
   for (int i = 0; i < o.nodes && cause.empty(); ++i) {
     if (auto st = agents[static_cast<size_t>(i)].Poll()) {
       cause = node_lost[static_cast<size_t>(i)]
@@ -222,6 +240,8 @@ std::string Launcher::State::PollChildren(bool* all_done_out) {
     if (cause.empty()) {
       cause = "rank " + std::to_string(r) + " (node " + std::to_string(NodeOf(r)) +
               ") failed: " + st->ToString();
+      *failed_rank = r;
+      *failed_status = *st;
     }
   }
   *all_done_out = all_done;

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "launch/launcher_state.h"
+#include "launch/swift_protocol.h"
 #include "tier/discovery.h"
 #include "tier/env.h"
 #include "tier/reader.h"
@@ -11,21 +12,39 @@
 
 namespace memento::launch {
 
-std::optional<JobEnd> Launcher::State::Recover(const std::string& cause) {
-  const TimePoint detected = Now();
+std::optional<JobEnd> Launcher::State::Recover(const std::string& cause,
+                                               const std::string& fallback) {
+  TimePoint detected = Now();
+  double detected_wall = swift::WallSeconds();
   RecoveryReport rep;
-  rep.n = static_cast<int>(summary.recoveries.size());
-  rep.cause = cause;
-  rep.detect_s = injected_at ? SecondsBetween(*injected_at, detected) : 0.0;
-  injected_at.reset();
-  summary.failures.push_back(cause);
-  Say("failure: " + cause);
-  if (restarts >= o.max_restarts) {
-    return JobEnd{false, 1,
-                  "giving up: " + std::to_string(summary.failures.size()) +
-                      " failure(s), --max-restarts " + std::to_string(o.max_restarts)};
+  if (in_process.has_value()) {
+    // The in-process recovery of an earlier failure did not get the job
+    // going again: the same failure, now by the whole-job restart.
+    rep = in_process->rep;
+    detected = in_process->detected;
+    detected_wall = in_process->detected_wall;
+    in_process.reset();
+    rep.fallback = "in-process recovery (undo, generation " + std::to_string(rep.generation) +
+                   ") failed: " + cause;
+    Say("in-process recovery failed (" + cause + "); falling back to restarting the whole job");
+  } else {
+    rep.n = static_cast<int>(summary.recoveries.size());
+    rep.cause = cause;
+    rep.detect_s = injected_at ? SecondsBetween(*injected_at, detected) : 0.0;
+    rep.fallback = fallback;
+    injected_at.reset();
+    summary.failures.push_back(cause);
+    Say("failure: " + cause);
+    if (!fallback.empty()) Say("in-process recovery not possible: " + fallback);
+    if (restarts >= o.max_restarts) {
+      return JobEnd{false, 1,
+                    "giving up: " + std::to_string(summary.failures.size()) +
+                        " failure(s), --max-restarts " + std::to_string(o.max_restarts)};
+    }
+    ++restarts;
   }
-  ++restarts;
+  rep.mode = "restart";
+  rep.processes_restarted += world;
   StopTrainers();
   // Recovery needs the store: a killed one comes back now.
   if (StoreDown()) {
@@ -76,7 +95,141 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause) {
   if (Status st = RestartCommitRule(); !st.ok()) return JobEnd{false, 1, st.ToString()};
   PublishRecovery(detected, &rep);
   if (Status st = StartTrainers(); !st.ok()) return JobEnd{false, 1, st.ToString()};
+  // The trainers report their first step in the new rendezvous dir.
+  resume_watch = ResumeWatch{summary.recoveries.size() - 1, swift::ResumedPath(Rendezvous(), 0),
+                             detected_wall};
   return std::nullopt;
+}
+
+// ---- in-process recovery (--recovery undo|auto; docs/swift.md) ----------------
+
+std::string Launcher::State::TryInProcess(const std::string& cause, int rank,
+                                          const ExitStatus& status) {
+  if (o.recovery == "restart") return "restart";
+  if (in_process.has_value()) return "a failure during an in-process recovery";
+  if (rank < 0) return "a node or agent is lost, not only a trainer rank: the whole job restarts";
+  if (status.signal == 0 && status.code == swift::kExitRecoveryFailed) {
+    return "rank " + std::to_string(rank) + "'s in-process recovery failed (exit code " +
+           std::to_string(swift::kExitRecoveryFailed) + ", see its log)";
+  }
+  if (o.dp < 2) return "dp 1: no data-parallel replica to rebuild the lost rank from";
+  const int node = NodeOf(rank);
+  if (node_lost[static_cast<size_t>(node)] || !agents[static_cast<size_t>(node)].running()) {
+    return "the agent of node " + std::to_string(node) + " is gone too";
+  }
+  if (restarts >= o.max_restarts) return "--max-restarts " + std::to_string(o.max_restarts);
+  // In process: the survivors stay; the lost rank starts again as a
+  // replacement in generation g + 1 of this attempt.
+  InProcess ip;
+  ip.detected = Now();
+  ip.detected_wall = swift::WallSeconds();
+  RecoveryReport& rep = ip.rep;
+  rep.n = static_cast<int>(summary.recoveries.size());
+  rep.cause = cause;
+  rep.detect_s = injected_at ? SecondsBetween(*injected_at, ip.detected) : 0.0;
+  injected_at.reset();
+  rep.attempt = attempt;
+  rep.mode = "undo";
+  rep.source = o.zero > 0 ? "replica+tiers" : "replica";
+  rep.committed = Committed();
+  rep.replaced_rank = rank;
+  rep.generation = generation + 1;
+  rep.processes_restarted = 1;
+  summary.failures.push_back(cause);
+  ++restarts;
+  Say("failure: " + cause);
+  Say("in-process recovery (undo), generation " + std::to_string(rep.generation) +
+      ": the survivors stay; rank " + std::to_string(rank) + " starts again, its state from " +
+      (o.zero > 0 ? "a DP replica and its moment shard from node " + std::to_string(node) + "'s T0"
+                  : std::string("a DP replica")));
+  ++generation;
+  Status st = swift::WriteGeneration(Rendezvous(), generation);
+  if (st.ok()) {
+    st = StartTrainer(rank, {std::string(swift::kEnvGeneration) + "=" + std::to_string(generation),
+                             std::string(swift::kEnvReplace) + "=1"});
+  }
+  in_process = std::move(ip);
+  if (!st.ok()) {
+    // Recover() takes the in-process report over.
+    return "cannot start the replacement: " + st.ToString();
+  }
+  return "";
+}
+
+void Launcher::State::WatchRecoveries() {
+  using json = nlohmann::json;
+  auto read = [](const std::string& path) -> std::optional<json> {
+    const std::string text = swift::ReadFileOrEmpty(path);
+    if (text.empty()) return std::nullopt;
+    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return std::nullopt;
+    return j;
+  };
+  if (resume_watch.has_value()) {
+    if (auto j = read(resume_watch->path)) {
+      RecoveryReport& rep = summary.recoveries[resume_watch->index];
+      rep.resume_s = j->value("wall_s", 0.0) - resume_watch->detected_wall;
+      recovery_records[rep.n] = rep.ToJson().dump();
+      if (!StoreDown()) {
+        store
+            ->Set(coord::JobKeys(o.job).Recovery(rep.n), recovery_records[rep.n],
+                  Deadline::AfterSeconds(5))
+            .status()
+            .IgnoreError();
+      }
+      Say("recovery " + std::to_string(rep.n) + ": the job resumed " + Seconds3(rep.resume_s) +
+          " s after the failure (" + std::to_string(rep.processes_restarted) +
+          " process(es) restarted)");
+      resume_watch.reset();
+    }
+  }
+  if (!in_process.has_value()) return;
+  InProcess& ip = *in_process;
+  RecoveryReport& rep = ip.rep;
+  const std::string rdzv = Rendezvous();
+  if (!ip.recovered) {
+    int64_t agreed = -1, reached = -1;
+    double last_wall = 0;
+    for (int r = 0; r < world; ++r) {
+      auto j = read(swift::RecoveredPath(rdzv, ip.rep.generation, r));
+      if (!j) return;  // not every rank yet
+      agreed = j->value("step", int64_t{-1});
+      reached = std::max<int64_t>(reached, j->value("from_step", int64_t{-1}));
+      last_wall = std::max(last_wall, j->value("wall_s", 0.0));
+    }
+    ip.recovered = true;
+    rep.step = agreed;
+    rep.reached_step = reached;
+    rep.steps_lost = std::max<int64_t>(0, reached - agreed);
+    rep.total_s = last_wall - ip.detected_wall + rep.detect_s;
+    rep.reason = "survivors undid to step " + std::to_string(agreed) +
+                 " (the newest had completed " + std::to_string(reached) + "); rank " +
+                 std::to_string(rep.replaced_rank) + " rebuilt from a DP replica" +
+                 (o.zero > 0 ? " and its node's T0" : "");
+    if (!o.quiet) {
+      Say("recovery " + std::to_string(rep.n) + ": every rank recovered in process at step " +
+          std::to_string(agreed));
+    }
+  }
+  if (auto j = read(swift::ResumedPath(rdzv, rep.generation))) {
+    rep.resume_s = j->value("wall_s", 0.0) - ip.detected_wall;
+    FinishInProcess();
+  }
+}
+
+void Launcher::State::FinishInProcess() {
+  RecoveryReport rep = std::move(in_process->rep);
+  in_process.reset();
+  recovery_records[rep.n] = rep.ToJson().dump();
+  if (!StoreDown()) {
+    store
+        ->Set(coord::JobKeys(o.job).Recovery(rep.n), recovery_records[rep.n],
+              Deadline::AfterSeconds(5))
+        .status()
+        .IgnoreError();
+  }
+  Say(rep.ToString());
+  summary.recoveries.push_back(std::move(rep));
 }
 
 std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(

@@ -29,15 +29,54 @@ json RecoveryReport::ToJson() const {
           {"read_bytes", read_bytes},
           {"epoch", epoch},
           {"durable_skipped", durable_skipped},
-          {"reason", reason}};
+          {"reason", reason},
+          {"mode", mode},
+          {"fallback", fallback},
+          {"processes_restarted", processes_restarted},
+          {"replaced_rank", replaced_rank},
+          {"generation", generation},
+          {"reached_step", reached_step},
+          {"resume_s", resume_s}};
 }
+
+namespace {
+
+// "; mode restart (fallback: ...), 8 process(es) restarted, resumed 1.234 s after the failure"
+std::string ModeTail(const RecoveryReport& r) {
+  std::string out = "; mode " + r.mode;
+  if (!r.fallback.empty()) out += " (fallback: " + r.fallback + ")";
+  out += ", " + std::to_string(r.processes_restarted) + " process(es) restarted";
+  if (r.resume_s >= 0) {
+    char b[64];
+    std::snprintf(b, sizeof(b), ", resumed %.3f s after the failure", r.resume_s);
+    out += b;
+  }
+  return out;
+}
+
+}  // namespace
 
 std::string RecoveryReport::ToString() const {
   char buf[512];
+  if (mode == "undo") {
+    if (step < 0) {
+      return "recovery " + std::to_string(n) + " (undo, in process): rank " +
+             std::to_string(replaced_rank) + " replaced, generation " + std::to_string(generation) +
+             "; the job ended before every rank reported its recovery" + ModeTail(*this);
+    }
+    std::snprintf(buf, sizeof(buf),
+                  "recovery %d (undo, in process): rank %d replaced (generation %d), survivors "
+                  "kept; agreed step %lld (newest completed %lld), %lld step(s) lost, recovered "
+                  "in %.3f s",
+                  n, replaced_rank, generation, static_cast<long long>(step),
+                  static_cast<long long>(reached_step), static_cast<long long>(steps_lost),
+                  total_s);
+    return buf + ModeTail(*this);
+  }
   if (step < 0 && source == "scratch") {
     std::snprintf(buf, sizeof(buf), "recovery %d: restarted from scratch in %.3f s (%s)", n,
                   total_s, reason.c_str());
-    return buf;
+    return buf + ModeTail(*this);
   }
   if (step < 0) {
     // Nothing was restored and the trainers were not restarted (exit 3).
@@ -52,7 +91,7 @@ std::string RecoveryReport::ToString() const {
                   n, static_cast<long long>(step), static_cast<long long>(steps_lost),
                   static_cast<long long>(committed), total_s, detect_s, restart_s, inventory_plan_s,
                   load_s, static_cast<unsigned long long>(read_bytes));
-    return buf;
+    return buf + ModeTail(*this);
   }
   std::snprintf(buf, sizeof(buf),
                 "recovery %d: restored step %lld (committed %lld) in %.3f s: detect %.3f, "
@@ -61,7 +100,7 @@ std::string RecoveryReport::ToString() const {
                 n, static_cast<long long>(step), static_cast<long long>(committed), total_s,
                 detect_s, restart_s, inventory_plan_s, transfer_s, decode_s, write_s,
                 static_cast<unsigned long long>(rebuilt_bytes));
-  return buf;
+  return buf + ModeTail(*this);
 }
 
 json StoreRestartReport::ToJson() const {

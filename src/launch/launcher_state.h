@@ -94,10 +94,30 @@ struct Launcher::State {
   json restore_record;                          // null before the first recovery
   std::map<int, std::string> recovery_records;  // recovery/<n>
   LaunchSummary summary;
+  // In-process recovery (--recovery undo|auto; launch/swift_protocol.h). The
+  // generation counts in-process recoveries within the current attempt (the
+  // rendezvous dir is per attempt).
+  int generation = 0;
+  struct InProcess {
+    RecoveryReport rep;
+    TimePoint detected;
+    double detected_wall = 0;  // CLOCK_REALTIME, as the trainers report
+    bool recovered = false;    // every rank reported its recovery
+  };
+  std::optional<InProcess> in_process;  // started, not yet resumed
+  // A whole-job restart waiting for the trainers' first step
+  // (RecoveryReport::resume_s of summary.recoveries[index]).
+  struct ResumeWatch {
+    size_t index = 0;
+    std::string path;
+    double detected_wall = 0;
+  };
+  std::optional<ResumeWatch> resume_watch;
 
   State(const LaunchOptions& options, const std::vector<Injection>& injections_in, net::JobToken t)
       : o(options), injections(injections_in), token(std::move(t)) {}
 
+  std::string Rendezvous() const { return o.run_dir + "/rendezvous." + std::to_string(attempt); }
   std::string Root(int node) const { return o.run_dir + "/node" + std::to_string(node); }
   // The address node `node`'s agent listens on and its argv prefix (--netns).
   std::string NodeAddress(int node) const {
@@ -159,11 +179,15 @@ struct Launcher::State {
   Status WaitAgentsReady(Deadline deadline);
   Status WaitEndpoints(Deadline deadline);
   Status StartTrainers();
+  // One trainer rank into the current rendezvous dir; `extra_env` besides
+  // the job's environment.
+  Status StartTrainer(int rank, const std::vector<std::string>& extra_env);
   void StopTrainers();
   void StopAgents();
   // Polls every child. Returns the cause of a failure (empty: none) and sets
-  // *all_done when every trainer exited 0.
-  std::string PollChildren(bool* all_done);
+  // *all_done when every trainer exited 0. A failed trainer: *failed_rank and
+  // *failed_status (else -1).
+  std::string PollChildren(bool* all_done, int* failed_rank, ExitStatus* failed_status);
   // Every 2 s (unless quiet): the committed step and the running trainers.
   void ReportProgress();
 
@@ -179,8 +203,18 @@ struct Launcher::State {
 
   // ---- launcher_recovery.cc ----
   // The recovery after a failure: returns the job's end, or nothing when the
-  // trainers run again.
-  std::optional<JobEnd> Recover(const std::string& cause);
+  // trainers run again. `fallback`: why the in-process recovery did not run
+  // or failed (the report says so); an in-process recovery in progress is
+  // taken over (same failure, same report).
+  std::optional<JobEnd> Recover(const std::string& cause, const std::string& fallback = "");
+  // --recovery undo|auto and a trainer rank failed: starts the in-process
+  // recovery (new generation, only that rank again) and returns "", or
+  // returns why it cannot run (then Recover with it as the fallback).
+  std::string TryInProcess(const std::string& cause, int rank, const ExitStatus& status);
+  // Follows the in-process recovery and a restart's resume through the
+  // trainers' reports; finishes their reports.
+  void WatchRecoveries();
+  void FinishInProcess();
   std::optional<JobEnd> RestartAgentsAndRecover(TimePoint detected, RecoveryReport* rep,
                                                 std::optional<JobRecovery>* recovered);
   bool FallBackToDurableTier(const JobRecovery& rec, RecoveryReport* rep);
