@@ -75,8 +75,13 @@ inline std::vector<uint8_t> TensorBytes(const TensorMeta& t, int rank, int64_t s
 class SlotWriter {
  public:
   SlotWriter(shm::NodeStore& store, const topo::Inventory& inv, int rank, int slot)
+      : SlotWriter(store, WholeEntries(inv[rank]), rank, slot) {}
+  // A slot of these entries (ranges of tensors: a sharded slot).
+  SlotWriter(shm::NodeStore& store, const std::vector<shm::SlotEntrySpec>& entries, int rank,
+             int slot)
       : rank_(rank), slot_(slot) {
-    auto layout = shm::ComputeSlotLayout(kJob, rank, inv[rank], kChunkBytes);
+    auto layout = shm::ComputeRangeSlotLayout(kJob, rank, entries, kChunkBytes);
+    EXPECT_TRUE(layout.ok()) << layout.status();
     MEMENTO_CHECK(layout.ok());
     layout_ = std::move(layout).value();
     auto paths = store.EnsureSlots(rank, layout_.total_bytes);
@@ -91,7 +96,7 @@ class SlotWriter {
     uint8_t* data = shm::SlotData(*segment_);
     for (const shm::SavedTensor& t : layout_.tensors) {
       auto bytes = TensorBytes(t.meta, rank_, step, salt);
-      std::memcpy(data + t.offset, bytes.data(), bytes.size());
+      std::memcpy(data + t.offset, bytes.data() + t.range_offset, t.nbytes);
     }
     shm::ChunkEntry* table = shm::SlotTable(*segment_);
     for (size_t i = 0; i < layout_.chunks.size(); ++i) {
@@ -100,6 +105,13 @@ class SlotWriter {
     shm::CompleteSlotWrite(*segment_);
   }
   const shm::Segment& segment() const { return *segment_; }
+  const shm::SlotLayout& layout() const { return layout_; }
+
+  static std::vector<shm::SlotEntrySpec> WholeEntries(const std::vector<TensorMeta>& tensors) {
+    std::vector<shm::SlotEntrySpec> out;
+    for (const TensorMeta& t : tensors) out.push_back(shm::SlotEntrySpec{t});
+    return out;
+  }
 
  private:
   int rank_, slot_;
@@ -111,6 +123,22 @@ class SlotWriter {
 inline void WriteRankSlot(shm::NodeStore& store, const topo::Inventory& inv, int rank, int slot,
                           int64_t step, uint64_t salt = 0) {
   SlotWriter(store, inv, rank, slot).Write(step, salt);
+}
+
+// The entries of a sharded slot of `rank` holding exactly the segments of
+// `pieces` (plan piece ids), in the order given, one entry per segment.
+inline std::vector<shm::SlotEntrySpec> PieceEntries(const topo::Plan& plan,
+                                                    const topo::Inventory& inv, int rank,
+                                                    const std::vector<uint32_t>& pieces) {
+  std::vector<shm::SlotEntrySpec> out;
+  for (uint32_t id : pieces) {
+    for (const topo::Segment& s : plan.pieces[id].segments) {
+      for (const TensorMeta& t : inv[rank]) {
+        if (t.name == s.tensor) out.push_back(shm::SlotEntrySpec{t, s.offset, s.length});
+      }
+    }
+  }
+  return out;
 }
 
 // The bytes of plan piece `piece` at `step`.

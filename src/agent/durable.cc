@@ -396,19 +396,32 @@ Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
   // tensor is written once for a set of ranks only when it is provably the
   // same state there: same meta and the same chunk checksum list in the
   // slots being persisted (no re-hash). See DurableNames.
+  // A tensor held in several entries (ranges of a sharded slot) is one copy
+  // whose chunks carry their offsets in the whole tensor.
   std::vector<ReplicatedCopy> copies;
   for (const HeldSlot& hs : hold->slots) {
+    std::map<std::string, size_t> copy_of;  // name -> index into copies
     for (size_t ti = 0; ti < hs.info.tensors.size(); ++ti) {
       const shm::SavedTensor& t = hs.info.tensors[ti];
       if (t.meta.state_class != StateClass::kReplicated) continue;
-      ReplicatedCopy c;
-      c.rank = hs.rank;
-      c.meta = t.meta;
+      auto [at, fresh] = copy_of.emplace(t.meta.name, copies.size());
+      if (fresh) {
+        ReplicatedCopy c;
+        c.rank = hs.rank;
+        c.meta = t.meta;
+        copies.push_back(std::move(c));
+      }
+      ReplicatedCopy& c = copies[at->second];
       for (const shm::ChunkEntry& ch : hs.info.chunks) {
         if (ch.tensor_index != ti) continue;
-        c.chunks.push_back({ch.offset - t.offset, ch.length, ch.checksum});
+        c.chunks.push_back({ch.offset - t.offset + t.range_offset, ch.length, ch.checksum});
       }
-      copies.push_back(std::move(c));
+    }
+    for (const auto& [name, i] : copy_of) {
+      std::sort(copies[i].chunks.begin(), copies[i].chunks.end(),
+                [](const ReplicatedCopy::Chunk& a, const ReplicatedCopy::Chunk& b) {
+                  return a.offset < b.offset;
+                });
     }
   }
   const std::map<std::pair<int, std::string>, ReplicatedName> names = DurableNames(copies);
@@ -433,7 +446,7 @@ Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
         e.meta.name = DurableName(t.meta, hs.rank);
         e.ranks = {hs.rank};
       }
-      e.offset = c.offset - t.offset;
+      e.offset = c.offset - t.offset + t.range_offset;  // in the whole tensor
       e.length = c.length;
       e.data = base + c.offset;
       view.entries.push_back(e);

@@ -91,56 +91,56 @@ Result<tier::VersionView> DurableStreamer::BuildClusterView(int64_t step,
     // The rank's slot that holds `step` complete (see BuildView).
     MEMENTO_ASSIGN_OR_RETURN(HeldSlot hs, HoldCompleteSlot(rank, step));
     const uint8_t* base = hs.segment->data() + hs.info.data_offset;
-    std::map<std::string, uint32_t> index_of;
-    for (uint32_t i = 0; i < hs.info.tensors.size(); ++i)
-      index_of[hs.info.tensors[i].meta.name] = i;
     std::set<size_t> chunk_checked;  // chunks whose whole bytes matched the table
     for (uint32_t id : pieces) {
       for (const topo::Segment& seg : plan.pieces[id].segments) {
-        auto it = index_of.find(seg.tensor);
-        if (it == index_of.end() || seg.offset + seg.length > hs.info.tensors[it->second].nbytes) {
+        auto runs = shm::FindRange(hs.info, seg.tensor, seg.offset, seg.length);
+        if (!runs.ok()) {
           return FailedPreconditionError(fmt::format(
               "durable: piece {} names bytes [{}, {}) of tensor '{}', which rank {}'s slot of "
-              "version {} does not hold (made under another plan?)",
-              plan.pieces[id].key, seg.offset, seg.offset + seg.length, seg.tensor, rank, step));
+              "version {} does not hold (made under another plan?): {}",
+              plan.pieces[id].key, seg.offset, seg.offset + seg.length, seg.tensor, rank, step,
+              runs.status().message()));
         }
-        const shm::SavedTensor& t = hs.info.tensors[it->second];
-        const std::string name = ClusterDurableName(t.meta, rank, plan.topology);
-        // Cut at the slot's chunk boundaries: a piece that is a whole chunk is
-        // checked against the chunk's checksum before the marker; a part of
-        // a chunk against the checksum of those bytes taken now, after the
-        // whole chunk was checked against the table.
-        for (size_t ci = 0; ci < hs.info.chunks.size(); ++ci) {
-          const shm::ChunkEntry& c = hs.info.chunks[ci];
-          if (c.tensor_index != it->second) continue;
-          const uint64_t c_lo = c.offset - t.offset;  // in the tensor
-          const uint64_t lo = std::max(c_lo, seg.offset);
-          const uint64_t hi = std::min(c_lo + c.length, seg.offset + seg.length);
-          if (lo >= hi) continue;
-          tier::ViewEntry e;
-          e.meta = t.meta;
-          e.meta.name = name;
-          e.offset = lo;
-          e.length = hi - lo;
-          e.data = base + t.offset + lo;
-          uint64_t expected = c.checksum;
-          if (lo != c_lo || hi != c_lo + c.length) {
-            if (!chunk_checked.count(ci)) {
-              if (Checksum(base + c.offset, c.length) != c.checksum) {
-                MutexLock l(&mu_);
-                corrupt_.insert({rank, hs.info.slot_index, hs.info.generation});
-                ++stats_.gone;
-                return DataLossError(fmt::format(
-                    "rank {} slot {} (version {}): chunk {} of '{}' fails its checksum; not "
-                    "persisted",
-                    rank, hs.info.slot_index, step, ci, t.meta.name));
+        for (const shm::SlotRun& run : *runs) {
+          const shm::SavedTensor& t = hs.info.tensors[run.entry];
+          const std::string name = ClusterDurableName(t.meta, rank, plan.topology);
+          const uint64_t run_end = run.data_offset + run.length;
+          // Cut at the slot's chunk boundaries: a piece that is a whole chunk
+          // is checked against the chunk's checksum before the marker; a part
+          // of a chunk against the checksum of those bytes taken now, after
+          // the whole chunk was checked against the table.
+          for (size_t ci = 0; ci < hs.info.chunks.size(); ++ci) {
+            const shm::ChunkEntry& c = hs.info.chunks[ci];
+            if (c.tensor_index != run.entry) continue;
+            const uint64_t lo = std::max(c.offset, run.data_offset);  // in the data region
+            const uint64_t hi = std::min(c.offset + c.length, run_end);
+            if (lo >= hi) continue;
+            tier::ViewEntry e;
+            e.meta = t.meta;
+            e.meta.name = name;
+            e.offset = t.range_offset + (lo - t.offset);  // in the tensor
+            e.length = hi - lo;
+            e.data = base + lo;
+            uint64_t expected = c.checksum;
+            if (lo != c.offset || hi != c.offset + c.length) {
+              if (!chunk_checked.count(ci)) {
+                if (Checksum(base + c.offset, c.length) != c.checksum) {
+                  MutexLock l(&mu_);
+                  corrupt_.insert({rank, hs.info.slot_index, hs.info.generation});
+                  ++stats_.gone;
+                  return DataLossError(fmt::format(
+                      "rank {} slot {} (version {}): chunk {} of {} fails its checksum; not "
+                      "persisted",
+                      rank, hs.info.slot_index, step, ci, shm::EntryName(t)));
+                }
+                chunk_checked.insert(ci);
               }
-              chunk_checked.insert(ci);
+              expected = Checksum(e.data, e.length);
             }
-            expected = Checksum(e.data, e.length);
+            hold->expected[PieceKey(e.meta, name, e.offset, e.length)] = expected;
+            view.entries.push_back(std::move(e));
           }
-          hold->expected[PieceKey(e.meta, name, e.offset, e.length)] = expected;
-          view.entries.push_back(std::move(e));
         }
       }
     }

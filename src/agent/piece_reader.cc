@@ -74,9 +74,6 @@ Result<std::shared_ptr<PieceReader::SlotCache>> PieceReader::FindSlot(int rank, 
     fresh->generation = info->generation;
     fresh->have_info = true;
     fresh->info = std::move(*info);
-    for (size_t i = 0; i < fresh->info.tensors.size(); ++i) {
-      fresh->tensor_index.emplace(fresh->info.tensors[i].meta.name, i);
-    }
     fresh->chunk_order.resize(fresh->info.chunks.size());
     for (size_t i = 0; i < fresh->chunk_order.size(); ++i) fresh->chunk_order[i] = i;
     std::sort(fresh->chunk_order.begin(), fresh->chunk_order.end(), [&](size_t a, size_t b) {
@@ -115,9 +112,9 @@ Status PieceReader::VerifyRange(SlotCache& c, size_t ti, uint64_t begin, uint64_
                                         c.segment->path(), c.info.step));
       }
       return DataLossError(fmt::format(
-          "slot {} (rank {}, step {}): chunk {} (bytes {}..{} of tensor '{}') fails its checksum",
+          "slot {} (rank {}, step {}): chunk {} (bytes {}..{} of tensor {}) fails its checksum",
           c.segment->path(), c.info.rank, c.info.step, i, ch.offset, ch.offset + ch.length,
-          c.info.tensors[ch.tensor_index].meta.name));
+          shm::EntryName(c.info.tensors[ch.tensor_index])));
     }
     MutexLock l(&mu_);
     c.verified[i] = 1;
@@ -128,19 +125,18 @@ Status PieceReader::VerifyRange(SlotCache& c, size_t ti, uint64_t begin, uint64_
 Status PieceReader::ReadTensorRange(int rank, int64_t step, const std::string& tensor,
                                     uint64_t offset, uint64_t length, void* dst) {
   MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindSlot(rank, step));
-  auto t = c->tensor_index.find(tensor);
-  if (t == c->tensor_index.end()) {
-    return NotFoundError(
-        fmt::format("rank {}'s slot of step {} has no tensor '{}'", rank, step, tensor));
+  auto runs = shm::FindRange(c->info, tensor, offset, length);
+  if (!runs.ok()) {
+    return Status(runs.status().code(), fmt::format("rank {}'s slot of step {}: {}", rank, step,
+                                                    runs.status().message()));
   }
-  const shm::SavedTensor& st = c->info.tensors[t->second];
-  if (offset > st.nbytes || length > st.nbytes - offset) {
-    return InvalidArgumentError(fmt::format("bytes [{}, +{}) of tensor '{}' of rank {}: it has {}",
-                                            offset, length, tensor, rank, st.nbytes));
+  auto* out = static_cast<uint8_t*>(dst);
+  const uint8_t* data = c->segment->data() + c->info.data_offset;
+  for (const shm::SlotRun& r : *runs) {
+    MEMENTO_RETURN_IF_ERROR(VerifyRange(*c, r.entry, r.data_offset, r.data_offset + r.length));
+    std::memcpy(out, data + r.data_offset, r.length);
+    out += r.length;
   }
-  const uint64_t begin = st.offset + offset;
-  MEMENTO_RETURN_IF_ERROR(VerifyRange(*c, t->second, begin, begin + length));
-  if (length > 0) std::memcpy(dst, c->segment->data() + c->info.data_offset + begin, length);
   if (!shm::SlotUnchanged(*c->segment, c->info)) {
     return AbortedError(fmt::format("slot {} (step {}) was overwritten while it was read",
                                     c->segment->path(), step));
@@ -161,20 +157,14 @@ Result<std::vector<PieceReader::RangeCopy>> PieceReader::MapPiece(const topo::Pl
     const uint64_t s_begin = pos, s_end = pos + s.length;
     pos = s_end;
     if (s_end <= offset || s_begin >= end) continue;
-    auto t = c.tensor_index.find(s.tensor);
-    if (t == c.tensor_index.end()) {
-      return NotFoundError(
-          fmt::format("piece {} ({}): rank {}'s slot of step {} has no tensor '{}'", piece, p.key,
-                      p.rank, step, s.tensor));
-    }
-    const shm::SavedTensor& st = c.info.tensors[t->second];
-    if (s.offset > st.nbytes || s.length > st.nbytes - s.offset) {
-      return FailedPreconditionError(
-          fmt::format("piece {} ({}): segment [{}, +{}) of tensor '{}' exceeds its {} saved bytes",
-                      piece, p.key, s.offset, s.length, s.tensor, st.nbytes));
-    }
     const uint64_t a = std::max(offset, s_begin), b = std::min(end, s_end);
-    copies.push_back({t->second, st.offset + s.offset + (a - s_begin), b - a});
+    auto runs = shm::FindRange(c.info, s.tensor, s.offset + (a - s_begin), b - a);
+    if (!runs.ok()) {
+      return Status(runs.status().code(),
+                    fmt::format("piece {} ({}): rank {}'s slot of step {}: {}", piece, p.key,
+                                p.rank, step, runs.status().message()));
+    }
+    for (const shm::SlotRun& r : *runs) copies.push_back({r.entry, r.data_offset, r.length});
   }
   if (pos != p.bytes) {
     return FailedPreconditionError(fmt::format(
@@ -245,10 +235,10 @@ Status PieceReader::ServePiece(const topo::Plan& plan, uint32_t piece, int64_t s
       if (!have || chunks[*it].offset > at) {
         // Bytes no chunk covers (ReadSlot rejects such tables): refuse
         // rather than send unchecked bytes.
-        return DataLossError(
-            fmt::format("slot {} (rank {}, step {}): bytes {}..{} of tensor '{}' lie in no chunk",
-                        c->segment->path(), c->info.rank, c->info.step, at,
-                        have ? chunks[*it].offset : end, c->info.tensors[r.tensor].meta.name));
+        return DataLossError(fmt::format(
+            "slot {} (rank {}, step {}): bytes {}..{} of tensor {} lie in no chunk",
+            c->segment->path(), c->info.rank, c->info.step, at, have ? chunks[*it].offset : end,
+            shm::EntryName(c->info.tensors[r.tensor])));
       }
       const shm::ChunkEntry& ch = chunks[*it];
       const uint64_t hi = std::min(end, ch.offset + ch.length);

@@ -1,6 +1,8 @@
-// Reads plan pieces out of the node's T0 slots (the rank's whole registered
-// state, written by the trainer's client), for the peer service and for the
-// node's own recovery reads. docs/cluster.md, "Recovery".
+// Reads plan pieces out of the node's T0 slots (the rank's registered state,
+// whole tensors or the ranges of them a sharded slot holds, written by the
+// trainer's client), for the peer service and for the node's own recovery
+// reads. Every byte is located with shm::FindRange. docs/cluster.md,
+// "Recovery".
 //
 // A piece is the concatenation of its segments (tensor, offset, length) of
 // the piece's rank. The reader finds that rank's slot whose header says
@@ -65,7 +67,8 @@ class PieceReader {
       EXCLUDES(mu_);
 
   // Bytes [offset, offset + length) of tensor `tensor` of `rank`'s slot of
-  // `step` (the same checks as ReadPiece).
+  // `step` (the same checks as ReadPiece; NotFound naming the range when the
+  // slot does not hold all of those bytes).
   [[nodiscard]] Status ReadTensorRange(int rank, int64_t step, const std::string& tensor,
                                        uint64_t offset, uint64_t length, void* dst) EXCLUDES(mu_);
 
@@ -75,7 +78,6 @@ class PieceReader {
     uint64_t generation = 0;
     bool have_info = false;
     shm::SlotInfo info;
-    std::map<std::string, size_t> tensor_index;
     std::vector<size_t> chunk_order;  // chunk indices sorted by data offset
     std::vector<uint8_t> verified;    // per chunk, this generation: 0 no, 1 good
   };

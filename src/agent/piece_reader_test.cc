@@ -2,12 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
 
 #include "agent/cluster_test_util.h"
 #include "common/checksum.h"
+#include "fmt/format.h"
 #include "shm/shm_test_util.h"
 
 namespace memento::agent {
@@ -217,6 +219,48 @@ TEST_F(PieceReaderTest, ServesPieceStraightFromTheSlotWithChunkDigests) {
   EXPECT_EQ(reader.ServePiece(plan_, piece, 6, 0, 16, nullptr).code(), StatusCode::kNotFound);
   EXPECT_EQ(reader.ServePiece(plan_, piece, 5, want.size() - 8, 16, nullptr).code(),
             StatusCode::kInvalidArgument);
+}
+
+// A sharded slot (docs/reft.md section 2): rank 0's slot holds only its own
+// pieces' segments, as range entries in another order than the plan's. Every
+// piece reads and serves byte-identical to a whole-tensor slot; a piece whose
+// bytes the slot lacks is NotFound naming the tensor and the range.
+TEST_F(PieceReaderTest, ReadsAndServesPiecesOfASlotOfRanges) {
+  std::vector<uint32_t> own = plan_.ranks[0].pieces;
+  ASSERT_GE(own.size(), 2u);
+  std::reverse(own.begin(), own.end());
+  SlotWriter(*store_, PieceEntries(plan_, inv_, 0, own), 0, 0).Write(5);
+  PieceReader reader(root_, kJob);
+  for (uint32_t id : own) {
+    const auto want = PieceBytes(plan_, inv_, id, 5);
+    std::vector<uint8_t> got(want.size());
+    ASSERT_TRUE(reader.ReadPiece(plan_, id, 5, 0, got.size(), got.data()).ok()) << id;
+    EXPECT_EQ(got, want) << plan_.pieces[id].key;
+    std::vector<uint8_t> served;
+    ASSERT_TRUE(reader
+                    .ServePiece(plan_, id, 5, 0, want.size(),
+                                [&](const uint8_t* p, uint64_t n, uint64_t digest) {
+                                  EXPECT_EQ(digest, Checksum(p, n));
+                                  served.insert(served.end(), p, p + n);
+                                  return Status::Ok();
+                                })
+                    .ok());
+    EXPECT_EQ(served, want) << plan_.pieces[id].key;
+  }
+  // A slot holding one of the pieces only: the other is missing.
+  const uint32_t kept = own[0], lost = own[1];
+  SlotWriter(*store_, PieceEntries(plan_, inv_, 0, {kept}), 0, 1).Write(6);
+  std::vector<uint8_t> buf(plan_.pieces[lost].bytes);
+  Status st = reader.ReadPiece(plan_, lost, 6, 0, buf.size(), buf.data());
+  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st;
+  const topo::Segment& seg = plan_.pieces[lost].segments[0];
+  EXPECT_NE(st.message().find(
+                fmt::format("bytes [{}, +{}) of tensor '{}'", seg.offset, seg.length, seg.tensor)),
+            std::string::npos)
+      << st;
+  buf.resize(plan_.pieces[kept].bytes);
+  EXPECT_TRUE(reader.ReadPiece(plan_, kept, 6, 0, buf.size(), buf.data()).ok());
+  EXPECT_EQ(buf, PieceBytes(plan_, inv_, kept, 6));
 }
 
 // A trainer that starts rewriting the slot while its bytes are being sent

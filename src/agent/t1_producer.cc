@@ -41,19 +41,18 @@ Status T1Producer::ReadPiece(const RankSlotView& view, uint32_t piece_id, uint64
   for (const topo::Segment& s : piece.segments) {
     if (n == 0) break;
     if (offset < pos + s.length) {
-      const shm::SavedTensor* t = nullptr;
-      for (const auto& saved : view.info.tensors) {
-        if (saved.meta.name == s.tensor) t = &saved;
-      }
-      if (t == nullptr || s.offset + s.length > t->nbytes) {
-        return FailedPreconditionError(
-            fmt::format("rank {} step {} has no bytes [{}, +{}) of tensor '{}' (piece {})",
-                        view.rank, view.info.step, s.offset, s.length, s.tensor, piece.key));
-      }
       uint64_t in = offset - pos;
       uint64_t take = std::min(n, s.length - in);
-      std::memcpy(dst, data + t->offset + s.offset + in, take);
-      dst += take;
+      auto runs = shm::FindRange(view.info, s.tensor, s.offset + in, take);
+      if (!runs.ok()) {
+        return FailedPreconditionError(fmt::format("rank {} step {} (piece {}): {}", view.rank,
+                                                   view.info.step, piece.key,
+                                                   runs.status().message()));
+      }
+      for (const shm::SlotRun& r : *runs) {
+        std::memcpy(dst, data + r.data_offset, r.length);
+        dst += r.length;
+      }
       offset += take;
       n -= take;
     }

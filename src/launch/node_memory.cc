@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "shm/node_store.h"
 #include "shm/segment.h"
@@ -35,8 +36,11 @@ Result<NodeMemory> MeasureNodeMemory(int node, const std::string& root,
       return found.status().WithContext("rank " + std::to_string(rank) + " under " + root);
     }
     m.t0_bytes += found->info.data_bytes;
+    // A sharded slot names a tensor in several range entries: count it once.
     std::vector<TensorMeta> metas;
+    std::set<std::string> seen;
     for (const shm::SavedTensor& t : found->info.tensors) {
+      if (!seen.insert(t.meta.name).second) continue;
       m.full_bytes += t.meta.nbytes();
       metas.push_back(t.meta);
     }

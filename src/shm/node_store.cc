@@ -385,8 +385,8 @@ Status NodeStore::VerifyWritten(int rank, int slot, const std::vector<uint8_t>& 
   if (const size_t i = bad.load(); i != SIZE_MAX) {
     const ChunkEntry& c = info->chunks[i];
     st = DataLossError(fmt::format(
-        "slot {} (step {}): chunk {} (bytes {}..{} of tensor '{}') fails its checksum", seg->path(),
-        info->step, i, c.offset, c.offset + c.length, info->tensors[c.tensor_index].meta.name));
+        "slot {} (step {}): chunk {} (bytes {}..{} of tensor {}) fails its checksum", seg->path(),
+        info->step, i, c.offset, c.offset + c.length, EntryName(info->tensors[c.tensor_index])));
   }
   if (!SlotUnchanged(*seg, *info)) {
     return AbortedError(

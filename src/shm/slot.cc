@@ -51,8 +51,64 @@ uint64_t HeaderChecksum(const SlotHeader* h) {
 
 }  // namespace
 
+std::string EntryName(const SavedTensor& t) {
+  if (t.whole()) return "'" + t.meta.name + "'";
+  return fmt::format("'{}' bytes [{}, {})", t.meta.name, t.range_offset, t.range_offset + t.nbytes);
+}
+
+bool HasRangeEntries(const std::vector<SavedTensor>& entries) {
+  for (const SavedTensor& t : entries) {
+    if (!t.whole()) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// Entries of one tensor must agree on its meta and hold disjoint ranges.
+Status CheckEntriesOfOneTensor(const std::vector<SavedTensor>& entries) {
+  std::map<std::string, std::vector<const SavedTensor*>> by_name;
+  for (const SavedTensor& t : entries) by_name[t.meta.name].push_back(&t);
+  for (auto& [name, list] : by_name) {
+    if (list.size() < 2) continue;
+    for (const SavedTensor* t : list) {
+      const TensorMeta& a = list[0]->meta;
+      if (t->meta.dtype != a.dtype || t->meta.shape != a.shape ||
+          t->meta.state_class != a.state_class) {
+        return InvalidArgumentError(fmt::format(
+            "entries of tensor '{}' disagree: {} {} and {} {}", name, DTypeName(a.dtype),
+            ShapeToString(a.shape), DTypeName(t->meta.dtype), ShapeToString(t->meta.shape)));
+      }
+    }
+    std::sort(list.begin(), list.end(), [](const SavedTensor* x, const SavedTensor* y) {
+      return x->range_offset < y->range_offset;
+    });
+    for (size_t i = 1; i < list.size(); ++i) {
+      if (list[i - 1]->range_offset + list[i - 1]->nbytes > list[i]->range_offset) {
+        if (list[i - 1]->whole() || list[i]->whole()) {
+          return InvalidArgumentError("tensor name '" + name + "' registered twice");
+        }
+        return InvalidArgumentError(
+            fmt::format("entries {} and {} overlap", EntryName(*list[i - 1]), EntryName(*list[i])));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<SlotLayout> ComputeSlotLayout(const std::string& job_id, int rank,
                                      const std::vector<TensorMeta>& tensors, uint64_t chunk_bytes) {
+  std::vector<SlotEntrySpec> entries;
+  entries.reserve(tensors.size());
+  for (const TensorMeta& m : tensors) entries.push_back(SlotEntrySpec{m, 0, kWholeTensor});
+  return ComputeRangeSlotLayout(job_id, rank, entries, chunk_bytes);
+}
+
+Result<SlotLayout> ComputeRangeSlotLayout(const std::string& job_id, int rank,
+                                          const std::vector<SlotEntrySpec>& entries,
+                                          uint64_t chunk_bytes) {
   if (!ValidJobId(job_id)) {
     return InvalidArgumentError("job id '" + job_id +
                                 "' must be 1-63 letters, digits, '-', '_' or '.'");
@@ -62,14 +118,10 @@ Result<SlotLayout> ComputeSlotLayout(const std::string& job_id, int rank,
   layout.job_id = job_id;
   layout.rank = rank;
   layout.chunk_bytes = chunk_bytes;
-  std::map<std::string, int> seen;
   uint64_t offset = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorMeta& meta = tensors[i];
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const TensorMeta& meta = entries[i].meta;
     if (meta.name.empty()) return InvalidArgumentError(fmt::format("tensor {} has no name", i));
-    if (!seen.emplace(meta.name, 1).second) {
-      return InvalidArgumentError("tensor name '" + meta.name + "' registered twice");
-    }
     for (int64_t d : meta.shape) {
       if (d < 0) {
         return InvalidArgumentError("tensor '" + meta.name + "' has a negative dimension in " +
@@ -79,7 +131,23 @@ Result<SlotLayout> ComputeSlotLayout(const std::string& job_id, int rank,
     SavedTensor t;
     t.meta = meta;
     t.offset = AlignUp(offset, kTensorAlignment);
-    t.nbytes = meta.nbytes();
+    const uint64_t whole = meta.nbytes();
+    if (entries[i].length == kWholeTensor) {
+      if (entries[i].offset != 0) {
+        return InvalidArgumentError(
+            fmt::format("tensor '{}': a whole entry at offset {}", meta.name, entries[i].offset));
+      }
+      t.nbytes = whole;
+    } else {
+      if (entries[i].length == 0 || entries[i].offset > whole ||
+          entries[i].length > whole - entries[i].offset) {
+        return InvalidArgumentError(
+            fmt::format("tensor '{}' ({} bytes): range [{}, +{}) is empty or outside it", meta.name,
+                        whole, entries[i].offset, entries[i].length));
+      }
+      t.range_offset = entries[i].offset;
+      t.nbytes = entries[i].length;
+    }
     for (uint64_t c = 0; c < t.nbytes; c += chunk_bytes) {
       ChunkEntry e{};
       e.offset = t.offset + c;
@@ -90,6 +158,7 @@ Result<SlotLayout> ComputeSlotLayout(const std::string& job_id, int rank,
     offset = t.offset + t.nbytes;
     layout.tensors.push_back(std::move(t));
   }
+  MEMENTO_RETURN_IF_ERROR(CheckEntriesOfOneTensor(layout.tensors));
   layout.data_bytes = offset;
   layout.manifest = EncodeManifest(layout.tensors);
   layout.manifest_offset = kSlotHeaderBytes;
@@ -106,9 +175,51 @@ std::string EncodeManifest(const std::vector<SavedTensor>& tensors) {
     nlohmann::json e = TensorMetaToJson(t.meta);
     e["offset"] = t.offset;
     e["nbytes"] = t.nbytes;
+    if (!t.whole()) e["range"] = {{"offset", t.range_offset}, {"length", t.nbytes}};
     arr.push_back(std::move(e));
   }
-  return nlohmann::json{{"format", 1}, {"tensors", arr}}.dump();
+  return nlohmann::json{{"format", HasRangeEntries(tensors) ? 2 : 1}, {"tensors", arr}}.dump();
+}
+
+Result<std::vector<SlotRun>> FindRange(const std::vector<SavedTensor>& entries,
+                                       std::string_view tensor, uint64_t offset, uint64_t length) {
+  std::vector<const SavedTensor*> mine;
+  std::vector<size_t> index;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].meta.name == tensor) {
+      mine.push_back(&entries[i]);
+      index.push_back(i);
+    }
+  }
+  std::vector<size_t> order(mine.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return mine[a]->range_offset < mine[b]->range_offset; });
+  std::vector<SlotRun> runs;
+  uint64_t at = offset;
+  const uint64_t end = offset + length;
+  const bool wraps = end < offset;
+  for (size_t k : order) {
+    if (wraps || at >= end) break;
+    const SavedTensor& t = *mine[k];
+    const uint64_t lo = t.range_offset, hi = t.range_offset + t.nbytes;
+    if (hi <= at) continue;
+    if (lo > at) break;  // a gap at `at`
+    const uint64_t take = std::min(end, hi) - at;
+    runs.push_back(SlotRun{index[k], t.offset + (at - lo), take});
+    at += take;
+  }
+  if (wraps || at < end) {
+    std::string held;
+    for (size_t k : order) {
+      held += fmt::format("{}[{}, {})", held.empty() ? "" : ", ", mine[k]->range_offset,
+                          mine[k]->range_offset + mine[k]->nbytes);
+    }
+    return NotFoundError(fmt::format(
+        "the slot does not hold bytes [{}, +{}) of tensor '{}' (byte {} is missing; it holds {})",
+        offset, length, tensor, at, held.empty() ? "no bytes of it" : "bytes " + held));
+  }
+  return runs;
 }
 
 Result<std::vector<SavedTensor>> ParseManifest(std::string_view text) {
@@ -123,6 +234,15 @@ Result<std::vector<SavedTensor>> ParseManifest(std::string_view text) {
       t.meta = std::move(*meta);
       t.offset = e.at("offset").get<uint64_t>();
       t.nbytes = e.at("nbytes").get<uint64_t>();
+      if (e.contains("range")) {
+        const auto& r = e.at("range");
+        t.range_offset = r.at("offset").get<uint64_t>();
+        if (r.at("length").get<uint64_t>() != t.nbytes) {
+          return DataLossError(
+              fmt::format("slot manifest is not valid: tensor '{}' has a {}-byte range in {} bytes",
+                          t.meta.name, r.at("length").get<uint64_t>(), t.nbytes));
+        }
+      }
       out.push_back(std::move(t));
     }
   } catch (const std::exception& e) {
@@ -261,11 +381,13 @@ Result<SlotInfo> ReadSlot(const Segment& segment) {
   info.tensors = std::move(*tensors);
   info.chunks.assign(table, table + h.num_chunks);
   for (const SavedTensor& t : info.tensors) {
-    if (t.offset > h.data_bytes || t.nbytes > h.data_bytes - t.offset ||
-        t.nbytes != t.meta.nbytes()) {
-      return fail("tensor '" + t.meta.name + "' lies outside the data region");
+    const uint64_t whole = t.meta.nbytes();
+    if (t.offset > h.data_bytes || t.nbytes > h.data_bytes - t.offset || t.range_offset > whole ||
+        t.nbytes > whole - t.range_offset || (t.nbytes == 0 && whole != 0)) {
+      return fail("tensor " + EntryName(t) + " lies outside the data region or its tensor");
     }
   }
+  if (Status st = CheckEntriesOfOneTensor(info.tensors); !st.ok()) return fail(st.message());
   for (const ChunkEntry& c : info.chunks) {
     if (c.offset > h.data_bytes || c.length > h.data_bytes - c.offset ||
         c.tensor_index >= info.tensors.size()) {
@@ -284,10 +406,10 @@ Status VerifySlotData(const Segment& segment, const SlotInfo& info) {
   for (size_t i = 0; i < info.chunks.size(); ++i) {
     const ChunkEntry& c = info.chunks[i];
     if (Checksum(data + c.offset, c.length) != c.checksum) {
-      return DataLossError(fmt::format(
-          "slot {} (step {}): chunk {} (bytes {}..{} of tensor '{}') fails its checksum",
-          segment.path(), info.step, i, c.offset, c.offset + c.length,
-          info.tensors[c.tensor_index].meta.name));
+      return DataLossError(
+          fmt::format("slot {} (step {}): chunk {} (bytes {}..{} of tensor {}) fails its checksum",
+                      segment.path(), info.step, i, c.offset, c.offset + c.length,
+                      EntryName(info.tensors[c.tensor_index])));
     }
   }
   return Status::Ok();
@@ -310,10 +432,10 @@ Status VerifySlotDataPaced(const Segment& segment, const SlotInfo& info, uint64_
       done += n;
     }
     if (sum.Digest() != c.checksum) {
-      return DataLossError(fmt::format(
-          "slot {} (step {}): chunk {} (bytes {}..{} of tensor '{}') fails its checksum",
-          segment.path(), info.step, i, c.offset, c.offset + c.length,
-          info.tensors[c.tensor_index].meta.name));
+      return DataLossError(
+          fmt::format("slot {} (step {}): chunk {} (bytes {}..{} of tensor {}) fails its checksum",
+                      segment.path(), info.step, i, c.offset, c.offset + c.length,
+                      EntryName(info.tensors[c.tensor_index])));
     }
   }
   return Status::Ok();

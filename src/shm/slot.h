@@ -29,11 +29,31 @@
 
 namespace memento::shm {
 
-// One tensor as saved in a slot.
+// One manifest entry of a slot: a whole tensor, or a byte range (a piece) of
+// one. `meta` is always the whole tensor's (name, dtype, shape, state class);
+// the entry holds its bytes [range_offset, range_offset + nbytes). A whole
+// tensor has range_offset 0 and nbytes == meta.nbytes() (the manifest then
+// carries no "range", as format-1 slots did). Several entries may name one
+// tensor with disjoint ranges (a sharded slot: docs/reft.md section 2).
 struct SavedTensor {
   TensorMeta meta;
-  uint64_t offset = 0;  // from the data region's start
-  uint64_t nbytes = 0;
+  uint64_t offset = 0;        // from the data region's start
+  uint64_t nbytes = 0;        // bytes this entry holds
+  uint64_t range_offset = 0;  // where they start in the whole tensor
+
+  bool whole() const { return range_offset == 0 && nbytes == meta.nbytes(); }
+};
+
+// "'w'" for a whole tensor, "'w' bytes [O, O+L)" for a range entry (messages).
+std::string EntryName(const SavedTensor& t);
+
+// What a slot writer asks to save: a tensor, whole (length kWholeTensor) or
+// its bytes [offset, offset + length).
+inline constexpr uint64_t kWholeTensor = ~uint64_t{0};
+struct SlotEntrySpec {
+  TensorMeta meta;
+  uint64_t offset = 0;
+  uint64_t length = kWholeTensor;
 };
 
 // Where everything of one rank's state goes in a slot. A pure function of the
@@ -56,6 +76,18 @@ struct SlotLayout {
 Result<SlotLayout> ComputeSlotLayout(const std::string& job_id, int rank,
                                      const std::vector<TensorMeta>& tensors, uint64_t chunk_bytes);
 
+// Entries may be ranges of a tensor (SlotEntrySpec): each gets its own
+// 64-byte aligned place and its own chunks, so every byte is checksummed as
+// for whole tensors. A range equal to the whole tensor is a whole entry.
+// InvalidArgument for a bad job id, a range outside its tensor or of zero
+// bytes, entries of one name that disagree in dtype, shape or state class,
+// or overlapping ranges of one tensor (a whole entry overlaps everything).
+Result<SlotLayout> ComputeRangeSlotLayout(const std::string& job_id, int rank,
+                                          const std::vector<SlotEntrySpec>& entries,
+                                          uint64_t chunk_bytes);
+
+// Manifest "format" 1 when every entry is a whole tensor (byte-identical to
+// older builds), 2 when some entry is a range ("range": {"offset", "length"}).
 std::string EncodeManifest(const std::vector<SavedTensor>& tensors);
 // DataLoss when the text is not a manifest.
 Result<std::vector<SavedTensor>> ParseManifest(std::string_view text);
@@ -65,6 +97,28 @@ Result<std::vector<SavedTensor>> ParseManifest(std::string_view text);
 // match in names, dtypes and shapes.
 std::vector<std::string> DiffTensors(const std::vector<SavedTensor>& saved,
                                      const std::vector<TensorMeta>& registered);
+
+// ---- Finding a tensor's bytes in a slot ------------------------------------
+//
+// The one lookup every reader of a slot's bytes uses (the T1 producer, the
+// piece reader serving peers and recovery, the durable tier), for whole and
+// range entries alike. Tested in slot_test (FindRangeTest).
+
+// A run of consecutive bytes of one tensor held by one entry.
+struct SlotRun {
+  size_t entry = 0;          // index into the entry list (SlotInfo::tensors)
+  uint64_t data_offset = 0;  // from the data region's start
+  uint64_t length = 0;
+};
+// Where bytes [offset, offset + length) of tensor `tensor` lie in the data
+// region: one run per entry they fall in, in tensor order (a request that
+// spans two entries holding adjacent ranges gets two runs). NotFound naming
+// the tensor, the range, and what the slot holds of that tensor when some
+// byte is in no entry (or the tensor is not in the slot at all). A
+// zero-length request gives no runs.
+[[nodiscard]] Result<std::vector<SlotRun>> FindRange(const std::vector<SavedTensor>& entries,
+                                                     std::string_view tensor, uint64_t offset,
+                                                     uint64_t length);
 
 // Marks the slot kWriting (before anything else), then writes the header's
 // layout fields, the manifest and an empty chunk table. REQUIRES:
@@ -91,6 +145,15 @@ struct SlotInfo {
   std::vector<ChunkEntry> chunks;  // a copy of the table
   uint64_t data_offset = 0;
 };
+
+// FindRange over a slot read with ReadSlot.
+[[nodiscard]] inline Result<std::vector<SlotRun>> FindRange(const SlotInfo& info,
+                                                            std::string_view tensor,
+                                                            uint64_t offset, uint64_t length) {
+  return FindRange(info.tensors, tensor, offset, length);
+}
+// True when some entry of the slot is a range (a sharded slot).
+bool HasRangeEntries(const std::vector<SavedTensor>& entries);
 
 // Reads and checks a slot's header, manifest and chunk table. Returns the
 // state for kEmpty/kWriting slots without further checks. For kComplete:

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "common/checksum.h"
+#include "fmt/format.h"
 #include "shm/shm_test_util.h"
 
 namespace memento::shm {
@@ -298,6 +299,163 @@ TEST_F(FindSlotTest, PeekFileAgreesWithTheMapping) {
   const SlotPeek missing = PeekSlotFile(dir_.path() + "/rank9.slot0");
   EXPECT_EQ(missing.state, SlotState::kEmpty);
   EXPECT_EQ(missing.step, -1);
+}
+
+// ---- Range entries (sharded slots, docs/reft.md section 2) and FindRange ----
+
+// "w" (8400 bytes) as two adjacent ranges and a disjoint third, "adam.m" whole.
+std::vector<SlotEntrySpec> RangeEntries() {
+  auto t = SampleTensors();
+  return {SlotEntrySpec{t[0], 1000, 3000}, SlotEntrySpec{t[1]}, SlotEntrySpec{t[0], 4000, 640},
+          SlotEntrySpec{t[0], 8000, 400}};
+}
+
+TEST(SlotRangeTest, LayoutChunksEveryRangeAndRoundTrips) {
+  auto layout = ComputeRangeSlotLayout("job", 1, RangeEntries(), 1024);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  ASSERT_EQ(layout->tensors.size(), 4u);
+  EXPECT_FALSE(layout->tensors[0].whole());
+  EXPECT_EQ(layout->tensors[0].range_offset, 1000u);
+  EXPECT_EQ(layout->tensors[0].nbytes, 3000u);
+  EXPECT_TRUE(layout->tensors[1].whole());
+  EXPECT_TRUE(HasRangeEntries(layout->tensors));
+  uint64_t chunked = 0;
+  for (const ChunkEntry& c : layout->chunks) chunked += c.length;
+  EXPECT_EQ(chunked, 3000u + 10u + 640u + 400u);  // every byte in some chunk
+  for (const SavedTensor& t : layout->tensors) EXPECT_EQ(t.offset % kTensorAlignment, 0u);
+  EXPECT_NE(layout->manifest.find("\"format\":2"), std::string::npos) << layout->manifest;
+  EXPECT_NE(layout->manifest.find("\"range\""), std::string::npos);
+  auto parsed = ParseManifest(layout->manifest);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  for (size_t i = 0; i < parsed->size(); ++i) {
+    EXPECT_EQ((*parsed)[i].meta, layout->tensors[i].meta);
+    EXPECT_EQ((*parsed)[i].offset, layout->tensors[i].offset);
+    EXPECT_EQ((*parsed)[i].nbytes, layout->tensors[i].nbytes);
+    EXPECT_EQ((*parsed)[i].range_offset, layout->tensors[i].range_offset);
+  }
+  // A range that is the whole tensor is a whole entry; whole-only manifests
+  // stay format 1 without "range" (what older builds wrote and read).
+  auto t = SampleTensors();
+  auto whole =
+      ComputeRangeSlotLayout("job", 1, {SlotEntrySpec{t[0], 0, 8400}, SlotEntrySpec{t[2]}}, 1024);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(whole->tensors[0].whole());
+  EXPECT_FALSE(HasRangeEntries(whole->tensors));
+  EXPECT_NE(whole->manifest.find("\"format\":1"), std::string::npos);
+  EXPECT_EQ(whole->manifest.find("range"), std::string::npos);
+  EXPECT_EQ(whole->manifest, ComputeSlotLayout("job", 1, {t[0], t[2]}, 1024)->manifest);
+}
+
+TEST(SlotRangeTest, BadRangesAreRefusedNamingThem) {
+  auto t = SampleTensors();
+  auto code = [](std::vector<SlotEntrySpec> e) {
+    return ComputeRangeSlotLayout("job", 0, e, 1024).status();
+  };
+  Status st = code({SlotEntrySpec{t[0], 0, 4000}, SlotEntrySpec{t[0], 3936, 64}});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("'w' bytes [0, 4000) and 'w' bytes [3936, 4000) overlap"),
+            std::string::npos)
+      << st;
+  EXPECT_EQ(code({SlotEntrySpec{t[0]}, SlotEntrySpec{t[0], 64, 64}}).code(),
+            StatusCode::kInvalidArgument);
+  st = code({SlotEntrySpec{t[0], 8000, 401}});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("'w' (8400 bytes): range [8000, +401)"), std::string::npos) << st;
+  EXPECT_EQ(code({SlotEntrySpec{t[0], 64, 0}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({SlotEntrySpec{t[0], 64, kWholeTensor}}).code(), StatusCode::kInvalidArgument);
+  TensorMeta other = t[0];
+  other.shape = {300, 8};
+  st = code({SlotEntrySpec{t[0], 0, 64}, SlotEntrySpec{other, 64, 64}});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("entries of tensor 'w' disagree"), std::string::npos) << st;
+  // A manifest whose range length contradicts its byte count is not read.
+  std::string m = ComputeRangeSlotLayout("job", 0, RangeEntries(), 1024)->manifest;
+  const size_t at = m.find("\"length\":3000");
+  ASSERT_NE(at, std::string::npos);
+  m.replace(at, 13, "\"length\":2999");
+  EXPECT_EQ(ParseManifest(m).status().code(), StatusCode::kDataLoss);
+}
+
+TEST(SlotRangeTest, FindRangeMapsTensorBytesToRuns) {
+  auto layout = ComputeRangeSlotLayout("job", 1, RangeEntries(), 1024);
+  ASSERT_TRUE(layout.ok());
+  const auto& e = layout->tensors;
+  // Inside one entry.
+  auto r = FindRange(e, "w", 1500, 100);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_EQ((*r)[0].entry, 0u);
+  EXPECT_EQ((*r)[0].data_offset, e[0].offset + 500);
+  EXPECT_EQ((*r)[0].length, 100u);
+  // Across the two adjacent entries [1000, 4000) and [4000, 4640): two runs.
+  r = FindRange(e, "w", 3990, 20);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_EQ((*r)[0].entry, 0u);
+  EXPECT_EQ((*r)[0].data_offset, e[0].offset + 2990);
+  EXPECT_EQ((*r)[0].length, 10u);
+  EXPECT_EQ((*r)[1].entry, 2u);
+  EXPECT_EQ((*r)[1].data_offset, e[2].offset);
+  EXPECT_EQ((*r)[1].length, 10u);
+  // A whole tensor.
+  r = FindRange(e, "adam.m", 0, 10);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)[0].entry, 1u);
+  EXPECT_EQ((*r)[0].data_offset, e[1].offset);
+  EXPECT_TRUE(FindRange(e, "w", 5000, 0)->empty());
+  // The gap [4640, 8000), bytes before the first entry, past the tensor, an
+  // unknown tensor: NotFound naming the tensor, the range and what is held.
+  for (auto [off, len] : {std::pair<uint64_t, uint64_t>{4600, 100}, {900, 200}, {8300, 200}}) {
+    r = FindRange(e, "w", off, len);
+    EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << off;
+    EXPECT_NE(r.status().message().find(fmt::format("bytes [{}, +{}) of tensor 'w'", off, len)),
+              std::string::npos)
+        << r.status();
+    EXPECT_NE(r.status().message().find("[1000, 4000), [4000, 4640), [8000, 8400)"),
+              std::string::npos)
+        << r.status();
+  }
+  r = FindRange(e, "nope", 0, 1);
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("'nope'"), std::string::npos) << r.status();
+  EXPECT_EQ(FindRange(e, "w", ~uint64_t{0} - 4, 100).status().code(), StatusCode::kNotFound);
+  // A v1 (whole) slot answers the same question.
+  auto v1 = ComputeSlotLayout("job", 1, SampleTensors(), 1024);
+  r = FindRange(v1->tensors, "w", 3990, 20);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_EQ((*r)[0].data_offset, v1->tensors[0].offset + 3990);
+}
+
+TEST(SlotRangeTest, RangeSlotWritesReadsVerifiesAndNamesTheRange) {
+  testing::ShmScratchDir dir;
+  auto layout = ComputeRangeSlotLayout("job", 1, RangeEntries(), 1024);
+  ASSERT_TRUE(layout.ok());
+  auto seg = Segment::CreateOrGrow(dir.path() + "/rank1.slot0", layout->total_bytes);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  std::mt19937_64 rng(memento::testing::TestSeed("SlotRangeTest.Write"));
+  WriteSlot(**seg, *layout, 0, 4, rng);
+  auto info = ReadSlot(**seg);
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->tensors.size(), 4u);
+  EXPECT_EQ(info->tensors[3].range_offset, 8000u);
+  EXPECT_TRUE(VerifySlotData(**seg, *info).ok());
+  auto r = FindRange(*info, "w", 8100, 8);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)[0].data_offset, layout->tensors[3].offset + 100);
+  (*seg)->data()[info->data_offset + (*r)[0].data_offset] ^= 0x20;
+  Status st = VerifySlotData(**seg, *info);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("of tensor 'w' bytes [8000, 8400)"), std::string::npos) << st;
+  // A manifest with overlapping entries (a writer bug) is not accepted.
+  SlotLayout bad = *layout;
+  bad.tensors[2].range_offset = 3990;
+  bad.manifest = EncodeManifest(bad.tensors);
+  ASSERT_LE(bad.manifest.size(), layout->table_offset - layout->manifest_offset);
+  WriteSlot(**seg, bad, 0, 5, rng);
+  auto refused = ReadSlot(**seg);
+  EXPECT_EQ(refused.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(refused.status().message().find("overlap"), std::string::npos) << refused.status();
 }
 
 }  // namespace
