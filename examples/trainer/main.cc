@@ -370,6 +370,11 @@ int Main(int argc, char** argv) {
                  "log (in-process: the lost stage replays its neighbours' logged messages from "
                  "its last --save-every state)")
       ->capture_default_str();
+  app.add_option("--pipeline-log-dir", o.pipeline_log_dir,
+                 "with --recovery log: keep the pipeline log in this directory, one file per "
+                 "completed step written by a background thread, instead of in the rank's memory "
+                 "(a tmpfs directory such as /dev/shm/NAME: shared memory that outlives a killed "
+                 "rank; created if missing, not removed at the end)");
   app.add_option("--max-recoveries", max_recoveries, "with --recovery: give up after this many")
       ->capture_default_str();
   app.add_option("--generation", generation,
@@ -502,6 +507,10 @@ int Main(int argc, char** argv) {
                  fail_point.c_str());
     return 2;
   }
+  if (!o.pipeline_log_dir.empty() && recovery != "log") {
+    std::fprintf(stderr, "memento-trainer: --pipeline-log-dir needs --recovery log\n");
+    return 2;
+  }
   if ((recovery == "restart" || recovery == "log") && (save.empty() || save_every <= 0)) {
     std::fprintf(stderr,
                  "memento-trainer: --recovery %s needs --save PATH and --save-every K (the state "
@@ -543,12 +552,14 @@ int Main(int argc, char** argv) {
     trainer->SetHooks(fault_hooks.get());
   }
   // Neighbouring stages of this rank (same DP and TP rank): their logs.
+  // (With --pipeline-log-dir: the spool's step files there, PipelineLog::ReadAny.)
+  const std::string log_dir =
+      o.pipeline_log_dir.empty() ? o.comm.rendezvous_dir : o.pipeline_log_dir;
   auto neighbour_logs = [&] {
     std::vector<std::string> paths;
     const int stride = o.comm.topology.dp * o.comm.topology.tp;
     for (int n : {rank - stride, rank + stride}) {
-      if (n >= 0 && n < w)
-        paths.push_back(o.comm.rendezvous_dir + "/pipeline_log.rank" + std::to_string(n));
+      if (n >= 0 && n < w) paths.push_back(log_dir + "/pipeline_log.rank" + std::to_string(n));
     }
     return paths;
   };
@@ -703,8 +714,12 @@ int Main(int argc, char** argv) {
       // A snapshot still reading the state finishes before anything rewrites it.
       Status st = trainer->hooks() != nullptr ? trainer->hooks()->BeforeRecovery() : Status::Ok();
       if (st.ok() && recovery == "log") {
-        st = trainer->WritePipelineLog(o.comm.rendezvous_dir + "/pipeline_log.rank" +
-                                       std::to_string(rank));
+        // The log is in the spool's files already (wait for the writer), or
+        // written out of this rank's memory now.
+        st = o.pipeline_log_dir.empty()
+                 ? trainer->WritePipelineLog(o.comm.rendezvous_dir + "/pipeline_log.rank" +
+                                             std::to_string(rank))
+                 : trainer->FlushPipelineLog();
       }
       const double deadline = WallSeconds() + o.comm.timeout_s;
       while (st.ok() && ReadGeneration(o.comm.rendezvous_dir) <= generation) {
@@ -841,11 +856,16 @@ int Main(int argc, char** argv) {
     std::printf(
         "{\"rank_summary\": {\"rank\": %d, \"pp_rank\": %d, \"mean_step_s\": %.6f, "
         "\"mean_cpu_s\": %.6f, \"log_bytes_per_step\": %.1f, \"log_s_per_step\": %.6f, "
-        "\"snapshot\": %s}}\n",
+        "\"log_spool_bytes\": %llu, \"log_spool_write_s\": %.6f, \"snapshot\": %s}}\n",
         rank, trainer->comm().pp_rank(), timed_steps > 0 ? sum_s / timed_steps : 0.0,
         timed_steps > 0 ? sum_cpu / timed_steps : 0.0,
         timed_steps > 0 ? sum_log_bytes / timed_steps : 0.0,
         timed_steps > 0 ? sum_log_s / timed_steps : 0.0,
+        trainer->pipeline_log_spool() != nullptr
+            ? static_cast<unsigned long long>(trainer->pipeline_log_spool()->bytes_written())
+            : 0ULL,
+        trainer->pipeline_log_spool() != nullptr ? trainer->pipeline_log_spool()->write_seconds()
+                                                 : 0.0,
         hooks_json.empty() ? "null" : hooks_json.c_str());
   }
   if (json && trainer->reports_loss() && timed_steps > 0) {

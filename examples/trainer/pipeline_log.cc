@@ -1,10 +1,17 @@
 #include "pipeline_log.h"
 
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "common/checksum.h"
+#include "common/clock.h"
 
 namespace memento::trainer {
 namespace {
@@ -85,6 +92,22 @@ void PipelineLog::Truncate(int64_t step) {
   }
   for (auto it = received_.begin(); it != received_.end() && it->first.step <= step;)
     it = received_.erase(it);
+}
+
+PipelineLog PipelineLog::TakeStep(int64_t step) {
+  PipelineLog out;
+  const MessageKey lo{step, INT32_MIN, INT32_MIN, INT32_MIN, MessageKind::kActivation};
+  for (auto it = sent_.lower_bound(lo); it != sent_.end() && it->first.step == step;) {
+    bytes_ -= it->second.payload.size();
+    out.bytes_ += it->second.payload.size();
+    out.sent_.emplace(it->first, std::move(it->second));
+    it = sent_.erase(it);
+  }
+  for (auto it = received_.lower_bound(lo); it != received_.end() && it->first.step == step;) {
+    out.received_.emplace(it->first, it->second);
+    it = received_.erase(it);
+  }
+  return out;
 }
 
 Result<const std::string*> PipelineLog::Sent(const MessageKey& key) const {
@@ -193,6 +216,149 @@ Result<PipelineLog> PipelineLog::ReadFile(const std::string& path) {
   }
   std::fclose(f);
   return log;
+}
+
+Result<PipelineLog> PipelineLog::ReadAny(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0) return ReadFile(path);
+  // The spool's step files: "<base>.step<s>", in step order.
+  const std::filesystem::path p(path);
+  const std::string dir = p.parent_path().empty() ? "." : p.parent_path().string();
+  const std::string prefix = p.filename().string() + ".step";
+  std::vector<std::pair<int64_t, std::string>> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string tail = name.substr(prefix.size());
+    if (tail.empty() || tail.find_first_not_of("0123456789") != std::string::npos) continue;
+    files.emplace_back(std::stoll(tail), e.path().string());
+  }
+  if (ec) return ErrnoError("list " + dir, ec.value());
+  if (files.empty()) {
+    return NotFoundError("no pipeline log at " + path + " (neither the file nor " + path +
+                         ".step<s> files of a spool)");
+  }
+  std::sort(files.begin(), files.end());
+  PipelineLog log;
+  for (const auto& [step, file] : files) {
+    MEMENTO_ASSIGN_OR_RETURN(PipelineLog one, ReadFile(file));
+    log.Merge(one);
+  }
+  return log;
+}
+
+// ---- PipelineLogSpool ----------------------------------------------------------
+
+PipelineLogSpool::PipelineLogSpool(std::string dir, int rank) : dir_(std::move(dir)), rank_(rank) {}
+
+Result<std::unique_ptr<PipelineLogSpool>> PipelineLogSpool::Create(const std::string& dir,
+                                                                   int rank) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return InternalError("pipeline log spool: mkdir -p " + dir + ": " + ec.message());
+  std::unique_ptr<PipelineLogSpool> s(new PipelineLogSpool(dir, rank));
+  s->thread_ = std::thread([p = s.get()] { p->Run(); });
+  return s;
+}
+
+PipelineLogSpool::~PipelineLogSpool() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string PipelineLogSpool::BasePath(const std::string& dir, int rank) {
+  return dir + "/pipeline_log.rank" + std::to_string(rank);
+}
+
+std::string PipelineLogSpool::StepPath(const std::string& dir, int rank, int64_t step) {
+  return BasePath(dir, rank) + ".step" + std::to_string(step);
+}
+
+void PipelineLogSpool::Submit(int64_t step, PipelineLog entries) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    Task t;
+    t.step = step;
+    t.log = std::move(entries);
+    queue_.push_back(std::move(t));
+  }
+  cv_.notify_all();
+}
+
+void PipelineLogSpool::Truncate(int64_t step) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    Task t;
+    t.step = step;
+    t.truncate = true;
+    queue_.push_back(std::move(t));
+  }
+  cv_.notify_all();
+}
+
+Status PipelineLogSpool::Flush() {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [&] { return queue_.empty() && !busy_; });
+  Status st = error_;
+  error_ = Status::Ok();
+  return st;
+}
+
+uint64_t PipelineLogSpool::bytes_written() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return bytes_written_;
+}
+
+double PipelineLogSpool::write_seconds() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return write_seconds_;
+}
+
+void PipelineLogSpool::Run() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_, everything written
+    Task t = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    l.unlock();
+    Stopwatch w;
+    Status st;
+    uint64_t bytes = 0;
+    if (t.truncate) {
+      // Every step file <= t.step, also those a dead process of this rank
+      // left behind.
+      const std::string prefix = "pipeline_log.rank" + std::to_string(rank_) + ".step";
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind(prefix, 0) != 0) continue;
+        const std::string tail = name.substr(prefix.size());
+        if (tail.empty() || tail.find_first_not_of("0123456789") != std::string::npos) continue;
+        if (std::stoll(tail) <= t.step) unlink(e.path().c_str());
+      }
+    } else {
+      const std::string path = StepPath(dir_, rank_, t.step);
+      st = t.log.WriteFile(path);
+      if (st.ok()) {
+        struct stat sb;
+        if (stat(path.c_str(), &sb) == 0) bytes = static_cast<uint64_t>(sb.st_size);
+      }
+    }
+    const double secs = w.Seconds();
+    l.lock();
+    busy_ = false;
+    bytes_written_ += bytes;
+    write_seconds_ += secs;
+    if (!st.ok() && error_.ok()) error_ = st.WithContext("pipeline log spool");
+    cv_.notify_all();
+  }
 }
 
 }  // namespace memento::trainer

@@ -19,10 +19,15 @@
 // Thread safety: none; one trainer thread owns a log.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -57,6 +62,9 @@ class PipelineLog {
   void RecordReceived(const MessageKey& key, const void* data, size_t bytes);
   // Drops every entry of steps <= `step` (a version at `step` committed).
   void Truncate(int64_t step);
+  // Moves every entry of step `step` out into a log of its own (no payload
+  // is copied).
+  PipelineLog TakeStep(int64_t step);
 
   // The payload of a sent message: NotFound naming the key when it was not
   // logged, DataLoss when its checksum does not match.
@@ -73,6 +81,10 @@ class PipelineLog {
   // InvalidArgument / DataLoss naming the file and field when it is not a
   // log, of another version, truncated, or an entry fails its checksum.
   static Result<PipelineLog> ReadFile(const std::string& path);
+  // A stage's log at `path`: the file WriteFile wrote there, or else the
+  // step files a PipelineLogSpool keeps (`path.step<s>`), merged. NotFound
+  // when there is neither; ReadFile's errors for a bad file, naming it.
+  static Result<PipelineLog> ReadAny(const std::string& path);
   // Merges another stage's log (a replacement reads its neighbours' logs).
   void Merge(const PipelineLog& other);
 
@@ -87,6 +99,64 @@ class PipelineLog {
   std::map<MessageKey, SentMessage> sent_;
   std::map<MessageKey, uint64_t> received_;  // payload checksum
   uint64_t bytes_ = 0;
+};
+
+// The pipeline log kept in shared memory (SWIFT: "logging into the agent's
+// shared memory, so it survives a trainer crash"): each completed step's
+// entries are moved out of the trainer's log (PipelineLog::TakeStep, no
+// copy on the trainer's thread) and written by a background thread to
+// `<dir>/pipeline_log.rank<r>.step<s>` (the MMPPLOG1 format, every entry
+// with its checksum; write then rename, so a step file is whole or absent).
+// `dir` is a tmpfs directory (/dev/shm/..., a node's memory): the files
+// outlive the process that wrote them, so a stage killed by SIGKILL leaves
+// its log behind; a neighbour's replacement reads it with
+// PipelineLog::ReadAny("<dir>/pipeline_log.rank<r>"). Truncate(step)
+// unlinks the files of steps <= step, in order with the writes.
+//
+// Thread safety: Submit, Truncate and Flush from the trainer's thread; one
+// writer thread of its own.
+class PipelineLogSpool {
+ public:
+  // mkdir -p `dir`; the writer thread starts.
+  static Result<std::unique_ptr<PipelineLogSpool>> Create(const std::string& dir, int rank);
+  ~PipelineLogSpool();  // writes what is queued, then joins the thread
+  PipelineLogSpool(const PipelineLogSpool&) = delete;
+  PipelineLogSpool& operator=(const PipelineLogSpool&) = delete;
+
+  static std::string BasePath(const std::string& dir, int rank);
+  static std::string StepPath(const std::string& dir, int rank, int64_t step);
+
+  // Queues step `step`'s entries (replacing a file of that step).
+  void Submit(int64_t step, PipelineLog entries);
+  // Queues the removal of step files <= `step`.
+  void Truncate(int64_t step);
+  // Waits until everything queued is written; the first write error since
+  // the last Flush (the step file is then missing: a replay that needs it
+  // fails and falls back to the snapshot).
+  [[nodiscard]] Status Flush();
+
+  // Written so far: bytes (files) and the writer thread's seconds.
+  uint64_t bytes_written() const;
+  double write_seconds() const;
+
+ private:
+  PipelineLogSpool(std::string dir, int rank);
+  void Run();
+  struct Task {
+    int64_t step = 0;
+    bool truncate = false;
+    PipelineLog log;
+  };
+  const std::string dir_;
+  const int rank_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool busy_ = false, stop_ = false;
+  Status error_;
+  uint64_t bytes_written_ = 0;
+  double write_seconds_ = 0;
+  std::thread thread_;
 };
 
 // xxHash3 of a key and a payload (what a log entry's checksum covers).

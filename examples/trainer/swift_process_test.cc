@@ -160,6 +160,40 @@ TEST_F(SwiftProcessTest, LogReplaysTheLostStage) {
   EXPECT_EQ(o.Count("\"swift_fallback\""), 0) << o.output;
 }
 
+// The same with the logs in shared memory (--pipeline-log-dir on /dev/shm):
+// each rank's completed steps are in files there, written by a background
+// thread; the killed stage's files outlive it, the survivors write nothing
+// into the rendezvous dir at the failure.
+TEST_F(SwiftProcessTest, LogReplaysTheLostStageFromSharedMemory) {
+  const std::string spool = "/dev/shm/memento-test-swift-spool-" + std::to_string(getpid());
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() { memento::testing::RemoveTree(path); }
+  } cleanup{spool};
+  const std::vector<std::string> topo = {"--pp", "4"};
+  std::string what;
+  std::vector<std::string> kill = Kill(4, &what);
+  SCOPED_TRACE(what);
+  Outcome clean = Run(topo, 4);
+  std::vector<std::string> args = topo;
+  args.insert(args.end(), {"--recovery", "log", "--pipeline-log-dir", spool});
+  args.insert(args.end(), kill.begin(), kill.end());
+  const std::string rendezvous = dir_.path() + "/run" + std::to_string(runs_);
+  Outcome o = Run(args, 4);
+  ExpectSameFinalStates(clean, o);
+  EXPECT_EQ(o.Count("\"replacement\": true"), 1) << o.output;
+  EXPECT_EQ(o.Count("\"replacement\": false"), 3) << o.output;
+  EXPECT_EQ(o.Count("\"swift_fallback\""), 0) << o.output;
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NE(access((rendezvous + "/pipeline_log.rank" + std::to_string(r)).c_str(), F_OK), 0)
+        << "rank " << r << " wrote its log into the rendezvous dir";
+    // Steps after the last truncation are still there, per rank.
+    EXPECT_EQ(access((spool + "/pipeline_log.rank" + std::to_string(r) + ".step10").c_str(), F_OK),
+              0)
+        << "rank " << r;
+  }
+}
+
 TEST_F(SwiftProcessTest, RestartReloadsEveryRank) {
   const std::vector<std::string> topo = {"--pp", "2"};
   std::string what;

@@ -8,6 +8,9 @@
 // at the agreed step and at the end must equal a failure-free run's, bit for
 // bit.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -261,9 +264,19 @@ struct ReplayRun {
 // fails in step t + 1; survivors write their logs, everyone reconnects, a
 // replacement loads the step-k snapshot and replays to the survivors' step.
 // When that fails, every rank falls back to the step-k snapshot.
-std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t, int steps) {
+// `spool`: the logs are kept in a shared-memory directory (/dev/shm) by each
+// rank's PipelineLogSpool instead of being written out at the failure.
+std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t, int steps,
+                                 bool spool = false) {
   memento::testing::ScratchDir dir("trainer-replay");
+  const std::string spool_dir = "/dev/shm/memento-test-spool-" + std::to_string(getpid()) + "-" +
+                                std::to_string(std::random_device{}());
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() { memento::testing::RemoveTree(path); }
+  } cleanup{spool_dir};
   TrainerOptions o = TinyOptions();
+  if (spool) o.pipeline_log_dir = spool_dir;
   o.model.layers = 4;
   o.micro_batches = 4;
   o.comm.topology.pp = 4;
@@ -272,7 +285,10 @@ std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t
   o.undo_log = true;  // a survivor ahead of a lagging one undoes its step
   const int ranks = 4;
   auto snapshot = [&](int r) { return dir.path() + "/state.rank" + std::to_string(r); };
-  auto log_path = [&](int r) { return dir.path() + "/pipeline_log.stage" + std::to_string(r); };
+  auto log_path = [&](int r) {
+    return spool ? PipelineLogSpool::BasePath(spool_dir, r)
+                 : dir.path() + "/pipeline_log.stage" + std::to_string(r);
+  };
   std::vector<ReplayRun> runs(ranks);
   auto body = [&](int rank) {
     ReplayRun& run = runs[rank];
@@ -332,8 +348,15 @@ std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t
           if (n < 0 || n >= ranks) continue;
           inputs.push_back(log_path(n));
           if (mode == ReplayMode::kCorruptLog && n == rank - 1) {
-            // One payload byte in the middle of the file.
-            FILE* f = std::fopen(log_path(n).c_str(), "r+b");
+            // One payload byte in the middle of the file (the spool: of
+            // the file of step t).
+            const std::string file =
+                spool ? PipelineLogSpool::StepPath(spool_dir, n, t) : log_path(n);
+            FILE* f = std::fopen(file.c_str(), "r+b");
+            if (f == nullptr) {
+              run.status = InternalError("cannot open " + file + " to corrupt it");
+              return;
+            }
             std::fseek(f, 0, SEEK_END);
             const long size = std::ftell(f);
             std::fseek(f, size / 2, SEEK_SET);
@@ -344,7 +367,8 @@ std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t
           }
         }
       } else {
-        run.status = tr->WritePipelineLog(log_path(rank));
+        // With a spool the log is in shared memory already: wait for it.
+        run.status = spool ? tr->FlushPipelineLog() : tr->WritePipelineLog(log_path(rank));
         if (!run.status.ok()) return;
         run.status = tr->Reconnect("recovery1");
         if (!run.status.ok()) return;
@@ -491,6 +515,112 @@ TEST(LogReplayTest, CorruptedLogEntryFallsBackToTheSnapshot) {
   }
   EXPECT_NE(runs[lost].recovery.message().find("checksum"), std::string::npos)
       << runs[lost].recovery;
+}
+
+// The same with the logs in shared memory (PipelineLogSpool, /dev/shm): the
+// survivors write nothing at the failure, the replacement reads its
+// neighbours' step files.
+TEST(LogReplayTest, LostStageReplaysFromTheSharedMemorySpool) {
+  const int steps = 7, lost = 2;
+  const int64_t k = 2, t = 4;
+  std::vector<ReplayRun> clean = RunReplay(ReplayMode::kClean, lost, k, t, steps, true);
+  for (const ReplayRun& c : clean) ASSERT_TRUE(c.status.ok()) << c.status;
+  std::vector<ReplayRun> runs = RunReplay(ReplayMode::kReplay, lost, k, t, steps, true);
+  ExpectSameStates(clean, runs, steps);
+  for (size_t r = 0; r < runs.size(); ++r) {
+    EXPECT_TRUE(runs[r].recovery.ok()) << "rank " << r << ": " << runs[r].recovery;
+    EXPECT_FALSE(runs[r].fell_back);
+    EXPECT_EQ(runs[r].agreed, t + 1) << "rank " << r;
+  }
+}
+
+// One byte of a neighbour's step file in shared memory flipped: its
+// checksum catches it, and every rank falls back to the snapshot.
+TEST(LogReplayTest, CorruptedSpoolEntryFallsBackToTheSnapshot) {
+  const int steps = 6, lost = 1;
+  const int64_t k = 2, t = 3;
+  std::vector<ReplayRun> clean = RunReplay(ReplayMode::kClean, lost, k, t, steps, true);
+  std::vector<ReplayRun> runs = RunReplay(ReplayMode::kCorruptLog, lost, k, t, steps, true);
+  ExpectSameStates(clean, runs, steps);
+  for (size_t r = 0; r < runs.size(); ++r) {
+    EXPECT_EQ(runs[r].recovery.code(), StatusCode::kFailedPrecondition) << runs[r].recovery;
+    EXPECT_TRUE(runs[r].fell_back);
+  }
+  EXPECT_NE(runs[lost].recovery.message().find("checksum"), std::string::npos)
+      << runs[lost].recovery;
+  EXPECT_NE(runs[lost].recovery.message().find(".step3"), std::string::npos) << runs[lost].recovery;
+}
+
+// A spool's files are in shared memory, not in its process: a process that
+// submits three steps, flushes and is SIGKILLed leaves them whole, each entry
+// checked on reading; Truncate removes older steps (also those of a dead
+// process of the same rank); a flipped byte is DataLoss naming the file.
+TEST(PipelineLogTest, SpoolOutlivesItsKilledProcessAndIsChecked) {
+  const std::string dir = "/dev/shm/memento-test-spool-kill-" + std::to_string(getpid()) + "-" +
+                          std::to_string(std::random_device{}());
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() { memento::testing::RemoveTree(path); }
+  } cleanup{dir};
+  auto payload = [](int64_t step) {
+    std::vector<float> v(256);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(step) + 0.25f * i;
+    return v;
+  };
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto spool = PipelineLogSpool::Create(dir, 3);
+    if (!spool.ok()) _exit(2);
+    for (int64_t step = 1; step <= 3; ++step) {
+      PipelineLog log;
+      const std::vector<float> v = payload(step);
+      log.AppendSent(MessageKey{step, 0, 1, 2, MessageKind::kActivation}, v.data(), v.size() * 4);
+      log.RecordReceived(MessageKey{step, 0, 0, 1, MessageKind::kActivation}, v.data(), 16);
+      (*spool)->Submit(step, log.TakeStep(step));
+    }
+    if (!(*spool)->Flush().ok()) _exit(3);
+    raise(SIGKILL);
+    _exit(4);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  const std::string base = PipelineLogSpool::BasePath(dir, 3);
+  auto read = PipelineLog::ReadAny(base);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->num_sent(), 3u);
+  EXPECT_EQ(read->num_received(), 3u);
+  for (int64_t step = 1; step <= 3; ++step) {
+    auto got = read->Sent(MessageKey{step, 0, 1, 2, MessageKind::kActivation});
+    ASSERT_TRUE(got.ok()) << got.status();
+    const std::vector<float> v = payload(step);
+    ASSERT_EQ((*got)->size(), v.size() * 4);
+    EXPECT_EQ(0, std::memcmp((*got)->data(), v.data(), v.size() * 4)) << "step " << step;
+  }
+  {
+    auto spool = PipelineLogSpool::Create(dir, 3);  // a new process of rank 3
+    ASSERT_TRUE(spool.ok()) << spool.status();
+    (*spool)->Truncate(2);
+    ASSERT_TRUE((*spool)->Flush().ok());
+  }
+  read = PipelineLog::ReadAny(base);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->num_sent(), 1u);  // step 3
+  EXPECT_EQ(access(PipelineLogSpool::StepPath(dir, 3, 2).c_str(), F_OK), -1);
+  const std::string file = PipelineLogSpool::StepPath(dir, 3, 3);
+  FILE* f = std::fopen(file.c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  std::fseek(f, 32 + 40 + 100, SEEK_SET);  // inside the sent payload
+  const int c = std::fgetc(f);
+  std::fseek(f, 32 + 40 + 100, SEEK_SET);
+  std::fputc(c ^ 0x10, f);
+  std::fclose(f);
+  auto bad = PipelineLog::ReadAny(base);
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss) << bad.status();
+  EXPECT_NE(bad.status().message().find(file), std::string::npos) << bad.status();
+  EXPECT_EQ(PipelineLog::ReadAny(dir + "/pipeline_log.rank9").status().code(),
+            StatusCode::kNotFound);
 }
 
 TEST(LogReplayTest, ReplayThatDivergesIsAnError) {

@@ -115,6 +115,9 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o, Traine
   tr->m_.assign(opt, 0.0f);
   tr->v_.assign(opt, 0.0f);
   if (o.pipeline_log) tr->plog_ = std::make_unique<PipelineLog>();
+  if (o.pipeline_log && !o.pipeline_log_dir.empty()) {
+    MEMENTO_ASSIGN_OR_RETURN(tr->spool_, PipelineLogSpool::Create(o.pipeline_log_dir, o.comm.rank));
+  }
   if (o.undo_log) tr->undo_log_ = std::make_unique<opt::UndoLog>(1 + tr->optimizer_->num_state());
   tr->state_.cursor = InitialCursor(o.seed);
   tr->tokens_.assign(static_cast<size_t>(tr->local_batch_) * (m.seq + 1), 0);
@@ -278,6 +281,12 @@ Result<StepResult> Trainer::Step() {
   r.has_loss = reports_loss();
   r.loss = loss_sum / (static_cast<double>(options_.global_batch) * options_.model.seq);
   r.comm_seconds += tp_comm_seconds_;
+  if (spool_) {
+    // The step's entries move to the spool's writer (no copy here).
+    Stopwatch w;
+    spool_->Submit(r.step, plog_->TakeStep(r.step));
+    log_seconds_ += w.Seconds();
+  }
   r.log_seconds = log_seconds_;
   r.log_bytes = log_bytes_;
   r.seconds = total.Seconds();
@@ -475,7 +484,7 @@ Result<int64_t> Trainer::RecoverByReplay(const std::vector<std::string>& log_pat
   } else if (replacement) {
     PipelineLog inputs;
     for (const std::string& path : log_paths) {
-      auto log = PipelineLog::ReadFile(path);
+      auto log = PipelineLog::ReadAny(path);
       if (!log.ok()) {
         mine = log.status();
         break;

@@ -116,6 +116,11 @@ struct TrainerOptions {
   // docs/swift.md): a copy of every activation and gradient this stage
   // sends, the checksum of every one it receives, the step's gradient norm.
   bool pipeline_log = false;
+  // With pipeline_log: keep the log in this directory instead of the
+  // trainer's memory, a file per completed step written by a background
+  // thread (PipelineLogSpool; a tmpfs directory such as /dev/shm/...: the
+  // node's shared memory, which outlives a crashed rank). Empty: in memory.
+  std::string pipeline_log_dir;
 };
 
 struct StepResult {
@@ -197,8 +202,14 @@ class Trainer {
   // Drops log entries of steps <= `step` (a version at `step` committed).
   void TruncatePipelineLog(int64_t step) {
     if (plog_) plog_->Truncate(step);
+    if (spool_) spool_->Truncate(step);
   }
   [[nodiscard]] Status WritePipelineLog(const std::string& path) const;
+  // With options().pipeline_log_dir: waits until every completed step's log
+  // is in its file there (a survivor before a neighbour's replay). OK
+  // without a spool.
+  [[nodiscard]] Status FlushPipelineLog() { return spool_ ? spool_->Flush() : Status::Ok(); }
+  const PipelineLogSpool* pipeline_log_spool() const { return spool_.get(); }
   // Collective over the world after a stage was lost and replaced (every
   // rank calls it on a working Comm, see Reconnect): the ranks agree on the
   // last step every survivor completed; a survivor ahead of it or half into
@@ -271,9 +282,10 @@ class Trainer {
   TrainState undo_state_;                   // state_ when the log began
   bool undo_ready_ = false;                 // the log can undo the last step
   bool in_update_ = false;
-  std::unique_ptr<PipelineLog> plog_;    // with options_.pipeline_log
-  const PipelineLog* replay_ = nullptr;  // during RecoverByReplay: the inputs
-  double log_seconds_ = 0.0;             // this step's
+  std::unique_ptr<PipelineLog> plog_;        // with options_.pipeline_log
+  std::unique_ptr<PipelineLogSpool> spool_;  // with options_.pipeline_log_dir
+  const PipelineLog* replay_ = nullptr;      // during RecoverByReplay: the inputs
+  double log_seconds_ = 0.0;                 // this step's
   uint64_t log_bytes_ = 0;
   std::vector<float> params_, grads_, m_, v_;
   size_t opt_offset_ = 0;
