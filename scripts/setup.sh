@@ -6,6 +6,7 @@
 #                               PyTorch (python3-torch, python3-numpy) for the
 #                               Python package and its tests (docs/python.md),
 #                               pip, setuptools and wheel for `pip install ./python`,
+#                               python3-yaml for the Kubernetes recipe's test (docs/deploy.md),
 #                               etcd (etcd-server, etcd-client) and cpp-httplib
 #                               for the etcd store backend and its tests (docs/etcd.md)
 #   scripts/setup.sh --no-python  without PyTorch (its tests then skip)
@@ -22,7 +23,7 @@ packages=(
   libgloo-dev libopenblas-dev
   libgtest-dev libexpat1-dev
   pybind11-dev python3-dev
-  python3-pip python3-setuptools python3-wheel
+  python3-pip python3-setuptools python3-wheel python3-yaml
   python3-torch python3-numpy
   libssl-dev
   iproute2 procps
@@ -40,7 +41,7 @@ for arg in "$@"; do
       packages=("${kept[@]}") ;;
     --etcd) ;;  # in the default set now; kept so old command lines work
     --fuzz) packages+=(clang-14 libfuzzer-14-dev libclang-rt-14-dev) ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (expected --no-python, --etcd, --fuzz)" >&2; exit 2 ;;
   esac
 done
