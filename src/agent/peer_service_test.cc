@@ -759,6 +759,74 @@ TEST(AssembleTest, StagesEveryRankFromLocalAndRemotePieces) {
   }
 }
 
+// The sharded save path's slots (docs/reft.md section 2): each rank's slot
+// holds only its plan pieces (range entries). Every rank's whole state comes
+// back from its group's slots, byte for byte; a slot that lacks a piece's
+// bytes is refused naming the tensor, the range and the node.
+TEST(AssembleTest, StagesEveryRankFromSlotsOfPieces) {
+  using namespace assemble_test;
+  for (const char* policy : {"xor", "replicate", "rs:2"}) {
+    SCOPED_TRACE(policy);
+    const int n = 4;
+    Cluster c(n, MakeInventory(n), policy);
+    for (int r = 0; r < n; ++r) {
+      const int node = c.plan().ranks[r].node;
+      SlotWriter(*c.node(node).store, PieceEntries(c.plan(), c.inv(), r, c.plan().ranks[r].pieces),
+                 r, 0)
+          .Write(7);
+      auto seg = shm::Segment::Open(shm::SlotPath(c.root(node), r, 0), false);
+      ASSERT_TRUE(seg.ok());
+      auto info = shm::ReadSlot(**seg);
+      ASSERT_TRUE(info.ok()) << info.status();
+      EXPECT_TRUE(shm::HasRangeEntries(info->tensors)) << "rank " << r;
+    }
+    const auto cp = MakeClusterPlan(c.plan(), c.inv());
+    for (int r = 0; r < n; ++r) {
+      const int node = c.plan().ranks[r].node;
+      auto staged = AssembleRank(*cp, kJob, r, 7, c.node(node).service->reader(),
+                                 *c.node(node).store, Soon());
+      ASSERT_TRUE(staged.ok()) << staged.status();
+      ExpectStagedSlot(c, staged->path, r, 7);
+      ASSERT_EQ(unlink(staged->path.c_str()), 0);
+    }
+    // Rank 2's slot of step 8 lacks the last segment of its replicated piece.
+    std::vector<uint32_t> pieces;
+    uint32_t cut = topo::kNoId;
+    for (uint32_t id : c.plan().ranks[2].pieces) {
+      if (c.plan().pieces[id].kind == topo::PieceKind::kReplicatedShard && cut == topo::kNoId) {
+        cut = id;
+        continue;
+      }
+      pieces.push_back(id);
+    }
+    ASSERT_NE(cut, topo::kNoId);
+    std::vector<shm::SlotEntrySpec> entries = PieceEntries(c.plan(), c.inv(), 2, pieces);
+    const std::vector<shm::SlotEntrySpec> cut_entries = PieceEntries(c.plan(), c.inv(), 2, {cut});
+    entries.insert(entries.end(), cut_entries.begin(), cut_entries.end() - 1);
+    const topo::Segment& lost = c.plan().pieces[cut].segments.back();
+    for (int r = 0; r < n; ++r) {
+      const int node = c.plan().ranks[r].node;
+      if (r == 2) {
+        SlotWriter(*c.node(node).store, entries, r, 1).Write(8);
+      } else {
+        SlotWriter(*c.node(node).store,
+                   PieceEntries(c.plan(), c.inv(), r, c.plan().ranks[r].pieces), r, 1)
+            .Write(8);
+      }
+    }
+    auto missing =
+        AssembleRank(*cp, kJob, 0, 8, c.node(0).service->reader(), *c.node(0).store, Soon());
+    ASSERT_FALSE(missing.ok());
+    EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status();
+    EXPECT_NE(missing.status().message().find("tensor '" + lost.tensor + "'"), std::string::npos)
+        << missing.status();
+    EXPECT_NE(missing.status().message().find("on node " + std::to_string(c.plan().ranks[2].node)),
+              std::string::npos)
+        << missing.status();
+    EXPECT_NE(access(shm::AssembledSlotPath(c.root(0), 0).c_str(), F_OK), 0);
+  }
+}
+
 // A piece whose bytes fail their checksum at the holder is refused, naming
 // the tensor and the node; a holder without the step is named too. Nothing
 // staged is left behind.
