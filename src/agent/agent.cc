@@ -320,6 +320,19 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
       }
       return shm::ToJson(shm::TargetReply{job_member_->RestoreTarget()});
     }
+    case AgentOp::kAssemble: {
+      if (job_member_ == nullptr) {
+        return shm::StatusToJson(FailedPreconditionError(
+            "op 'assemble' needs an agent in cluster mode (--store): a slot of plan pieces is "
+            "written only there; this one runs alone"));
+      }
+      auto staged = job_member_->Assemble(rank, req.step);
+      if (!staged.ok()) {
+        MEMENTO_LOG_ERROR("rank {}: {}", rank, staged.status().ToString());
+        return shm::StatusToJson(staged.status());
+      }
+      return shm::ToJson(*staged);
+    }
     case AgentOp::kVerify: {
       Status st = store_->Verify(rank, req.slot);
       if (!st.ok()) MEMENTO_LOG_ERROR("rank {} slot {}: {}", rank, req.slot, st.ToString());

@@ -10,6 +10,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "agent/assemble.h"
 #include "agent/peer_protocol.h"
 #include "codec/erasure_code.h"
 #include "common/checksum.h"
@@ -763,6 +764,20 @@ void JobMember::SetPeerPlan() {
   if (durable_ != nullptr) durable_->SetClusterPlan(cp);
   MutexLock l(&plan_mu_);
   cluster_plan_ = std::move(cp);
+}
+
+Result<shm::AssembleReply> JobMember::Assemble(int rank, int64_t step) {
+  std::shared_ptr<const ClusterPlan> cp;
+  {
+    MutexLock l(&plan_mu_);
+    cp = cluster_plan_;
+  }
+  if (cp == nullptr || peer_ == nullptr) {
+    return FailedPreconditionError(fmt::format(
+        "node {} has no plan yet (waiting for the topology and every rank's inventory)", node_));
+  }
+  return AssembleRank(*cp, job_, rank, step, peer_->reader(), *node_store_,
+                      Deadline::AfterSeconds(300));
 }
 
 void JobMember::StopPeerService() {

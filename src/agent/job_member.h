@@ -50,6 +50,7 @@
 #include "memento/types.h"
 #include "net/job_token.h"
 #include "net/rpc.h"
+#include "shm/agent_messages.h"
 #include "shm/commit_word.h"
 #include "shm/node_store.h"
 #include "shm/segment.h"
@@ -127,6 +128,11 @@ class JobMember {
   // completions, its skips (also this node's skip records in the store), the
   // hold and the report of a later step, its T1 versions of later steps.
   void SetRestoreTarget(int64_t step) EXCLUDES(mu_);
+
+  // The agent's `assemble` op (agent/assemble.h): rank's whole state at
+  // `step`, staged from its plan pieces. FailedPrecondition "no plan yet"
+  // before the plan is known; AssembleRank's errors otherwise.
+  Result<shm::AssembleReply> Assemble(int rank, int64_t step) EXCLUDES(plan_mu_);
 
   std::string endpoint() const { return endpoint_; }
   JobMemberStats stats() EXCLUDES(mu_);

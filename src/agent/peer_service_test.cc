@@ -1,18 +1,21 @@
 #include "agent/peer_service.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
 
+#include "agent/assemble.h"
 #include "agent/cluster_test_util.h"
 #include "agent/peer_protocol.h"
 #include "agent/redundancy_format.h"
 #include "agent/redundancy_shm.h"
 #include "codec/erasure_code.h"
 #include "common/checksum.h"
+#include "recover/recipe.h"
 #include "recover/recover.h"
 #include "shm/shm_test_util.h"
 
@@ -661,6 +664,256 @@ TEST(PeerServiceTest, RecoversALostNodeThroughThePeerProtocol) {
     // The restored node now answers inventories with its rank.
     EXPECT_EQ(c.InventoryOf(1).versions.at(0).ranks, std::vector<int>{1});
   }
+}
+
+// ---- restore-time assembly (agent/assemble.h, docs/reft.md section 3) -------
+
+namespace assemble_test {
+
+// The staged slot of `rank`: complete, every chunk verified, each tensor
+// equal to the rank's bytes at `step`.
+void ExpectStagedSlot(const Cluster& c, const std::string& path, int rank, int64_t step) {
+  auto seg = shm::Segment::Open(path, /*writable=*/false);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  auto info = shm::ReadSlot(**seg);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->state, shm::SlotState::kComplete);
+  EXPECT_EQ(info->step, step);
+  EXPECT_EQ(info->rank, rank);
+  EXPECT_EQ(info->job_id, kJob);
+  ASSERT_TRUE(shm::VerifySlotData(**seg, *info).ok());
+  ASSERT_EQ(info->tensors.size(), c.inv()[rank].size());
+  for (size_t i = 0; i < info->tensors.size(); ++i) {
+    const shm::SavedTensor& t = info->tensors[i];
+    EXPECT_EQ(t.meta.name, c.inv()[rank][i].name);
+    const auto want = TensorBytes(c.inv()[rank][i], rank, step);
+    ASSERT_EQ(t.nbytes, want.size());
+    EXPECT_EQ(0,
+              std::memcmp((*seg)->data() + info->data_offset + t.offset, want.data(), want.size()))
+        << "tensor " << t.meta.name << " of rank " << rank;
+  }
+}
+
+// Flips one byte of tensor `tensor` at `offset` in `rank`'s slot `slot`.
+void Rot(const Cluster& c, int node, int rank, int slot, const std::string& tensor,
+         uint64_t offset) {
+  auto seg = shm::Segment::Open(shm::SlotPath(c.root(node), rank, slot), true);
+  ASSERT_TRUE(seg.ok());
+  auto info = shm::ReadSlot(**seg);
+  ASSERT_TRUE(info.ok());
+  for (const auto& t : info->tensors) {
+    if (t.meta.name == tensor) shm::SlotData(**seg)[t.offset + offset] ^= 0x40;
+  }
+}
+
+// The longest replicated segment of the pieces `holder` holds.
+const topo::Segment& HeldSegment(const topo::Plan& plan, int holder) {
+  const topo::Segment* best = &plan.pieces[0].segments[0];
+  for (uint32_t id : plan.ranks[holder].pieces) {
+    const topo::Piece& p = plan.pieces[id];
+    if (p.kind != topo::PieceKind::kReplicatedShard) continue;
+    for (const topo::Segment& s : p.segments) {
+      if (s.length > best->length || best == &plan.pieces[0].segments[0]) best = &s;
+    }
+  }
+  EXPECT_NE(best, &plan.pieces[0].segments[0]) << "rank " << holder << " holds no replicated piece";
+  return *best;
+}
+
+}  // namespace assemble_test
+
+// Every rank's whole state comes back from the pieces of its sharding group:
+// its own from its node's memory, the others from the peers that hold them.
+// Bytes of the rank's own slot outside its pieces are not read: a byte rotted
+// there does not reach the staged slot.
+TEST(AssembleTest, StagesEveryRankFromLocalAndRemotePieces) {
+  using namespace assemble_test;
+  for (const char* policy : {"xor", "replicate"}) {
+    SCOPED_TRACE(policy);
+    const int n = 3;
+    Cluster c(n, MakeInventory(n), policy);
+    c.WriteT0(7, 0);
+    // Rank 0's slot: a byte of rank 1's piece rots (rank 0 does not hold it).
+    // (In its middle: a chunk of this whole-tensor slot may straddle two
+    // pieces, and the chunk of a piece that is read is verified whole.)
+    const topo::Segment& other = HeldSegment(c.plan(), 1);
+    ASSERT_GT(other.length, 3 * kChunkBytes);
+    Rot(c, 0, 0, 0, other.tensor, other.offset + other.length / 2);
+    for (int rank = 0; rank < n; ++rank) {
+      const int node = c.plan().ranks[rank].node;
+      auto staged = AssembleRank(*MakeClusterPlan(c.plan(), c.inv()), kJob, rank, 7,
+                                 c.node(node).service->reader(), *c.node(node).store, Soon());
+      ASSERT_TRUE(staged.ok()) << staged.status();
+      EXPECT_EQ(staged->path, shm::AssembledSlotPath(c.root(node), rank));
+      EXPECT_GT(staged->bytes, 0u);
+      ExpectStagedSlot(c, staged->path, rank, 7);
+      // The store's own slots are untouched and unlisted by the staging.
+      EXPECT_EQ(c.node(node).store->Ranks(), std::vector<int>{rank});
+      // A second assembly replaces the file.
+      auto again = AssembleRank(*MakeClusterPlan(c.plan(), c.inv()), kJob, rank, 7,
+                                c.node(node).service->reader(), *c.node(node).store, Soon());
+      ASSERT_TRUE(again.ok()) << again.status();
+      ExpectStagedSlot(c, again->path, rank, 7);
+      ASSERT_EQ(unlink(again->path.c_str()), 0);
+    }
+  }
+}
+
+// The sharded save path's slots (docs/reft.md section 2): each rank's slot
+// holds only its plan pieces (range entries). Every rank's whole state comes
+// back from its group's slots, byte for byte; a slot that lacks a piece's
+// bytes is refused naming the tensor, the range and the node.
+TEST(AssembleTest, StagesEveryRankFromSlotsOfPieces) {
+  using namespace assemble_test;
+  for (const char* policy : {"xor", "replicate", "rs:2"}) {
+    SCOPED_TRACE(policy);
+    const int n = 4;
+    Cluster c(n, MakeInventory(n), policy);
+    for (int r = 0; r < n; ++r) {
+      const int node = c.plan().ranks[r].node;
+      SlotWriter(*c.node(node).store, PieceEntries(c.plan(), c.inv(), r, c.plan().ranks[r].pieces),
+                 r, 0)
+          .Write(7);
+      auto seg = shm::Segment::Open(shm::SlotPath(c.root(node), r, 0), false);
+      ASSERT_TRUE(seg.ok());
+      auto info = shm::ReadSlot(**seg);
+      ASSERT_TRUE(info.ok()) << info.status();
+      EXPECT_TRUE(shm::HasRangeEntries(info->tensors)) << "rank " << r;
+    }
+    const auto cp = MakeClusterPlan(c.plan(), c.inv());
+    for (int r = 0; r < n; ++r) {
+      const int node = c.plan().ranks[r].node;
+      auto staged = AssembleRank(*cp, kJob, r, 7, c.node(node).service->reader(),
+                                 *c.node(node).store, Soon());
+      ASSERT_TRUE(staged.ok()) << staged.status();
+      ExpectStagedSlot(c, staged->path, r, 7);
+      ASSERT_EQ(unlink(staged->path.c_str()), 0);
+    }
+    // Rank 2's slot of step 8 lacks the last segment of its replicated piece.
+    std::vector<uint32_t> pieces;
+    uint32_t cut = topo::kNoId;
+    for (uint32_t id : c.plan().ranks[2].pieces) {
+      if (c.plan().pieces[id].kind == topo::PieceKind::kReplicatedShard && cut == topo::kNoId) {
+        cut = id;
+        continue;
+      }
+      pieces.push_back(id);
+    }
+    ASSERT_NE(cut, topo::kNoId);
+    std::vector<shm::SlotEntrySpec> entries = PieceEntries(c.plan(), c.inv(), 2, pieces);
+    const std::vector<shm::SlotEntrySpec> cut_entries = PieceEntries(c.plan(), c.inv(), 2, {cut});
+    entries.insert(entries.end(), cut_entries.begin(), cut_entries.end() - 1);
+    const topo::Segment& lost = c.plan().pieces[cut].segments.back();
+    for (int r = 0; r < n; ++r) {
+      const int node = c.plan().ranks[r].node;
+      if (r == 2) {
+        SlotWriter(*c.node(node).store, entries, r, 1).Write(8);
+      } else {
+        SlotWriter(*c.node(node).store,
+                   PieceEntries(c.plan(), c.inv(), r, c.plan().ranks[r].pieces), r, 1)
+            .Write(8);
+      }
+    }
+    auto missing =
+        AssembleRank(*cp, kJob, 0, 8, c.node(0).service->reader(), *c.node(0).store, Soon());
+    ASSERT_FALSE(missing.ok());
+    EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status();
+    EXPECT_NE(missing.status().message().find("tensor '" + lost.tensor + "'"), std::string::npos)
+        << missing.status();
+    EXPECT_NE(missing.status().message().find("on node " + std::to_string(c.plan().ranks[2].node)),
+              std::string::npos)
+        << missing.status();
+    EXPECT_NE(access(shm::AssembledSlotPath(c.root(0), 0).c_str(), F_OK), 0);
+  }
+}
+
+// A piece whose bytes fail their checksum at the holder is refused, naming
+// the tensor and the node; a holder without the step is named too. Nothing
+// staged is left behind.
+TEST(AssembleTest, RefusesACorruptOrMissingPieceNamingIt) {
+  using namespace assemble_test;
+  const int n = 3;
+  Cluster c(n, MakeInventory(n), "xor");
+  c.WriteT0(7, 0);
+  const auto cp = MakeClusterPlan(c.plan(), c.inv());
+  const topo::Segment& seg1 = HeldSegment(c.plan(), 1);
+  Rot(c, 1, 1, 0, seg1.tensor, seg1.offset + 1);
+  auto bad = AssembleRank(*cp, kJob, 0, 7, c.node(0).service->reader(), *c.node(0).store, Soon());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss) << bad.status();
+  EXPECT_NE(bad.status().message().find("tensor '" + seg1.tensor + "'"), std::string::npos)
+      << bad.status();
+  EXPECT_NE(bad.status().message().find("node 1"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("assembling rank 0 at step 7"), std::string::npos)
+      << bad.status();
+  EXPECT_NE(access(shm::AssembledSlotPath(c.root(0), 0).c_str(), F_OK), 0);
+  // Rank 1 itself, on node 1, finds the rot in its own slot.
+  auto own = AssembleRank(*cp, kJob, 1, 7, c.node(1).service->reader(), *c.node(1).store, Soon());
+  EXPECT_EQ(own.status().code(), StatusCode::kDataLoss) << own.status();
+
+  // Node 2 lost its memory: its piece of step 7 is nowhere; named.
+  c.WriteT0(8, 1);
+  c.ReplaceNode(2);
+  auto missing =
+      AssembleRank(*cp, kJob, 0, 8, c.node(0).service->reader(), *c.node(0).store, Soon());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status();
+  const uint32_t p2 = c.plan().ranks[2].pieces[0];
+  EXPECT_NE(missing.status().message().find("on node 2"), std::string::npos) << missing.status();
+  EXPECT_NE(missing.status().message().find("piece " + std::to_string(p2)), std::string::npos)
+      << missing.status();
+  EXPECT_NE(access(shm::AssembledSlotPath(c.root(0), 0).c_str(), F_OK), 0);
+  // A rank of another node, or none at all, is refused before anything is read.
+  EXPECT_EQ(AssembleRank(*cp, kJob, 1, 8, c.node(0).service->reader(), *c.node(0).store, Soon())
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(AssembleRank(*cp, kJob, 9, 8, c.node(0).service->reader(), *c.node(0).store, Soon())
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
+// The plan's pieces must tile each tensor the rank registered: a gap, an
+// overlap or a tensor the rank lacks is named with its byte range.
+TEST(AssembleTest, PiecesMustTileEveryTensor) {
+  const int n = 3;
+  const topo::Inventory inv = MakeInventory(n);
+  const topo::Plan plan = MakeTestPlan(n, inv, "xor");
+  for (int rank = 0; rank < n; ++rank) {
+    EXPECT_TRUE(recover::CheckPiecesTile(plan, rank, inv[rank]).ok()) << rank;
+  }
+  // "a" registered longer than the plan cut it: its tail is in no piece.
+  std::vector<TensorMeta> longer = inv[0];
+  longer[0].shape = {longer[0].shape[0] + 16};
+  Status s = recover::CheckPiecesTile(plan, 0, longer);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("bytes [12000, 12064) of tensor 'a'"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("in no piece"), std::string::npos) << s;
+  // Shorter: a piece runs past its end.
+  std::vector<TensorMeta> shorter = inv[0];
+  shorter[1].shape = {shorter[1].shape[0] - 4};
+  s = recover::CheckPiecesTile(plan, 0, shorter);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("tensor 'b'"), std::string::npos) << s;
+  // A tensor the plan cuts that the rank lacks.
+  std::vector<TensorMeta> without(inv[0].begin() + 1, inv[0].end());
+  s = recover::CheckPiecesTile(plan, 0, without);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("tensor 'a', which the rank does not register"), std::string::npos)
+      << s;
+  // Overlap: a plan whose two pieces both claim the start of "a".
+  topo::Plan overlap = plan;
+  for (topo::Piece& p : overlap.pieces) {
+    if (p.kind == topo::PieceKind::kReplicatedShard && p.segments[0].offset > 0 &&
+        p.segments[0].tensor == "a") {
+      p.segments[0].offset -= 64;
+      break;
+    }
+  }
+  s = recover::CheckPiecesTile(overlap, 0, inv[0]);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("in two pieces"), std::string::npos) << s;
 }
 
 }  // namespace

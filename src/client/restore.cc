@@ -1,5 +1,7 @@
 #include "client/restore.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -9,10 +11,15 @@
 #include "common/log.h"
 #include "common/mutex.h"
 #include "fmt/format.h"
+#include "shm/agent_messages.h"
 #include "snap/copy_kernel.h"
 
 namespace memento::client {
 namespace {
+
+// How long the agent may take to assemble a rank's state from its pieces
+// (reads from every member of its sharding group).
+constexpr double kAssembleTimeoutS = 300;
 
 // Checks every chunk of the version `info` describes against its checksum,
 // on the copy engine's number of threads, reading the slot only. DataLoss
@@ -100,6 +107,58 @@ Status CopyVersion(const RestoreContext& ctx, const shm::Segment& seg, const shm
   return Status::Ok();
 }
 
+// Restores step `step` of a sharded slot (`slot`): the agent assembles the
+// rank's whole state from the plan pieces into a staged whole-tensor slot,
+// which is checked like the rank's own (tensors against the registered
+// ones: InvalidArgument, nothing written; every chunk verified before the
+// first registered byte is written), copied, and removed.
+Result<RestoredVersion> RestoreAssembled(
+    const RestoreContext& ctx, int slot, int64_t step, const std::vector<TensorMeta>& metas,
+    const std::map<std::string, const RegisteredTensor*>& by_name, RestoreStats* stats) {
+  const ClientOptions& options = *ctx.options;
+  Stopwatch assemble_sw;
+  MEMENTO_ASSIGN_OR_RETURN(nlohmann::json reply,
+                           ctx.agent->Call(shm::AssembleRequest(options.rank, step),
+                                           Deadline::AfterSeconds(kAssembleTimeoutS)));
+  MEMENTO_ASSIGN_OR_RETURN(shm::AssembleReply staged, shm::ParseAssembleReply(reply));
+  MEMENTO_LOG_INFO("restore: the agent assembled step {} of rank {} ({} bytes) in {:.3f} s", step,
+                   options.rank, staged.bytes, assemble_sw.Seconds());
+  // Removed whatever happens below (the mapping outlives the name).
+  struct Unlink {
+    std::string path;
+    ~Unlink() { unlink(path.c_str()); }
+  } unlink_staged{staged.path};
+  MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<shm::Segment> seg,
+                           shm::Segment::Open(staged.path, /*writable=*/false));
+  MEMENTO_ASSIGN_OR_RETURN(shm::SlotInfo info, shm::ReadSlot(*seg));
+  if (info.state != shm::SlotState::kComplete || info.step != step || info.rank != options.rank ||
+      info.job_id != options.job_id || shm::HasRangeEntries(info.tensors)) {
+    return DataLossError(fmt::format(
+        "the agent's assembled slot {} holds {} step {} of rank {} (job '{}'), not the whole "
+        "complete step {} of rank {} (job '{}')",
+        staged.path, shm::SlotStateName(info.state), info.step, info.rank, info.job_id, step,
+        options.rank, options.job_id));
+  }
+  std::vector<std::string> diffs = shm::DiffTensors(info.tensors, metas);
+  if (!diffs.empty()) {
+    std::string msg = fmt::format(
+        "cannot restore step {} of rank {}: the saved tensors differ from the registered "
+        "ones ({} difference{}); nothing was written:",
+        step, options.rank, diffs.size(), diffs.size() == 1 ? "" : "s");
+    for (const auto& d : diffs) msg += "\n  - " + d;
+    return InvalidArgumentError(msg);
+  }
+  Stopwatch verify_sw;
+  Status st = VerifyVersion(*seg, info, options.copy_threads);
+  stats->verify_s += verify_sw.Seconds();
+  if (!st.ok()) return st.WithContext("the assembled slot " + staged.path);
+  Stopwatch copy_sw;
+  st = CopyVersion(ctx, *seg, info, by_name, &stats->bytes);
+  stats->copy_s += copy_sw.Seconds();
+  MEMENTO_RETURN_IF_ERROR(st);
+  return RestoredVersion{step, slot};
+}
+
 }  // namespace
 
 Result<RestoredVersion> RestoreVersion(const RestoreContext& ctx, std::optional<int64_t> only,
@@ -138,6 +197,37 @@ Result<RestoredVersion> RestoreVersion(const RestoreContext& ctx, std::optional<
     by_name[r.meta.name] = &r;
   }
   for (const Candidate& c : candidates) {
+    if (shm::HasRangeEntries(c.info.tensors)) {
+      // A sharded slot (docs/reft.md, section 3): the agent stages the
+      // rank's whole state from its plan pieces, then the same checks.
+      Result<RestoredVersion> r =
+          RestoreAssembled(ctx, c.slot, c.info.step, metas, by_name, &stats);
+      if (r.ok() || r.status().code() == StatusCode::kInvalidArgument) {
+        if (r.ok()) {
+          stats.step = c.info.step;
+          stats.restore_s = sw.Seconds();
+          for (const auto& s : stats.skipped) MEMENTO_LOG_WARN("restore skipped {}", s);
+          MEMENTO_LOG_INFO(
+              "restored step {} ({} bytes) from its assembled pieces in {:.3f} s (verify {:.3f} "
+              "s, copy {:.3f} s)",
+              stats.step, stats.bytes, stats.restore_s, stats.verify_s, stats.copy_s);
+        }
+        *out = stats;
+        return r;
+      }
+      std::string line =
+          fmt::format("step {} (slot {}, sharded): {}", c.info.step, c.slot, r.status().ToString());
+      MEMENTO_LOG_ERROR("restore: {}{}", line, only.has_value() ? "" : "; trying an older version");
+      stats.skipped.push_back(line);
+      if (only.has_value()) {
+        // No other version may be loaded: the assembly's own error.
+        stats.restore_s = sw.Seconds();
+        *out = stats;
+        return r.status().WithContext(
+            fmt::format("restoring step {} of rank {} from its pieces", *only, options.rank));
+      }
+      continue;
+    }
     std::vector<std::string> diffs = shm::DiffTensors(c.info.tensors, metas);
     if (!diffs.empty()) {
       std::string msg = fmt::format(

@@ -3,9 +3,11 @@
 // node that holds it, in parallel, and decoded where only parity is left).
 // docs/recovery.md, "Executor" and "Threads".
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <map>
 #include <set>
@@ -307,6 +309,100 @@ Result<int> ChooseSlot(shm::NodeStore& store, int rank, int64_t step) {
 
 }  // namespace
 
+namespace {
+
+// The pieces whose bytes make up `rank`'s whole state (the recipe's parts).
+std::vector<uint32_t> RankPieces(const topo::Plan& plan, int rank) {
+  std::vector<uint32_t> out;
+  const int g = plan.ranks[rank].group;
+  for (const topo::Piece& p : plan.pieces) {
+    if ((p.kind == topo::PieceKind::kReplicatedShard && p.group == g) ||
+        (p.kind != topo::PieceKind::kReplicatedShard && p.rank == rank)) {
+      out.push_back(p.id);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<Recipe> PrimaryRecipe(const topo::Plan& plan, int rank, int64_t step) {
+  if (rank < 0 || rank >= static_cast<int>(plan.ranks.size())) {
+    return InvalidArgumentError(
+        fmt::format("rank {} is not in the plan ({} ranks)", rank, plan.ranks.size()));
+  }
+  Recipe r;
+  r.step = step;
+  r.rank = rank;
+  r.node = plan.ranks[rank].node;
+  for (uint32_t id : RankPieces(plan, rank)) {
+    const topo::Piece& p = plan.pieces[id];
+    if (p.bytes == 0) continue;
+    PiecePart part;
+    part.piece = id;
+    part.key = p.key;
+    part.bytes = p.bytes;
+    part.op = PiecePart::Op::kRead;
+    part.read = SourceRange{p.node, ByteSource{SourceKind::kPiece, id}, 0, p.bytes};
+    r.parts.push_back(std::move(part));
+  }
+  return r;
+}
+
+Status CheckPiecesTile(const topo::Plan& plan, int rank, const std::vector<TensorMeta>& tensors) {
+  struct Cover {
+    uint64_t offset, length;
+    uint32_t piece;
+  };
+  std::map<std::string, std::vector<Cover>> by_tensor;
+  for (const TensorMeta& t : tensors) by_tensor[t.name];
+  auto where = [&](uint32_t id) {
+    const topo::Piece& p = plan.pieces[id];
+    return fmt::format("piece {} (rank {}, node {})", p.key, p.rank, p.node);
+  };
+  for (uint32_t id : RankPieces(plan, rank)) {
+    for (const topo::Segment& s : plan.pieces[id].segments) {
+      if (s.length == 0) continue;
+      auto it = by_tensor.find(s.tensor);
+      if (it == by_tensor.end()) {
+        return FailedPreconditionError(
+            fmt::format("rank {}: {} holds bytes [{}, {}) of tensor '{}', which the rank does not "
+                        "register",
+                        rank, where(id), s.offset, s.offset + s.length, s.tensor));
+      }
+      it->second.push_back(Cover{s.offset, s.length, id});
+    }
+  }
+  for (const TensorMeta& t : tensors) {
+    std::vector<Cover>& c = by_tensor[t.name];
+    std::sort(c.begin(), c.end(),
+              [](const Cover& a, const Cover& b) { return a.offset < b.offset; });
+    uint64_t at = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      if (c[i].offset > at) {
+        return FailedPreconditionError(fmt::format(
+            "rank {}: bytes [{}, {}) of tensor '{}' are in no piece of the plan (the next, {}, "
+            "starts there)",
+            rank, at, c[i].offset, t.name, where(c[i].piece)));
+      }
+      if (c[i].offset < at) {
+        return FailedPreconditionError(
+            fmt::format("rank {}: bytes [{}, {}) of tensor '{}' are in two pieces: {} and {}", rank,
+                        c[i].offset, std::min(at, c[i].offset + c[i].length), t.name,
+                        where(c[i - 1].piece), where(c[i].piece)));
+      }
+      at = c[i].offset + c[i].length;
+    }
+    if (at != t.nbytes()) {
+      return FailedPreconditionError(
+          fmt::format("rank {}: bytes [{}, {}) of tensor '{}' ({} bytes) are {}", rank,
+                      std::min(at, t.nbytes()), std::max(at, t.nbytes()), t.name, t.nbytes(),
+                      at < t.nbytes() ? "in no piece of the plan" : "past its end in a piece"));
+    }
+  }
+  return Status::Ok();
+}
+
 Result<AssemblyStats> ExecuteAssemblies(const topo::Plan& plan, const topo::Inventory& inventory,
                                         const std::string& job_id, int64_t step,
                                         const std::vector<RankAssembly>& assemblies,
@@ -369,6 +465,9 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
         at += seg.length;
       }
     }
+    if (options.stage_path) {
+      MEMENTO_RETURN_IF_ERROR(CheckPiecesTile(plan, a.rank, inventory[a.rank]));
+    }
     jobs.push_back(std::move(job));
   }
 
@@ -381,8 +480,22 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   // leaves every slot as it was), then mark them kWriting (a crash or an
   // error from here on leaves them not complete).
   std::vector<RankJob*> todo;
+  const bool staged = static_cast<bool>(options.stage_path);
   for (RankJob& job : jobs) {
     const int rank = job.recipe.rank;
+    if (staged) {
+      // A restore-time assembly: a fresh file, the store's slots untouched.
+      const std::string path = options.stage_path(rank);
+      if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+        return ErrnoError("removing the old staged slot " + path, errno);
+      }
+      MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<shm::Segment> seg,
+                               shm::Segment::CreateOrGrow(path, job.layout.total_bytes));
+      job.segment = std::move(seg);
+      job.slot = 0;
+      todo.push_back(&job);
+      continue;
+    }
     MEMENTO_ASSIGN_OR_RETURN(job.slot, ChooseSlot(store, rank, step));
     if (job.slot < 0) {
       MEMENTO_LOG_INFO("recover: rank {} already holds step {} intact", rank, step);
@@ -545,6 +658,25 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   const int threads = std::max(1, options.threads);
   std::vector<WorkerStats> ws(threads);
 
+  // " (tensor 'a' bytes [x, y), ...)": the tensor bytes a piece range holds,
+  // for error messages.
+  auto tensor_ranges = [&](const SourceRange& what) -> std::string {
+    const int64_t piece = piece_of(what);
+    if (piece < 0) return "";
+    std::string out;
+    uint64_t at = 0;
+    for (const topo::Segment& sg : plan.pieces[piece].segments) {
+      const uint64_t lo = std::max(at, what.offset);
+      const uint64_t hi = std::min(at + sg.length, what.offset + what.length);
+      if (lo < hi) {
+        out += fmt::format("{}tensor '{}' bytes [{}, {})", out.empty() ? " (" : ", ", sg.tensor,
+                           sg.offset + (lo - at), sg.offset + (hi - at));
+      }
+      at += sg.length;
+    }
+    return out.empty() ? out : out + ")";
+  };
+
   auto read = [&](WorkerStats& w, const Recipe& r, const SourceRange& src, uint64_t offset,
                   uint64_t length, void* dst, RankJob* into_slot = nullptr) -> Status {
     if (deadline.expired()) {
@@ -580,8 +712,9 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
       SourceRange what = src;
       what.offset = req.offset;
       what.length = length;
-      return Status(st.code(), fmt::format("recovery of rank {}: reading {} failed: {}", r.rank,
-                                           Describe(what, r.step), st.message()));
+      return Status(st.code(),
+                    fmt::format("recovery of rank {}: reading {}{} failed: {}", r.rank,
+                                Describe(what, r.step), tensor_ranges(what), st.message()));
     }
     w.read_bytes += length;
     return Status::Ok();
@@ -746,6 +879,14 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   for (RankJob* job : todo) {
     if (options.before_complete) options.before_complete(job->recipe.rank, *job->segment);
     shm::CompleteSlotWrite(*job->segment);
+    if (staged) {
+      // Its reader (the client's restore) verifies every chunk.
+      stats.bytes += job->layout.data_bytes;
+      stats.ranks.push_back(job->recipe.rank);
+      MEMENTO_LOG_INFO("assemble: staged rank {} step {} in {} ({} bytes)", job->recipe.rank, step,
+                       job->segment->path(), job->layout.data_bytes);
+      continue;
+    }
     // Chunks checked on arrival (their bytes hashed in place in this slot
     // against the source's checksum, written once) are not read again;
     // decoded and locally copied chunks are (docs/recovery.md,

@@ -96,7 +96,32 @@ struct ExecuteOptions {
   // written, just before it is marked complete and verified (a test corrupts
   // the slot here to show what the verification still catches).
   std::function<void(int rank, const shm::Segment& segment)> before_complete;
+  // Restore-time assembly (ExecuteAssembliesWithOptions for the agent's
+  // `assemble` op, docs/reft.md section 3): when set, each rank's whole slot
+  // is written into a new file at stage_path(rank) (replaced if it exists)
+  // instead of a slot of the node store; the store's slots are only read. The
+  // staged slot is left complete (slot index 0) with every chunk checksum
+  // either the source's (an arrival digest) or computed from bytes verified
+  // at their source; it is not verified again here (its reader, the client's
+  // restore, verifies every chunk before it writes a byte).
+  std::function<std::string(int rank)> stage_path;
 };
+
+// The recipe of a restore-time assembly of `rank` at `step` on the rank's
+// node: every non-empty piece of the rank's state (its sharding group's
+// replicated pieces, its dp_shard and private pieces) read whole from its
+// primary, the T0 slot of Piece::rank on Piece::node (this node's own slots
+// for local pieces, a peer's over the authenticated transport otherwise).
+// InvalidArgument for a rank out of the plan.
+[[nodiscard]] Result<Recipe> PrimaryRecipe(const topo::Plan& plan, int rank, int64_t step);
+
+// Checks that the segments of `rank`'s pieces (as PrimaryRecipe lists them)
+// tile each tensor of `tensors` exactly: every byte of every tensor in one
+// segment, no gap, no overlap, no segment of a tensor the rank lacks.
+// FailedPrecondition naming the tensor, the byte range and the piece (and
+// its node) otherwise.
+[[nodiscard]] Status CheckPiecesTile(const topo::Plan& plan, int rank,
+                                     const std::vector<TensorMeta>& tensors);
 
 // ExecuteAssemblies (recover.h) with explicit options.
 [[nodiscard]] Result<AssemblyStats> ExecuteAssembliesWithOptions(

@@ -32,10 +32,11 @@ constexpr const char* kSlotStatus = "slot_status";
 constexpr const char* kVersions = "versions";
 constexpr const char* kIntact = "intact";
 constexpr const char* kError = "error";
+constexpr const char* kPath = "path";
 
 constexpr AgentOp kOps[] = {AgentOp::kHello,    AgentOp::kPing,    AgentOp::kSeal,
                             AgentOp::kComplete, AgentOp::kSkipped, AgentOp::kTarget,
-                            AgentOp::kVerify,   AgentOp::kList};
+                            AgentOp::kVerify,   AgentOp::kList,    AgentOp::kAssemble};
 constexpr int64_t kMaxStep = std::numeric_limits<int64_t>::max();
 
 // A value for an error message: its JSON text, cut short.
@@ -172,6 +173,8 @@ const char* AgentOpName(AgentOp op) {
       return "verify";
     case AgentOp::kList:
       return "list";
+    case AgentOp::kAssemble:
+      return "assemble";
   }
   return "unknown";
 }
@@ -226,6 +229,12 @@ AgentRequest VerifyRequest(int rank, int slot) {
 
 AgentRequest ListRequest(int rank) { return RankRequest(AgentOp::kList, rank); }
 
+AgentRequest AssembleRequest(int rank, int64_t step) {
+  AgentRequest r = RankRequest(AgentOp::kAssemble, rank);
+  r.step = step;
+  return r;
+}
+
 json AgentRequestToJson(const AgentRequest& r) {
   json msg = {{kOp, AgentOpName(r.op)}};
   if (r.op == AgentOp::kPing) return msg;
@@ -245,6 +254,7 @@ json AgentRequestToJson(const AgentRequest& r) {
       msg[kStep] = r.step;
       break;
     case AgentOp::kSkipped:
+    case AgentOp::kAssemble:
       msg[kStep] = r.step;
       break;
     case AgentOp::kVerify:
@@ -292,9 +302,10 @@ Result<AgentRequest> AgentRequestFromJson(const json& msg) {
     }
   }
   if (!known) {
-    return InvalidArgumentError(fmt::format(
-        "unknown op {} (known: hello, ping, seal, complete, skipped, target, verify, list)",
-        Shown(*op_it)));
+    return InvalidArgumentError(
+        fmt::format("unknown op {} (known: hello, ping, seal, complete, skipped, target, verify, "
+                    "list, assemble)",
+                    Shown(*op_it)));
   }
   if (r.op == AgentOp::kPing) return r;
   const Fields f(msg, Request(r.op));
@@ -327,7 +338,8 @@ Result<AgentRequest> AgentRequestFromJson(const json& msg) {
       MEMENTO_ASSIGN_OR_RETURN(r.step, f.Int(kStep, 0, kMaxStep));
       break;
     }
-    case AgentOp::kSkipped: {
+    case AgentOp::kSkipped:
+    case AgentOp::kAssemble: {
       MEMENTO_ASSIGN_OR_RETURN(r.step, f.Int(kStep, 0, kMaxStep));
       break;
     }
@@ -369,6 +381,13 @@ json ToJson(const TargetReply& reply) {
 json ToJson(const VerifyReply& reply) {
   json r = OkReply();
   r[kSlotStatus] = StatusToJson(reply.slot_status);
+  return r;
+}
+
+json ToJson(const AssembleReply& reply) {
+  json r = OkReply();
+  r[kPath] = reply.path;
+  r[kBytes] = reply.bytes;
   return r;
 }
 
@@ -444,6 +463,15 @@ Result<ListReply> ParseListReply(const json& reply) {
     MEMENTO_ASSIGN_OR_RETURN(entry.error, e.String(kError));
     out.versions.push_back(std::move(entry));
   }
+  return out;
+}
+
+Result<AssembleReply> ParseAssembleReply(const json& reply) {
+  const Fields f(reply, Reply(AgentOp::kAssemble));
+  AssembleReply out;
+  MEMENTO_ASSIGN_OR_RETURN(out.path, f.String(kPath));
+  if (out.path.empty()) return f.Bad(kPath, reply.at(kPath), "a non-empty path");
+  MEMENTO_ASSIGN_OR_RETURN(out.bytes, f.Uint(kBytes, 0, std::numeric_limits<uint64_t>::max()));
   return out;
 }
 

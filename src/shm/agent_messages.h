@@ -27,7 +27,17 @@
 
 namespace memento::shm {
 
-enum class AgentOp { kHello, kPing, kSeal, kComplete, kSkipped, kTarget, kVerify, kList };
+enum class AgentOp {
+  kHello,
+  kPing,
+  kSeal,
+  kComplete,
+  kSkipped,
+  kTarget,
+  kVerify,
+  kList,
+  kAssemble
+};
 const char* AgentOpName(AgentOp op);
 
 // ---- Requests (client -> agent) ---------------------------------------------
@@ -46,7 +56,7 @@ struct AgentRequest {
   bool has_manifest = false;  // seal: whether "manifest" was sent
   std::string manifest;       // seal: the rank's tensors (shm::EncodeManifest text)
   int slot = -1;              // complete, verify: in [0, shm::kSlotsPerRank)
-  int64_t step = -1;          // complete, skipped: >= 0
+  int64_t step = -1;          // complete, skipped, assemble: >= 0
 };
 
 // The requests a client sends (hello carries shm::kProtocolVersion).
@@ -57,6 +67,9 @@ AgentRequest SkippedRequest(int rank, int64_t step);
 AgentRequest TargetRequest(int rank);
 AgentRequest VerifyRequest(int rank, int slot);
 AgentRequest ListRequest(int rank);
+// The rank's whole state at `step` from its plan pieces (docs/reft.md,
+// section 3), staged by the agent in a whole-tensor slot file.
+AgentRequest AssembleRequest(int rank, int64_t step);
 
 // The JSON of a request: "op" and the fields of its op.
 nlohmann::json AgentRequestToJson(const AgentRequest& request);
@@ -107,12 +120,20 @@ struct VersionEntry {  // one complete slot of a rank
 struct ListReply {
   std::vector<VersionEntry> versions;  // newest first
 };
+struct AssembleReply {
+  // A complete whole-tensor (format v1) slot file of the rank at the step,
+  // under the agent's root; the client maps it read-only, verifies every
+  // chunk, restores from it and removes it.
+  std::string path;
+  uint64_t bytes = 0;  // its data bytes
+};
 
 nlohmann::json ToJson(const HelloReply& reply);
 nlohmann::json ToJson(const SealReply& reply);
 nlohmann::json ToJson(const TargetReply& reply);
 nlohmann::json ToJson(const VerifyReply& reply);
 nlohmann::json ToJson(const ListReply& reply);
+nlohmann::json ToJson(const AssembleReply& reply);
 
 // InvalidArgument naming the op and the field for a reply that lacks a
 // field or holds one of the wrong type or range (a seal reply with other
@@ -122,5 +143,7 @@ Result<SealReply> ParseSealReply(const nlohmann::json& reply);
 Result<TargetReply> ParseTargetReply(const nlohmann::json& reply);
 Result<VerifyReply> ParseVerifyReply(const nlohmann::json& reply);
 Result<ListReply> ParseListReply(const nlohmann::json& reply);
+// An empty path is refused.
+Result<AssembleReply> ParseAssembleReply(const nlohmann::json& reply);
 
 }  // namespace memento::shm

@@ -65,6 +65,7 @@ TEST(AgentRequestTest, EveryRequestRoundTripsThroughTheWire) {
                                               TargetRequest(5),
                                               VerifyRequest(5, 0),
                                               ListRequest(kMaxRank),
+                                              AssembleRequest(3, 17),
                                               AgentRequest{}};
   for (const AgentRequest& sent : requests) {
     auto got = ParseAgentRequest(AgentRequestToJson(sent).dump());
@@ -132,6 +133,23 @@ TEST(AgentReplyTest, EveryReplyRoundTripsThroughTheWire) {
     EXPECT_EQ(got->versions[i].error, list.versions[i].error);
   }
   EXPECT_TRUE(ParseListReply(wire(ToJson(ListReply{}))).value().versions.empty());
+
+  auto assembled = ParseAssembleReply(wire(ToJson(AssembleReply{"/r/assembled.rank3", 4096})));
+  ASSERT_TRUE(assembled.ok()) << assembled.status();
+  EXPECT_EQ(assembled->path, "/r/assembled.rank3");
+  EXPECT_EQ(assembled->bytes, 4096u);
+}
+
+TEST(AgentRequestTest, AssembleNeedsAStep) {
+  for (const char* body :
+       {R"({"op":"assemble","rank":1})", R"({"op":"assemble","rank":1,"step":-1})",
+        R"({"op":"assemble","rank":1,"step":"3"})"}) {
+    auto r = ParseAgentRequest(body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << body;
+    EXPECT_NE(r.status().message().find("'assemble' request"), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find("'step'"), std::string::npos) << r.status();
+  }
 }
 
 // A malformed reply is InvalidArgument naming the op and the field, never an
@@ -169,6 +187,10 @@ TEST(AgentReplyTest, MalformedRepliesNameTheOpAndTheField) {
       {R"({"ok":true,"node":0,"root":"/r","pid":0})", "hello", "'pid'"},
       {R"({"ok":true,"node":-1,"root":"/r","pid":5})", "hello", "'node'"},
       {R"([1,2])", "hello", "'node'"},
+      {R"({"ok":true,"bytes":1})", "assemble", "'path'"},
+      {R"({"ok":true,"path":"","bytes":1})", "assemble", "'path'"},
+      {R"({"ok":true,"path":"/p","bytes":-1})", "assemble", "'bytes'"},
+      {R"({"ok":true,"path":"/p"})", "assemble", "'bytes'"},
   };
   for (const Case& c : cases) {
     const nlohmann::json j = nlohmann::json::parse(c.json);
@@ -179,6 +201,7 @@ TEST(AgentReplyTest, MalformedRepliesNameTheOpAndTheField) {
     if (op == "verify") st = ParseVerifyReply(j).status();
     if (op == "list") st = ParseListReply(j).status();
     if (op == "hello") st = ParseHelloReply(j).status();
+    if (op == "assemble") st = ParseAssembleReply(j).status();
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.json << ": " << st;
     EXPECT_NE(st.message().find("'" + op + "' reply"), std::string::npos) << c.json << ": " << st;
     EXPECT_NE(st.message().find(c.field), std::string::npos) << c.json << ": " << st;

@@ -28,6 +28,10 @@ std::string SlotPath(const std::string& root, int rank, int slot) {
   return fmt::format("{}/rank{}.slot{}", root, rank, slot);
 }
 
+std::string AssembledSlotPath(const std::string& root, int rank) {
+  return fmt::format("{}/assembled.rank{}", root, rank);
+}
+
 namespace {
 
 // A hint for the operator when the slots under `root` will live on 4 KiB
@@ -123,14 +127,22 @@ Status NodeStore::Adopt() {
   DIR* dir = opendir(options_.root.c_str());
   if (dir == nullptr) return ErrnoError("opendir " + options_.root, errno);
   std::vector<std::pair<int, int>> found;
+  std::vector<std::string> stale;
   while (dirent* e = readdir(dir)) {
     int rank = -1, slot = -1, n = 0;
     if (std::sscanf(e->d_name, "rank%d.slot%d%n", &rank, &slot, &n) == 2 && e->d_name[n] == '\0' &&
         rank >= 0 && slot >= 0 && slot < kSlotsPerRank) {
       found.emplace_back(rank, slot);
+    } else if (std::sscanf(e->d_name, "assembled.rank%d%n", &rank, &n) == 1 &&
+               e->d_name[n] == '\0') {
+      stale.push_back(AssembledSlotPath(options_.root, rank));
     }
   }
   closedir(dir);
+  // A restore's staging file an earlier agent left (docs/reft.md, section 3).
+  for (const std::string& path : stale) {
+    if (unlink(path.c_str()) == 0) MEMENTO_LOG_INFO("adopt: removed the stale {}", path);
+  }
   for (auto [rank, slot] : found) {
     const std::string path = SlotPath(options_.root, rank, slot);
     auto seg = Segment::Open(path, /*writable=*/false);

@@ -40,6 +40,11 @@ struct NodeStoreOptions {
 // The default root of a job on a node: /dev/shm/memento/<job>/node<N>.
 std::string DefaultNodeRoot(const std::string& job_id, int node);
 std::string SlotPath(const std::string& root, int rank, int slot);
+// <root>/assembled.rank<R>: the whole-tensor slot the agent's `assemble` op
+// stages for a restore of a rank whose slot holds plan pieces (docs/reft.md,
+// section 3). Removed by the client after its restore, by the next assembly
+// of the rank, and by the agent's adoption at start.
+std::string AssembledSlotPath(const std::string& root, int rank);
 
 // Creates `path` and missing parents; the last component gets mode 0700 and
 // must belong to this uid (PermissionDenied otherwise).

@@ -20,6 +20,7 @@
 #include "shm/protocol.h"
 #include "shm/segment.h"
 #include "shm/shm_test_util.h"
+#include "shm/slot.h"
 
 namespace memento {
 namespace {
@@ -307,6 +308,84 @@ TEST_F(ClientAgentTest, FailedRestoreLeavesRegisteredTensorsUntouched) {
   ASSERT_TRUE(versions.ok()) << versions.status();
   ASSERT_EQ(versions->size(), 2u);
   for (const VersionInfo& v : *versions) EXPECT_FALSE(v.intact) << "step " << v.step;
+}
+
+// A slot that holds only byte ranges of its tensors (the sharded save path,
+// docs/reft.md section 2) cannot be restored alone: the client asks its
+// agent to assemble the rank's state from the plan pieces (section 3). A
+// single-node agent has no plan and refuses with its reason; the restore then
+// takes the older whole version, and Restore(step) of the sharded one fails
+// with that reason, writing no registered byte.
+TEST_F(ClientAgentTest, ASlotOfPiecesIsRestoredThroughTheAgentsAssembly) {
+  AgentThread agent({"job1", 0, root_, 0});
+  uint64_t seed = memento::testing::TestSeed("ClientAgentTest.SlotOfPieces");
+  State s;
+  auto c = Sealed(s);
+  uint64_t d1 = 0;
+  for (int step = 1; step <= 2; ++step) {
+    s.Fill(seed + step);
+    if (step == 1) d1 = s.Digest();
+    ASSERT_TRUE(c->Snapshot(step).ok());
+    ASSERT_TRUE(c->Fence().ok());
+  }
+  c.reset();
+  // Step 2 (slot 1) rewritten as a slot of pieces: the first half of "w"
+  // (the rest is another rank's piece), "counts" and "rng" whole.
+  {
+    auto seg = shm::Segment::Open(shm::SlotPath(root_, 0, 1), true);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    auto info = shm::ReadSlot(**seg);
+    ASSERT_TRUE(info.ok()) << info.status();
+    ASSERT_EQ(info->step, 2);
+    std::vector<std::vector<uint8_t>> bytes;
+    std::vector<shm::SlotEntrySpec> entries;
+    for (const shm::SavedTensor& t : info->tensors) {
+      const uint8_t* p = (*seg)->data() + info->data_offset + t.offset;
+      const uint64_t n = t.meta.name == "w" ? t.nbytes / 2 / 64 * 64 : t.nbytes;
+      bytes.emplace_back(p, p + n);
+      entries.push_back(shm::SlotEntrySpec{t.meta, 0, n});
+    }
+    auto layout = shm::ComputeRangeSlotLayout("job1", 0, entries, 256 << 10);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    ASSERT_LE(layout->total_bytes, (*seg)->size());
+    shm::BeginSlotWrite(**seg, *layout, 1, 2);
+    uint8_t* data = shm::SlotData(**seg);
+    for (size_t i = 0; i < layout->tensors.size(); ++i) {
+      std::memcpy(data + layout->tensors[i].offset, bytes[i].data(), bytes[i].size());
+    }
+    shm::ChunkEntry* table = shm::SlotTable(**seg);
+    for (size_t i = 0; i < layout->chunks.size(); ++i) {
+      table[i].checksum = Checksum(data + table[i].offset, table[i].length);
+    }
+    shm::CompleteSlotWrite(**seg);
+    auto again = shm::ReadSlot(**seg);
+    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_TRUE(shm::HasRangeEntries(again->tensors));
+  }
+  State t;
+  auto c2 = Sealed(t);
+  auto r = c2->Restore();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 1);
+  EXPECT_EQ(t.Digest(), d1);
+  auto rs = c2->LastRestoreStats();
+  ASSERT_EQ(rs.skipped.size(), 1u);
+  EXPECT_NE(rs.skipped[0].find("step 2 (slot 1, sharded)"), std::string::npos) << rs.skipped[0];
+  EXPECT_NE(rs.skipped[0].find("'assemble' needs an agent in cluster mode"), std::string::npos)
+      << rs.skipped[0];
+  // Exactly step 2: the agent's reason, and no registered byte written.
+  State u;
+  u.Fill(seed + 1000);
+  const uint64_t before = u.Digest();
+  auto c3 = Sealed(u);
+  r = c3->Restore(2);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("restoring step 2 of rank 0 from its pieces"),
+            std::string::npos)
+      << r.status();
+  EXPECT_EQ(u.Digest(), before) << "a refused Restore(2) wrote into the registered tensors";
+  // No staging file was made.
+  EXPECT_NE(access(shm::AssembledSlotPath(root_, 0).c_str(), F_OK), 0);
 }
 
 // Restore(step): exactly that version or NotFound / DataLoss, never another
