@@ -12,6 +12,11 @@
 // is started again (it adopts the slots). SIGINT, SIGTERM and SIGHUP sent to
 // `memento run` are passed on to the command.
 //
+// Before it stops an agent it started, it waits (at most --durable-drain-s)
+// until the agent's durable tier has written every version it was given:
+// an agent that stops drops what it has not written yet, and the versions
+// the job wrote last are the ones still in flight.
+//
 // Exit code: the command's; 128 + N when a signal N ended it; 1 when the
 // agent could not be started (nothing is run then).
 #include <signal.h>
@@ -31,7 +36,9 @@
 #include <vector>
 
 #include "common/subprocess.h"
+#include "shm/commit_word.h"
 #include "shm/node_store.h"
+#include "shm/segment.h"
 #include "tools/command.h"
 
 namespace memento::tools {
@@ -80,7 +87,44 @@ struct RunOptions {
   double agent_start_timeout_s = 60;
   std::vector<std::string> agent_args;
   bool remove_on_exit = false;
+  double durable_drain_s = 120;
 };
+
+// Waits until the agent's durable tier holds no version in flight or queued
+// (its hold word, <root>/durable.word, is clear; the agent keeps it set from
+// when a version is offered until it is written), at most o.durable_drain_s.
+// Without a durable tier (no word, or --durable-hold-max-s 0) it returns at once.
+void WaitDurableDrain(const RunOptions& o, Subprocess* agent) {
+  if (o.durable_drain_s <= 0) return;
+  const std::string path = shm::DurableWordPath(o.root);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(shm::CommitWord))
+    return;
+  auto seg = shm::Segment::Open(path, /*writable=*/false);
+  if (!seg.ok()) return;
+  const auto* w = reinterpret_cast<const shm::CommitWord*>((*seg)->data());
+  if (!shm::CommitWordValid(w)) return;
+  auto held = [w] { return __atomic_load_n(&w->durable_hold, __ATOMIC_SEQ_CST) - 1; };
+  if (held() < 0) return;
+  std::fprintf(stderr,
+               "memento run: waiting up to %.0f s for the agent's durable tier to write step %lld "
+               "(and any queued after it)\n",
+               o.durable_drain_s, static_cast<long long>(held()));
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(o.durable_drain_s);
+  while (held() >= 0) {
+    if (agent->Poll()) return;  // the agent is gone: nothing more will be written
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr,
+                   "memento run: the durable tier still writes step %lld after %.0f s; stopping "
+                   "the agent anyway (the version stays in the node's slots)\n",
+                   static_cast<long long>(held()), o.durable_drain_s);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::fprintf(stderr, "memento run: the durable tier has written every version it was given\n");
+}
 
 // Starts `memento agent` for o.job and waits until it answers on o.root.
 // Prints why on failure.
@@ -197,6 +241,7 @@ int Run(RunOptions o) {
                  end.status().ToString().c_str());
   }
   if (own_agent) {
+    WaitDurableDrain(o, &agent);
     ExitStatus st = agent.Terminate(30);
     if (!st.ok())
       std::fprintf(stderr, "memento run: the agent ended with %s\n", st.ToString().c_str());
@@ -224,6 +269,12 @@ void Setup(CLI::App& app, CommandContext& ctx) {
       ->default_val(60);
   cmd->add_flag("--remove-on-exit", o.remove_on_exit,
                 "The started agent removes its root (slots, socket) when it stops");
+  cmd->add_option("--durable-drain-s", o.durable_drain_s,
+                  "Before stopping the agent it started: seconds to wait at most for the agent's "
+                  "durable tier (--agent-arg=--durable-dir ...) to write the versions it was given "
+                  "(0: do not wait)")
+      ->default_val(120)
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--agent-arg", o.agent_args,
                   "One more argument for the started agent (repeat it), e.g. "
                   "--agent-arg=--durable-dir --agent-arg=/nfs/ckpt; see `memento agent --help`")

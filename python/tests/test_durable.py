@@ -9,6 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import textwrap
 import time
 import unittest
 
@@ -168,6 +170,50 @@ class DurableTest(unittest.TestCase):
         finally:
             shutil.rmtree(durable, ignore_errors=True)
             shutil.rmtree(durable + "-2", ignore_errors=True)
+
+    def test_memento_run_lets_the_durable_tier_finish_before_stopping_the_agent(self):
+        """`memento run` waits for the durable tier before it stops the agent it started.
+
+        The job ends while versions are still queued for the durable tier (the
+        bandwidth cap, 8 MB/s after an 8 MiB burst, makes each ~25 MB version
+        take seconds): an agent stopped at once drops them (it gives its
+        persister 0.5 s), and the last step would never be durable.
+        """
+        script = textwrap.dedent("""
+            import torch
+            from memento.torch import Checkpointer
+            torch.manual_seed(2)
+            model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024))
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            ckpt = Checkpointer(model=model, optimizer=opt)   # MEMENTO_JOB_ID, MEMENTO_RUN_DIR
+            for step in range(4):
+                model(torch.randn(8, 1024)).sum().backward(); opt.step(); opt.zero_grad()
+                ckpt.snapshot(step)
+            ckpt.close()
+            torch.save(model.state_dict(), __import__("sys").argv[1])
+        """)
+        durable = agent_util.tmpdir("durable-")
+        root = tempfile.mkdtemp(prefix="memento-pyrun-", dir="/dev/shm")
+        final = os.path.join(durable, "final.pt")
+        try:
+            r = subprocess.run(
+                [agent_util.memento_bin(), "run", "--job", "pyrun", "--root", root,
+                 "--remove-on-exit", "--agent-arg=--durable-dir", f"--agent-arg={durable}",
+                 "--agent-arg=--persist-bandwidth", "--agent-arg=8M", "--",
+                 sys.executable, "-c", script, final],
+                capture_output=True, text=True, timeout=180)
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            done = [v["step"] for v in _memento.durable_versions(durable) if v["complete"]]
+            self.assertIn(3, done, _memento.durable_versions(durable))
+            self.assertIn("has written every version it was given", r.stderr)
+            loaded = memento.load_durable(durable, step=3, prefix="model/")
+            for k, v in torch.load(final).items():
+                self.assertTrue(torch.equal(loaded[k], v), k)
+        finally:
+            shutil.rmtree(durable, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
+            if os.path.exists(root + ".agent.log"):
+                os.unlink(root + ".agent.log")
 
 
 if __name__ == "__main__":
