@@ -375,6 +375,11 @@ int Main(int argc, char** argv) {
                  "completed step written by a background thread, instead of in the rank's memory "
                  "(a tmpfs directory such as /dev/shm/NAME: shared memory that outlives a killed "
                  "rank; created if missing, not removed at the end)");
+  app.add_option("--log-group-size", o.log_group_size,
+                 "with --recovery log: selective logging, stages in log groups of G consecutive "
+                 "stages, only messages between groups logged; a lost stage's whole group rolls "
+                 "back to its --save state and replays (docs/swift.md)")
+      ->capture_default_str();
   app.add_option("--max-recoveries", max_recoveries, "with --recovery: give up after this many")
       ->capture_default_str();
   app.add_option("--generation", generation,
@@ -507,6 +512,11 @@ int Main(int argc, char** argv) {
                  fail_point.c_str());
     return 2;
   }
+  if (o.log_group_size < 1 || o.log_group_size > o.comm.topology.pp) {
+    std::fprintf(stderr, "memento-trainer: --log-group-size %d must be in 1..pp (%d)\n",
+                 o.log_group_size, o.comm.topology.pp);
+    return 2;
+  }
   if (!o.pipeline_log_dir.empty() && recovery != "log") {
     std::fprintf(stderr, "memento-trainer: --pipeline-log-dir needs --recovery log\n");
     return 2;
@@ -551,27 +561,21 @@ int Main(int argc, char** argv) {
                                                    fail_point == "pipeline");
     trainer->SetHooks(fault_hooks.get());
   }
-  // Neighbouring stages of this rank (same DP and TP rank): their logs.
-  // (With --pipeline-log-dir: the spool's step files there, PipelineLog::ReadAny.)
+  // The stages' logs: files in the rendezvous dir, or with --pipeline-log-dir
+  // the spool's step files there (PipelineLog::ReadAny).
   const std::string log_dir =
       o.pipeline_log_dir.empty() ? o.comm.rendezvous_dir : o.pipeline_log_dir;
-  auto neighbour_logs = [&] {
-    std::vector<std::string> paths;
-    const int stride = o.comm.topology.dp * o.comm.topology.tp;
-    for (int n : {rank - stride, rank + stride}) {
-      if (n >= 0 && n < w) paths.push_back(log_dir + "/pipeline_log.rank" + std::to_string(n));
-    }
-    return paths;
-  };
+  // The stage's log (a file, or a spool's step files) of `r`.
+  auto log_of_rank = [&](int r) { return log_dir + "/pipeline_log.rank" + std::to_string(r); };
   auto report_recovery = [&](const std::string& mode, bool replacement, int64_t from_step,
                              double seconds) {
     char line[512];
     std::snprintf(line, sizeof(line),
                   "{\"rank\": %d, \"mode\": \"%s\", \"generation\": %d, "
                   "\"replacement\": %s, \"from_step\": %" PRId64 ", \"step\": %" PRId64
-                  ", \"recover_s\": %.6f, \"wall_s\": %.6f}",
+                  ", \"replayed_steps\": %" PRId64 ", \"recover_s\": %.6f, \"wall_s\": %.6f}",
                   rank, mode.c_str(), generation, replacement ? "true" : "false", from_step,
-                  trainer->state().step, seconds, WallSeconds());
+                  trainer->state().step, trainer->replayed_steps(), seconds, WallSeconds());
     std::printf("{\"swift_recovery\": %s}\n", line);
     std::fflush(stdout);
     // For `memento launch` (its report per failure): launch/swift_protocol.h.
@@ -630,7 +634,7 @@ int Main(int argc, char** argv) {
     } else {
       Status st = trainer->Load(RankPath(save, rank));
       from_step = trainer->state().step;
-      agreed = st.ok() ? trainer->RecoverByReplay(neighbour_logs(), /*replacement=*/true)
+      agreed = st.ok() ? trainer->RecoverByReplay(log_of_rank, /*replacement=*/true, nullptr)
                        : Result<int64_t>(st);
     }
     if (!agreed.ok()) {
@@ -734,8 +738,12 @@ int Main(int argc, char** argv) {
         st = trainer->Reconnect(base_run_id + "-g" + std::to_string(generation));
       }
       if (st.ok()) {
+        // (Selective logging: a survivor in the lost stage's log group
+        // rolls back to its --save state and replays with it.)
         auto agreed = recovery == "undo" ? trainer->RecoverByUndo(false)
-                                         : trainer->RecoverByReplay({}, false);
+                                         : trainer->RecoverByReplay(log_of_rank, false, [&] {
+                                             return trainer->Load(RankPath(save, rank));
+                                           });
         st = agreed.status();
         if (agreed.ok() && trainer->hooks() != nullptr) {
           st = trainer->hooks()->AfterRecovery(*agreed, from_step);

@@ -194,6 +194,30 @@ TEST_F(SwiftProcessTest, LogReplaysTheLostStageFromSharedMemory) {
   }
 }
 
+// Selective logging (--log-group-size 2 on PP 4: groups {0,1} and {2,3},
+// only the 1|2 boundary logged). Stage 2 is killed inside its update of step
+// 5 (the others complete step 5); its replacement loads the step-3 save,
+// stage 3 (its group-mate, alive) rolls back to its own step-3 save, and the
+// two replay steps 4 and 5 together, live between them and from stage 1's
+// log across the group's edge; stages 0 and 1 keep their state.
+TEST_F(SwiftProcessTest, LogGroupRollsBackAndReplaysTogether) {
+  const std::vector<std::string> topo = {"--pp", "4"};
+  Outcome clean = Run(topo, 4);
+  std::vector<std::string> args = topo;
+  args.insert(args.end(), {"--recovery", "log", "--log-group-size", "2", "--fail-rank", "2",
+                           "--fail-at-step", "5", "--fail-point", "update"});
+  Outcome o = Run(args, 4);
+  ExpectSameFinalStates(clean, o);
+  EXPECT_EQ(o.Count("\"replacement\": true"), 1) << o.output;  // one process restarted
+  EXPECT_EQ(o.Count("\"replayed_steps\": 2"), 2) << o.output;  // stages 2 and 3
+  EXPECT_EQ(o.Count("\"replayed_steps\": 0"), 2) << o.output;  // stages 0 and 1
+  EXPECT_EQ(o.Count("\"swift_fallback\""), 0) << o.output;
+  Outcome bad = Run({"--pp", "4", "--recovery", "log", "--log-group-size", "5"}, 0);
+  EXPECT_EQ(bad.exit, 2);
+  EXPECT_NE(bad.output.find("--log-group-size 5 must be in 1..pp (4)"), std::string::npos)
+      << bad.output;
+}
+
 TEST_F(SwiftProcessTest, RestartReloadsEveryRank) {
   const std::vector<std::string> topo = {"--pp", "2"};
   std::string what;

@@ -12,6 +12,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -258,6 +261,8 @@ struct ReplayRun {
   Status recovery;  // what RecoverByReplay returned
   bool fell_back = false;
   uint64_t log_bytes = 0;  // after the snapshot at k, at the lost step
+  double recover_s = 0;    // RecoverByReplay's wall time on this rank
+  int64_t replayed = 0;    // steps this rank replayed
 };
 
 // PP 4 (DP 1): snapshot (Save) at step k and truncate the logs, stage `lost`
@@ -266,8 +271,10 @@ struct ReplayRun {
 // When that fails, every rank falls back to the step-k snapshot.
 // `spool`: the logs are kept in a shared-memory directory (/dev/shm) by each
 // rank's PipelineLogSpool instead of being written out at the failure.
+// `group` > 1: selective logging (TrainerOptions::log_group_size); the lost
+// stage's group-mates roll back to their snapshot and replay with it.
 std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t, int steps,
-                                 bool spool = false) {
+                                 bool spool = false, int group = 1) {
   memento::testing::ScratchDir dir("trainer-replay");
   const std::string spool_dir = "/dev/shm/memento-test-spool-" + std::to_string(getpid()) + "-" +
                                 std::to_string(std::random_device{}());
@@ -277,6 +284,7 @@ std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t
   } cleanup{spool_dir};
   TrainerOptions o = TinyOptions();
   if (spool) o.pipeline_log_dir = spool_dir;
+  o.log_group_size = group;
   o.model.layers = 4;
   o.micro_batches = 4;
   o.comm.topology.pp = 4;
@@ -373,7 +381,13 @@ std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t
         run.status = tr->Reconnect("recovery1");
         if (!run.status.ok()) return;
       }
-      auto agreed = tr->RecoverByReplay(inputs, replacement);
+      const auto recover_start = std::chrono::steady_clock::now();
+      auto agreed = group > 1 ? tr->RecoverByReplay(log_path, replacement,
+                                                    [&] { return tr->Load(snapshot(rank)); })
+                              : tr->RecoverByReplay(inputs, replacement);
+      run.recover_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - recover_start).count();
+      run.replayed = tr->replayed_steps();
       run.recovery = agreed.status();
       if (agreed.ok()) {
         run.agreed = *agreed;
@@ -621,6 +635,50 @@ TEST(PipelineLogTest, SpoolOutlivesItsKilledProcessAndIsChecked) {
   EXPECT_NE(bad.status().message().find(file), std::string::npos) << bad.status();
   EXPECT_EQ(PipelineLog::ReadAny(dir + "/pipeline_log.rank9").status().code(),
             StatusCode::kNotFound);
+}
+
+// Selective logging (SWIFT 2.2): PP 4 in log groups of 1, 2 and 4 stages.
+// Larger groups log less (only the traffic across a group's edges; one
+// group: nothing but the gradient norm) and recover with more: the lost
+// stage's whole group rolls back to its snapshot and replays, its messages
+// live inside the group. Every grouping ends bit-identical to a failure-free
+// run. Prints the trade-off per grouping.
+TEST(LogReplayTest, SelectiveLoggingTradesLogBytesForReplayedStages) {
+  const int steps = 7, lost = 2;
+  const int64_t k = 2, t = 4;
+  std::vector<ReplayRun> clean = RunReplay(ReplayMode::kClean, lost, k, t, steps);
+  for (const ReplayRun& c : clean) ASSERT_TRUE(c.status.ok()) << c.status;
+  uint64_t previous_bytes = UINT64_MAX;
+  for (int group : {1, 2, 4}) {
+    SCOPED_TRACE("log groups of " + std::to_string(group) + " stage(s)");
+    std::vector<ReplayRun> runs = RunReplay(ReplayMode::kReplay, lost, k, t, steps, false, group);
+    ExpectSameStates(clean, runs, steps);
+    uint64_t bytes = 0;
+    double recover_s = 0;
+    int replaying = 0;
+    int64_t replayed_steps = 0;
+    for (size_t r = 0; r < runs.size(); ++r) {
+      EXPECT_TRUE(runs[r].recovery.ok()) << "rank " << r << ": " << runs[r].recovery;
+      EXPECT_FALSE(runs[r].fell_back);
+      EXPECT_EQ(runs[r].agreed, t + 1) << "rank " << r;
+      bytes += runs[r].log_bytes;
+      recover_s = std::max(recover_s, runs[r].recover_s);
+      replaying += runs[r].replayed > 0 ? 1 : 0;
+      replayed_steps += runs[r].replayed;
+      // Exactly the lost stage's group replays, from the snapshot at k.
+      const bool in_group = static_cast<int>(r) / group == lost / group;
+      EXPECT_EQ(runs[r].replayed, in_group ? t + 1 - k : 0) << "rank " << r;
+    }
+    EXPECT_EQ(replaying, group);
+    EXPECT_LT(bytes, previous_bytes);  // fewer boundaries logged
+    previous_bytes = bytes;
+    std::printf(
+        "selective logging, groups of %d stage(s): log held after %lld steps %llu bytes (all "
+        "stages); on a loss of stage %d: %d stage(s) replayed %lld step(s) in all, recovery %.3f "
+        "s\n",
+        group, static_cast<long long>(t + 1 - k), static_cast<unsigned long long>(bytes), lost,
+        replaying, static_cast<long long>(replayed_steps), recover_s);
+  }
 }
 
 TEST(LogReplayTest, ReplayThatDivergesIsAnError) {

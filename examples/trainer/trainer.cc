@@ -156,25 +156,30 @@ Status Trainer::RunSchedule(int64_t step, const int32_t* tokens, double* loss_su
   const size_t bytes = act * sizeof(float);
   // With replay_ (RecoverByReplay) inputs come from the neighbours' logs and
   // outputs are checked against their receipts instead of being sent.
+  // Selective logging: only messages that cross a log group's edge are
+  // logged, and replayed from the log; inside a group they stay live.
+  auto across = [&](int peer) { return LogGroup(peer) != LogGroup(stage); };
   auto input = [&](int from, float* data, int mb, MessageKind kind) -> Status {
     const MessageKey key{step, mb, from, stage, kind};
-    if (replay_ != nullptr) {
+    if (replay_ != nullptr && across(from)) {
       MEMENTO_RETURN_IF_ERROR(ReplayInput(key, data, bytes));
     } else {
       MEMENTO_RETURN_IF_ERROR(recv(from, data, TokenTag(mb, kind == MessageKind::kGradient)));
     }
-    LogReceived(key, data, bytes);
+    if (across(from)) LogReceived(key, data, bytes);
     return Status::Ok();
   };
+  bool sent = false;
   auto output = [&](int to, const float* data, int mb, MessageKind kind) -> Status {
     const MessageKey key{step, mb, stage, to, kind};
-    if (replay_ != nullptr) {
+    if (replay_ != nullptr && across(to)) {
       MEMENTO_RETURN_IF_ERROR(ReplayCheckOutput(key, data, bytes));
     } else {
       MEMENTO_RETURN_IF_ERROR(
           comm_->SendStage(to, data, act, TokenTag(mb, kind == MessageKind::kGradient)));
+      sent = true;
     }
-    LogSent(key, data, bytes);
+    if (across(to)) LogSent(key, data, bytes);
     return Status::Ok();
   };
   auto forward = [&](int mb) -> Status {
@@ -205,7 +210,7 @@ Status Trainer::RunSchedule(int64_t step, const int32_t* tokens, double* loss_su
     MEMENTO_RETURN_IF_ERROR(backward(i));
   }
   for (int i = mbs - warmup; i < mbs; ++i) MEMENTO_RETURN_IF_ERROR(backward(i));
-  if (replay_ != nullptr) return Status::Ok();
+  if (replay_ != nullptr && !sent) return Status::Ok();
   Phase(TrainPhase::kCommunicate);
   Stopwatch w;
   Status st = comm_->WaitSends();
@@ -463,6 +468,24 @@ Status Trainer::WritePipelineLog(const std::string& path) const {
 
 Result<int64_t> Trainer::RecoverByReplay(const std::vector<std::string>& log_paths,
                                          bool replacement) {
+  return ReplayRecovery([&](const std::vector<int>&) { return log_paths; }, replacement, nullptr);
+}
+
+Result<int64_t> Trainer::RecoverByReplay(const std::function<std::string(int rank)>& log_path,
+                                         bool replacement,
+                                         const std::function<Status()>& load_snapshot) {
+  return ReplayRecovery(
+      [&](const std::vector<int>& stages) {
+        std::vector<std::string> paths;
+        for (int s : stages) paths.push_back(log_path(options_.comm.topology.Rank(0, 0, s)));
+        return paths;
+      },
+      replacement, load_snapshot);
+}
+
+Result<int64_t> Trainer::ReplayRecovery(
+    const std::function<std::vector<std::string>(const std::vector<int>& stages)>& paths,
+    bool replacement, const std::function<Status()>& load_snapshot) {
   // The last step every survivor completed. A survivor can be one step
   // behind the others (the failure hit its gradient-norm allreduce after
   // the others had left it) or half into an update: survivors ahead of
@@ -471,19 +494,56 @@ Result<int64_t> Trainer::RecoverByReplay(const std::vector<std::string>& log_pat
   double step = replacement ? 1e18 : static_cast<double>(state_.step);
   MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&step, 1));
   const int64_t target = static_cast<int64_t>(step);
-  Status mine;
   const Topology& t = options_.comm.topology;
+  // Which stages were replaced, and so which log groups replay.
+  std::vector<double> replaced(t.world(), 0.0);
+  replaced[rank()] = replacement ? 1.0 : 0.0;
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorld(replaced.data(), replaced.size()));
+  const int my_stage = comm_->pp_rank();
+  auto group_replays = [&](int group) {
+    for (int r = 0; r < t.world(); ++r) {
+      if (replaced[r] > 0.0 && LogGroup(r / (t.dp * t.tp)) == group) return true;
+    }
+    return false;
+  };
+  const bool replayer = replacement || group_replays(LogGroup(my_stage));
+  bool all_replay = true;
+  for (int s = 0; s < t.pp; ++s) all_replay = all_replay && group_replays(LogGroup(s));
+  Status mine;
   if (!plog_) {
     mine = FailedPreconditionError("the trainer keeps no pipeline log");
-  } else if (!replacement && (state_.step == target + 1 || (state_.step == target && in_update_))) {
-    mine = UndoStep();
-  } else if (replacement && (t.dp != 1 || t.tp != 1)) {
+  } else if (replayer && (t.dp != 1 || t.tp != 1)) {
     mine = FailedPreconditionError(
         "log replay needs dp 1 and tp 1 (with DP replicas, recover "
         "from a replica)");
-  } else if (replacement) {
-    PipelineLog inputs;
-    for (const std::string& path : log_paths) {
+  } else if (replayer && !replacement) {
+    // A survivor in the lost stage's log group: what it received from the
+    // lost stage was not logged, so it rolls back with it.
+    if (!load_snapshot) {
+      mine = FailedPreconditionError("stage " + std::to_string(my_stage) +
+                                     " is in the log group of a lost stage and has no snapshot "
+                                     "to roll back to");
+    } else {
+      mine = load_snapshot();
+      in_update_ = false;
+      undo_ready_ = false;
+    }
+  } else if (!replayer && (state_.step == target + 1 || (state_.step == target && in_update_))) {
+    mine = UndoStep();
+  } else if (!replayer && state_.step != target) {
+    mine = FailedPreconditionError("survivor at step " + std::to_string(state_.step) +
+                                   " is more than one step past " + std::to_string(target));
+  }
+  // The replayers of a group run its messages live, so they must start
+  // from the same step (and everyone must be ready) before any replays.
+  PipelineLog inputs;
+  if (mine.ok() && replayer) {
+    std::vector<int> outside;  // the stages just outside this log group
+    const int first = my_stage - my_stage % std::max(1, options_.log_group_size);
+    const int last = std::min(t.pp, first + std::max(1, options_.log_group_size)) - 1;
+    if (first > 0) outside.push_back(first - 1);
+    if (last + 1 < t.pp) outside.push_back(last + 1);
+    for (const std::string& path : paths(outside)) {
       auto log = PipelineLog::ReadAny(path);
       if (!log.ok()) {
         mine = log.status();
@@ -491,17 +551,28 @@ Result<int64_t> Trainer::RecoverByReplay(const std::vector<std::string>& log_pat
       }
       inputs.Merge(*log);
     }
+  }
+  const double from = static_cast<double>(state_.step);
+  double gate[3] = {mine.ok() ? 1.0 : 0.0, replayer ? from : 1e18, replayer ? -from : 1e18};
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(gate, 3));
+  if (mine.ok() && gate[0] >= 1.0 && replayer && gate[1] != -gate[2]) {
+    mine = FailedPreconditionError("the replaying stages start from different snapshots (steps " +
+                                   std::to_string(static_cast<int64_t>(gate[1])) + " .. " +
+                                   std::to_string(static_cast<int64_t>(-gate[2])) + ")");
+  }
+  replayed_steps_ = 0;
+  if (mine.ok() && gate[0] >= 1.0 && gate[1] == -gate[2] && replayer) {
+    replay_all_ = all_replay;
     while (mine.ok() && state_.step < target) {
       replay_ = &inputs;
       auto r = Step();
       replay_ = nullptr;
       if (!r.ok()) mine = r.status();
+      if (r.ok()) ++replayed_steps_;
     }
-  } else if (state_.step != target) {
-    mine = FailedPreconditionError("survivor at step " + std::to_string(state_.step) +
-                                   " is more than one step past " + std::to_string(target));
+    replay_all_ = false;
   }
-  double ok = mine.ok() ? 1.0 : 0.0;
+  double ok = mine.ok() && gate[0] >= 1.0 && gate[1] == -gate[2] ? 1.0 : 0.0;
   MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&ok, 1));
   if (!mine.ok()) {
     return FailedPreconditionError("log replay to step " + std::to_string(target) +
@@ -553,7 +624,7 @@ Result<double> Trainer::GradNorm(int64_t step) {
   // The job-wide sum: logged by every stage under sender = receiver = -1, so
   // a replayed stage finds it in any neighbour's log.
   const MessageKey key{step, 0, -1, -1, MessageKind::kGradNormSq};
-  if (replay_ != nullptr) {
+  if (replay_ != nullptr && !replay_all_) {
     MEMENTO_RETURN_IF_ERROR(ReplayInput(key, &sumsq, sizeof(sumsq)));
   } else {
     Phase(TrainPhase::kCommunicate);

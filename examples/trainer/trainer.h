@@ -28,6 +28,7 @@
 // Thread safety: none; one thread drives a Trainer.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -121,6 +122,12 @@ struct TrainerOptions {
   // thread (PipelineLogSpool; a tmpfs directory such as /dev/shm/...: the
   // node's shared memory, which outlives a crashed rank). Empty: in memory.
   std::string pipeline_log_dir;
+  // Selective logging (SWIFT 2.2): consecutive stages form log groups of
+  // this many stages (stage s is in group s / log_group_size); only
+  // messages between groups are logged. A lost stage's whole group rolls
+  // back to its snapshot and replays together (live messages inside the
+  // group, logged ones across its edges). 1: every stage its own group.
+  int log_group_size = 1;
 };
 
 struct StepResult {
@@ -223,6 +230,22 @@ class Trainer {
   // undo that is not possible, DP or TP > 1: with DP replicas recover from
   // a replica): the job must fall back to a snapshot.
   Result<int64_t> RecoverByReplay(const std::vector<std::string>& log_paths, bool replacement);
+  // The same with selective logging (options().log_group_size > 1): the
+  // ranks learn which stages were replaced; every stage in a replaced
+  // stage's log group replays: a replacement from the snapshot it loaded, a
+  // surviving group-mate after rolling back with `load_snapshot` (its last
+  // snapshot; all of the group's must be of the same step). The replayers
+  // read the logs of the stages just outside their group (`log_path(rank)`)
+  // and run the group's messages live. With one group for the whole
+  // pipeline nothing but the gradient norm is logged and every rank rolls
+  // back (an in-process restart). A replayer that fails mid-replay leaves
+  // its group-mates waiting on it until --comm-timeout.
+  Result<int64_t> RecoverByReplay(const std::function<std::string(int rank)>& log_path,
+                                  bool replacement, const std::function<Status()>& load_snapshot);
+  // Steps this rank replayed in its last RecoverByReplay (0: it did not).
+  int64_t replayed_steps() const { return replayed_steps_; }
+  // The log group of pipeline stage `stage`.
+  int LogGroup(int stage) const { return stage / std::max(1, options_.log_group_size); }
 
   // Checksum (xxHash3) of params, moments and state: equal on two runs iff
   // their state is bitwise equal (up to hash collisions).
@@ -285,7 +308,12 @@ class Trainer {
   std::unique_ptr<PipelineLog> plog_;        // with options_.pipeline_log
   std::unique_ptr<PipelineLogSpool> spool_;  // with options_.pipeline_log_dir
   const PipelineLog* replay_ = nullptr;      // during RecoverByReplay: the inputs
-  double log_seconds_ = 0.0;                 // this step's
+  bool replay_all_ = false;  // every rank replays: the gradient norm is computed live
+  int64_t replayed_steps_ = 0;
+  Result<int64_t> ReplayRecovery(
+      const std::function<std::vector<std::string>(const std::vector<int>& stages)>& paths,
+      bool replacement, const std::function<Status()>& load_snapshot);
+  double log_seconds_ = 0.0;  // this step's
   uint64_t log_bytes_ = 0;
   std::vector<float> params_, grads_, m_, v_;
   size_t opt_offset_ = 0;
