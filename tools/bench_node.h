@@ -90,7 +90,11 @@ class BenchNode {
     char tmpl[] = "/dev/shm/memento-bench-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return ErrnoError("mkdtemp /dev/shm/memento-bench-*", errno);
     std::unique_ptr<BenchNode> node(new BenchNode(tmpl));
-    auto agent = agent::Agent::Start({"bench", 0, node->root(), 0});
+    agent::AgentOptions options;
+    options.job_id = "bench";
+    options.node = 0;
+    options.root = node->root();
+    auto agent = agent::Agent::Start(options);
     if (!agent.ok()) return agent.status();  // ~BenchNode removes the directory
     node->agent_ = std::move(*agent);
     node->serve_ = std::thread([n = node.get()] { n->agent_->Serve().IgnoreError(); });

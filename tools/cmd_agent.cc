@@ -3,6 +3,7 @@
 // same root adopts them.
 #include <csignal>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "agent/agent.h"
@@ -72,12 +73,27 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
-  if ((*agent)->job_member() != nullptr) {
-    std::printf("memento agent ready: job=%s node=%d root=%s endpoint=%s\n", options.job_id.c_str(),
-                options.node, (*agent)->root().c_str(), (*agent)->job_member()->endpoint().c_str());
+  // The ready line (tests and launchers wait for "memento agent ready"):
+  // with MEMENTO_LOG_FORMAT=json a JSON object like every other line.
+  std::string ready = fmt::format("memento agent ready: job={} node={} root={}", options.job_id,
+                                  options.node, (*agent)->root());
+  const std::string endpoint =
+      (*agent)->job_member() != nullptr ? (*agent)->job_member()->endpoint() : "";
+  if (!endpoint.empty()) ready += " endpoint=" + endpoint;
+  const std::string metrics = (*agent)->metrics_address();
+  if (!metrics.empty()) ready += " metrics=" + metrics;
+  if (JsonLogging()) {
+    nlohmann::json j;
+    j["msg"] = ready;
+    j["event"] = "ready";
+    j["job"] = options.job_id;
+    j["node"] = options.node;
+    j["root"] = (*agent)->root();
+    if (!endpoint.empty()) j["endpoint"] = endpoint;
+    if (!metrics.empty()) j["metrics"] = metrics;
+    std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("memento agent ready: job=%s node=%d root=%s\n", options.job_id.c_str(),
-                options.node, (*agent)->root().c_str());
+    std::printf("%s\n", ready.c_str());
   }
   std::fflush(stdout);
   Status st = (*agent)->Serve();
@@ -163,6 +179,9 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--scrub-interval", options.scrub_interval_s,
                   "Seconds between two scrub passes (the first starts one interval after start)")
       ->default_val(60.0);
+  cmd->add_option("--metrics-listen", options.metrics_listen,
+                  "Serve Prometheus metrics (text format) at http://HOST:PORT/metrics (port 0: "
+                  "any free port, printed in the ready line; default off). docs/operating.md");
   cmd->add_flag("--remove-on-exit", options.remove_on_exit,
                 "Remove the root (slots, socket, lock) on a clean stop (SIGTERM/SIGINT); by "
                 "default the state stays for the next agent to adopt");

@@ -7,18 +7,21 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "common/log.h"
 #include "fmt/format.h"
 #include "shm/root_gc.h"
+#include "shm/slot_format.h"
 
 namespace memento::agent {
 
 using nlohmann::json;
 
 Agent::~Agent() {
+  metrics_.reset();  // its threads read everything below
   Stop();
   {
     MutexLock l(&mu_);
@@ -104,6 +107,11 @@ Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options,
   scrub.interval_s = options.scrub_interval_s;
   scrub.status_path = agent->root_ + "/scrub.json";
   agent->scrubber_ = Scrubber::Start(scrub, agent->store_.get());
+  if (!options.metrics_listen.empty()) {
+    Agent* a = agent.get();
+    MEMENTO_ASSIGN_OR_RETURN(agent->metrics_, MetricsServer::Start(options.metrics_listen,
+                                                                   [a] { return a->Metrics(); }));
+  }
   MEMENTO_LOG_INFO("agent for job {} node {} serving {} (budget {} bytes, {} bytes adopted)",
                    options.job_id, options.node, shm::AgentSocketPath(agent->root_),
                    options.budget_bytes, agent->store_->allocated_bytes());
@@ -304,13 +312,17 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
     }
     case AgentOp::kComplete: {
       MEMENTO_LOG_DEBUG("rank {} completed step {} in slot {}", rank, req.step, req.slot);
+      RecordSnapshot(rank, req.slot, req.step);
       if (options_.verify_on_complete) EnqueueVerify(rank, req.slot);
       // Cluster mode: the durable stream follows the cluster's commits instead.
       if (durable_ && !job_member_) durable_->OnComplete(rank, req.step);
       if (job_member_) job_member_->OnComplete(rank, req.slot, req.step);
       return shm::StatusToJson(Status::Ok());
     }
-    case AgentOp::kSkipped:
+    case AgentOp::kSkipped: {
+      MutexLock l(&mu_);
+      ++snapshot_stats_.skipped;
+    }
       if (job_member_) job_member_->OnSkipped(rank, req.step);
       return shm::StatusToJson(Status::Ok());
     case AgentOp::kTarget: {
@@ -358,6 +370,46 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
     }
   }
   return shm::StatusToJson(InternalError("unhandled op"));
+}
+
+void Agent::RecordSnapshot(int rank, int slot, int64_t step) {
+  // The sizes and times the trainer wrote into the slot's header: read
+  // here rather than sent again (the header is the record of the write).
+  uint64_t bytes = 0;
+  double seconds = 0;
+  bool measured = false;
+  if (auto seg = store_->SlotSegment(rank, slot);
+      seg != nullptr && seg->size() >= sizeof(shm::SlotHeader)) {
+    shm::SlotHeader h;
+    std::memcpy(&h, seg->data(), sizeof(h));
+    if (h.magic == shm::kSlotMagic && h.step == step && h.complete_wall_ns >= h.begin_wall_ns) {
+      bytes = h.data_bytes;
+      seconds = static_cast<double>(h.complete_wall_ns - h.begin_wall_ns) / 1e9;
+      measured = true;
+    }
+  }
+  if (!measured) {
+    MEMENTO_LOG_DEBUG("rank {} slot {}: header does not hold step {}; snapshot not measured", rank,
+                      slot, step);
+  }
+  MutexLock l(&mu_);
+  ++snapshot_stats_.snapshots;
+  snapshot_stats_.bytes += bytes;
+  if (measured) {
+    snapshot_stats_.seconds += seconds;
+    snapshot_stats_.last_seconds = seconds;
+  }
+  int64_t& newest = snapshot_stats_.rank_step.emplace(rank, -1).first->second;
+  newest = std::max(newest, step);
+}
+
+SnapshotStats Agent::snapshot_stats() {
+  MutexLock l(&mu_);
+  return snapshot_stats_;
+}
+
+std::string Agent::metrics_address() const {
+  return metrics_ != nullptr ? metrics_->address() : std::string();
 }
 
 void Agent::EnqueueVerify(int rank, int slot) {

@@ -22,6 +22,7 @@
 
 #include "agent/durable.h"
 #include "agent/job_member.h"
+#include "agent/metrics_server.h"
 #include "agent/scrub.h"
 #include "common/mutex.h"
 #include "memento/status.h"
@@ -60,6 +61,20 @@ struct AgentOptions {
   // (Stop(), SIGTERM). Off by default: the state must survive the agent so
   // that the next agent adopts it.
   bool remove_on_exit = false;
+  // Serve Prometheus metrics at http://<metrics_listen>/metrics ("host:port";
+  // port 0: any free port; empty: off). docs/operating.md.
+  std::string metrics_listen;
+};
+
+// What the trainers of this node reported, counted where the agent handles
+// their requests (metrics; docs/operating.md).
+struct SnapshotStats {
+  int64_t snapshots = 0;             // 'complete' requests
+  uint64_t bytes = 0;                // data bytes of the completed slots (slot headers)
+  double seconds = 0;                // summed write times (header begin -> complete)
+  double last_seconds = 0;           // the newest completion's write time
+  int64_t skipped = 0;               // 'skipped' requests (the slot was held)
+  std::map<int, int64_t> rank_step;  // rank -> newest completed step
 };
 
 class Agent {
@@ -90,6 +105,12 @@ class Agent {
   JobMember* job_member() { return job_member_.get(); }
   // Null when the scrub is off.
   Scrubber* scrubber() { return scrubber_.get(); }
+  SnapshotStats snapshot_stats() EXCLUDES(mu_);
+  // The Prometheus text exposition of this agent's counters (what
+  // --metrics-listen serves). Thread-safe.
+  std::string Metrics() EXCLUDES(mu_);
+  // "host:port" of the metrics endpoint; empty without --metrics-listen.
+  std::string metrics_address() const;
 
  private:
   Agent() = default;
@@ -100,6 +121,9 @@ class Agent {
   nlohmann::json HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_rank);
   void VerifierLoop();
   void EnqueueVerify(int rank, int slot) EXCLUDES(mu_);
+  // Counts a 'complete' request in snapshot_stats_ (bytes and write time
+  // from the slot's header).
+  void RecordSnapshot(int rank, int slot, int64_t step) EXCLUDES(mu_);
 
   AgentOptions options_;
   std::string root_;
@@ -126,6 +150,8 @@ class Agent {
   std::unique_ptr<JobMember> job_member_;     // reads store_'s slots; reset with durable_
   std::unique_ptr<Scrubber> scrubber_;        // reads store_'s slots; reset first
   std::atomic<bool> stopped_cleanly_{false};  // Serve() returned after Stop()
+  SnapshotStats snapshot_stats_ GUARDED_BY(mu_);
+  std::unique_ptr<MetricsServer> metrics_;  // calls Metrics(); reset before everything else
 };
 
 }  // namespace memento::agent

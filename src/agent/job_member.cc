@@ -313,10 +313,21 @@ void JobMember::SetRestoreTarget(int64_t step) {
 }
 
 JobMemberStats JobMember::stats() {
-  MutexLock l(&mu_);
-  JobMemberStats s = stats_;
+  JobMemberStats s;
+  {
+    MutexLock l(&mu_);
+    s = stats_;
+  }
   s.committed = committed_.load();
+  s.last_reported = last_reported_.load();
+  s.restore_target = RestoreTarget();
+  s.redundancy_bytes = red_->bytes_in_use();
+  if (peer_ != nullptr) s.peer = peer_->stats();
   return s;
+}
+
+int64_t JobMember::SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Now().time_since_epoch()).count();
 }
 
 // ---- store loss ----------------------------------------------------------------
@@ -376,8 +387,17 @@ void JobMember::OnCommit(int64_t step) {
   }
   hold_->Commit(step);
   red_->DropBelow(step);
+  const int64_t reported_ns = last_reported_ns_.load();
+  const bool reported_here = last_reported_.load() == step;
   {
     MutexLock l(&mu_);
+    if (reported_here && step > lag_counted_) {
+      lag_counted_ = step;
+      const double lag = std::max(0.0, static_cast<double>(SteadyNowNs() - reported_ns) / 1e9);
+      ++stats_.commit_lags;
+      stats_.commit_lag_s += lag;
+      stats_.last_commit_lag_s = lag;
+    }
     if (restore_target_ >= 0 && step > restore_target_) restore_target_ = -1;
     completes_.erase(completes_.begin(), completes_.upper_bound(step));
     dead_.erase(dead_.begin(), dead_.upper_bound(step));
@@ -500,7 +520,12 @@ void JobMember::Run() {
       MEMENTO_LOG_DEBUG("step {} was skipped by another node; no redundancy made", step);
       continue;
     }
+    const TimePoint produce_start = Now();
     if (Produce(step)) {
+      {
+        MutexLock l(&mu_);
+        stats_.produce_s += std::chrono::duration<double>(Now() - produce_start).count();
+      }
       reported_ = step;
       reported_at_ = Now();
     }
@@ -714,6 +739,7 @@ bool JobMember::Produce(int64_t step) {
     Abandon(step, "reporting it: " + st.ToString());
     return false;
   }
+  last_reported_ns_.store(SteadyNowNs());
   last_reported_.store(step);
   {
     MutexLock l(&mu_);

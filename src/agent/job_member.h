@@ -88,6 +88,18 @@ struct JobMemberStats {
   int64_t abandoned = 0;  // versions given up (slot rewritten, claim, timeout)
   int64_t pushed_bytes = 0;
   int64_t committed = -1;
+  // Seconds from the local ranks' completion of a step to its COMPLETED
+  // report (T1 produced, copies pushed), summed over produced versions.
+  double produce_s = 0;
+  // Commit lag: seconds from this node's COMPLETED report of a step to the
+  // commit of that step (the slowest node's report closes it).
+  int64_t commit_lags = 0;  // commits of steps this node had reported
+  double commit_lag_s = 0;  // summed
+  double last_commit_lag_s = 0;
+  int64_t last_reported = -1;     // newest step reported COMPLETED
+  int64_t restore_target = -1;    // RestoreTarget()
+  uint64_t redundancy_bytes = 0;  // the redundancy store's version files (T1 held here)
+  PeerServiceStats peer;          // recoveries this node served
 };
 
 class JobMember {
@@ -142,6 +154,7 @@ class JobMember {
 
  private:
   JobMember() = default;
+  static int64_t SteadyNowNs();
   void Run();
   // The membership re-registered with a store that lost this node's lease
   // (restarted empty): republishes what the store lost that this node knows
@@ -189,6 +202,8 @@ class JobMember {
   std::unique_ptr<coord::Watcher> epoch_watcher_;  // epoch -> durable_
   std::atomic<int64_t> committed_{-1};
   std::atomic<int64_t> last_reported_{-1};  // the newest step reported COMPLETED
+  // When last_reported_ was reported (commit lag); written before it.
+  std::atomic<int64_t> last_reported_ns_{0};
 
   Mutex mu_;
   CondVar cv_;
@@ -207,6 +222,7 @@ class JobMember {
   int64_t rollback_revision_ GUARDED_BY(mu_) = 0;
   bool unhealthy_ GUARDED_BY(mu_) = false;
   JobMemberStats stats_ GUARDED_BY(mu_);
+  int64_t lag_counted_ GUARDED_BY(mu_) = -1;  // the newest step whose commit lag was counted
   // Set once by the member thread (then read-only): the plan and topology.
   std::atomic<bool> ready_{false};
   topo::Plan plan_;

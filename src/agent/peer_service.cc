@@ -629,14 +629,39 @@ Result<std::string> PeerService::HandleRecover(std::string_view body, Deadline d
     }
     assemblies.push_back(std::move(a));
   }
-  MEMENTO_ASSIGN_OR_RETURN(recover::AssemblyStats stats,
-                           recover::ExecuteAssembliesWithOptions(
-                               plan->plan, plan->inventory, options_.job, step, assemblies,
-                               *reader_, *options_.store, deadline, exec_options_));
+  Result<recover::AssemblyStats> executed = recover::ExecuteAssembliesWithOptions(
+      plan->plan, plan->inventory, options_.job, step, assemblies, *reader_, *options_.store,
+      deadline, exec_options_);
+  if (!executed.ok()) {
+    MutexLock l(&stats_mu_);
+    ++stats_.rebuild_failures;
+    return executed.status();
+  }
+  const recover::AssemblyStats& stats = *executed;
+  {
+    MutexLock l(&stats_mu_);
+    ++stats_.rebuilds;
+    stats_.rebuilt_bytes += stats.bytes;
+    stats_.rebuild_read_bytes += stats.read_bytes;
+    stats_.transfer_s += stats.transfer_s;
+    stats_.decode_s += stats.decode_s;
+    stats_.write_s += stats.write_s;
+    stats_.rebuild_s += stats.total_s;
+  }
   MEMENTO_LOG_INFO("node {}: rebuilt ranks [{}] of step {} ({} bytes written, {} read) in {:.3f}s",
                    options_.node, fmt::join(stats.ranks, ","), step, stats.bytes, stats.read_bytes,
                    stats.total_s);
   return recover::AssemblyStatsToJson(stats).dump();
+}
+
+PeerServiceStats PeerService::stats() {
+  PeerServiceStats s;
+  {
+    MutexLock l(&stats_mu_);
+    s = stats_;
+  }
+  s.refused = refused();
+  return s;
 }
 
 Result<std::string> PeerService::HandleSetRestoreTarget(std::string_view body) {
@@ -648,6 +673,11 @@ Result<std::string> PeerService::HandleSetRestoreTarget(std::string_view body) {
     return FailedPreconditionError("set restore target: this agent takes no restore target");
   }
   MEMENTO_RETURN_IF_ERROR(options_.set_restore_target(j["step"].get<int64_t>()));
+  {
+    MutexLock l(&stats_mu_);
+    ++stats_.restore_targets;
+    stats_.last_restore_target = j["step"].get<int64_t>();
+  }
   return std::string("{}");
 }
 
@@ -672,6 +702,14 @@ Result<std::string> PeerService::HandleLoadDurable(std::string_view body) {
   // step trained again must not be decoded with parities of the old one.
   options_.redundancy->DropAbove(step);
   MEMENTO_RETURN_IF_ERROR(options_.set_restore_target(step));
+  {
+    MutexLock l(&stats_mu_);
+    ++stats_.durable_loads;
+    stats_.durable_load_bytes += stats.bytes;
+    stats_.durable_load_s += stats.total_s;
+    ++stats_.restore_targets;
+    stats_.last_restore_target = step;
+  }
   MEMENTO_LOG_INFO(
       "node {}: loaded ranks [{}] of durable version {} from {} ({} bytes written, {} read) in "
       "{:.3f}s",

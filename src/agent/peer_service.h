@@ -174,6 +174,22 @@ struct PeerServiceOptions {
   uint64_t max_buffered_bytes = kDefaultPeerMaxBufferedBytes;
 };
 
+// What this node's peer service did for recoveries (metrics,
+// docs/operating.md): counted in the handlers that do the work.
+struct PeerServiceStats {
+  int64_t rebuilds = 0;             // kPeerRecover requests that rebuilt ranks here
+  int64_t rebuild_failures = 0;     // kPeerRecover requests that failed
+  uint64_t rebuilt_bytes = 0;       // bytes written into T0 slots by rebuilds
+  uint64_t rebuild_read_bytes = 0;  // bytes the rebuilds read (local memory and peers)
+  double transfer_s = 0, decode_s = 0, write_s = 0, rebuild_s = 0;  // summed over rebuilds
+  int64_t durable_loads = 0;        // kPeerLoadDurable requests served
+  uint64_t durable_load_bytes = 0;  // written into T0 slots
+  double durable_load_s = 0;        // summed
+  int64_t restore_targets = 0;      // restore targets set (kPeerSetRestoreTarget, durable loads)
+  int64_t last_restore_target = -1;
+  uint64_t refused = 0;  // connections refused (failed authentication)
+};
+
 class PeerService {
  public:
   // Starts serving. InvalidArgument when a required option is missing,
@@ -196,6 +212,7 @@ class PeerService {
   const net::MemoryBudget* budget() const { return rpc_.budget(); }
   // Connections refused so far (failed authentication).
   uint64_t refused() const { return rpc_.server() ? rpc_.server()->refused() : 0; }
+  PeerServiceStats stats() EXCLUDES(stats_mu_);
   // Stops accepting and closes every connection; idempotent.
   void Stop() { rpc_.Stop(); }
 
@@ -214,6 +231,8 @@ class PeerService {
   std::unique_ptr<PieceReader> pieces_;
   std::unique_ptr<ClusterReader> reader_;
   recover::ExecuteOptions exec_options_;  // kPeerRecover; set at Start
+  Mutex stats_mu_;
+  PeerServiceStats stats_ GUARDED_BY(stats_mu_);
   net::RpcServer rpc_;
 };
 

@@ -1,6 +1,9 @@
 // Logging: a thin layer over spdlog so that every part of memento logs the same
 // way. Level from MEMENTO_LOG_LEVEL (trace, debug, info, warn, error; default
-// info). Output goes to stderr with time, level, process tag and message.
+// info). Output goes to stderr with time, level, process tag and message;
+// with MEMENTO_LOG_FORMAT=json one JSON object per line instead ("time",
+// "level", "process", "pid", "thread", "source" when known, "msg";
+// docs/operating.md, "Structured logs").
 //
 //   MEMENTO_LOG_INFO("agent: adopted slot {} of rank {} at step {}", slot, rank, step);
 #pragma once
@@ -14,6 +17,10 @@ namespace memento {
 // Names this process in every log line ("agent node0", "trainer rank3").
 // Call once early in main(); safe to call again.
 void InitLogging(const std::string& process_tag);
+
+// Whether MEMENTO_LOG_FORMAT=json: tools that print status lines of their own
+// on stdout print them as JSON objects too.
+bool JsonLogging();
 
 }  // namespace memento
 
