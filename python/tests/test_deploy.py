@@ -97,9 +97,10 @@ for p in "${pids[@]}"; do wait "$p" || rc=$?; done
 exit $rc
 """
 SCONTROL = r"""#!/bin/bash
-# stub scontrol: `show hostnames LIST` gives one loopback address per node
+# stub scontrol: `show hostnames LIST` gives one loopback address per node,
+# a line at a time (as a slow scontrol would: a reader that stops early gets it killed by SIGPIPE)
 [ "$1 $2" = "show hostnames" ] || { echo "stub scontrol: unsupported: $*" >&2; exit 2; }
-for ((n = 0; n < SLURM_NNODES; n++)); do echo 127.0.0.1; done
+for ((n = 0; n < SLURM_NNODES; n++)); do echo 127.0.0.1; sleep 0.2; done
 """
 
 
