@@ -112,6 +112,10 @@ void Setup(CLI::App &app, CommandContext &ctx) {
                   "restarts. The trainer must speak the protocol of docs/swift.md "
                   "(memento-trainer does). docs/launch.md")
       ->default_val("restart");
+  cmd->add_option("--in-process-timeout", o.in_process_timeout_s,
+                  "--recovery undo|auto: seconds from a failure until every rank reported its "
+                  "in-process recovery; past it (a survivor wedged) the whole job restarts")
+      ->default_val(60);
   cmd->add_option("--run-dir", o.run_dir,
                   "Node roots, logs, token file (default /dev/shm/memento-launch/<job>)");
   cmd->add_flag("--keep-run-dir", o.keep_run_dir, "Keep the node roots after the job");

@@ -199,6 +199,25 @@ TEST_F(LaunchSwiftTest, ZeroOneShardComesFromTheTiers) {
       << ReadFile(f.logs + "/rank3.log");
 }
 
+// A survivor that wedges (SIGSTOP, as a hung process would) never reports
+// its in-process recovery: after --in-process-timeout the launcher falls
+// back to restarting the whole job (SIGKILL reaches the stopped process),
+// says so, and the job still ends bit-identical.
+TEST_F(LaunchSwiftTest, WedgedSurvivorFallsBackToRestart) {
+  const Outcome clean = Run("wclean", {}, {});
+  const Outcome o = Run(
+      "wedged", {"--recovery", "undo", "--in-process-timeout", "4"},
+      {"--fail-rank", "3", "--fail-at-step", "5", "--fail-point", "update", "--wedge-rank", "0"});
+  ExpectSameFinalStates(clean, o);
+  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << o.Report();
+  const json& rep = o.summary["recoveries"][0];
+  EXPECT_EQ(rep["mode"], "restart") << rep.dump();
+  EXPECT_NE(rep["fallback"].get<std::string>().find("no in-process recovery report from rank(s) 0"),
+            std::string::npos)
+      << rep.dump();
+  EXPECT_EQ(rep["processes_restarted"], 5) << rep.dump();
+}
+
 TEST_F(LaunchSwiftTest, RefusesBadRecoveryOptions) {
   Outcome a = Run("bad1", {"--recovery", "sometimes"}, {});
   EXPECT_EQ(a.exit, 2) << a.output;

@@ -360,6 +360,10 @@ int Main(int argc, char** argv) {
                  "optimizer update of that step, before chunk --fail-chunk) | pipeline (at "
                  "receive --fail-chunk of that step's pipeline schedule; needs --pp > 1)")
       ->capture_default_str();
+  int wedge_rank = -1;
+  app.add_option("--wedge-rank", wedge_rank,
+                 "fault injection: this rank stops itself (SIGSTOP) when its step fails and it "
+                 "would recover in process (a wedged survivor; first generation of attempt 0)");
   app.add_option("--fail-chunk", fail_chunk,
                  "with --fail-point update: the chunk; pipeline: the receive (0-based)")
       ->capture_default_str();
@@ -713,6 +717,11 @@ int Main(int argc, char** argv) {
       // generation (the lost rank restarted), reconnect, recover.
       std::fprintf(stderr, "memento-trainer rank %d: step %" PRId64 ": %s; recovering (%s)\n", rank,
                    trainer->state().step + 1, r.status().ToString().c_str(), recovery.c_str());
+      if (rank == wedge_rank && generation == 0 && attempt == 0) {
+        std::fprintf(stderr, "memento-trainer rank %d: wedging myself (SIGSTOP)\n", rank);
+        std::fflush(nullptr);
+        raise(SIGSTOP);
+      }
       Stopwatch w_recover;
       const int64_t from_step = trainer->state().step;
       // A snapshot still reading the state finishes before anything rewrites it.

@@ -50,6 +50,9 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
   if (o.recovery != "restart" && o.recovery != "undo" && o.recovery != "auto") {
     return InvalidArgumentError("--recovery '" + o.recovery + "': expected restart, undo or auto");
   }
+  if (!(o.in_process_timeout_s > 0)) {
+    return InvalidArgumentError("--in-process-timeout must be > 0");
+  }
   if (o.recovery == "undo" && o.dp < 2) {
     return InvalidArgumentError(
         "--recovery undo needs --dp >= 2 (the lost rank is rebuilt from a data-parallel "
@@ -326,7 +329,10 @@ Result<LaunchSummary> Launcher::Run() {
       }
       continue;
     }
-    s.WatchRecoveries();
+    if (const std::string stuck = s.WatchRecoveries(); !stuck.empty()) {
+      if (auto end = s.Recover(stuck)) return s.Finish(std::move(*end));
+      continue;
+    }
     s.ReportProgress();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

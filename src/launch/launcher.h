@@ -73,6 +73,10 @@ struct LaunchOptions {
   //            when it cannot proceed.
   //   auto     undo where it can work (dp > 1), restart otherwise
   std::string recovery = "restart";
+  // undo: seconds from the failure until every rank reported its in-process
+  // recovery; past it (a survivor wedged, a trainer that does not speak the
+  // protocol) the launcher falls back to restarting the whole job.
+  double in_process_timeout_s = 60;
   // Node roots (node<i>), logs (logs/), the token file and rendezvous dirs.
   // Empty: /dev/shm/memento-launch/<job>.
   std::string run_dir;

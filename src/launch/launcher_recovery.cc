@@ -156,7 +156,7 @@ std::string Launcher::State::TryInProcess(const std::string& cause, int rank,
   return "";
 }
 
-void Launcher::State::WatchRecoveries() {
+std::string Launcher::State::WatchRecoveries() {
   using json = nlohmann::json;
   auto read = [](const std::string& path) -> std::optional<json> {
     const std::string text = swift::ReadFileOrEmpty(path);
@@ -183,19 +183,30 @@ void Launcher::State::WatchRecoveries() {
       resume_watch.reset();
     }
   }
-  if (!in_process.has_value()) return;
+  if (!in_process.has_value()) return "";
   InProcess& ip = *in_process;
   RecoveryReport& rep = ip.rep;
   const std::string rdzv = Rendezvous();
   if (!ip.recovered) {
     int64_t agreed = -1, reached = -1;
     double last_wall = 0;
+    std::string missing;
     for (int r = 0; r < world; ++r) {
       auto j = read(swift::RecoveredPath(rdzv, ip.rep.generation, r));
-      if (!j) return;  // not every rank yet
+      if (!j) {
+        missing += " " + std::to_string(r);
+        continue;
+      }
       agreed = j->value("step", int64_t{-1});
       reached = std::max<int64_t>(reached, j->value("from_step", int64_t{-1}));
       last_wall = std::max(last_wall, j->value("wall_s", 0.0));
+    }
+    if (!missing.empty()) {
+      if (SecondsBetween(ip.detected, Now()) < o.in_process_timeout_s) return "";
+      return "no in-process recovery report from rank(s)" + missing + " within " +
+             Seconds3(o.in_process_timeout_s) +
+             " s (--in-process-timeout; a survivor wedged, or a trainer that does not speak "
+             "docs/swift.md's protocol)";
     }
     ip.recovered = true;
     rep.step = agreed;
@@ -215,6 +226,7 @@ void Launcher::State::WatchRecoveries() {
     rep.resume_s = j->value("wall_s", 0.0) - ip.detected_wall;
     FinishInProcess();
   }
+  return "";
 }
 
 void Launcher::State::FinishInProcess() {

@@ -212,8 +212,10 @@ struct Launcher::State {
   // returns why it cannot run (then Recover with it as the fallback).
   std::string TryInProcess(const std::string& cause, int rank, const ExitStatus& status);
   // Follows the in-process recovery and a restart's resume through the
-  // trainers' reports; finishes their reports.
-  void WatchRecoveries();
+  // trainers' reports; finishes their reports. Returns a cause (then
+  // Recover falls back to the restart) when not every rank reported its
+  // in-process recovery within --in-process-timeout.
+  std::string WatchRecoveries();
   void FinishInProcess();
   std::optional<JobEnd> RestartAgentsAndRecover(TimePoint detected, RecoveryReport* rep,
                                                 std::optional<JobRecovery>* recovered);
