@@ -1,4 +1,4 @@
-// `memento bench memory [--cases dp4,dp2pp2] [--zero 0,1] [--policies
+// `memento bench memory [--sharded] [--cases dp4,dp2pp2] [--zero 0,1] [--policies
 // replicate,xor,rs:2] [--preset small] [--steps 5] [--json]`: host memory and
 // copy volume per node of the save path that runs, next to REFT's formula
 // (issue 15, docs/reft.md section 6).
@@ -51,6 +51,7 @@ struct MemoryBenchOptions {
   std::string trainer;
   std::string run_dir;  // empty: /dev/shm/memento-bench-memory-<pid>
   bool json = true;
+  bool sharded = false;  // memento launch --sharded (docs/reft.md)
 };
 
 struct Case {
@@ -81,6 +82,7 @@ Result<nlohmann::json> RunCase(const MemoryBenchOptions& o, const Case& c, int z
   lo.pp = c.pp;
   lo.zero = zero;
   lo.policy = policy_text;
+  lo.sharded = o.sharded;
   lo.run_dir = base + "/" + job;
   lo.max_restarts = 0;
   lo.quiet = true;
@@ -129,6 +131,7 @@ Result<nlohmann::json> RunCase(const MemoryBenchOptions& o, const Case& c, int z
                       {"pp", c.pp},
                       {"zero", zero},
                       {"policy", policy_text},
+                      {"sharded", o.sharded},
                       {"committed_step", summary.final_committed},
                       {"fullest_node", fullest},
                       {"host_bytes_per_node", host},
@@ -203,6 +206,9 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
   cmd->add_option("--trainer", o->trainer, "memento-trainer binary (default: next to memento)");
   cmd->add_option("--run-dir", o->run_dir,
                   "where the node roots go (default /dev/shm/memento-bench-memory-<pid>)");
+  cmd->add_flag("--sharded", o->sharded,
+                "run every case with sharded snapshots (memento launch --sharded, "
+                "docs/reft.md)");
   cmd->add_flag("--json", o->json, "print JSON (always on)");
   cmd->callback([o, &ctx] {
     Result<nlohmann::json> j = Measure(*o);

@@ -104,6 +104,13 @@ struct ClientOptions {
   double connect_timeout_s = 10.0;
   Schedule schedule = Schedule::kAuto;
   HasTuning has;
+  // Sharded snapshots (docs/reft.md): when the job's topology asks for them
+  // (`memento launch --sharded`), the rank's slot holds only the byte ranges
+  // the plan gives it, asked from the agent (`plan` op) at the first
+  // snapshot and again after each Restore(). The agent decides; false keeps
+  // whole-tensor slots whatever it says. Ranks with device-resident tensors
+  // keep whole-tensor slots for now.
+  bool sharded_snapshots = true;
 };
 
 // A version of this rank's state that the agent holds.

@@ -350,6 +350,14 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
       if (!st.ok()) MEMENTO_LOG_ERROR("rank {} slot {}: {}", rank, req.slot, st.ToString());
       return shm::ToJson(shm::VerifyReply{st});
     }
+    case AgentOp::kPlan: {
+      // A single-node agent has no cluster plan: its ranks save whole
+      // tensors (docs/reft.md section 1).
+      if (job_member_ == nullptr) return shm::ToJson(shm::PlanReply{});
+      auto ranges = job_member_->SaveRanges(rank);
+      if (!ranges.ok()) return shm::StatusToJson(ranges.status());
+      return shm::ToJson(*ranges);
+    }
     case AgentOp::kList: {
       shm::ListReply list;
       auto inv = store_->Inventory(rank);

@@ -23,6 +23,7 @@
 #include "recover/recover.h"
 #include "shm/slot.h"
 #include "topo/plan_json.h"
+#include "topo/save_ranges.h"
 #include "topo/topology_json.h"
 
 namespace memento::agent {
@@ -624,6 +625,10 @@ void JobMember::TrySetup() {
   }
   producer_ = std::make_unique<T1Producer>(&plan_, node_, red_.get(), token_.get(),
                                            [this](int n) { return NodeEndpoint(n); });
+  {
+    MutexLock l(&plan_mu_);
+    sharded_ = ct->sharded;
+  }
   SetPeerPlan();
   ready_.store(true);
   const topo::NodePlan& np = plan_.nodes[node_];
@@ -783,6 +788,39 @@ Status JobMember::StartPeerService() {
   MEMENTO_ASSIGN_OR_RETURN(peer_, PeerService::Start(std::move(po), *token_));
   endpoint_ = peer_->endpoint();
   return Status::Ok();
+}
+
+Result<shm::PlanReply> JobMember::SaveRanges(int rank) {
+  std::shared_ptr<const ClusterPlan> cp;
+  bool sharded = false;
+  {
+    MutexLock l(&plan_mu_);
+    cp = cluster_plan_;
+    sharded = sharded_;
+  }
+  if (cp == nullptr) {
+    return UnavailableError(
+        fmt::format("not ready: node {} has no plan yet (waiting for the topology and every rank's "
+                    "inventory)",
+                    node_));
+  }
+  if (rank < 0 || rank >= static_cast<int>(cp->inventory.size())) {
+    return InvalidArgumentError(
+        fmt::format("rank {} is not in the plan ({} ranks)", rank, cp->inventory.size()));
+  }
+  shm::PlanReply reply;
+  reply.plan_hash = fmt::format("{:016x}", cp->hash);
+  if (!sharded) return reply;
+  const std::vector<TensorMeta>& tensors = cp->inventory[static_cast<size_t>(rank)];
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<topo::Segment> ranges,
+                           topo::RankSaveRanges(cp->plan, rank, tensors));
+  if (topo::CoversEveryTensor(ranges, tensors)) return reply;  // whole tensors
+  reply.sharded = true;
+  reply.ranges.reserve(ranges.size());
+  for (topo::Segment& s : ranges) {
+    reply.ranges.push_back(shm::SaveRange{std::move(s.tensor), s.offset, s.length});
+  }
+  return reply;
 }
 
 void JobMember::SetPeerPlan() {

@@ -134,6 +134,13 @@ class JobMember {
   // The step trainers restore: the launcher's restore target, else the
   // newest step of the commit log; -1 when none.
   int64_t RestoreTarget() EXCLUDES(mu_);
+  // The `plan` op (agent.sock; docs/reft.md section 1): the byte ranges
+  // `rank`'s T0 slot holds under the plan (topo::RankSaveRanges), or
+  // sharded=false (whole tensors) when the topology does not ask for sharded
+  // snapshots or the plan gives the rank every byte of its state.
+  // Unavailable ("not ready") until the plan is known; InvalidArgument for a
+  // rank outside the plan.
+  Result<shm::PlanReply> SaveRanges(int rank) EXCLUDES(plan_mu_);
   // kPeerSetRestoreTarget: the job restores `step`; kept until a newer
   // step commits. The job goes back to `step`, so what this node knew of
   // later steps belongs to the failed attempt and is forgotten: its
@@ -231,6 +238,7 @@ class JobMember {
   // What the peer service acts on (null until the plan is known).
   Mutex plan_mu_;
   std::shared_ptr<const ClusterPlan> cluster_plan_ GUARDED_BY(plan_mu_);
+  bool sharded_ GUARDED_BY(plan_mu_) = false;  // the topology's "sharded"
 
   // Member thread only.
   int64_t last_attempt_ = -1;

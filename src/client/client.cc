@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <map>
 #include <optional>
 
 #include "client/agent_channel.h"
@@ -98,6 +99,8 @@ class ClientImpl final : public Client, private client::SlotSink {
     for (const RegisteredTensor& r : tensors_) metas.push_back(r.meta);
     MEMENTO_ASSIGN_OR_RETURN(layout_, shm::ComputeSlotLayout(options_.job_id, options_.rank, metas,
                                                              options_.chunk_bytes));
+    whole_layout_ = layout_;
+    UseWholeLayout();
     // The manifest lets an agent in cluster mode publish this rank's
     // inventory (docs/cluster.md); a single-node agent ignores it.
     MEMENTO_ASSIGN_OR_RETURN(
@@ -167,6 +170,7 @@ class ClientImpl final : public Client, private client::SlotSink {
       SkipSnapshot(step, held_by);
       return Status::Ok();
     }
+    if (!plan_settled_) AskPlan();
     const shm::Segment& seg = *segments_[target];
     shm::BeginSlotWrite(seg, layout_, target, step);
     uint8_t* data = shm::SlotData(seg);
@@ -175,9 +179,11 @@ class ClientImpl final : public Client, private client::SlotSink {
     chunks.reserve(layout_.chunks.size());
     for (size_t i = 0; i < layout_.chunks.size(); ++i) {
       const shm::ChunkEntry& c = layout_.chunks[i];
+      // Chunk c of entry e: bytes of its tensor from e's range offset on.
       const shm::SavedTensor& t = layout_.tensors[c.tensor_index];
       snap::CopyChunk cc;
-      cc.src = static_cast<const uint8_t*>(tensors_[c.tensor_index].data) + (c.offset - t.offset);
+      cc.src = static_cast<const uint8_t*>(tensors_[entry_tensor_[c.tensor_index]].data) +
+               t.range_offset + (c.offset - t.offset);
       cc.dst = data + c.offset;
       cc.length = c.length;
       cc.checksum_out = &table[i].checksum;
@@ -300,6 +306,9 @@ class ClientImpl final : public Client, private client::SlotSink {
     if (r.ok()) {
       last_step_ = r->step;
       SetNewestSlot(r->slot);
+      // The topology may have changed (a recovery, a replaced node): ask
+      // for the plan's ranges again at the next snapshot.
+      plan_settled_ = false;
     }
     if (stats.has_value()) {
       MutexLock l(&stats_mu_);
@@ -307,6 +316,72 @@ class ClientImpl final : public Client, private client::SlotSink {
     }
     if (!r.ok()) return r.status();
     return r->step;
+  }
+
+  void UseWholeLayout() {
+    layout_ = whole_layout_;
+    entry_tensor_.resize(tensors_.size());
+    for (size_t i = 0; i < tensors_.size(); ++i) entry_tensor_[i] = i;
+  }
+
+  // Sharded snapshots (docs/reft.md section 1): asks the agent which byte
+  // ranges this rank's slot holds and lays the slot out as those ranges.
+  // Training thread, before a snapshot's BeginSlotWrite. Until the agent
+  // has a plan ("not ready", Unavailable) the snapshot writes whole tensors
+  // and the next one asks again; any other answer settles the layout until
+  // the next Restore(). A whole-tensor slot is always valid (it holds every
+  // range), so every failure here falls back to it.
+  void AskPlan() {
+    if (!options_.sharded_snapshots || device_ != nullptr) {
+      plan_settled_ = true;  // device tensors: whole slots (device path)
+      return;
+    }
+    auto fall_back = [&](const std::string& why) {
+      MEMENTO_LOG_WARN("rank {}: whole-tensor snapshots: {}", options_.rank, why);
+      UseWholeLayout();
+      plan_settled_ = true;
+    };
+    auto reply = agent_.Call(shm::PlanRequest(options_.rank), Deadline::AfterSeconds(5),
+                             /*reconnect_s=*/0);
+    if (!reply.ok()) {
+      // "not ready" (or the agent is away): whole tensors this time.
+      if (reply.status().code() == StatusCode::kUnavailable) return;
+      return fall_back("the agent's plan op: " + reply.status().ToString());
+    }
+    auto plan = shm::ParsePlanReply(*reply);
+    if (!plan.ok()) return fall_back(plan.status().ToString());
+    plan_settled_ = true;
+    if (!plan->sharded) return UseWholeLayout();
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < tensors_.size(); ++i) index.emplace(tensors_[i].meta.name, i);
+    std::vector<shm::SlotEntrySpec> specs;
+    std::vector<size_t> entry_tensor;
+    for (const shm::SaveRange& r : plan->ranges) {
+      auto it = index.find(r.tensor);
+      if (it == index.end()) {
+        return fall_back(fmt::format("plan {} names tensor '{}', which this rank does not register",
+                                     plan->plan_hash, r.tensor));
+      }
+      const TensorMeta& meta = tensors_[it->second].meta;
+      specs.push_back(
+          shm::SlotEntrySpec{meta, r.offset, r.length == 0 ? shm::kWholeTensor : r.length});
+      entry_tensor.push_back(it->second);
+    }
+    auto layout =
+        shm::ComputeRangeSlotLayout(options_.job_id, options_.rank, specs, options_.chunk_bytes);
+    if (!layout.ok())
+      return fall_back("plan " + plan->plan_hash + ": " + layout.status().ToString());
+    for (int s = 0; s < shm::kSlotsPerRank; ++s) {
+      if (segments_[s]->size() < layout->total_bytes) {
+        return fall_back(fmt::format("the sharded layout needs {} bytes, the slot has {}",
+                                     layout->total_bytes, segments_[s]->size()));
+      }
+    }
+    MEMENTO_LOG_INFO("rank {}: sharded snapshots under plan {}: {} of {} bytes in {} ranges",
+                     options_.rank, plan->plan_hash, layout->data_bytes, whole_layout_.data_bytes,
+                     specs.size());
+    layout_ = std::move(*layout);
+    entry_tensor_ = std::move(entry_tensor);
   }
 
   // Creates the HAS path (schedule "has" at Seal(); "auto" at the first
@@ -375,7 +450,10 @@ class ClientImpl final : public Client, private client::SlotSink {
   const bool idle_priority_;  // copy_priority "idle"
   std::vector<RegisteredTensor> tensors_;
   bool sealed_ = false;
-  shm::SlotLayout layout_;
+  shm::SlotLayout layout_;            // what the next snapshot writes (whole or ranges)
+  shm::SlotLayout whole_layout_;      // every registered tensor whole (Seal's)
+  std::vector<size_t> entry_tensor_;  // layout_ entry -> index into tensors_
+  bool plan_settled_ = false;         // AskPlan has an answer (until a Restore)
   std::unique_ptr<shm::Segment> segments_[shm::kSlotsPerRank];
   const shm::Segment* slots_[shm::kSlotsPerRank] = {};
   client::SlotPrefaults prefaults_;

@@ -148,6 +148,7 @@ Status Launcher::State::SetUp(Deadline setup, StoreMode* store_mode) {
   topology.policy.host_bytes_per_node = o.host_budget;
   topology.policy.copy_bytes_per_node = o.copy_budget;
   topology.policy.network_bytes_per_node = o.network_budget;
+  topology.sharded = o.sharded;
   fired.assign(injections.size(), false);
   agents.resize(static_cast<size_t>(o.nodes));
   node_lost.assign(static_cast<size_t>(o.nodes), false);

@@ -59,6 +59,9 @@ struct LaunchOptions {
   uint64_t copy_budget = 0;
   // Bytes a node may receive from peers per snapshot (model::MakeJobPlan).
   uint64_t network_budget = 0;
+  // Sharded snapshots (docs/reft.md): published in the job topology
+  // ("sharded": true); each rank's slot then holds its plan ranges only.
+  bool sharded = false;
   // Agents stream committed versions here (`memento agent --durable-dir`).
   std::string durable_dir;
   std::string inject;  // launch/inject.h

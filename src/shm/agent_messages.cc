@@ -33,10 +33,16 @@ constexpr const char* kVersions = "versions";
 constexpr const char* kIntact = "intact";
 constexpr const char* kError = "error";
 constexpr const char* kPath = "path";
+constexpr const char* kPlanHash = "plan_hash";
+constexpr const char* kSharded = "sharded";
+constexpr const char* kRanges = "ranges";
+constexpr const char* kTensor = "tensor";
+constexpr const char* kOffset = "offset";
+constexpr const char* kLength = "length";
 
-constexpr AgentOp kOps[] = {AgentOp::kHello,    AgentOp::kPing,    AgentOp::kSeal,
-                            AgentOp::kComplete, AgentOp::kSkipped, AgentOp::kTarget,
-                            AgentOp::kVerify,   AgentOp::kList,    AgentOp::kAssemble};
+constexpr AgentOp kOps[] = {
+    AgentOp::kHello,  AgentOp::kPing,   AgentOp::kSeal, AgentOp::kComplete, AgentOp::kSkipped,
+    AgentOp::kTarget, AgentOp::kVerify, AgentOp::kList, AgentOp::kAssemble, AgentOp::kPlan};
 constexpr int64_t kMaxStep = std::numeric_limits<int64_t>::max();
 
 // A value for an error message: its JSON text, cut short.
@@ -175,6 +181,8 @@ const char* AgentOpName(AgentOp op) {
       return "list";
     case AgentOp::kAssemble:
       return "assemble";
+    case AgentOp::kPlan:
+      return "plan";
   }
   return "unknown";
 }
@@ -234,6 +242,7 @@ AgentRequest AssembleRequest(int rank, int64_t step) {
   r.step = step;
   return r;
 }
+AgentRequest PlanRequest(int rank) { return RankRequest(AgentOp::kPlan, rank); }
 
 json AgentRequestToJson(const AgentRequest& r) {
   json msg = {{kOp, AgentOpName(r.op)}};
@@ -263,6 +272,7 @@ json AgentRequestToJson(const AgentRequest& r) {
     case AgentOp::kPing:
     case AgentOp::kTarget:
     case AgentOp::kList:
+    case AgentOp::kPlan:
       break;
   }
   return msg;
@@ -304,7 +314,7 @@ Result<AgentRequest> AgentRequestFromJson(const json& msg) {
   if (!known) {
     return InvalidArgumentError(
         fmt::format("unknown op {} (known: hello, ping, seal, complete, skipped, target, verify, "
-                    "list, assemble)",
+                    "list, assemble, plan)",
                     Shown(*op_it)));
   }
   if (r.op == AgentOp::kPing) return r;
@@ -351,6 +361,7 @@ Result<AgentRequest> AgentRequestFromJson(const json& msg) {
     case AgentOp::kPing:
     case AgentOp::kTarget:
     case AgentOp::kList:
+    case AgentOp::kPlan:
       break;
   }
   return r;
@@ -402,6 +413,18 @@ json ToJson(const ListReply& reply) {
   }
   json r = OkReply();
   r[kVersions] = std::move(versions);
+  return r;
+}
+
+json ToJson(const PlanReply& reply) {
+  json ranges = json::array();
+  for (const SaveRange& r : reply.ranges) {
+    ranges.push_back({{kTensor, r.tensor}, {kOffset, r.offset}, {kLength, r.length}});
+  }
+  json r = OkReply();
+  r[kPlanHash] = reply.plan_hash;
+  r[kSharded] = reply.sharded;
+  r[kRanges] = std::move(ranges);
   return r;
 }
 
@@ -472,6 +495,31 @@ Result<AssembleReply> ParseAssembleReply(const json& reply) {
   MEMENTO_ASSIGN_OR_RETURN(out.path, f.String(kPath));
   if (out.path.empty()) return f.Bad(kPath, reply.at(kPath), "a non-empty path");
   MEMENTO_ASSIGN_OR_RETURN(out.bytes, f.Uint(kBytes, 0, std::numeric_limits<uint64_t>::max()));
+  return out;
+}
+
+Result<PlanReply> ParsePlanReply(const json& reply) {
+  const Fields f(reply, Reply(AgentOp::kPlan));
+  PlanReply out;
+  MEMENTO_ASSIGN_OR_RETURN(out.plan_hash, f.String(kPlanHash));
+  MEMENTO_ASSIGN_OR_RETURN(out.sharded, f.Bool(kSharded));
+  MEMENTO_ASSIGN_OR_RETURN(const json* ranges, f.Array(kRanges, kMaxPlanRanges));
+  if (!out.sharded && !ranges->empty()) {
+    return f.Bad(kRanges, *ranges, "empty when 'sharded' is false");
+  }
+  out.ranges.reserve(ranges->size());
+  for (size_t i = 0; i < ranges->size(); ++i) {
+    const json& v = (*ranges)[i];
+    if (!v.is_object()) return f.Bad(kRanges, *ranges, "an array of objects");
+    const Fields e(v, fmt::format("{}: {}[{}]", f.what(), kRanges, i));
+    SaveRange r;
+    MEMENTO_ASSIGN_OR_RETURN(r.tensor, e.String(kTensor));
+    if (r.tensor.empty()) return e.Bad(kTensor, v[kTensor], "a tensor name");
+    MEMENTO_ASSIGN_OR_RETURN(r.offset, e.Uint(kOffset, 0, std::numeric_limits<uint64_t>::max()));
+    MEMENTO_ASSIGN_OR_RETURN(r.length, e.Uint(kLength, r.offset == 0 ? 0 : 1,
+                                              std::numeric_limits<uint64_t>::max() - r.offset));
+    out.ranges.push_back(std::move(r));
+  }
   return out;
 }
 

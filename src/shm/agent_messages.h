@@ -36,7 +36,8 @@ enum class AgentOp {
   kTarget,
   kVerify,
   kList,
-  kAssemble
+  kAssemble,
+  kPlan
 };
 const char* AgentOpName(AgentOp op);
 
@@ -70,6 +71,7 @@ AgentRequest ListRequest(int rank);
 // The rank's whole state at `step` from its plan pieces (docs/reft.md,
 // section 3), staged by the agent in a whole-tensor slot file.
 AgentRequest AssembleRequest(int rank, int64_t step);
+AgentRequest PlanRequest(int rank);
 
 // The JSON of a request: "op" and the fields of its op.
 nlohmann::json AgentRequestToJson(const AgentRequest& request);
@@ -127,6 +129,24 @@ struct AssembleReply {
   std::string path;
   uint64_t bytes = 0;  // its data bytes
 };
+// plan (docs/reft.md section 1): the byte ranges the rank's T0 slot holds
+// under the job's plan. A "not ready" agent (no plan yet: it still waits for
+// every rank's inventory) answers Unavailable instead, and the client writes
+// whole tensors meanwhile.
+struct SaveRange {
+  std::string tensor;   // a registered tensor's name
+  uint64_t offset = 0;  // bytes of the whole tensor
+  uint64_t length = 0;  // > 0, except {name, 0, 0} for a tensor of zero bytes
+};
+struct PlanReply {
+  std::string plan_hash;  // 16 hex digits; "" when the agent has no cluster plan
+  // false: whole tensors (sharding off, a single node, or a rank the plan
+  // gives every byte of its state); `ranges` is then empty.
+  bool sharded = false;
+  std::vector<SaveRange> ranges;  // sharded: by tensor (registration order), then offset
+};
+// Most ranges a plan reply may carry (a rank's tensors, each cut a few times).
+inline constexpr size_t kMaxPlanRanges = size_t{1} << 20;
 
 nlohmann::json ToJson(const HelloReply& reply);
 nlohmann::json ToJson(const SealReply& reply);
@@ -134,6 +154,7 @@ nlohmann::json ToJson(const TargetReply& reply);
 nlohmann::json ToJson(const VerifyReply& reply);
 nlohmann::json ToJson(const ListReply& reply);
 nlohmann::json ToJson(const AssembleReply& reply);
+nlohmann::json ToJson(const PlanReply& reply);
 
 // InvalidArgument naming the op and the field for a reply that lacks a
 // field or holds one of the wrong type or range (a seal reply with other
@@ -145,5 +166,8 @@ Result<VerifyReply> ParseVerifyReply(const nlohmann::json& reply);
 Result<ListReply> ParseListReply(const nlohmann::json& reply);
 // An empty path is refused.
 Result<AssembleReply> ParseAssembleReply(const nlohmann::json& reply);
+// Also InvalidArgument for a range with an empty tensor name, a zero length at
+// an offset other than 0, or an end past 2^64; sharded false with ranges.
+Result<PlanReply> ParsePlanReply(const nlohmann::json& reply);
 
 }  // namespace memento::shm

@@ -31,6 +31,13 @@ TEST(AgentRequestTest, ParsesEveryOpTheClientSends) {
   EXPECT_TRUE(ParseAgentRequest(R"({"op":"target","rank":2})").ok());
   EXPECT_TRUE(ParseAgentRequest(R"({"op":"verify","rank":2,"slot":0})").ok());
   EXPECT_TRUE(ParseAgentRequest(R"({"op":"list","rank":2})").ok());
+  auto plan = ParseAgentRequest(R"({"op":"plan","rank":2})");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->op, AgentOp::kPlan);
+  EXPECT_EQ(plan->rank, 2);
+  EXPECT_EQ(ParseAgentRequest(R"({"op":"plan","rank":-1})").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseAgentRequest(R"({"op":"plan"})").status().code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(ParseAgentRequest(R"({"op":"ping"})").ok());
   auto top = ParseAgentRequest(R"({"op":"seal","rank":1073741823,"bytes":281474976710656})");
   ASSERT_TRUE(top.ok()) << top.status();
@@ -66,6 +73,7 @@ TEST(AgentRequestTest, EveryRequestRoundTripsThroughTheWire) {
                                               VerifyRequest(5, 0),
                                               ListRequest(kMaxRank),
                                               AssembleRequest(3, 17),
+                                              PlanRequest(4),
                                               AgentRequest{}};
   for (const AgentRequest& sent : requests) {
     auto got = ParseAgentRequest(AgentRequestToJson(sent).dump());
@@ -138,6 +146,25 @@ TEST(AgentReplyTest, EveryReplyRoundTripsThroughTheWire) {
   ASSERT_TRUE(assembled.ok()) << assembled.status();
   EXPECT_EQ(assembled->path, "/r/assembled.rank3");
   EXPECT_EQ(assembled->bytes, 4096u);
+
+  PlanReply plan;
+  plan.plan_hash = "00ff00ff00ff00ff";
+  plan.sharded = true;
+  plan.ranges = {{"w", 0, 4096}, {"w", 8192, 64}, {"empty", 0, 0}, {"rng", 0, 13}};
+  auto p = ParsePlanReply(wire(ToJson(plan)));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->plan_hash, plan.plan_hash);
+  EXPECT_TRUE(p->sharded);
+  ASSERT_EQ(p->ranges.size(), plan.ranges.size());
+  for (size_t i = 0; i < plan.ranges.size(); ++i) {
+    EXPECT_EQ(p->ranges[i].tensor, plan.ranges[i].tensor);
+    EXPECT_EQ(p->ranges[i].offset, plan.ranges[i].offset);
+    EXPECT_EQ(p->ranges[i].length, plan.ranges[i].length);
+  }
+  auto whole = ParsePlanReply(wire(ToJson(PlanReply{})));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_FALSE(whole->sharded);
+  EXPECT_TRUE(whole->ranges.empty());
 }
 
 TEST(AgentRequestTest, AssembleNeedsAStep) {
@@ -191,6 +218,26 @@ TEST(AgentReplyTest, MalformedRepliesNameTheOpAndTheField) {
       {R"({"ok":true,"path":"","bytes":1})", "assemble", "'path'"},
       {R"({"ok":true,"path":"/p","bytes":-1})", "assemble", "'bytes'"},
       {R"({"ok":true,"path":"/p"})", "assemble", "'bytes'"},
+      {R"({"ok":true,"sharded":true,"ranges":[]})", "plan", "'plan_hash'"},
+      {R"({"ok":true,"plan_hash":"","ranges":[]})", "plan", "'sharded'"},
+      {R"({"ok":true,"plan_hash":"","sharded":"yes","ranges":[]})", "plan", "'sharded'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true})", "plan", "'ranges'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":{}})", "plan", "'ranges'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[7]})", "plan", "'ranges'"},
+      {R"({"ok":true,"plan_hash":"","sharded":false,"ranges":[{"tensor":"w","offset":0,"length":4}]})",
+       "plan", "'ranges'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[{"offset":0,"length":4}]})", "plan",
+       "'tensor'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[{"tensor":"","offset":0,"length":4}]})",
+       "plan", "'tensor'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[{"tensor":"w","offset":-64,"length":4}]})",
+       "plan", "'offset'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[{"tensor":"w","offset":64,"length":0}]})",
+       "plan", "'length'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[{"tensor":"w","offset":64,"length":18446744073709551615}]})",
+       "plan", "'length'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[{"tensor":"w","offset":0,"length":1.5}]})",
+       "plan", "'length'"},
   };
   for (const Case& c : cases) {
     const nlohmann::json j = nlohmann::json::parse(c.json);
@@ -202,6 +249,7 @@ TEST(AgentReplyTest, MalformedRepliesNameTheOpAndTheField) {
     if (op == "list") st = ParseListReply(j).status();
     if (op == "hello") st = ParseHelloReply(j).status();
     if (op == "assemble") st = ParseAssembleReply(j).status();
+    if (op == "plan") st = ParsePlanReply(j).status();
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.json << ": " << st;
     EXPECT_NE(st.message().find("'" + op + "' reply"), std::string::npos) << c.json << ": " << st;
     EXPECT_NE(st.message().find(c.field), std::string::npos) << c.json << ": " << st;

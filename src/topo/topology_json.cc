@@ -48,6 +48,7 @@ json JobTopologyToJson(const JobTopology& t) {
   if (t.policy.host_bytes_per_node != 0) j["host_budget"] = t.policy.host_bytes_per_node;
   if (t.policy.copy_bytes_per_node != 0) j["copy_budget"] = t.policy.copy_bytes_per_node;
   if (t.policy.network_bytes_per_node != 0) j["network_budget"] = t.policy.network_bytes_per_node;
+  if (t.sharded) j["sharded"] = true;
   return j;
 }
 
@@ -71,6 +72,13 @@ Result<JobTopology> JobTopologyFromJson(const json& j) {
                                     " is not a byte count (an integer >= 0)");
       }
       *field = j[key].get<uint64_t>();
+    }
+    if (j.contains("sharded")) {
+      if (!j["sharded"].is_boolean()) {
+        return InvalidArgumentError("topology: sharded " + j["sharded"].dump() +
+                                    " is not true or false");
+      }
+      out.sharded = j["sharded"].get<bool>();
     }
   } catch (const json::exception& e) {
     return InvalidArgumentError(std::string("malformed topology: ") + e.what() + ": " +

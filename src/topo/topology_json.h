@@ -32,6 +32,9 @@ nlohmann::json TopologyToJson(const Topology& t);
 struct JobTopology {
   Topology topology;
   Policy policy;
+  // Sharded snapshots (docs/reft.md): each rank's T0 slot holds only the
+  // byte ranges the plan gives it ("sharded": true; absent = false).
+  bool sharded = false;
 };
 nlohmann::json JobTopologyToJson(const JobTopology& t);
 // InvalidArgument as TopologyFromJson, and for an unknown policy or local_copy.

@@ -93,6 +93,26 @@ TEST(TopologyJsonTest, AutoBudgetsTravelWithTheRecord) {
   EXPECT_EQ(unlimited->policy.network_bytes_per_node, 0u);
 }
 
+// `memento launch --sharded` reaches every agent in the record (docs/reft.md).
+TEST(TopologyJsonTest, ShardedTravelsWithTheRecord) {
+  JobTopology jt{*Topology::Uniform(4, 1, 1, 0, 1), *ParsePolicy("xor")};
+  json j = JobTopologyToJson(jt);
+  EXPECT_FALSE(j.contains("sharded"));  // off: the record is what it was
+  jt.sharded = true;
+  j = JobTopologyToJson(jt);
+  EXPECT_EQ(j.at("sharded"), true);
+  Result<JobTopology> back = ParseJobTopology(j.dump());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->sharded);
+  j.erase("sharded");
+  EXPECT_FALSE(ParseJobTopology(j.dump()).value().sharded);
+  j["sharded"] = "yes";
+  Result<JobTopology> bad = ParseJobTopology(j.dump());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("sharded \"yes\" is not true or false"), std::string::npos)
+      << bad.status();
+}
+
 void ExpectBad(std::string_view text, const std::string& names) {
   Result<JobTopology> r = ParseJobTopology(text);
   ASSERT_FALSE(r.ok()) << text;

@@ -28,6 +28,7 @@
 #include "shm/shm_test_util.h"
 #include "shm/slot.h"
 #include "topo/plan.h"
+#include "topo/save_ranges.h"
 #include "topo/topology_json.h"
 
 namespace memento {
@@ -80,7 +81,10 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
   std::string Root(int node) { return shm_.path() + "/node" + std::to_string(node); }
   std::string Log(const std::string& name) { return tmp_.path() + "/" + name + ".log"; }
 
-  void SetTopology(const std::string& policy) {
+  // "xor", or "sharded:xor" for sharded snapshots (docs/reft.md).
+  void SetTopology(const std::string& param) {
+    const bool sharded = param.rfind("sharded:", 0) == 0;
+    const std::string policy = sharded ? param.substr(8) : param;
     auto p = topo::ParsePolicy(policy);
     MEMENTO_CHECK_OK(p.status());
     auto t = topo::Topology::Uniform(kNodes, 1, 1, /*zero_stage=*/1, /*ranks_per_node=*/1);
@@ -88,9 +92,11 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
     topology_ = *t;
     MEMENTO_CHECK_OK(store_
                          ->Set(coord::JobKeys(kJob).Topology(),
-                               topo::JobTopologyToJson({*t, *p}).dump(), Deadline::AfterSeconds(5))
+                               topo::JobTopologyToJson({*t, *p, sharded}).dump(),
+                               Deadline::AfterSeconds(5))
                          .status());
     policy_ = *p;
+    sharded_ = sharded;
   }
 
   void StartAgents() {
@@ -160,6 +166,14 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
     return *plan;
   }
 
+  std::vector<TensorMeta> ThePlanInventory(int rank) {
+    auto kv = store_->Get(coord::JobKeys(kJob).Inventory(rank), Deadline::AfterSeconds(5));
+    MEMENTO_CHECK_OK(kv.status());
+    auto metas = ParseTensorList(kv->value);
+    MEMENTO_CHECK_OK(metas.status());
+    return *metas;
+  }
+
   // Bytes of plan piece `id` at `step`, read here from the piece's rank's T0
   // slot file (checksums verified). Empty with *error set when not held.
   std::vector<uint8_t> PieceBytes(const topo::Plan& plan, uint32_t id, int64_t step,
@@ -175,10 +189,15 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
         errors->push_back("T0 of rank " + std::to_string(p.rank) + ": " + st.ToString());
       std::vector<uint8_t> out;
       for (const topo::Segment& sg : p.segments) {
-        for (const auto& t : info->tensors) {
-          if (t.meta.name != sg.tensor) continue;
-          const uint8_t* b = (*seg)->data() + info->data_offset + t.offset + sg.offset;
-          out.insert(out.end(), b, b + sg.length);
+        auto runs = shm::FindRange(*info, sg.tensor, sg.offset, sg.length);
+        if (!runs.ok()) {
+          errors->push_back("T0 of rank " + std::to_string(p.rank) + ": " +
+                            runs.status().ToString());
+          return std::vector<uint8_t>(p.bytes);
+        }
+        for (const shm::SlotRun& r : *runs) {
+          const uint8_t* b = (*seg)->data() + info->data_offset + r.data_offset;
+          out.insert(out.end(), b, b + r.length);
         }
       }
       MEMENTO_CHECK(out.size() == p.bytes);
@@ -288,6 +307,7 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<coord::CommitCoordinator> coordinator_;
   topo::Topology topology_;
   topo::Policy policy_;
+  bool sharded_ = false;
   std::vector<pid_t> agents_;
   std::vector<pid_t> trainers_;
 };
@@ -314,9 +334,48 @@ TEST_P(ClusterSaveTest, VersionsCommitWithTheRedundancyThePlanSays) {
     Progress p = ReadProgress(ProgressPath(r));
     ASSERT_TRUE(p.digests.count(committed));
   }
+  if (!sharded_) return;
+  // Sharded: the committed slots hold exactly the plan's ranges of each rank
+  // (topo::RankSaveRanges), fewer bytes than the whole state.
+  topo::Plan plan = ThePlan();
+  for (int r = 0; r < kNodes; ++r) {
+    const int64_t step = Committed();
+    bool found = false;
+    for (int s = 0; s < 2 && !found; ++s) {
+      auto seg = shm::Segment::Open(shm::SlotPath(Root(r), r, s), false);
+      ASSERT_TRUE(seg.ok()) << seg.status();
+      auto info = shm::ReadSlot(**seg);
+      if (!info.ok() || info->state != shm::SlotState::kComplete || info->step != step) continue;
+      found = true;
+      std::set<std::string> names;
+      uint64_t whole = 0;
+      for (const auto& t : info->tensors) {
+        if (names.insert(t.meta.name).second) whole += t.meta.nbytes();
+      }
+      auto want = topo::RankSaveRanges(plan, r, ThePlanInventory(r));
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_EQ(info->tensors.size(), want->size()) << "rank " << r;
+      uint64_t held = 0;
+      for (size_t i = 0; i < want->size(); ++i) {
+        const auto& e = info->tensors[i];
+        EXPECT_EQ(e.meta.name, (*want)[i].tensor) << "rank " << r << " entry " << i;
+        EXPECT_EQ(e.range_offset, (*want)[i].offset) << "rank " << r << " entry " << i;
+        if ((*want)[i].length > 0) EXPECT_EQ(e.nbytes, (*want)[i].length);
+        held += e.nbytes;
+      }
+      EXPECT_TRUE(shm::HasRangeEntries(info->tensors)) << "rank " << r;
+      EXPECT_LT(held, whole) << "rank " << r;
+      std::fprintf(stderr, "rank %d: sharded slot of step %lld holds %llu of %llu bytes\n", r,
+                   static_cast<long long>(step), static_cast<unsigned long long>(held),
+                   static_cast<unsigned long long>(whole));
+    }
+    EXPECT_TRUE(found) << "rank " << r << " holds no slot of the committed step";
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, ClusterSaveTest, ::testing::Values("xor", "replicate", "rs:2"),
+INSTANTIATE_TEST_SUITE_P(Policies, ClusterSaveTest,
+                         ::testing::Values("xor", "replicate", "rs:2", "sharded:xor",
+                                           "sharded:replicate", "sharded:rs:2"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) {

@@ -15,6 +15,7 @@
 
 #include "common/test_util.h"
 #include "proc_util.h"
+#include "shm/agent_messages.h"
 #include "shm/shm_test_util.h"
 
 namespace memento::shm::testing {
@@ -107,6 +108,9 @@ TEST_F(AgentInputTest, EveryBadFieldGetsAnErrorNamingItAndTheAgentLivesOn) {
       {R"({"op":"verify","rank":0,"slot":"0"})", "slot"},
       {R"({"op":"verify","rank":0})", "slot"},
       {R"({"op":"list","rank":9e99})", "rank"},
+      {R"({"op":"plan","rank":-1})", "rank"},
+      {R"({"op":"plan","rank":"0"})", "rank"},
+      {R"({"op":"plan"})", "rank"},
       {R"({"op":"hello","rank":0,"job":"input"})", "protocol"},
       {R"({"op":"hello","rank":0,"protocol":-1,"job":"input"})", "protocol"},
       {R"({"op":"hello","rank":0,"protocol":1,"job":5})", "job"},
@@ -135,6 +139,15 @@ TEST_F(AgentInputTest, EveryBadFieldGetsAnErrorNamingItAndTheAgentLivesOn) {
   }
   // The connection still serves good requests, and a seal still works.
   EXPECT_TRUE(Ask(fd, json{{"op", "ping"}}).ok());
+  // A single-node agent has no cluster plan: its ranks save whole tensors.
+  ASSERT_TRUE(SendJson(fd, AgentRequestToJson(PlanRequest(0)), Deadline::AfterSeconds(10)).ok());
+  auto plan_reply = RecvJson(fd, Deadline::AfterSeconds(10));
+  ASSERT_TRUE(plan_reply.ok()) << plan_reply.status();
+  ASSERT_TRUE(StatusFromJson(*plan_reply).ok()) << plan_reply->dump();
+  auto plan = ParsePlanReply(*plan_reply);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->sharded);
+  EXPECT_TRUE(plan->ranges.empty());
   EXPECT_TRUE(Ask(fd, json{{"op", "seal"}, {"rank", 0}, {"bytes", 8192}}).ok());
   EXPECT_TRUE(Ask(fd, json{{"op", "seal"}, {"rank", 0}, {"bytes", 8192}}).ok());
   struct stat st;
