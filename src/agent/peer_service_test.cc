@@ -827,6 +827,49 @@ TEST(AssembleTest, StagesEveryRankFromSlotsOfPieces) {
   }
 }
 
+// A node lost while every slot holds only its rank's pieces: recovery
+// rebuilds the lost rank's slot whole (its own pieces from copies or parity,
+// the others from the survivors' slots of pieces), and every survivor's
+// assembly then reads the lost rank's pieces from the rebuilt slot.
+TEST(AssembleTest, AfterANodeLossFromSlotsOfPieces) {
+  using namespace assemble_test;
+  for (const char* policy : {"xor", "replicate"}) {
+    SCOPED_TRACE(policy);
+    const int n = 4;
+    Cluster c(n, MakeInventory(n), policy);
+    for (int r = 0; r < n; ++r) {
+      SlotWriter(*c.node(c.plan().ranks[r].node).store,
+                 PieceEntries(c.plan(), c.inv(), r, c.plan().ranks[r].pieces), r, 1)
+          .Write(5);
+    }
+    c.ProduceRedundancy(5);
+    c.ReplaceNode(1);
+    std::vector<recover::NodeInventory> live;
+    for (int node = 0; node < n; ++node) live.push_back(c.InventoryOf(node));
+    auto d = recover::Decide(c.plan(), live, 5);
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_TRUE(d->from_memory) << d->reason;
+    nlohmann::json assemblies = nlohmann::json::array();
+    for (const auto& a : d->assemblies) {
+      assemblies.push_back({{"rank", a.rank}, {"node", a.node}, {"recipe", a.recipe}});
+    }
+    auto reply = c.Connect(1)->Call(
+        kPeerRecover,
+        nlohmann::json{{"step", 5}, {"plan_hash", c.hash()}, {"assemblies", assemblies}}.dump(),
+        Soon());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    const auto cp = MakeClusterPlan(c.plan(), c.inv());
+    for (int r = 0; r < n; ++r) {
+      const int node = c.plan().ranks[r].node;
+      auto staged = AssembleRank(*cp, kJob, r, 5, c.node(node).service->reader(),
+                                 *c.node(node).store, Soon());
+      ASSERT_TRUE(staged.ok()) << "rank " << r << ": " << staged.status();
+      ExpectStagedSlot(c, staged->path, r, 5);
+      ASSERT_EQ(unlink(staged->path.c_str()), 0);
+    }
+  }
+}
+
 // A piece whose bytes fail their checksum at the holder is refused, naming
 // the tensor and the node; a holder without the step is named too. Nothing
 // staged is left behind.
