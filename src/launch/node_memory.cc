@@ -77,6 +77,20 @@ void AddPlanBytes(const topo::Plan& plan, NodeMemory* m) {
   m->plan_piece_bytes = np.piece_bytes;
   m->plan_copy_bytes = np.copy_bytes;
   m->plan_parity_bytes = np.parity_bytes;
+  // The ranks' whole registered state, from the plan: a sharded slot does
+  // not name every tensor (docs/reft.md). A rank registers all of its
+  // sharding group's replicated bytes plus its own dp_shard and private
+  // pieces.
+  uint64_t full = 0;
+  for (int r : np.ranks) {
+    const int group = plan.ranks[static_cast<size_t>(r)].group;
+    for (const topo::Piece& p : plan.pieces) {
+      if (p.kind == topo::PieceKind::kReplicatedShard ? p.group == group : p.rank == r) {
+        full += p.bytes;
+      }
+    }
+  }
+  if (!np.ranks.empty()) m->full_bytes = full;
 }
 
 nlohmann::json NodeMemory::ToJson() const {

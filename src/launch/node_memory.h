@@ -26,8 +26,9 @@ struct NodeMemory {
   int64_t step = -1;
   uint64_t t0_bytes = 0;
   uint64_t t1_bytes = 0;
-  // The ranks' whole registered state (the slots' manifests): what a save
-  // path that does not shard copies.
+  // The ranks' whole registered state: what a save path that does not shard
+  // copies (the slots' manifests; from the plan once AddPlanBytes ran, since
+  // a sharded slot does not name every tensor).
   uint64_t full_bytes = 0;
   // Every file under the root, allocated bytes (both slots of every rank,
   // every version the agent still holds, the commit word).
@@ -46,13 +47,14 @@ struct NodeMemory {
 // every node; -1: each rank's newest complete slot and the newest T1 version)
 // of node `node`'s root `root` for the ranks `ranks`. When `inventory` is not
 // null, the tensors of each rank's slot are stored at (*inventory)[rank]
-// (REQUIRES: large enough). NotFound when a rank has no complete slot of the
+// (REQUIRES: large enough; a sharded slot names only the tensors it holds
+// ranges of). NotFound when a rank has no complete slot of the
 // step; the root's other errors as they come.
 [[nodiscard]] Result<NodeMemory> MeasureNodeMemory(int node, const std::string& root,
                                                    const std::vector<int>& ranks, int64_t step,
                                                    topo::Inventory* inventory = nullptr);
 
-// Fills the plan's bytes of `m->node`.
+// Fills the plan's bytes of `m->node`, and full_bytes from the plan.
 void AddPlanBytes(const topo::Plan& plan, NodeMemory* m);
 
 }  // namespace memento::launch

@@ -3,7 +3,8 @@
 // on any save path: the T1 bytes every node holds are the plan's copies and
 // parities (plus the redundancy files' headers), the T0 bytes copied per step
 // lie between the plan's pieces (REFT) and the ranks' whole state, and the
-// plan's pieces are about 1/m of the replicated state. No timing is checked.
+// plan's pieces are about 1/m of the replicated state; with --sharded the
+// T0 bytes are the plan's ranges. No timing is checked.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -64,6 +65,37 @@ TEST(BenchMemorySmoke, ReportsHostBytesAgainstThePlan) {
       const double full = c["full_copy_bytes_per_step"].get<uint64_t>();
       EXPECT_NEAR(piece / full, 0.25, 0.02);
     }
+  }
+}
+
+// Sharded snapshots (docs/reft.md sections 1 and 6): under ARC over DP 4
+// without ZeRO a rank copies its own quarter of the replicated state and its
+// ring neighbour's, so T0 per step is about half of the whole state (the
+// private blobs are whole), still at least the plan's pieces, and the whole
+// state reported is the same as without sharding (from the plan, not from
+// the sharded slot's manifest).
+TEST(BenchMemorySmoke, ShardedSlotsCopyThePlanRangesOnly) {
+  const std::string err = StderrFile("bench-memory-sharded");
+  const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench memory --json --trainer " +
+                          MEMENTO_TRAINER_BINARY +
+                          " --preset tiny --steps 6 --cases dp4 --zero 0 --policies replicate"
+                          " --sharded 2>" +
+                          err;
+  auto [rc, out] = RunShell(cmd);
+  ASSERT_EQ(rc, 0) << out << "\n(stderr in " << err << ")";
+  auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  ASSERT_EQ(j["cases"].size(), 1u) << out;
+  const auto& c = j["cases"][0];
+  EXPECT_TRUE(c["sharded"].get<bool>());
+  for (const auto& n : c["nodes"]) {
+    SCOPED_TRACE("node " + std::to_string(n["node"].get<int>()));
+    const double t0 = n["t0_bytes"].get<uint64_t>();
+    const double full = n["full_copy_bytes_per_step"].get<uint64_t>();
+    const double piece = n["plan_piece_bytes"].get<uint64_t>();
+    EXPECT_NEAR(piece / full, 0.25, 0.02);  // the whole state, not the slot's
+    EXPECT_GE(t0, piece);
+    EXPECT_NEAR(t0 / full, 0.5, 0.03);
   }
 }
 
