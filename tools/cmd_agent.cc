@@ -139,6 +139,11 @@ void Setup(CLI::App& app, CommandContext& ctx) {
                   "Longest time (s) the trainers skip snapshots rather than overwrite the slot "
                   "being persisted; after it the version is abandoned if overwritten (0: no hold)")
       ->default_val(30.0);
+  cmd->add_option("--durable-drain-s", durable.drain_s,
+                  "On stop (SIGTERM): longest time (s) to finish writing the versions already "
+                  "given to the durable tier before cancelling them (0: stop at once)")
+      ->default_val(30.0)
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--durable-io", durable_io,
                   "Durable data-file writes: auto (io_uring where the kernel has it), uring, "
                   "pwrite")

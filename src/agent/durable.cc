@@ -91,9 +91,24 @@ Result<std::unique_ptr<DurableStreamer>> DurableStreamer::Start(const DurableOpt
 }
 
 DurableStreamer::~DurableStreamer() {
-  // A version that just committed may still be in its retention pass: give
-  // it a moment so that the counters below include it.
-  persister_->WaitIdle(Deadline::AfterSeconds(0.5));
+  // Drain: the version being written and the one queued were given to the
+  // durable tier; an agent stopped by SIGTERM (a Kubernetes sidecar, a
+  // systemd unit, the end of a job) finishes them unless that takes longer
+  // than --durable-drain-s. At least half a second either way, so that a
+  // version in its retention pass is in the counters below.
+  if (!persister_->WaitIdle(Deadline::AfterSeconds(0.5)) && options_.drain_s > 0.5) {
+    MEMENTO_LOG_INFO(
+        "durable: stopping; finishing the versions already offered (last written: "
+        "step {}), at most {} s (--durable-drain-s)",
+        persister_->stats().last_persisted_step, options_.drain_s);
+    persister_->WaitIdle(Deadline::AfterSeconds(options_.drain_s - 0.5));
+  }
+  if (!persister_->WaitIdle(Deadline::AfterSeconds(0))) {
+    MEMENTO_LOG_WARN(
+        "durable: stopping with a version not written (--durable-drain-s {} s "
+        "passed); it is left incomplete and the previous complete version stays",
+        options_.drain_s);
+  }
   DurableStats s = stats();
   persister_.reset();  // cancels and joins the worker before anything it uses goes
   {

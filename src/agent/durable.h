@@ -58,6 +58,10 @@ struct DurableOptions {
   // slot being persisted, for at most this long per version (then the write
   // is abandoned as without the hold). 0: no hold.
   double hold_max_s = 30;
+  // On stop (SIGTERM, end of job): how long the agent waits for the versions
+  // it already gave the persister (the one being written and the one queued)
+  // before it cancels them (a cancelled write is left incomplete, never torn).
+  double drain_s = 30;
 };
 
 struct DurableStats {

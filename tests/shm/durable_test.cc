@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <regex>
 
 #include "common/checksum.h"
@@ -318,6 +319,45 @@ TEST_F(DurableTest, TheHoldExpiresAfterItsCap) {
   ASSERT_TRUE(std::regex_search(stats, m, std::regex(" abandoned_overwritten=([0-9]+)"))) << stats;
   EXPECT_GT(std::stoll(m[1].str()), 0) << stats;
   CheckAllVersions(1);  // whatever landed is exact
+}
+
+// An agent stopped by SIGTERM (a Kubernetes sidecar, a systemd unit, the end
+// of a job) finishes the durable versions it was already given
+// (--durable-drain-s) instead of dropping them; with --durable-drain-s 0 it
+// stops at once and the version being written stays incomplete (the contrast
+// shows the test can fail).
+TEST_F(DurableTest, AStoppedAgentFinishesTheVersionItIsWriting) {
+  for (double drain : {30.0, 0.0}) {
+    SCOPED_TRACE("--durable-drain-s " + std::to_string(drain));
+    // 16 MiB a version at 8 MiB/s: two seconds a write. Three steps, the
+    // agent is stopped as soon as the trainer ends.
+    pid_t agent =
+        StartAgent({"--persist-every", "1", "--persist-bandwidth", "8M", "--keep-last", "100",
+                    "--durable-hold-max-s", "0", "--durable-drain-s", std::to_string(drain)});
+    pid_t trainer = StartTrainer(0, 16 << 20, 3, 0.01);
+    int st = WaitExit(trainer, 180);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(log_ + ".trainer0");
+    testing::Progress p = ReadProgress(Progress(0));
+    ASSERT_TRUE(p.done && p.error.empty()) << p.error;
+    ASSERT_FALSE(p.completed.empty());
+    const int64_t last = *std::max_element(p.completed.begin(), p.completed.end());
+    StopAgent(agent);
+    auto latest = tier::LatestCompleteVersion(tier::Env::Default(), durable_);
+    if (drain > 0) {
+      ASSERT_TRUE(latest.ok()) << latest.status().ToString() << "\n" << ReadFile(log_ + ".agent");
+      EXPECT_EQ(*latest, last) << ReadFile(log_ + ".agent");
+      CheckAllVersions(1);  // and it is exact
+    } else {
+      EXPECT_TRUE(!latest.ok() || *latest < last)
+          << "without a drain the last version (" << last << ") still landed: nothing was tested";
+      EXPECT_NE(ReadFile(log_ + ".agent").find("with a version not written"), std::string::npos)
+          << ReadFile(log_ + ".agent");
+    }
+    // The next round starts from empty directories.
+    std::filesystem::remove_all(durable_);
+    std::filesystem::remove_all(root_);
+    std::filesystem::remove(Progress(0));
+  }
 }
 
 }  // namespace
