@@ -212,7 +212,8 @@ Status RunBench(const HasBenchArgs& a) {
 }
 
 void Setup(CLI::App& app, CommandContext& ctx) {
-  auto* args = new HasBenchArgs();  // lives as long as the process
+  static auto* args =
+      new HasBenchArgs();  // lives as long as the process (reachable: no leak report)
   auto* cmd = app.add_subcommand("has", "HAS snapshot overhead against REFT's baselines");
   cmd->add_flag("--json", args->json, "Print compact JSON");
   cmd->add_option("--device", args->device, "auto | cpu | gpu");
