@@ -11,6 +11,7 @@
 #include "common/human.h"
 #include "common/log.h"
 #include "fmt/format.h"
+#include "launch/recovery_leader.h"
 #include "tools/command.h"
 
 namespace memento::tools {
@@ -24,7 +25,8 @@ void OnSignal(int) {
 
 int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
              const std::string& budget, const std::string& bandwidth, const std::string& scrub_rate,
-             const std::string& durable_io) {
+             const std::string& durable_io, const std::string& recovery_leader,
+             double recovery_timeout_s) {
   agent::AgentOptions options = base;
   InitLogging("agent node" + std::to_string(options.node));
   {
@@ -65,8 +67,26 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
         "never be held",
         options.cluster.peer_max_buffered_bytes, options.cluster.peer_max_request_bytes)));
   }
+  auto leader_mode = launch::ParseRecoveryLeaderMode(recovery_leader);
+  if (!leader_mode.ok()) return ReportStatus(leader_mode.status());
+  if (*leader_mode != launch::RecoveryLeaderMode::kOff && options.cluster.store_url.empty()) {
+    return ReportStatus(
+        InvalidArgumentError("--recovery-leader " + recovery_leader + " needs --store"));
+  }
   auto agent = agent::Agent::Start(options, durable);
   if (!agent.ok()) return ReportStatus(agent.status());
+  // The agents' own recovery (docs/recovery.md, "Recovery run by the agents").
+  launch::RecoveryLeaderOptions lo;
+  lo.job = options.job_id;
+  lo.node = options.node;
+  lo.store_url = options.cluster.store_url;
+  lo.token_file = options.cluster.token_file;
+  lo.mode = *leader_mode;
+  lo.lease_ttl_s = options.cluster.lease_ttl_s;
+  lo.recovery_timeout_s = recovery_timeout_s;
+  lo.durable_dir = durable.dir;
+  auto leader = launch::RecoveryLeader::Start(lo);
+  if (!leader.ok()) return ReportStatus(leader.status());
   g_agent = agent->get();
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
@@ -97,6 +117,7 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
   }
   std::fflush(stdout);
   Status st = (*agent)->Serve();
+  leader->reset();  // steps down (revokes its lease) before the agent goes
   g_agent = nullptr;
   return ReportStatus(st);
 }
@@ -190,8 +211,20 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--remove-on-exit", options.remove_on_exit,
                 "Remove the root (slots, socket, lock) on a clean stop (SIGTERM/SIGINT); by "
                 "default the state stays for the next agent to adopt");
+  static std::string recovery_leader = "off";
+  static double recovery_timeout_s = 300;
+  cmd->add_option("--recovery-leader", recovery_leader,
+                  "The agents' own recovery (cluster mode): off; request (stand for election "
+                  "as the job's recovery leader and run the recoveries `memento recover "
+                  "--trigger` asks for); auto (also request one when a node's agent vanishes "
+                  "and recover once every node's agent is back). docs/recovery.md")
+      ->default_val("off");
+  cmd->add_option("--recovery-timeout", recovery_timeout_s,
+                  "Leader: longest wait (s) for every node's agent and for the recovery")
+      ->default_val(300);
   cmd->callback([&ctx] {
-    ctx.exit_code = RunAgent(options, durable, budget, bandwidth, scrub_rate, durable_io);
+    ctx.exit_code = RunAgent(options, durable, budget, bandwidth, scrub_rate, durable_io,
+                             recovery_leader, recovery_timeout_s);
   });
 }
 

@@ -1,0 +1,391 @@
+#include "launch/recovery_leader.h"
+
+#include <algorithm>
+#include <set>
+
+#include "common/log.h"
+#include "coord/commit.h"
+#include "coord/keys.h"
+#include "coord/membership.h"
+#include "fmt/format.h"
+#include "launch/job_recovery.h"
+#include "tier/env.h"
+#include "tier/reader.h"
+#include "tier/verify.h"
+
+namespace memento::launch {
+
+using nlohmann::json;
+
+namespace {
+constexpr double kStoreCallS = 5;
+constexpr auto kPoll = std::chrono::milliseconds(200);
+}  // namespace
+
+Result<RecoveryLeaderMode> ParseRecoveryLeaderMode(const std::string& s) {
+  if (s == "off") return RecoveryLeaderMode::kOff;
+  if (s == "request") return RecoveryLeaderMode::kRequest;
+  if (s == "auto") return RecoveryLeaderMode::kAuto;
+  return InvalidArgumentError(
+      fmt::format("--recovery-leader '{}': expected off, request or auto", s));
+}
+
+std::string RecoveryLeaderKey(const std::string& job) {
+  return coord::JobKeys(job).prefix() + "recovery_leader";
+}
+std::string RecoveryRequestKey(const std::string& job) {
+  return coord::JobKeys(job).prefix() + "recovery_request";
+}
+std::string RecoveryStatusKey(const std::string& job) {
+  return coord::JobKeys(job).prefix() + "recovery_status";
+}
+
+json RecoveryStatus::ToJson() const {
+  json j = {{"id", id},           {"state", state},       {"leader", leader},
+            {"trigger", trigger}, {"takeover", takeover}, {"restore_step", restore_step},
+            {"source", source},   {"message", message}};
+  if (!recovery.is_null()) j["recovery"] = recovery;
+  return j;
+}
+
+Result<RecoveryStatus> RecoveryStatus::FromJson(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_number_integer() ||
+      !j.contains("state") || !j["state"].is_string()) {
+    return InvalidArgumentError(
+        "recovery status is not a JSON object with an integer id and a "
+        "state: " +
+        text.substr(0, 200));
+  }
+  RecoveryStatus s;
+  s.id = j["id"].get<int64_t>();
+  s.state = j["state"].get<std::string>();
+  s.leader = j.value("leader", "");
+  s.trigger = j.value("trigger", "");
+  s.takeover = j.value("takeover", false);
+  s.restore_step = j.value("restore_step", int64_t{-1});
+  s.source = j.value("source", "");
+  s.message = j.value("message", "");
+  if (j.contains("recovery")) s.recovery = j["recovery"];
+  return s;
+}
+
+Result<RecoveryView> ReadRecoveryView(coord::Store& store, const std::string& job,
+                                      Deadline deadline) {
+  RecoveryView v;
+  auto leader = store.Get(RecoveryLeaderKey(job), deadline);
+  if (leader.ok()) {
+    v.leader = leader->value;
+  } else if (leader.status().code() != StatusCode::kNotFound) {
+    return leader.status();
+  }
+  auto req = store.Get(RecoveryRequestKey(job), deadline);
+  if (req.ok()) {
+    char* end = nullptr;
+    v.requested = std::strtoll(req->value.c_str(), &end, 10);
+    if (end == req->value.c_str() || *end != '\0' || v.requested < 0) {
+      return InvalidArgumentError(fmt::format("{} holds '{}', not a request count",
+                                              RecoveryRequestKey(job), req->value.substr(0, 40)));
+    }
+  } else if (req.status().code() != StatusCode::kNotFound) {
+    return req.status();
+  }
+  auto st = store.Get(RecoveryStatusKey(job), deadline);
+  if (st.ok()) {
+    MEMENTO_ASSIGN_OR_RETURN(v.status, RecoveryStatus::FromJson(st->value));
+    v.has_status = true;
+  } else if (st.status().code() != StatusCode::kNotFound) {
+    return st.status();
+  }
+  return v;
+}
+
+Result<int64_t> RequestRecovery(coord::Store& store, const std::string& job, Deadline deadline) {
+  return store.Add(RecoveryRequestKey(job), 1, deadline);
+}
+
+// ---- the leader ------------------------------------------------------------------
+
+Result<std::unique_ptr<RecoveryLeader>> RecoveryLeader::Start(
+    const RecoveryLeaderOptions& options) {
+  if (options.mode == RecoveryLeaderMode::kOff) return std::unique_ptr<RecoveryLeader>();
+  std::unique_ptr<RecoveryLeader> l(new RecoveryLeader());
+  l->options_ = options;
+  l->name_ = coord::NodeName(options.node);
+  MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Load(options.token_file));
+  l->token_ = std::make_unique<net::JobToken>(std::move(token));
+  MEMENTO_ASSIGN_OR_RETURN(l->store_, coord::OpenStore(options.store_url, options.token_file,
+                                                       Deadline::AfterSeconds(30)));
+  RecoveryLeader* self = l.get();
+  l->thread_ = std::thread([self] { self->Run(); });
+  l->keepalive_ = std::thread([self] { self->KeepAliveLoop(); });
+  return l;
+}
+
+RecoveryLeader::~RecoveryLeader() {
+  {
+    MutexLock l(&mu_);
+    stop_ = true;
+  }
+  cv_.SignalAll();
+  if (thread_.joinable()) thread_.join();
+  if (keepalive_.joinable()) keepalive_.join();
+  const coord::LeaseId lease = lease_.load();
+  if (lease != 0) {
+    // Steps down at once: another agent need not wait for the lease to expire.
+    store_->RevokeLease(lease, Deadline::AfterSeconds(2)).IgnoreError();
+  }
+}
+
+bool RecoveryLeader::Stopping() {
+  MutexLock l(&mu_);
+  return stop_;
+}
+
+bool RecoveryLeader::SleepFor(std::chrono::milliseconds d) {
+  MutexLock l(&mu_);
+  if (!stop_) cv_.WaitUntil(&l, Now() + d);
+  return !stop_;
+}
+
+// The lease must live through a long RecoverJob: kept alive on its own thread.
+void RecoveryLeader::KeepAliveLoop() {
+  const auto every = std::chrono::milliseconds(
+      std::max<int64_t>(100, static_cast<int64_t>(options_.lease_ttl_s * 1000 / 3)));
+  while (SleepFor(every)) {
+    const coord::LeaseId lease = lease_.load();
+    if (lease == 0) continue;
+    Status st = store_->KeepAlive(lease, Deadline::AfterSeconds(options_.lease_ttl_s));
+    if (st.code() == StatusCode::kNotFound) {
+      // Expired (a stalled process, a store restarted empty): no longer leader.
+      if (leading_.exchange(false)) {
+        MEMENTO_LOG_WARN("recovery leader: lost the lease; standing for election again");
+      }
+      coord::LeaseId expected = lease;
+      lease_.compare_exchange_strong(expected, 0);
+    }
+  }
+}
+
+void RecoveryLeader::Campaign() {
+  if (lease_.load() == 0) {
+    auto lease = store_->GrantLease(options_.lease_ttl_s, Deadline::AfterSeconds(kStoreCallS));
+    if (!lease.ok()) return;
+    lease_.store(*lease);
+  }
+  if (leading_.load()) return;
+  auto cas = store_->CompareAndSwap(RecoveryLeaderKey(options_.job), std::nullopt, name_,
+                                    Deadline::AfterSeconds(kStoreCallS), lease_.load());
+  if (!cas.ok()) {
+    if (cas.status().code() == StatusCode::kNotFound) lease_.store(0);  // the lease expired
+    return;
+  }
+  if (cas->swapped) {
+    leading_.store(true);
+    members_known_ = false;
+    MEMENTO_LOG_INFO("recovery leader: {} leads the recoveries of job {}", name_, options_.job);
+  }
+}
+
+bool RecoveryLeader::StillLeader() {
+  if (!leading_.load() || Stopping()) return false;
+  auto kv = store_->Get(RecoveryLeaderKey(options_.job), Deadline::AfterSeconds(kStoreCallS));
+  const bool mine = kv.ok() && kv->value == name_ && kv->lease == lease_.load();
+  if (!mine && kv.ok()) leading_.store(false);
+  return mine;
+}
+
+void RecoveryLeader::Publish(const RecoveryStatus& st) {
+  // A deposed leader must not overwrite its successor's record.
+  if (!StillLeader()) return;
+  auto r = store_->Set(RecoveryStatusKey(options_.job), st.ToJson().dump(),
+                       Deadline::AfterSeconds(kStoreCallS));
+  if (!r.ok())
+    MEMENTO_LOG_WARN("recovery {}: cannot publish its status: {}", st.id, r.status().ToString());
+  MEMENTO_LOG_INFO("recovery {}: {}{}", st.id, st.state,
+                   st.message.empty() ? "" : " (" + st.message + ")");
+}
+
+void RecoveryLeader::WatchMembership() {
+  coord::JobKeys keys(options_.job);
+  auto list = store_->List(keys.NodesPrefix(), Deadline::AfterSeconds(kStoreCallS));
+  if (!list.ok()) return;
+  std::set<std::string> now;
+  for (const auto& kv : list->kvs) now.insert(kv.key.substr(keys.NodesPrefix().size()));
+  std::vector<std::string> lost;
+  if (members_known_) {
+    for (const std::string& n : members_) {
+      if (now.count(n) == 0) lost.push_back(n);
+    }
+  } else {
+    // A new leader does not know what its predecessor saw: once the job has
+    // committed, a node of the topology that is absent is lost (e.g. the
+    // previous leader's own node).
+    auto committed =
+        coord::ReadLatestCommit(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
+    auto topology = ReadTopology(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
+    if (committed.ok() && *committed >= 0 && topology.ok()) {
+      for (int n = 0; n < topology->topology.num_nodes(); ++n) {
+        if (now.count(coord::NodeName(n)) == 0) lost.push_back(coord::NodeName(n));
+      }
+    }
+  }
+  members_ = now;
+  members_known_ = true;
+  if (lost.empty()) return;
+  auto view = ReadRecoveryView(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
+  // A request still open covers this loss too (it waits for every agent).
+  if (view.ok() && view->requested > 0 &&
+      !(view->has_status && view->status.id == view->requested && view->status.final())) {
+    return;
+  }
+  auto id = RequestRecovery(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
+  if (!id.ok()) return;
+  std::string names;
+  for (const std::string& n : lost) names += (names.empty() ? "" : ",") + n;
+  pending_trigger_ = names + " lost";
+  MEMENTO_LOG_INFO("recovery leader: {} lost; recovery {} requested", names, *id);
+}
+
+void RecoveryLeader::Run() {
+  while (SleepFor(std::chrono::duration_cast<std::chrono::milliseconds>(kPoll))) {
+    Campaign();
+    if (!leading_.load()) continue;
+    if (options_.mode == RecoveryLeaderMode::kAuto) WatchMembership();
+    auto view = ReadRecoveryView(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
+    if (!view.ok()) continue;
+    const int64_t done_id = view->has_status ? view->status.id : 0;
+    if (view->requested > done_id ||
+        (view->requested > 0 && view->requested == done_id && !view->status.final())) {
+      RunRecovery(view->requested, view->has_status ? &view->status : nullptr);
+    }
+  }
+}
+
+void RecoveryLeader::RunRecovery(int64_t id, const RecoveryStatus* previous) {
+  RecoveryStatus st;
+  st.id = id;
+  st.leader = name_;
+  const bool resumed = previous != nullptr && previous->id == id;
+  st.takeover = resumed && !previous->final();
+  st.trigger = resumed ? previous->trigger
+                       : (pending_trigger_.empty() ? std::string("request") : pending_trigger_);
+  pending_trigger_.clear();
+  if (st.takeover) {
+    MEMENTO_LOG_INFO("recovery {}: taking over from {} (left it {})", id, previous->leader,
+                     previous->state);
+  }
+  const Deadline deadline = Deadline::AfterSeconds(options_.recovery_timeout_s);
+  auto fail = [&](const std::string& why) {
+    st.state = "failed";
+    st.message = why;
+    Publish(st);
+  };
+  st.state = "waiting";
+  st.message = "waiting for every node's agent";
+  Publish(st);
+  auto topology = ReadTopology(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
+  if (!topology.ok()) return fail("no topology: " + topology.status().ToString());
+  const int num_nodes = topology->topology.num_nodes();
+  // Every node's agent (a replacement joins with an empty root).
+  for (;;) {
+    if (!StillLeader()) return;  // the next leader runs it
+    auto eps = ReadEndpoints(*store_, options_.job, num_nodes, Deadline::AfterSeconds(kStoreCallS));
+    std::string missing;
+    if (eps.ok()) {
+      for (int n = 0; n < num_nodes; ++n) {
+        if ((*eps)[static_cast<size_t>(n)].empty()) missing += " " + coord::NodeName(n);
+      }
+    } else {
+      missing = " (" + eps.status().ToString() + ")";
+    }
+    if (missing.empty()) break;
+    if (deadline.expired()) {
+      return fail(fmt::format("the agents of{} did not come back within {} s", missing,
+                              options_.recovery_timeout_s));
+    }
+    if (!SleepFor(std::chrono::duration_cast<std::chrono::milliseconds>(kPoll))) return;
+  }
+  st.state = "running";
+  st.message.clear();
+  Publish(st);
+  // RecoverJob asks every agent for its inventory: an agent that is still
+  // starting (no plan yet) or one that dies meanwhile fails a round; try
+  // again until the deadline.
+  Status last = Status::Ok();
+  for (;;) {
+    if (!StillLeader()) return;
+    auto plan = PlanFromStore(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
+    auto committed =
+        coord::ReadLatestCommit(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
+    if (plan.ok() && committed.ok() && *committed < 0) {
+      st.state = "done";
+      st.source = "none";
+      st.message = "nothing committed yet: the trainers start from scratch";
+      Publish(st);
+      return;
+    }
+    if (plan.ok() && committed.ok()) {
+      RecoverOptions ro;
+      ro.job = options_.job;
+      ro.num_nodes = num_nodes;
+      ro.committed = *committed;
+      auto rec = RecoverJob(*store_, *plan, *token_, ro, deadline);
+      if (rec.ok() && rec->decision.from_memory) {
+        auto epoch = BumpEpoch(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
+        if (!epoch.ok()) {
+          MEMENTO_LOG_WARN("recovery {}: cannot bump the durable epoch: {}", id,
+                           epoch.status().ToString());
+        }
+        st.state = "done";
+        st.source = "memory";
+        st.restore_step = rec->decision.step;
+        st.message = rec->decision.reason;
+        st.recovery = rec->ToJson();
+        Publish(st);
+        return;
+      }
+      if (rec.ok()) {
+        // Memory cannot rebuild any committed version: the durable tier.
+        std::string why = "memory cannot rebuild any committed version: " + rec->decision.reason;
+        if (options_.durable_dir.empty()) return fail(why + " (no --durable-dir to fall back to)");
+        auto versions = tier::ListVersions(tier::Env::Default(), options_.durable_dir);
+        if (!versions.ok()) return fail(why + "; " + versions.status().ToString());
+        for (auto it = versions->rbegin(); it != versions->rend(); ++it) {
+          if (!it->complete) continue;
+          tier::VersionCheck check =
+              tier::VerifyVersion(tier::Env::Default(), options_.durable_dir, it->step);
+          if (!check.ok) {
+            why += fmt::format("; durable step {} fails verification", it->step);
+            continue;  // the next older complete one
+          }
+          auto load = LoadDurableOnEveryNode(*store_, *token_, options_.job, num_nodes,
+                                             options_.durable_dir, it->step, deadline);
+          if (!load.ok()) {
+            why += fmt::format("; loading durable step {}: {}", it->step, load.status().ToString());
+            continue;
+          }
+          BumpEpoch(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS))
+              .status()
+              .IgnoreError();
+          st.state = "done";
+          st.source = "durable";
+          st.restore_step = it->step;
+          st.message = why;
+          st.recovery = load->ToJson();
+          Publish(st);
+          return;
+        }
+        return fail(why + "; no durable version in " + options_.durable_dir + " loads");
+      }
+      last = rec.status();
+    } else {
+      last = !plan.ok() ? plan.status() : committed.status();
+    }
+    if (deadline.expired()) return fail("recovery failed: " + last.ToString());
+    MEMENTO_LOG_INFO("recovery {}: {}; trying again", id, last.ToString());
+    if (!SleepFor(std::chrono::milliseconds(1000))) return;
+  }
+}
+
+}  // namespace memento::launch

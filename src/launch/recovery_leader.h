@@ -1,0 +1,148 @@
+// Recovery run by the agents themselves (docs/recovery.md, "Recovery run by
+// the agents"; issue 18): every `memento agent --recovery-leader
+// request|auto` stands for election; the one that holds
+// /memento/<job>/recovery_leader (a CompareAndSwap on an absent key, attached
+// to its store lease) is the leader and runs the same RecoverJob as
+// `memento launch` (inventory -> decide -> rebuild -> restore target). The
+// trainers learn the restore target from their own agent (kPeerSetRestoreTarget,
+// op 'target'), whoever started them.
+//
+//   /memento/<job>/recovery_leader   node name of the leader; gone with its lease
+//   /memento/<job>/recovery_request  decimal counter: recovery n is asked by
+//                                    raising it to n (`memento recover --trigger`,
+//                                    or the leader itself after a node loss in auto mode)
+//   /memento/<job>/recovery_status   JSON of the newest recovery (RecoveryStatus)
+//
+// A recovery n is done when recovery_status holds id n in a final state. A
+// leader that dies (or whose node is the lost one) mid-recovery leaves the
+// status at id n "waiting" or "running"; its lease expires, another agent
+// wins the key, finds request n unfinished and runs it again ("takeover":
+// true). RecoverJob may run twice for one request: rebuilding is idempotent
+// (a slot that holds the step intact is never rewritten).
+//
+// auto mode: the leader watches the membership; a node whose key vanished
+// (its lease expired: the node or its agent is gone) makes it file a request
+// at once, which waits (state "waiting") until every node's agent is back,
+// e.g. a replacement host on an empty root, then recovers.
+//
+// Thread safety: Start/~RecoveryLeader from one thread; status() from any.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "common/mutex.h"
+#include "coord/store.h"
+#include "memento/deadline.h"
+#include "memento/status.h"
+#include "net/job_token.h"
+
+namespace memento::launch {
+
+enum class RecoveryLeaderMode { kOff, kRequest, kAuto };
+// "off", "request", "auto"; InvalidArgument naming the value otherwise.
+[[nodiscard]] Result<RecoveryLeaderMode> ParseRecoveryLeaderMode(const std::string& s);
+
+struct RecoveryLeaderOptions {
+  std::string job;
+  int node = 0;
+  std::string store_url;
+  std::string token_file;  // the job token (else MEMENTO_JOB_TOKEN)
+  RecoveryLeaderMode mode = RecoveryLeaderMode::kRequest;
+  double lease_ttl_s = 3.0;
+  // Longest wait for every node's agent, then for RecoverJob.
+  double recovery_timeout_s = 300.0;
+  // Durable fallback when memory cannot rebuild any committed version: the
+  // newest complete version here that verifies (empty: none).
+  std::string durable_dir;
+};
+
+// The store keys (coord::JobKeys' job prefix).
+std::string RecoveryLeaderKey(const std::string& job);
+std::string RecoveryRequestKey(const std::string& job);
+std::string RecoveryStatusKey(const std::string& job);
+
+// recovery_status. state: "waiting" (for every node's agent), "running",
+// "done" (restore_step set: the target every agent now serves), "failed"
+// (message says why). Final: done, failed.
+struct RecoveryStatus {
+  int64_t id = 0;
+  std::string state;
+  std::string leader;     // node name of the leader that wrote it
+  std::string trigger;    // "request" or "node<N> lost"
+  bool takeover = false;  // a previous leader left this id unfinished
+  int64_t restore_step = -1;
+  std::string source;  // "memory", "durable", "none"
+  std::string message;
+  nlohmann::json recovery;  // JobRecovery::ToJson / DurableLoad::ToJson (done)
+  bool final() const { return state == "done" || state == "failed"; }
+  nlohmann::json ToJson() const;
+  static Result<RecoveryStatus> FromJson(const std::string& text);
+};
+
+// What `memento recover` shows: leader, newest request, status (NotFound
+// parts are left empty / 0).
+struct RecoveryView {
+  std::string leader;  // empty: none elected
+  int64_t requested = 0;
+  bool has_status = false;
+  RecoveryStatus status;
+};
+[[nodiscard]] Result<RecoveryView> ReadRecoveryView(coord::Store& store, const std::string& job,
+                                                    Deadline deadline);
+// Raises recovery_request by one; returns the new request id.
+[[nodiscard]] Result<int64_t> RequestRecovery(coord::Store& store, const std::string& job,
+                                              Deadline deadline);
+
+class RecoveryLeader {
+ public:
+  // Opens its own store connection and starts the campaign thread. Null
+  // (OK) for mode kOff.
+  [[nodiscard]] static Result<std::unique_ptr<RecoveryLeader>> Start(
+      const RecoveryLeaderOptions& options);
+  ~RecoveryLeader();  // stops; revokes the lease (a leader steps down at once)
+  RecoveryLeader(const RecoveryLeader&) = delete;
+  RecoveryLeader& operator=(const RecoveryLeader&) = delete;
+
+  bool leading() const { return leading_.load(); }
+
+ private:
+  RecoveryLeader() = default;
+  void Run();
+  void KeepAliveLoop();
+  // False when stopping (at once, or after `d`).
+  bool SleepFor(std::chrono::milliseconds d) EXCLUDES(mu_);
+  // One step of the campaign: keeps the lease, tries to win the key.
+  void Campaign();
+  // Leader: files a request for nodes lost since the last look (auto).
+  void WatchMembership();
+  // Leader: runs request `id` (RecoverJob, durable fallback); publishes status.
+  void RunRecovery(int64_t id, const RecoveryStatus* previous);
+  bool StillLeader();
+  void Publish(const RecoveryStatus& st);
+  bool Stopping();
+
+  RecoveryLeaderOptions options_;
+  std::string name_;
+  std::unique_ptr<coord::Store> store_;
+  std::unique_ptr<net::JobToken> token_;
+  std::atomic<coord::LeaseId> lease_{0};  // 0: none (granted by Campaign)
+  std::atomic<bool> leading_{false};
+  std::set<std::string> members_;  // leader: node names present at the last look
+  bool members_known_ = false;
+  std::string pending_trigger_;  // leader: why it filed the newest request
+
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::thread thread_;
+  std::thread keepalive_;
+};
+
+}  // namespace memento::launch

@@ -1,0 +1,332 @@
+// Recovery run by the agents (docs/recovery.md, "Recovery run by the agents";
+// issue 18): three real `memento agent --recovery-leader auto` processes (one
+// node each, own shared-memory root, replicate policy) and three trainer
+// processes (cluster_trainer.cc) train and commit; no launcher runs. A node
+// is lost (its agent SIGKILLed, its shared memory deleted) and a replacement
+// agent joins on an empty root: the elected leader notices the loss, waits
+// for the replacement, rebuilds the lost rank from its peer's copy and sets
+// the restore target on every agent. The rebuilt slot must hold the committed
+// version's bytes exactly, and restarted trainers (which ask their own agent
+// for the step) must restore the committed state bit-identically. The second
+// test SIGKILLs the leader in the middle of the recovery: another agent wins
+// the lease and finishes it.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <set>
+
+#include "../shm/proc_util.h"
+#include "common/check.h"
+#include "common/checksum.h"
+#include "common/subprocess.h"
+#include "common/test_util.h"
+#include "coord/commit.h"
+#include "coord/embedded_store.h"
+#include "coord/keys.h"
+#include "launch/recovery_leader.h"
+#include "shm/node_store.h"
+#include "shm/root_gc.h"
+#include "shm/segment.h"
+#include "shm/shm_test_util.h"
+#include "shm/slot.h"
+#include "topo/plan.h"
+#include "topo/topology_json.h"
+
+namespace memento {
+namespace {
+
+using shm::testing::Progress;
+using shm::testing::ReadProgress;
+using shm::testing::Spawn;
+using shm::testing::WaitExit;
+
+constexpr int kNodes = 3;
+constexpr int64_t kSteps = 6;
+constexpr const char* kJob = "agentrecjob";
+constexpr const char* kSecret = "agent-recovery-test-token-0123456789abcdef";
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+class AgentRecoveryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    token_file_ = tmp_.path() + "/token";
+    {
+      std::ofstream f(token_file_);
+      f << kSecret;
+    }
+    chmod(token_file_.c_str(), 0600);
+    auto server = coord::EmbeddedStoreServer::Start("127.0.0.1", 0,
+                                                    net::JobToken::FromSecret(kSecret).value());
+    MEMENTO_CHECK_OK(server.status());
+    server_ = std::move(*server);
+    store_ = &server_->store();
+    url_ = "tcp://127.0.0.1:" + std::to_string(server_->port());
+    std::set<std::string> members;
+    for (int n = 0; n < kNodes; ++n) members.insert(coord::NodeName(n));
+    auto coordinator =
+        coord::CommitCoordinator::Start(store_, kJob, members, Deadline::AfterSeconds(10));
+    MEMENTO_CHECK_OK(coordinator.status());
+    coordinator_ = std::move(*coordinator);
+    auto p = topo::ParsePolicy("replicate");
+    MEMENTO_CHECK_OK(p.status());
+    auto t = topo::Topology::Uniform(kNodes, 1, 1, /*zero_stage=*/1, /*ranks_per_node=*/1);
+    MEMENTO_CHECK_OK(t.status());
+    MEMENTO_CHECK_OK(store_
+                         ->Set(coord::JobKeys(kJob).Topology(),
+                               topo::JobTopologyToJson({*t, *p}).dump(), Deadline::AfterSeconds(5))
+                         .status());
+    agents_.assign(kNodes, -1);
+  }
+  void TearDown() override {
+    for (pid_t p : trainers_) {
+      if (p > 0) shm::testing::KillAndReap(p);
+    }
+    for (pid_t p : agents_) {
+      if (p > 0) {
+        kill(p, SIGTERM);
+        if (WaitExit(p, 10) == -1) ADD_FAILURE() << "an agent did not stop on SIGTERM";
+      }
+    }
+    coordinator_.reset();
+    server_.reset();
+  }
+
+  std::string Root(int node) { return shm_.path() + "/node" + std::to_string(node); }
+  std::string Log(const std::string& name) { return tmp_.path() + "/" + name + ".log"; }
+  std::string ProgressPath(int rank) { return tmp_.path() + "/progress" + std::to_string(rank); }
+
+  void StartAgent(int n) {
+    static int incarnation = 0;
+    const std::string log = Log("agent" + std::to_string(n) + "." + std::to_string(++incarnation));
+    agents_[n] = Spawn({MEMENTO_BIN,
+                        "agent",
+                        "--job",
+                        kJob,
+                        "--node",
+                        std::to_string(n),
+                        "--root",
+                        Root(n),
+                        "--store",
+                        url_,
+                        "--token-file",
+                        token_file_,
+                        "--listen",
+                        "127.0.0.1:0",
+                        "--hold-timeout",
+                        "5",
+                        "--lease-ttl",
+                        "1",
+                        "--recovery-leader",
+                        "auto",
+                        "--recovery-timeout",
+                        "60"},
+                       log);
+    Deadline d = Deadline::AfterSeconds(20);
+    while (ReadAll(log).find("memento agent ready") == std::string::npos) {
+      ASSERT_FALSE(d.expired()) << "agent " << n << " did not start:\n" << ReadAll(log);
+      int st = 0;
+      if (waitpid(agents_[n], &st, WNOHANG) == agents_[n]) {
+        agents_[n] = -1;
+        FAIL() << "agent " << n << " exited:\n" << ReadAll(log);
+      }
+      usleep(20000);
+    }
+  }
+
+  pid_t StartTrainer(int rank, int64_t steps) {
+    const std::string barrier = tmp_.path() + "/barrier";
+    mkdir(barrier.c_str(), 0700);
+    return Spawn({CLUSTER_TRAINER_BIN, "--job", kJob, "--dir", Root(rank), "--rank",
+                  std::to_string(rank), "--world", std::to_string(kNodes), "--bytes",
+                  std::to_string(256 << 10), "--steps", std::to_string(steps), "--step-sleep",
+                  "0.05", "--progress", ProgressPath(rank), "--barrier", barrier},
+                 Log("trainer" + std::to_string(rank)));
+  }
+
+  int64_t Committed() {
+    auto c = coord::ReadLatestCommit(*store_, kJob, Deadline::AfterSeconds(5));
+    return c.ok() ? *c : -1;
+  }
+
+  // Runs the job to kSteps, every step committed; returns each rank's digests.
+  void TrainAndCommit() {
+    for (int n = 0; n < kNodes; ++n) ASSERT_NO_FATAL_FAILURE(StartAgent(n));
+    for (int r = 0; r < kNodes; ++r) trainers_.push_back(StartTrainer(r, kSteps));
+    for (int r = 0; r < kNodes; ++r) {
+      int st = WaitExit(trainers_[r], 60);
+      trainers_[r] = -1;
+      ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+          << "trainer " << r << ": " << ReadProgress(ProgressPath(r)).error;
+    }
+    for (Deadline d = Deadline::AfterSeconds(20); Committed() < kSteps && !d.expired();) {
+      usleep(20000);
+    }
+    ASSERT_EQ(Committed(), kSteps);
+    for (int r = 0; r < kNodes; ++r) before_[r] = ReadProgress(ProgressPath(r));
+  }
+
+  // xxh3 of the data region of `rank`'s complete slot of `step` on its node
+  // (checksums verified); 0 when none.
+  uint64_t SlotDigest(int rank, int64_t step) {
+    for (int s = 0; s < 2; ++s) {
+      auto seg = shm::Segment::Open(shm::SlotPath(Root(rank), rank, s), false);
+      if (!seg.ok()) continue;
+      auto info = shm::ReadSlot(**seg);
+      if (!info.ok() || info->state != shm::SlotState::kComplete || info->step != step) continue;
+      if (!shm::VerifySlotData(**seg, *info).ok()) return 0;
+      return Checksum((*seg)->data() + info->data_offset, info->data_bytes);
+    }
+    return 0;
+  }
+
+  // The node is lost: its agent killed, its shared memory gone.
+  void LoseNode(int n) {
+    shm::testing::KillAndReap(agents_[n]);
+    agents_[n] = -1;
+    auto freed = shm::RemoveNodeRootTree(Root(n));
+    ASSERT_TRUE(freed.ok()) << freed.status();
+  }
+
+  std::string Leader() {
+    auto kv = store_->Get(launch::RecoveryLeaderKey(kJob), Deadline::AfterSeconds(5));
+    return kv.ok() ? kv->value : "";
+  }
+  launch::RecoveryView View() {
+    auto v = launch::ReadRecoveryView(*store_, kJob, Deadline::AfterSeconds(5));
+    MEMENTO_CHECK_OK(v.status());
+    return *v;
+  }
+
+  // Every trainer restarts, asks its agent for the step and must load the
+  // committed state bit-identically.
+  void ExpectTrainersRestoreCommitted() {
+    for (int r = 0; r < kNodes; ++r) {
+      unlink(ProgressPath(r).c_str());
+      trainers_[r] = StartTrainer(r, kSteps);
+    }
+    for (int r = 0; r < kNodes; ++r) {
+      int st = WaitExit(trainers_[r], 60);
+      trainers_[r] = -1;
+      ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+          << "rank " << r << ": " << ReadProgress(ProgressPath(r)).error;
+      Progress after = ReadProgress(ProgressPath(r));
+      ASSERT_EQ(after.restored.size(), 1u) << "rank " << r;
+      EXPECT_EQ(after.restored[0].first, kSteps) << "rank " << r;
+      EXPECT_EQ(after.restored[0].second, before_[r].digests.at(kSteps))
+          << "rank " << r << " restored other bytes than it committed";
+    }
+  }
+
+  // `memento recover --wait --json`: the CLI operators use.
+  nlohmann::json RecoverWait() {
+    const std::string out_path = tmp_.path() + "/recover.out";
+    pid_t p = Spawn({MEMENTO_BIN, "recover", "--store", url_, "--job", kJob, "--token-file",
+                     token_file_, "--wait", "--timeout", "90", "--json"},
+                    out_path);
+    int st = WaitExit(p, 120);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadAll(out_path);
+    const std::string out = ReadAll(out_path);
+    auto j = nlohmann::json::parse(out.substr(0, out.find('\n')), nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << out;
+    return j;
+  }
+
+  memento::testing::ScratchDir tmp_{"agent-recovery"};
+  shm::testing::ShmScratchDir shm_{"agent-recovery"};
+  std::string token_file_;
+  std::string url_;
+  std::unique_ptr<coord::EmbeddedStoreServer> server_;
+  coord::Store* store_ = nullptr;
+  std::unique_ptr<coord::CommitCoordinator> coordinator_;
+  std::vector<pid_t> agents_;
+  std::vector<pid_t> trainers_;
+  Progress before_[kNodes];
+};
+
+TEST_F(AgentRecoveryTest, NodeLossIsRecoveredByTheAgentsBitIdentical) {
+  ASSERT_NO_FATAL_FAILURE(TrainAndCommit());
+  const std::string leader = Leader();
+  ASSERT_FALSE(leader.empty()) << "no recovery leader was elected";
+  // Lose a node that is not the leader's; the leader files the request.
+  const int lost = leader == coord::NodeName(1) ? 2 : 1;
+  const uint64_t want = SlotDigest(lost, kSteps);
+  ASSERT_NE(want, 0u);
+  ASSERT_NO_FATAL_FAILURE(LoseNode(lost));
+  for (Deadline d = Deadline::AfterSeconds(20); View().requested < 1; usleep(50000)) {
+    ASSERT_FALSE(d.expired()) << "the leader did not request a recovery for the lost node";
+  }
+  ASSERT_NO_FATAL_FAILURE(StartAgent(lost));  // the replacement, on an empty root
+  nlohmann::json j = RecoverWait();
+  ASSERT_TRUE(j.contains("status")) << j.dump();
+  const nlohmann::json& st = j["status"];
+  EXPECT_EQ(st["state"], "done") << j.dump();
+  EXPECT_EQ(st["id"], 1) << j.dump();
+  EXPECT_EQ(st["restore_step"], kSteps) << j.dump();
+  EXPECT_EQ(st["source"], "memory") << j.dump();
+  EXPECT_EQ(st["leader"], leader) << j.dump();
+  EXPECT_EQ(st["trigger"], coord::NodeName(lost) + " lost") << j.dump();
+  EXPECT_GT(st["recovery"]["rebuilt_bytes"].get<uint64_t>(), 0u) << j.dump();
+  EXPECT_EQ(SlotDigest(lost, kSteps), want) << "the rebuilt slot differs from the lost one";
+  ASSERT_NO_FATAL_FAILURE(ExpectTrainersRestoreCommitted());
+}
+
+TEST_F(AgentRecoveryTest, LeaderKilledMidRecoveryAnotherAgentFinishesIt) {
+  ASSERT_NO_FATAL_FAILURE(TrainAndCommit());
+  const std::string leader = Leader();
+  ASSERT_FALSE(leader.empty()) << "no recovery leader was elected";
+  auto leader_node = coord::ParseNodeName(leader);
+  ASSERT_TRUE(leader_node.ok());
+  const int lost = (*leader_node + 1) % kNodes;
+  const uint64_t want = SlotDigest(lost, kSteps);
+  ASSERT_NE(want, 0u);
+  ASSERT_NO_FATAL_FAILURE(LoseNode(lost));
+  // Mid-recovery: the leader requested it and waits for the replacement.
+  for (Deadline d = Deadline::AfterSeconds(20);; usleep(50000)) {
+    launch::RecoveryView v = View();
+    if (v.has_status && v.status.id == 1 && v.status.state == "waiting") break;
+    ASSERT_FALSE(d.expired()) << "the leader did not start recovery 1";
+  }
+  shm::testing::KillAndReap(agents_[*leader_node]);  // its memory stays
+  agents_[*leader_node] = -1;
+  std::string successor;
+  for (Deadline d = Deadline::AfterSeconds(20);; usleep(50000)) {
+    successor = Leader();
+    if (!successor.empty() && successor != leader) break;
+    ASSERT_FALSE(d.expired()) << "no agent took over the leadership from " << leader;
+  }
+  // The killed leader's agent comes back on its root, the replacement on an
+  // empty one.
+  ASSERT_NO_FATAL_FAILURE(StartAgent(*leader_node));
+  ASSERT_NO_FATAL_FAILURE(StartAgent(lost));
+  nlohmann::json j = RecoverWait();
+  const nlohmann::json& st = j["status"];
+  EXPECT_EQ(st["state"], "done") << j.dump();
+  EXPECT_EQ(st["id"], 1) << j.dump();
+  EXPECT_EQ(st["leader"], successor) << j.dump();
+  EXPECT_EQ(st["takeover"], true) << j.dump();
+  EXPECT_EQ(st["restore_step"], kSteps) << j.dump();
+  EXPECT_EQ(SlotDigest(lost, kSteps), want) << "the rebuilt slot differs from the lost one";
+  ASSERT_NO_FATAL_FAILURE(ExpectTrainersRestoreCommitted());
+}
+
+TEST_F(AgentRecoveryTest, RecoverWithoutALeaderSaysSo) {
+  // No agent runs: `memento recover` shows that, and --wait times out naming it.
+  const std::string out_path = tmp_.path() + "/recover.out";
+  pid_t p = Spawn({MEMENTO_BIN, "recover", "--store", url_, "--job", kJob, "--token-file",
+                   token_file_, "--trigger", "--wait", "--timeout", "1"},
+                  out_path);
+  int st = WaitExit(p, 30);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 1);
+  const std::string out = ReadAll(out_path);
+  EXPECT_NE(out.find("requested recovery 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("no recovery leader is elected"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace memento
