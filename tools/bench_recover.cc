@@ -71,6 +71,7 @@
 #include "tools/bench_node.h"
 #include "tools/bench_stats.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 #include "topo/plan.h"
 
 namespace memento::tools {
@@ -494,7 +495,7 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
       ctx.exit_code = ReportStatus(r.status());
       return;
     }
-    std::printf("%s\n", r->dump().c_str());
+    memento::tools::PrintJson("memento.bench.recover/1", std::move(*r));
   });
 }
 
