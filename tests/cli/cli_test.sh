@@ -37,15 +37,22 @@ echo "commands: ${paths[*]}"
 run --help
 [ "$rc" = 0 ] || fail "memento --help exited $rc"
 grep -q "Exit codes:" "$work/out" || fail "memento --help lists no exit codes"
-for p in "${paths[@]}"; do
+# One command path: its --help and an unknown flag (4 paths at a time).
+check_path() {
+  local p=$1 d rc
+  d=$(mktemp -d "$work/path.XXXXXX")
   # shellcheck disable=SC2086
-  run $p --help
-  [ "$rc" = 0 ] || fail "memento $p --help exited $rc: $(cat "$work/err")"
-  grep -q "Exit codes:" "$work/out" || fail "memento $p --help lists no exit codes"
+  set +e; "$bin" $p --help >"$d/out" 2>"$d/err"; rc=$?; set -e
+  [ "$rc" = 0 ] || { echo "memento $p --help exited $rc: $(cat "$d/err")"; return 1; }
+  grep -q "Exit codes:" "$d/out" || { echo "memento $p --help lists no exit codes"; return 1; }
   # shellcheck disable=SC2086
-  run $p --no-such-flag-xyz
-  [ "$rc" = 2 ] || fail "memento $p --no-such-flag-xyz exited $rc, expected 2: $(cat "$work/err")"
-done
+  set +e; "$bin" $p --no-such-flag-xyz >"$d/out" 2>"$d/err"; rc=$?; set -e
+  [ "$rc" = 2 ] || { echo "memento $p --no-such-flag-xyz exited $rc, expected 2: $(cat "$d/err")"; return 1; }
+}
+export -f check_path
+export bin work
+printf '%s\n' "${paths[@]}" | xargs -P 4 -I{} bash -c 'check_path "$1"' _ {} >"$work/paths" 2>&1 ||
+  fail "$(cat "$work/paths")"
 run no-such-command
 [ "$rc" = 2 ] || fail "an unknown command exited $rc, expected 2"
 run
