@@ -200,7 +200,7 @@ Result<nlohmann::json> Run(const Args& a) {
   if (a.receive != "staged" && a.receive != "direct") {
     return InvalidArgumentError("--receive must be 'staged' or 'direct', not '" + a.receive + "'");
   }
-  // The agents read them at start (agent/peer_service.cc).
+  // The `memento agent` processes read them at start (tools/cmd_agent.cc).
   setenv("MEMENTO_RECOVER_DATA_PATH", a.data_path.c_str(), 1);
   setenv("MEMENTO_RECOVER_RECEIVE", a.receive.c_str(), 1);
   const size_t state = static_cast<size_t>(a.state);
