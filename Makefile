@@ -9,6 +9,7 @@
 #   make fuzz     clang-14 + libFuzzer build in build-fuzz/, each target FUZZ_SECONDS (600)
 #   make asan     build-asan/ (AddressSanitizer + UBSan) and its test suite (long: ~18 min build)
 #   make tsan     build-tsan/ (ThreadSanitizer) and its test suite (long)
+#   make thread-safety  Clang -Wthread-safety -Werror over every translation unit of build/
 #   make format   clang-format every C++ source in place
 #   make clean    remove build/
 
@@ -18,7 +19,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: all setup configure build test demo chaos fuzz asan tsan format clean
+.PHONY: all setup configure build test demo chaos fuzz asan tsan thread-safety format clean
 
 all: build
 
@@ -83,6 +84,13 @@ tsan: setup build-tsan/build.ninja
 	cmake --build build-tsan -j $(JOBS)
 	cd build-tsan && TSAN_OPTIONS=$(TSAN_OPTIONS) \
 	  ctest --output-on-failure -j $(JOBS) -LE chaos $(CTEST_FLAGS)
+
+# Clang's thread-safety analysis (the GUARDED_BY/REQUIRES annotations of
+# src/common/mutex.h) over every C++ translation unit of $(BUILD_DIR): clang++
+# -fsyntax-only -Wthread-safety -Werror on compile_commands.json, no second
+# build tree (scripts/thread_safety.py; Debian's clang-14).
+thread-safety: $(BUILD_DIR)/build.ninja
+	scripts/thread_safety.py --build $(BUILD_DIR) -j $(JOBS)
 
 format:
 	find include src tools examples bench tests -name '*.h' -o -name '*.cc' -o -name '*.cu' | xargs clang-format -i

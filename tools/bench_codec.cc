@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "recover/recover.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 #include "topo/plan.h"
 
 namespace memento::tools {
@@ -237,7 +238,7 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
     j["min_ratio"] = min_ratio;
     j["planner"] = PlannerTime(*o);
     j["planner_seconds"] = j["planner"]["planner_seconds"];
-    std::printf("%s\n", j.dump(2).c_str());
+    memento::tools::PrintJson("memento.bench.codec/1", std::move(j));
   });
 }
 

@@ -36,6 +36,7 @@
 #include "tools/bench_has_trainer.h"
 #include "tools/bench_stats.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace memento::tools {
 namespace {
@@ -207,7 +208,7 @@ Status RunBench(const HasBenchArgs& a) {
   }
   out["copy"] = copy;
   out["notes"] = device->notes();
-  std::printf("%s\n", a.json ? out.dump().c_str() : out.dump(2).c_str());
+  memento::tools::PrintJson("memento.bench.has/1", std::move(out));
   return Status::Ok();
 }
 

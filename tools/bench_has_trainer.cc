@@ -42,6 +42,7 @@
 #include "common/subprocess.h"
 #include "tools/bench_agents.h"
 #include "tools/bench_stats.h"
+#include "tools/json_output.h"
 #include "tools/trainer_binary.h"
 
 namespace memento::tools {
@@ -321,7 +322,7 @@ Status RunHasTrainerBench(const HasTrainerBenchArgs& a) {
       "cpu: step_s is the median over all timed steps (the trainer leaves out step 1) of the "
       "reporting rank; bytes per step are summed over ranks; has and host_device use "
       "chunk_bytes chunks, host one chunk per tensor; every mode checksums (xxHash3)";
-  std::printf("%s\n", a.json ? out.dump().c_str() : out.dump(2).c_str());
+  memento::tools::PrintJson("memento.bench.has/1", std::move(out));
   return Status::Ok();
 }
 

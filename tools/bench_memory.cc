@@ -37,6 +37,7 @@
 #include "common/log.h"
 #include "launch/launcher.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 #include "tools/trainer_binary.h"
 
 namespace memento::tools {
@@ -216,7 +217,7 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
       ctx.exit_code = ReportStatus(j.status());
       return;
     }
-    std::printf("%s\n", j->dump(2).c_str());
+    memento::tools::PrintJson("memento.bench.memory/1", std::move(*j));
   });
 }
 

@@ -37,6 +37,7 @@
 #include "tools/bench_agents.h"
 #include "tools/bench_stats.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 #include "tools/trainer_binary.h"
 
 namespace memento::tools {
@@ -331,7 +332,7 @@ int RunOverheadBench(const OverheadArgs& a) {
       {"per_round", rounds},
       {"wall_s", total.Seconds()},
       {"trainer", *trainer}};
-  std::printf("%s\n", out.dump().c_str());
+  memento::tools::PrintJson("memento.bench.overhead/1", std::move(out));
   return 0;
 }
 

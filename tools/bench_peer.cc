@@ -34,6 +34,7 @@
 #include "net/throughput.h"
 #include "shm/node_store.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace memento::tools {
 namespace {
@@ -200,7 +201,7 @@ Status Run(const Args& a) {
   j["read_vs_framed_tcp"] = best_framed > 0 ? best_read / best_framed : 0.0;
   j["push_vs_framed_tcp"] = best_framed > 0 ? best_push / best_framed : 0.0;
   j["read_vs_memcpy"] = best_memcpy > 0 ? best_read / best_memcpy : 0.0;
-  std::printf("%s\n", j.dump().c_str());
+  memento::tools::PrintJson("memento.bench.peer/1", std::move(j));
   return Status::Ok();
 }
 

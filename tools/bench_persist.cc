@@ -32,6 +32,7 @@
 #include "tier/retention.h"
 #include "tier/writer.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace {
 
@@ -306,7 +307,7 @@ void Setup(CLI::App& bench, tools::CommandContext& ctx) {
       ctx.exit_code = tools::ReportStatus(s);
       return;
     }
-    std::printf("%s\n", out.dump().c_str());
+    memento::tools::PrintJson("memento.bench.persist/1", std::move(out));
   });
 }
 

@@ -14,6 +14,7 @@
 #include "model/reliability.h"
 #include "model/simulate.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace memento::tools {
 namespace {
@@ -109,7 +110,7 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
       ctx.exit_code = ReportStatus(j.status());
       return;
     }
-    std::printf("%s\n", j->dump(2).c_str());
+    memento::tools::PrintJson("memento.bench.plan/1", std::move(*j));
   });
 }
 

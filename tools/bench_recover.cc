@@ -71,6 +71,7 @@
 #include "tools/bench_node.h"
 #include "tools/bench_stats.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 #include "topo/plan.h"
 
 namespace memento::tools {
@@ -199,7 +200,7 @@ Result<nlohmann::json> Run(const Args& a) {
   if (a.receive != "staged" && a.receive != "direct") {
     return InvalidArgumentError("--receive must be 'staged' or 'direct', not '" + a.receive + "'");
   }
-  // The agents read them at start (agent/peer_service.cc).
+  // The `memento agent` processes read them at start (tools/cmd_agent.cc).
   setenv("MEMENTO_RECOVER_DATA_PATH", a.data_path.c_str(), 1);
   setenv("MEMENTO_RECOVER_RECEIVE", a.receive.c_str(), 1);
   const size_t state = static_cast<size_t>(a.state);
@@ -494,7 +495,7 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
       ctx.exit_code = ReportStatus(r.status());
       return;
     }
-    std::printf("%s\n", r->dump().c_str());
+    memento::tools::PrintJson("memento.bench.recover/1", std::move(*r));
   });
 }
 

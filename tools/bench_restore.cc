@@ -28,6 +28,7 @@
 #include "shm/segment.h"
 #include "tools/bench_node.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace memento::tools {
 namespace {
@@ -156,7 +157,7 @@ int RunRestoreBench(const RestoreBenchArgs& a) {
       {"memcpy_s", best_copy},
       {"memcpy_gbps", gb / best_copy},
       {"ratio", best_copy / best_restore}};
-  std::printf("%s\n", a.json ? j.dump().c_str() : j.dump(2).c_str());
+  memento::tools::PrintJson("memento.bench.restore/1", std::move(j));
   return 0;
 }
 

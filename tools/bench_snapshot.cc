@@ -23,6 +23,7 @@
 #include "snap/copy_kernel.h"
 #include "tools/bench_node.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace memento::tools {
 namespace {
@@ -102,7 +103,7 @@ int RunSnapshotBench(const SnapshotBenchArgs& a) {
                       {"ratio_shm", best_shm / best_snap},
                       {"kernel_gbps", gb / best_kernel},
                       {"last_fence_wait_s", fence_wait}};
-  std::printf("%s\n", a.json ? j.dump().c_str() : j.dump(2).c_str());
+  memento::tools::PrintJson("memento.bench.snapshot/1", std::move(j));
   return 0;
 }
 

@@ -38,6 +38,7 @@
 #include "coord/store.h"
 #include "net/job_token.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace memento::tools {
 namespace {
@@ -245,7 +246,7 @@ Status Run(const Args& a) {
   }
   etcd.reset();
   if (!dir.empty()) std::filesystem::remove_all(dir);
-  std::printf("%s\n", out.dump().c_str());
+  memento::tools::PrintJson("memento.bench.store/1", std::move(out));
   return Status::Ok();
 }
 

@@ -25,6 +25,7 @@
 #include "common/clock.h"
 #include "common/subprocess.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 #include "tools/trainer_binary.h"
 
 namespace memento::tools {
@@ -354,7 +355,7 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
       ctx.exit_code = ReportStatus(r.status());
       return;
     }
-    std::printf("%s\n", r->dump().c_str());
+    memento::tools::PrintJson("memento.bench.swift/1", std::move(*r));
   });
 }
 

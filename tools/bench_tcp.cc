@@ -9,6 +9,7 @@
 #include "net/job_token.h"
 #include "net/throughput.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace memento::tools {
 namespace {
@@ -57,7 +58,7 @@ Status Run(const Args& a) {
   j["tcp_cores"] = cores(raw);
   j["framed_cores"] = cores(framed);
   j["digest_cores"] = cores(digest);
-  std::printf("%s\n", j.dump().c_str());
+  memento::tools::PrintJson("memento.bench.tcp/1", std::move(j));
   return Status::Ok();
 }
 

@@ -1,7 +1,8 @@
 // memento bench torch: runs examples/torch/bench.py (docs/python.md,
 // "Benchmark"): a PyTorch GPT trained with no checkpointing, with memento
 // snapshots, with torch.save to /dev/shm and with a blocking copy, every step,
-// interleaved in the same run. Prints the script's JSON object.
+// interleaved in the same run. Prints the script's JSON object (with "schema").
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace memento::tools {
 namespace {
@@ -49,13 +51,52 @@ int RunBenchTorch(const Args& a) {
   std::vector<char*> cargv;
   for (auto& s : argv) cargv.push_back(s.data());
   cargv.push_back(nullptr);
+  // The script's stdout is read through a pipe so that its JSON object is
+  // printed in the command line's style (one line, with "schema"); its
+  // stderr passes through.
+  int fds[2];
+  if (::pipe(fds) != 0) return ReportStatus(ErrnoError("pipe", errno));
   std::fflush(stdout);
-  ::execvp(cargv[0], cargv.data());
-  std::fprintf(stderr,
-               "memento bench torch: cannot run %s (%s); it needs Debian's python3-torch "
-               "(scripts/setup.sh) or MEMENTO_PYTHON naming a Python with torch\n",
-               python.c_str(), std::strerror(errno));
-  return 1;
+  const pid_t pid = ::fork();
+  if (pid < 0) return ReportStatus(ErrnoError("fork", errno));
+  if (pid == 0) {
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    ::execvp(cargv[0], cargv.data());
+    std::fprintf(stderr,
+                 "memento bench torch: cannot run %s (%s); it needs Debian's python3-torch "
+                 "(scripts/setup.sh) or MEMENTO_PYTHON naming a Python with torch\n",
+                 python.c_str(), std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t r = ::read(fds[0], buf, sizeof(buf));
+    if (r > 0) {
+      out.append(buf, static_cast<size_t>(r));
+    } else if (r == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(fds[0]);
+  int wstatus = 0;
+  while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  const int code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+  auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  if (code != 0 || !j.is_object()) {
+    std::fputs(out.c_str(), stdout);
+    if (code == 0) {
+      std::fprintf(stderr, "memento bench torch: %s printed no JSON object\n", script.c_str());
+      return 1;
+    }
+    return code;
+  }
+  PrintJson("memento.bench.torch/1", std::move(j));
+  return 0;
 }
 
 void Setup(CLI::App& bench, CommandContext& ctx) {

@@ -3,6 +3,7 @@
 // same root adopts them.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -21,6 +22,28 @@ agent::Agent* g_agent = nullptr;
 
 void OnSignal(int) {
   if (g_agent != nullptr) g_agent->Stop();
+}
+
+// MEMENTO_RECOVER_DATA_PATH=stream|legacy and MEMENTO_RECOVER_RECEIVE=
+// direct|staged (docs/peer_service.md, docs/recovery.md "Staged receive").
+Status RecoverPathFromEnvironment(agent::JobMemberOptions* o) {
+  if (const char* v = std::getenv("MEMENTO_RECOVER_DATA_PATH"); v != nullptr && *v) {
+    const std::string path = v;
+    if (path != "stream" && path != "legacy") {
+      return InvalidArgumentError("MEMENTO_RECOVER_DATA_PATH must be 'stream' or 'legacy', not '" +
+                                  path + "'");
+    }
+    o->recover_legacy_reads = path == "legacy";
+  }
+  if (const char* v = std::getenv("MEMENTO_RECOVER_RECEIVE"); v != nullptr && *v) {
+    const std::string receive = v;
+    if (receive != "direct" && receive != "staged") {
+      return InvalidArgumentError("MEMENTO_RECOVER_RECEIVE must be 'direct' or 'staged', not '" +
+                                  receive + "'");
+    }
+    o->recover_staged_receive = receive == "staged";
+  }
+  return Status::Ok();
 }
 
 int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
@@ -72,6 +95,12 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
   if (*leader_mode != launch::RecoveryLeaderMode::kOff && options.cluster.store_url.empty()) {
     return ReportStatus(
         InvalidArgumentError("--recovery-leader " + recovery_leader + " needs --store"));
+  }
+  // The recovery data path variants (`memento bench recover --data-path,
+  // --receive` sets them for the agents it starts): read here and nowhere
+  // else in the library.
+  if (Status st = RecoverPathFromEnvironment(&options.cluster); !st.ok()) {
+    return ReportStatus(st);
   }
   auto agent = agent::Agent::Start(options, durable);
   if (!agent.ok()) return ReportStatus(agent.status());

@@ -13,6 +13,7 @@
 #include "fmt/format.h"
 #include "shm/root_gc.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace {
 
@@ -102,7 +103,7 @@ int RunGc(const GcArgs& args) {
                           {"kept", kept},
                           {"errors", failed},
                           {"freed_bytes", freed_total}};
-    std::printf("%s\n", top.dump(1).c_str());
+    memento::tools::PrintJson("memento.gc/1", std::move(top));
   } else {
     std::printf("%s %d root%s (%s), kept %d live, %d error%s\n",
                 args.dry_run ? "would remove" : "removed", removed, removed == 1 ? "" : "s",

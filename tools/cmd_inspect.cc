@@ -39,6 +39,7 @@
 #include "tier/reader.h"
 #include "tier/verify.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace {
 
@@ -135,7 +136,7 @@ int InspectDurable(const InspectArgs& args) {
     nlohmann::json top{{"tier", "durable"}, {"dir", args.target}, {"versions", out}};
     top["latest_complete"] = latest >= 0 ? nlohmann::json(latest) : nlohmann::json(nullptr);
     top["broken"] = broken;
-    std::printf("%s\n", top.dump(1).c_str());
+    memento::tools::PrintJson("memento.inspect.durable/1", std::move(top));
     report_broken();
     return code;
   }
@@ -222,7 +223,7 @@ int InspectMemory(const InspectArgs& args) {
         {"tier", "memory"},       {"roots", args.targets}, {"verified_data", args.verify},
         {"ranks", report->ranks}, {"slots", slots},        {"scrub", scrub}};
     top["latest_complete"] = latest ? nlohmann::json(*latest) : nlohmann::json(nullptr);
-    std::printf("%s\n", top.dump(1).c_str());
+    memento::tools::PrintJson("memento.inspect.memory/1", std::move(top));
     return 0;
   }
   std::printf("memory tier: %zu rank%s in %zu root%s, newest step every rank holds intact: %s%s\n",
@@ -374,7 +375,7 @@ int InspectCluster(const InspectArgs& args) {
   if (!report.ok()) return tools::ReportStatus(report.status());
   const nlohmann::json& r = *report;
   if (args.json) {
-    std::printf("%s\n", r.dump(1).c_str());
+    memento::tools::PrintJson("memento.inspect.cluster/1", r);
     return 0;
   }
   std::fputs(coord::FormatClusterTable(snap, WallNanos()).c_str(), stdout);

@@ -1,6 +1,9 @@
 // `memento launch`: runs a cluster job of N simulated nodes on this machine
 // (store, agents, trainers), restarts it after failures, injects failures.
 // docs/launch.md.
+#include <unistd.h>
+
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -11,17 +14,19 @@
 #include "common/log.h"
 #include "launch/launcher.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace memento::tools {
 namespace {
 
 launch::Launcher *g_launcher = nullptr;
+constexpr const char *kLaunchSchema = "memento.launch/1";
 
 void OnSignal(int) {
   if (g_launcher != nullptr) g_launcher->RequestStop();
 }
 
-int RunLaunch(const launch::LaunchOptions &options, const std::string &summary_json) {
+int RunLaunch(const launch::LaunchOptions &options, const std::string &summary_json, bool json) {
   InitLogging("launch");
   if ((options.host_budget || options.copy_budget || options.network_budget) &&
       options.policy != "auto") {
@@ -29,6 +34,17 @@ int RunLaunch(const launch::LaunchOptions &options, const std::string &summary_j
         "--host-budget, --copy-budget and --network-budget apply to --policy auto only (got "
         "--policy " +
         options.policy + ")"));
+  }
+  // --json: stdout carries the summary's JSON object alone; everything else
+  // this process writes to stdout (the progress lines, the human summary) is
+  // sent to stderr until then.
+  int json_fd = -1;
+  if (json) {
+    std::fflush(stdout);
+    json_fd = ::dup(STDOUT_FILENO);
+    if (json_fd < 0 || ::dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+      return ReportStatus(ErrnoError("launch --json: redirecting stdout", errno));
+    }
   }
   auto launcher = launch::Launcher::Create(options);
   if (!launcher.ok()) return ReportStatus(launcher.status());
@@ -44,8 +60,15 @@ int RunLaunch(const launch::LaunchOptions &options, const std::string &summary_j
   std::printf("%s", summary->ToString().c_str());
   std::fflush(stdout);
   if (!summary_json.empty()) {
+    nlohmann::json j = summary->ToJson();
+    j["schema"] = kLaunchSchema;
     std::ofstream out(summary_json);
-    out << summary->ToJson().dump(2) << "\n";
+    out << j.dump() << "\n";
+  }
+  if (json_fd >= 0) {
+    ::dup2(json_fd, STDOUT_FILENO);
+    ::close(json_fd);
+    PrintJson(kLaunchSchema, summary->ToJson());
   }
   return summary->exit_code;
 }
@@ -138,7 +161,11 @@ void Setup(CLI::App &app, CommandContext &ctx) {
                 "Each node's agent and trainers in their own network namespace, on a bridge "
                 "(root and iproute2 needed)");
   cmd->add_flag("--quiet", o.quiet, "Only failures, recoveries and the summary");
+  static bool json = false;
   cmd->add_option("--summary-json", summary_json, "Write the final summary as JSON to this file");
+  cmd->add_flag("--json", json,
+                "Print the final summary as one JSON object on stdout (schema "
+                "memento.launch/1); the progress lines and the human summary go to stderr");
   cmd->add_option("trainer", o.trainer,
                   "-- TRAINER ARGS: the trainer command; {rank} {node} "
                   "{world_size} {job} "
@@ -152,7 +179,7 @@ void Setup(CLI::App &app, CommandContext &ctx) {
       "(the plan says which pieces are gone); 4 --require-protection and a step could not be "
       "protected (a node could not write its redundancy: shared memory full, the agent's "
       "--budget); 130 stopped by SIGINT/SIGTERM.");
-  cmd->callback([&ctx] { ctx.exit_code = RunLaunch(o, summary_json); });
+  cmd->callback([&ctx] { ctx.exit_code = RunLaunch(o, summary_json, json); });
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "model/layout_svg.h"
 #include "recover/recover.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 #include "tools/plan_reliability.h"
 #include "topo/plan.h"
 #include "topo/plan_json.h"
@@ -243,7 +244,7 @@ Status RunLayout(const LayoutOptions& o) {
       j["recovery"] = topo::RecoveryToJson(plan, rec);
     }
     if (o.full_plan) j["plan"] = topo::PlanToJson(plan);
-    std::printf("%s\n", j.dump(2).c_str());
+    memento::tools::PrintJson("memento.plan.layout/1", std::move(j));
     return Status::Ok();
   }
 

@@ -17,6 +17,7 @@
 #include "model/simulate.h"
 #include "model/svg.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 #include "tools/plan_reliability.h"
 #include "topo/plan.h"
 
@@ -388,7 +389,7 @@ Status RunReliability(const ReliabilityOptions& o) {
       std::printf("wrote %s (goodput against durable interval)\n", o.goodput_svg.c_str());
   }
   out["policies"] = std::move(rows);
-  if (o.json) std::printf("%s\n", out.dump(2).c_str());
+  if (o.json) memento::tools::PrintJson("memento.plan.reliability/1", std::move(out));
   return Status::Ok();
 }
 

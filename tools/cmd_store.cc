@@ -27,6 +27,7 @@
 #include "fmt/format.h"
 #include "net/socket.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace memento::tools {
 namespace {
@@ -119,9 +120,12 @@ Status RunStatus(const StoreArgs& a) {
   MEMENTO_ASSIGN_OR_RETURN(auto store, coord::OpenStore(a.url, a.token_file, d));
   MEMENTO_ASSIGN_OR_RETURN(coord::ClusterSnapshot snap,
                            coord::ReadClusterSnapshot(*store, a.job, d));
-  std::string out = a.json ? coord::FormatClusterJson(snap, WallNanos()) + "\n"
-                           : coord::FormatClusterTable(snap, WallNanos());
-  std::fputs(out.c_str(), stdout);
+  if (a.json) {
+    PrintJson("memento.store.status/1",
+              nlohmann::json::parse(coord::FormatClusterJson(snap, WallNanos())));
+  } else {
+    std::fputs(coord::FormatClusterTable(snap, WallNanos()).c_str(), stdout);
+  }
   return Status::Ok();
 }
 

@@ -10,6 +10,7 @@
 #include "tier/env.h"
 #include "tier/verify.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace {
 
@@ -37,7 +38,7 @@ int RunVerify(const VerifyArgs& args) {
                                {"bytes_checked", v.bytes_checked},
                                {"problems", v.problems}});
     }
-    std::printf("%s\n", j.dump(1).c_str());
+    memento::tools::PrintJson("memento.verify/1", std::move(j));
     return report->ok() ? 0 : 1;
   }
   if (report->versions.empty()) std::printf("%s: no versions\n", args.dir.c_str());
@@ -64,8 +65,18 @@ void Setup(CLI::App& app, memento::tools::CommandContext& ctx) {
   auto* cmd =
       app.add_subcommand("verify", "Check durable-tier versions (markers, sizes, checksums)");
   cmd->add_option("dir", args->dir, "Durable-tier directory")->required();
-  cmd->add_option("--step,--version", args->version,
-                  "Check only this version (step); --version is the old spelling");
+  cmd->add_option("--step", args->version, "Check only this version (step)");
+  // The old spelling, hidden from --help (group ""); it still works and says
+  // it is deprecated.
+  cmd->add_option_function<int64_t>(
+         "--version",
+         [args](const int64_t& step) {
+           std::fprintf(stderr, "memento verify: --version is deprecated; use --step %lld\n",
+                        static_cast<long long>(step));
+           args->version = step;
+         },
+         "Deprecated spelling of --step")
+      ->group("");
   cmd->add_flag("--json", args->json, "Print the report as JSON");
   cmd->footer(std::string(memento::tools::kExitCodesFooter) +
               " A version that fails verification makes it exit 1.");

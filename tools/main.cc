@@ -63,14 +63,13 @@ int main(int argc, char** argv) {
     bench->require_subcommand(1);
     for (auto& [name, setup] : Benches()) setup(*bench, ctx);
   }
-  // Every command's --help ends with its exit codes; a command with codes of
-  // its own (launch: 3) sets its footer itself.
-  std::vector<CLI::App*> all = app.get_subcommands({});
+  // Every command's --help ends with its exit codes (`memento --help` and
+  // the commands with sub-commands too); a command with codes of its own
+  // (launch: 3) sets its footer itself. tests/cli/cli_test.sh checks each.
+  std::vector<CLI::App*> all = {&app};
   for (size_t i = 0; i < all.size(); ++i) {
     for (CLI::App* sub : all[i]->get_subcommands({})) all.push_back(sub);
-    if (all[i]->get_footer().empty() && all[i]->get_subcommands({}).empty()) {
-      all[i]->footer(kExitCodesFooter);
-    }
+    if (all[i]->get_footer().empty()) all[i]->footer(kExitCodesFooter);
   }
   try {
     app.parse(argc, argv);

@@ -768,6 +768,8 @@ Status JobMember::StartPeerService() {
   po.redundancy = red_.get();
   po.max_request_bytes = options_.peer_max_request_bytes;
   po.max_buffered_bytes = options_.peer_max_buffered_bytes;
+  po.legacy_reads = options_.recover_legacy_reads;
+  po.staged_receive = options_.recover_staged_receive;
   po.plan = [this]() -> Result<std::shared_ptr<const ClusterPlan>> {
     MutexLock l(&plan_mu_);
     if (cluster_plan_ == nullptr) {

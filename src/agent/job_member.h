@@ -75,6 +75,9 @@ struct JobMemberOptions {
   // The peer service's receive caps (PeerServiceOptions).
   uint64_t peer_max_request_bytes = kDefaultPeerMaxRequestBytes;
   uint64_t peer_max_buffered_bytes = kDefaultPeerMaxBufferedBytes;
+  // The peer service's recovery data path variants (PeerServiceOptions).
+  bool recover_legacy_reads = false;
+  bool recover_staged_receive = false;
 };
 
 // The codecs of the records this file reads and writes live next to their

@@ -315,8 +315,7 @@ Result<std::unique_ptr<PeerService>> PeerService::Start(PeerServiceOptions optio
   ro.connections_per_peer = s->options_.connections_per_peer;
   // The recovery data path before streaming, for comparisons only
   // (`memento bench recover --data-path legacy`; docs/peer_service.md).
-  if (const char* path = std::getenv("MEMENTO_RECOVER_DATA_PATH");
-      path != nullptr && std::string(path) == "legacy") {
+  if (s->options_.legacy_reads) {
     ro.legacy_reads = true;
     s->exec_options_.read_window_bytes = 0;
     s->exec_options_.reuse_fetched_inputs = false;
@@ -325,11 +324,9 @@ Result<std::unique_ptr<PeerService>> PeerService::Start(PeerServiceOptions optio
                      s->options_.node);
   }
   // Receive path (docs/recovery.md, "Staged receive"): straight into the
-  // slot, trusting the digests checked there, unless
-  // MEMENTO_RECOVER_RECEIVE=staged (through a reused buffer, every chunk
-  // re-verified in the slot at the end).
-  if (const char* recv = std::getenv("MEMENTO_RECOVER_RECEIVE");
-      recv != nullptr && std::string(recv) == "staged") {
+  // slot, trusting the digests checked there, unless staged_receive
+  // (through a reused buffer, every chunk re-verified in the slot at the end).
+  if (s->options_.staged_receive) {
     ro.staged_receive = true;
     s->exec_options_.trust_arrival_digests = false;
     MEMENTO_LOG_INFO("peer service of node {}: staged receive", s->options_.node);

@@ -172,6 +172,15 @@ struct PeerServiceOptions {
   // `memento agent --peer-max-request`, `--peer-max-buffered`).
   uint64_t max_request_bytes = kDefaultPeerMaxRequestBytes;
   uint64_t max_buffered_bytes = kDefaultPeerMaxBufferedBytes;
+  // Recovery data path variants, for comparisons only (docs/peer_service.md,
+  // docs/recovery.md "Staged receive"; `memento bench recover --data-path
+  // legacy --receive staged`). legacy_reads: the data path before streaming.
+  // staged_receive: through a reused buffer, every chunk re-verified in the
+  // slot at the end, instead of straight into the slot trusting the digests
+  // checked there. `memento agent` takes them from MEMENTO_RECOVER_DATA_PATH
+  // and MEMENTO_RECOVER_RECEIVE (tools/cmd_agent.cc, the one place).
+  bool legacy_reads = false;
+  bool staged_receive = false;
 };
 
 // What this node's peer service did for recoveries (metrics,

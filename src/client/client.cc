@@ -24,6 +24,7 @@
 #include "client/registered_tensor.h"
 #include "client/restore.h"
 #include "client/slot_prefault.h"
+#include "client/testing_hooks.h"
 #include "common/log.h"
 #include "fmt/format.h"
 #include "shm/agent_messages.h"
@@ -33,6 +34,15 @@
 #include "snap/copy_engine.h"
 
 namespace memento {
+
+namespace client::testing_hooks {
+namespace {
+std::atomic<int> copy_delay_us{0};
+}  // namespace
+void SetCopyDelayUs(int us) { copy_delay_us.store(us, std::memory_order_relaxed); }
+int CopyDelayUs() { return copy_delay_us.load(std::memory_order_relaxed); }
+}  // namespace client::testing_hooks
+
 namespace {
 
 using client::RegisteredTensor;
@@ -143,7 +153,7 @@ class ClientImpl final : public Client, private client::SlotSink {
     eo.threads = std::max(1, options_.copy_threads);
     eo.name = "mem-copy";
     eo.idle_priority = idle_priority_;
-    if (const char* d = std::getenv("MEMENTO_TEST_COPY_DELAY_US")) eo.chunk_delay_us = std::atoi(d);
+    eo.chunk_delay_us = client::testing_hooks::CopyDelayUs();
     engine_ = std::make_unique<snap::CopyEngine>(eo);
     eager_ = std::make_unique<client::EagerPath>(engine_.get(), idle_priority_, Sink());
     has_chunk_delay_us_ = eo.chunk_delay_us;

@@ -111,7 +111,24 @@ class Planner {
     c.producer_rank = producer_rank;
     plan_.copies.push_back(c);
   }
+  // What protects a sharding group's state, built up by its steps.
+  struct GroupProtection {
+    std::string scheme;
+    std::string note;
+    int repl_level = 1 << 20;  // no replicated state: no limit from it
+    int dp_level = 1 << 20;    // no dp shards: no limit from them
+    uint64_t repl_bytes = 0;
+  };
+  // One sharding group, in steps (below).
   Status PlanShardingGroup(int pp_i, int tp_i);
+  void GroupRing(int pp_i, int tp_i, Group* group, std::vector<int>* ring_rank);
+  Result<std::vector<const TensorMeta*>> ReplicatedTensors(const std::vector<int>& ranks);
+  void PlanReplicatedState(int g, const std::vector<const TensorMeta*>& repl,
+                           const std::vector<int>& ring, const std::vector<int>& ring_rank,
+                           GroupProtection* out);
+  std::vector<uint32_t> AddRankPieces(int g, const std::vector<int>& ranks);
+  void ProtectDpShards(const std::vector<uint32_t>& dp_pieces, const std::vector<int>& ring,
+                       const std::vector<int>& ring_rank, GroupProtection* out);
   void BuildStripes(int group, const std::vector<int>& ring, const std::vector<uint32_t>& pieces,
                     const std::vector<int>& primary_rank, bool xor_code, int f);
   void PlanPeerGroups();
@@ -127,30 +144,29 @@ class Planner {
   std::vector<bool> sg_uses_peer_;  // by sharding group id
 };
 
-Status Planner::PlanShardingGroup(int pp_i, int tp_i) {
-  const int g = pp_i * topo_.tp + tp_i;
-  Group group;
-  group.id = g;
-  group.kind = GroupKind::kShardingGroup;
-  group.pp = pp_i;
-  group.tp = tp_i;
-  group.name = "sg" + Str(g) + " (pp=" + Str(pp_i) + " tp=" + Str(tp_i) + ")";
+// The sharding group of (pp_i, tp_i): its DP ranks, and its ring of
+// distinct nodes (rack-interleaved) with the lowest-dp rank on each.
+void Planner::GroupRing(int pp_i, int tp_i, Group* group, std::vector<int>* ring_rank) {
   std::vector<int> first_nodes;
   std::map<int, int> primary_of_node;  // node -> lowest-dp rank on it
   for (int d = 0; d < topo_.dp; ++d) {
     const int r = topo_.Rank(d, tp_i, pp_i);
-    group.ranks.push_back(r);
+    group->ranks.push_back(r);
     const int node = topo_.rank_node[r];
     if (primary_of_node.emplace(node, r).second) first_nodes.push_back(node);
   }
   const std::vector<int> ring = RackInterleave(topo_, first_nodes);
-  group.nodes = ring;
+  group->nodes = ring;
   const int n = static_cast<int>(ring.size());
-  std::vector<int> ring_rank(n);
-  for (int i = 0; i < n; ++i) ring_rank[i] = primary_of_node[ring[i]];
+  ring_rank->assign(n, 0);
+  for (int i = 0; i < n; ++i) (*ring_rank)[i] = primary_of_node[ring[i]];
+}
 
-  // Classify tensors. ZeRO-3: nothing is replicated by training.
-  const int r0 = group.ranks[0];
+// The replicated tensors of a sharding group (rank `ranks[0]`'s, in
+// inventory order), after checking that every DP rank registers the same
+// ones. ZeRO-3: nothing is replicated by training.
+Result<std::vector<const TensorMeta*>> Planner::ReplicatedTensors(const std::vector<int>& ranks) {
+  const int r0 = ranks[0];
   auto is_replicated = [&](const TensorMeta& t) {
     return t.state_class == StateClass::kReplicated && topo_.zero_stage != 3;
   };
@@ -158,7 +174,7 @@ Status Planner::PlanShardingGroup(int pp_i, int tp_i) {
   for (const TensorMeta& t : inv_[r0]) {
     if (is_replicated(t)) repl.push_back(&t);
   }
-  for (int r : group.ranks) {
+  for (int r : ranks) {
     std::vector<const TensorMeta*> mine;
     for (const TensorMeta& t : inv_[r]) {
       if (is_replicated(t)) mine.push_back(&t);
@@ -183,6 +199,16 @@ Status Planner::PlanShardingGroup(int pp_i, int tp_i) {
       }
     }
   }
+  return repl;
+}
+
+// Replicated state: n pieces, piece i on ring node i (global parameter
+// sharding), protected by the policy; sets scheme, note and the level.
+void Planner::PlanReplicatedState(int g, const std::vector<const TensorMeta*>& repl,
+                                  const std::vector<int>& ring, const std::vector<int>& ring_rank,
+                                  GroupProtection* out) {
+  const int n = static_cast<int>(ring.size());
+  const bool protect = policy_.scheme != Scheme::kNone;
   std::vector<StreamTensor> stream;
   uint64_t end = 0;
   for (const TensorMeta* t : repl) {
@@ -191,12 +217,7 @@ Status Planner::PlanShardingGroup(int pp_i, int tp_i) {
     end = start + t->nbytes();
   }
   const uint64_t stream_len = AlignUp(end, kPieceAlignment);
-  const int level = SchemeLevel(policy_);
-  const bool protect = policy_.scheme != Scheme::kNone;
-
-  // Replicated state: n pieces, piece i on ring node i (global parameter sharding).
   std::vector<uint32_t> repl_pieces;
-  uint64_t repl_bytes = 0;
   if (!repl.empty()) {
     const uint64_t nominal = AlignUp(CeilDiv(stream_len, n), kPieceAlignment);
     for (int i = 0; i < n; ++i) {
@@ -209,13 +230,13 @@ Status Planner::PlanShardingGroup(int pp_i, int tp_i) {
       const uint64_t a = std::min(stream_len, nominal * i);
       const uint64_t b = std::min(stream_len, nominal * (i + 1));
       p.segments = SegmentsOf(stream, a, b, &p.bytes);
-      repl_bytes += p.bytes;
+      out->repl_bytes += p.bytes;
       repl_pieces.push_back(AddPiece(std::move(p)));
     }
   }
-  int repl_level = 1 << 20;  // no replicated state: no limit from it
-  std::string scheme;
-  std::string note;
+  std::string& scheme = out->scheme;
+  std::string& note = out->note;
+  int& repl_level = out->repl_level;
   if (!repl.empty()) {
     if (n == 1) {
       note = topo_.dp == 1 ? "dp=1: replicated state exists once, on node " + Str(ring[0])
@@ -268,12 +289,15 @@ Status Planner::PlanShardingGroup(int pp_i, int tp_i) {
       repl_level = f;
     }
   }
+}
 
-  // Rank-unique state: dp_sharded (ZeRO-1 optimizer shards; all of it under
-  // ZeRO-3) and private. One piece per rank and kind.
+// Rank-unique state: dp_sharded (ZeRO-1 optimizer shards; all of it under
+// ZeRO-3) and private. One piece per rank and kind; returns the dp pieces.
+std::vector<uint32_t> Planner::AddRankPieces(int g, const std::vector<int>& ranks) {
+  const bool protect = policy_.scheme != Scheme::kNone;
   std::vector<uint32_t> dp_pieces;
   for (int d = 0; d < topo_.dp; ++d) {
-    const int r = group.ranks[d];
+    const int r = ranks[d];
     const int node = topo_.rank_node[r];
     for (PieceKind kind : {PieceKind::kDpShard, PieceKind::kPrivate}) {
       Piece p;
@@ -303,7 +327,19 @@ Status Planner::PlanShardingGroup(int pp_i, int tp_i) {
       }
     }
   }
-  int dp_level = 1 << 20;
+  return dp_pieces;
+}
+
+// Protection of the dp shards (REFT AOR, else peer copies); adds to the
+// scheme and note and sets the level.
+void Planner::ProtectDpShards(const std::vector<uint32_t>& dp_pieces, const std::vector<int>& ring,
+                              const std::vector<int>& ring_rank, GroupProtection* out) {
+  const int n = static_cast<int>(ring.size());
+  const int level = SchemeLevel(policy_);
+  const bool protect = policy_.scheme != Scheme::kNone;
+  std::string& scheme = out->scheme;
+  std::string& note = out->note;
+  int& dp_level = out->dp_level;
   if (!dp_pieces.empty()) {
     const bool aor = topo_.zero_stage == 1 && n >= 2 && protect && policy_.scheme != Scheme::kPeer;
     if (aor) {
@@ -338,6 +374,30 @@ Status Planner::PlanShardingGroup(int pp_i, int tp_i) {
       dp_level = 0;
     }
   }
+}
+
+Status Planner::PlanShardingGroup(int pp_i, int tp_i) {
+  const int g = pp_i * topo_.tp + tp_i;
+  Group group;
+  group.id = g;
+  group.kind = GroupKind::kShardingGroup;
+  group.pp = pp_i;
+  group.tp = tp_i;
+  group.name = "sg" + Str(g) + " (pp=" + Str(pp_i) + " tp=" + Str(tp_i) + ")";
+  std::vector<int> ring_rank;
+  GroupRing(pp_i, tp_i, &group, &ring_rank);
+  const std::vector<int>& ring = group.nodes;
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<const TensorMeta*> repl, ReplicatedTensors(group.ranks));
+  const bool protect = policy_.scheme != Scheme::kNone;
+  GroupProtection prot;
+  PlanReplicatedState(g, repl, ring, ring_rank, &prot);
+  const std::vector<uint32_t> dp_pieces = AddRankPieces(g, group.ranks);
+  ProtectDpShards(dp_pieces, ring, ring_rank, &prot);
+  std::string& scheme = prot.scheme;
+  std::string& note = prot.note;
+  const int repl_level = prot.repl_level;
+  const int dp_level = prot.dp_level;
+  const uint64_t repl_bytes = prot.repl_bytes;
   if (scheme.empty()) scheme = protect ? "-" : "none";
   group.scheme = scheme;
   group.carries_data = repl_bytes > 0 || !dp_pieces.empty();

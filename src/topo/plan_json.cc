@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "common/json_reader.h"
 #include "topo/topology_json.h"
 
 namespace memento::topo {
@@ -130,125 +131,186 @@ json PlanToJson(const Plan& plan) {
 
 namespace {
 
-PieceKind ParsePieceKind(const std::string& s) {
-  if (s == "replicated") return PieceKind::kReplicatedShard;
-  if (s == "dp_shard") return PieceKind::kDpShard;
-  if (s == "private") return PieceKind::kPrivate;
-  throw std::invalid_argument("unknown piece kind '" + s + "'");
+bool ParsePieceKind(const std::string& s, PieceKind* out) {
+  if (s == "replicated") {
+    *out = PieceKind::kReplicatedShard;
+  } else if (s == "dp_shard") {
+    *out = PieceKind::kDpShard;
+  } else if (s == "private") {
+    *out = PieceKind::kPrivate;
+  } else {
+    return false;
+  }
+  return true;
 }
 
-CopyKind ParseCopyKind(const std::string& s) {
-  if (s == "arc") return CopyKind::kArc;
-  if (s == "local_full") return CopyKind::kLocalFull;
-  if (s == "aor") return CopyKind::kAor;
-  if (s == "peer") return CopyKind::kPeer;
-  throw std::invalid_argument("unknown copy kind '" + s + "'");
+bool ParseCopyKind(const std::string& s, CopyKind* out) {
+  if (s == "arc") {
+    *out = CopyKind::kArc;
+  } else if (s == "local_full") {
+    *out = CopyKind::kLocalFull;
+  } else if (s == "aor") {
+    *out = CopyKind::kAor;
+  } else if (s == "peer") {
+    *out = CopyKind::kPeer;
+  } else {
+    return false;
+  }
+  return true;
 }
 
-Plan PlanFromJsonOrThrow(const json& j) {
+std::string At(const char* array, size_t i) {
+  return std::string(array) + "[" + std::to_string(i) + "]";
+}
+
+// Every field is checked by the reader (JsonReader): a missing field or one
+// of the wrong type is InvalidArgument naming it; nothing throws.
+Result<Plan> ReadPlan(const json& j) {
+  JsonReader r("plan JSON");
   Plan p;
-  Result<Topology> topology = TopologyFromJson(j.at("topology"));
-  if (!topology.ok()) throw std::invalid_argument(topology.status().message());
+  const json& topology_json = r.Object(j, "topology");
+  MEMENTO_RETURN_IF_ERROR(r.status());
+  Result<Topology> topology = TopologyFromJson(topology_json);
+  if (!topology.ok()) return InvalidArgumentError("plan JSON: " + topology.status().message());
   p.topology = std::move(*topology);
-  const json& pol = j.at("policy");
-  Result<Policy> parsed = ParsePolicy(pol.at("scheme").get<std::string>());
-  if (!parsed.ok()) throw std::invalid_argument(parsed.status().message());
-  p.policy = *parsed;
-  p.policy.local_copy = pol.at("local_copy") == "full" ? LocalCopy::kFull : LocalCopy::kSharded;
-  p.policy.host_bytes_per_node = pol.at("host_bytes_per_node");
-  p.policy.copy_bytes_per_node = pol.at("copy_bytes_per_node");
-  p.policy.network_bytes_per_node = pol.value("network_bytes_per_node", uint64_t{0});
-  p.reason = j.at("reason");
-  p.protection = j.at("protection");
-  p.notes = j.at("notes").get<std::vector<std::string>>();
-  p.total_state_bytes = j.at("total_state_bytes");
-  p.total_held_bytes = j.at("total_held_bytes");
-  for (const json& e : j.at("pieces")) {
+  const json& pol = r.Object(j, "policy");
+  r.SetContext("policy");
+  std::string scheme, local_copy;
+  if (r.Get(pol, "scheme", &scheme)) {
+    Result<Policy> parsed = ParsePolicy(scheme);
+    if (!parsed.ok()) return InvalidArgumentError("plan JSON: " + parsed.status().message());
+    p.policy = *parsed;
+  }
+  r.Get(pol, "local_copy", &local_copy);
+  p.policy.local_copy = local_copy == "full" ? LocalCopy::kFull : LocalCopy::kSharded;
+  r.Get(pol, "host_bytes_per_node", &p.policy.host_bytes_per_node);
+  r.Get(pol, "copy_bytes_per_node", &p.policy.copy_bytes_per_node);
+  r.GetOptional(pol, "network_bytes_per_node", &p.policy.network_bytes_per_node);
+  r.SetContext("");
+  r.Get(j, "reason", &p.reason);
+  r.Get(j, "protection", &p.protection);
+  r.Get(j, "notes", &p.notes);
+  r.Get(j, "total_state_bytes", &p.total_state_bytes);
+  r.Get(j, "total_held_bytes", &p.total_held_bytes);
+  size_t i = 0;
+  for (const json& e : r.Array(j, "pieces")) {
+    r.SetContext(At("pieces", i++));
     Piece x;
-    x.id = e.at("id");
-    x.key = e.at("key");
-    x.kind = ParsePieceKind(e.at("kind"));
-    x.group = e.at("group");
-    x.rank = e.at("rank");
-    x.node = e.at("node");
-    x.bytes = e.at("bytes");
-    for (const json& s : e.at("segments")) {
-      x.segments.push_back(Segment{s.at("tensor"), s.at("offset"), s.at("length")});
+    std::string kind;
+    r.Get(e, "id", &x.id);
+    r.Get(e, "key", &x.key);
+    if (r.Get(e, "kind", &kind) && !ParsePieceKind(kind, &x.kind)) {
+      r.Fail("unknown piece kind '" + kind + "'");
+    }
+    r.Get(e, "group", &x.group);
+    r.Get(e, "rank", &x.rank);
+    r.Get(e, "node", &x.node);
+    r.Get(e, "bytes", &x.bytes);
+    for (const json& sg : r.Array(e, "segments")) {
+      Segment seg;
+      r.Get(sg, "tensor", &seg.tensor);
+      r.Get(sg, "offset", &seg.offset);
+      r.Get(sg, "length", &seg.length);
+      x.segments.push_back(std::move(seg));
     }
     p.pieces.push_back(std::move(x));
   }
-  for (const json& e : j.at("copies")) {
+  i = 0;
+  for (const json& e : r.Array(j, "copies")) {
+    r.SetContext(At("copies", i++));
     Copy c;
-    c.id = e.at("id");
-    c.piece = e.at("piece");
-    c.node = e.at("node");
-    c.kind = ParseCopyKind(e.at("kind"));
-    c.producer_rank = e.at("producer_rank");
+    std::string kind;
+    r.Get(e, "id", &c.id);
+    r.Get(e, "piece", &c.piece);
+    r.Get(e, "node", &c.node);
+    if (r.Get(e, "kind", &kind) && !ParseCopyKind(kind, &c.kind)) {
+      r.Fail("unknown copy kind '" + kind + "'");
+    }
+    r.Get(e, "producer_rank", &c.producer_rank);
     p.copies.push_back(c);
   }
-  for (const json& e : j.at("stripes")) {
+  i = 0;
+  for (const json& e : r.Array(j, "stripes")) {
+    r.SetContext(At("stripes", i++));
     Stripe s;
-    s.id = e.at("id");
-    s.group = e.at("group");
-    s.xor_code = e.at("code") == "xor";
-    s.k = e.at("k");
-    s.f = e.at("f");
-    s.block_bytes = e.at("block_bytes");
-    for (const json& b : e.at("data")) {
-      s.data.push_back(StripeBlock{b.at("piece"), b.at("offset"), b.at("length")});
+    std::string code;
+    r.Get(e, "id", &s.id);
+    r.Get(e, "group", &s.group);
+    r.Get(e, "code", &code);
+    s.xor_code = code == "xor";
+    r.Get(e, "k", &s.k);
+    r.Get(e, "f", &s.f);
+    r.Get(e, "block_bytes", &s.block_bytes);
+    for (const json& b : r.Array(e, "data")) {
+      StripeBlock block;
+      r.Get(b, "piece", &block.piece);
+      r.Get(b, "offset", &block.offset);
+      r.Get(b, "length", &block.length);
+      s.data.push_back(block);
     }
-    s.parities = e.at("parities").get<std::vector<uint32_t>>();
+    r.Get(e, "parities", &s.parities);
     p.stripes.push_back(std::move(s));
   }
-  for (const json& e : j.at("parities")) {
+  i = 0;
+  for (const json& e : r.Array(j, "parities")) {
+    r.SetContext(At("parities", i++));
     Parity x;
-    x.id = e.at("id");
-    x.stripe = e.at("stripe");
-    x.index = e.at("index");
-    x.node = e.at("node");
-    x.producer_rank = e.at("producer_rank");
-    x.bytes = e.at("bytes");
+    r.Get(e, "id", &x.id);
+    r.Get(e, "stripe", &x.stripe);
+    r.Get(e, "index", &x.index);
+    r.Get(e, "node", &x.node);
+    r.Get(e, "producer_rank", &x.producer_rank);
+    r.Get(e, "bytes", &x.bytes);
     p.parities.push_back(x);
   }
-  for (const json& e : j.at("groups")) {
+  i = 0;
+  for (const json& e : r.Array(j, "groups")) {
+    r.SetContext(At("groups", i++));
     Group g;
-    g.id = e.at("id");
-    g.kind = e.at("kind") == "sharding" ? GroupKind::kShardingGroup : GroupKind::kPeerGroup;
-    g.name = e.at("name");
-    g.pp = e.at("pp");
-    g.tp = e.at("tp");
-    g.ranks = e.at("ranks").get<std::vector<int>>();
-    g.nodes = e.at("nodes").get<std::vector<int>>();
-    g.scheme = e.at("scheme");
-    g.protection = e.at("protection");
-    g.carries_data = e.at("carries_data");
-    g.note = e.at("note");
+    std::string kind;
+    r.Get(e, "id", &g.id);
+    r.Get(e, "kind", &kind);
+    g.kind = kind == "sharding" ? GroupKind::kShardingGroup : GroupKind::kPeerGroup;
+    r.Get(e, "name", &g.name);
+    r.Get(e, "pp", &g.pp);
+    r.Get(e, "tp", &g.tp);
+    r.Get(e, "ranks", &g.ranks);
+    r.Get(e, "nodes", &g.nodes);
+    r.Get(e, "scheme", &g.scheme);
+    r.Get(e, "protection", &g.protection);
+    r.Get(e, "carries_data", &g.carries_data);
+    r.Get(e, "note", &g.note);
     p.groups.push_back(std::move(g));
   }
-  for (const json& e : j.at("nodes")) {
+  i = 0;
+  for (const json& e : r.Array(j, "nodes")) {
+    r.SetContext(At("nodes", i++));
     NodePlan n;
-    n.node = e.at("node");
-    n.rack = e.at("rack");
-    n.ranks = e.at("ranks").get<std::vector<int>>();
-    n.pieces = e.at("pieces").get<std::vector<uint32_t>>();
-    n.copies = e.at("copies").get<std::vector<uint32_t>>();
-    n.parities = e.at("parities").get<std::vector<uint32_t>>();
-    n.piece_bytes = e.at("piece_bytes");
-    n.copy_bytes = e.at("copy_bytes");
-    n.parity_bytes = e.at("parity_bytes");
-    n.network_bytes = e.at("network_bytes");
+    r.Get(e, "node", &n.node);
+    r.Get(e, "rack", &n.rack);
+    r.Get(e, "ranks", &n.ranks);
+    r.Get(e, "pieces", &n.pieces);
+    r.Get(e, "copies", &n.copies);
+    r.Get(e, "parities", &n.parities);
+    r.Get(e, "piece_bytes", &n.piece_bytes);
+    r.Get(e, "copy_bytes", &n.copy_bytes);
+    r.Get(e, "parity_bytes", &n.parity_bytes);
+    r.Get(e, "network_bytes", &n.network_bytes);
     p.nodes.push_back(std::move(n));
   }
-  for (const json& e : j.at("ranks")) {
-    RankPlan r;
-    r.rank = e.at("rank");
-    r.node = e.at("node");
-    r.group = e.at("group");
-    r.pieces = e.at("pieces").get<std::vector<uint32_t>>();
-    r.copies = e.at("copies").get<std::vector<uint32_t>>();
-    r.parities = e.at("parities").get<std::vector<uint32_t>>();
-    p.ranks.push_back(std::move(r));
+  i = 0;
+  for (const json& e : r.Array(j, "ranks")) {
+    r.SetContext(At("ranks", i++));
+    RankPlan x;
+    r.Get(e, "rank", &x.rank);
+    r.Get(e, "node", &x.node);
+    r.Get(e, "group", &x.group);
+    r.Get(e, "pieces", &x.pieces);
+    r.Get(e, "copies", &x.copies);
+    r.Get(e, "parities", &x.parities);
+    p.ranks.push_back(std::move(x));
   }
+  MEMENTO_RETURN_IF_ERROR(r.status());
   return p;
 }
 
@@ -299,13 +361,9 @@ Status CheckIds(const Plan& p) {
 }  // namespace
 
 Result<Plan> PlanFromJson(const json& doc) {
-  try {
-    Plan p = PlanFromJsonOrThrow(doc);
-    MEMENTO_RETURN_IF_ERROR(CheckIds(p));
-    return p;
-  } catch (const std::exception& e) {
-    return InvalidArgumentError(std::string("plan JSON: ") + e.what());
-  }
+  MEMENTO_ASSIGN_OR_RETURN(Plan p, ReadPlan(doc));
+  MEMENTO_RETURN_IF_ERROR(CheckIds(p));
+  return p;
 }
 
 json RecoveryToJson(const Plan& plan, const RecoveryPlan& rec) {

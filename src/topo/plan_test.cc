@@ -203,6 +203,33 @@ TEST(PlanTest, JsonRoundTripIsExact) {
   nlohmann::json broken = j;
   broken["copies"][0]["piece"] = 1u << 30;
   EXPECT_FALSE(PlanFromJson(broken).ok());
+  // Malformed plans are InvalidArgument naming the field, without throwing.
+  nlohmann::json wrong = j;
+  wrong["pieces"][1]["node"] = "zero";
+  auto w = PlanFromJson(wrong);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(w.status().message().find("pieces[1]: 'node' is \"zero\""), std::string::npos)
+      << w.status();
+  nlohmann::json kind = j;
+  kind["pieces"][0]["kind"] = "bogus";
+  auto k = PlanFromJson(kind);
+  ASSERT_FALSE(k.ok());
+  EXPECT_EQ(k.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(k.status().message().find("unknown piece kind 'bogus'"), std::string::npos)
+      << k.status();
+  nlohmann::json missing = j;
+  missing.erase("stripes");
+  auto m = PlanFromJson(missing);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("'stripes' is missing"), std::string::npos) << m.status();
+  nlohmann::json topo_wrong = j;
+  topo_wrong["topology"]["dp"] = "four";
+  auto t2 = PlanFromJson(topo_wrong);
+  ASSERT_FALSE(t2.ok());
+  EXPECT_EQ(t2.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(t2.status().message().find("'dp'"), std::string::npos) << t2.status();
 }
 
 TEST(PlanTest, PlanIsDeterministic) {

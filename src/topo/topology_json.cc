@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/json_reader.h"
+
 namespace memento::topo {
 
 using nlohmann::json;
@@ -20,16 +22,19 @@ json TopologyToJson(const Topology& t) {
 Result<Topology> TopologyFromJson(const json& j) {
   if (!j.is_object()) return InvalidArgumentError("topology is not a JSON object: " + j.dump());
   Topology t;
-  try {
-    t.dp = j.at("dp").get<int>();
-    t.tp = j.value("tp", 1);
-    t.pp = j.value("pp", 1);
-    t.zero_stage = j.contains("zero") ? j.at("zero").get<int>() : j.value("zero_stage", 0);
-    t.rank_node = j.at("rank_node").get<std::vector<int>>();
-    if (j.contains("node_rack")) t.node_rack = j.at("node_rack").get<std::vector<std::string>>();
-  } catch (const json::exception& e) {
-    return InvalidArgumentError(std::string("malformed topology: ") + e.what() + ": " +
-                                j.dump().substr(0, 200));
+  JsonReader r("malformed topology");
+  r.Get(j, "dp", &t.dp);
+  r.GetOptional(j, "tp", &t.tp);
+  r.GetOptional(j, "pp", &t.pp);
+  if (j.contains("zero")) {
+    r.Get(j, "zero", &t.zero_stage);
+  } else {
+    r.GetOptional(j, "zero_stage", &t.zero_stage);
+  }
+  r.Get(j, "rank_node", &t.rank_node);
+  r.GetOptional(j, "node_rack", &t.node_rack);
+  if (!r.ok()) {
+    return InvalidArgumentError(r.status().message() + ": " + j.dump().substr(0, 200));
   }
   MEMENTO_RETURN_IF_ERROR(t.Validate());
   return t;
@@ -55,34 +60,34 @@ json JobTopologyToJson(const JobTopology& t) {
 Result<JobTopology> JobTopologyFromJson(const json& j) {
   JobTopology out;
   MEMENTO_ASSIGN_OR_RETURN(out.topology, TopologyFromJson(j));
-  try {
-    MEMENTO_ASSIGN_OR_RETURN(out.policy, ParsePolicy(j.value("policy", std::string("xor"))));
-    const std::string local = j.value("local_copy", std::string("sharded"));
-    if (local == "full") {
-      out.policy.local_copy = LocalCopy::kFull;
-    } else if (local != "sharded") {
-      return InvalidArgumentError("topology: local_copy '" + local + "' is not full or sharded");
+  JsonReader r("malformed topology");
+  std::string policy = "xor";
+  std::string local = "sharded";
+  r.GetOptional(j, "policy", &policy);
+  r.GetOptional(j, "local_copy", &local);
+  MEMENTO_RETURN_IF_ERROR(r.status());
+  MEMENTO_ASSIGN_OR_RETURN(out.policy, ParsePolicy(policy));
+  if (local == "full") {
+    out.policy.local_copy = LocalCopy::kFull;
+  } else if (local != "sharded") {
+    return InvalidArgumentError("topology: local_copy '" + local + "' is not full or sharded");
+  }
+  for (auto [key, field] : {std::pair{"host_budget", &out.policy.host_bytes_per_node},
+                            std::pair{"copy_budget", &out.policy.copy_bytes_per_node},
+                            std::pair{"network_budget", &out.policy.network_bytes_per_node}}) {
+    auto it = j.find(key);
+    if (it == j.end()) continue;
+    if (!it->is_number_unsigned()) {
+      return InvalidArgumentError(std::string("topology: ") + key + " " + it->dump() +
+                                  " is not a byte count (an integer >= 0)");
     }
-    for (auto [key, field] : {std::pair{"host_budget", &out.policy.host_bytes_per_node},
-                              std::pair{"copy_budget", &out.policy.copy_bytes_per_node},
-                              std::pair{"network_budget", &out.policy.network_bytes_per_node}}) {
-      if (!j.contains(key)) continue;
-      if (!j[key].is_number_unsigned()) {
-        return InvalidArgumentError(std::string("topology: ") + key + " " + j[key].dump() +
-                                    " is not a byte count (an integer >= 0)");
-      }
-      *field = j[key].get<uint64_t>();
+    *field = it->get<uint64_t>();
+  }
+  if (auto it = j.find("sharded"); it != j.end()) {
+    if (!it->is_boolean()) {
+      return InvalidArgumentError("topology: sharded " + it->dump() + " is not true or false");
     }
-    if (j.contains("sharded")) {
-      if (!j["sharded"].is_boolean()) {
-        return InvalidArgumentError("topology: sharded " + j["sharded"].dump() +
-                                    " is not true or false");
-      }
-      out.sharded = j["sharded"].get<bool>();
-    }
-  } catch (const json::exception& e) {
-    return InvalidArgumentError(std::string("malformed topology: ") + e.what() + ": " +
-                                j.dump().substr(0, 200));
+    out.sharded = it->get<bool>();
   }
   return out;
 }

@@ -13,6 +13,7 @@
 
 #include "agent/agent.h"
 #include "agent_fixture.h"
+#include "client/testing_hooks.h"
 #include "common/check.h"
 #include "common/checksum.h"
 #include "memento/client.h"
@@ -538,7 +539,7 @@ TEST_F(ClientAgentTest, ClearErrorsForBadSetups) {
 TEST_F(ClientAgentTest, IdlePriorityFenceCopiesWhatIsLeft) {
   AgentThread agent({"job1", 0, root_, 0});
   uint64_t seed = memento::testing::TestSeed("ClientAgentTest.IdlePriorityFenceCopiesWhatIsLeft");
-  setenv("MEMENTO_TEST_COPY_DELAY_US", "20000", 1);
+  memento::client::testing_hooks::SetCopyDelayUs(20000);
   for (CopyPriority priority : {CopyPriority::kIdle, CopyPriority::kNormal}) {
     SCOPED_TRACE(CopyPriorityName(priority));
     State s;
@@ -568,7 +569,7 @@ TEST_F(ClientAgentTest, IdlePriorityFenceCopiesWhatIsLeft) {
     ASSERT_TRUE(restored.ok()) << restored.status();
     EXPECT_EQ(s.Digest(), digest);
   }
-  unsetenv("MEMENTO_TEST_COPY_DELAY_US");
+  memento::client::testing_hooks::SetCopyDelayUs(0);
 }
 
 TEST_F(ClientAgentTest, OneLiveTrainerPerRank) {
