@@ -10,6 +10,7 @@
 #include "fmt/format.h"
 #include "launch/recovery_leader.h"
 #include "tools/command.h"
+#include "tools/json_output.h"
 
 namespace memento::tools {
 namespace {
@@ -28,7 +29,7 @@ void Print(const launch::RecoveryView& v, bool json) {
   if (json) {
     nlohmann::json j = {{"leader", v.leader}, {"requested", v.requested}};
     j["status"] = v.has_status ? v.status.ToJson() : nlohmann::json();
-    std::printf("%s\n", j.dump().c_str());
+    PrintJson("memento.recover/1", std::move(j));
     return;
   }
   std::printf("leader: %s\n", v.leader.empty() ? "(none elected: no agent runs with "
