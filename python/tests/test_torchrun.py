@@ -12,7 +12,7 @@
                                in its slot, and a new launch (a new agent that
                                adopts the slots) falls back to K-1 on every rank
 
-Each runs the example three ways under `torchrun --standalone --nproc_per_node
+Each runs the example three ways under `torchrun --nproc_per_node
 2` (DDP over Gloo): without memento, failure-free (the reference); with
 memento and the kill, torchrun restarting the worker group
 (--max_restarts 1); and checks that every rank's final parameters, AdamW
@@ -34,6 +34,7 @@ agent_util.require_torch()
 
 import json  # noqa: E402
 import shutil  # noqa: E402
+import socket  # noqa: E402
 import struct  # noqa: E402
 
 import torch  # noqa: E402
@@ -43,9 +44,20 @@ TRAIN = os.path.join(REPO, "examples", "torch", "train.py")
 STEPS = 8
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def torchrun(args, port_hint):
     # --redirects/--tee: Python 3.11's torchrun otherwise loses worker output.
-    return ["torchrun", "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
+    # Not --standalone: torch 1.13's standalone rendezvous always listens on
+    # port 29400, so two of these tests run by `ctest -j 2` at once collided
+    # ("failed to bind to 0.0.0.0:29400", torch_torchrun_wrapper_test).
+    rdzv = ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"localhost:{free_port()}",
+            "--rdzv_id", f"memento-test-{os.getpid()}-{port_hint}", "--nnodes", "1"]
+    return ["torchrun", *rdzv, "--nproc_per_node", "2", "--max_restarts", "1",
             "--redirects", "2", "--tee", "2", TRAIN, "--preset", "tiny", "--steps", str(STEPS), *args]
 
 
