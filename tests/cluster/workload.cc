@@ -113,7 +113,11 @@ struct State {
       b[i] = static_cast<uint8_t>(b[i] * 5 + 1 + static_cast<uint8_t>(w[i % w.size()]));
     }
     for (size_t i = 0; i < opt.size(); ++i) {
-      opt[i] = opt[i] * 6364136223846793005LL + w[(i * 2) % w.size()] + step;
+      // Unsigned arithmetic: the same bits as the wrapping the state wants,
+      // without signed overflow (UBSan found it).
+      opt[i] = static_cast<int64_t>(static_cast<uint64_t>(opt[i]) * 6364136223846793005ULL +
+                                    static_cast<uint64_t>(int64_t{w[(i * 2) % w.size()]}) +
+                                    static_cast<uint64_t>(step));
     }
     rng.step = step;
     rng.state = SplitMix(rng.state ^ static_cast<uint64_t>(step));
