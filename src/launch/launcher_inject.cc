@@ -86,6 +86,7 @@ void Launcher::State::FireInjections() {
       KillStore(inj.ToString(), -1, reached);
     } else if (inj.kind == InjectKind::kKillRank) {
       trainers[static_cast<size_t>(inj.target)].Kill(SIGKILL).IgnoreError();
+      injected_rank = inj.target;
     } else if (inj.kind == InjectKind::kCorruptDurable) {
       // Applied when a recovery next falls back to the durable tier.
       corrupt_durable_pending = true;

@@ -237,13 +237,17 @@ std::string Launcher::State::PollChildren(bool* all_done_out, int* failed_rank,
       continue;
     }
     all_done = false;
-    if (cause.empty()) {
+    // The rank an injection killed wins over a peer its death took down in
+    // the same poll (rank 2 reported "killed by signal 13" for a kill of
+    // rank 3: demo_cluster_test failed on it).
+    if (cause.empty() || (r == injected_rank && *failed_rank >= 0)) {
       cause = "rank " + std::to_string(r) + " (node " + std::to_string(NodeOf(r)) +
               ") failed: " + st->ToString();
       *failed_rank = r;
       *failed_status = *st;
     }
   }
+  if (*failed_rank >= 0 && *failed_rank == injected_rank) injected_rank = -1;
   *all_done_out = all_done;
   return cause;
 }

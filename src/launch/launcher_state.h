@@ -76,6 +76,10 @@ struct Launcher::State {
   int attempt = 0;
   int restarts = 0;                      // failures recovered from (--max-restarts)
   std::optional<TimePoint> injected_at;  // the last injected failure
+  // The rank the last kill-rank injection killed, until a poll reports it:
+  // when its death makes a peer fail too (a SIGPIPE, a Gloo error) in the
+  // same poll, the injected rank is the failure reported.
+  int injected_rank = -1;
   std::vector<bool> fired;
   std::vector<int> pending_corruptions;  // corrupt-rank targets
   bool corrupt_durable_pending = false;  // corrupt-durable fired
