@@ -787,7 +787,7 @@ std::shared_ptr<EtcdStore::WatchStream> EtcdStore::StreamFor(const std::string& 
         out = ws;
       }
       // else: an older position than the stream's: a one-shot poll (nullptr).
-      if (out) out->last_used = Now();
+      if (out) ws->last_used = Now();  // out is ws: the lock held is ws->mu
     }
     if (!out && streams_.find(prefix) == streams_.end()) {
       out = std::make_shared<WatchStream>();

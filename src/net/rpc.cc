@@ -226,6 +226,10 @@ Result<size_t> RpcClient::CallStreamInto(uint32_t method, std::string_view reque
   auto* out = static_cast<uint8_t*>(dst);
   size_t got = 0;
   Status mismatch;
+  // Read under mu_ (held by this call); the sink runs inside RecvWith, still
+  // under it, but the analysis cannot see into the lambda.
+  const bool staged = staged_;
+  std::vector<uint8_t>* stage = &stage_;
   const Connection::PayloadSink sink = [&](FrameType type, uint32_t,
                                            uint64_t len) -> Result<void*> {
     if (type != FrameType::kData) return nullptr;  // the reply: into Frame::payload
@@ -234,9 +238,9 @@ Result<size_t> RpcClient::CallStreamInto(uint32_t method, std::string_view reque
           fmt::format("rpc: {} streamed {} more bytes into a buffer with {} of {} bytes left",
                       conn_->peer(), len, capacity - got, capacity));
     }
-    if (staged_) {
-      if (stage_.size() < len) stage_.resize(len);
-      return static_cast<void*>(stage_.data());
+    if (staged) {
+      if (stage->size() < len) stage->resize(len);
+      return static_cast<void*>(stage->data());
     }
     return static_cast<void*>(out + got);
   };
