@@ -9,9 +9,13 @@
 // version's bytes exactly, and restarted trainers (which ask their own agent
 // for the step) must restore the committed state bit-identically. The second
 // test SIGKILLs the leader in the middle of the recovery: another agent wins
-// the lease and finishes it.
+// the lease and finishes it. The durable tests lose two nodes (more than the
+// plan protects): the leader restores the newest durable version that
+// verifies (an older one when the newest has a flipped byte).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -20,6 +24,7 @@
 #include "../shm/proc_util.h"
 #include "common/check.h"
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/subprocess.h"
 #include "common/test_util.h"
 #include "coord/commit.h"
@@ -31,6 +36,9 @@
 #include "shm/segment.h"
 #include "shm/shm_test_util.h"
 #include "shm/slot.h"
+#include "tier/env.h"
+#include "tier/format.h"
+#include "tier/reader.h"
 #include "topo/plan.h"
 #include "topo/topology_json.h"
 
@@ -104,29 +112,30 @@ class AgentRecoveryTest : public ::testing::Test {
   void StartAgent(int n) {
     static int incarnation = 0;
     const std::string log = Log("agent" + std::to_string(n) + "." + std::to_string(++incarnation));
-    agents_[n] = Spawn({MEMENTO_BIN,
-                        "agent",
-                        "--job",
-                        kJob,
-                        "--node",
-                        std::to_string(n),
-                        "--root",
-                        Root(n),
-                        "--store",
-                        url_,
-                        "--token-file",
-                        token_file_,
-                        "--listen",
-                        "127.0.0.1:0",
-                        "--hold-timeout",
-                        "5",
-                        "--lease-ttl",
-                        "1",
-                        "--recovery-leader",
-                        "auto",
-                        "--recovery-timeout",
-                        "60"},
-                       log);
+    std::vector<std::string> args = {MEMENTO_BIN,
+                                     "agent",
+                                     "--job",
+                                     kJob,
+                                     "--node",
+                                     std::to_string(n),
+                                     "--root",
+                                     Root(n),
+                                     "--store",
+                                     url_,
+                                     "--token-file",
+                                     token_file_,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--hold-timeout",
+                                     "5",
+                                     "--lease-ttl",
+                                     "1",
+                                     "--recovery-leader",
+                                     "auto",
+                                     "--recovery-timeout",
+                                     "60"};
+    args.insert(args.end(), agent_extra_.begin(), agent_extra_.end());
+    agents_[n] = Spawn(args, log);
     Deadline d = Deadline::AfterSeconds(20);
     while (ReadAll(log).find("memento agent ready") == std::string::npos) {
       ASSERT_FALSE(d.expired()) << "agent " << n << " did not start:\n" << ReadAll(log);
@@ -219,7 +228,9 @@ class AgentRecoveryTest : public ::testing::Test {
 
   // Every trainer restarts, asks its agent for the step and must load the
   // committed state bit-identically.
-  void ExpectTrainersRestoreCommitted() {
+  void ExpectTrainersRestoreCommitted() { ExpectTrainersRestore(committed_); }
+  // The same for `step`: each rank's digest of it from the first run.
+  void ExpectTrainersRestore(int64_t step) {
     for (int r = 0; r < kNodes; ++r) {
       unlink(ProgressPath(r).c_str());
       trainers_[r] = StartTrainer(r, kSteps);
@@ -231,9 +242,10 @@ class AgentRecoveryTest : public ::testing::Test {
           << "rank " << r << ": " << ReadProgress(ProgressPath(r)).error;
       Progress after = ReadProgress(ProgressPath(r));
       ASSERT_EQ(after.restored.size(), 1u) << "rank " << r;
-      EXPECT_EQ(after.restored[0].first, committed_) << "rank " << r;
-      EXPECT_EQ(after.restored[0].second, before_[r].digests.at(committed_))
-          << "rank " << r << " restored other bytes than it committed";
+      EXPECT_EQ(after.restored[0].first, step) << "rank " << r;
+      ASSERT_EQ(before_[r].digests.count(step), 1u) << "rank " << r << " never computed " << step;
+      EXPECT_EQ(after.restored[0].second, before_[r].digests.at(step))
+          << "rank " << r << " restored other bytes than it had at step " << step;
     }
   }
 
@@ -251,6 +263,8 @@ class AgentRecoveryTest : public ::testing::Test {
     return j;
   }
 
+  void DurableFallback(bool corrupt);
+
   memento::testing::ScratchDir tmp_{"agent-recovery"};
   shm::testing::ShmScratchDir shm_{"agent-recovery"};
   std::string token_file_;
@@ -259,6 +273,7 @@ class AgentRecoveryTest : public ::testing::Test {
   coord::Store* store_ = nullptr;
   std::unique_ptr<coord::CommitCoordinator> coordinator_;
   std::vector<pid_t> agents_;
+  std::vector<std::string> agent_extra_;  // more `memento agent` arguments
   std::vector<pid_t> trainers_;
   Progress before_[kNodes];
   int64_t committed_ = -1;  // the step the job committed last (TrainAndCommit)
@@ -328,6 +343,103 @@ TEST_F(AgentRecoveryTest, LeaderKilledMidRecoveryAnotherAgentFinishesIt) {
   EXPECT_EQ(st["restore_step"], committed_) << j.dump();
   EXPECT_EQ(SlotDigest(lost, committed_), want) << "the rebuilt slot differs from the lost one";
   ASSERT_NO_FATAL_FAILURE(ExpectTrainersRestoreCommitted());
+}
+
+// Memory cannot rebuild the job (two of three nodes lost, replicate protects
+// one): the leader falls back to the durable tier. It loads the newest
+// complete durable version on every node, publishes that restore step, and
+// the trainers restore it bit-identically. With `corrupt`, the newest
+// version has a flipped byte: the leader skips it (naming it) and loads the
+// next older complete one.
+void AgentRecoveryTest::DurableFallback(bool corrupt) {
+  const std::string durable = tmp_.path() + "/durable";
+  agent_extra_ = {"--durable-dir", durable, "--persist-every", "2", "--keep-last", "5"};
+  ASSERT_NO_FATAL_FAILURE(TrainAndCommit());
+  // The committed even steps are persisted (the trainers skip snapshots
+  // rather than overwrite a slot being persisted; a step that some rank
+  // skipped never commits and is not persisted): every commit is in, so
+  // wait until the complete versions stop changing.
+  std::vector<int64_t> complete;
+  Stopwatch stable;
+  for (Deadline d = Deadline::AfterSeconds(60);; usleep(100000)) {
+    std::vector<int64_t> now;
+    auto versions = tier::ListVersions(tier::Env::Default(), durable);
+    if (versions.ok()) {
+      for (const auto& v : *versions) {
+        if (v.complete) now.push_back(v.step);
+      }
+    }
+    if (now != complete) {
+      complete = now;
+      stable.Reset();
+    }
+    if (complete.size() >= 2 && stable.Seconds() > 3) break;
+    ASSERT_FALSE(d.expired()) << "fewer than two complete durable versions: "
+                              << ::testing::PrintToString(complete);
+  }
+  const int64_t newest = complete.back();
+  const int64_t older = complete[complete.size() - 2];
+  const int64_t want = corrupt ? older : newest;
+  // One flipped byte in the middle of the newest version's first piece.
+  if (corrupt) {
+    auto index = tier::LoadIndex(tier::Env::Default(), durable, newest);
+    ASSERT_TRUE(index.ok()) << index.status();
+    bool flipped = false;
+    for (const auto& [name, t] : index->tensors) {
+      for (const tier::PieceRecord& p : t.pieces) {
+        if (flipped || p.length == 0) continue;
+        const std::string path = durable + "/" + tier::VersionDirName(newest) + "/" + p.file;
+        int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+        ASSERT_GE(fd, 0) << path;
+        const off_t at = static_cast<off_t>(p.file_offset + p.length / 2);
+        uint8_t b = 0;
+        ASSERT_EQ(pread(fd, &b, 1, at), 1);
+        b ^= 0x5a;
+        ASSERT_EQ(pwrite(fd, &b, 1, at), 1);
+        close(fd);
+        flipped = true;
+      }
+    }
+    ASSERT_TRUE(flipped) << "durable version " << newest << " has no data";
+  }
+  const std::string leader = Leader();
+  ASSERT_FALSE(leader.empty()) << "no recovery leader was elected";
+  auto leader_node = coord::ParseNodeName(leader);
+  ASSERT_TRUE(leader_node.ok());
+  std::vector<int> lost;
+  for (int n = 0; n < kNodes; ++n) {
+    if (n != *leader_node) lost.push_back(n);
+  }
+  for (int n : lost) ASSERT_NO_FATAL_FAILURE(LoseNode(n));
+  for (Deadline d = Deadline::AfterSeconds(20); View().requested < 1; usleep(50000)) {
+    ASSERT_FALSE(d.expired()) << "the leader did not request a recovery for the lost nodes";
+  }
+  for (int n : lost) ASSERT_NO_FATAL_FAILURE(StartAgent(n));  // empty roots
+  nlohmann::json j = RecoverWait();
+  ASSERT_TRUE(j.contains("status")) << j.dump();
+  const nlohmann::json& st = j["status"];
+  EXPECT_EQ(st["state"], "done") << j.dump();
+  EXPECT_EQ(st["source"], "durable") << j.dump();
+  EXPECT_EQ(st["restore_step"], want) << j.dump();
+  EXPECT_EQ(st["leader"], leader) << j.dump();
+  const std::string message = st.value("message", "");
+  EXPECT_NE(message.find("memory cannot rebuild"), std::string::npos) << message;
+  EXPECT_EQ(message.find("durable step " + std::to_string(newest) + " fails verification") !=
+                std::string::npos,
+            corrupt)
+      << message;
+  EXPECT_GT(st["recovery"].value("read_bytes", uint64_t{0}), 0u) << j.dump();
+  // Every agent serves the durable step as its restore target; the trainers
+  // restore it bit-identically (the lost nodes' ranks from the durable tier).
+  ASSERT_NO_FATAL_FAILURE(ExpectTrainersRestore(want));
+}
+
+TEST_F(AgentRecoveryTest, TwoNodesLostTheLeaderRestoresTheNewestDurableVersion) {
+  DurableFallback(/*corrupt=*/false);
+}
+
+TEST_F(AgentRecoveryTest, TwoNodesLostACorruptNewestDurableVersionFallsBackToAnOlderOne) {
+  DurableFallback(/*corrupt=*/true);
 }
 
 TEST_F(AgentRecoveryTest, RecoverWithoutALeaderSaysSo) {
