@@ -4,10 +4,9 @@
 // registered tensors, checksums verified) and, measured in the same run, the
 // time of a plain memcpy of the same bytes into warm memory.
 //
-// A restore is two passes (docs/node_store.md, "Restore"): verify_s checks
-// every chunk in shared memory before anything is written, copy_s copies
-// into the tensors with the checksums checked again in the same pass (that
-// pass alone is what a restore cost when copy and check were fused).
+// A restore is one pass (docs/node_store.md, "Restore"): copy_s copies into
+// the tensors with every chunk's checksum checked in the same pass; verify_s
+// (a separate verification pass before the copy in earlier versions) is 0.
 // first_restore_s is the first restarted trainer's restore (best-of-reps
 // hides one-off costs); faults_* are this process's page faults during the
 // restores; --idle S waits S seconds between the save and the first restore

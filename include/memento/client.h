@@ -128,11 +128,16 @@ struct RestoreStats {
   int64_t step = -1;  // the version loaded; -1 when none
   uint64_t bytes = 0;
   double restore_s = 0;  // wall time of the load (checksums included)
-  // The two passes over the versions tried: checking every chunk's checksum
-  // in shared memory (nothing written), then the copy into the registered
-  // tensors (checked again in the same pass).
+  // The copy into the registered tensors over the versions tried, every
+  // chunk's checksum checked in the same pass (copy_s). verify_s is 0: the
+  // separate verification pass of earlier versions is fused into the copy.
   double verify_s = 0;
   double copy_s = 0;
+  // True when the call failed after writing into the registered tensors (a
+  // version failed a checksum while copied, and no older version restored
+  // over it): their content is then undefined (docs/node_store.md,
+  // "Restore").
+  bool overwritten = false;
   // Versions that were newer but could not be loaded, one line each
   // ("step 12: DataLoss: ... chunk 3 fails its checksum").
   std::vector<std::string> skipped;
@@ -189,9 +194,11 @@ class Client {
   // (no fallback to another step; NotFound when nothing is committed). When a saved tensor's name,
   // dtype or shape differs from the registered one, InvalidArgument listing
   // every difference, and nothing is written. A version that fails its
-  // checksums is skipped (DataLoss is returned only when no intact version is
-  // left; the registered tensors are then unchanged: every version is
-  // verified in shared memory before its first byte is copied).
+  // checksums is skipped: each chunk is checked while it is copied, and the
+  // next older intact version then overwrites every registered byte.
+  // DataLoss is returned only when no intact version is left; the registered
+  // tensors are then partly overwritten with the chunks of the versions tried
+  // (LastRestoreStats().overwritten; the message says so).
   // DeadlineExceeded when the snapshot in flight has not finished by
   // `deadline`, or the agent has not named the step by then (it is given 60
   // s at most); the verification and copy themselves run to the end.
@@ -206,9 +213,9 @@ class Client {
   // NotFound when this rank holds no complete version of `step` (the message
   // lists the steps it does hold); InvalidArgument for step < 0 or when the
   // saved tensors differ from the registered ones (nothing written);
-  // DataLoss when the version fails its checksums; the version is verified
-  // before its first byte is copied, so the registered tensors are then
-  // unchanged. Never falls back to another step. DeadlineExceeded as for
+  // DataLoss when the version fails its checksums; each chunk is checked
+  // while it is copied, so the registered tensors are then partly
+  // overwritten. Never falls back to another step. DeadlineExceeded as for
   // Restore(). REQUIRES: sealed.
   virtual Result<int64_t> Restore(int64_t step, Deadline deadline = Deadline::Infinite()) = 0;
 

@@ -200,6 +200,7 @@ class PyClient {
     d["restore_s"] = s.restore_s;
     d["verify_s"] = s.verify_s;
     d["copy_s"] = s.copy_s;
+    d["overwritten"] = s.overwritten;
     d["skipped"] = s.skipped;
     return d;
   }

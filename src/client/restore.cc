@@ -21,57 +21,63 @@ namespace {
 // (reads from every member of its sharding group).
 constexpr double kAssembleTimeoutS = 300;
 
-// Checks every chunk of the version `info` describes against its checksum,
-// on the copy engine's number of threads, reading the slot only. DataLoss
-// naming the first bad chunk; Aborted when the slot was rewritten meanwhile.
-Status VerifyVersion(const shm::Segment& seg, const shm::SlotInfo& info, int copy_threads) {
-  const uint8_t* data = seg.data() + info.data_offset;
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  Mutex mu;
-  Status first;
-  auto work = [&] {
-    for (;;) {
-      size_t i = next.fetch_add(1, std::memory_order_relaxed);
-      if (i >= info.chunks.size() || failed.load(std::memory_order_relaxed)) return;
-      const shm::ChunkEntry& e = info.chunks[i];
-      uint64_t sum = snap::FastChecksum(data + e.offset, e.length);
-      if (sum == e.checksum) continue;
-      failed.store(true, std::memory_order_relaxed);
-      MutexLock l(&mu);
-      if (first.ok()) {
-        first = DataLossError(fmt::format(
-            "chunk {} (bytes {}..{} of tensor '{}', {} bytes) fails its checksum: {:#018x} "
-            "expected, {:#018x} found",
-            i, e.offset - info.tensors[e.tensor_index].offset,
-            e.offset - info.tensors[e.tensor_index].offset + e.length,
-            info.tensors[e.tensor_index].meta.name, e.length, e.checksum, sum));
-      }
+// The chunk table of a whole-tensor version must cover every byte of every
+// tensor exactly once, in order: then a version that copies without a
+// checksum failure has overwritten every registered byte (what makes the
+// fallback to an older version after a failed fused copy exact), and no
+// chunk can write outside its tensor. DataLoss naming the first gap,
+// overlap or overrun otherwise (nothing written).
+Status CheckChunkCoverage(const shm::SlotInfo& info) {
+  std::vector<uint64_t> cursor(info.tensors.size());
+  for (size_t t = 0; t < info.tensors.size(); ++t) cursor[t] = info.tensors[t].offset;
+  for (size_t i = 0; i < info.chunks.size(); ++i) {
+    const shm::ChunkEntry& e = info.chunks[i];
+    const shm::SavedTensor& t = info.tensors[e.tensor_index];
+    if (e.offset != cursor[e.tensor_index] || e.length > t.offset + t.nbytes - e.offset) {
+      return DataLossError(fmt::format(
+          "chunk {} (data bytes {}..{}) does not continue tensor '{}' (data bytes {}..{}, next "
+          "expected at {}); nothing was written",
+          i, e.offset, e.offset + e.length, t.meta.name, t.offset, t.offset + t.nbytes,
+          cursor[e.tensor_index]));
     }
-  };
-  const size_t n = std::min<size_t>(std::max(1, copy_threads), info.chunks.size());
-  std::vector<std::thread> helpers;
-  for (size_t t = 1; t < n; ++t) helpers.emplace_back(work);
-  work();
-  for (auto& t : helpers) t.join();
-  MutexLock l(&mu);
-  if (first.ok() && !shm::SlotUnchanged(seg, info)) {
-    return AbortedError(fmt::format("slot {} was rewritten while it was verified", seg.path()));
+    cursor[e.tensor_index] += e.length;
   }
-  return first;
+  for (size_t t = 0; t < info.tensors.size(); ++t) {
+    const shm::SavedTensor& st = info.tensors[t];
+    if (cursor[t] != st.offset + st.nbytes) {
+      return DataLossError(fmt::format(
+          "the chunk table covers {} of the {} bytes of tensor '{}'; nothing was written",
+          cursor[t] - st.offset, st.nbytes, st.meta.name));
+    }
+  }
+  return Status::Ok();
 }
 
-// Copies a verified version into the registered tensors, checking every
-// chunk's checksum again in the same pass (free: the copy is memory bound).
-// A failure here means the slot changed after VerifyVersion (nothing but a
-// concurrent writer can do that): the tensors are then partly overwritten,
-// and the message says so.
-Status CopyVersion(const RestoreContext& ctx, const shm::Segment& seg, const shm::SlotInfo& info,
-                   const std::map<std::string, const RegisteredTensor*>& by_name, uint64_t* bytes) {
+// Copies a version into the registered tensors and checks every chunk's
+// checksum in the same pass (one read of the slot: each chunk is hashed as
+// it streams through the cores on its way into the tensor;
+// snap::CopyAndChecksumStreaming). The version is not verified before the
+// first byte is written, so a failure here leaves the registered tensors
+// partly overwritten: any chunk of this version up to the bad one (on
+// copy_threads threads, in no fixed order) and the bad chunk itself may have
+// been copied; the message says so. The caller then loads an older version,
+// which overwrites every registered byte (CheckChunkCoverage), or returns
+// the failure (docs/node_store.md, "Restore").
+Status VerifyAndCopyVersion(const RestoreContext& ctx, const shm::Segment& seg,
+                            const shm::SlotInfo& info,
+                            const std::map<std::string, const RegisteredTensor*>& by_name,
+                            uint64_t* bytes) {
   const uint8_t* data = seg.data() + info.data_offset;
   std::vector<snap::CopyChunk> chunks, device_chunks;
   chunks.reserve(info.chunks.size());
-  for (const shm::ChunkEntry& e : info.chunks) {
+  // Each host chunk's checksum as found (the expected one until copied),
+  // and its index in the table: the message names the first bad chunk.
+  std::vector<uint64_t> found;
+  std::vector<size_t> table_index;
+  found.reserve(info.chunks.size());
+  table_index.reserve(info.chunks.size());
+  for (size_t i = 0; i < info.chunks.size(); ++i) {
+    const shm::ChunkEntry& e = info.chunks[i];
     const shm::SavedTensor& t = info.tensors[e.tensor_index];
     const RegisteredTensor* r = by_name.at(t.meta.name);
     snap::CopyChunk cc;
@@ -85,10 +91,26 @@ Status CopyVersion(const RestoreContext& ctx, const shm::Segment& seg, const shm
       device_chunks.push_back(cc);  // host slot -> device memory below
       continue;
     }
+    found.push_back(e.checksum);
+    table_index.push_back(i);
     chunks.push_back(cc);
   }
+  for (size_t k = 0; k < chunks.size(); ++k) chunks[k].checksum_out = &found[k];
   auto job = ctx.engine->Submit(std::move(chunks), nullptr, [](const Status& s) { return s; });
   Status st = ctx.help_engine ? ctx.engine->HelpAndWait(*job, Deadline::Infinite()) : job->Wait();
+  if (st.code() == StatusCode::kDataLoss) {
+    for (size_t k = 0; k < found.size(); ++k) {
+      const shm::ChunkEntry& e = info.chunks[table_index[k]];
+      if (found[k] == e.checksum) continue;
+      const shm::SavedTensor& t = info.tensors[e.tensor_index];
+      st = DataLossError(fmt::format(
+          "chunk {} (bytes {}..{} of tensor '{}', {} bytes) fails its checksum: {:#018x} "
+          "expected, {:#018x} found",
+          table_index[k], e.offset - t.offset, e.offset - t.offset + e.length, t.meta.name,
+          e.length, e.checksum, found[k]));
+      break;
+    }
+  }
   uint64_t device_bytes = 0;
   if (st.ok() && !device_chunks.empty()) {
     st = ctx.device != nullptr ? ctx.device->CopyFromSlot(device_chunks, &device_bytes)
@@ -98,10 +120,9 @@ Status CopyVersion(const RestoreContext& ctx, const shm::Segment& seg, const shm
     st = AbortedError(fmt::format("slot {} was rewritten while it was copied", seg.path()));
   }
   if (!st.ok()) {
-    return Status(st.code(),
-                  st.message() +
-                      " (after the version had verified: the slot changed under the restore; "
-                      "the registered tensors are partly overwritten)");
+    return Status(st.code(), st.message() +
+                                 " (checked while copying: the registered tensors are partly "
+                                 "overwritten with this version's chunks)");
   }
   *bytes = job->bytes() + device_bytes;
   return Status::Ok();
@@ -148,14 +169,14 @@ Result<RestoredVersion> RestoreAssembled(
     for (const auto& d : diffs) msg += "\n  - " + d;
     return InvalidArgumentError(msg);
   }
-  Stopwatch verify_sw;
-  Status st = VerifyVersion(*seg, info, options.copy_threads);
-  stats->verify_s += verify_sw.Seconds();
+  Status st = CheckChunkCoverage(info);
+  if (st.ok()) {
+    Stopwatch copy_sw;
+    st = VerifyAndCopyVersion(ctx, *seg, info, by_name, &stats->bytes);
+    stats->copy_s += copy_sw.Seconds();
+    if (!st.ok()) stats->overwritten = true;
+  }
   if (!st.ok()) return st.WithContext("the assembled slot " + staged.path);
-  Stopwatch copy_sw;
-  st = CopyVersion(ctx, *seg, info, by_name, &stats->bytes);
-  stats->copy_s += copy_sw.Seconds();
-  MEMENTO_RETURN_IF_ERROR(st);
   return RestoredVersion{step, slot};
 }
 
@@ -204,13 +225,14 @@ Result<RestoredVersion> RestoreVersion(const RestoreContext& ctx, std::optional<
           RestoreAssembled(ctx, c.slot, c.info.step, metas, by_name, &stats);
       if (r.ok() || r.status().code() == StatusCode::kInvalidArgument) {
         if (r.ok()) {
+          stats.overwritten = false;  // every registered byte is this version's
           stats.step = c.info.step;
           stats.restore_s = sw.Seconds();
           for (const auto& s : stats.skipped) MEMENTO_LOG_WARN("restore skipped {}", s);
           MEMENTO_LOG_INFO(
-              "restored step {} ({} bytes) from its assembled pieces in {:.3f} s (verify {:.3f} "
-              "s, copy {:.3f} s)",
-              stats.step, stats.bytes, stats.restore_s, stats.verify_s, stats.copy_s);
+              "restored step {} ({} bytes) from its assembled pieces in {:.3f} s (verified while "
+              "copied: {:.3f} s)",
+              stats.step, stats.bytes, stats.restore_s, stats.copy_s);
         }
         *out = stats;
         return r;
@@ -237,27 +259,27 @@ Result<RestoredVersion> RestoreVersion(const RestoreContext& ctx, std::optional<
       for (const auto& d : diffs) msg += "\n  - " + d;
       return InvalidArgumentError(msg);
     }
-    // Verify the whole version before the first byte of registered memory
-    // is written: a version that fails its checksums leaves the tensors
-    // untouched (docs/node_store.md, "Restore").
+    // Verified while copied (docs/node_store.md, "Restore"): a version that
+    // fails its checksums leaves the tensors partly overwritten, and the
+    // next older version, if intact, then overwrites every byte.
     const shm::Segment& seg = *ctx.slots[c.slot];
-    // The slot this restore reads is touched now (the background thread
-    // may be on the other one, which the next snapshot writes).
-    ctx.prefaults->slot(c.slot).HelpAndWait();
-    Stopwatch verify_sw;
-    Status st = VerifyVersion(seg, c.info, options.copy_threads);
-    stats.verify_s += verify_sw.Seconds();
+    Status st = CheckChunkCoverage(c.info);
     if (st.ok()) {
+      // The slot this restore reads is touched now (the background thread
+      // may be on the other one, which the next snapshot writes).
+      ctx.prefaults->slot(c.slot).HelpAndWait();
       Stopwatch copy_sw;
-      st = CopyVersion(ctx, seg, c.info, by_name, &stats.bytes);
+      st = VerifyAndCopyVersion(ctx, seg, c.info, by_name, &stats.bytes);
       stats.copy_s += copy_sw.Seconds();
+      if (!st.ok()) stats.overwritten = true;
     }
     if (st.ok()) {
+      stats.overwritten = false;  // every registered byte is this version's
       stats.step = c.info.step;
       stats.restore_s = sw.Seconds();
       for (const auto& s : stats.skipped) MEMENTO_LOG_WARN("restore skipped {}", s);
-      MEMENTO_LOG_INFO("restored step {} ({} bytes) in {:.3f} s (verify {:.3f} s, copy {:.3f} s)",
-                       stats.step, stats.bytes, stats.restore_s, stats.verify_s, stats.copy_s);
+      MEMENTO_LOG_INFO("restored step {} ({} bytes) in {:.3f} s (verified while copied: {:.3f} s)",
+                       stats.step, stats.bytes, stats.restore_s, stats.copy_s);
       *out = stats;
       return RestoredVersion{c.info.step, c.slot};
     }
@@ -283,8 +305,11 @@ Result<RestoredVersion> RestoreVersion(const RestoreContext& ctx, std::optional<
     return NotFoundError(msg);
   }
   if (!stats.skipped.empty()) {
-    std::string msg = fmt::format("no intact version of rank {} of job {} is left:", options.rank,
-                                  options.job_id);
+    std::string msg = fmt::format(
+        "no intact version of rank {} of job {} is left ({}):", options.rank, options.job_id,
+        stats.overwritten ? "the registered tensors are partly overwritten: load them from "
+                            "elsewhere or re-initialise them"
+                          : "nothing was written");
     for (const auto& s : stats.skipped) msg += "\n  - " + s;
     return DataLossError(msg);
   }

@@ -1,7 +1,8 @@
 // Loading a version from this rank's slots into the registered tensors
-// (docs/node_store.md, "Restore"). Every version is verified in shared memory
-// before the first byte of registered memory is written, so a version that
-// fails its checksums leaves the tensors untouched.
+// (docs/node_store.md, "Restore"). Every chunk is verified while it is copied
+// (one read of the slot); a version that fails its checksums leaves the
+// tensors partly overwritten, and the next older intact version overwrites
+// every byte.
 //
 // Thread safety: the trainer thread only, while no snapshot is in flight.
 #pragma once
