@@ -136,12 +136,17 @@ void Setup(CLI::App &app, CommandContext &ctx) {
                   "undo a partial update and reconnect; only the lost rank starts again, its "
                   "state from a data-parallel replica, under --zero 1 its moment shard from its "
                   "node's T0; needs --dp >= 2; falls back to restart when it cannot proceed), "
-                  "auto (undo where dp >= 2, else restart). A lost node or agent always "
+                  "log (in process, SWIFT's log replay: the survivors stay; only the lost "
+                  "pipeline stage starts again, loads its last snapshot (its node's T0, or the "
+                  "trainer's --save state) and replays the messages its neighbours logged; needs "
+                  "--dp 1 --tp 1 --pp >= 2; a log entry failing its checksum or a replay that "
+                  "diverges falls back to restart), auto (undo where dp >= 2, log where dp 1 "
+                  "and pp >= 2, else restart). A lost node or agent always "
                   "restarts. The trainer must speak the protocol of docs/swift.md "
                   "(memento-trainer does). docs/launch.md")
       ->default_val("restart");
   cmd->add_option("--in-process-timeout", o.in_process_timeout_s,
-                  "--recovery undo|auto: seconds from a failure until every rank reported its "
+                  "--recovery undo|log|auto: seconds from a failure until every rank reported its "
                   "in-process recovery; past it (a survivor wedged) the whole job restarts")
       ->default_val(60);
   cmd->add_option("--run-dir", o.run_dir,

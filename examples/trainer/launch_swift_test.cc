@@ -9,6 +9,14 @@
 // of params, moments and TrainState) equals a failure-free run's. Cases that
 // cannot recover in process (a lost node; a ZeRO-1 shard with no memento to
 // restore it from) fall back to the whole-job restart and the report says so.
+//
+// `--recovery log` (DP 1 x PP 4, memento snapshots every 3rd step, the
+// pipeline log in shared memory): a middle stage is SIGKILLed inside its
+// optimizer update or in the middle of its pipeline schedule; only it starts
+// again, loads its stage's newest snapshot from its node's T0 and replays
+// the steps since from its neighbours' logs; the other stages keep their
+// state. A neighbour's log entry corrupted before the replay fails its
+// checksum: the job falls back to the whole-job restart, reported.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -101,12 +109,23 @@ class LaunchSwiftTest : public ::testing::Test {
   }
 
   // A kill drawn from the seed: rank, step 4..7, chunk or receive 0..1.
-  std::vector<std::string> Kill(const std::string& point, std::string* what) {
-    const uint64_t seed = memento::testing::TestSeed(("launch_swift_" + point).c_str());
+  // `middle_of_4`: a middle stage of PP 4 (rank 1 or 2), at a step whose
+  // recovery point (the step under a kill inside the update, the one before
+  // under a pipeline kill) is not a multiple of 3 (--memento-every 3), so
+  // that the replacement has steps to replay.
+  std::vector<std::string> Kill(const std::string& point, std::string* what,
+                                bool middle_of_4 = false) {
+    const uint64_t seed = memento::testing::TestSeed(
+        ((middle_of_4 ? "launch_swift_log_" : "launch_swift_") + point).c_str());
     std::mt19937_64 rng(seed);
-    const int rank = static_cast<int>(rng() % 4);
-    const int step = 4 + static_cast<int>(rng() % 4);
+    int rank = static_cast<int>(rng() % 4);
+    int step = 4 + static_cast<int>(rng() % 4);
     const int chunk = static_cast<int>(rng() % 2);
+    if (middle_of_4) {
+      rank = 1 + rank % 2;
+      const int targets[] = {4, 5, 7, 8};
+      step = targets[step % 4] + (point == "pipeline" ? 1 : 0);
+    }
     *what = "seed " + std::to_string(seed) + ": rank " + std::to_string(rank) + " killed " +
             (point == "update" ? "inside the update of step " : "at a pipeline receive of step ") +
             std::to_string(step) + " (" + std::to_string(chunk) + ")";
@@ -126,12 +145,13 @@ class LaunchSwiftTest : public ::testing::Test {
     }
   }
 
-  // The one recovery of `o`, in process: mode undo, one process restarted.
-  static void ExpectInProcess(const Outcome& o) {
+  // The one recovery of `o`, in process: mode undo (or log), one process
+  // restarted.
+  static void ExpectInProcess(const Outcome& o, const std::string& mode = "undo") {
     ASSERT_TRUE(o.summary.is_object()) << o.Report();
     ASSERT_EQ(o.summary["recoveries"].size(), 1u) << o.Report();
     const json& rep = o.summary["recoveries"][0];
-    EXPECT_EQ(rep["mode"], "undo") << rep.dump();
+    EXPECT_EQ(rep["mode"], mode) << rep.dump();
     EXPECT_EQ(rep["processes_restarted"], 1) << rep.dump();
     EXPECT_EQ(rep["fallback"], "") << rep.dump();
     EXPECT_GE(rep["step"].get<int64_t>(), 3) << rep.dump();
@@ -139,8 +159,36 @@ class LaunchSwiftTest : public ::testing::Test {
     EXPECT_LE(rep["steps_lost"].get<int64_t>(), 1) << rep.dump();
     EXPECT_GT(rep["resume_s"].get<double>(), 0.0) << rep.dump();
     EXPECT_EQ(o.summary["attempts"], 1) << o.Report();  // no whole-job restart
-    EXPECT_NE(o.output.find("(undo, in process)"), std::string::npos) << o.Report();
+    EXPECT_NE(o.output.find("(" + mode + ", in process)"), std::string::npos) << o.Report();
   }
+
+  // DP 1 x PP 4 under --recovery log: memento snapshots every 3rd step, the
+  // pipeline log in shared memory (a tmpfs directory when there is one).
+  Outcome RunLog(const std::string& name, std::vector<std::string> trainer_args,
+                 bool recovery = true) {
+    std::vector<std::string> launch = {"--dp", "1", "--pp", "4"};
+    if (recovery) launch.insert(launch.end(), {"--recovery", "log"});
+    std::vector<std::string> args = {"--memento-every", "3"};
+    if (recovery) {
+      args.insert(args.end(), {"--pipeline-log-dir", LogDir(name)});
+    }
+    args.insert(args.end(), trainer_args.begin(), trainer_args.end());
+    return Run(name, launch, args);
+  }
+  std::string LogDir(const std::string& name) {
+    struct stat st {};
+    const std::string base = stat("/dev/shm", &st) == 0 ? "/dev/shm" : dir_.path();
+    const std::string d = base + "/memento-launch-swift-" + std::to_string(getpid()) + "-" + name;
+    log_dirs_.push_back(d);
+    return d;
+  }
+  void TearDown() override {
+    for (const std::string& d : log_dirs_) {
+      const std::string cmd = "rm -rf '" + d + "'";
+      if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "cannot remove %s\n", d.c_str());
+    }
+  }
+  std::vector<std::string> log_dirs_;
 
   memento::testing::ScratchDir dir_{"launch-swift"};
 };
@@ -218,6 +266,63 @@ TEST_F(LaunchSwiftTest, WedgedSurvivorFallsBackToRestart) {
   EXPECT_EQ(rep["processes_restarted"], 5) << rep.dump();
 }
 
+// Log replay (SWIFT 2.2) under `memento launch`: a middle stage of DP 1 x
+// PP 4 killed inside its optimizer update, then (another run) at a pipeline
+// receive; only it restarts, loads its stage's newest memento snapshot (at
+// most 3 steps old) from its node's T0 and replays the logged inputs since;
+// no step is lost and every rank ends bit-identical to the failure-free run.
+TEST_F(LaunchSwiftTest, LogReplaysTheLostStage) {
+  const Outcome clean = RunLog("lclean", {}, /*recovery=*/false);
+  // A middle stage receives 4 activations and 4 gradients per step, each
+  // micro-batch (2 sequences) x seq 16 x d_model 32 floats, and the step's
+  // logged gradient-norm sum (one double).
+  constexpr int64_t kBytesPerStep = 8 * 2 * 16 * 32 * 4 + 8;
+  for (const std::string point : {"update", "pipeline"}) {
+    std::string what;
+    const std::vector<std::string> kill = Kill(point, &what, /*middle_of_4=*/true);
+    SCOPED_TRACE(what);
+    const Outcome o = RunLog("log-" + point, kill);
+    ExpectSameFinalStates(clean, o);
+    ExpectInProcess(o, "log");
+    if (::testing::Test::HasFatalFailure()) return;
+    const json& rep = o.summary["recoveries"][0];
+    std::printf("log replay (%s): %s\n", point.c_str(), rep.dump().c_str());
+    EXPECT_EQ(rep["source"], "snapshot+log") << rep.dump();
+    const int64_t lost = rep["steps_lost"].get<int64_t>();
+    if (point == "pipeline") EXPECT_EQ(lost, 0) << rep.dump();  // none had completed the step
+    const int64_t replayed = rep["replayed_steps"].get<int64_t>();
+    // The agreed step is not a multiple of 3 (unless a survivor undid its
+    // step): there are steps since the newest snapshot, at most 2 (3 when
+    // the newest snapshot was cut short by the kill).
+    if (lost == 0) {
+      EXPECT_GE(replayed, 1) << rep.dump();
+      EXPECT_LE(replayed, 5) << rep.dump();
+    }
+    EXPECT_EQ(rep["bytes_replayed"].get<int64_t>(), replayed * kBytesPerStep) << rep.dump();
+  }
+}
+
+// A neighbour's log entry corrupted (one flipped byte in its newest step
+// file, --corrupt-log-rank) after the failure: the replacement's read fails
+// the entry's checksum, every rank gives up the in-process recovery, and the
+// launcher restarts the whole job from memento's committed step, reported as
+// the fallback of the log recovery; the run still ends bit-identical.
+TEST_F(LaunchSwiftTest, CorruptedLogEntryFallsBackToTheSnapshot) {
+  const Outcome clean = RunLog("cclean", {}, /*recovery=*/false);
+  const Outcome o = RunLog("corrupt", {"--fail-rank", "2", "--fail-at-step", "5", "--fail-point",
+                                       "pipeline", "--corrupt-log-rank", "1"});
+  ExpectSameFinalStates(clean, o);
+  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << o.Report();
+  const json& rep = o.summary["recoveries"][0];
+  EXPECT_EQ(rep["mode"], "restart") << rep.dump();
+  EXPECT_NE(rep["fallback"].get<std::string>().find("in-process recovery (log"), std::string::npos)
+      << rep.dump();
+  EXPECT_EQ(rep["processes_restarted"], 5) << rep.dump();  // the replacement, then all 4
+  EXPECT_EQ(o.summary["attempts"], 2) << o.Report();
+  const std::string replacement_log = ReadFile(o.logs + "/rank2.log");
+  EXPECT_NE(replacement_log.find("fails its checksum"), std::string::npos) << replacement_log;
+}
+
 TEST_F(LaunchSwiftTest, RefusesBadRecoveryOptions) {
   Outcome a = Run("bad1", {"--recovery", "sometimes"}, {});
   EXPECT_EQ(a.exit, 2) << a.output;
@@ -225,6 +330,9 @@ TEST_F(LaunchSwiftTest, RefusesBadRecoveryOptions) {
   Outcome b = Run("bad2", {"--recovery", "undo", "--pp", "4"}, {});  // dp 1
   EXPECT_EQ(b.exit, 2) << b.output;
   EXPECT_NE(b.output.find("--recovery undo needs --dp >= 2"), std::string::npos) << b.output;
+  Outcome c = Run("bad3", {"--recovery", "log"}, {});  // dp 2
+  EXPECT_EQ(c.exit, 2) << c.output;
+  EXPECT_NE(c.output.find("--recovery log needs --dp 1"), std::string::npos) << c.output;
 }
 
 }  // namespace

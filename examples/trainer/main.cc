@@ -219,6 +219,24 @@ int LaunchLocal(int argc, char** argv, int world, const std::string& rendezvous,
   return failures == 0 ? 0 : 1;
 }
 
+// Fault injection (--corrupt-log-rank): flips one byte in the middle of the
+// log file at `path` (a rank's log, or its newest spool step file).
+Status CorruptNewestLogFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r+b");
+  if (f == nullptr) return ErrnoError("open " + path, errno);
+  std::fseek(f, 0, SEEK_END);
+  const long size = std::ftell(f);
+  const long at = size / 2;
+  int c = EOF;
+  if (size > 0 && std::fseek(f, at, SEEK_SET) == 0) c = std::fgetc(f);
+  bool ok = c != EOF && std::fseek(f, at, SEEK_SET) == 0 && std::fputc(c ^ 0x20, f) != EOF;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) return DataLossError("cannot flip a byte of " + path);
+  std::fprintf(stderr, "memento-trainer: fault injection: flipped byte %ld of %s\n", at,
+               path.c_str());
+  return Status::Ok();
+}
+
 // Fault injection inside a step: --fail-point update kills the rank before
 // chunk `chunk` of step `step`'s optimizer update is written; --fail-point
 // pipeline at its `chunk`-th pipeline receive of that step (forward or
@@ -364,6 +382,11 @@ int Main(int argc, char** argv) {
   app.add_option("--wedge-rank", wedge_rank,
                  "fault injection: this rank stops itself (SIGSTOP) when its step fails and it "
                  "would recover in process (a wedged survivor; first generation of attempt 0)");
+  int corrupt_log_rank = -1;
+  app.add_option("--corrupt-log-rank", corrupt_log_rank,
+                 "fault injection, with --recovery log: this rank, a survivor of the first "
+                 "failure (attempt 0), flips one byte of its newest pipeline log file before it "
+                 "recovers; a replacement that reads it must report the checksum and fall back");
   app.add_option("--fail-chunk", fail_chunk,
                  "with --fail-point update: the chunk; pipeline: the receive (0-based)")
       ->capture_default_str();
@@ -372,7 +395,8 @@ int Main(int argc, char** argv) {
                  "restart (all ranks again from the last --save-every state) | undo (in-process: "
                  "survivors undo a partial update, the lost rank is rebuilt from a DP replica) | "
                  "log (in-process: the lost stage replays its neighbours' logged messages from "
-                 "its last --save-every state)")
+                 "its last --save-every state, or without --save under memento from its newest "
+                 "memento snapshot in its node's T0)")
       ->capture_default_str();
   app.add_option("--pipeline-log-dir", o.pipeline_log_dir,
                  "with --recovery log: keep the pipeline log in this directory, one file per "
@@ -418,6 +442,10 @@ int Main(int argc, char** argv) {
   app.add_option("--snapshot-chunk-kib", snapshot_chunk_kib,
                  "memento copy chunk in KiB (a multiple of 64; default: the client's)")
       ->transform(ByteSize(uint64_t{1} << 10));
+  app.add_option("--memento-every", mo.every,
+                 "memento snapshots after every K-th step only (a log-replay replacement loads "
+                 "the newest and replays the logged steps since; docs/swift.md)")
+      ->capture_default_str();
   app.add_option("--ranks-per-node", ranks_per_node,
                  "node = rank / K (overrides --node); {node} in --agent-dir is replaced");
 #endif
@@ -482,6 +510,10 @@ int Main(int argc, char** argv) {
     return 2;
   }
   mo.chunk_bytes = static_cast<size_t>(snapshot_chunk_kib) << 10;
+  if (mo.every < 1) {
+    std::fprintf(stderr, "memento-trainer: --memento-every %" PRId64 " must be >= 1\n", mo.every);
+    return 2;
+  }
   mo.job_id = target.job_id;
   mo.agent_dir = target.agent_dir;
   mo.node = target.node;
@@ -525,11 +557,18 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "memento-trainer: --pipeline-log-dir needs --recovery log\n");
     return 2;
   }
-  if ((recovery == "restart" || recovery == "log") && (save.empty() || save_every <= 0)) {
+  // Under `memento launch` with memento snapshots, a log replacement loads
+  // its snapshot from its node's T0 instead of a --save file.
+  bool memento_snapshots = false;
+#ifdef MEMENTO_TRAINER_WITH_CLIENT
+  memento_snapshots = use_memento;
+#endif
+  if ((recovery == "restart" || (recovery == "log" && !memento_snapshots)) &&
+      (save.empty() || save_every <= 0)) {
     std::fprintf(stderr,
                  "memento-trainer: --recovery %s needs --save PATH and --save-every K (the state "
-                 "it restarts or replays from)\n",
-                 recovery.c_str());
+                 "it restarts or replays from%s)\n",
+                 recovery.c_str(), recovery == "log" ? "; or memento's snapshots" : "");
     return 2;
   }
   if (launch) return LaunchLocal(argc, argv, w, o.comm.rendezvous_dir, recovery, max_recoveries);
@@ -577,9 +616,13 @@ int Main(int argc, char** argv) {
     std::snprintf(line, sizeof(line),
                   "{\"rank\": %d, \"mode\": \"%s\", \"generation\": %d, "
                   "\"replacement\": %s, \"from_step\": %" PRId64 ", \"step\": %" PRId64
-                  ", \"replayed_steps\": %" PRId64 ", \"recover_s\": %.6f, \"wall_s\": %.6f}",
+                  ", \"replayed_steps\": %" PRId64
+                  ", \"bytes_replayed\": %llu"
+                  ", \"recover_s\": %.6f, \"wall_s\": %.6f}",
                   rank, mode.c_str(), generation, replacement ? "true" : "false", from_step,
-                  trainer->state().step, trainer->replayed_steps(), seconds, WallSeconds());
+                  trainer->state().step, trainer->replayed_steps(),
+                  static_cast<unsigned long long>(trainer->replayed_bytes()), seconds,
+                  WallSeconds());
     std::printf("{\"swift_recovery\": %s}\n", line);
     std::fflush(stdout);
     // For `memento launch` (its report per failure): launch/swift_protocol.h.
@@ -635,11 +678,27 @@ int Main(int argc, char** argv) {
 #endif
     if (recovery == "undo") {
       agreed = trainer->RecoverByUndo(/*replacement=*/true, restore_shard);
-    } else {
+    } else if (!save.empty()) {
       Status st = trainer->Load(RankPath(save, rank));
       from_step = trainer->state().step;
       agreed = st.ok() ? trainer->RecoverByReplay(log_of_rank, /*replacement=*/true, nullptr)
                        : Result<int64_t>(st);
+    } else {
+      // No --save: the stage's snapshot is the newest memento version in its
+      // node's T0 at or before the agreed step (this rank's slots).
+      std::function<Status(int64_t)> load_replacement = [&](int64_t target) -> Status {
+#ifdef MEMENTO_TRAINER_WITH_CLIENT
+        auto restored = RestoreNewestMementoStep(hooks.get(), target);
+        if (!restored.ok()) return restored.status().WithContext("the stage's snapshot");
+        from_step = *restored;
+        return Status::Ok();
+#else
+        (void)target;
+        return FailedPreconditionError("no --save state and no memento to replay from");
+#endif
+      };
+      agreed =
+          trainer->RecoverByReplay(log_of_rank, /*replacement=*/true, nullptr, load_replacement);
     }
     if (!agreed.ok()) {
       std::fprintf(stderr, "memento-trainer rank %d: recovery: %s\n", rank,
@@ -734,6 +793,13 @@ int Main(int argc, char** argv) {
                                              std::to_string(rank))
                  : trainer->FlushPipelineLog();
       }
+      if (st.ok() && recovery == "log" && rank == corrupt_log_rank && generation == 0 &&
+          attempt == 0) {
+        st = CorruptNewestLogFile(
+            o.pipeline_log_dir.empty()
+                ? o.comm.rendezvous_dir + "/pipeline_log.rank" + std::to_string(rank)
+                : PipelineLogSpool::StepPath(o.pipeline_log_dir, rank, from_step));
+      }
       const double deadline = WallSeconds() + o.comm.timeout_s;
       while (st.ok() && ReadGeneration(o.comm.rendezvous_dir) <= generation) {
         if (WallSeconds() > deadline) {
@@ -749,10 +815,13 @@ int Main(int argc, char** argv) {
       if (st.ok()) {
         // (Selective logging: a survivor in the lost stage's log group
         // rolls back to its --save state and replays with it.)
-        auto agreed = recovery == "undo" ? trainer->RecoverByUndo(false)
-                                         : trainer->RecoverByReplay(log_of_rank, false, [&] {
-                                             return trainer->Load(RankPath(save, rank));
-                                           });
+        auto agreed =
+            recovery == "undo"
+                ? trainer->RecoverByUndo(false)
+                : trainer->RecoverByReplay(log_of_rank, false, [&] {
+                    return save.empty() ? FailedPreconditionError("no --save state to roll back to")
+                                        : trainer->Load(RankPath(save, rank));
+                  });
         st = agreed.status();
         if (agreed.ok() && trainer->hooks() != nullptr) {
           st = trainer->hooks()->AfterRecovery(*agreed, from_step);
@@ -809,6 +878,15 @@ int Main(int argc, char** argv) {
       // step): log entries up to it are garbage.
       trainer->TruncatePipelineLog(r->step - save_every);
     }
+#ifdef MEMENTO_TRAINER_WITH_CLIENT
+    if (recovery == "log" && save.empty() && use_memento && r->step % mo.every == 0) {
+      // Every rank holds a memento version of step - every intact by now (it
+      // fenced it before its update of the step after): older log entries
+      // are garbage; one interval more is kept for a rank whose newest
+      // version was cut short.
+      trainer->TruncatePipelineLog(r->step - 2 * mo.every);
+    }
+#endif
     if (r->step > first_step || steps == first_step) {
       ++timed_steps;
       sum_s += r->seconds;

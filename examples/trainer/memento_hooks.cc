@@ -37,8 +37,12 @@ struct SnapshotTally {
 
 class MementoHooks : public TrainerHooks {
  public:
-  MementoHooks(std::unique_ptr<Client> client, std::string mode, std::string schedule)
-      : client_(std::move(client)), mode_(std::move(mode)), schedule_(std::move(schedule)) {}
+  MementoHooks(std::unique_ptr<Client> client, std::string mode, std::string schedule,
+               int64_t every)
+      : client_(std::move(client)),
+        mode_(std::move(mode)),
+        schedule_(std::move(schedule)),
+        every_(std::max<int64_t>(1, every)) {}
 
   void OnPhase(TrainPhase phase) override {
     switch (phase) {
@@ -62,7 +66,7 @@ class MementoHooks : public TrainerHooks {
     // After an in-process recovery, a step this rank already snapshotted
     // before the failure (recomputed now to the same bytes) is not taken
     // again: the client refuses a step that is not newer.
-    if (step <= held_through_) return Status::Ok();
+    if (step <= held_through_ || step % every_ != 0) return Status::Ok();
     MEMENTO_RETURN_IF_ERROR(client_->Snapshot(step));
     if (mode_ != "sync") return Status::Ok();
     // sync: the copy blocks the step (the baseline every other mode beats).
@@ -92,7 +96,7 @@ class MementoHooks : public TrainerHooks {
                    ", not taken again\n",
                    step, held_through_);
     }
-    if (held_through_ >= step) return Status::Ok();
+    if (held_through_ >= step || step % every_ != 0) return Status::Ok();
     // A replacement whose state came from a replica holds no snapshot of
     // the agreed step: without one the step never commits.
     held_through_ = step;
@@ -102,6 +106,30 @@ class MementoHooks : public TrainerHooks {
   Status RestoreStep(int64_t step) {
     auto r = client_->Restore(step);
     return r.status();
+  }
+
+  Result<int64_t> RestoreNewest(int64_t step) {
+    MEMENTO_ASSIGN_OR_RETURN(std::vector<VersionInfo> versions,
+                             client_->ListVersions(Deadline::AfterSeconds(60)));
+    int64_t best = -1;
+    std::string held;
+    for (const VersionInfo& v : versions) {
+      held +=
+          (held.empty() ? "" : ", ") + std::to_string(v.step) + (v.intact ? "" : " (not intact)");
+      // The slots' newest version, whole or not: not taken again.
+      held_through_ = std::max(held_through_, v.step);
+      if (v.intact && v.step <= step) best = std::max(best, v.step);
+    }
+    if (best < 0) {
+      return NotFoundError("no intact snapshot at or before step " + std::to_string(step) +
+                           " in this rank's slots (held: " + (held.empty() ? "none" : held) + ")");
+    }
+    MEMENTO_ASSIGN_OR_RETURN(int64_t restored, client_->Restore(best));
+    std::fprintf(stderr,
+                 "memento: loaded this stage's snapshot of step %" PRId64
+                 " from its node's T0 (versions held: %s)\n",
+                 restored, held.c_str());
+    return restored;
   }
 
   std::string SummaryJson() override {
@@ -141,6 +169,7 @@ class MementoHooks : public TrainerHooks {
   const std::string schedule_;
   SnapshotTally tally_;
   int64_t held_through_ = -1;
+  const int64_t every_;
 };
 
 }  // namespace
@@ -149,6 +178,12 @@ Status RestoreMementoStep(TrainerHooks* hooks, int64_t step) {
   auto* m = dynamic_cast<MementoHooks*>(hooks);
   if (m == nullptr) return FailedPreconditionError("no memento client to restore from");
   return m->RestoreStep(step);
+}
+
+Result<int64_t> RestoreNewestMementoStep(TrainerHooks* hooks, int64_t step) {
+  auto* m = dynamic_cast<MementoHooks*>(hooks);
+  if (m == nullptr) return FailedPreconditionError("no memento client to restore from");
+  return m->RestoreNewest(step);
 }
 
 Status CheckSnapshotMode(const std::string& mode) {
@@ -223,7 +258,8 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
     }
   }
   return std::unique_ptr<TrainerHooks>(new MementoHooks(std::move(client), options.snapshot_mode,
-                                                        std::string(ScheduleName(co.schedule))));
+                                                        std::string(ScheduleName(co.schedule)),
+                                                        options.every));
 }
 
 }  // namespace memento::trainer

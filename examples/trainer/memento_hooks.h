@@ -41,6 +41,10 @@ struct MementoHookOptions {
   // find idle CPU, so "idle" HAS workers are starved until the fence waits
   // for them (docs/bench_overhead.md: fence 0.48 s per step against 0.004 s).
   std::string copy_priority = "normal";
+  // Snapshot only after steps that are a multiple of this (1: every step).
+  // Log replay (`--recovery log`, docs/swift.md) rebuilds a lost stage from
+  // its last snapshot and the logged inputs of the steps since.
+  int64_t every = 1;
 };
 
 // The snapshot modes above; InvalidArgument naming the value otherwise.
@@ -62,5 +66,12 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
 // ConnectMemento. In-process recovery under ZeRO-1 rebuilds a lost moment
 // shard with it (docs/swift.md).
 Status RestoreMementoStep(TrainerHooks* hooks, int64_t step);
+
+// Loads the newest version of this rank that its node's T0 holds intact at
+// or before `step` (ListVersions, then Restore of that step) and returns its
+// step; NotFound listing the versions held when there is none. Snapshots of
+// steps the slots already hold (the dead process took them) are not taken
+// again. A log-replay replacement loads its stage's snapshot with it.
+Result<int64_t> RestoreNewestMementoStep(TrainerHooks* hooks, int64_t step);
 
 }  // namespace memento::trainer

@@ -449,6 +449,7 @@ Status Trainer::ReplayInput(const MessageKey& key, void* data, size_t bytes) {
                          std::to_string(bytes));
   }
   std::memcpy(data, payload->data(), bytes);
+  replayed_bytes_ += bytes;
   return Status::Ok();
 }
 
@@ -468,24 +469,27 @@ Status Trainer::WritePipelineLog(const std::string& path) const {
 
 Result<int64_t> Trainer::RecoverByReplay(const std::vector<std::string>& log_paths,
                                          bool replacement) {
-  return ReplayRecovery([&](const std::vector<int>&) { return log_paths; }, replacement, nullptr);
+  return ReplayRecovery([&](const std::vector<int>&) { return log_paths; }, replacement, nullptr,
+                        nullptr);
 }
 
 Result<int64_t> Trainer::RecoverByReplay(const std::function<std::string(int rank)>& log_path,
                                          bool replacement,
-                                         const std::function<Status()>& load_snapshot) {
+                                         const std::function<Status()>& load_snapshot,
+                                         const std::function<Status(int64_t)>& load_replacement) {
   return ReplayRecovery(
       [&](const std::vector<int>& stages) {
         std::vector<std::string> paths;
         for (int s : stages) paths.push_back(log_path(options_.comm.topology.Rank(0, 0, s)));
         return paths;
       },
-      replacement, load_snapshot);
+      replacement, load_snapshot, load_replacement);
 }
 
 Result<int64_t> Trainer::ReplayRecovery(
     const std::function<std::vector<std::string>(const std::vector<int>& stages)>& paths,
-    bool replacement, const std::function<Status()>& load_snapshot) {
+    bool replacement, const std::function<Status()>& load_snapshot,
+    const std::function<Status(int64_t target)>& load_replacement) {
   // The last step every survivor completed. A survivor can be one step
   // behind the others (the failure hit its gradient-norm allreduce after
   // the others had left it) or half into an update: survivors ahead of
@@ -516,6 +520,16 @@ Result<int64_t> Trainer::ReplayRecovery(
     mine = FailedPreconditionError(
         "log replay needs dp 1 and tp 1 (with DP replicas, recover "
         "from a replica)");
+  } else if (replacement && load_replacement) {
+    // The replacement's snapshot, now that the step to reach is known.
+    mine = load_replacement(target);
+    in_update_ = false;
+    undo_ready_ = false;
+    if (mine.ok() && state_.step > target) {
+      mine = FailedPreconditionError("the replacement's snapshot is of step " +
+                                     std::to_string(state_.step) + ", past the agreed step " +
+                                     std::to_string(target));
+    }
   } else if (replayer && !replacement) {
     // A survivor in the lost stage's log group: what it received from the
     // lost stage was not logged, so it rolls back with it.
@@ -561,6 +575,7 @@ Result<int64_t> Trainer::ReplayRecovery(
                                    std::to_string(static_cast<int64_t>(-gate[2])) + ")");
   }
   replayed_steps_ = 0;
+  replayed_bytes_ = 0;
   if (mine.ok() && gate[0] >= 1.0 && gate[1] == -gate[2] && replayer) {
     replay_all_ = all_replay;
     while (mine.ok() && state_.step < target) {

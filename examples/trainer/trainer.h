@@ -240,10 +240,18 @@ class Trainer {
   // pipeline nothing but the gradient norm is logged and every rank rolls
   // back (an in-process restart). A replayer that fails mid-replay leaves
   // its group-mates waiting on it until --comm-timeout.
-  Result<int64_t> RecoverByReplay(const std::function<std::string(int rank)>& log_path,
-                                  bool replacement, const std::function<Status()>& load_snapshot);
+  // `load_replacement`, when given, is how a replacement loads its stage's
+  // snapshot once the step is agreed (`target`: a snapshot of that step or
+  // older, e.g. the newest version memento's tiers hold at or before it);
+  // without it the replacement replays from the state it holds.
+  Result<int64_t> RecoverByReplay(
+      const std::function<std::string(int rank)>& log_path, bool replacement,
+      const std::function<Status()>& load_snapshot,
+      const std::function<Status(int64_t target)>& load_replacement = nullptr);
   // Steps this rank replayed in its last RecoverByReplay (0: it did not).
   int64_t replayed_steps() const { return replayed_steps_; }
+  // Payload bytes of the logged inputs (activations, gradients) it replayed.
+  uint64_t replayed_bytes() const { return replayed_bytes_; }
   // The log group of pipeline stage `stage`.
   int LogGroup(int stage) const { return stage / std::max(1, options_.log_group_size); }
 
@@ -310,9 +318,11 @@ class Trainer {
   const PipelineLog* replay_ = nullptr;      // during RecoverByReplay: the inputs
   bool replay_all_ = false;  // every rank replays: the gradient norm is computed live
   int64_t replayed_steps_ = 0;
+  uint64_t replayed_bytes_ = 0;
   Result<int64_t> ReplayRecovery(
       const std::function<std::vector<std::string>(const std::vector<int>& stages)>& paths,
-      bool replacement, const std::function<Status()>& load_snapshot);
+      bool replacement, const std::function<Status()>& load_snapshot,
+      const std::function<Status(int64_t target)>& load_replacement);
   double log_seconds_ = 0.0;  // this step's
   uint64_t log_bytes_ = 0;
   std::vector<float> params_, grads_, m_, v_;

@@ -19,6 +19,14 @@ namespace memento::launch {
 
 // ---- options ------------------------------------------------------------------
 
+std::string InProcessMode(const LaunchOptions& o) {
+  if (o.recovery == "undo" || o.recovery == "log") return o.recovery;
+  if (o.recovery != "auto") return "";
+  if (o.dp >= 2) return "undo";
+  if (o.tp == 1 && o.pp >= 2) return "log";
+  return "";
+}
+
 Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
   if (o.nodes < 1)
     return InvalidArgumentError("--nodes must be >= 1, got " + std::to_string(o.nodes));
@@ -47,8 +55,17 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
   MEMENTO_RETURN_IF_ERROR(topo::ParsePolicy(o.policy).status());
   if (o.trainer.empty()) return InvalidArgumentError("no trainer command (give it after --)");
   if (o.max_restarts < 0) return InvalidArgumentError("--max-restarts must be >= 0");
-  if (o.recovery != "restart" && o.recovery != "undo" && o.recovery != "auto") {
-    return InvalidArgumentError("--recovery '" + o.recovery + "': expected restart, undo or auto");
+  if (o.recovery != "restart" && o.recovery != "undo" && o.recovery != "log" &&
+      o.recovery != "auto") {
+    return InvalidArgumentError("--recovery '" + o.recovery +
+                                "': expected restart, undo, log or auto");
+  }
+  if (o.recovery == "log" && (o.dp != 1 || o.tp != 1 || o.pp < 2)) {
+    return InvalidArgumentError(
+        "--recovery log needs --dp 1, --tp 1 and --pp >= 2 (a lost pipeline stage replays its "
+        "neighbours' logged messages); dp is " +
+        std::to_string(o.dp) + ", tp " + std::to_string(o.tp) + ", pp " + std::to_string(o.pp) +
+        " (with dp >= 2 use undo, or auto)");
   }
   if (!(o.in_process_timeout_s > 0)) {
     return InvalidArgumentError("--in-process-timeout must be > 0");

@@ -74,7 +74,15 @@ struct LaunchOptions {
   //            started again, its state from a DP replica (ZeRO-1: its moment
   //            shard from its node's T0). Needs dp > 1. Falls back to restart
   //            when it cannot proceed.
-  //   auto     undo where it can work (dp > 1), restart otherwise
+  //   log      in process (SWIFT's logging-based recovery): the survivors
+  //            stay (undo a partial update if needed); the lost pipeline
+  //            stage starts again, loads its last snapshot (its node's T0,
+  //            or the trainer's --save state) and replays its neighbours'
+  //            logged messages up to the survivors' step. Needs dp 1, tp 1,
+  //            pp > 1. Falls back to restart when it cannot proceed (a log
+  //            entry that fails its checksum, a replay that diverges).
+  //   auto     undo where dp > 1, log where dp 1, tp 1 and pp > 1, restart
+  //            otherwise
   std::string recovery = "restart";
   // undo: seconds from the failure until every rank reported its in-process
   // recovery; past it (a survivor wedged, a trainer that does not speak the
@@ -157,8 +165,8 @@ struct RecoveryReport {
   // verification, or loading it failed).
   std::vector<std::string> durable_skipped;
   std::string reason;
-  // Which recovery ran: "restart" (every trainer stopped and started again)
-  // or "undo" (in process: only the lost rank restarted).
+  // Which recovery ran: "restart" (every trainer stopped and started again),
+  // "undo" or "log" (in process: only the lost rank restarted).
   std::string mode = "restart";
   // Why an in-process recovery was not possible or failed (empty: none).
   std::string fallback;
@@ -166,6 +174,8 @@ struct RecoveryReport {
   int replaced_rank = -1;       // undo: the rank started again
   int generation = 0;           // undo: the in-process generation
   int64_t reached_step = -1;    // undo: the newest step a survivor had completed
+  int64_t replayed_steps = 0;   // log: steps the replacement replayed
+  uint64_t bytes_replayed = 0;  // log: logged payload bytes it replayed
   // From the failure to the first step completed after the recovery (the
   // trainer reports it in the rendezvous dir, launch/swift_protocol.h); -1:
   // not reported.
@@ -197,6 +207,12 @@ struct LaunchSummary {
   nlohmann::json ToJson() const;
   std::string ToString() const;
 };
+
+// The in-process recovery `o.recovery` runs on a lost trainer rank: "undo",
+// "log", or "" (none: a whole-job restart). For "auto": undo where dp > 1,
+// log where dp 1, tp 1 and pp > 1. The trainers learn it from
+// MEMENTO_RECOVERY (launch/swift_protocol.h).
+std::string InProcessMode(const LaunchOptions& o);
 
 class Launcher {
  public:

@@ -177,8 +177,8 @@ Status Launcher::State::StartTrainer(int r, const std::vector<std::string>& extr
             "MEMENTO_TOKEN_FILE=" + token_path,
             "MEMENTO_NODE_ADDR=" + NodeAddress(node)};
   // In-process recovery: every rank learns the mode (launch/swift_protocol.h).
-  if (o.recovery != "restart") {
-    so.env.push_back(std::string(swift::kEnvRecovery) + "=undo");
+  if (const std::string mode = InProcessMode(o); !mode.empty()) {
+    so.env.push_back(std::string(swift::kEnvRecovery) + "=" + mode);
   }
   so.env.insert(so.env.end(), extra_env.begin(), extra_env.end());
   so.log_path = logs + "/rank" + std::to_string(r) + ".log";

@@ -24,8 +24,8 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause,
     detected = in_process->detected;
     detected_wall = in_process->detected_wall;
     in_process.reset();
-    rep.fallback = "in-process recovery (undo, generation " + std::to_string(rep.generation) +
-                   ") failed: " + cause;
+    rep.fallback = "in-process recovery (" + rep.mode + ", generation " +
+                   std::to_string(rep.generation) + ") failed: " + cause;
     Say("in-process recovery failed (" + cause + "); falling back to restarting the whole job");
   } else {
     rep.n = static_cast<int>(summary.recoveries.size());
@@ -101,18 +101,22 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause,
   return std::nullopt;
 }
 
-// ---- in-process recovery (--recovery undo|auto; docs/swift.md) ----------------
+// ---- in-process recovery (--recovery undo|log|auto; docs/swift.md) ------------
 
 std::string Launcher::State::TryInProcess(const std::string& cause, int rank,
                                           const ExitStatus& status) {
   if (o.recovery == "restart") return "restart";
+  const std::string mode = InProcessMode(o);
   if (in_process.has_value()) return "a failure during an in-process recovery";
   if (rank < 0) return "a node or agent is lost, not only a trainer rank: the whole job restarts";
   if (status.signal == 0 && status.code == swift::kExitRecoveryFailed) {
     return "rank " + std::to_string(rank) + "'s in-process recovery failed (exit code " +
            std::to_string(swift::kExitRecoveryFailed) + ", see its log)";
   }
-  if (o.dp < 2) return "dp 1: no data-parallel replica to rebuild the lost rank from";
+  if (mode.empty()) {
+    return "dp 1 and no pipeline to replay: no data-parallel replica to rebuild the lost rank "
+           "from, no neighbour stage's log to replay";
+  }
   const int node = NodeOf(rank);
   if (node_lost[static_cast<size_t>(node)] || !agents[static_cast<size_t>(node)].running()) {
     return "the agent of node " + std::to_string(node) + " is gone too";
@@ -129,8 +133,8 @@ std::string Launcher::State::TryInProcess(const std::string& cause, int rank,
   rep.detect_s = injected_at ? SecondsBetween(*injected_at, ip.detected) : 0.0;
   injected_at.reset();
   rep.attempt = attempt;
-  rep.mode = "undo";
-  rep.source = o.zero > 0 ? "replica+tiers" : "replica";
+  rep.mode = mode;
+  rep.source = mode == "log" ? "snapshot+log" : o.zero > 0 ? "replica+tiers" : "replica";
   rep.committed = Committed();
   rep.replaced_rank = rank;
   rep.generation = generation + 1;
@@ -138,10 +142,12 @@ std::string Launcher::State::TryInProcess(const std::string& cause, int rank,
   summary.failures.push_back(cause);
   ++restarts;
   Say("failure: " + cause);
-  Say("in-process recovery (undo), generation " + std::to_string(rep.generation) +
+  Say("in-process recovery (" + mode + "), generation " + std::to_string(rep.generation) +
       ": the survivors stay; rank " + std::to_string(rank) + " starts again, its state from " +
-      (o.zero > 0 ? "a DP replica and its moment shard from node " + std::to_string(node) + "'s T0"
-                  : std::string("a DP replica")));
+      (mode == "log" ? "its stage's last snapshot and its neighbours' logged messages"
+       : o.zero > 0
+           ? "a DP replica and its moment shard from node " + std::to_string(node) + "'s T0"
+           : std::string("a DP replica")));
   ++generation;
   Status st = swift::WriteGeneration(Rendezvous(), generation);
   if (st.ok()) {
@@ -188,7 +194,8 @@ std::string Launcher::State::WatchRecoveries() {
   RecoveryReport& rep = ip.rep;
   const std::string rdzv = Rendezvous();
   if (!ip.recovered) {
-    int64_t agreed = -1, reached = -1;
+    int64_t agreed = -1, reached = -1, replayed_steps = 0, snapshot_step = -1;
+    uint64_t bytes_replayed = 0;
     double last_wall = 0;
     std::string missing;
     for (int r = 0; r < world; ++r) {
@@ -198,7 +205,14 @@ std::string Launcher::State::WatchRecoveries() {
         continue;
       }
       agreed = j->value("step", int64_t{-1});
-      reached = std::max<int64_t>(reached, j->value("from_step", int64_t{-1}));
+      if (j->value("replacement", false)) {
+        // (A replacement's from_step is the snapshot it replayed from.)
+        replayed_steps += j->value("replayed_steps", int64_t{0});
+        bytes_replayed += j->value("bytes_replayed", uint64_t{0});
+        snapshot_step = j->value("from_step", int64_t{-1});
+      } else {
+        reached = std::max<int64_t>(reached, j->value("from_step", int64_t{-1}));
+      }
       last_wall = std::max(last_wall, j->value("wall_s", 0.0));
     }
     if (!missing.empty()) {
@@ -213,10 +227,20 @@ std::string Launcher::State::WatchRecoveries() {
     rep.reached_step = reached;
     rep.steps_lost = std::max<int64_t>(0, reached - agreed);
     rep.total_s = last_wall - ip.detected_wall + rep.detect_s;
-    rep.reason = "survivors undid to step " + std::to_string(agreed) +
-                 " (the newest had completed " + std::to_string(reached) + "); rank " +
-                 std::to_string(rep.replaced_rank) + " rebuilt from a DP replica" +
-                 (o.zero > 0 ? " and its node's T0" : "");
+    rep.replayed_steps = replayed_steps;
+    rep.bytes_replayed = bytes_replayed;
+    if (rep.mode == "log") {
+      rep.reason = "survivors at step " + std::to_string(agreed) + " (the newest had completed " +
+                   std::to_string(reached) + "); rank " + std::to_string(rep.replaced_rank) +
+                   " loaded its snapshot of step " + std::to_string(snapshot_step) +
+                   " and replayed " + std::to_string(replayed_steps) + " logged step(s), " +
+                   std::to_string(bytes_replayed) + " bytes";
+    } else {
+      rep.reason = "survivors undid to step " + std::to_string(agreed) +
+                   " (the newest had completed " + std::to_string(reached) + "); rank " +
+                   std::to_string(rep.replaced_rank) + " rebuilt from a DP replica" +
+                   (o.zero > 0 ? " and its node's T0" : "");
+    }
     if (!o.quiet) {
       Say("recovery " + std::to_string(rep.n) + ": every rank recovered in process at step " +
           std::to_string(agreed));

@@ -36,6 +36,8 @@ json RecoveryReport::ToJson() const {
           {"replaced_rank", replaced_rank},
           {"generation", generation},
           {"reached_step", reached_step},
+          {"replayed_steps", replayed_steps},
+          {"bytes_replayed", bytes_replayed},
           {"resume_s", resume_s}};
 }
 
@@ -58,20 +60,25 @@ std::string ModeTail(const RecoveryReport& r) {
 
 std::string RecoveryReport::ToString() const {
   char buf[512];
-  if (mode == "undo") {
+  if (mode == "undo" || mode == "log") {
     if (step < 0) {
-      return "recovery " + std::to_string(n) + " (undo, in process): rank " +
+      return "recovery " + std::to_string(n) + " (" + mode + ", in process): rank " +
              std::to_string(replaced_rank) + " replaced, generation " + std::to_string(generation) +
              "; the job ended before every rank reported its recovery" + ModeTail(*this);
     }
     std::snprintf(buf, sizeof(buf),
-                  "recovery %d (undo, in process): rank %d replaced (generation %d), survivors "
+                  "recovery %d (%s, in process): rank %d replaced (generation %d), survivors "
                   "kept; agreed step %lld (newest completed %lld), %lld step(s) lost, recovered "
                   "in %.3f s",
-                  n, replaced_rank, generation, static_cast<long long>(step),
+                  n, mode.c_str(), replaced_rank, generation, static_cast<long long>(step),
                   static_cast<long long>(reached_step), static_cast<long long>(steps_lost),
                   total_s);
-    return buf + ModeTail(*this);
+    std::string out = buf;
+    if (mode == "log") {
+      out += "; " + std::to_string(replayed_steps) + " step(s) replayed, " +
+             std::to_string(bytes_replayed) + " bytes";
+    }
+    return out + ModeTail(*this);
   }
   if (step < 0 && source == "scratch") {
     std::snprintf(buf, sizeof(buf), "recovery %d: restarted from scratch in %.3f s (%s)", n,

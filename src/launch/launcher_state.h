@@ -98,7 +98,7 @@ struct Launcher::State {
   json restore_record;                          // null before the first recovery
   std::map<int, std::string> recovery_records;  // recovery/<n>
   LaunchSummary summary;
-  // In-process recovery (--recovery undo|auto; launch/swift_protocol.h). The
+  // In-process recovery (--recovery undo|log|auto; launch/swift_protocol.h). The
   // generation counts in-process recoveries within the current attempt (the
   // rendezvous dir is per attempt).
   int generation = 0;
@@ -211,7 +211,7 @@ struct Launcher::State {
   // or failed (the report says so); an in-process recovery in progress is
   // taken over (same failure, same report).
   std::optional<JobEnd> Recover(const std::string& cause, const std::string& fallback = "");
-  // --recovery undo|auto and a trainer rank failed: starts the in-process
+  // --recovery undo|log|auto and a trainer rank failed: starts the in-process
   // recovery (new generation, only that rank again) and returns "", or
   // returns why it cannot run (then Recover with it as the fallback).
   std::string TryInProcess(const std::string& cause, int rank, const ExitStatus& status);
