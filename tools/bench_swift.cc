@@ -1,15 +1,17 @@
 // `memento bench swift`: SWIFT recovery modes on the reference trainer
-// (docs/swift.md). Each round runs, with the same model:
-//   - failure-free baselines (step time; DP x PP with --recovery none, and
-//     DP 1 x PP with --recovery none and log: the pipeline log's overhead);
+// under `memento launch` (docs/swift.md): a coordination store, one memento
+// agent per node, the trainer's ranks as processes, memento snapshots every
+// --save-every steps (the trainer's --memento-every). Each round runs, with
+// the same model:
+//   - failure-free baselines (step time; DP x PP, and DP 1 x PP without and
+//     with the pipeline log: the log's overhead);
 //   - one rank SIGKILLed at --kill-step (after it, or inside its optimizer
-//     update) under --recovery restart and undo on DP x PP, and restart and
-//     log on DP 1 x PP (log replay needs DP 1: with DP replicas the trainer
-//     recovers from a replica).
-// Per failure run: time from the launcher reaping the killed rank to the
-// first step completed after the recovery, steps lost, processes restarted,
-// log bytes replayed. The trainer runs as a subprocess (memento-trainer
-// --launch: all ranks on this machine, one process each).
+//     update) under `memento launch --recovery restart` and `undo` on DP x
+//     PP, and `restart` and `log` on DP 1 x PP (log replay needs DP 1: with
+//     DP replicas the trainer recovers from a replica).
+// Per failure run, from the launcher's recovery report (--summary-json):
+// time from the failure to the first step completed after the recovery,
+// steps lost, processes restarted, steps and bytes replayed.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -39,6 +42,7 @@ struct Args {
   std::string preset = "small";
   int layers = 0;  // 0: the preset's
   int dp = 2, pp = 4;
+  int nodes = 4;
   int micro_batches = 4;
   int steps = 24;
   int save_every = 8;
@@ -51,13 +55,9 @@ struct Args {
 };
 
 struct RunOutput {
-  std::vector<json> lines;  // every JSON line of the launcher and the ranks
+  std::vector<json> lines;  // every JSON line of the ranks' logs
+  json summary;             // the launcher's --summary-json
   double wall_s = 0;
-  json Find(const char* key) const {
-    for (const json& j : lines)
-      if (j.contains(key)) return j[key];
-    return json();
-  }
   std::vector<json> All(const char* key) const {
     std::vector<json> out;
     for (const json& j : lines)
@@ -83,21 +83,43 @@ json Spread(const std::vector<double>& v) {
 
 class Bench {
  public:
-  Bench(const Args& a, std::string trainer, std::string base)
-      : a_(a), trainer_(std::move(trainer)), base_(std::move(base)) {}
+  Bench(const Args& a, std::string trainer, std::string memento, std::string base)
+      : a_(a), trainer_(std::move(trainer)), memento_(std::move(memento)), base_(std::move(base)) {}
 
-  // One memento-trainer --launch run; `extra` adds flags.
-  Result<RunOutput> Run(const std::string& name, int dp, const std::vector<std::string>& extra) {
-    const std::string dir = base_ + "/" + name + "." + std::to_string(runs_++);
+  // One `memento launch` run of the trainer on --nodes nodes; `recovery`:
+  // the launcher's --recovery; `extra`: trainer flags.
+  Result<RunOutput> Run(const std::string& name, int dp, const std::string& recovery,
+                        const std::vector<std::string>& extra) {
+    const int n = runs_++;
+    const std::string dir = base_ + "/" + name + "." + std::to_string(n);
     if (mkdir(dir.c_str(), 0700) != 0) return ErrnoError("mkdir " + dir, errno);
-    std::vector<std::string> argv = {trainer_,
-                                     "--launch",
-                                     "--preset",
-                                     a_.preset,
+    // Node roots in shared memory (the launcher's default place).
+    const std::string job = "bench-swift-" + std::to_string(getpid()) + "-" + std::to_string(n);
+    const std::string run_dir = "/dev/shm/memento-launch/" + job;
+    const int world = dp * a_.pp;
+    std::vector<std::string> argv = {memento_,
+                                     "launch",
+                                     "--quiet",
+                                     "--job",
+                                     job,
+                                     "--nodes",
+                                     std::to_string(a_.nodes),
+                                     "--ranks-per-node",
+                                     std::to_string(world / a_.nodes),
                                      "--dp",
                                      std::to_string(dp),
                                      "--pp",
                                      std::to_string(a_.pp),
+                                     "--recovery",
+                                     recovery,
+                                     "--run-dir",
+                                     run_dir,
+                                     "--summary-json",
+                                     dir + "/summary.json",
+                                     "--",
+                                     trainer_,
+                                     "--preset",
+                                     a_.preset,
                                      "--micro-batches",
                                      std::to_string(a_.micro_batches),
                                      "--batch",
@@ -106,83 +128,94 @@ class Bench {
                                      std::to_string(a_.steps),
                                      "--quiet",
                                      "--json",
-                                     "--rendezvous",
-                                     dir,
-                                     "--save",
-                                     dir + "/state.{rank}",
-                                     "--save-every",
+                                     "--memento-every",
                                      std::to_string(a_.save_every),
                                      "--comm-timeout",
                                      "60"};
     if (a_.layers > 0) argv.insert(argv.end(), {"--layers", std::to_string(a_.layers)});
+    if (recovery == "log") {
+      // The pipeline log in shared memory, a file per step.
+      argv.insert(argv.end(), {"--pipeline-log-dir", run_dir + "/pipeline_log"});
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     SpawnOptions to;
     to.argv = argv;
-    to.log_path = dir + "/trainer.log";
+    to.log_path = dir + "/launch.log";
     Stopwatch wall;
     auto child = Subprocess::Spawn(to);
     if (!child.ok()) return child.status();
     auto status = child->Wait(Deadline::AfterSeconds(a_.run_timeout_s));
     RunOutput out;
     out.wall_s = wall.Seconds();
+    auto cleanup = [&] {
+      if (a_.keep) return;
+      std::error_code ec;
+      std::filesystem::remove_all(run_dir, ec);
+      std::filesystem::remove_all(dir, ec);
+    };
     if (!status.ok() || !status->ok()) {
       if (!status.ok()) child->Terminate(1);
-      return InternalError("memento-trainer (" + name + ") " +
+      const std::string tail = TailFile(to.log_path, 3000);
+      cleanup();
+      return InternalError("memento launch (" + name + ") " +
                            (status.ok() ? status->ToString() : std::string("timed out")) + ": " +
-                           TailFile(to.log_path, 3000));
+                           tail);
     }
-    std::ifstream in(to.log_path);
-    std::string line;
-    while (std::getline(in, line)) {
-      const size_t pos = line.find('{');
-      if (pos == std::string::npos) continue;
-      auto j = json::parse(line.substr(pos), nullptr, /*allow_exceptions=*/false);
-      if (!j.is_discarded() && j.is_object()) out.lines.push_back(std::move(j));
+    {
+      std::ifstream in(dir + "/summary.json");
+      std::stringstream ss;
+      ss << in.rdbuf();
+      out.summary = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
     }
-    if (!a_.keep) std::filesystem::remove_all(dir);
+    for (int r = 0; r < world; ++r) {
+      std::ifstream in(run_dir + "/logs/rank" + std::to_string(r) + ".log");
+      std::string line;
+      while (std::getline(in, line)) {
+        const size_t pos = line.find('{');
+        if (pos == std::string::npos) continue;
+        auto j = json::parse(line.substr(pos), nullptr, /*allow_exceptions=*/false);
+        if (!j.is_discarded() && j.is_object()) out.lines.push_back(std::move(j));
+      }
+    }
+    cleanup();
+    if (!out.summary.is_object()) return InternalError("run " + name + ": no launcher summary");
     return out;
   }
 
-  // A run with a kill; the recovery figures.
+  // A run with a kill; the recovery figures from the launcher's report.
   Result<json> Failure(const std::string& mode, int dp) {
     const int kill_rank = a_.kill_rank >= 0 ? a_.kill_rank : (a_.pp / 2) * dp;
-    MEMENTO_ASSIGN_OR_RETURN(
-        RunOutput out,
-        Run(mode + ".dp" + std::to_string(dp), dp,
-            {"--recovery", mode, "--fail-rank", std::to_string(kill_rank), "--fail-at-step",
-             std::to_string(a_.kill_step), "--fail-point", a_.fail_point}));
-    const json failure = out.Find("swift_failure");
-    const json resumed = out.Find("swift_resumed");
-    const std::vector<json> recs = out.All("swift_recovery");
-    if (failure.is_null() || resumed.is_null() || recs.empty()) {
-      return InternalError("run " + mode +
-                           ": no swift_failure / swift_recovery / swift_resumed "
-                           "lines (did the kill fire?)");
+    MEMENTO_ASSIGN_OR_RETURN(RunOutput out,
+                             Run(mode + ".dp" + std::to_string(dp), dp, mode,
+                                 {"--fail-rank", std::to_string(kill_rank), "--fail-at-step",
+                                  std::to_string(a_.kill_step), "--fail-point", a_.fail_point}));
+    const json& recs = out.summary["recoveries"];
+    if (!recs.is_array() || recs.size() != 1) {
+      return InternalError("run " + mode + ": expected one recovery in the launcher's summary: " +
+                           out.summary.dump());
     }
-    if (!out.Find("swift_fallback").is_null()) {
-      return InternalError("run " + mode + ": in-process recovery fell back to restart");
+    const json& rep = recs[0];
+    if (rep.value("mode", "") != mode) {
+      return InternalError("run " + mode + ": the recovery ran as " + rep.value("mode", "?") +
+                           " (fallback: " + rep.value("fallback", "") + ")");
+    }
+    if (rep.value("resume_s", -1.0) <= 0) {
+      return InternalError("run " + mode + ": no resume time in the report: " + rep.dump());
     }
     // The newest step any rank had completed when the kill came: after step
-    // N the killed rank had N; inside the update of N, N - 1, and survivors
-    // report theirs (from_step).
+    // N the killed rank had N; inside the update of N, N - 1; an in-process
+    // report adds the survivors' newest (reached_step).
     int64_t reached = a_.fail_point == "step" ? a_.kill_step : a_.kill_step - 1;
-    int64_t resumed_from = INT64_MAX, replayed_steps = 0;
-    int restarted = 0;
-    for (const json& r : recs) {
-      const bool replacement = r["replacement"].get<bool>();
-      if (!replacement && r["mode"] != "restart")
-        reached = std::max<int64_t>(reached, r["from_step"].get<int64_t>());
-      resumed_from = std::min<int64_t>(resumed_from, r["step"].get<int64_t>());
-      if (replacement || r["mode"] == "restart") ++restarted;
-      if (replacement && mode == "log")
-        replayed_steps = r["step"].get<int64_t>() - r["from_step"].get<int64_t>();
-    }
+    reached = std::max<int64_t>(reached, rep.value("reached_step", int64_t{-1}));
     json j;
-    j["resume_s"] = resumed["wall_s"].get<double>() - failure["wall_s"].get<double>();
-    j["steps_lost"] = reached - resumed_from;
-    j["processes_restarted"] = restarted;
-    j["resumed_from_step"] = resumed_from;
-    if (mode == "log") j["replayed_steps"] = replayed_steps;
+    j["resume_s"] = rep["resume_s"].get<double>();
+    j["steps_lost"] = std::max<int64_t>(0, reached - rep.value("step", int64_t{0}));
+    j["processes_restarted"] = rep.value("processes_restarted", 0);
+    j["resumed_from_step"] = rep.value("step", int64_t{-1});
+    if (mode == "log") {
+      j["replayed_steps"] = rep.value("replayed_steps", int64_t{0});
+      j["bytes_replayed"] = rep.value("bytes_replayed", uint64_t{0});
+    }
     return j;
   }
 
@@ -194,7 +227,7 @@ class Bench {
 
  private:
   const Args& a_;
-  std::string trainer_, base_;
+  std::string trainer_, memento_, base_;
   int runs_ = 0;
 };
 
@@ -213,20 +246,27 @@ Result<json> RunSwift(const Args& a) {
                                 std::to_string(a.steps));
   }
   if (a.rounds < 1) return InvalidArgumentError("--rounds must be >= 1");
+  if (a.nodes < 1 || a.pp % a.nodes != 0) {
+    return InvalidArgumentError("--nodes " + std::to_string(a.nodes) + " must divide --pp " +
+                                std::to_string(a.pp) +
+                                " (the DP 1 runs put pp ranks on the nodes)");
+  }
   MEMENTO_ASSIGN_OR_RETURN(std::string trainer, FindTrainer(a.trainer));
+  const std::string memento = SelfExe();
+  if (memento.empty()) return InternalError("cannot read /proc/self/exe (the memento binary)");
   char tmpl[] = "/tmp/memento-bench-swift-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return ErrnoError("mkdtemp", errno);
   const std::string base = tmpl;
-  Bench bench(a, trainer, base);
-  std::map<std::string, std::vector<double>> resume, lost, restarted, replayed;
+  Bench bench(a, trainer, memento, base);
+  std::map<std::string, std::vector<double>> resume, lost, restarted, replayed, replayed_bytes;
   std::vector<double> step_dp, step_dp1, step_dp1_log, overhead, log_bytes, log_s;
   Stopwatch wall;
   Status failed;
   for (int round = 0; round < a.rounds && failed.ok(); ++round) {
     auto run = [&]() -> Status {
-      MEMENTO_ASSIGN_OR_RETURN(RunOutput base_dp, bench.Run("baseline.dp", a.dp, {}));
-      MEMENTO_ASSIGN_OR_RETURN(RunOutput base_1, bench.Run("baseline.dp1", 1, {}));
-      MEMENTO_ASSIGN_OR_RETURN(RunOutput log_1, bench.Run("logging.dp1", 1, {"--recovery", "log"}));
+      MEMENTO_ASSIGN_OR_RETURN(RunOutput base_dp, bench.Run("baseline.dp", a.dp, "restart", {}));
+      MEMENTO_ASSIGN_OR_RETURN(RunOutput base_1, bench.Run("baseline.dp1", 1, "restart", {}));
+      MEMENTO_ASSIGN_OR_RETURN(RunOutput log_1, bench.Run("logging.dp1", 1, "log", {}));
       step_dp.push_back(Bench::MedianStep(base_dp));
       step_dp1.push_back(Bench::MedianStep(base_1));
       step_dp1_log.push_back(Bench::MedianStep(log_1));
@@ -247,8 +287,10 @@ Result<json> RunSwift(const Args& a) {
         resume[key].push_back(f["resume_s"].get<double>());
         lost[key].push_back(f["steps_lost"].get<double>());
         restarted[key].push_back(f["processes_restarted"].get<double>());
-        if (f.contains("replayed_steps"))
+        if (f.contains("replayed_steps")) {
           replayed[key].push_back(f["replayed_steps"].get<double>());
+          replayed_bytes[key].push_back(f["bytes_replayed"].get<double>());
+        }
       }
       return Status::Ok();
     };
@@ -272,7 +314,7 @@ Result<json> RunSwift(const Args& a) {
     m["processes_restarted"] = Median(restarted[key]);
     if (replayed.count(key)) {
       m["replayed_steps"] = Median(replayed[key]);
-      m["bytes_replayed"] = Median(replayed[key]) * Median(log_bytes);
+      m["bytes_replayed"] = Median(replayed_bytes[key]);
     }
     m["topology"] = key == "restart_dp1" || key == "log"
                         ? "dp 1 x pp " + std::to_string(a.pp)
@@ -301,6 +343,7 @@ Result<json> RunSwift(const Args& a) {
                  {"layers", a.layers},
                  {"dp", a.dp},
                  {"pp", a.pp},
+                 {"nodes", a.nodes},
                  {"micro_batches", a.micro_batches},
                  {"steps", a.steps},
                  {"save_every", a.save_every},
@@ -310,13 +353,15 @@ Result<json> RunSwift(const Args& a) {
                  {"rounds", a.rounds},
                  {"trainer", trainer}};
   j["notes"] =
-      "resume_s: from the launcher reaping the SIGKILLed rank to the reporting rank's first "
-      "step completed after the recovery; steps_lost: newest step completed before the kill "
-      "minus the step the job resumed from (restart: a lower bound, the killed survivors do not "
-      "report); regain_s: resume_s + steps_lost x the baseline's median step time; "
-      "logging_overhead_pct: median step time with the "
-      "pipeline log against without (dp 1, no failure), log_bytes_per_step summed over ranks; "
-      "all ranks are processes on this machine (memento-trainer --launch), no agents";
+      "every run is `memento launch` (store, one agent per node, memento snapshots every "
+      "save_every steps) of the reference trainer; resume_s: the launcher's report, from it "
+      "reaping the SIGKILLed rank to the first step the trainers completed after the recovery; "
+      "steps_lost: newest step completed before the kill minus the step the job resumed from "
+      "(restart: a lower bound, the killed survivors do not report); regain_s: resume_s + "
+      "steps_lost x the baseline's median step time; bytes_replayed: logged payload the log "
+      "replacement replayed; logging_overhead_pct: median step time with the pipeline log "
+      "against without (dp 1, no failure), log_bytes_per_step summed over ranks; all nodes "
+      "are processes on this machine";
   j["wall_s"] = wall.Seconds();
   return j;
 }
@@ -332,10 +377,13 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
   cmd->add_option("--dp", args->dp, "data-parallel size of the restart/undo runs")
       ->capture_default_str();
   cmd->add_option("--pp", args->pp, "pipeline stages")->capture_default_str();
+  cmd->add_option("--nodes", args->nodes, "memento launch nodes (one agent each; must divide --pp)")
+      ->capture_default_str();
   cmd->add_option("--micro-batches", args->micro_batches, "micro-batches per step")
       ->capture_default_str();
   cmd->add_option("--steps", args->steps, "steps per run")->capture_default_str();
-  cmd->add_option("--save-every", args->save_every, "the trainer's snapshot interval (steps)")
+  cmd->add_option("--save-every", args->save_every,
+                  "memento's snapshot interval in steps (the trainer's --memento-every)")
       ->capture_default_str();
   cmd->add_option("--kill-step", args->kill_step, "the step at which a rank is killed")
       ->capture_default_str();
@@ -347,7 +395,9 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
       ->capture_default_str();
   cmd->add_option("--rounds", args->rounds, "each round runs every baseline and mode once")
       ->capture_default_str();
-  cmd->add_flag("--keep", args->keep, "keep the work directory (trainer logs)");
+  cmd->add_flag("--keep", args->keep,
+                "keep the work directory (launcher summaries) and the runs' /dev/shm run dirs "
+                "(node roots, logs)");
   cmd->footer(kExitCodesFooter);
   cmd->callback([args, &ctx] {
     auto r = RunSwift(*args);

@@ -164,10 +164,11 @@ class LaunchSwiftTest : public ::testing::Test {
 
   // DP 1 x PP 4 under --recovery log: memento snapshots every 3rd step, the
   // pipeline log in shared memory (a tmpfs directory when there is one).
+  // `mode`: the launcher's --recovery (log, or auto: log for DP 1 x PP 4).
   Outcome RunLog(const std::string& name, std::vector<std::string> trainer_args,
-                 bool recovery = true) {
+                 bool recovery = true, const std::string& mode = "log") {
     std::vector<std::string> launch = {"--dp", "1", "--pp", "4"};
-    if (recovery) launch.insert(launch.end(), {"--recovery", "log"});
+    if (recovery) launch.insert(launch.end(), {"--recovery", mode});
     std::vector<std::string> args = {"--memento-every", "3"};
     if (recovery) {
       args.insert(args.end(), {"--pipeline-log-dir", LogDir(name)});
@@ -267,8 +268,9 @@ TEST_F(LaunchSwiftTest, WedgedSurvivorFallsBackToRestart) {
 }
 
 // Log replay (SWIFT 2.2) under `memento launch`: a middle stage of DP 1 x
-// PP 4 killed inside its optimizer update, then (another run) at a pipeline
-// receive; only it restarts, loads its stage's newest memento snapshot (at
+// PP 4 killed inside its optimizer update (--recovery log), then (another
+// run, --recovery auto, which picks log for DP 1) at a pipeline receive;
+// only it restarts, loads its stage's newest memento snapshot (at
 // most 3 steps old) from its node's T0 and replays the logged inputs since;
 // no step is lost and every rank ends bit-identical to the failure-free run.
 TEST_F(LaunchSwiftTest, LogReplaysTheLostStage) {
@@ -281,7 +283,8 @@ TEST_F(LaunchSwiftTest, LogReplaysTheLostStage) {
     std::string what;
     const std::vector<std::string> kill = Kill(point, &what, /*middle_of_4=*/true);
     SCOPED_TRACE(what);
-    const Outcome o = RunLog("log-" + point, kill);
+    const Outcome o =
+        RunLog("log-" + point, kill, /*recovery=*/true, point == "update" ? "log" : "auto");
     ExpectSameFinalStates(clean, o);
     ExpectInProcess(o, "log");
     if (::testing::Test::HasFatalFailure()) return;
@@ -321,6 +324,25 @@ TEST_F(LaunchSwiftTest, CorruptedLogEntryFallsBackToTheSnapshot) {
   EXPECT_EQ(o.summary["attempts"], 2) << o.Report();
   const std::string replacement_log = ReadFile(o.logs + "/rank2.log");
   EXPECT_NE(replacement_log.find("fails its checksum"), std::string::npos) << replacement_log;
+}
+
+// A replay that diverges (the replacement's loaded snapshot perturbed in
+// one bit, --perturb-replay): its first recomputed output differs from what
+// the neighbour received, the recovery fails with "replay diverged" and the
+// job falls back to the whole-job restart, reported; it still ends
+// bit-identical (the restart restores the committed, unperturbed step).
+TEST_F(LaunchSwiftTest, ReplayThatDivergesFallsBackToTheSnapshot) {
+  const Outcome clean = RunLog("dclean", {}, /*recovery=*/false);
+  const Outcome o = RunLog("diverge", {"--fail-rank", "1", "--fail-at-step", "5", "--fail-point",
+                                       "update", "--perturb-replay"});
+  ExpectSameFinalStates(clean, o);
+  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << o.Report();
+  const json& rep = o.summary["recoveries"][0];
+  EXPECT_EQ(rep["mode"], "restart") << rep.dump();
+  EXPECT_NE(rep["fallback"].get<std::string>().find("in-process recovery (log"), std::string::npos)
+      << rep.dump();
+  const std::string replacement_log = ReadFile(o.logs + "/rank1.log");
+  EXPECT_NE(replacement_log.find("replay diverged"), std::string::npos) << replacement_log;
 }
 
 TEST_F(LaunchSwiftTest, RefusesBadRecoveryOptions) {

@@ -382,6 +382,11 @@ int Main(int argc, char** argv) {
   app.add_option("--wedge-rank", wedge_rank,
                  "fault injection: this rank stops itself (SIGSTOP) when its step fails and it "
                  "would recover in process (a wedged survivor; first generation of attempt 0)");
+  bool perturb_replay = false;
+  app.add_flag("--perturb-replay", perturb_replay,
+               "fault injection, with --recovery log: the first replacement (generation 1 of "
+               "attempt 0) flips the lowest bit of its first parameter after loading its stage's "
+               "snapshot, so that its replay must diverge and the job fall back");
   int corrupt_log_rank = -1;
   app.add_option("--corrupt-log-rank", corrupt_log_rank,
                  "fault injection, with --recovery log: this rank, a survivor of the first "
@@ -658,6 +663,16 @@ int Main(int argc, char** argv) {
     return Status::Ok();
   };
 #endif
+  // --perturb-replay: the loaded snapshot no longer matches what the
+  // neighbours received from this stage.
+  auto perturb = [&] {
+    if (!perturb_replay || generation != 1 || attempt != 0) return;
+    uint32_t bits;
+    std::memcpy(&bits, trainer->params(), sizeof(bits));
+    bits ^= 1u;
+    std::memcpy(trainer->params(), &bits, sizeof(bits));
+    std::fprintf(stderr, "memento-trainer rank %d: fault injection: perturbed parameter 0\n", rank);
+  };
   if (replace && (recovery == "undo" || recovery == "log")) {
     Stopwatch w_recover;
     Result<int64_t> agreed = int64_t{0};
@@ -681,6 +696,7 @@ int Main(int argc, char** argv) {
     } else if (!save.empty()) {
       Status st = trainer->Load(RankPath(save, rank));
       from_step = trainer->state().step;
+      if (st.ok()) perturb();
       agreed = st.ok() ? trainer->RecoverByReplay(log_of_rank, /*replacement=*/true, nullptr)
                        : Result<int64_t>(st);
     } else {
@@ -691,6 +707,7 @@ int Main(int argc, char** argv) {
         auto restored = RestoreNewestMementoStep(hooks.get(), target);
         if (!restored.ok()) return restored.status().WithContext("the stage's snapshot");
         from_step = *restored;
+        perturb();
         return Status::Ok();
 #else
         (void)target;

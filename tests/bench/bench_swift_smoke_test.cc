@@ -1,5 +1,6 @@
 // `memento bench swift` end to end with the tiny trainer preset (DP 2 x PP 4
-// and DP 1 x PP 4, one rank SIGKILLed inside its optimizer update): checks
+// and DP 1 x PP 4 under `memento launch` on 4 nodes, memento snapshots every
+// 4 steps, one rank SIGKILLed inside its optimizer update): checks
 // the JSON shape and what each recovery mode did (processes restarted, steps
 // lost, steps replayed), never the timings' values (no timed pass/fail on a
 // shared machine).
@@ -25,16 +26,19 @@ TEST(BenchSwiftSmoke, EveryModeRecoversAndReports) {
   auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << out;
   EXPECT_EQ(j["bench"], "swift");
+  EXPECT_EQ(j["config"]["nodes"], 4);
   for (const char* m : {"restart", "undo", "log", "restart_dp1"}) {
     SCOPED_TRACE(m);
     ASSERT_TRUE(j["modes"].contains(m)) << out;
     EXPECT_GT(j["modes"][m]["resume_s"].get<double>(), 0);
     EXPECT_EQ(j["modes"][m]["resume_s_spread"]["rounds"].size(), 1u);
   }
-  // Killed inside the update of step 10, saves at 4 and 8: a restart
-  // resumes from 8 and loses step 9; undo and log restart one process and
-  // lose nothing; the log replacement replays 9 and 10 (the survivors
-  // completed 10).
+  // Killed inside the update of step 10, memento snapshots at 4 and 8: a
+  // restart resumes from the committed 8 and loses step 9; undo and log
+  // restart one process and lose nothing; the log replacement loads its
+  // snapshot of 8 from its node's T0 and replays 9 and 10 (the survivors
+  // completed 10): a middle stage's inputs, 4 activations and 4 gradients of
+  // 2 KiB and the gradient-norm sum (8 bytes) per step.
   EXPECT_EQ(j["modes"]["restart"]["processes_restarted"], 8.0);
   EXPECT_EQ(j["modes"]["restart"]["steps_lost"], 1.0);
   EXPECT_EQ(j["modes"]["restart_dp1"]["processes_restarted"], 4.0);
@@ -43,6 +47,7 @@ TEST(BenchSwiftSmoke, EveryModeRecoversAndReports) {
   EXPECT_EQ(j["modes"]["log"]["processes_restarted"], 1.0);
   EXPECT_EQ(j["modes"]["log"]["steps_lost"], 0.0);
   EXPECT_EQ(j["modes"]["log"]["replayed_steps"], 2.0);
+  EXPECT_EQ(j["modes"]["log"]["bytes_replayed"], 2.0 * (8 * 2048 + 8));
   // tiny, PP 4, 4 micro-batches: 4 x 2 KiB per stage boundary and direction,
   // 3 boundaries, 2 directions, plus one 8-byte gradient norm per rank.
   EXPECT_EQ(j["log_bytes_per_step"], 4.0 * 2048 * 3 * 2 + 4 * 8);
