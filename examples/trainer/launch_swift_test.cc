@@ -345,6 +345,33 @@ TEST_F(LaunchSwiftTest, ReplayThatDivergesFallsBackToTheSnapshot) {
   EXPECT_NE(replacement_log.find("replay diverged"), std::string::npos) << replacement_log;
 }
 
+// Selective logging (--log-group-size 2): only messages between the stage
+// pairs {0,1} and {2,3} are logged; stage 2 killed inside its update, its
+// group-mate stage 3 (a survivor) rolls back to its own memento snapshot of
+// the same step and both replay together, live between them, the inputs
+// from stage 1 from its log. Still one process restarted, no step lost,
+// bit-identical.
+TEST_F(LaunchSwiftTest, LogGroupReplaysTogetherFromTheTiers) {
+  const Outcome clean = RunLog("gclean", {"--log-group-size", "2"}, /*recovery=*/false);
+  const Outcome o = RunLog("group", {"--log-group-size", "2", "--fail-rank", "2", "--fail-at-step",
+                                     "5", "--fail-point", "update"});
+  ExpectSameFinalStates(clean, o);
+  ExpectInProcess(o, "log");
+  if (::testing::Test::HasFatalFailure()) return;
+  const json& rep = o.summary["recoveries"][0];
+  std::printf("log group replay: %s\n", rep.dump().c_str());
+  EXPECT_EQ(rep["steps_lost"], 0) << rep.dump();
+  // Both stages replay 4 and 5 from the snapshot of 3.
+  EXPECT_EQ(rep["replayed_stages"], 2) << rep.dump();
+  EXPECT_EQ(rep["replayed_steps"], 4) << rep.dump();
+  // Across the group's edge only stage 2's activations from stage 1 (4 x
+  // 4 KiB per step) and the gradient-norm sums are replayed.
+  EXPECT_EQ(rep["bytes_replayed"].get<int64_t>(), 2 * (4 * 4096 + 8) + 2 * 8) << rep.dump();
+  EXPECT_NE(ReadFile(o.logs + "/rank3.log").find("loaded this stage's snapshot of step 3"),
+            std::string::npos)
+      << ReadFile(o.logs + "/rank3.log");
+}
+
 TEST_F(LaunchSwiftTest, RefusesBadRecoveryOptions) {
   Outcome a = Run("bad1", {"--recovery", "sometimes"}, {});
   EXPECT_EQ(a.exit, 2) << a.output;

@@ -666,13 +666,38 @@ int Main(int argc, char** argv) {
   // --perturb-replay: the loaded snapshot no longer matches what the
   // neighbours received from this stage.
   auto perturb = [&] {
-    if (!perturb_replay || generation != 1 || attempt != 0) return;
+    if (!perturb_replay || !replace || generation != 1 || attempt != 0) return;
     uint32_t bits;
     std::memcpy(&bits, trainer->params(), sizeof(bits));
     bits ^= 1u;
     std::memcpy(trainer->params(), &bits, sizeof(bits));
     std::fprintf(stderr, "memento-trainer rank %d: fault injection: perturbed parameter 0\n", rank);
   };
+  // Under memento without --save, a log replayer's snapshot comes from its
+  // node's T0: the newest intact version at or before the agreed step, the
+  // same step on every replayer (Trainer::SnapshotSource).
+  Trainer::SnapshotSource memento_source;
+  int64_t loaded_step = -1;
+#ifdef MEMENTO_TRAINER_WITH_CLIENT
+  memento_source.newest = [&](int64_t target) -> Result<int64_t> {
+    auto n = NewestMementoStep(hooks.get(), target);
+    if (!n.ok()) return n.status().WithContext("the stage's snapshot");
+    return n;
+  };
+  memento_source.load = [&](int64_t step) -> Status {
+    Status st = RestoreMementoStep(hooks.get(), step);
+    if (!st.ok()) return st.WithContext("the stage's snapshot of step " + std::to_string(step));
+    loaded_step = step;
+    std::fprintf(stderr,
+                 "memento-trainer rank %d: loaded this stage's snapshot of step %" PRId64
+                 " from its node's T0\n",
+                 rank, step);
+    perturb();
+    return Status::Ok();
+  };
+#endif
+  const Trainer::SnapshotSource* snapshot_source =
+      save.empty() && memento_snapshots ? &memento_source : nullptr;
   if (replace && (recovery == "undo" || recovery == "log")) {
     Stopwatch w_recover;
     Result<int64_t> agreed = int64_t{0};
@@ -700,22 +725,10 @@ int Main(int argc, char** argv) {
       agreed = st.ok() ? trainer->RecoverByReplay(log_of_rank, /*replacement=*/true, nullptr)
                        : Result<int64_t>(st);
     } else {
-      // No --save: the stage's snapshot is the newest memento version in its
-      // node's T0 at or before the agreed step (this rank's slots).
-      std::function<Status(int64_t)> load_replacement = [&](int64_t target) -> Status {
-#ifdef MEMENTO_TRAINER_WITH_CLIENT
-        auto restored = RestoreNewestMementoStep(hooks.get(), target);
-        if (!restored.ok()) return restored.status().WithContext("the stage's snapshot");
-        from_step = *restored;
-        perturb();
-        return Status::Ok();
-#else
-        (void)target;
-        return FailedPreconditionError("no --save state and no memento to replay from");
-#endif
-      };
+      // No --save: the stage's snapshot from memento (its node's T0).
       agreed =
-          trainer->RecoverByReplay(log_of_rank, /*replacement=*/true, nullptr, load_replacement);
+          trainer->RecoverByReplay(log_of_rank, /*replacement=*/true, nullptr, snapshot_source);
+      from_step = loaded_step;
     }
     if (!agreed.ok()) {
       std::fprintf(stderr, "memento-trainer rank %d: recovery: %s\n", rank,
@@ -830,15 +843,13 @@ int Main(int argc, char** argv) {
         st = trainer->Reconnect(base_run_id + "-g" + std::to_string(generation));
       }
       if (st.ok()) {
-        // (Selective logging: a survivor in the lost stage's log group
-        // rolls back to its --save state and replays with it.)
-        auto agreed =
-            recovery == "undo"
-                ? trainer->RecoverByUndo(false)
-                : trainer->RecoverByReplay(log_of_rank, false, [&] {
-                    return save.empty() ? FailedPreconditionError("no --save state to roll back to")
-                                        : trainer->Load(RankPath(save, rank));
-                  });
+        // (Selective logging: a survivor in the lost stage's log group rolls
+        // back to its --save state, or without one to its memento snapshot.)
+        std::function<Status()> rollback;
+        if (!save.empty()) rollback = [&] { return trainer->Load(RankPath(save, rank)); };
+        auto agreed = recovery == "undo"
+                          ? trainer->RecoverByUndo(false)
+                          : trainer->RecoverByReplay(log_of_rank, false, rollback, snapshot_source);
         st = agreed.status();
         if (agreed.ok() && trainer->hooks() != nullptr) {
           st = trainer->hooks()->AfterRecovery(*agreed, from_step);

@@ -108,7 +108,7 @@ class MementoHooks : public TrainerHooks {
     return r.status();
   }
 
-  Result<int64_t> RestoreNewest(int64_t step) {
+  Result<int64_t> NewestIntact(int64_t step) {
     MEMENTO_ASSIGN_OR_RETURN(std::vector<VersionInfo> versions,
                              client_->ListVersions(Deadline::AfterSeconds(60)));
     int64_t best = -1;
@@ -124,12 +124,11 @@ class MementoHooks : public TrainerHooks {
       return NotFoundError("no intact snapshot at or before step " + std::to_string(step) +
                            " in this rank's slots (held: " + (held.empty() ? "none" : held) + ")");
     }
-    MEMENTO_ASSIGN_OR_RETURN(int64_t restored, client_->Restore(best));
     std::fprintf(stderr,
-                 "memento: loaded this stage's snapshot of step %" PRId64
-                 " from its node's T0 (versions held: %s)\n",
-                 restored, held.c_str());
-    return restored;
+                 "memento: the newest intact snapshot at or before step %" PRId64
+                 " is step %" PRId64 " (versions held: %s)\n",
+                 step, best, held.c_str());
+    return best;
   }
 
   std::string SummaryJson() override {
@@ -180,10 +179,10 @@ Status RestoreMementoStep(TrainerHooks* hooks, int64_t step) {
   return m->RestoreStep(step);
 }
 
-Result<int64_t> RestoreNewestMementoStep(TrainerHooks* hooks, int64_t step) {
+Result<int64_t> NewestMementoStep(TrainerHooks* hooks, int64_t step) {
   auto* m = dynamic_cast<MementoHooks*>(hooks);
   if (m == nullptr) return FailedPreconditionError("no memento client to restore from");
-  return m->RestoreNewest(step);
+  return m->NewestIntact(step);
 }
 
 Status CheckSnapshotMode(const std::string& mode) {

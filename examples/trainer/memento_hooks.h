@@ -67,11 +67,11 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
 // shard with it (docs/swift.md).
 Status RestoreMementoStep(TrainerHooks* hooks, int64_t step);
 
-// Loads the newest version of this rank that its node's T0 holds intact at
-// or before `step` (ListVersions, then Restore of that step) and returns its
-// step; NotFound listing the versions held when there is none. Snapshots of
-// steps the slots already hold (the dead process took them) are not taken
-// again. A log-replay replacement loads its stage's snapshot with it.
-Result<int64_t> RestoreNewestMementoStep(TrainerHooks* hooks, int64_t step);
+// The newest version of this rank that its node's T0 holds intact at or
+// before `step` (ListVersions); NotFound listing the versions held when there
+// is none. Snapshots of steps the slots already hold (a dead process took
+// them) are not taken again. A log-replay replacement (and its group-mates)
+// find their stage's snapshot with it and load it with RestoreMementoStep.
+Result<int64_t> NewestMementoStep(TrainerHooks* hooks, int64_t step);
 
 }  // namespace memento::trainer

@@ -476,20 +476,19 @@ Result<int64_t> Trainer::RecoverByReplay(const std::vector<std::string>& log_pat
 Result<int64_t> Trainer::RecoverByReplay(const std::function<std::string(int rank)>& log_path,
                                          bool replacement,
                                          const std::function<Status()>& load_snapshot,
-                                         const std::function<Status(int64_t)>& load_replacement) {
+                                         const SnapshotSource* source) {
   return ReplayRecovery(
       [&](const std::vector<int>& stages) {
         std::vector<std::string> paths;
         for (int s : stages) paths.push_back(log_path(options_.comm.topology.Rank(0, 0, s)));
         return paths;
       },
-      replacement, load_snapshot, load_replacement);
+      replacement, load_snapshot, source);
 }
 
 Result<int64_t> Trainer::ReplayRecovery(
     const std::function<std::vector<std::string>(const std::vector<int>& stages)>& paths,
-    bool replacement, const std::function<Status()>& load_snapshot,
-    const std::function<Status(int64_t target)>& load_replacement) {
+    bool replacement, const std::function<Status()>& load_snapshot, const SnapshotSource* source) {
   // The last step every survivor completed. A survivor can be one step
   // behind the others (the failure hit its gradient-norm allreduce after
   // the others had left it) or half into an update: survivors ahead of
@@ -513,6 +512,22 @@ Result<int64_t> Trainer::ReplayRecovery(
   const bool replayer = replacement || group_replays(LogGroup(my_stage));
   bool all_replay = true;
   for (int s = 0; s < t.pp; ++s) all_replay = all_replay && group_replays(LogGroup(s));
+  // Replayers that load their snapshot from `source` agree on one step: the
+  // oldest of their newest snapshots at or before the target (-1: one has
+  // none).
+  const bool from_source = source != nullptr && replayer && (replacement || !load_snapshot);
+  double common = 1e18;
+  Status pick;
+  if (from_source) {
+    Result<int64_t> newest = source->newest(target);
+    if (newest.ok()) {
+      common = static_cast<double>(std::min(*newest, target));
+    } else {
+      pick = newest.status();
+      common = -1.0;
+    }
+  }
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&common, 1));
   Status mine;
   if (!plog_) {
     mine = FailedPreconditionError("the trainer keeps no pipeline log");
@@ -520,15 +535,22 @@ Result<int64_t> Trainer::ReplayRecovery(
     mine = FailedPreconditionError(
         "log replay needs dp 1 and tp 1 (with DP replicas, recover "
         "from a replica)");
-  } else if (replacement && load_replacement) {
-    // The replacement's snapshot, now that the step to reach is known.
-    mine = load_replacement(target);
-    in_update_ = false;
-    undo_ready_ = false;
-    if (mine.ok() && state_.step > target) {
-      mine = FailedPreconditionError("the replacement's snapshot is of step " +
-                                     std::to_string(state_.step) + ", past the agreed step " +
+  } else if (from_source) {
+    // The stage's snapshot of the replayers' common step.
+    if (!pick.ok()) {
+      mine = pick;
+    } else if (common < 0) {
+      mine = FailedPreconditionError("another replaying stage has no snapshot at or before step " +
                                      std::to_string(target));
+    } else {
+      const int64_t step = static_cast<int64_t>(common);
+      mine = source->load(step);
+      in_update_ = false;
+      undo_ready_ = false;
+      if (mine.ok() && state_.step != step) {
+        mine = DataLossError("the snapshot of step " + std::to_string(step) + " holds step " +
+                             std::to_string(state_.step));
+      }
     }
   } else if (replayer && !replacement) {
     // A survivor in the lost stage's log group: what it received from the

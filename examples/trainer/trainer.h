@@ -240,14 +240,20 @@ class Trainer {
   // pipeline nothing but the gradient norm is logged and every rank rolls
   // back (an in-process restart). A replayer that fails mid-replay leaves
   // its group-mates waiting on it until --comm-timeout.
-  // `load_replacement`, when given, is how a replacement loads its stage's
-  // snapshot once the step is agreed (`target`: a snapshot of that step or
-  // older, e.g. the newest version memento's tiers hold at or before it);
-  // without it the replacement replays from the state it holds.
-  Result<int64_t> RecoverByReplay(
-      const std::function<std::string(int rank)>& log_path, bool replacement,
-      const std::function<Status()>& load_snapshot,
-      const std::function<Status(int64_t target)>& load_replacement = nullptr);
+  // `source`, when given, is where the replayers without `load_snapshot`
+  // (the replacement, and group-mates) load their stage's snapshot once the
+  // step t to reach is agreed, e.g. memento's tiers: each finds the newest
+  // snapshot it can load at or before t (`newest`), all of them agree on the
+  // oldest of those, and each loads that step (`load`). Without it the
+  // replacement replays from the state it holds. (Every rank of a job passes
+  // a source or none.)
+  struct SnapshotSource {
+    std::function<Result<int64_t>(int64_t target)> newest;
+    std::function<Status(int64_t step)> load;
+  };
+  Result<int64_t> RecoverByReplay(const std::function<std::string(int rank)>& log_path,
+                                  bool replacement, const std::function<Status()>& load_snapshot,
+                                  const SnapshotSource* source = nullptr);
   // Steps this rank replayed in its last RecoverByReplay (0: it did not).
   int64_t replayed_steps() const { return replayed_steps_; }
   // Payload bytes of the logged inputs (activations, gradients) it replayed.
@@ -321,8 +327,7 @@ class Trainer {
   uint64_t replayed_bytes_ = 0;
   Result<int64_t> ReplayRecovery(
       const std::function<std::vector<std::string>(const std::vector<int>& stages)>& paths,
-      bool replacement, const std::function<Status()>& load_snapshot,
-      const std::function<Status(int64_t target)>& load_replacement);
+      bool replacement, const std::function<Status()>& load_snapshot, const SnapshotSource* source);
   double log_seconds_ = 0.0;  // this step's
   uint64_t log_bytes_ = 0;
   std::vector<float> params_, grads_, m_, v_;

@@ -174,8 +174,12 @@ struct RecoveryReport {
   int replaced_rank = -1;       // undo: the rank started again
   int generation = 0;           // undo: the in-process generation
   int64_t reached_step = -1;    // undo: the newest step a survivor had completed
-  int64_t replayed_steps = 0;   // log: steps the replacement replayed
-  uint64_t bytes_replayed = 0;  // log: logged payload bytes it replayed
+  // log: steps replayed, summed over the stages that replayed (the
+  // replacement; with selective logging its log group too), how many
+  // stages replayed, and the logged payload bytes they replayed.
+  int64_t replayed_steps = 0;
+  int replayed_stages = 0;
+  uint64_t bytes_replayed = 0;
   // From the failure to the first step completed after the recovery (the
   // trainer reports it in the rendezvous dir, launch/swift_protocol.h); -1:
   // not reported.

@@ -195,6 +195,7 @@ std::string Launcher::State::WatchRecoveries() {
   const std::string rdzv = Rendezvous();
   if (!ip.recovered) {
     int64_t agreed = -1, reached = -1, replayed_steps = 0, snapshot_step = -1;
+    int replayed_stages = 0;
     uint64_t bytes_replayed = 0;
     double last_wall = 0;
     std::string missing;
@@ -205,10 +206,13 @@ std::string Launcher::State::WatchRecoveries() {
         continue;
       }
       agreed = j->value("step", int64_t{-1});
+      // Log replay: the replacement, and with selective logging its log
+      // group's survivors, replayed.
+      replayed_steps += j->value("replayed_steps", int64_t{0});
+      bytes_replayed += j->value("bytes_replayed", uint64_t{0});
+      if (j->value("replayed_steps", int64_t{0}) > 0) ++replayed_stages;
       if (j->value("replacement", false)) {
         // (A replacement's from_step is the snapshot it replayed from.)
-        replayed_steps += j->value("replayed_steps", int64_t{0});
-        bytes_replayed += j->value("bytes_replayed", uint64_t{0});
         snapshot_step = j->value("from_step", int64_t{-1});
       } else {
         reached = std::max<int64_t>(reached, j->value("from_step", int64_t{-1}));
@@ -229,12 +233,14 @@ std::string Launcher::State::WatchRecoveries() {
     rep.total_s = last_wall - ip.detected_wall + rep.detect_s;
     rep.replayed_steps = replayed_steps;
     rep.bytes_replayed = bytes_replayed;
+    rep.replayed_stages = replayed_stages;
     if (rep.mode == "log") {
       rep.reason = "survivors at step " + std::to_string(agreed) + " (the newest had completed " +
                    std::to_string(reached) + "); rank " + std::to_string(rep.replaced_rank) +
-                   " loaded its snapshot of step " + std::to_string(snapshot_step) +
-                   " and replayed " + std::to_string(replayed_steps) + " logged step(s), " +
-                   std::to_string(bytes_replayed) + " bytes";
+                   " loaded its snapshot of step " + std::to_string(snapshot_step) + "; " +
+                   std::to_string(replayed_stages) + " stage(s) replayed " +
+                   std::to_string(replayed_steps) + " step(s) in all, " +
+                   std::to_string(bytes_replayed) + " logged bytes";
     } else {
       rep.reason = "survivors undid to step " + std::to_string(agreed) +
                    " (the newest had completed " + std::to_string(reached) + "); rank " +

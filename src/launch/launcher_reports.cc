@@ -37,6 +37,7 @@ json RecoveryReport::ToJson() const {
           {"generation", generation},
           {"reached_step", reached_step},
           {"replayed_steps", replayed_steps},
+          {"replayed_stages", replayed_stages},
           {"bytes_replayed", bytes_replayed},
           {"resume_s", resume_s}};
 }
@@ -75,8 +76,9 @@ std::string RecoveryReport::ToString() const {
                   total_s);
     std::string out = buf;
     if (mode == "log") {
-      out += "; " + std::to_string(replayed_steps) + " step(s) replayed, " +
-             std::to_string(bytes_replayed) + " bytes";
+      out += "; " + std::to_string(replayed_stages) + " stage(s) replayed " +
+             std::to_string(replayed_steps) + " step(s), " + std::to_string(bytes_replayed) +
+             " logged bytes";
     }
     return out + ModeTail(*this);
   }
