@@ -143,6 +143,7 @@ Result<nlohmann::json> RunCase(const MemoryBenchOptions& o, const Case& c, int z
                       {"full_copy_bytes_per_step", full_copy_max},
                       {"plan_copy_bytes_per_step", fm.plan_piece_bytes},
                       {"resident_bytes_per_node", fm.resident_bytes},
+                      {"t1_resident_bytes_per_node", fm.t1_resident_bytes},
                       {"nodes", per_node}};
   return j;
 }

@@ -43,6 +43,15 @@ Status RecoverPathFromEnvironment(agent::JobMemberOptions* o) {
     }
     o->recover_staged_receive = receive == "staged";
   }
+  // MEMENTO_T1_RESIDENT=on|off (docs/reft.md section 4): ARC / local_full
+  // copies referenced in their producer's T0 slot (on) or copied into T1.
+  if (const char* v = std::getenv("MEMENTO_T1_RESIDENT"); v != nullptr && *v) {
+    const std::string mode = v;
+    if (mode != "on" && mode != "off") {
+      return InvalidArgumentError("MEMENTO_T1_RESIDENT must be 'on' or 'off', not '" + mode + "'");
+    }
+    o->t1_resident = mode == "on";
+  }
   return Status::Ok();
 }
 

@@ -65,6 +65,7 @@ Result<std::unique_ptr<JobMember>> JobMember::Start(const JobMemberOptions& opti
                            coord::OpenStore(options.store_url, options.token_file,
                                             Deadline::AfterSeconds(options.store_timeout_s)));
   MEMENTO_ASSIGN_OR_RETURN(c->red_, RedundancyStore::Open(root, node));
+  c->red_->SetResidentT0(options.t1_resident);
   if (store != nullptr && store->options().budget_bytes > 0) {
     // The node's budget covers its slots and its redundancy: a version that
     // does not fit is refused (its step is abandoned, unprotected; the

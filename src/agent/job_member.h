@@ -78,6 +78,11 @@ struct JobMemberOptions {
   // The peer service's recovery data path variants (PeerServiceOptions).
   bool recover_legacy_reads = false;
   bool recover_staged_receive = false;
+  // T1 entries whose bytes already lie in a local rank's T0 slot (ARC and
+  // local_full copies) reference that slot instead of copying the bytes
+  // (docs/reft.md section 4). `memento agent` takes it from MEMENTO_T1_RESIDENT
+  // (on, the default, or off: copy them as before, for comparisons).
+  bool t1_resident = true;
 };
 
 // The codecs of the records this file reads and writes live next to their

@@ -472,6 +472,16 @@ Status PeerService::HandleReadStream(std::string_view body, const net::RpcServer
     return Status::Ok();
   };
   if (auto* shm_red = dynamic_cast<ShmRedundancyStore*>(options_.redundancy)) {
+    MEMENTO_ASSIGN_OR_RETURN(std::optional<RedundancyStore::ResidentRef> resident,
+                             shm_red->Resident(req.step, req.source));
+    if (resident.has_value()) {
+      // Resident in a local rank's T0 slot (docs/reft.md section 4): served
+      // from the slot chunk by chunk with the table's checksums, like a piece.
+      return shm_red->ServeResident(req, [&](const uint8_t* p, uint64_t n, uint64_t digest) {
+        net::ConstBuffer part{p, n};
+        return data(&part, 1, digest);
+      });
+    }
     // Immutable once finished, pinned while it is sent.
     MEMENTO_ASSIGN_OR_RETURN(ShmRedundancyStore::View view, shm_red->ReadView(req));
     return send_parts(static_cast<const uint8_t*>(view.data), view.length);

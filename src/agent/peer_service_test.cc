@@ -40,8 +40,10 @@ net::JobToken Token(const std::string& secret = "peer-service-test-secret-012345
 // ephemeral port.
 class Cluster {
  public:
-  Cluster(int n, topo::Inventory inv, const std::string& policy)
-      : inv_(std::move(inv)), plan_(MakeClusterPlan(MakeTestPlan(n, inv_, policy), inv_)) {
+  Cluster(int n, topo::Inventory inv, const std::string& policy, bool resident = false)
+      : inv_(std::move(inv)),
+        plan_(MakeClusterPlan(MakeTestPlan(n, inv_, policy), inv_)),
+        resident_(resident) {
     for (int node = 0; node < n; ++node) {
       nodes_.emplace_back(std::make_unique<Node>());
       StartNode(node, dir_.path() + "/node" + std::to_string(node));
@@ -90,9 +92,28 @@ class Cluster {
       WriteRankSlot(*node(plan().topology.rank_node[r]).store, inv_, r, slot, step);
     }
   }
+  // Replaces the plan (before anything is written): every store and service
+  // follows `plan` from now on.
+  void UsePlan(const topo::Plan& plan) {
+    plan_ = MakeClusterPlan(plan, inv_);
+    for (auto& nd : nodes_) ASSERT_TRUE(nd->red->SetPlan(plan_->plan).ok());
+  }
+  // The generation of `rank`'s slot holding `step` complete on `node`; 0: none.
+  uint64_t SlotGeneration(int node_id, int rank, int64_t step) {
+    for (int s = 0; s < shm::kSlotsPerRank; ++s) {
+      auto seg = shm::Segment::Open(shm::SlotPath(root(node_id), rank, s), false);
+      if (!seg.ok()) continue;
+      auto info = shm::ReadSlot(**seg);
+      if (info.ok() && info->state == shm::SlotState::kComplete && info->step == step) {
+        return info->generation;
+      }
+    }
+    return 0;
+  }
   // Every node's T1 of `step`, as the save path makes it: parities encoded
   // from the node's own replica, peer copies pushed over the network by the
-  // piece's node, other copies from local memory.
+  // piece's node, other copies from local memory (or, resident in T0, a
+  // reference to the producer rank's slot: T1Producer::ProduceEntries).
   void ProduceRedundancy(int64_t step) {
     for (size_t n = 0; n < nodes_.size(); ++n) ASSERT_TRUE(node(n).red->Ensure(step).ok());
     for (const topo::Copy& cp : plan().copies) {
@@ -101,6 +122,16 @@ class Cluster {
         ASSERT_TRUE(PushCopy(node(cp.node).service->endpoint(), Token(), step, cp.id, bytes.data(),
                              bytes.size(), Soon())
                         .ok());
+        continue;
+      }
+      auto resident = node(cp.node).red->Resident(step, {SourceKind::kCopy, cp.id});
+      ASSERT_TRUE(resident.ok()) << resident.status();
+      if (resident->has_value()) {
+        ASSERT_EQ((*resident)->source.rank, cp.producer_rank);
+        const uint64_t gen = SlotGeneration(cp.node, cp.producer_rank, step);
+        ASSERT_NE(gen, 0u) << "rank " << cp.producer_rank << " has no slot of step " << step;
+        ASSERT_TRUE(
+            node(cp.node).red->FinishResidentEntry(step, {SourceKind::kCopy, cp.id}, gen).ok());
         continue;
       }
       auto buf = node(cp.node).red->EntryBuffer(step, {SourceKind::kCopy, cp.id});
@@ -162,6 +193,7 @@ class Cluster {
     auto red = ShmRedundancyStore::OpenShm(root, node);
     ASSERT_TRUE(red.ok()) << red.status();
     nd->red = std::move(red).value();
+    nd->red->SetResidentT0(resident_);
     ASSERT_TRUE(nd->red->SetPlan(plan_->plan).ok());
     StartService(node);
   }
@@ -197,6 +229,7 @@ class Cluster {
   shm::testing::ShmScratchDir dir_{"memento-peer"};
   topo::Inventory inv_;
   std::shared_ptr<const ClusterPlan> plan_;
+  bool resident_ = false;
   std::vector<std::unique_ptr<Node>> nodes_;
 };
 
@@ -663,6 +696,195 @@ TEST(PeerServiceTest, RecoversALostNodeThroughThePeerProtocol) {
     }
     // The restored node now answers inventories with its rank.
     EXPECT_EQ(c.InventoryOf(1).versions.at(0).ranks, std::vector<int>{1});
+  }
+}
+
+// ---- T1 entries resident in T0 (agent/resident.h, docs/reft.md section 4) ---
+
+namespace resident_test {
+
+// Sends node `node_id` the assemblies of `d` that rebuild ranks on it.
+void RecoverOn(Cluster& c, const recover::Decision& d, int node_id, int64_t step) {
+  nlohmann::json assemblies = nlohmann::json::array();
+  for (const auto& a : d.assemblies) {
+    if (a.node != node_id) continue;
+    assemblies.push_back({{"rank", a.rank}, {"node", a.node}, {"recipe", a.recipe}});
+  }
+  if (assemblies.empty()) return;
+  auto reply = c.Connect(node_id)->Call(
+      kPeerRecover,
+      nlohmann::json{{"step", step}, {"plan_hash", c.hash()}, {"assemblies", assemblies}}.dump(),
+      Soon());
+  ASSERT_TRUE(reply.ok()) << "node " << node_id << ": " << reply.status();
+}
+
+// `rank`'s whole state at `step` on its node, read back byte for byte.
+void ExpectRank(Cluster& c, int rank, int64_t step) {
+  const int node_id = c.plan().ranks[rank].node;
+  PieceReader reader(c.root(node_id), kJob);
+  for (const TensorMeta& t : c.inv()[rank]) {
+    const auto want = TensorBytes(t, rank, step);
+    std::vector<uint8_t> got(want.size());
+    ASSERT_TRUE(reader.ReadTensorRange(rank, step, t.name, 0, got.size(), got.data()).ok())
+        << "rank " << rank << " " << t.name;
+    EXPECT_EQ(got, want) << "rank " << rank << " " << t.name;
+  }
+}
+
+// The (node, kind, id) of every whole-piece read of the decision's recipes.
+std::vector<std::tuple<int, std::string, uint32_t>> Reads(const recover::Decision& d) {
+  std::vector<std::tuple<int, std::string, uint32_t>> out;
+  for (const auto& a : d.assemblies) {
+    for (const auto& part : a.recipe.at("parts")) {
+      if (!part.contains("read")) continue;
+      const auto& r = part["read"];
+      out.emplace_back(r["node"].get<int>(), r["kind"].get<std::string>(), r["id"].get<uint32_t>());
+    }
+  }
+  return out;
+}
+
+}  // namespace resident_test
+
+// ARC copies resident in their producer's T0 slot: no bytes in the version
+// file, every read (kPeerRead, streamed, local) returns the piece, the
+// inventory lists them, and a lost node's rank is rebuilt from them.
+TEST(PeerServiceTest, RecoversALostNodeFromT0ResidentCopies) {
+  using namespace resident_test;
+  const int n = 4;
+  Cluster c(n, MakeInventory(n, 3000 * 4 * 16, 5000 * 4 * 16), "replicate", /*resident=*/true);
+  c.WriteT0(5, 1);
+  c.ProduceRedundancy(5);
+  int resident = 0;
+  std::vector<uint64_t> arc_bytes(n, 0);
+  for (const topo::Copy& cp : c.plan().copies) {
+    if (cp.kind != topo::CopyKind::kArc) continue;
+    auto r = c.node(cp.node).red->Resident(5, {SourceKind::kCopy, cp.id});
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->has_value()) << "copy " << cp.id;
+    EXPECT_EQ((*r)->source.rank, cp.producer_rank);
+    EXPECT_EQ((*r)->generation, c.SlotGeneration(cp.node, cp.producer_rank, 5));
+    arc_bytes[cp.node] += c.plan().pieces[cp.piece].bytes;
+    ++resident;
+    const auto want = CopyBytes(c, cp.id, 5);
+    ReadRequest req{5, {SourceKind::kCopy, cp.id}, 0, want.size()};
+    // Local read (the store), streamed and framed reads from another node.
+    std::vector<uint8_t> got(want.size());
+    ASSERT_TRUE(c.node(cp.node).red->Read(req, got.data()).ok());
+    EXPECT_EQ(got, want) << "local read of copy " << cp.id;
+    const int other = (cp.node + 1) % n;
+    std::fill(got.begin(), got.end(), 0);
+    ASSERT_TRUE(c.node(other).service->reader().Read(cp.node, req, got.data(), Soon()).ok());
+    EXPECT_EQ(got, want) << "streamed read of copy " << cp.id;
+    std::fill(got.begin(), got.end(), 0);
+    auto framed = c.Connect(cp.node)->CallInto(kPeerRead, recover::ToJson(req).dump(), got.data(),
+                                               got.size(), Soon());
+    ASSERT_TRUE(framed.ok()) << framed.status();
+    EXPECT_EQ(got, want) << "kPeerRead of copy " << cp.id;
+    // A part in the middle.
+    ReadRequest mid{5, {SourceKind::kCopy, cp.id}, 1000, 5000};
+    std::vector<uint8_t> part(5000);
+    ASSERT_TRUE(c.node(cp.node).red->Read(mid, part.data()).ok());
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), want.begin() + 1000));
+    // Nothing can be written into it.
+    EXPECT_EQ(c.node(cp.node).red->EntryBuffer(5, {SourceKind::kCopy, cp.id}).status().code(),
+              StatusCode::kFailedPrecondition);
+  }
+  EXPECT_EQ(resident, n) << "one ARC copy per node";
+  for (int node = 0; node < n; ++node) {
+    // The version file holds headers and the private peer copies only.
+    EXPECT_LT(c.node(node).red->bytes_in_use(), arc_bytes[node]) << "node " << node;
+    const auto inv = c.InventoryOf(node);
+    ASSERT_FALSE(inv.versions.empty());
+    std::vector<uint32_t> want = c.plan().nodes[node].copies;
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(inv.versions[0].copies, want) << "node " << node;
+  }
+  c.ReplaceNode(1);
+  std::vector<recover::NodeInventory> live;
+  for (int node = 0; node < n; ++node) live.push_back(c.InventoryOf(node));
+  auto d = recover::Decide(c.plan(), live, 5);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(d->from_memory) << d->reason;
+  bool from_resident = false;
+  for (const auto& [node, kind, id] : Reads(*d)) {
+    from_resident |= kind == "copy" && c.plan().copies[id].kind == topo::CopyKind::kArc;
+  }
+  EXPECT_TRUE(from_resident) << "rank 1's replicated piece should come from its ARC copy";
+  ASSERT_NO_FATAL_FAILURE(RecoverOn(c, *d, 1, 5));
+  ExpectRank(c, 1, 5);
+}
+
+// A resident copy whose T0 slot was overwritten (a newer step) or rewritten
+// (the same step again: another generation) is not listed and not served;
+// recovery takes another listed copy.
+TEST(PeerServiceTest, AStaleResidentCopyIsNotListedAndAnotherSourceIsChosen) {
+  using namespace resident_test;
+  const int n = 4;
+  const topo::Inventory inv = MakeInventory(n);
+  auto t = topo::Topology::Uniform(n, 1, 1, 0, 1);
+  ASSERT_TRUE(t.ok());
+  auto pol = topo::ParsePolicy("replicate");
+  ASSERT_TRUE(pol.ok());
+  pol->local_copy = topo::LocalCopy::kFull;  // every node keeps its whole group: several copies
+  auto plan = topo::MakePlan(*t, inv, *pol);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (bool rewrite_same_step : {false, true}) {
+    SCOPED_TRACE(rewrite_same_step ? "slot rewritten at the same step" : "slot overwritten");
+    Cluster c(n, inv, "replicate", /*resident=*/true);
+    c.UsePlan(*plan);
+    c.WriteT0(5, 1);
+    c.ProduceRedundancy(5);
+    // Node 2's rank loses its slot of step 5 under the references.
+    if (rewrite_same_step) {
+      WriteRankSlot(*c.node(2).store, c.inv(), 2, 1, 5, /*salt=*/7);
+    } else {
+      WriteRankSlot(*c.node(2).store, c.inv(), 2, 1, 6);
+    }
+    std::vector<uint32_t> stale;
+    for (uint32_t id : c.plan().nodes[2].copies) {
+      const topo::Copy& cp = c.plan().copies[id];
+      if (cp.producer_rank == 2) stale.push_back(id);
+    }
+    ASSERT_FALSE(stale.empty());
+    const auto inv2 = c.InventoryOf(2);
+    for (const auto& v : inv2.versions) {
+      if (v.step != 5) continue;
+      for (uint32_t id : stale) {
+        EXPECT_EQ(std::count(v.copies.begin(), v.copies.end(), id), 0)
+            << "copy " << id << " listed though its slot no longer holds its bytes";
+      }
+    }
+    for (uint32_t id : stale) {
+      const uint64_t bytes = c.plan().pieces[c.plan().copies[id].piece].bytes;
+      std::vector<uint8_t> got(bytes);
+      Status st = c.node(2).red->Read({5, {SourceKind::kCopy, id}, 0, bytes}, got.data());
+      EXPECT_EQ(st.code(), StatusCode::kNotFound) << st;
+      st = c.node(0).service->reader().Read(2, {5, {SourceKind::kCopy, id}, 0, bytes}, got.data(),
+                                            Soon());
+      EXPECT_FALSE(st.ok()) << "copy " << id << " served from a stale slot";
+    }
+    // Node 1 lost: its rank is rebuilt from copies on nodes 0 and 3.
+    c.ReplaceNode(1);
+    std::vector<recover::NodeInventory> live;
+    for (int node = 0; node < n; ++node) live.push_back(c.InventoryOf(node));
+    if (rewrite_same_step) {
+      // Rank 2 holds "step 5" of other bytes: recovery may read its pieces;
+      // only the copies it produced are checked here.
+      for (const auto& v : live[2].versions) {
+        for (uint32_t id : stale) EXPECT_EQ(std::count(v.copies.begin(), v.copies.end(), id), 0);
+      }
+      continue;
+    }
+    auto d = recover::Decide(c.plan(), live, 5);
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_TRUE(d->from_memory) << d->reason;
+    for (const auto& [node, kind, id] : Reads(*d)) {
+      EXPECT_FALSE(node == 2 && kind == "copy") << "recipe reads stale copy " << id;
+    }
+    for (int node = 0; node < n; ++node) ASSERT_NO_FATAL_FAILURE(RecoverOn(c, *d, node, 5));
+    ExpectRank(c, 1, 5);
+    ExpectRank(c, 2, 5);
   }
 }
 

@@ -89,7 +89,7 @@ Result<std::shared_ptr<PieceReader::SlotCache>> PieceReader::FindSlot(int rank, 
       fmt::format("rank {} has no complete T0 slot of step {} under {}", rank, step, root_));
 }
 
-Status PieceReader::VerifyRange(SlotCache& c, size_t ti, uint64_t begin, uint64_t end) {
+Status PieceReader::VerifyRange(SlotCache& c, size_t ti, uint64_t begin, uint64_t end, bool force) {
   if (begin >= end) return Status::Ok();
   const auto& chunks = c.info.chunks;
   // First chunk (by data offset) that ends after `begin`.
@@ -100,7 +100,7 @@ Status PieceReader::VerifyRange(SlotCache& c, size_t ti, uint64_t begin, uint64_
   {
     MutexLock l(&mu_);
     for (; it != c.chunk_order.end() && chunks[*it].offset < end; ++it) {
-      if (chunks[*it].tensor_index == ti && c.verified[*it] == 0) todo.push_back(*it);
+      if (chunks[*it].tensor_index == ti && (force || c.verified[*it] == 0)) todo.push_back(*it);
     }
   }
   const uint8_t* data = c.segment->data() + c.info.data_offset;
@@ -144,16 +144,13 @@ Status PieceReader::ReadTensorRange(int rank, int64_t step, const std::string& t
   return Status::Ok();
 }
 
-Result<std::vector<PieceReader::RangeCopy>> PieceReader::MapPiece(const topo::Plan& plan,
-                                                                  uint32_t piece, int64_t step,
-                                                                  const SlotCache& c,
-                                                                  uint64_t offset,
-                                                                  uint64_t length) {
-  const topo::Piece& p = plan.pieces[piece];
+Result<std::vector<PieceReader::RangeCopy>> PieceReader::MapSegments(
+    const std::vector<topo::Segment>& segments, const std::string& label, const SlotCache& c,
+    uint64_t offset, uint64_t length) {
   std::vector<RangeCopy> copies;
   uint64_t pos = 0;
   const uint64_t end = offset + length;
-  for (const topo::Segment& s : p.segments) {
+  for (const topo::Segment& s : segments) {
     const uint64_t s_begin = pos, s_end = pos + s.length;
     pos = s_end;
     if (s_end <= offset || s_begin >= end) continue;
@@ -161,16 +158,142 @@ Result<std::vector<PieceReader::RangeCopy>> PieceReader::MapPiece(const topo::Pl
     auto runs = shm::FindRange(c.info, s.tensor, s.offset + (a - s_begin), b - a);
     if (!runs.ok()) {
       return Status(runs.status().code(),
-                    fmt::format("piece {} ({}): rank {}'s slot of step {}: {}", piece, p.key,
-                                p.rank, step, runs.status().message()));
+                    fmt::format("{}: rank {}'s slot of step {}: {}", label, c.info.rank,
+                                c.info.step, runs.status().message()));
     }
     for (const shm::SlotRun& r : *runs) copies.push_back({r.entry, r.data_offset, r.length});
   }
-  if (pos != p.bytes) {
-    return FailedPreconditionError(fmt::format(
-        "piece {} ({}): segments sum to {} bytes, piece says {}", piece, p.key, pos, p.bytes));
+  if (end > pos) {
+    return InvalidArgumentError(
+        fmt::format("bytes [{}, +{}) of {}: it has {} bytes", offset, length, label, pos));
   }
   return copies;
+}
+
+Result<std::vector<PieceReader::RangeCopy>> PieceReader::MapPiece(const topo::Plan& plan,
+                                                                  uint32_t piece, int64_t step,
+                                                                  const SlotCache& c,
+                                                                  uint64_t offset,
+                                                                  uint64_t length) {
+  const topo::Piece& p = plan.pieces[piece];
+  uint64_t sum = 0;
+  for (const topo::Segment& s : p.segments) sum += s.length;
+  if (sum != p.bytes) {
+    return FailedPreconditionError(fmt::format(
+        "piece {} ({}): segments sum to {} bytes, piece says {}", piece, p.key, sum, p.bytes));
+  }
+  (void)step;
+  return MapSegments(p.segments, fmt::format("piece {} ({})", piece, p.key), c, offset, length);
+}
+
+Status PieceReader::CopyRanges(SlotCache& c, const std::vector<RangeCopy>& copies, void* dst,
+                               const std::string& what) {
+  auto* out = static_cast<uint8_t*>(dst);
+  const uint8_t* data = c.segment->data() + c.info.data_offset;
+  for (const RangeCopy& r : copies) {
+    MEMENTO_RETURN_IF_ERROR(VerifyRange(c, r.tensor, r.begin, r.begin + r.length));
+    std::memcpy(out, data + r.begin, r.length);
+    out += r.length;
+  }
+  if (!shm::SlotUnchanged(*c.segment, c.info)) {
+    return AbortedError(fmt::format("slot {} (step {}) was overwritten while {} was read",
+                                    c.segment->path(), c.info.step, what));
+  }
+  return Status::Ok();
+}
+
+Status PieceReader::EmitRanges(SlotCache& c, const std::vector<RangeCopy>& copies,
+                               const EmitFn& emit, const std::string& what) {
+  const uint8_t* data = c.segment->data() + c.info.data_offset;
+  const auto& chunks = c.info.chunks;
+  for (const RangeCopy& r : copies) {
+    const uint64_t end = r.begin + r.length;
+    uint64_t at = r.begin;
+    // Chunks of this tensor overlapping [begin, end), in data order.
+    auto it = std::partition_point(c.chunk_order.begin(), c.chunk_order.end(), [&](size_t i) {
+      return chunks[i].offset + chunks[i].length <= r.begin;
+    });
+    for (; at < end; ++it) {
+      const bool have = it != c.chunk_order.end() && chunks[*it].offset < end;
+      if (have && chunks[*it].tensor_index != r.tensor) continue;
+      if (!have || chunks[*it].offset > at) {
+        // Bytes no chunk covers (ReadSlot rejects such tables): refuse
+        // rather than send unchecked bytes.
+        return DataLossError(
+            fmt::format("slot {} (rank {}, step {}): bytes {}..{} of tensor {} lie in no chunk",
+                        c.segment->path(), c.info.rank, c.info.step, at,
+                        have ? chunks[*it].offset : end, shm::EntryName(c.info.tensors[r.tensor])));
+      }
+      const shm::ChunkEntry& ch = chunks[*it];
+      const uint64_t hi = std::min(end, ch.offset + ch.length);
+      uint64_t digest;
+      if (at == ch.offset && hi == ch.offset + ch.length) {
+        digest = ch.checksum;  // checked by the receiver against the bytes it gets
+      } else {
+        MEMENTO_RETURN_IF_ERROR(VerifyRange(c, r.tensor, at, hi));
+        digest = Checksum(data + at, hi - at);
+      }
+      MEMENTO_RETURN_IF_ERROR(emit(data + at, hi - at, digest));
+      at = hi;
+    }
+  }
+  if (!shm::SlotUnchanged(*c.segment, c.info)) {
+    return AbortedError(fmt::format("slot {} (step {}) was overwritten while {} was sent",
+                                    c.segment->path(), c.info.step, what));
+  }
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<PieceReader::SlotCache>> PieceReader::FindRefSlot(const SegmentsRef& ref) {
+  if (ref.segments == nullptr) return InvalidArgumentError(ref.what + ": no segments");
+  auto found = FindSlot(ref.rank, ref.step);
+  if (!found.ok()) {
+    return Status(found.status().code(), fmt::format("{}: {}", ref.what, found.status().message()));
+  }
+  if (ref.generation != 0 && (*found)->generation != ref.generation) {
+    // The slot holds the step again, written anew (a recovery, a rollback):
+    // not the bytes the entry was made from.
+    return NotFoundError(fmt::format(
+        "{}: rank {}'s slot of step {} was rewritten (generation {}, the entry was made from {})",
+        ref.what, ref.rank, ref.step, (*found)->generation, ref.generation));
+  }
+  return found;
+}
+
+Status PieceReader::ReadSegments(const SegmentsRef& ref, uint64_t offset, uint64_t length,
+                                 void* dst) {
+  if (length == 0) return Status::Ok();
+  MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindRefSlot(ref));
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies,
+                           MapSegments(*ref.segments, ref.what, *c, offset, length));
+  return CopyRanges(*c, copies, dst, ref.what);
+}
+
+Status PieceReader::ServeSegments(const SegmentsRef& ref, uint64_t offset, uint64_t length,
+                                  const EmitFn& emit) {
+  if (length == 0) return Status::Ok();
+  MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindRefSlot(ref));
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies,
+                           MapSegments(*ref.segments, ref.what, *c, offset, length));
+  return EmitRanges(*c, copies, emit, ref.what);
+}
+
+Status PieceReader::CheckSegments(const SegmentsRef& ref, bool verify) {
+  MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindRefSlot(ref));
+  uint64_t total = 0;
+  for (const topo::Segment& s : *ref.segments) total += s.length;
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies,
+                           MapSegments(*ref.segments, ref.what, *c, 0, total));
+  if (verify) {
+    for (const RangeCopy& r : copies) {
+      MEMENTO_RETURN_IF_ERROR(VerifyRange(*c, r.tensor, r.begin, r.begin + r.length, true));
+    }
+  }
+  if (!shm::SlotUnchanged(*c->segment, c->info)) {
+    return NotFoundError(fmt::format("{}: rank {}'s slot of step {} is being overwritten", ref.what,
+                                     ref.rank, ref.step));
+  }
+  return Status::Ok();
 }
 
 namespace {
@@ -198,18 +321,7 @@ Status PieceReader::ReadPiece(const topo::Plan& plan, uint32_t piece, int64_t st
   MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindSlot(p.rank, step));
   MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies,
                            MapPiece(plan, piece, step, *c, offset, length));
-  auto* out = static_cast<uint8_t*>(dst);
-  const uint8_t* data = c->segment->data() + c->info.data_offset;
-  for (const RangeCopy& r : copies) {
-    MEMENTO_RETURN_IF_ERROR(VerifyRange(*c, r.tensor, r.begin, r.begin + r.length));
-    std::memcpy(out, data + r.begin, r.length);
-    out += r.length;
-  }
-  if (!shm::SlotUnchanged(*c->segment, c->info)) {
-    return AbortedError(fmt::format("slot {} (step {}) was overwritten while piece {} was read",
-                                    c->segment->path(), step, piece));
-  }
-  return Status::Ok();
+  return CopyRanges(*c, copies, dst, fmt::format("piece {}", piece));
 }
 
 Status PieceReader::ServePiece(const topo::Plan& plan, uint32_t piece, int64_t step,
@@ -220,44 +332,7 @@ Status PieceReader::ServePiece(const topo::Plan& plan, uint32_t piece, int64_t s
   MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindSlot(p.rank, step));
   MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies,
                            MapPiece(plan, piece, step, *c, offset, length));
-  const uint8_t* data = c->segment->data() + c->info.data_offset;
-  const auto& chunks = c->info.chunks;
-  for (const RangeCopy& r : copies) {
-    const uint64_t end = r.begin + r.length;
-    uint64_t at = r.begin;
-    // Chunks of this tensor overlapping [begin, end), in data order.
-    auto it = std::partition_point(c->chunk_order.begin(), c->chunk_order.end(), [&](size_t i) {
-      return chunks[i].offset + chunks[i].length <= r.begin;
-    });
-    for (; at < end; ++it) {
-      const bool have = it != c->chunk_order.end() && chunks[*it].offset < end;
-      if (have && chunks[*it].tensor_index != r.tensor) continue;
-      if (!have || chunks[*it].offset > at) {
-        // Bytes no chunk covers (ReadSlot rejects such tables): refuse
-        // rather than send unchecked bytes.
-        return DataLossError(fmt::format(
-            "slot {} (rank {}, step {}): bytes {}..{} of tensor {} lie in no chunk",
-            c->segment->path(), c->info.rank, c->info.step, at, have ? chunks[*it].offset : end,
-            shm::EntryName(c->info.tensors[r.tensor])));
-      }
-      const shm::ChunkEntry& ch = chunks[*it];
-      const uint64_t hi = std::min(end, ch.offset + ch.length);
-      uint64_t digest;
-      if (at == ch.offset && hi == ch.offset + ch.length) {
-        digest = ch.checksum;  // checked by the receiver against the bytes it gets
-      } else {
-        MEMENTO_RETURN_IF_ERROR(VerifyRange(*c, r.tensor, at, hi));
-        digest = Checksum(data + at, hi - at);
-      }
-      MEMENTO_RETURN_IF_ERROR(emit(data + at, hi - at, digest));
-      at = hi;
-    }
-  }
-  if (!shm::SlotUnchanged(*c->segment, c->info)) {
-    return AbortedError(fmt::format("slot {} (step {}) was overwritten while piece {} was sent",
-                                    c->segment->path(), step, piece));
-  }
-  return Status::Ok();
+  return EmitRanges(*c, copies, emit, fmt::format("piece {}", piece));
 }
 
 std::vector<int> RanksHolding(shm::NodeStore& store, const std::vector<int>& ranks, int64_t step,

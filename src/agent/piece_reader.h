@@ -72,6 +72,28 @@ class PieceReader {
   [[nodiscard]] Status ReadTensorRange(int rank, int64_t step, const std::string& tensor,
                                        uint64_t offset, uint64_t length, void* dst) EXCLUDES(mu_);
 
+  // Bytes of a T1 entry resident in T0 (agent/resident.h): the concatenation
+  // of `segments` of `rank`'s slot of `step`, `what` naming it in errors.
+  // `generation` (non-zero) must be the slot's generation: the slot was not
+  // rewritten since the entry was made (else NotFound: the bytes are gone,
+  // never another version's). The same checks as ReadPiece otherwise.
+  struct SegmentsRef {
+    int rank = -1;
+    int64_t step = -1;
+    uint64_t generation = 0;  // 0: any
+    const std::vector<topo::Segment>* segments = nullptr;
+    std::string what;  // "copy 3 (piece sg0/r1)"
+  };
+  [[nodiscard]] Status ReadSegments(const SegmentsRef& ref, uint64_t offset, uint64_t length,
+                                    void* dst) EXCLUDES(mu_);
+  // ServePiece for such bytes.
+  [[nodiscard]] Status ServeSegments(const SegmentsRef& ref, uint64_t offset, uint64_t length,
+                                     const EmitFn& emit) EXCLUDES(mu_);
+  // OK while `rank`'s slot of `step` still holds the bytes (complete, the
+  // generation, every segment present); with `verify`, every chunk the bytes
+  // lie in is hashed now. NotFound / DataLoss / Aborted as ReadSegments.
+  [[nodiscard]] Status CheckSegments(const SegmentsRef& ref, bool verify) EXCLUDES(mu_);
+
  private:
   struct SlotCache {
     std::shared_ptr<shm::Segment> segment;
@@ -84,8 +106,10 @@ class PieceReader {
   // The cache entry of `rank`'s slot holding `step` complete; NotFound if none.
   Result<std::shared_ptr<SlotCache>> FindSlot(int rank, int64_t step) EXCLUDES(mu_);
   Result<std::shared_ptr<SlotCache>> Load(int rank, int slot) EXCLUDES(mu_);
-  // Verifies the chunks covering data-region bytes [begin, end) of tensor ti.
-  Status VerifyRange(SlotCache& c, size_t ti, uint64_t begin, uint64_t end) EXCLUDES(mu_);
+  // Verifies the chunks covering data-region bytes [begin, end) of tensor ti
+  // (chunks verified before in this generation are skipped unless `force`).
+  Status VerifyRange(SlotCache& c, size_t ti, uint64_t begin, uint64_t end, bool force = false)
+      EXCLUDES(mu_);
   // Piece bytes [offset, offset + length) as data-region ranges of `c`.
   struct RangeCopy {
     size_t tensor = 0;
@@ -94,6 +118,18 @@ class PieceReader {
   };
   Result<std::vector<RangeCopy>> MapPiece(const topo::Plan& plan, uint32_t piece, int64_t step,
                                           const SlotCache& c, uint64_t offset, uint64_t length);
+  // The same for any segments of `c`'s rank (`label` names them in errors).
+  static Result<std::vector<RangeCopy>> MapSegments(const std::vector<topo::Segment>& segments,
+                                                    const std::string& label, const SlotCache& c,
+                                                    uint64_t offset, uint64_t length);
+  // The slot of a SegmentsRef (generation checked) and its ranges.
+  Result<std::shared_ptr<SlotCache>> FindRefSlot(const SegmentsRef& ref) EXCLUDES(mu_);
+  // Copies ranges of `c` to dst, verifying their chunks, then re-checks the generation.
+  Status CopyRanges(SlotCache& c, const std::vector<RangeCopy>& copies, void* dst,
+                    const std::string& what) EXCLUDES(mu_);
+  // Emits ranges of `c` chunk by chunk with digests (ServePiece's loop).
+  Status EmitRanges(SlotCache& c, const std::vector<RangeCopy>& copies, const EmitFn& emit,
+                    const std::string& what) EXCLUDES(mu_);
 
   const std::string root_;
   const std::string job_id_;

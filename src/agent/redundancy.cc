@@ -65,6 +65,16 @@ std::string DescribeSource(ByteSource e) {
   return fmt::format("{} {}", recover::SourceKindName(e.kind), e.id);
 }
 
+Status ResidentRefusal(ByteSource entry, int64_t step, const RedundancyEntry& e) {
+  return FailedPreconditionError(fmt::format(
+      "{} of version {} is resident in T0 (rank {}'s slot): it has no bytes in the redundancy "
+      "store; finish it with FinishResidentEntry",
+      DescribeSource(entry), step, e.offset));
+}
+
+// Bytes read per pass when a resident entry is hashed.
+constexpr uint64_t kResidentHashChunk = uint64_t{1} << 20;
+
 }  // namespace
 
 std::string RedundancyVersionPath(const std::string& root, int64_t step) {
@@ -127,7 +137,9 @@ Status ShmRedundancyStore::Adopt() {
       drop("not complete (torn by a crash while it was written)");
       continue;
     }
-    if (h->magic != kRedundancyMagic || h->format_version != kRedundancyFormatVersion ||
+    if (h->magic != kRedundancyMagic ||
+        (h->format_version != kRedundancyFormatVersion &&
+         h->format_version != kRedundancyFormatVersionResident) ||
         h->header_bytes != kRedundancyHeaderBytes || h->header_checksum != HeaderChecksum(h)) {
       drop("bad magic, version or header checksum");
       continue;
@@ -160,8 +172,13 @@ Status ShmRedundancyStore::Adopt() {
     bool ok = true;
     for (uint32_t i = 0; i < n && ok; ++i) {
       const RedundancyEntry& e = table[i];
-      ok = ValidKind(e.kind) && e.done == 1 && e.offset >= h->data_offset &&
-           e.offset % kRedundancyEntryAlignment == 0 && e.offset + e.bytes <= h->total_bytes &&
+      const bool stored_ok = e.flags == 0 && e.offset >= h->data_offset &&
+                             e.offset % kRedundancyEntryAlignment == 0 &&
+                             e.offset + e.bytes <= h->total_bytes;
+      const bool resident_ok = e.flags == kEntryResident &&
+                               h->format_version == kRedundancyFormatVersionResident &&
+                               e.offset < (uint64_t{1} << 31) && e.generation != 0;
+      ok = ValidKind(e.kind) && e.done == 1 && (stored_ok || resident_ok) &&
            v->index.emplace(std::make_pair(e.kind, e.id), i).second;
     }
     if (!ok) {
@@ -172,8 +189,15 @@ Status ShmRedundancyStore::Adopt() {
     // down): bad entries are kept but never served or listed.
     v->check.assign(n, Check::kGood);
     v->computed.assign(n, 0);
+    // Resident entries are resolved with the plan (SetPlan) and checked in
+    // their T0 slot when listed or read.
+    v->resident.assign(n, nullptr);
     for (uint32_t i = 0; i < n; ++i) {
       const RedundancyEntry& e = table[i];
+      if (IsResident(e)) {
+        v->check[i] = Check::kUnknown;
+        continue;
+      }
       uint64_t sum = Checksum(segment->data() + e.offset, e.bytes);
       if (sum != e.xxh3) {
         v->check[i] = Check::kBad;
@@ -202,16 +226,38 @@ Status ShmRedundancyStore::SetPlan(const topo::Plan& plan) {
     if (id >= plan.copies.size() || plan.copies[id].piece >= plan.pieces.size()) {
       return InvalidArgumentError(fmt::format("redundancy store: plan copy {} out of range", id));
     }
-    planned.push_back({SourceKind::kCopy, id, plan.pieces[plan.copies[id].piece].bytes});
+    planned.push_back({SourceKind::kCopy, id, plan.pieces[plan.copies[id].piece].bytes, nullptr});
   }
   for (uint32_t id : np.parities) {
     if (id >= plan.parities.size()) {
       return InvalidArgumentError(fmt::format("redundancy store: plan parity {} out of range", id));
     }
-    planned.push_back({SourceKind::kParity, id, plan.parities[id].bytes});
+    planned.push_back({SourceKind::kParity, id, plan.parities[id].bytes, nullptr});
+  }
+  std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const ResidentSource>> resident;
+  for (PlannedEntry& p : planned) {
+    std::optional<ResidentSource> src = T0ResidentSource(plan, {p.kind, p.id});
+    if (!src.has_value()) continue;
+    uint64_t sum = 0;
+    for (const topo::Segment& seg : src->segments) sum += seg.length;
+    if (sum != p.bytes || src->rank < 0) {
+      return InternalError(
+          fmt::format("redundancy store: {} {} resident in rank {}: {} bytes of "
+                      "segments for an entry of {}",
+                      recover::SourceKindName(p.kind), p.id, src->rank, sum, p.bytes));
+    }
+    resident[{static_cast<uint32_t>(p.kind), p.id}] =
+        std::make_shared<const ResidentSource>(std::move(*src));
   }
   const uint64_t hash = RedundancyPlanHash(plan);
   MutexLock l(&mu_);
+  if (resident_t0_) {
+    for (PlannedEntry& p : planned) {
+      auto it = resident.find({static_cast<uint32_t>(p.kind), p.id});
+      if (it != resident.end()) p.resident = it->second;
+    }
+  }
+  plan_resident_ = std::move(resident);
   have_plan_ = true;
   if (hash != plan_hash_) {
     for (auto& [step, superseded] : creating_) superseded = true;
@@ -226,6 +272,23 @@ Status ShmRedundancyStore::SetPlan(const topo::Plan& plan) {
       Remove(it->second);
       it = versions_.erase(it);
     } else {
+      // Resident entries of an adopted version: where the plan says their
+      // bytes lie (the rank must be the one the file recorded).
+      Version& v = *it->second;
+      const RedundancyEntry* table = TableOf(*v.segment);
+      for (uint32_t i = 0; i < v.resident.size(); ++i) {
+        if (!IsResident(table[i]) || v.resident[i] != nullptr) continue;
+        auto r = plan_resident_.find({table[i].kind, table[i].id});
+        if (r != plan_resident_.end() &&
+            static_cast<uint64_t>(r->second->rank) == table[i].offset) {
+          v.resident[i] = r->second;
+        } else {
+          MEMENTO_LOG_WARN(
+              "redundancy store: {} is resident in T0 but the plan does not say where; "
+              "not served",
+              EntryName(v, i));
+        }
+      }
       ++it;
     }
   }
@@ -299,7 +362,14 @@ Result<std::shared_ptr<ShmRedundancyStore::Version>> ShmRedundancyStore::CreateV
       shm::AlignUp(kRedundancyHeaderBytes + n * sizeof(RedundancyEntry), kRedundancyDataAlignment);
   std::vector<uint64_t> offsets;
   uint64_t end = data_offset;
+  bool any_resident = false;
   for (const PlannedEntry& p : planned) {
+    if (p.resident != nullptr) {
+      // No bytes in the file: `offset` records the producer rank.
+      offsets.push_back(static_cast<uint64_t>(p.resident->rank));
+      any_resident = true;
+      continue;
+    }
     end = shm::AlignUp(end, kRedundancyEntryAlignment);
     offsets.push_back(end);
     end += p.bytes;
@@ -317,7 +387,7 @@ Result<std::shared_ptr<ShmRedundancyStore::Version>> ShmRedundancyStore::CreateV
   RedundancyHeader* h = HeaderOf(*segment);
   StoreState(h, RedundancyState::kWriting);  // first
   h->magic = kRedundancyMagic;
-  h->format_version = kRedundancyFormatVersion;
+  h->format_version = any_resident ? kRedundancyFormatVersionResident : kRedundancyFormatVersion;
   h->header_bytes = kRedundancyHeaderBytes;
   h->step = step;
   h->plan_hash = plan_hash;
@@ -342,8 +412,10 @@ Result<std::shared_ptr<ShmRedundancyStore::Version>> ShmRedundancyStore::CreateV
     e.id = planned[i].id;
     e.offset = offsets[i];
     e.bytes = planned[i].bytes;
+    e.flags = planned[i].resident != nullptr ? kEntryResident : 0;
     table[i] = e;
     v->index.emplace(std::make_pair(e.kind, e.id), i);
+    v->resident.push_back(planned[i].resident);
   }
   v->check.assign(n, Check::kUnknown);
   v->computed.assign(n, 0);
@@ -384,6 +456,7 @@ Result<uint8_t*> ShmRedundancyStore::EntryBuffer(int64_t step, ByteSource entry)
   MutexLock l(&mu_);
   MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
   const RedundancyEntry& e = TableOf(*found.first->segment)[found.second];
+  if (IsResident(e)) return ResidentRefusal(entry, step, e);
   if (e.done != 0) {
     return FailedPreconditionError(fmt::format("{} of version {} on node {} is already finished",
                                                DescribeSource(entry), step, node_));
@@ -396,6 +469,7 @@ Result<ShmRedundancyStore::WriteView> ShmRedundancyStore::PinEntryBuffer(int64_t
   MutexLock l(&mu_);
   MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
   const RedundancyEntry& e = TableOf(*found.first->segment)[found.second];
+  if (IsResident(e)) return ResidentRefusal(entry, step, e);
   if (e.done != 0) {
     return FailedPreconditionError(fmt::format("{} of version {} on node {} is already finished",
                                                DescribeSource(entry), step, node_));
@@ -441,6 +515,9 @@ Status ShmRedundancyStore::FinishEntryImpl(int64_t step, ByteSource entry,
     MutexLock l(&mu_);
     MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
     std::tie(v, index) = found;
+    if (IsResident(TableOf(*v->segment)[index])) {
+      return ResidentRefusal(entry, step, TableOf(*v->segment)[index]);
+    }
     if (TableOf(*v->segment)[index].done != 0) {
       return FailedPreconditionError(fmt::format("{} of version {} on node {} is already finished",
                                                  DescribeSource(entry), step, node_));
@@ -500,6 +577,7 @@ recover::VersionHolding ShmRedundancyStore::Holding(int64_t step, bool verify) {
   out.step = step;
   std::shared_ptr<Version> v;
   std::vector<uint32_t> done;
+  std::vector<std::pair<uint32_t, std::shared_ptr<const ResidentSource>>> resident;
   {
     MutexLock l(&mu_);
     auto it = versions_.find(step);
@@ -507,10 +585,28 @@ recover::VersionHolding ShmRedundancyStore::Holding(int64_t step, bool verify) {
     v = it->second;
     const RedundancyEntry* table = TableOf(*v->segment);
     for (uint32_t i = 0; i < v->check.size(); ++i) {
-      if (table[i].done != 0) done.push_back(i);
+      if (__atomic_load_n(&table[i].done, __ATOMIC_ACQUIRE) == 0) continue;
+      if (IsResident(table[i])) {
+        // Listed only while its T0 slot still holds the bytes it was made from.
+        if (v->resident[i] != nullptr) resident.emplace_back(i, v->resident[i]);
+      } else {
+        done.push_back(i);
+      }
     }
   }
   const RedundancyEntry* table = TableOf(*v->segment);
+  for (const auto& [i, src] : resident) {
+    Status st = t0_.CheckSegments(RefOf(*v, i, *src), verify);
+    if (!st.ok()) {
+      MEMENTO_LOG_INFO("redundancy store: {} not listed: {}", EntryName(*v, i), st.ToString());
+      continue;
+    }
+    if (table[i].kind == static_cast<uint32_t>(SourceKind::kCopy)) {
+      out.copies.push_back(table[i].id);
+    } else {
+      out.parities.push_back(table[i].id);
+    }
+  }
   std::vector<Check> result(done.size());
   std::vector<uint64_t> sums(done.size(), 0);
   if (verify) {
@@ -540,17 +636,151 @@ recover::VersionHolding ShmRedundancyStore::Holding(int64_t step, bool verify) {
   return out;
 }
 
+PieceReader::SegmentsRef ShmRedundancyStore::RefOf(const Version& v, uint32_t index,
+                                                   const ResidentSource& src) {
+  const RedundancyEntry& e = TableOf(*v.segment)[index];
+  PieceReader::SegmentsRef ref;
+  ref.rank = src.rank;
+  ref.step = v.step;
+  ref.generation = e.generation;
+  ref.segments = &src.segments;
+  ref.what = fmt::format("{} (resident in rank {}'s T0 slot)", EntryName(v, index), src.rank);
+  return ref;
+}
+
+Result<std::optional<RedundancyStore::ResidentRef>> ShmRedundancyStore::Resident(int64_t step,
+                                                                                 ByteSource entry) {
+  MutexLock l(&mu_);
+  MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
+  const auto& [v, index] = found;
+  const RedundancyEntry& e = TableOf(*v->segment)[index];
+  if (!IsResident(e)) return std::optional<ResidentRef>();
+  if (v->resident[index] == nullptr) {
+    return NotFoundError(
+        fmt::format("{} is resident in T0 but the plan does not say where", EntryName(*v, index)));
+  }
+  ResidentRef ref;
+  ref.source = *v->resident[index];
+  ref.generation = __atomic_load_n(&e.done, __ATOMIC_ACQUIRE) != 0 ? e.generation : 0;
+  return std::optional<ResidentRef>(std::move(ref));
+}
+
+Status ShmRedundancyStore::FinishResidentEntry(int64_t step, ByteSource entry,
+                                               uint64_t slot_generation) {
+  std::shared_ptr<Version> v;
+  uint32_t index = 0;
+  std::shared_ptr<const ResidentSource> src;
+  {
+    MutexLock l(&mu_);
+    MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
+    std::tie(v, index) = found;
+    const RedundancyEntry& e = TableOf(*v->segment)[index];
+    if (!IsResident(e) || v->resident[index] == nullptr) {
+      return FailedPreconditionError(fmt::format(
+          "{} of version {} on node {} is stored in the redundancy store, not resident in T0",
+          DescribeSource(entry), step, node_));
+    }
+    if (e.done != 0) {
+      return FailedPreconditionError(fmt::format("{} of version {} on node {} is already finished",
+                                                 DescribeSource(entry), step, node_));
+    }
+    src = v->resident[index];
+  }
+  if (slot_generation == 0) {
+    return InvalidArgumentError(
+        fmt::format("{} of version {}: slot generation 0", DescribeSource(entry), step));
+  }
+  // The bytes as they lie in the slot now (every chunk verified, the slot's
+  // generation the caller's): their xxHash3 is the entry's checksum.
+  PieceReader::SegmentsRef ref = RefOf(*v, index, *src);
+  ref.generation = slot_generation;
+  const uint64_t total = TableOf(*v->segment)[index].bytes;
+  StreamingChecksum sum;
+  std::vector<uint8_t> buf(std::min(total, kResidentHashChunk));
+  for (uint64_t at = 0; at < total; at += buf.size()) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), total - at);
+    MEMENTO_RETURN_IF_ERROR(t0_.ReadSegments(ref, at, n, buf.data()));
+    sum.Update(buf.data(), n);
+  }
+  MutexLock l(&mu_);
+  RedundancyEntry& e = TableOf(*v->segment)[index];
+  if (e.done != 0) {
+    return FailedPreconditionError(fmt::format("{} of version {} on node {} is already finished",
+                                               DescribeSource(entry), step, node_));
+  }
+  e.xxh3 = sum.Digest();
+  e.generation = slot_generation;
+  __atomic_store_n(&e.done, 1u, __ATOMIC_RELEASE);
+  v->check[index] = Check::kUnknown;
+  if (++v->done == v->index.size()) Seal(*v);
+  return Status::Ok();
+}
+
+Status ShmRedundancyStore::ServeResident(const recover::ReadRequest& req,
+                                         const PieceReader::EmitFn& emit) {
+  std::shared_ptr<Version> v;
+  uint32_t index = 0;
+  std::shared_ptr<const ResidentSource> src;
+  {
+    MutexLock l(&mu_);
+    MEMENTO_ASSIGN_OR_RETURN(auto found, Find(req.step, req.source));
+    std::tie(v, index) = found;
+    if (!IsResident(TableOf(*v->segment)[index])) {
+      return FailedPreconditionError(
+          fmt::format("{} is stored, not resident in T0", EntryName(*v, index)));
+    }
+    src = v->resident[index];
+  }
+  MEMENTO_RETURN_IF_ERROR(CheckResidentRead(*v, index, src.get(), req));
+  return t0_.ServeSegments(RefOf(*v, index, *src), req.offset, req.length, emit);
+}
+
+Status ShmRedundancyStore::CheckResidentRead(const Version& v, uint32_t index,
+                                             const ResidentSource* src,
+                                             const recover::ReadRequest& req) const {
+  const RedundancyEntry& e = TableOf(*v.segment)[index];
+  if (__atomic_load_n(&e.done, __ATOMIC_ACQUIRE) == 0) {
+    return NotFoundError(fmt::format("{} of version {} on node {} is not finished yet",
+                                     DescribeSource(req.source), req.step, node_));
+  }
+  if (src == nullptr) {
+    return NotFoundError(
+        fmt::format("{} is resident in T0 but the plan does not say where", EntryName(v, index)));
+  }
+  if (req.offset > e.bytes || req.length > e.bytes - req.offset) {
+    return InvalidArgumentError(
+        fmt::format("read of bytes [{}, +{}) of {} of version {}: the entry has {} bytes",
+                    req.offset, req.length, DescribeSource(req.source), req.step, e.bytes));
+  }
+  return Status::Ok();
+}
+
 Result<ShmRedundancyStore::View> ShmRedundancyStore::ReadView(const recover::ReadRequest& req) {
   std::shared_ptr<Version> v;
   uint32_t index = 0;
   Check check = Check::kUnknown;
+  std::shared_ptr<const ResidentSource> src;
   {
     MutexLock l(&mu_);
     MEMENTO_ASSIGN_OR_RETURN(auto found, Find(req.step, req.source));
     std::tie(v, index) = found;
     check = v->check[index];
+    src = v->resident[index];
   }
   const RedundancyEntry& e = TableOf(*v->segment)[index];
+  if (IsResident(e)) {
+    // Not in the file: read from the producer's T0 slot into a buffer the
+    // view owns (chunks verified, the slot's generation checked).
+    MEMENTO_RETURN_IF_ERROR(CheckResidentRead(*v, index, src.get(), req));
+    auto buf = std::make_shared<std::vector<uint8_t>>(req.length);
+    MEMENTO_RETURN_IF_ERROR(
+        t0_.ReadSegments(RefOf(*v, index, *src), req.offset, req.length, buf->data()));
+    View view;
+    view.data = buf->data();
+    view.length = req.length;
+    view.keep = std::move(buf);
+    return view;
+  }
   if (__atomic_load_n(&e.done, __ATOMIC_ACQUIRE) == 0) {
     return NotFoundError(fmt::format("{} of version {} on node {} is not finished yet",
                                      DescribeSource(req.source), req.step, node_));
@@ -585,6 +815,21 @@ Result<ShmRedundancyStore::View> ShmRedundancyStore::ReadView(const recover::Rea
 }
 
 Status ShmRedundancyStore::Read(const recover::ReadRequest& req, void* dst) {
+  {
+    std::shared_ptr<Version> v;
+    uint32_t index = 0;
+    std::shared_ptr<const ResidentSource> src;
+    {
+      MutexLock l(&mu_);
+      MEMENTO_ASSIGN_OR_RETURN(auto found, Find(req.step, req.source));
+      std::tie(v, index) = found;
+      src = v->resident[index];
+    }
+    if (IsResident(TableOf(*v->segment)[index])) {
+      MEMENTO_RETURN_IF_ERROR(CheckResidentRead(*v, index, src.get(), req));
+      return t0_.ReadSegments(RefOf(*v, index, *src), req.offset, req.length, dst);
+    }
+  }
   MEMENTO_ASSIGN_OR_RETURN(View view, ReadView(req));
   if (view.length > 0) std::memcpy(dst, view.data, view.length);
   return Status::Ok();
@@ -610,6 +855,11 @@ void ShmRedundancyStore::DropAbove(int64_t keep_to) {
     Remove(it->second);
     it = versions_.erase(it);
   }
+}
+
+void ShmRedundancyStore::SetResidentT0(bool on) {
+  MutexLock l(&mu_);
+  resident_t0_ = on;
 }
 
 }  // namespace memento::agent

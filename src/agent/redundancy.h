@@ -12,6 +12,8 @@
 // Producers: the agent's save path (parities and ARC / local copies computed
 // from the node's own T0 slots) and the peer service (peer and AOR copies
 // pushed by the pieces' nodes). Readers: the peer service (recovery reads).
+// Entries resident in T0 (agent/resident.h) keep no bytes here: reads
+// resolve them through the producer rank's T0 slot.
 //
 // Thread safety: every method is thread-safe; different entries of one
 // version may be written concurrently.
@@ -20,9 +22,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "agent/resident.h"
+#include "fmt/format.h"
 #include "memento/status.h"
 #include "recover/source.h"
 #include "topo/plan.h"
@@ -62,6 +67,39 @@ class RedundancyStore {
   // Checksums the entry's bytes and marks it done; when it is the last one the
   // version becomes complete (state word last, release ordering).
   [[nodiscard]] virtual Status FinishEntry(int64_t step, recover::ByteSource entry) = 0;
+
+  // Entries resident in T0 (agent/resident.h; docs/reft.md section 4): when
+  // on, versions created after the next SetPlan lay out the entries
+  // T0ResidentSource names without bytes in the file, and the producer
+  // finishes them with FinishResidentEntry; every read resolves them through
+  // the producer rank's T0 slot under the store's root. Off by default (the
+  // agent turns it on); a store that cannot resolve them keeps it off.
+  virtual void SetResidentT0(bool on) { (void)on; }
+
+  // A resident entry of version `step` (not done yet or done): where its bytes
+  // lie. nullopt for an entry stored in the file; NotFound for no such entry.
+  struct ResidentRef {
+    ResidentSource source;
+    uint64_t generation = 0;  // of the producer's slot, once finished; 0 before
+  };
+  [[nodiscard]] virtual Result<std::optional<ResidentRef>> Resident(int64_t step,
+                                                                    recover::ByteSource entry) {
+    (void)step;
+    (void)entry;
+    return std::optional<ResidentRef>();
+  }
+  // Finishes a resident entry: its bytes are read now from the producer
+  // rank's T0 slot of `step` (which must have `slot_generation`; every chunk
+  // they lie in verified) and their xxHash3 recorded with the generation.
+  // NotFound / DataLoss / Aborted from the slot; FailedPrecondition for an
+  // entry that is not resident or already finished.
+  [[nodiscard]] virtual Status FinishResidentEntry(int64_t step, recover::ByteSource entry,
+                                                   uint64_t slot_generation) {
+    (void)step;
+    (void)slot_generation;
+    return FailedPreconditionError(
+        fmt::format("{} {} is not resident in T0", recover::SourceKindName(entry.kind), entry.id));
+  }
 
   virtual bool Complete(int64_t step) = 0;
   // Complete versions, newest first.

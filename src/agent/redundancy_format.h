@@ -12,6 +12,13 @@
 // header checksum are sealed and the state word is set to kComplete LAST, with
 // release ordering. A file whose state does not read kComplete (acquire) after
 // a crash is torn and is removed when the store is opened again.
+//
+// Format 2 (written only when the file has one): an entry may be resident in
+// T0 (flags bit kEntryResident; agent/resident.h). Its bytes are not in the
+// file: `offset` holds the producer rank, `generation` the generation of that
+// rank's T0 slot of the step when the entry was finished, `bytes` and `xxh3`
+// describe the bytes in the slot. Format-1 files are read as before; an older
+// build refuses a format-2 file (version check) instead of misreading it.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +29,8 @@ namespace memento::agent {
 
 inline constexpr uint64_t kRedundancyMagic = 0x31304445524d454dULL;  // "MEMRED01" (little endian)
 inline constexpr uint32_t kRedundancyFormatVersion = 1;
+inline constexpr uint32_t kRedundancyFormatVersionResident = 2;  // has resident entries
+inline constexpr uint32_t kEntryResident = 1;                    // RedundancyEntry::flags
 inline constexpr size_t kRedundancyHeaderBytes = 4096;
 inline constexpr size_t kRedundancyDataAlignment = 4096;  // start of the data region
 inline constexpr size_t kRedundancyEntryAlignment = 64;   // each entry's bytes
@@ -57,12 +66,13 @@ static_assert(offsetof(RedundancyHeader, state) == 120);
 struct RedundancyEntry {
   uint32_t kind;    // recover::SourceKind: 1 copy, 2 parity
   uint32_t id;      // plan Copy or Parity id
-  uint64_t offset;  // from the file's start (not the data region), 64-byte aligned
+  uint64_t offset;  // from the file's start (not the data region), 64-byte aligned;
+                    // resident: the producer rank
   uint64_t bytes;
-  uint64_t xxh3;  // of the entry's bytes, written before `done`
-  uint32_t done;  // 1 when finished; atomically accessed (release/acquire)
-  uint32_t pad;
-  uint64_t reserved;
+  uint64_t xxh3;        // of the entry's bytes, written before `done`
+  uint32_t done;        // 1 when finished; atomically accessed (release/acquire)
+  uint32_t flags;       // kEntryResident (format 2), else 0
+  uint64_t generation;  // resident: the producer's T0 slot generation; else 0
 };
 static_assert(std::is_trivially_copyable_v<RedundancyEntry>);
 static_assert(sizeof(RedundancyEntry) == 48, "RedundancyEntry layout is part of the format");

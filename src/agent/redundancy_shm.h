@@ -16,7 +16,9 @@
 #include <utility>
 #include <vector>
 
+#include "agent/piece_reader.h"
 #include "agent/redundancy.h"
+#include "agent/redundancy_format.h"
 #include "common/mutex.h"
 #include "shm/segment.h"
 
@@ -45,9 +47,22 @@ class ShmRedundancyStore final : public RedundancyStore {
   Status Read(const recover::ReadRequest& req, void* dst) override EXCLUDES(mu_);
   void DropBelow(int64_t keep_from) override EXCLUDES(mu_);
   void DropAbove(int64_t keep_to) override EXCLUDES(mu_);
+  void SetResidentT0(bool on) override EXCLUDES(mu_);
+  Result<std::optional<ResidentRef>> Resident(int64_t step, recover::ByteSource entry) override
+      EXCLUDES(mu_);
+  Status FinishResidentEntry(int64_t step, recover::ByteSource entry,
+                             uint64_t slot_generation) override EXCLUDES(mu_);
+
+  // Serves bytes [req.offset, +req.length) of a done resident entry straight
+  // from the producer's T0 slot with the chunks' digests
+  // (PieceReader::ServeSegments). FailedPrecondition for an entry stored in
+  // the file (use ReadView).
+  [[nodiscard]] Status ServeResident(const recover::ReadRequest& req,
+                                     const PieceReader::EmitFn& emit) EXCLUDES(mu_);
 
   // Bytes [req.offset, +req.length) of a done entry whose checksum verified
-  // (once, cached), in place in shared memory. `keep` holds the version's
+  // (once, cached), in place in shared memory (a resident entry: read from
+  // its T0 slot into a buffer that `keep` owns). `keep` holds the version's
   // mapping alive while the caller uses `data` (a concurrent DropBelow only
   // unlinks the file). Errors as Read.
   struct View {
@@ -95,10 +110,13 @@ class ShmRedundancyStore final : public RedundancyStore {
     std::map<std::pair<uint32_t, uint32_t>, uint32_t> index;  // (kind, id) -> table index
     std::vector<Check> check;                                 // per entry, for the current bytes
     std::vector<uint64_t> computed;  // the checksum found when check is kBad
+    // Per entry: where a resident entry's bytes lie (nullopt: in the file).
+    std::vector<std::shared_ptr<const ResidentSource>> resident;
     uint32_t done = 0;
     bool complete = false;
   };
-  ShmRedundancyStore(std::string root, int node) : root_(std::move(root)), node_(node) {}
+  ShmRedundancyStore(std::string root, int node)
+      : root_(std::move(root)), node_(node), t0_(root_, "") {}
   Status Adopt() EXCLUDES(mu_);
   static std::string EntryName(const Version& v, uint32_t index);
   // Looks up a version and entry. NotFound naming what is missing.
@@ -109,7 +127,16 @@ class ShmRedundancyStore final : public RedundancyStore {
     recover::SourceKind kind;
     uint32_t id;
     uint64_t bytes;
+    std::shared_ptr<const ResidentSource> resident;  // null: stored in the file
   };
+  // A resident entry's reference for the T0 reader (generation 0 before
+  // done); `src` (v.resident[index], taken under mu_) must outlive it.
+  static PieceReader::SegmentsRef RefOf(const Version& v, uint32_t index,
+                                        const ResidentSource& src);
+  static bool IsResident(const RedundancyEntry& e) { return (e.flags & kEntryResident) != 0; }
+  // A read of a resident entry: done, resolvable, in range.
+  Status CheckResidentRead(const Version& v, uint32_t index, const ResidentSource* src,
+                           const recover::ReadRequest& req) const;
   // Creates, lays out and maps the file of a new version (no lock held).
   Result<std::shared_ptr<Version>> CreateVersion(int64_t step,
                                                  const std::vector<PlannedEntry>& planned,
@@ -122,7 +149,13 @@ class ShmRedundancyStore final : public RedundancyStore {
 
   const std::string root_;
   const int node_;
+  PieceReader t0_;  // the node's T0 slots (same root), for resident entries
   Mutex mu_;
+  bool resident_t0_ GUARDED_BY(mu_) = false;
+  // The current plan's resident sources, by (kind, id): resolves adopted
+  // versions' resident entries.
+  std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const ResidentSource>> plan_resident_
+      GUARDED_BY(mu_);
   std::map<int64_t, std::shared_ptr<Version>> versions_ GUARDED_BY(mu_);
   bool have_plan_ GUARDED_BY(mu_) = false;
   uint64_t plan_hash_ GUARDED_BY(mu_) = 0;

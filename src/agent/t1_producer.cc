@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "agent/peer_service.h"
@@ -105,8 +106,20 @@ Status T1Producer::ProduceEntries(int64_t step, const std::map<int, RankSlotView
     const topo::Copy& c = plan_->copies[cid];
     if (c.kind != topo::CopyKind::kArc && c.kind != topo::CopyKind::kLocalFull) continue;
     MEMENTO_ASSIGN_OR_RETURN(const RankSlotView* view, view_of(c.producer_rank));
-    MEMENTO_ASSIGN_OR_RETURN(uint8_t * out,
-                             red_->EntryBuffer(step, {recover::SourceKind::kCopy, cid}));
+    const recover::ByteSource entry{recover::SourceKind::kCopy, cid};
+    MEMENTO_ASSIGN_OR_RETURN(std::optional<RedundancyStore::ResidentRef> resident,
+                             red_->Resident(step, entry));
+    if (resident.has_value()) {
+      // The bytes already lie in the producer rank's slot of `step`: the
+      // entry references them (docs/reft.md section 4), nothing is copied.
+      if (resident->source.rank != c.producer_rank) {
+        return InternalError(fmt::format("copy {} resident in rank {}, produced by rank {}", cid,
+                                         resident->source.rank, c.producer_rank));
+      }
+      MEMENTO_RETURN_IF_ERROR(red_->FinishResidentEntry(step, entry, view->info.generation));
+      continue;
+    }
+    MEMENTO_ASSIGN_OR_RETURN(uint8_t * out, red_->EntryBuffer(step, entry));
     MEMENTO_RETURN_IF_ERROR(ReadPiece(*view, c.piece, 0, plan_->pieces[c.piece].bytes, out));
     MEMENTO_RETURN_IF_ERROR(red_->FinishEntry(step, {recover::SourceKind::kCopy, cid}));
   }

@@ -9,11 +9,40 @@
 #include <memory>
 #include <set>
 
+#include "agent/redundancy_format.h"
 #include "shm/node_store.h"
 #include "shm/segment.h"
 #include "shm/slot.h"
 
 namespace memento::launch {
+
+namespace {
+
+// The sizes of the entries of `root`'s red.<step> that are resident in T0
+// (agent/redundancy_format.h; 0 when the file is gone or not complete).
+uint64_t ResidentEntryBytes(const std::string& root, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "/red.%020lld", static_cast<long long>(step));
+  auto seg = shm::Segment::Open(root + name, /*writable=*/false);
+  if (!seg.ok() || (*seg)->size() < agent::kRedundancyHeaderBytes) return 0;
+  const auto* h = reinterpret_cast<const agent::RedundancyHeader*>((*seg)->data());
+  if (h->magic != agent::kRedundancyMagic ||
+      agent::LoadState(h) != agent::RedundancyState::kComplete ||
+      h->format_version != agent::kRedundancyFormatVersionResident ||
+      h->table_offset + uint64_t{h->num_entries} * sizeof(agent::RedundancyEntry) >
+          (*seg)->size()) {
+    return 0;
+  }
+  const auto* table =
+      reinterpret_cast<const agent::RedundancyEntry*>((*seg)->data() + h->table_offset);
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < h->num_entries; ++i) {
+    if ((table[i].flags & agent::kEntryResident) != 0) n += table[i].bytes;
+  }
+  return n;
+}
+
+}  // namespace
 
 Result<NodeMemory> MeasureNodeMemory(int node, const std::string& root,
                                      const std::vector<int>& ranks, int64_t step,
@@ -62,12 +91,18 @@ Result<NodeMemory> MeasureNodeMemory(int node, const std::string& root,
       red[std::atoll(name.c_str() + 4)] += static_cast<uint64_t>(st.st_size);
     }
   }
+  int64_t red_step = -1;
   if (step >= 0) {
     auto it = red.find(step);
-    if (it != red.end()) m.t1_bytes = it->second;
+    if (it != red.end()) {
+      m.t1_bytes = it->second;
+      red_step = step;
+    }
   } else if (!red.empty()) {
     m.t1_bytes = red.rbegin()->second;
+    red_step = red.rbegin()->first;
   }
+  if (red_step >= 0) m.t1_resident_bytes = ResidentEntryBytes(root, red_step);
   return m;
 }
 
@@ -98,6 +133,7 @@ nlohmann::json NodeMemory::ToJson() const {
   return {{"node", node},
           {"t0_bytes", t0_bytes},
           {"t1_bytes", t1_bytes},
+          {"t1_resident_bytes", t1_resident_bytes},
           {"step", step},
           {"host_bytes", t0_bytes + t1_bytes},
           {"copy_bytes_per_step", t0_bytes},

@@ -26,6 +26,10 @@ struct NodeMemory {
   int64_t step = -1;
   uint64_t t0_bytes = 0;
   uint64_t t1_bytes = 0;
+  // T1 entries of that version resident in T0 (docs/reft.md section 4):
+  // their bytes are counted in t0_bytes (the producer's slot), not again in
+  // t1_bytes; the sum of those entries' sizes.
+  uint64_t t1_resident_bytes = 0;
   // The ranks' whole registered state: what a save path that does not shard
   // copies (the slots' manifests; from the plan once AddPlanBytes ran, since
   // a sharded slot does not name every tensor).

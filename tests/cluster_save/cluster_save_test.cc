@@ -15,6 +15,8 @@
 #include "../shm/proc_util.h"
 #include "agent/job_member.h"
 #include "agent/peer_protocol.h"
+#include "agent/redundancy_format.h"
+#include "agent/redundancy_shm.h"
 #include "codec/reference_codec.h"
 #include "common/check.h"
 #include "common/tensor_json.h"
@@ -282,6 +284,61 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
     return errors;
   }
 
+  // The version files of `step`: every ARC / local_full copy is an entry
+  // resident in T0 (docs/reft.md section 4): no bytes in the file, the
+  // producer rank and the generation of its slot of `step` recorded; every
+  // other entry is stored. Returns the number of resident entries.
+  int CheckResidentEntries(int64_t step) {
+    const topo::Plan plan = ThePlan();
+    int resident = 0;
+    for (int n = 0; n < kNodes; ++n) {
+      const std::string path = agent::RedundancyVersionPath(Root(n), step);
+      auto seg = shm::Segment::Open(path, false);
+      if (!seg.ok()) {
+        ADD_FAILURE() << path << ": " << seg.status();
+        continue;
+      }
+      const auto* h = reinterpret_cast<const agent::RedundancyHeader*>((*seg)->data());
+      const auto* table =
+          reinterpret_cast<const agent::RedundancyEntry*>((*seg)->data() + h->table_offset);
+      uint64_t stored = 0;
+      for (uint32_t i = 0; i < h->num_entries; ++i) {
+        const agent::RedundancyEntry& e = table[i];
+        EXPECT_EQ(e.done, 1u) << path << " entry " << i;
+        const bool arc = e.kind == static_cast<uint32_t>(recover::SourceKind::kCopy) &&
+                         (plan.copies[e.id].kind == topo::CopyKind::kArc ||
+                          plan.copies[e.id].kind == topo::CopyKind::kLocalFull);
+        if (!arc) {
+          EXPECT_EQ(e.flags, 0u) << path << " entry " << i;
+          stored += e.bytes + 64;
+          continue;
+        }
+        ++resident;
+        const topo::Copy& c = plan.copies[e.id];
+        EXPECT_EQ(e.flags, agent::kEntryResident) << path << " copy " << e.id;
+        EXPECT_EQ(e.offset, static_cast<uint64_t>(c.producer_rank)) << path << " copy " << e.id;
+        EXPECT_EQ(e.bytes, plan.pieces[c.piece].bytes);
+        // The generation of the producer's slot that holds the step now.
+        uint64_t gen = 0;
+        for (int s = 0; s < 2; ++s) {
+          auto slot = shm::Segment::Open(shm::SlotPath(Root(n), c.producer_rank, s), false);
+          if (!slot.ok()) continue;
+          auto info = shm::ReadSlot(**slot);
+          if (info.ok() && info->state == shm::SlotState::kComplete && info->step == step) {
+            gen = info->generation;
+          }
+        }
+        EXPECT_NE(gen, 0u) << "rank " << c.producer_rank << " holds no slot of step " << step;
+        EXPECT_EQ(e.generation, gen) << path << " copy " << e.id;
+      }
+      EXPECT_EQ(h->format_version, resident > 0 ? agent::kRedundancyFormatVersionResident
+                                                : agent::kRedundancyFormatVersion);
+      // The file has room for the stored entries only.
+      EXPECT_LE((*seg)->size(), h->data_offset + stored + 4096) << path;
+    }
+    return resident;
+  }
+
   // The T1 entries of the newest committed step. A commit that lands while
   // they are read drops the older step's entries: then the newer one is read.
   void CheckRedundancy() {
@@ -329,6 +386,13 @@ TEST_P(ClusterSaveTest, VersionsCommitWithTheRedundancyThePlanSays) {
   ASSERT_TRUE(commits.ok());
   EXPECT_GE(commits->kvs.size(), 3u) << "commit/latest and at least two commit records";
   CheckRedundancy();
+  if (policy_.scheme == topo::Scheme::kReplicate) {
+    // ARC copies reference their producer's T0 slot instead of copying it;
+    // the bytes read through kPeerRead above are the pieces'.
+    EXPECT_EQ(CheckResidentEntries(Committed()), kNodes) << "one ARC copy per node";
+  } else {
+    EXPECT_EQ(CheckResidentEntries(Committed()), 0);
+  }
   // Each node's T0 still holds the committed version, intact.
   for (int r = 0; r < kNodes; ++r) {
     Progress p = ReadProgress(ProgressPath(r));

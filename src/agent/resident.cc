@@ -1,0 +1,18 @@
+#include "agent/resident.h"
+
+namespace memento::agent {
+
+std::optional<ResidentSource> T0ResidentSource(const topo::Plan& plan, recover::ByteSource entry) {
+  if (entry.kind != recover::SourceKind::kCopy || entry.id >= plan.copies.size()) {
+    return std::nullopt;
+  }
+  const topo::Copy& c = plan.copies[entry.id];
+  if (c.kind != topo::CopyKind::kArc && c.kind != topo::CopyKind::kLocalFull) return std::nullopt;
+  if (c.producer_rank < 0 || c.piece >= plan.pieces.size()) return std::nullopt;
+  ResidentSource src;
+  src.rank = c.producer_rank;
+  src.segments = plan.pieces[c.piece].segments;
+  return src;
+}
+
+}  // namespace memento::agent
