@@ -210,7 +210,8 @@ class Bench {
       return InternalError("run " + mode + ": no resume time in the report: " + rep.dump());
     }
     // The newest step any rank had completed when the kill came: after step
-    // N the killed rank had N; inside the update of N, N - 1; an in-process
+    // N the killed rank had N; inside the update of N or in the middle of
+    // its pipeline schedule (its first receive), N - 1; an in-process
     // report adds the survivors' newest (reached_step).
     int64_t reached = a_.fail_point == "step" ? a_.kill_step : a_.kill_step - 1;
     reached = std::max<int64_t>(reached, rep.value("reached_step", int64_t{-1}));
@@ -244,8 +245,9 @@ class Bench {
 };
 
 Result<json> RunSwift(const Args& a) {
-  if (a.fail_point != "step" && a.fail_point != "update") {
-    return InvalidArgumentError("--fail-point " + a.fail_point + ": expected step or update");
+  if (a.fail_point != "step" && a.fail_point != "update" && a.fail_point != "pipeline") {
+    return InvalidArgumentError("--fail-point " + a.fail_point +
+                                ": expected step, update or pipeline");
   }
   if (a.dp < 2 || a.pp < 2) {
     return InvalidArgumentError("--dp " + std::to_string(a.dp) + " --pp " + std::to_string(a.pp) +
@@ -433,7 +435,8 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
                   "the rank killed (default: DP rank 0 of the middle stage)")
       ->capture_default_str();
   cmd->add_option("--fail-point", args->fail_point,
-                  "step (after the step) | update (inside its optimizer update)")
+                  "step (after the step) | update (inside its optimizer update) | pipeline "
+                  "(mid-step: at its first pipeline receive of that step)")
       ->capture_default_str();
   cmd->add_option("--rounds", args->rounds, "each round runs every baseline and mode once")
       ->capture_default_str();

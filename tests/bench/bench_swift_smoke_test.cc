@@ -72,6 +72,27 @@ TEST(BenchSwiftSmoke, EveryModeRecoversAndReports) {
   }
 }
 
+// Killed mid-step (at its first pipeline receive of step 10): no rank had
+// completed step 10, so a restart from the committed 8 loses step 9, undo and
+// log lose nothing, and the log replacement replays step 9 only.
+TEST(BenchSwiftSmoke, MidStepKill) {
+  const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench swift --json --trainer " +
+                          MEMENTO_TRAINER_BINARY +
+                          " --preset tiny --layers 4 --steps 12 --save-every 4 --kill-step 10"
+                          " --fail-point pipeline --log-groups 1 --rounds 1 2>&1";
+  auto [rc, out] = RunShell(cmd);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["config"]["fail_point"], "pipeline");
+  EXPECT_EQ(j["modes"]["restart"]["steps_lost"], 1.0);
+  EXPECT_EQ(j["modes"]["undo"]["steps_lost"], 0.0);
+  EXPECT_EQ(j["modes"]["undo"]["processes_restarted"], 1.0);
+  EXPECT_EQ(j["modes"]["log"]["steps_lost"], 0.0);
+  EXPECT_EQ(j["modes"]["log"]["processes_restarted"], 1.0);
+  EXPECT_EQ(j["modes"]["log"]["replayed_steps"], 1.0);
+}
+
 TEST(BenchSwiftSmoke, RefusesAKillBeforeTheFirstSave) {
   auto [rc, out] =
       RunShell(std::string(MEMENTO_CLI_BINARY) + " bench swift --kill-step 3 --save-every 4 2>&1");
