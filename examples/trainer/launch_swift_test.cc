@@ -372,6 +372,18 @@ TEST_F(LaunchSwiftTest, LogGroupReplaysTogetherFromTheTiers) {
       << ReadFile(o.logs + "/rank3.log");
 }
 
+// `--recovery auto` on DP 1 x PP 4 picks log, but a trainer without memento
+// snapshots and without --save has nothing to replay from: it says so,
+// trains without the log and the job still runs (a failure would restart
+// it).
+TEST_F(LaunchSwiftTest, AutoWithoutSnapshotsTrainsWithoutTheLog) {
+  const Outcome o = Run("autonolog", {"--dp", "1", "--pp", "4", "--recovery", "auto"},
+                        {"--no-memento", "--pipeline-log-dir", LogDir("autonolog")});
+  ASSERT_EQ(o.exit, 0) << o.Report();
+  EXPECT_NE(ReadFile(o.logs + "/rank0.log").find("in-process log recovery off"), std::string::npos)
+      << ReadFile(o.logs + "/rank0.log");
+}
+
 TEST_F(LaunchSwiftTest, RefusesBadRecoveryOptions) {
   Outcome a = Run("bad1", {"--recovery", "sometimes"}, {});
   EXPECT_EQ(a.exit, 2) << a.output;

@@ -558,16 +558,28 @@ int Main(int argc, char** argv) {
                  o.log_group_size, o.comm.topology.pp);
     return 2;
   }
-  if (!o.pipeline_log_dir.empty() && recovery != "log") {
-    std::fprintf(stderr, "memento-trainer: --pipeline-log-dir needs --recovery log\n");
-    return 2;
-  }
   // Under `memento launch` with memento snapshots, a log replacement loads
   // its snapshot from its node's T0 instead of a --save file.
   bool memento_snapshots = false;
 #ifdef MEMENTO_TRAINER_WITH_CLIENT
   memento_snapshots = use_memento;
 #endif
+  if (recovery == "log" && app.count("--recovery") == 0 && !memento_snapshots &&
+      (save.empty() || save_every <= 0)) {
+    // The launcher asked for log replay (`memento launch --recovery auto`
+    // on dp 1), but there is no snapshot to replay from: no in-process
+    // recovery; a failed rank makes the launcher restart the whole job.
+    std::fprintf(stderr,
+                 "memento-trainer: %s=log, but no memento snapshots and no --save/--save-every: "
+                 "in-process log recovery off (the launcher restarts the job on a failure)\n",
+                 launch::swift::kEnvRecovery);
+    recovery = "none";
+    o.pipeline_log_dir.clear();
+  }
+  if (!o.pipeline_log_dir.empty() && recovery != "log") {
+    std::fprintf(stderr, "memento-trainer: --pipeline-log-dir needs --recovery log\n");
+    return 2;
+  }
   if ((recovery == "restart" || (recovery == "log" && !memento_snapshots)) &&
       (save.empty() || save_every <= 0)) {
     std::fprintf(stderr,
