@@ -324,6 +324,11 @@ TEST_F(LaunchSwiftTest, CorruptedLogEntryFallsBackToTheSnapshot) {
   EXPECT_EQ(o.summary["attempts"], 2) << o.Report();
   const std::string replacement_log = ReadFile(o.logs + "/rank2.log");
   EXPECT_NE(replacement_log.find("fails its checksum"), std::string::npos) << replacement_log;
+  // The restarted rank 1 (restored step 3) dropped the earlier attempt's
+  // step files after 3, the corrupt one of step 4 among them.
+  const std::string rank1_log = ReadFile(o.logs + "/rank1.log");
+  EXPECT_NE(rank1_log.find("stale pipeline log step file(s) after step 3"), std::string::npos)
+      << rank1_log;
 }
 
 // A replay that diverges (the replacement's loaded snapshot perturbed in
