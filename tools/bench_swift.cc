@@ -50,6 +50,8 @@ struct Args {
   int kill_rank = -1;  // -1: a middle stage's rank (pp / 2, dp 0)
   std::string fail_point = "update";
   int rounds = 3;
+  // Selective logging: one more log-replay failure run per group size.
+  std::vector<int> log_groups = {1, 2, 4};
   double run_timeout_s = 600;
   bool keep = false;
 };
@@ -183,12 +185,17 @@ class Bench {
   }
 
   // A run with a kill; the recovery figures from the launcher's report.
-  Result<json> Failure(const std::string& mode, int dp) {
+  // `log_group`: the trainer's --log-group-size (log mode; 0: not given).
+  Result<json> Failure(const std::string& mode, int dp, int log_group = 0) {
     const int kill_rank = a_.kill_rank >= 0 ? a_.kill_rank : (a_.pp / 2) * dp;
-    MEMENTO_ASSIGN_OR_RETURN(RunOutput out,
-                             Run(mode + ".dp" + std::to_string(dp), dp, mode,
-                                 {"--fail-rank", std::to_string(kill_rank), "--fail-at-step",
-                                  std::to_string(a_.kill_step), "--fail-point", a_.fail_point}));
+    std::vector<std::string> extra = {"--fail-rank",    std::to_string(kill_rank),
+                                      "--fail-at-step", std::to_string(a_.kill_step),
+                                      "--fail-point",   a_.fail_point};
+    if (log_group > 0) extra.insert(extra.end(), {"--log-group-size", std::to_string(log_group)});
+    MEMENTO_ASSIGN_OR_RETURN(
+        RunOutput out, Run(mode + ".dp" + std::to_string(dp) +
+                               (log_group > 0 ? ".g" + std::to_string(log_group) : std::string()),
+                           dp, mode, extra));
     const json& recs = out.summary["recoveries"];
     if (!recs.is_array() || recs.size() != 1) {
       return InternalError("run " + mode + ": expected one recovery in the launcher's summary: " +
@@ -203,7 +210,8 @@ class Bench {
       return InternalError("run " + mode + ": no resume time in the report: " + rep.dump());
     }
     // The newest step any rank had completed when the kill came: after step
-    // N the killed rank had N; inside the update of N, N - 1; an in-process
+    // N the killed rank had N; inside the update of N or in the middle of
+    // its pipeline schedule (its first receive), N - 1; an in-process
     // report adds the survivors' newest (reached_step).
     int64_t reached = a_.fail_point == "step" ? a_.kill_step : a_.kill_step - 1;
     reached = std::max<int64_t>(reached, rep.value("reached_step", int64_t{-1}));
@@ -214,7 +222,12 @@ class Bench {
     j["resumed_from_step"] = rep.value("step", int64_t{-1});
     if (mode == "log") {
       j["replayed_steps"] = rep.value("replayed_steps", int64_t{0});
+      j["replayed_stages"] = rep.value("replayed_stages", 0);
       j["bytes_replayed"] = rep.value("bytes_replayed", uint64_t{0});
+      // What the log held per step in this run, summed over the ranks.
+      double bytes = 0;
+      for (const json& r : out.All("rank_summary")) bytes += r.value("log_bytes_per_step", 0.0);
+      j["log_bytes_per_step"] = bytes;
     }
     return j;
   }
@@ -232,8 +245,9 @@ class Bench {
 };
 
 Result<json> RunSwift(const Args& a) {
-  if (a.fail_point != "step" && a.fail_point != "update") {
-    return InvalidArgumentError("--fail-point " + a.fail_point + ": expected step or update");
+  if (a.fail_point != "step" && a.fail_point != "update" && a.fail_point != "pipeline") {
+    return InvalidArgumentError("--fail-point " + a.fail_point +
+                                ": expected step, update or pipeline");
   }
   if (a.dp < 2 || a.pp < 2) {
     return InvalidArgumentError("--dp " + std::to_string(a.dp) + " --pp " + std::to_string(a.pp) +
@@ -246,6 +260,12 @@ Result<json> RunSwift(const Args& a) {
                                 std::to_string(a.steps));
   }
   if (a.rounds < 1) return InvalidArgumentError("--rounds must be >= 1");
+  for (int g : a.log_groups) {
+    if (g < 1 || g > a.pp) {
+      return InvalidArgumentError("--log-groups " + std::to_string(g) + " must be in 1..pp (" +
+                                  std::to_string(a.pp) + ")");
+    }
+  }
   if (a.nodes < 1 || a.pp % a.nodes != 0) {
     return InvalidArgumentError("--nodes " + std::to_string(a.nodes) + " must divide --pp " +
                                 std::to_string(a.pp) +
@@ -259,6 +279,9 @@ Result<json> RunSwift(const Args& a) {
   const std::string base = tmpl;
   Bench bench(a, trainer, memento, base);
   std::map<std::string, std::vector<double>> resume, lost, restarted, replayed, replayed_bytes;
+  // Selective logging, per group size G: resume_s, steps and stages
+  // replayed, bytes replayed, log bytes per step.
+  std::map<int, std::map<std::string, std::vector<double>>> groups;
   std::vector<double> step_dp, step_dp1, step_dp1_log, overhead, log_bytes, log_s;
   Stopwatch wall;
   Status failed;
@@ -290,6 +313,13 @@ Result<json> RunSwift(const Args& a) {
         if (f.contains("replayed_steps")) {
           replayed[key].push_back(f["replayed_steps"].get<double>());
           replayed_bytes[key].push_back(f["bytes_replayed"].get<double>());
+        }
+      }
+      for (int g : a.log_groups) {
+        MEMENTO_ASSIGN_OR_RETURN(json f, bench.Failure("log", 1, g));
+        for (const char* k : {"resume_s", "steps_lost", "replayed_steps", "replayed_stages",
+                              "bytes_replayed", "log_bytes_per_step"}) {
+          groups[g][k].push_back(f[k].get<double>());
         }
       }
       return Status::Ok();
@@ -332,6 +362,16 @@ Result<json> RunSwift(const Args& a) {
                                        ? j["modes"]["log"]["regain_s"].get<double>() /
                                              j["modes"]["restart_dp1"]["regain_s"].get<double>()
                                        : 0.0;
+  if (!groups.empty()) {
+    json lg = json::object();
+    for (const auto& [g, v] : groups) {
+      json m;
+      for (const auto& [k, vals] : v) m[k] = Median(vals);
+      m["resume_s_spread"] = Spread(v.at("resume_s"));
+      lg[std::to_string(g)] = m;
+    }
+    j["log_groups"] = lg;
+  }
   j["logging_overhead_pct"] = Median(overhead);
   j["logging_overhead_pct_spread"] = Spread(overhead);
   j["log_bytes_per_step"] = Median(log_bytes);
@@ -351,6 +391,7 @@ Result<json> RunSwift(const Args& a) {
                  {"kill_rank", a.kill_rank},
                  {"fail_point", a.fail_point},
                  {"rounds", a.rounds},
+                 {"log_groups", a.log_groups},
                  {"trainer", trainer}};
   j["notes"] =
       "every run is `memento launch` (store, one agent per node, memento snapshots every "
@@ -360,7 +401,10 @@ Result<json> RunSwift(const Args& a) {
       "(restart: a lower bound, the killed survivors do not report); regain_s: resume_s + "
       "steps_lost x the baseline's median step time; bytes_replayed: logged payload the log "
       "replacement replayed; logging_overhead_pct: median step time with the pipeline log "
-      "against without (dp 1, no failure), log_bytes_per_step summed over ranks; all nodes "
+      "against without (dp 1, no failure), log_bytes_per_step summed over ranks; log_groups: "
+      "per log group size G (selective logging), the log-replay failure run's resume_s, "
+      "stages and steps replayed (summed over stages), bytes replayed and the log bytes per "
+      "step over all ranks; all nodes "
       "are processes on this machine";
   j["wall_s"] = wall.Seconds();
   return j;
@@ -391,9 +435,16 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
                   "the rank killed (default: DP rank 0 of the middle stage)")
       ->capture_default_str();
   cmd->add_option("--fail-point", args->fail_point,
-                  "step (after the step) | update (inside its optimizer update)")
+                  "step (after the step) | update (inside its optimizer update) | pipeline "
+                  "(mid-step: at its first pipeline receive of that step)")
       ->capture_default_str();
   cmd->add_option("--rounds", args->rounds, "each round runs every baseline and mode once")
+      ->capture_default_str();
+  cmd->add_option("--log-groups", args->log_groups,
+                  "selective logging: a log-replay failure run (DP 1) per log group size G (the "
+                  "trainer's --log-group-size; each in 1..pp), reported under log_groups; empty "
+                  "(--log-groups '') for none")
+      ->delimiter(',')
       ->capture_default_str();
   cmd->add_flag("--keep", args->keep,
                 "keep the work directory (launcher summaries) and the runs' /dev/shm run dirs "

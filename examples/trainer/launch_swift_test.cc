@@ -324,6 +324,11 @@ TEST_F(LaunchSwiftTest, CorruptedLogEntryFallsBackToTheSnapshot) {
   EXPECT_EQ(o.summary["attempts"], 2) << o.Report();
   const std::string replacement_log = ReadFile(o.logs + "/rank2.log");
   EXPECT_NE(replacement_log.find("fails its checksum"), std::string::npos) << replacement_log;
+  // The restarted rank 1 (restored step 3) dropped the earlier attempt's
+  // step files after 3, the corrupt one of step 4 among them.
+  const std::string rank1_log = ReadFile(o.logs + "/rank1.log");
+  EXPECT_NE(rank1_log.find("stale pipeline log step file(s) after step 3"), std::string::npos)
+      << rank1_log;
 }
 
 // A replay that diverges (the replacement's loaded snapshot perturbed in
@@ -370,6 +375,18 @@ TEST_F(LaunchSwiftTest, LogGroupReplaysTogetherFromTheTiers) {
   EXPECT_NE(ReadFile(o.logs + "/rank3.log").find("loaded this stage's snapshot of step 3"),
             std::string::npos)
       << ReadFile(o.logs + "/rank3.log");
+}
+
+// `--recovery auto` on DP 1 x PP 4 picks log, but a trainer without memento
+// snapshots and without --save has nothing to replay from: it says so,
+// trains without the log and the job still runs (a failure would restart
+// it).
+TEST_F(LaunchSwiftTest, AutoWithoutSnapshotsTrainsWithoutTheLog) {
+  const Outcome o = Run("autonolog", {"--dp", "1", "--pp", "4", "--recovery", "auto"},
+                        {"--no-memento", "--pipeline-log-dir", LogDir("autonolog")});
+  ASSERT_EQ(o.exit, 0) << o.Report();
+  EXPECT_NE(ReadFile(o.logs + "/rank0.log").find("in-process log recovery off"), std::string::npos)
+      << ReadFile(o.logs + "/rank0.log");
 }
 
 TEST_F(LaunchSwiftTest, RefusesBadRecoveryOptions) {

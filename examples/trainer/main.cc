@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -217,6 +218,24 @@ int LaunchLocal(int argc, char** argv, int world, const std::string& rendezvous,
     if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir.c_str());
   }
   return failures == 0 ? 0 : 1;
+}
+
+// Removes rank `rank`'s pipeline log spool files of steps after `step` in
+// `dir` (an earlier attempt's, beyond the step this one starts from);
+// returns how many.
+int RemoveSpoolFilesAfter(const std::string& dir, int rank, int64_t step) {
+  const std::string prefix =
+      std::filesystem::path(PipelineLogSpool::BasePath(dir, rank)).filename().string() + ".step";
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string tail = name.substr(prefix.size());
+    if (tail.empty() || tail.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (std::stoll(tail) > step && std::filesystem::remove(e.path(), ec)) ++removed;
+  }
+  return removed;
 }
 
 // Fault injection (--corrupt-log-rank): flips one byte in the middle of the
@@ -558,16 +577,28 @@ int Main(int argc, char** argv) {
                  o.log_group_size, o.comm.topology.pp);
     return 2;
   }
-  if (!o.pipeline_log_dir.empty() && recovery != "log") {
-    std::fprintf(stderr, "memento-trainer: --pipeline-log-dir needs --recovery log\n");
-    return 2;
-  }
   // Under `memento launch` with memento snapshots, a log replacement loads
   // its snapshot from its node's T0 instead of a --save file.
   bool memento_snapshots = false;
 #ifdef MEMENTO_TRAINER_WITH_CLIENT
   memento_snapshots = use_memento;
 #endif
+  if (recovery == "log" && app.count("--recovery") == 0 && !memento_snapshots &&
+      (save.empty() || save_every <= 0)) {
+    // The launcher asked for log replay (`memento launch --recovery auto`
+    // on dp 1), but there is no snapshot to replay from: no in-process
+    // recovery; a failed rank makes the launcher restart the whole job.
+    std::fprintf(stderr,
+                 "memento-trainer: %s=log, but no memento snapshots and no --save/--save-every: "
+                 "in-process log recovery off (the launcher restarts the job on a failure)\n",
+                 launch::swift::kEnvRecovery);
+    recovery = "none";
+    o.pipeline_log_dir.clear();
+  }
+  if (!o.pipeline_log_dir.empty() && recovery != "log") {
+    std::fprintf(stderr, "memento-trainer: --pipeline-log-dir needs --recovery log\n");
+    return 2;
+  }
   if ((recovery == "restart" || (recovery == "log" && !memento_snapshots)) &&
       (save.empty() || save_every <= 0)) {
     std::fprintf(stderr,
@@ -769,6 +800,18 @@ int Main(int argc, char** argv) {
     }
   }
 #endif
+  if (!o.pipeline_log_dir.empty() && !replace) {
+    // A restarted job (or one in a reused directory): this rank's spool
+    // files beyond the step it starts from are an earlier attempt's; a
+    // replay must not read them (they are rewritten as the steps are run).
+    const int removed = RemoveSpoolFilesAfter(o.pipeline_log_dir, rank, trainer->state().step);
+    if (removed > 0) {
+      std::fprintf(stderr,
+                   "memento-trainer rank %d: removed %d stale pipeline log step file(s) after "
+                   "step %" PRId64 "\n",
+                   rank, removed, trainer->state().step);
+    }
+  }
   if (generation > 0 && !replace) report_recovery("restart", false, -1, 0.0);
   // (A replacement's recovery already checked it, with the survivors.)
   if (Status st = replace ? Status::Ok() : trainer->CheckSameStep(); !st.ok()) {

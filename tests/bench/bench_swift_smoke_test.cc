@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -52,6 +53,44 @@ TEST(BenchSwiftSmoke, EveryModeRecoversAndReports) {
   // 3 boundaries, 2 directions, plus one 8-byte gradient norm per rank.
   EXPECT_EQ(j["log_bytes_per_step"], 4.0 * 2048 * 3 * 2 + 4 * 8);
   EXPECT_TRUE(std::isfinite(j["logging_overhead_pct"].get<double>()));
+  // Selective logging (log groups of 1, 2, 4 stages): the lost stage 2's
+  // whole group replays steps 9 and 10 (G stages, 2 G steps in all), no step
+  // lost; the log holds what crosses the group edges (3, 1, 0 boundaries;
+  // the gradient-norm sums always).
+  const std::map<std::string, double> log_bytes = {
+      {"1", 4.0 * 2048 * 3 * 2 + 4 * 8}, {"2", 4.0 * 2048 * 1 * 2 + 4 * 8}, {"4", 4.0 * 8}};
+  for (const auto& [g, bytes] : log_bytes) {
+    SCOPED_TRACE("log group size " + g);
+    ASSERT_TRUE(j["log_groups"].contains(g)) << out;
+    const auto& m = j["log_groups"][g];
+    const double stages = std::stod(g);
+    EXPECT_EQ(m["steps_lost"], 0.0);
+    EXPECT_EQ(m["replayed_stages"], stages);
+    EXPECT_EQ(m["replayed_steps"], 2 * stages);
+    EXPECT_EQ(m["log_bytes_per_step"], bytes);
+    EXPECT_GT(m["resume_s"].get<double>(), 0);
+  }
+}
+
+// Killed mid-step (at its first pipeline receive of step 10): no rank had
+// completed step 10, so a restart from the committed 8 loses step 9, undo and
+// log lose nothing, and the log replacement replays step 9 only.
+TEST(BenchSwiftSmoke, MidStepKill) {
+  const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench swift --json --trainer " +
+                          MEMENTO_TRAINER_BINARY +
+                          " --preset tiny --layers 4 --steps 12 --save-every 4 --kill-step 10"
+                          " --fail-point pipeline --log-groups 1 --rounds 1 2>&1";
+  auto [rc, out] = RunShell(cmd);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["config"]["fail_point"], "pipeline");
+  EXPECT_EQ(j["modes"]["restart"]["steps_lost"], 1.0);
+  EXPECT_EQ(j["modes"]["undo"]["steps_lost"], 0.0);
+  EXPECT_EQ(j["modes"]["undo"]["processes_restarted"], 1.0);
+  EXPECT_EQ(j["modes"]["log"]["steps_lost"], 0.0);
+  EXPECT_EQ(j["modes"]["log"]["processes_restarted"], 1.0);
+  EXPECT_EQ(j["modes"]["log"]["replayed_steps"], 1.0);
 }
 
 TEST(BenchSwiftSmoke, RefusesAKillBeforeTheFirstSave) {
