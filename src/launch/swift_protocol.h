@@ -1,6 +1,6 @@
 // In-process (SWIFT) recovery between a launcher and its trainer ranks
 // (docs/swift.md): the one protocol that both `memento-trainer --launch` and
-// `memento launch --recovery undo|auto` speak, through files in the job's
+// `memento launch --recovery undo|log|auto` speak, through files in the job's
 // rendezvous directory (the directory the ranks' Gloo FileStore uses):
 //
 //   swift.generation        the launcher announces generation g (> 0) after
@@ -39,7 +39,7 @@ namespace memento::launch::swift {
 // Exit status of a rank whose in-process recovery failed (EX_TEMPFAIL).
 inline constexpr int kExitRecoveryFailed = 75;
 
-inline constexpr const char* kEnvRecovery = "MEMENTO_RECOVERY";            // "undo"
+inline constexpr const char* kEnvRecovery = "MEMENTO_RECOVERY";            // "undo" or "log"
 inline constexpr const char* kEnvGeneration = "MEMENTO_SWIFT_GENERATION";  // g
 inline constexpr const char* kEnvReplace = "MEMENTO_SWIFT_REPLACE";        // "1"
 
