@@ -92,6 +92,19 @@ class Cluster {
       WriteRankSlot(*node(plan().topology.rank_node[r]).store, inv_, r, slot, step);
     }
   }
+  // The agent restarts: its redundancy store is opened again from the files
+  // (adoption), told the plan, and a new peer service starts.
+  void ReopenRedundancy(int node_id) {
+    Node* nd = nodes_[node_id].get();
+    nd->service.reset();
+    nd->red.reset();
+    auto red = ShmRedundancyStore::OpenShm(nd->root, node_id);
+    ASSERT_TRUE(red.ok()) << red.status();
+    nd->red = std::move(red).value();
+    nd->red->SetResidentT0(resident_);
+    ASSERT_TRUE(nd->red->SetPlan(plan_->plan).ok());
+    StartService(node_id);
+  }
   // Replaces the plan (before anything is written): every store and service
   // follows `plan` from now on.
   void UsePlan(const topo::Plan& plan) {
@@ -886,6 +899,57 @@ TEST(PeerServiceTest, AStaleResidentCopyIsNotListedAndAnotherSourceIsChosen) {
     ExpectRank(c, 1, 5);
     ExpectRank(c, 2, 5);
   }
+}
+
+// A version with resident entries is adopted by a restarted agent (format 2)
+// and served again once the plan says where they lie; a byte rotted in the
+// producer's slot under a resident entry is found: not listed by a verifying
+// inventory, DataLoss on read.
+TEST(PeerServiceTest, ResidentEntriesAreAdoptedAndRotInTheirSlotIsFound) {
+  const int n = 4;
+  Cluster c(n, MakeInventory(n, 3000 * 4 * 16, 5000 * 4 * 16), "replicate", /*resident=*/true);
+  c.WriteT0(5, 1);
+  c.ProduceRedundancy(5);
+  const topo::Copy* arc = nullptr;
+  for (const topo::Copy& cp : c.plan().copies) {
+    if (cp.kind == topo::CopyKind::kArc && cp.node == 2) arc = &cp;
+  }
+  ASSERT_NE(arc, nullptr);
+  const ByteSource entry{SourceKind::kCopy, arc->id};
+  const auto want = CopyBytes(c, arc->id, 5);
+  const ReadRequest req{5, entry, 0, want.size()};
+  // Restarted: adopted, resolved with the plan, the same bytes.
+  ASSERT_NO_FATAL_FAILURE(c.ReopenRedundancy(2));
+  ASSERT_TRUE(c.node(2).red->Complete(5));
+  std::vector<uint8_t> got(want.size());
+  ASSERT_TRUE(c.node(2).red->Read(req, got.data()).ok());
+  EXPECT_EQ(got, want);
+  recover::VersionHolding h = c.node(2).red->Holding(5, /*verify=*/true);
+  EXPECT_EQ(std::count(h.copies.begin(), h.copies.end(), arc->id), 1);
+  // A byte of the piece rots in rank 2's slot.
+  {
+    const topo::Segment& seg = c.plan().pieces[arc->piece].segments[0];
+    auto slot = shm::Segment::Open(shm::SlotPath(c.root(2), arc->producer_rank, 1), true);
+    ASSERT_TRUE(slot.ok());
+    auto info = shm::ReadSlot(**slot);
+    ASSERT_TRUE(info.ok());
+    bool flipped = false;
+    for (const auto& t : info->tensors) {
+      if (t.meta.name != seg.tensor) continue;
+      shm::SlotData(**slot)[t.offset + seg.offset - t.range_offset + 3] ^= 0x20;
+      flipped = true;
+    }
+    ASSERT_TRUE(flipped);
+  }
+  h = c.node(2).red->Holding(5, /*verify=*/true);
+  EXPECT_EQ(std::count(h.copies.begin(), h.copies.end(), arc->id), 0)
+      << "a resident copy over rotten bytes is listed";
+  ASSERT_NO_FATAL_FAILURE(c.ReopenRedundancy(2));
+  Status st = c.node(2).red->Read(req, got.data());
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("fails its checksum"), std::string::npos) << st;
+  st = c.node(0).service->reader().Read(2, req, got.data(), Soon());
+  EXPECT_FALSE(st.ok()) << "rotten resident bytes served to a peer";
 }
 
 // ---- restore-time assembly (agent/assemble.h, docs/reft.md section 3) -------
