@@ -24,7 +24,7 @@ set(MEMENTO_LAYER_ALLOWED_tier common)
 set(MEMENTO_LAYER_ALLOWED_opt common)
 set(MEMENTO_LAYER_ALLOWED_snap shm common)
 set(MEMENTO_LAYER_ALLOWED_recover topo codec shm common)
-set(MEMENTO_LAYER_ALLOWED_client snap shm common)
+set(MEMENTO_LAYER_ALLOWED_client snap shm codec common)
 set(MEMENTO_LAYER_ALLOWED_agent recover coord net tier topo model codec shm opt common)
 set(MEMENTO_LAYER_ALLOWED_launch recover coord tier topo model shm net common)
 # Known exception (docs/architecture.md): the launcher includes the agent's

@@ -111,6 +111,13 @@ struct ClientOptions {
   // whole-tensor slots whatever it says. Ranks with device-resident tensors
   // keep whole-tensor slots for now.
   bool sharded_snapshots = true;
+  // With sharded snapshots: the XOR / Reed-Solomon parities this rank's
+  // memory produces under the plan are computed by the copy workers from
+  // registered memory as the snapshot runs, and the slot holds only the
+  // parity bytes, not the stripe inputs (docs/reft.md section 4). false (or
+  // MEMENTO_PARITY_IN=agent in the environment): the slot holds the inputs
+  // and the agent encodes the parity afterwards.
+  bool client_parity = true;
 };
 
 // A version of this rank's state that the agent holds.

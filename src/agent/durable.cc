@@ -448,6 +448,8 @@ Result<tier::VersionView> DurableStreamer::BuildView(int64_t step) {
                                          c.tensor_index, hs.info.tensors.size()));
       }
       const shm::SavedTensor& t = hs.info.tensors[c.tensor_index];
+      // A parity entry is redundancy, not state (docs/reft.md section 4).
+      if (t.is_parity()) continue;
       tier::ViewEntry e;
       e.meta = t.meta;
       if (t.meta.state_class == StateClass::kReplicated) {

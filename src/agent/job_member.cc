@@ -793,7 +793,7 @@ Status JobMember::StartPeerService() {
   return Status::Ok();
 }
 
-Result<shm::PlanReply> JobMember::SaveRanges(int rank) {
+Result<shm::PlanReply> JobMember::SaveRanges(int rank, bool client_parity) {
   std::shared_ptr<const ClusterPlan> cp;
   bool sharded = false;
   {
@@ -815,9 +815,35 @@ Result<shm::PlanReply> JobMember::SaveRanges(int rank) {
   reply.plan_hash = fmt::format("{:016x}", cp->hash);
   if (!sharded) return reply;
   const std::vector<TensorMeta>& tensors = cp->inventory[static_cast<size_t>(rank)];
-  MEMENTO_ASSIGN_OR_RETURN(std::vector<topo::Segment> ranges,
+  // Whole tensors when the rank's ranges cover every byte of its state,
+  // its parity inputs included (the agent then encodes from the whole slot).
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<topo::Segment> with_inputs,
                            topo::RankSaveRanges(cp->plan, rank, tensors));
-  if (topo::CoversEveryTensor(ranges, tensors)) return reply;  // whole tensors
+  if (topo::CoversEveryTensor(with_inputs, tensors)) return reply;  // whole tensors
+  std::vector<topo::Segment> ranges = std::move(with_inputs);
+  if (client_parity) {
+    MEMENTO_ASSIGN_OR_RETURN(ranges, topo::RankSaveRanges(cp->plan, rank, tensors,
+                                                          /*parity_inputs=*/false));
+    for (uint32_t pid : cp->plan.ranks[static_cast<size_t>(rank)].parities) {
+      const topo::Parity& par = cp->plan.parities[pid];
+      const topo::Stripe& stripe = cp->plan.stripes[par.stripe];
+      shm::PlanParity p;
+      p.id = par.id;
+      p.xor_code = stripe.xor_code;
+      p.k = stripe.k;
+      p.f = stripe.f;
+      p.index = par.index;
+      p.block_bytes = stripe.block_bytes;
+      for (std::vector<topo::Segment>& block : topo::StripeBlockSegments(cp->plan, stripe)) {
+        std::vector<shm::SaveRange> b;
+        for (topo::Segment& s : block) {
+          b.push_back(shm::SaveRange{std::move(s.tensor), s.offset, s.length});
+        }
+        p.blocks.push_back(std::move(b));
+      }
+      reply.parities.push_back(std::move(p));
+    }
+  }
   reply.sharded = true;
   reply.ranges.reserve(ranges.size());
   for (topo::Segment& s : ranges) {

@@ -147,8 +147,10 @@ class JobMember {
   // sharded=false (whole tensors) when the topology does not ask for sharded
   // snapshots or the plan gives the rank every byte of its state.
   // Unavailable ("not ready") until the plan is known; InvalidArgument for a
-  // rank outside the plan.
-  Result<shm::PlanReply> SaveRanges(int rank) EXCLUDES(plan_mu_);
+  // rank outside the plan. `client_parity`: the client computes the
+  // parities its rank produces (docs/reft.md section 4): they are listed
+  // (shm::PlanParity) and their stripe inputs left out of the ranges.
+  Result<shm::PlanReply> SaveRanges(int rank, bool client_parity = false) EXCLUDES(plan_mu_);
   // kPeerSetRestoreTarget: the job restores `step`; kept until a newer
   // step commits. The job goes back to `step`, so what this node knew of
   // later steps belongs to the failed attempt and is forgotten: its

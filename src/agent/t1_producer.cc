@@ -82,6 +82,22 @@ Status T1Producer::ProduceEntries(int64_t step, const std::map<int, RankSlotView
                                    stripe.k, stripe.f));
     MEMENTO_ASSIGN_OR_RETURN(uint8_t * out,
                              red_->EntryBuffer(step, {recover::SourceKind::kParity, pid}));
+    // The client computed it (a parity entry of the producer's slot,
+    // docs/reft.md section 4): take its bytes. Otherwise (whole-tensor
+    // slots, clients that leave parity to the agent) encode from the slot's
+    // stripe inputs.
+    const int entry = shm::FindParityEntry(view->info.tensors, pid);
+    if (entry >= 0) {
+      const shm::SavedTensor& t = view->info.tensors[static_cast<size_t>(entry)];
+      if (t.nbytes != stripe.block_bytes) {
+        return DataLossError(
+            fmt::format("rank {} step {}: parity {} holds {} bytes, the plan's is {}", view->rank,
+                        view->info.step, pid, t.nbytes, stripe.block_bytes));
+      }
+      std::memcpy(out, view->segment->data() + view->info.data_offset + t.offset, t.nbytes);
+      MEMENTO_RETURN_IF_ERROR(red_->FinishEntry(step, {recover::SourceKind::kParity, pid}));
+      continue;
+    }
     Status st = codec::EncodeStream(
         code, stripe.block_bytes, kEncodeChunkBytes,
         [&](size_t off, size_t n, uint8_t* const* chunks) -> Status {

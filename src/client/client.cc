@@ -21,6 +21,7 @@
 #include "client/eager_path.h"
 #include "client/has_path.h"
 #include "client/hold_words.h"
+#include "client/parity_producer.h"
 #include "client/registered_tensor.h"
 #include "client/restore.h"
 #include "client/slot_prefault.h"
@@ -54,7 +55,10 @@ class ClientImpl final : public Client, private client::SlotSink {
       : options_(std::move(options)),
         agent_(options_, dir),
         holds_(dir, options_.rank),
-        idle_priority_(options_.copy_priority == CopyPriority::kIdle) {}
+        idle_priority_(options_.copy_priority == CopyPriority::kIdle) {
+    const char* where = std::getenv("MEMENTO_PARITY_IN");
+    client_parity_ = options_.client_parity && !(where != nullptr && std::string(where) == "agent");
+  }
 
   // Waits for the snapshot in flight (the copy of registered memory must end
   // before the caller may free it), then stops every thread of the client.
@@ -192,8 +196,14 @@ class ClientImpl final : public Client, private client::SlotSink {
       // Chunk c of entry e: bytes of its tensor from e's range offset on.
       const shm::SavedTensor& t = layout_.tensors[c.tensor_index];
       snap::CopyChunk cc;
-      cc.src = static_cast<const uint8_t*>(tensors_[entry_tensor_[c.tensor_index]].data) +
-               t.range_offset + (c.offset - t.offset);
+      if (t.is_parity()) {
+        // A parity entry: encoded from registered memory by the worker.
+        cc.producer = parities_[entry_tensor_[c.tensor_index]].get();
+        cc.producer_offset = c.offset - t.offset;
+      } else {
+        cc.src = static_cast<const uint8_t*>(tensors_[entry_tensor_[c.tensor_index]].data) +
+                 t.range_offset + (c.offset - t.offset);
+      }
       cc.dst = data + c.offset;
       cc.length = c.length;
       cc.checksum_out = &table[i].checksum;
@@ -330,6 +340,7 @@ class ClientImpl final : public Client, private client::SlotSink {
 
   void UseWholeLayout() {
     layout_ = whole_layout_;
+    parities_.clear();
     entry_tensor_.resize(tensors_.size());
     for (size_t i = 0; i < tensors_.size(); ++i) entry_tensor_[i] = i;
   }
@@ -351,8 +362,8 @@ class ClientImpl final : public Client, private client::SlotSink {
       UseWholeLayout();
       plan_settled_ = true;
     };
-    auto reply = agent_.Call(shm::PlanRequest(options_.rank), Deadline::AfterSeconds(5),
-                             /*reconnect_s=*/0);
+    auto reply = agent_.Call(shm::PlanRequest(options_.rank, client_parity_),
+                             Deadline::AfterSeconds(5), /*reconnect_s=*/0);
     if (!reply.ok()) {
       // "not ready" (or the agent is away): whole tensors this time.
       if (reply.status().code() == StatusCode::kUnavailable) return;
@@ -377,6 +388,35 @@ class ClientImpl final : public Client, private client::SlotSink {
           shm::SlotEntrySpec{meta, r.offset, r.length == 0 ? shm::kWholeTensor : r.length});
       entry_tensor.push_back(it->second);
     }
+    // The parities this rank produces, computed by the copy workers from
+    // registered memory (docs/reft.md section 4): one entry each.
+    std::vector<std::unique_ptr<client::ParityProducer>> parities;
+    auto resolve = [&](const shm::SaveRange& r) -> Result<const uint8_t*> {
+      auto it = index.find(r.tensor);
+      if (it == index.end()) {
+        return InvalidArgumentError(
+            fmt::format("tensor '{}' is not registered by this rank", r.tensor));
+      }
+      const RegisteredTensor& t = tensors_[it->second];
+      const uint64_t size = t.meta.nbytes();
+      if (r.offset > size || r.length > size - r.offset) {
+        return InvalidArgumentError(fmt::format("bytes [{}, +{}) of tensor '{}' ({} bytes)",
+                                                r.offset, r.length, r.tensor, size));
+      }
+      return static_cast<const uint8_t*>(t.data) + r.offset;
+    };
+    for (const shm::PlanParity& p : plan->parities) {
+      auto producer = client::ParityProducer::Create(p, resolve);
+      if (!producer.ok()) {
+        return fall_back("plan " + plan->plan_hash + ": " + producer.status().ToString());
+      }
+      shm::SlotEntrySpec spec;
+      spec.meta = shm::ParityEntryMeta(p.id, p.block_bytes);
+      spec.parity = p.id;
+      specs.push_back(std::move(spec));
+      entry_tensor.push_back(parities.size());
+      parities.push_back(std::move(*producer));
+    }
     auto layout =
         shm::ComputeRangeSlotLayout(options_.job_id, options_.rank, specs, options_.chunk_bytes);
     if (!layout.ok())
@@ -387,11 +427,14 @@ class ClientImpl final : public Client, private client::SlotSink {
                                      layout->total_bytes, segments_[s]->size()));
       }
     }
-    MEMENTO_LOG_INFO("rank {}: sharded snapshots under plan {}: {} of {} bytes in {} ranges",
-                     options_.rank, plan->plan_hash, layout->data_bytes, whole_layout_.data_bytes,
-                     specs.size());
+    MEMENTO_LOG_INFO(
+        "rank {}: sharded snapshots under plan {}: {} of {} bytes in {} ranges, {} of them "
+        "parities its copy workers compute",
+        options_.rank, plan->plan_hash, layout->data_bytes, whole_layout_.data_bytes, specs.size(),
+        parities.size());
     layout_ = std::move(*layout);
     entry_tensor_ = std::move(entry_tensor);
+    parities_ = std::move(parities);
   }
 
   // Creates the HAS path (schedule "has" at Seal(); "auto" at the first
@@ -462,8 +505,15 @@ class ClientImpl final : public Client, private client::SlotSink {
   bool sealed_ = false;
   shm::SlotLayout layout_;            // what the next snapshot writes (whole or ranges)
   shm::SlotLayout whole_layout_;      // every registered tensor whole (Seal's)
-  std::vector<size_t> entry_tensor_;  // layout_ entry -> index into tensors_
-  bool plan_settled_ = false;         // AskPlan has an answer (until a Restore)
+  std::vector<size_t> entry_tensor_;  // layout_ entry -> index into tensors_ (or parities_)
+  // The parity entries' producers (sharded layout only); replaced only
+  // between snapshots (AskPlan runs after the fence).
+  std::vector<std::unique_ptr<client::ParityProducer>> parities_;
+  // Ask the agent for the parities this rank produces and compute them in
+  // the copy workers (ClientOptions::client_parity; the environment's
+  // MEMENTO_PARITY_IN=agent turns it off, for measurements).
+  bool client_parity_ = true;
+  bool plan_settled_ = false;  // AskPlan has an answer (until a Restore)
   std::unique_ptr<shm::Segment> segments_[shm::kSlotsPerRank];
   const shm::Segment* slots_[shm::kSlotsPerRank] = {};
   client::SlotPrefaults prefaults_;

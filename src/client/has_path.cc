@@ -128,7 +128,12 @@ Status HasPath::CopyChunk(size_t index) {
   if (device_ != nullptr && device_->OnDevice(index)) {
     MEMENTO_RETURN_IF_ERROR(device_->CopyToSlot({c}));
   } else {
-    *c.checksum_out = snap::CopyAndChecksumStreaming(c.dst, c.src, c.length);
+    Result<uint64_t> ran = snap::RunSaveChunk(c);
+    if (!ran.ok()) {
+      // The slot stays incomplete (kWriting): no version is published.
+      copy_cpu_ns_.fetch_add(ThreadCpuNs() - cpu0, std::memory_order_relaxed);
+      return ran.status();
+    }
   }
   if (chunk_delay_us_ > 0) usleep(static_cast<useconds_t>(chunk_delay_us_));
   // acq_rel: the last worker sees every other chunk's writes before it

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 
 #include "fmt/format.h"
 #include "shm/protocol.h"
@@ -39,6 +40,14 @@ constexpr const char* kRanges = "ranges";
 constexpr const char* kTensor = "tensor";
 constexpr const char* kOffset = "offset";
 constexpr const char* kLength = "length";
+constexpr const char* kParities = "parities";
+constexpr const char* kId = "id";
+constexpr const char* kCode = "code";
+constexpr const char* kK = "k";
+constexpr const char* kF = "f";
+constexpr const char* kIndex = "index";
+constexpr const char* kBlockBytes = "block_bytes";
+constexpr const char* kBlocks = "blocks";
 
 constexpr AgentOp kOps[] = {
     AgentOp::kHello,  AgentOp::kPing,   AgentOp::kSeal, AgentOp::kComplete, AgentOp::kSkipped,
@@ -242,7 +251,11 @@ AgentRequest AssembleRequest(int rank, int64_t step) {
   r.step = step;
   return r;
 }
-AgentRequest PlanRequest(int rank) { return RankRequest(AgentOp::kPlan, rank); }
+AgentRequest PlanRequest(int rank, bool client_parity) {
+  AgentRequest r = RankRequest(AgentOp::kPlan, rank);
+  r.client_parity = client_parity;
+  return r;
+}
 
 json AgentRequestToJson(const AgentRequest& r) {
   json msg = {{kOp, AgentOpName(r.op)}};
@@ -269,10 +282,12 @@ json AgentRequestToJson(const AgentRequest& r) {
     case AgentOp::kVerify:
       msg[kSlot] = r.slot;
       break;
+    case AgentOp::kPlan:
+      if (r.client_parity) msg[kParities] = true;
+      break;
     case AgentOp::kPing:
     case AgentOp::kTarget:
     case AgentOp::kList:
-    case AgentOp::kPlan:
       break;
   }
   return msg;
@@ -358,10 +373,15 @@ Result<AgentRequest> AgentRequestFromJson(const json& msg) {
       r.slot = static_cast<int>(slot);
       break;
     }
+    case AgentOp::kPlan: {
+      if (msg.contains(kParities)) {
+        MEMENTO_ASSIGN_OR_RETURN(r.client_parity, f.Bool(kParities));
+      }
+      break;
+    }
     case AgentOp::kPing:
     case AgentOp::kTarget:
     case AgentOp::kList:
-    case AgentOp::kPlan:
       break;
   }
   return r;
@@ -416,15 +436,91 @@ json ToJson(const ListReply& reply) {
   return r;
 }
 
-json ToJson(const PlanReply& reply) {
+namespace {
+
+json RangesToJson(const std::vector<SaveRange>& list) {
   json ranges = json::array();
-  for (const SaveRange& r : reply.ranges) {
+  for (const SaveRange& r : list) {
     ranges.push_back({{kTensor, r.tensor}, {kOffset, r.offset}, {kLength, r.length}});
   }
+  return ranges;
+}
+
+// One range of a plan reply ("ranges" or a parity's block); `f` names it.
+Result<SaveRange> ParseSaveRange(const Fields& f, const json& v) {
+  SaveRange r;
+  MEMENTO_ASSIGN_OR_RETURN(r.tensor, f.String(kTensor));
+  if (r.tensor.empty()) return f.Bad(kTensor, v[kTensor], "a tensor name");
+  MEMENTO_ASSIGN_OR_RETURN(r.offset, f.Uint(kOffset, 0, std::numeric_limits<uint64_t>::max()));
+  MEMENTO_ASSIGN_OR_RETURN(r.length, f.Uint(kLength, r.offset == 0 ? 0 : 1,
+                                            std::numeric_limits<uint64_t>::max() - r.offset));
+  return r;
+}
+
+Result<PlanParity> ParsePlanParity(const Fields& f, const json& v) {
+  PlanParity p;
+  MEMENTO_ASSIGN_OR_RETURN(int64_t id, f.Int(kId, 0, int64_t{0xfffffffe}));
+  p.id = static_cast<uint32_t>(id);
+  MEMENTO_ASSIGN_OR_RETURN(std::string code, f.String(kCode));
+  if (code != "xor" && code != "rs") return f.Bad(kCode, v[kCode], "\"xor\" or \"rs\"");
+  p.xor_code = code == "xor";
+  MEMENTO_ASSIGN_OR_RETURN(int64_t k, f.Int(kK, 1, 254));
+  MEMENTO_ASSIGN_OR_RETURN(int64_t nf, f.Int(kF, 1, p.xor_code ? 1 : 255 - k));
+  p.k = static_cast<int>(k);
+  p.f = static_cast<int>(nf);
+  MEMENTO_ASSIGN_OR_RETURN(int64_t index, f.Int(kIndex, 0, p.f - 1));
+  p.index = static_cast<int>(index);
+  MEMENTO_ASSIGN_OR_RETURN(p.block_bytes, f.Uint(kBlockBytes, 0, kMaxSlotBytes));
+  MEMENTO_ASSIGN_OR_RETURN(const json* blocks, f.Array(kBlocks, static_cast<size_t>(p.k)));
+  if (blocks->size() != static_cast<size_t>(p.k)) {
+    return f.Bad(kBlocks, *blocks, fmt::format("an array of k = {} blocks", p.k));
+  }
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    const json& b = (*blocks)[i];
+    if (!b.is_array() || b.size() > kMaxPlanRanges) {
+      return f.Bad(kBlocks, *blocks, "an array of arrays of ranges");
+    }
+    std::vector<SaveRange> block;
+    uint64_t total = 0;
+    for (size_t j = 0; j < b.size(); ++j) {
+      if (!b[j].is_object()) return f.Bad(kBlocks, *blocks, "an array of arrays of ranges");
+      const Fields e(b[j], fmt::format("{}: {}[{}][{}]", f.what(), kBlocks, i, j));
+      MEMENTO_ASSIGN_OR_RETURN(SaveRange r, ParseSaveRange(e, b[j]));
+      total += r.length;
+      if (r.length > p.block_bytes || total > p.block_bytes) {
+        return InvalidArgumentError(
+            fmt::format("{}: field '{}': block {} holds more than block_bytes {} bytes", f.what(),
+                        kBlocks, i, p.block_bytes));
+      }
+      block.push_back(std::move(r));
+    }
+    p.blocks.push_back(std::move(block));
+  }
+  return p;
+}
+
+}  // namespace
+
+json ToJson(const PlanReply& reply) {
   json r = OkReply();
   r[kPlanHash] = reply.plan_hash;
   r[kSharded] = reply.sharded;
-  r[kRanges] = std::move(ranges);
+  r[kRanges] = RangesToJson(reply.ranges);
+  if (!reply.parities.empty()) {
+    json parities = json::array();
+    for (const PlanParity& p : reply.parities) {
+      json blocks = json::array();
+      for (const std::vector<SaveRange>& b : p.blocks) blocks.push_back(RangesToJson(b));
+      parities.push_back({{kId, p.id},
+                          {kCode, p.xor_code ? "xor" : "rs"},
+                          {kK, p.k},
+                          {kF, p.f},
+                          {kIndex, p.index},
+                          {kBlockBytes, p.block_bytes},
+                          {kBlocks, std::move(blocks)}});
+    }
+    r[kParities] = std::move(parities);
+  }
   return r;
 }
 
@@ -512,13 +608,26 @@ Result<PlanReply> ParsePlanReply(const json& reply) {
     const json& v = (*ranges)[i];
     if (!v.is_object()) return f.Bad(kRanges, *ranges, "an array of objects");
     const Fields e(v, fmt::format("{}: {}[{}]", f.what(), kRanges, i));
-    SaveRange r;
-    MEMENTO_ASSIGN_OR_RETURN(r.tensor, e.String(kTensor));
-    if (r.tensor.empty()) return e.Bad(kTensor, v[kTensor], "a tensor name");
-    MEMENTO_ASSIGN_OR_RETURN(r.offset, e.Uint(kOffset, 0, std::numeric_limits<uint64_t>::max()));
-    MEMENTO_ASSIGN_OR_RETURN(r.length, e.Uint(kLength, r.offset == 0 ? 0 : 1,
-                                              std::numeric_limits<uint64_t>::max() - r.offset));
+    MEMENTO_ASSIGN_OR_RETURN(SaveRange r, ParseSaveRange(e, v));
     out.ranges.push_back(std::move(r));
+  }
+  if (reply.is_object() && reply.contains(kParities)) {
+    MEMENTO_ASSIGN_OR_RETURN(const json* parities, f.Array(kParities, kMaxPlanRanges));
+    if (!out.sharded && !parities->empty()) {
+      return f.Bad(kParities, *parities, "empty when 'sharded' is false");
+    }
+    std::set<uint32_t> ids;
+    for (size_t i = 0; i < parities->size(); ++i) {
+      const json& v = (*parities)[i];
+      if (!v.is_object()) return f.Bad(kParities, *parities, "an array of objects");
+      const Fields e(v, fmt::format("{}: {}[{}]", f.what(), kParities, i));
+      MEMENTO_ASSIGN_OR_RETURN(PlanParity p, ParsePlanParity(e, v));
+      if (!ids.insert(p.id).second) {
+        return InvalidArgumentError(
+            fmt::format("{}: field '{}': parity {} is listed twice", f.what(), kParities, p.id));
+      }
+      out.parities.push_back(std::move(p));
+    }
   }
   return out;
 }

@@ -58,6 +58,10 @@ struct AgentRequest {
   std::string manifest;       // seal: the rank's tensors (shm::EncodeManifest text)
   int slot = -1;              // complete, verify: in [0, shm::kSlotsPerRank)
   int64_t step = -1;          // complete, skipped, assemble: >= 0
+  // plan: the client computes the parities its rank produces (docs/reft.md
+  // section 4) and wants them listed instead of their stripe inputs
+  // ("parities": true; absent from older clients: false).
+  bool client_parity = false;
 };
 
 // The requests a client sends (hello carries shm::kProtocolVersion).
@@ -71,7 +75,7 @@ AgentRequest ListRequest(int rank);
 // The rank's whole state at `step` from its plan pieces (docs/reft.md,
 // section 3), staged by the agent in a whole-tensor slot file.
 AgentRequest AssembleRequest(int rank, int64_t step);
-AgentRequest PlanRequest(int rank);
+AgentRequest PlanRequest(int rank, bool client_parity = false);
 
 // The JSON of a request: "op" and the fields of its op.
 nlohmann::json AgentRequestToJson(const AgentRequest& request);
@@ -138,12 +142,30 @@ struct SaveRange {
   uint64_t offset = 0;  // bytes of the whole tensor
   uint64_t length = 0;  // > 0, except {name, 0, 0} for a tensor of zero bytes
 };
+// A parity the rank's copy workers compute (asked with client_parity):
+// block `index` (0..f-1 of the f parity blocks) of the stripe's code over k
+// data blocks of `block_bytes`; data block i is the concatenation of
+// blocks[i]'s ranges of the rank's registered tensors, zero-padded to
+// block_bytes. The slot holds it as a parity entry (shm::SlotEntrySpec).
+struct PlanParity {
+  uint32_t id = 0;       // topo::Parity::id
+  bool xor_code = true;  // "code": "xor" (codec::CodeKind::kXor) or "rs"
+  int k = 0;             // >= 1
+  int f = 0;             // >= 1 (xor: 1)
+  int index = 0;         // [0, f)
+  uint64_t block_bytes = 0;
+  std::vector<std::vector<SaveRange>> blocks;  // k of them, each at most block_bytes long
+};
 struct PlanReply {
   std::string plan_hash;  // 16 hex digits; "" when the agent has no cluster plan
   // false: whole tensors (sharding off, a single node, or a rank the plan
   // gives every byte of its state); `ranges` is then empty.
   bool sharded = false;
   std::vector<SaveRange> ranges;  // sharded: by tensor (registration order), then offset
+  // sharded and asked with client_parity: the parities the rank computes
+  // (`ranges` then leave out their stripe inputs). Absent ("parities" not
+  // in the reply, as from older agents): none.
+  std::vector<PlanParity> parities;
 };
 // Most ranges a plan reply may carry (a rank's tensors, each cut a few times).
 inline constexpr size_t kMaxPlanRanges = size_t{1} << 20;
@@ -167,7 +189,10 @@ Result<ListReply> ParseListReply(const nlohmann::json& reply);
 // An empty path is refused.
 Result<AssembleReply> ParseAssembleReply(const nlohmann::json& reply);
 // Also InvalidArgument for a range with an empty tensor name, a zero length at
-// an offset other than 0, or an end past 2^64; sharded false with ranges.
+// an offset other than 0, or an end past 2^64; sharded false with ranges or
+// parities; a parity with an unknown code, k, f or index out of range
+// (k + f <= 255, xor: f = 1), other than k blocks, a block longer than
+// block_bytes, or an id given twice.
 Result<PlanReply> ParsePlanReply(const nlohmann::json& reply);
 
 }  // namespace memento::shm

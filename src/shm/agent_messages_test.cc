@@ -38,6 +38,16 @@ TEST(AgentRequestTest, ParsesEveryOpTheClientSends) {
   EXPECT_EQ(ParseAgentRequest(R"({"op":"plan","rank":-1})").status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseAgentRequest(R"({"op":"plan"})").status().code(), StatusCode::kInvalidArgument);
+  // "parities": the client computes its rank's parities (docs/reft.md s4);
+  // older clients send no field.
+  EXPECT_FALSE(plan->client_parity);
+  auto with_parity = ParseAgentRequest(AgentRequestToJson(PlanRequest(2, true)).dump());
+  ASSERT_TRUE(with_parity.ok()) << with_parity.status();
+  EXPECT_TRUE(with_parity->client_parity);
+  EXPECT_EQ(AgentRequestToJson(PlanRequest(2)).dump().find("parities"), std::string::npos);
+  Status bad_flag = ParseAgentRequest(R"({"op":"plan","rank":2,"parities":1})").status();
+  EXPECT_EQ(bad_flag.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_flag.message().find("'parities'"), std::string::npos) << bad_flag;
   EXPECT_TRUE(ParseAgentRequest(R"({"op":"ping"})").ok());
   auto top = ParseAgentRequest(R"({"op":"seal","rank":1073741823,"bytes":281474976710656})");
   ASSERT_TRUE(top.ok()) << top.status();
@@ -165,6 +175,47 @@ TEST(AgentReplyTest, EveryReplyRoundTripsThroughTheWire) {
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_FALSE(whole->sharded);
   EXPECT_TRUE(whole->ranges.empty());
+  EXPECT_TRUE(whole->parities.empty());
+  EXPECT_TRUE(p->parities.empty());  // "parities" absent: none (older agents)
+
+  // Parities the client computes: code, k, f, index, block size, blocks.
+  PlanParity xp;
+  xp.id = 7;
+  xp.xor_code = true;
+  xp.k = 3;
+  xp.f = 1;
+  xp.block_bytes = 4096;
+  xp.blocks = {{{"w", 4096, 4000}, {"b", 0, 96}}, {{"w", 0, 64}}, {}};
+  PlanParity rp = xp;
+  rp.id = 9;
+  rp.xor_code = false;
+  rp.f = 2;
+  rp.k = 2;
+  rp.index = 1;
+  rp.blocks = {{{"w", 64, 4096}}, {{"w", 8192, 100}}};
+  plan.parities = {xp, rp};
+  auto pp = ParsePlanReply(wire(ToJson(plan)));
+  ASSERT_TRUE(pp.ok()) << pp.status();
+  ASSERT_EQ(pp->parities.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const PlanParity& want = plan.parities[i];
+    const PlanParity& got = pp->parities[i];
+    EXPECT_EQ(got.id, want.id);
+    EXPECT_EQ(got.xor_code, want.xor_code);
+    EXPECT_EQ(got.k, want.k);
+    EXPECT_EQ(got.f, want.f);
+    EXPECT_EQ(got.index, want.index);
+    EXPECT_EQ(got.block_bytes, want.block_bytes);
+    ASSERT_EQ(got.blocks.size(), want.blocks.size());
+    for (size_t b = 0; b < want.blocks.size(); ++b) {
+      ASSERT_EQ(got.blocks[b].size(), want.blocks[b].size());
+      for (size_t r = 0; r < want.blocks[b].size(); ++r) {
+        EXPECT_EQ(got.blocks[b][r].tensor, want.blocks[b][r].tensor);
+        EXPECT_EQ(got.blocks[b][r].offset, want.blocks[b][r].offset);
+        EXPECT_EQ(got.blocks[b][r].length, want.blocks[b][r].length);
+      }
+    }
+  }
 }
 
 TEST(AgentRequestTest, AssembleNeedsAStep) {
@@ -238,6 +289,40 @@ TEST(AgentReplyTest, MalformedRepliesNameTheOpAndTheField) {
        "plan", "'length'"},
       {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[{"tensor":"w","offset":0,"length":1.5}]})",
        "plan", "'length'"},
+      {R"({"ok":true,"plan_hash":"","sharded":false,"ranges":[],"parities":[{"id":1,"code":"xor","k":2,"f":1,"index":0,"block_bytes":64,"blocks":[[],[]]}]})",
+       "plan", "'parities'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":{}})", "plan",
+       "'parities'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[7]})", "plan",
+       "'parities'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"code":"xor","k":2,"f":1,"index":0,"block_bytes":64,"blocks":[[],[]]}]})",
+       "plan", "'id'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"id":1,"code":"lrc","k":2,"f":1,"index":0,"block_bytes":64,"blocks":[[],[]]}]})",
+       "plan", "'code'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"id":1,"code":"xor","k":0,"f":1,"index":0,"block_bytes":64,"blocks":[]}]})",
+       "plan", "'k'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"id":1,"code":"xor","k":2,"f":2,"index":0,"block_bytes":64,"blocks":[[],[]]}]})",
+       "plan", "'f'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"id":1,"code":"rs","k":200,"f":60,"index":0,"block_bytes":64,"blocks":[]}]})",
+       "plan", "'f'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"id":1,"code":"rs","k":2,"f":2,"index":2,"block_bytes":64,"blocks":[[],[]]}]})",
+       "plan", "'index'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"id":1,"code":"xor","k":2,"f":1,"index":0,"block_bytes":-1,"blocks":[[],[]]}]})",
+       "plan", "'block_bytes'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"id":1,"code":"xor","k":2,"f":1,"index":0,"block_bytes":64,"blocks":[[]]}]})",
+       "plan", "'blocks'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"id":1,"code":"xor","k":2,"f":1,"index":0,"block_bytes":64,"blocks":[[],7]}]})",
+       "plan", "'blocks'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"id":1,"code":"xor","k":2,"f":1,"index":0,"block_bytes":64,"blocks":[[],[7]]}]})",
+       "plan", "'blocks'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"id":1,"code":"xor","k":2,"f":1,"index":0,"block_bytes":64,"blocks":[[],[{"tensor":"w","offset":0,"length":65}]]}]})",
+       "plan", "'blocks'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"id":1,"code":"xor","k":2,"f":1,"index":0,"block_bytes":64,"blocks":[[{"tensor":"w","offset":0,"length":40},{"tensor":"w","offset":64,"length":40}],[]]}]})",
+       "plan", "'blocks'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"id":1,"code":"xor","k":2,"f":1,"index":0,"block_bytes":64,"blocks":[[{"tensor":"","offset":0,"length":4}],[]]}]})",
+       "plan", "'tensor'"},
+      {R"({"ok":true,"plan_hash":"","sharded":true,"ranges":[],"parities":[{"id":1,"code":"xor","k":2,"f":1,"index":0,"block_bytes":64,"blocks":[[],[]]},{"id":1,"code":"xor","k":2,"f":1,"index":0,"block_bytes":64,"blocks":[[],[]]}]})",
+       "plan", "'parities'"},
   };
   for (const Case& c : cases) {
     const nlohmann::json j = nlohmann::json::parse(c.json);

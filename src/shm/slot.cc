@@ -52,15 +52,34 @@ uint64_t HeaderChecksum(const SlotHeader* h) {
 }  // namespace
 
 std::string EntryName(const SavedTensor& t) {
+  if (t.is_parity()) return fmt::format("parity {}", t.parity);
   if (t.whole()) return "'" + t.meta.name + "'";
   return fmt::format("'{}' bytes [{}, {})", t.meta.name, t.range_offset, t.range_offset + t.nbytes);
 }
 
 bool HasRangeEntries(const std::vector<SavedTensor>& entries) {
   for (const SavedTensor& t : entries) {
-    if (!t.whole()) return true;
+    if (!t.whole() || t.is_parity()) return true;
   }
   return false;
+}
+
+std::string ParityEntryName(uint32_t parity) { return fmt::format("parity/{}", parity); }
+
+TensorMeta ParityEntryMeta(uint32_t parity, uint64_t bytes) {
+  TensorMeta m;
+  m.name = ParityEntryName(parity);
+  m.dtype = DType::kUInt8;
+  m.shape = {static_cast<int64_t>(bytes)};
+  m.state_class = StateClass::kPrivate;
+  return m;
+}
+
+int FindParityEntry(const std::vector<SavedTensor>& entries, uint32_t parity) {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].parity == parity) return static_cast<int>(i);
+  }
+  return -1;
 }
 
 namespace {
@@ -68,7 +87,21 @@ namespace {
 // Entries of one tensor must agree on its meta and hold disjoint ranges.
 Status CheckEntriesOfOneTensor(const std::vector<SavedTensor>& entries) {
   std::map<std::string, std::vector<const SavedTensor*>> by_name;
-  for (const SavedTensor& t : entries) by_name[t.meta.name].push_back(&t);
+  std::map<uint32_t, int> parities;
+  for (const SavedTensor& t : entries) {
+    if (!t.is_parity()) {
+      by_name[t.meta.name].push_back(&t);
+      continue;
+    }
+    if (!t.whole() || t.meta.dtype != DType::kUInt8 || t.meta.shape.size() != 1) {
+      return InvalidArgumentError(fmt::format(
+          "parity {}: a parity entry is a whole uint8 vector, not {} {} bytes [{}, +{})", t.parity,
+          DTypeName(t.meta.dtype), ShapeToString(t.meta.shape), t.range_offset, t.nbytes));
+    }
+    if (++parities[t.parity] > 1) {
+      return InvalidArgumentError(fmt::format("parity {} has two entries", t.parity));
+    }
+  }
   for (auto& [name, list] : by_name) {
     if (list.size() < 2) continue;
     for (const SavedTensor* t : list) {
@@ -130,6 +163,7 @@ Result<SlotLayout> ComputeRangeSlotLayout(const std::string& job_id, int rank,
     }
     SavedTensor t;
     t.meta = meta;
+    t.parity = entries[i].parity;
     t.offset = AlignUp(offset, kTensorAlignment);
     const uint64_t whole = meta.nbytes();
     if (entries[i].length == kWholeTensor) {
@@ -176,9 +210,18 @@ std::string EncodeManifest(const std::vector<SavedTensor>& tensors) {
     e["offset"] = t.offset;
     e["nbytes"] = t.nbytes;
     if (!t.whole()) e["range"] = {{"offset", t.range_offset}, {"length", t.nbytes}};
+    if (t.is_parity()) e["parity"] = {{"id", t.parity}};
     arr.push_back(std::move(e));
   }
-  return nlohmann::json{{"format", HasRangeEntries(tensors) ? 2 : 1}, {"tensors", arr}}.dump();
+  int format = 1;
+  for (const SavedTensor& t : tensors) {
+    if (t.is_parity()) {
+      format = 3;
+    } else if (!t.whole()) {
+      format = std::max(format, 2);
+    }
+  }
+  return nlohmann::json{{"format", format}, {"tensors", arr}}.dump();
 }
 
 Result<std::vector<SlotRun>> FindRange(const std::vector<SavedTensor>& entries,
@@ -186,7 +229,7 @@ Result<std::vector<SlotRun>> FindRange(const std::vector<SavedTensor>& entries,
   std::vector<const SavedTensor*> mine;
   std::vector<size_t> index;
   for (size_t i = 0; i < entries.size(); ++i) {
-    if (entries[i].meta.name == tensor) {
+    if (!entries[i].is_parity() && entries[i].meta.name == tensor) {
       mine.push_back(&entries[i]);
       index.push_back(i);
     }
@@ -243,6 +286,13 @@ Result<std::vector<SavedTensor>> ParseManifest(std::string_view text) {
                           t.meta.name, r.at("length").get<uint64_t>(), t.nbytes));
         }
       }
+      if (e.contains("parity")) {
+        const uint64_t id = e.at("parity").at("id").get<uint64_t>();
+        if (id >= kNoParity) {
+          return DataLossError(fmt::format("slot manifest is not valid: parity id {}", id));
+        }
+        t.parity = static_cast<uint32_t>(id);
+      }
       out.push_back(std::move(t));
     }
   } catch (const std::exception& e) {
@@ -257,7 +307,9 @@ std::vector<std::string> DiffTensors(const std::vector<SavedTensor>& saved,
   std::map<std::string, const TensorMeta*> reg;
   for (const TensorMeta& m : registered) reg[m.name] = &m;
   std::map<std::string, const TensorMeta*> sav;
-  for (const SavedTensor& t : saved) sav[t.meta.name] = &t.meta;
+  for (const SavedTensor& t : saved) {
+    if (!t.is_parity()) sav[t.meta.name] = &t.meta;
+  }
   for (const auto& [name, s] : sav) {
     auto it = reg.find(name);
     if (it == reg.end()) {

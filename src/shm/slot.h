@@ -35,14 +35,31 @@ namespace memento::shm {
 // tensor has range_offset 0 and nbytes == meta.nbytes() (the manifest then
 // carries no "range", as format-1 slots did). Several entries may name one
 // tensor with disjoint ranges (a sharded slot: docs/reft.md section 2).
+//
+// A parity entry (docs/reft.md section 4) holds no tensor's bytes: it is plan
+// parity `parity` (topo::Parity::id), computed by the client's copy workers
+// from the stripe's data blocks in registered memory. Its `meta` is a uint8
+// tensor of the parity's byte count named ParityEntryName(id), whole; it is
+// never found by FindRange nor compared with registered tensors, and its
+// chunks carry checksums like every entry's.
+inline constexpr uint32_t kNoParity = 0xffffffffu;
 struct SavedTensor {
   TensorMeta meta;
-  uint64_t offset = 0;        // from the data region's start
-  uint64_t nbytes = 0;        // bytes this entry holds
-  uint64_t range_offset = 0;  // where they start in the whole tensor
+  uint64_t offset = 0;          // from the data region's start
+  uint64_t nbytes = 0;          // bytes this entry holds
+  uint64_t range_offset = 0;    // where they start in the whole tensor
+  uint32_t parity = kNoParity;  // a parity entry: the plan's parity id
 
+  bool is_parity() const { return parity != kNoParity; }
   bool whole() const { return range_offset == 0 && nbytes == meta.nbytes(); }
 };
+
+// "parity/<id>": the name a parity entry's meta carries (messages, inspect).
+std::string ParityEntryName(uint32_t parity);
+// The meta of a parity entry of `bytes` bytes (uint8, shape [bytes], private).
+TensorMeta ParityEntryMeta(uint32_t parity, uint64_t bytes);
+// The index of the parity entry of plan parity `parity`, or -1.
+int FindParityEntry(const std::vector<SavedTensor>& entries, uint32_t parity);
 
 // "'w'" for a whole tensor, "'w' bytes [O, O+L)" for a range entry (messages).
 std::string EntryName(const SavedTensor& t);
@@ -50,10 +67,13 @@ std::string EntryName(const SavedTensor& t);
 // What a slot writer asks to save: a tensor, whole (length kWholeTensor) or
 // its bytes [offset, offset + length).
 inline constexpr uint64_t kWholeTensor = ~uint64_t{0};
+// A parity entry: `parity` set, `meta` = ParityEntryMeta(parity, bytes),
+// whole.
 struct SlotEntrySpec {
   TensorMeta meta;
   uint64_t offset = 0;
   uint64_t length = kWholeTensor;
+  uint32_t parity = kNoParity;
 };
 
 // Where everything of one rank's state goes in a slot. A pure function of the
@@ -87,7 +107,8 @@ Result<SlotLayout> ComputeRangeSlotLayout(const std::string& job_id, int rank,
                                           uint64_t chunk_bytes);
 
 // Manifest "format" 1 when every entry is a whole tensor (byte-identical to
-// older builds), 2 when some entry is a range ("range": {"offset", "length"}).
+// older builds), 2 when some entry is a range ("range": {"offset", "length"}),
+// 3 when some entry is a parity ("parity": {"id": P}).
 std::string EncodeManifest(const std::vector<SavedTensor>& tensors);
 // DataLoss when the text is not a manifest.
 Result<std::vector<SavedTensor>> ParseManifest(std::string_view text);
@@ -152,7 +173,7 @@ struct SlotInfo {
                                                             uint64_t offset, uint64_t length) {
   return FindRange(info.tensors, tensor, offset, length);
 }
-// True when some entry of the slot is a range (a sharded slot).
+// True when some entry of the slot is a range or a parity (a sharded slot).
 bool HasRangeEntries(const std::vector<SavedTensor>& entries);
 
 // Reads and checks a slot's header, manifest and chunk table. Returns the

@@ -458,5 +458,66 @@ TEST(SlotRangeTest, RangeSlotWritesReadsVerifiesAndNamesTheRange) {
   EXPECT_NE(refused.status().message().find("overlap"), std::string::npos) << refused.status();
 }
 
+// Parity entries (docs/reft.md section 4): a slot of ranges plus the parity
+// its client computed. Format 3 only when present; never a tensor's bytes.
+TEST(SlotRangeTest, ParityEntriesAreChecksummedAndNeverTensors) {
+  std::vector<SlotEntrySpec> specs = RangeEntries();
+  SlotEntrySpec parity;
+  parity.meta = ParityEntryMeta(5, 2500);
+  parity.parity = 5;
+  specs.push_back(parity);
+  auto layout = ComputeRangeSlotLayout("job", 1, specs, 1024);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  ASSERT_EQ(layout->tensors.size(), 5u);
+  const SavedTensor& pe = layout->tensors[4];
+  EXPECT_TRUE(pe.is_parity());
+  EXPECT_EQ(pe.nbytes, 2500u);
+  EXPECT_EQ(FindParityEntry(layout->tensors, 5), 4);
+  EXPECT_EQ(FindParityEntry(layout->tensors, 6), -1);
+  uint64_t parity_chunked = 0;
+  for (const ChunkEntry& c : layout->chunks) {
+    if (c.tensor_index == 4) parity_chunked += c.length;
+  }
+  EXPECT_EQ(parity_chunked, 2500u);  // every parity byte in a checksummed chunk
+  EXPECT_NE(layout->manifest.find("\"format\":3"), std::string::npos) << layout->manifest;
+  EXPECT_NE(layout->manifest.find("\"parity\":{\"id\":5}"), std::string::npos);
+  // Range-only manifests keep format 2 and no "parity".
+  auto ranges_only = ComputeRangeSlotLayout("job", 1, RangeEntries(), 1024);
+  EXPECT_EQ(ranges_only->manifest.find("parity"), std::string::npos);
+  // Written, read back, verified; a flipped parity byte is named.
+  testing::ShmScratchDir dir;
+  auto seg = Segment::CreateOrGrow(dir.path() + "/rank1.slot0", layout->total_bytes);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  std::mt19937_64 rng(memento::testing::TestSeed("SlotRangeTest.Parity"));
+  WriteSlot(**seg, *layout, 0, 4, rng);
+  auto info = ReadSlot(**seg);
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->tensors.size(), 5u);
+  EXPECT_EQ(info->tensors[4].parity, 5u);
+  EXPECT_EQ(FindParityEntry(info->tensors, 5), 4);
+  EXPECT_TRUE(HasRangeEntries(info->tensors));
+  EXPECT_TRUE(VerifySlotData(**seg, *info).ok());
+  // Not a tensor: FindRange does not see it, nor DiffTensors.
+  EXPECT_EQ(FindRange(*info, ParityEntryName(5), 0, 1).status().code(), StatusCode::kNotFound);
+  auto t = SampleTensors();
+  EXPECT_TRUE(DiffTensors(info->tensors, {t[0], t[1]}).empty());
+  (*seg)->data()[info->data_offset + info->tensors[4].offset + 2000] ^= 1;
+  Status st = VerifySlotData(**seg, *info);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("parity 5"), std::string::npos) << st;
+  // A parity entry must be whole and given once.
+  SlotEntrySpec twice = parity;
+  specs.push_back(twice);
+  Status dup = ComputeRangeSlotLayout("job", 1, specs, 1024).status();
+  EXPECT_EQ(dup.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(dup.message().find("parity 5 has two entries"), std::string::npos) << dup;
+  SlotEntrySpec part = parity;
+  part.offset = 64;
+  part.length = 64;
+  Status partial = ComputeRangeSlotLayout("job", 1, {part}, 1024).status();
+  EXPECT_EQ(partial.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(partial.message().find("parity 5"), std::string::npos) << partial;
+}
+
 }  // namespace
 }  // namespace memento::shm

@@ -158,13 +158,30 @@ void CopyEngine::WorkerLoop(int worker) {
   }
 }
 
+Result<uint64_t> RunSaveChunk(const CopyChunk& c) {
+  uint64_t sum = 0;
+  if (c.producer != nullptr) {
+    auto* dst = static_cast<uint8_t*>(c.dst);
+    MEMENTO_RETURN_IF_ERROR(c.producer->Produce(c.producer_offset, c.length, dst));
+    sum = FastChecksum(dst, c.length);
+  } else {
+    sum = CopyAndChecksumStreaming(c.dst, c.src, c.length);
+  }
+  if (c.checksum_out != nullptr) *c.checksum_out = sum;
+  return sum;
+}
+
 void CopyEngine::RunChunk(CopyJob& job, size_t index) {
   const CopyChunk& c = job.chunks_[index];
   if (!job.failed_.load(std::memory_order_relaxed)) {
     if (job.before_chunk_) job.before_chunk_();
-    uint64_t sum = CopyAndChecksumStreaming(c.dst, c.src, c.length);
-    if (c.checksum_out != nullptr) *c.checksum_out = sum;
-    if (c.verify && sum != c.expected_checksum) {
+    Result<uint64_t> ran = RunSaveChunk(c);
+    const uint64_t sum = ran.ok() ? *ran : 0;
+    if (!ran.ok()) {
+      job.failed_.store(true, std::memory_order_relaxed);
+      MutexLock l(&job.mu_);
+      if (job.first_error_.ok()) job.first_error_ = ran.status();
+    } else if (c.verify && sum != c.expected_checksum) {
       job.failed_.store(true, std::memory_order_relaxed);
       MutexLock l(&job.mu_);
       if (job.first_error_.ok()) {

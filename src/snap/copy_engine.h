@@ -46,6 +46,16 @@
 
 namespace memento::snap {
 
+// Computes a chunk's bytes instead of copying them (a parity the client
+// encodes from registered memory: docs/reft.md section 4). Produce writes
+// bytes [offset, offset + length) of what it computes to dst; it may run on
+// several threads at once for different chunks.
+class ChunkProducer {
+ public:
+  virtual ~ChunkProducer() = default;
+  [[nodiscard]] virtual Status Produce(uint64_t offset, size_t length, uint8_t* dst) const = 0;
+};
+
 struct CopyChunk {
   const void* src = nullptr;
   void* dst = nullptr;
@@ -57,7 +67,18 @@ struct CopyChunk {
   bool verify = false;
   uint64_t expected_checksum = 0;
   const char* label = "";  // for error messages; must outlive the job
+  // Save only: when set, the chunk's bytes are producer->Produce(
+  // producer_offset, length, dst) instead of a copy of src (null); the
+  // checksum is then computed over dst. The producer must outlive the job.
+  const ChunkProducer* producer = nullptr;
+  uint64_t producer_offset = 0;
 };
+
+// Runs one save chunk on the calling thread: copies (or produces) its bytes
+// into dst and stores their checksum in *checksum_out (when set). Returns the
+// checksum, or the producer's error. The one chunk body of the copy engine and
+// the HAS workers.
+[[nodiscard]] Result<uint64_t> RunSaveChunk(const CopyChunk& chunk);
 
 class CopyJob {
  public:

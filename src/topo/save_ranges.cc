@@ -24,8 +24,18 @@ void PieceSubSegments(const Piece& piece, uint64_t offset, uint64_t length,
 
 }  // namespace
 
+std::vector<std::vector<Segment>> StripeBlockSegments(const Plan& plan, const Stripe& stripe) {
+  std::vector<std::vector<Segment>> out(stripe.data.size());
+  for (size_t i = 0; i < stripe.data.size(); ++i) {
+    const StripeBlock& b = stripe.data[i];
+    if (b.length > 0) PieceSubSegments(plan.pieces[b.piece], b.offset, b.length, &out[i]);
+  }
+  return out;
+}
+
 Result<std::vector<Segment>> RankSaveRanges(const Plan& plan, int rank,
-                                            const std::vector<TensorMeta>& tensors) {
+                                            const std::vector<TensorMeta>& tensors,
+                                            bool parity_inputs) {
   if (rank < 0 || rank >= static_cast<int>(plan.ranks.size())) {
     return InvalidArgumentError(
         fmt::format("rank {} is not in the plan ({} ranks)", rank, plan.ranks.size()));
@@ -41,7 +51,7 @@ Result<std::vector<Segment>> RankSaveRanges(const Plan& plan, int rank,
     PieceSubSegments(p, 0, p.bytes, &wanted);
   }
   for (const Parity& par : plan.parities) {
-    if (par.producer_rank != rank) continue;
+    if (par.producer_rank != rank || !parity_inputs) continue;
     for (const StripeBlock& b : plan.stripes[par.stripe].data) {
       if (b.length > 0) PieceSubSegments(plan.pieces[b.piece], b.offset, b.length, &wanted);
     }

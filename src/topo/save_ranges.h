@@ -28,8 +28,17 @@ namespace memento::topo {
 // bytes is listed whole ({name, 0, 0}) so the slot still names it.
 // InvalidArgument for a rank outside the plan, or a segment that names a
 // tensor not in `tensors` or bytes past its end.
+// `parity_inputs` false: the rank's client computes its parities itself from
+// registered memory (docs/reft.md section 4), so their stripe data blocks
+// are left out (the slot holds parity entries instead).
 [[nodiscard]] Result<std::vector<Segment>> RankSaveRanges(const Plan& plan, int rank,
-                                                          const std::vector<TensorMeta>& tensors);
+                                                          const std::vector<TensorMeta>& tensors,
+                                                          bool parity_inputs = true);
+
+// The data blocks of `stripe` as segments of the stripe producer's tensors:
+// element i is block i's bytes (StripeBlock: a range of a piece), in order,
+// without the zero padding up to block_bytes (empty for an all-zero block).
+std::vector<std::vector<Segment>> StripeBlockSegments(const Plan& plan, const Stripe& stripe);
 
 // True when `ranges` cover every byte of every tensor of `tensors` (the slot
 // is a whole-tensor slot: DP = 1, a single node, no replicated state).

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstring>
 #include <fstream>
 #include <set>
 
@@ -414,17 +415,37 @@ TEST_P(ClusterSaveTest, VersionsCommitWithTheRedundancyThePlanSays) {
       std::set<std::string> names;
       uint64_t whole = 0;
       for (const auto& t : info->tensors) {
-        if (names.insert(t.meta.name).second) whole += t.meta.nbytes();
+        if (!t.is_parity() && names.insert(t.meta.name).second) whole += t.meta.nbytes();
       }
-      auto want = topo::RankSaveRanges(plan, r, ThePlanInventory(r));
+      // The client computes its rank's parities (docs/reft.md section 4):
+      // the slot holds the ranges without the stripe inputs, then one parity
+      // entry per parity the rank produces, equal to the T1 parity (which
+      // RedundancyErrors checked against the reference codec of the owners'
+      // pieces).
+      auto want = topo::RankSaveRanges(plan, r, ThePlanInventory(r), /*parity_inputs=*/false);
       ASSERT_TRUE(want.ok()) << want.status();
-      ASSERT_EQ(info->tensors.size(), want->size()) << "rank " << r;
+      const std::vector<uint32_t>& parities = plan.ranks[r].parities;
+      ASSERT_EQ(info->tensors.size(), want->size() + parities.size()) << "rank " << r;
       uint64_t held = 0;
       for (size_t i = 0; i < want->size(); ++i) {
         const auto& e = info->tensors[i];
         EXPECT_EQ(e.meta.name, (*want)[i].tensor) << "rank " << r << " entry " << i;
         EXPECT_EQ(e.range_offset, (*want)[i].offset) << "rank " << r << " entry " << i;
         if ((*want)[i].length > 0) EXPECT_EQ(e.nbytes, (*want)[i].length);
+        held += e.nbytes;
+      }
+      for (size_t j = 0; j < parities.size(); ++j) {
+        const auto& e = info->tensors[want->size() + j];
+        const topo::Parity& par = plan.parities[parities[j]];
+        ASSERT_EQ(e.parity, par.id) << "rank " << r;
+        ASSERT_EQ(e.nbytes, par.bytes) << "rank " << r;
+        std::vector<std::string> errors;
+        std::vector<uint8_t> t1 =
+            ReadEntry(par.node, recover::SourceKind::kParity, par.id, step, par.bytes, &errors);
+        for (const auto& err : errors) ADD_FAILURE() << err;
+        const uint8_t* t0 = (*seg)->data() + info->data_offset + e.offset;
+        EXPECT_TRUE(t1.size() == e.nbytes && std::memcmp(t0, t1.data(), e.nbytes) == 0)
+            << "rank " << r << ": the slot's parity " << par.id << " differs from T1's";
         held += e.nbytes;
       }
       EXPECT_TRUE(shm::HasRangeEntries(info->tensors)) << "rank " << r;
