@@ -72,9 +72,6 @@ Status ResidentRefusal(ByteSource entry, int64_t step, const RedundancyEntry& e)
       DescribeSource(entry), step, e.offset));
 }
 
-// Bytes read per pass when a resident entry is hashed.
-constexpr uint64_t kResidentHashChunk = uint64_t{1} << 20;
-
 }  // namespace
 
 std::string RedundancyVersionPath(const std::string& root, int64_t step) {
@@ -690,25 +687,20 @@ Status ShmRedundancyStore::FinishResidentEntry(int64_t step, ByteSource entry,
     return InvalidArgumentError(
         fmt::format("{} of version {}: slot generation 0", DescribeSource(entry), step));
   }
-  // The bytes as they lie in the slot now (every chunk verified, the slot's
-  // generation the caller's): their xxHash3 is the entry's checksum.
+  // Nothing is read or copied: the slot must hold the step with the caller's
+  // generation (whose bytes the save path verified, VerifySlotData) and every
+  // segment; the slot's chunk checksums cover the bytes from then on, so the
+  // entry records no checksum of its own (xxh3 0).
   PieceReader::SegmentsRef ref = RefOf(*v, index, *src);
   ref.generation = slot_generation;
-  const uint64_t total = TableOf(*v->segment)[index].bytes;
-  StreamingChecksum sum;
-  std::vector<uint8_t> buf(std::min(total, kResidentHashChunk));
-  for (uint64_t at = 0; at < total; at += buf.size()) {
-    const uint64_t n = std::min<uint64_t>(buf.size(), total - at);
-    MEMENTO_RETURN_IF_ERROR(t0_.ReadSegments(ref, at, n, buf.data()));
-    sum.Update(buf.data(), n);
-  }
+  MEMENTO_RETURN_IF_ERROR(t0_.CheckSegments(ref, /*verify=*/false));
   MutexLock l(&mu_);
   RedundancyEntry& e = TableOf(*v->segment)[index];
   if (e.done != 0) {
     return FailedPreconditionError(fmt::format("{} of version {} on node {} is already finished",
                                                DescribeSource(entry), step, node_));
   }
-  e.xxh3 = sum.Digest();
+  e.xxh3 = 0;
   e.generation = slot_generation;
   __atomic_store_n(&e.done, 1u, __ATOMIC_RELEASE);
   v->check[index] = Check::kUnknown;

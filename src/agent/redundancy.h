@@ -88,11 +88,12 @@ class RedundancyStore {
     (void)entry;
     return std::optional<ResidentRef>();
   }
-  // Finishes a resident entry: its bytes are read now from the producer
-  // rank's T0 slot of `step` (which must have `slot_generation`; every chunk
-  // they lie in verified) and their xxHash3 recorded with the generation.
-  // NotFound / DataLoss / Aborted from the slot; FailedPrecondition for an
-  // entry that is not resident or already finished.
+  // Finishes a resident entry: the producer rank's T0 slot of `step` must
+  // hold it now with `slot_generation` (the generation whose bytes the
+  // caller verified) and every segment; the generation is recorded (no bytes
+  // are read or copied; the slot's chunk checksums cover them, xxh3 stays 0).
+  // NotFound / Aborted from the slot; FailedPrecondition for an entry that is
+  // not resident or already finished.
   [[nodiscard]] virtual Status FinishResidentEntry(int64_t step, recover::ByteSource entry,
                                                    uint64_t slot_generation) {
     (void)step;

@@ -16,8 +16,8 @@
 // Format 2 (written only when the file has one): an entry may be resident in
 // T0 (flags bit kEntryResident; agent/resident.h). Its bytes are not in the
 // file: `offset` holds the producer rank, `generation` the generation of that
-// rank's T0 slot of the step when the entry was finished, `bytes` and `xxh3`
-// describe the bytes in the slot. Format-1 files are read as before; an older
+// rank's T0 slot of the step when the entry was finished, `bytes` their size
+// (`xxh3` is 0: the slot's chunk checksums cover them). Format-1 files are read as before; an older
 // build refuses a format-2 file (version check) instead of misreading it.
 #pragma once
 
