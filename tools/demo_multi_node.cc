@@ -63,6 +63,9 @@ struct ClusterRun {
   std::map<int, std::string> params_digest, state_digest;  // rank -> xxh3
   std::map<int, int64_t> final_step;
   nlohmann::json trainer_json;  // reporting rank, last attempt
+  // The reporting rank's snapshot summary ("rank_summary" -> "snapshot"),
+  // last attempt: its commit_lag (docs/cluster.md, "Commit lag").
+  nlohmann::json snapshot_json;
   // Per node at the end, as the launcher measured it (LaunchSummary::memory),
   // with the plan's (REFT's) bytes; empty where a node was not measured.
   std::map<int, launch::NodeMemory> memory;
@@ -174,6 +177,13 @@ Result<ClusterRun> RunCluster(const DemoArgs& a, const std::string& name, const 
     std::ifstream in(o.run_dir + "/logs/rank" + std::to_string(reporter) + ".log");
     std::string line;
     while (std::getline(in, line)) {
+      if (line.rfind("{\"rank_summary\"", 0) == 0) {
+        nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_object() && j["rank_summary"].contains("snapshot")) {
+          run.snapshot_json = j["rank_summary"]["snapshot"];
+        }
+        continue;
+      }
       if (line.rfind("{\"params\"", 0) != 0) continue;
       nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_object()) run.trainer_json = j;
@@ -316,6 +326,27 @@ int RunMultiNodeDemo(const DemoArgs& a, int64_t steps) {
         over_s * 1e3, step_s * 1e3, step_s > 0 ? 100 * over_s / step_s : 0.0,
         tj.value("mean_fence_s", 0.0) * 1e3, tj.value("mean_snapshot_s", 0.0) * 1e3,
         static_cast<long long>(tj.value("params", int64_t{0})));
+  }
+  // Commit lag as the reporting rank saw it (its last attempt): how many
+  // Snapshot() calls after its own a version was seen committed, and how far
+  // each Snapshot() was ahead of the newest commit (what a failure then
+  // loses).
+  for (const ClusterRun* run : {&*failed, &*clean}) {
+    const nlohmann::json& sj = run->snapshot_json;
+    if (!sj.is_object() || !sj.contains("commit_lag")) {
+      std::printf("commit lag (%s): not reported\n", run->name.c_str());
+      continue;
+    }
+    const nlohmann::json& cl = sj["commit_lag"];
+    std::printf(
+        "commit lag (%s, reporting rank, last attempt): %lld versions seen committed after "
+        "p50 %.0f / p90 %.0f / max %.0f steps, %.3f / %.3f / %.3f s; each snapshot was p50 "
+        "%.0f / p90 %.0f / max %.0f steps ahead of the newest commit (%lld snapshots)\n",
+        run->name.c_str(), static_cast<long long>(cl.value("versions", int64_t{0})),
+        cl.value("steps_p50", -1.0), cl.value("steps_p90", -1.0), cl.value("steps_max", -1.0),
+        cl.value("s_p50", -1.0), cl.value("s_p90", -1.0), cl.value("s_max", -1.0),
+        cl.value("behind_p50", -1.0), cl.value("behind_p90", -1.0), cl.value("behind_max", -1.0),
+        static_cast<long long>(cl.value("samples", int64_t{0})));
   }
   std::printf(
       "bytes protected per node (run 2, end; T0 = the node's ranks' newest version, "

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "memento/client.h"
 
@@ -15,10 +17,18 @@ struct SnapshotTally {
   int64_t snapshots = 0, skipped = 0, last_step = -1;
   uint64_t bytes = 0, bytes_idle = 0, bytes_compute = 0, bytes_communicate = 0, bytes_fence = 0;
   double fence_wait_s = 0, copy_s = 0, copy_cpu_s = 0;
+  // Cluster mode: every Snapshot()'s distance to the newest commit, and
+  // the lag of each version seen committed (SnapshotStats).
+  std::vector<double> behind_steps, lag_steps, lag_s;
 
   void Add(const SnapshotStats& s) {
     if (s.step < 0 || s.step == last_step) return;
     last_step = s.step;
+    if (s.committed >= 0) behind_steps.push_back(static_cast<double>(s.step - s.committed));
+    if (s.commit_lag_steps >= 0) {
+      lag_steps.push_back(static_cast<double>(s.commit_lag_steps));
+      lag_s.push_back(s.commit_lag_s);
+    }
     if (s.skipped) {
       ++skipped;
       return;
@@ -34,6 +44,14 @@ struct SnapshotTally {
     copy_cpu_s += s.copy_cpu_s;
   }
 };
+
+// The q-quantile of `v` (nearest rank, q in [0, 1]); -1 when empty.
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
 
 class MementoHooks : public TrainerHooks {
  public:
@@ -140,12 +158,28 @@ class MementoHooks : public TrainerHooks {
                   ", \"skipped\": %" PRId64 ", \"bytes\": %" PRIu64 ", \"bytes_idle\": %" PRIu64
                   ", \"bytes_compute\": %" PRIu64 ", \"bytes_communicate\": %" PRIu64
                   ", \"bytes_fence\": %" PRIu64
-                  ", \"fence_wait_s\": %.6f, \"copy_s\": %.6f, \"copy_cpu_s\": %.6f}",
+                  ", \"fence_wait_s\": %.6f, \"copy_s\": %.6f, \"copy_cpu_s\": %.6f",
                   mode_.c_str(), schedule_.c_str(), st.ok() ? "true" : "false", tally_.snapshots,
                   tally_.skipped, tally_.bytes, tally_.bytes_idle, tally_.bytes_compute,
                   tally_.bytes_communicate, tally_.bytes_fence, tally_.fence_wait_s, tally_.copy_s,
                   tally_.copy_cpu_s);
-    return buf;
+    std::string out = buf;
+    // Cluster mode only (docs/cluster.md, "Commit lag").
+    if (!tally_.behind_steps.empty()) {
+      std::snprintf(
+          buf, sizeof(buf),
+          ", \"commit_lag\": {\"versions\": %zu, \"steps_p50\": %.1f, \"steps_p90\": %.1f, "
+          "\"steps_max\": %.1f, \"s_p50\": %.6f, \"s_p90\": %.6f, \"s_max\": %.6f, "
+          "\"samples\": %zu, \"behind_p50\": %.1f, \"behind_p90\": %.1f, \"behind_max\": "
+          "%.1f}",
+          tally_.lag_steps.size(), Quantile(tally_.lag_steps, 0.5), Quantile(tally_.lag_steps, 0.9),
+          Quantile(tally_.lag_steps, 1.0), Quantile(tally_.lag_s, 0.5), Quantile(tally_.lag_s, 0.9),
+          Quantile(tally_.lag_s, 1.0), tally_.behind_steps.size(),
+          Quantile(tally_.behind_steps, 0.5), Quantile(tally_.behind_steps, 0.9),
+          Quantile(tally_.behind_steps, 1.0));
+      out += buf;
+    }
+    return out + "}";
   }
 
   std::string ProgressNote() override {

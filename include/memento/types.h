@@ -116,6 +116,15 @@ struct SnapshotStats {
   // skipped snapshot is a success: the step simply does not become a version.
   bool skipped = false;
   uint64_t skipped_total = 0;  // snapshots skipped since Connect()
+  // Cluster mode, commit lag (docs/cluster.md, "Commit lag"): the newest
+  // committed step when Snapshot(step) was called (the agent's commit word;
+  // -1 before the first commit and in single-node mode), and for a version
+  // that call saw committed for the first time, the Snapshot() calls
+  // (commit_lag_steps = step - that version's step) and seconds since that
+  // version's own Snapshot(); -1 when the call saw no new commit.
+  int64_t committed = -1;
+  int64_t commit_lag_steps = -1;
+  double commit_lag_s = -1;
 };
 
 }  // namespace memento

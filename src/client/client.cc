@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "client/agent_channel.h"
+#include "client/commit_lag.h"
 #include "client/device_path.h"
 #include "client/eager_path.h"
 #include "client/has_path.h"
@@ -180,10 +181,14 @@ class ClientImpl final : public Client, private client::SlotSink {
     // in cluster mode, the one that does not hold the newest committed one.
     int target = NewestSlot() == 0 ? 1 : 0;
     std::string held_by;
-    if (!holds_.ChooseTarget(Slots(), &target, &held_by)) {
+    const bool write = holds_.ChooseTarget(Slots(), &target, &held_by);
+    const TimePoint now = Now();
+    lag_seen_ = lag_.Observe(step, holds_.Committed(), now);
+    if (!write) {
       SkipSnapshot(step, held_by);
       return Status::Ok();
     }
+    lag_.Taken(step, now);
     if (!plan_settled_) AskPlan();
     const shm::Segment& seg = *segments_[target];
     shm::BeginSlotWrite(seg, layout_, target, step);
@@ -236,6 +241,7 @@ class ClientImpl final : public Client, private client::SlotSink {
     if (in_flight_->InFlight()) return st;  // the deadline passed first
     in_flight_ = nullptr;
     stats.skipped_total = skipped_total_;
+    SetLag(&stats);
     MutexLock l(&stats_mu_);
     snapshot_stats_ = stats;
     return st;
@@ -447,6 +453,13 @@ class ClientImpl final : public Client, private client::SlotSink {
     return Status::Ok();
   }
 
+  // The commit lag Snapshot() observed, into its statistics.
+  void SetLag(SnapshotStats* stats) const {
+    stats->committed = lag_seen_.behind_steps >= 0 ? stats->step - lag_seen_.behind_steps : -1;
+    stats->commit_lag_steps = lag_seen_.lag_steps;
+    stats->commit_lag_s = lag_seen_.lag_s;
+  }
+
   // The target slot holds a version the agent protects (hold_words.h).
   void SkipSnapshot(int64_t step, const std::string& held_by) {
     ++skipped_total_;
@@ -455,6 +468,7 @@ class ClientImpl final : public Client, private client::SlotSink {
     stats.step = step;
     stats.skipped = true;
     stats.skipped_total = skipped_total_;
+    SetLag(&stats);
     {
       MutexLock l(&stats_mu_);
       snapshot_stats_ = stats;
@@ -519,6 +533,8 @@ class ClientImpl final : public Client, private client::SlotSink {
   client::SlotPrefaults prefaults_;
   int64_t last_step_ = -1;
   uint64_t skipped_total_ = 0;
+  client::CommitLagTracker lag_;                    // cluster mode
+  client::CommitLagTracker::Observation lag_seen_;  // by the newest Snapshot()
   std::atomic<Phase> phase_{Phase::kCompute};
   std::atomic<bool> idle_reported_{false};  // an OnPhase(kIdle) was seen ("auto")
 

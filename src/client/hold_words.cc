@@ -43,6 +43,10 @@ bool HoldWords::MapCommitWord() {
   return true;
 }
 
+int64_t HoldWords::Committed() const {
+  return commit_word_ != nullptr ? shm::LoadWord(&commit_word_->committed) : -1;
+}
+
 bool HoldWords::MapDurableWord() {
   if (durable_word_ != nullptr) return true;
   const std::string path = shm::DurableWordPath(dir_);

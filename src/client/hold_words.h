@@ -45,6 +45,9 @@ class HoldWords {
 
   // Whether the commit word is mapped (cluster mode).
   bool cluster() const { return commit_word_ != nullptr; }
+  // The newest committed step (the commit word); -1 when none or not in
+  // cluster mode.
+  int64_t Committed() const;
 
  private:
   bool HeldTarget(shm::CommitWord* w, bool cluster, const shm::RankSlots& slots, int* target,
