@@ -175,6 +175,11 @@ class DurableStreamer {
   // `step` was committed by the cluster (CommitFollower). Offered to the
   // persister when the plan is known; returns at once.
   void OnCommitted(int64_t step) EXCLUDES(mu_);
+  // The job's history restarts at `step` (a new commit epoch,
+  // coord::CommitId): the steps after it are offered again as they commit.
+  // `step` itself was restored (from a complete durable version or from
+  // memory) and is not offered.
+  void RestartAt(int64_t step) EXCLUDES(mu_);
 
   DurableStats stats() EXCLUDES(mu_);
   bool WaitIdle(Deadline deadline) { return persister_->WaitIdle(deadline); }

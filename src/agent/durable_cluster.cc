@@ -173,6 +173,11 @@ void DurableStreamer::OnCommitted(int64_t step) {
   OfferAndHold(step);  // durable.cc: the durable hold as in node-local mode
 }
 
+void DurableStreamer::RestartAt(int64_t step) {
+  MutexLock l(&mu_);
+  last_committed_ = step;
+}
+
 // ---- loading: a durable version into T0 ---------------------------------------------
 
 namespace {

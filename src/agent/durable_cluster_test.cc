@@ -160,7 +160,7 @@ class DurableClusterTest : public ::testing::Test {
     o.store = f->store.get();
     o.redundancy = f->red.get();
     o.plan = [this]() -> Result<std::shared_ptr<const ClusterPlan>> { return plan_; };
-    o.set_restore_target = [f](int64_t step) {
+    o.set_restore_target = [f](int64_t step, uint64_t) {
       f->target = step;
       return Status::Ok();
     };

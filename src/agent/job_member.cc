@@ -53,7 +53,11 @@ Result<std::unique_ptr<JobMember>> JobMember::Start(const JobMemberOptions& opti
   if (!(options.hold_timeout_s > 0)) return InvalidArgumentError("hold timeout must be > 0");
   MEMENTO_ASSIGN_OR_RETURN(c->log_, coord::CommitLog::Open(root + "/commit.log"));
   int64_t committed = -1;
-  if (auto latest = c->log_->latest()) committed = latest->step;
+  if (auto latest = c->log_->latest()) {
+    committed = latest->step;
+    c->epoch_.store(latest->epoch);
+    c->commit_epoch_ = latest->epoch;
+  }
   c->committed_.store(committed);
 
   // The commit word: trainers switch to the cluster rule when it exists.
@@ -102,10 +106,11 @@ Result<std::unique_ptr<JobMember>> JobMember::Start(const JobMemberOptions& opti
         .IgnoreError();
   }
   JobMember* self = c.get();
-  MEMENTO_ASSIGN_OR_RETURN(c->follower_, coord::CommitFollower::Start(
-                                             c->store_.get(), job, c->log_.get(),
-                                             [self](int64_t s) { self->OnCommit(s); },
-                                             Deadline::AfterSeconds(options.store_timeout_s)));
+  MEMENTO_ASSIGN_OR_RETURN(c->follower_,
+                           coord::CommitFollower::Start(
+                               c->store_.get(), job, c->log_.get(),
+                               [self](const coord::CommitId& id) { self->OnCommit(id); },
+                               Deadline::AfterSeconds(options.store_timeout_s)));
 
   c->skip_watcher_ = std::make_unique<coord::Watcher>(
       c->store_.get(), coord::JobKeys(job).SkippedPrefix(), 0, [self](const coord::WatchEvent& ev) {
@@ -264,7 +269,7 @@ int64_t JobMember::RestoreTarget() {
   return latest ? latest->step : -1;
 }
 
-void JobMember::SetRestoreTarget(int64_t step) {
+void JobMember::SetRestoreTarget(int64_t step, uint64_t epoch) {
   // The job goes back to `step` and computes the later steps again. Skips
   // and completions of those steps from the failed attempt must not count:
   // a skip of step s keeps s from committing in the new attempt too (seed
@@ -308,10 +313,29 @@ void JobMember::SetRestoreTarget(int64_t step) {
     MEMENTO_LOG_WARN("restore target {}: cannot list the skip records: {}", step,
                      listing.status().ToString());
   }
+  if (epoch > 0) StartEpoch(step, epoch);
   cv_.SignalAll();
-  MEMENTO_LOG_INFO("restore target: step {}{}", step,
+  MEMENTO_LOG_INFO("restore target: step {}{}{}", step,
+                   epoch > 0 ? fmt::format(" (commit epoch {})", epoch) : std::string(),
                    forgotten > 0 ? fmt::format(" ({} skip(s) of later steps forgotten)", forgotten)
                                  : std::string());
+}
+
+bool JobMember::StartEpoch(int64_t step, uint64_t epoch) {
+  uint64_t cur = epoch_.load();
+  do {
+    if (cur >= epoch) return false;
+  } while (!epoch_.compare_exchange_weak(cur, epoch));
+  // `step` is the newest commit of the new history (it is published as the
+  // epoch's first commit): the steps after it are accepted again (the
+  // trainers' completions, the copies peers push) though the abandoned
+  // history may have committed them.
+  const int64_t was = committed_.exchange(step);
+  hold_->Commit(step);
+  if (durable_ != nullptr) durable_->RestartAt(step);
+  MEMENTO_LOG_INFO("commit epoch {} starts at step {} (the newest commit was {})", epoch, step,
+                   was);
+  return true;
 }
 
 JobMemberStats JobMember::stats() {
@@ -370,7 +394,8 @@ Status JobMember::OnReregister() {
   //    have died with the store. Reporting it again is idempotent.
   const int64_t reported = last_reported_.load();
   if (reported > committed_.load() && hold_->held() == reported) {
-    MEMENTO_RETURN_IF_ERROR(coord::ReportCompleted(*store_, job_, node_name_, reported, deadline));
+    MEMENTO_RETURN_IF_ERROR(
+        coord::ReportCompleted(*store_, job_, node_name_, reported, deadline, epoch_.load()));
   }
   cv_.SignalAll();
   MEMENTO_LOG_INFO(
@@ -382,10 +407,21 @@ Status JobMember::OnReregister() {
 
 // ---- commits -------------------------------------------------------------------
 
-void JobMember::OnCommit(int64_t step) {
+void JobMember::OnCommit(const coord::CommitId& id) {
   // The log already has the record (CommitFollower appends first).
-  int64_t prev = committed_.load();
-  while (prev < step && !committed_.compare_exchange_weak(prev, step)) {
+  const int64_t step = id.step;
+  // The first commit of a new epoch: the history restarted at `step`
+  // (docs/coordination.md, "Epochs"). A node the recovery did not reach
+  // (an agent started after it) rewinds here as SetRestoreTarget would.
+  const bool new_epoch = id.epoch != commit_epoch_;
+  commit_epoch_ = id.epoch;
+  if (new_epoch && epoch_.load() < id.epoch) SetRestoreTarget(step, id.epoch);
+  if (new_epoch) {
+    committed_.store(step);
+  } else {
+    int64_t prev = committed_.load();
+    while (prev < step && !committed_.compare_exchange_weak(prev, step)) {
+    }
   }
   hold_->Commit(step);
   red_->DropBelow(step);
@@ -420,8 +456,9 @@ void JobMember::OnCommit(int64_t step) {
   }
   cv_.SignalAll();
   MEMENTO_LOG_DEBUG("committed step {}", step);
-  // The durable stream writes globally committed versions only.
-  if (durable_ != nullptr) durable_->OnCommitted(step);
+  // The durable stream writes globally committed versions only. A new
+  // epoch's first commit is the restored version, not written again.
+  if (durable_ != nullptr && !new_epoch) durable_->OnCommitted(step);
 }
 
 void JobMember::Abandon(int64_t step, const std::string& why) {
@@ -739,7 +776,7 @@ bool JobMember::Produce(int64_t step) {
                               Deadline::AfterSeconds(kStoreCallS));
   if (st.ok()) {
     st = coord::ReportCompleted(*store_, job_, node_name_, step,
-                                Deadline::AfterSeconds(kStoreCallS));
+                                Deadline::AfterSeconds(kStoreCallS), epoch_.load());
   }
   if (!st.ok()) {
     Abandon(step, "reporting it: " + st.ToString());
@@ -784,8 +821,8 @@ Status JobMember::StartPeerService() {
   po.endpoint_of = [this](int node) { return NodeEndpoint(node); };
   po.committed = [this] { return committed_.load(); };
   po.on_push_finished = [this](int64_t, recover::ByteSource) { cv_.SignalAll(); };
-  po.set_restore_target = [this](int64_t step) {
-    SetRestoreTarget(step);
+  po.set_restore_target = [this](int64_t step, uint64_t epoch) {
+    SetRestoreTarget(step, epoch);
     return Status::Ok();
   };
   MEMENTO_ASSIGN_OR_RETURN(peer_, PeerService::Start(std::move(po), *token_));

@@ -156,7 +156,13 @@ class JobMember {
   // later steps belongs to the failed attempt and is forgotten: its
   // completions, its skips (also this node's skip records in the store), the
   // hold and the report of a later step, its T1 versions of later steps.
-  void SetRestoreTarget(int64_t step) EXCLUDES(mu_);
+  // With `epoch` above the node's (the recovery's new commit epoch,
+  // coord::CommitId) the job's history restarts at `step`: it is this
+  // node's newest commit from now on (the commit word, the durable stream),
+  // and the steps after it are reported in `epoch`, so that they commit
+  // again even where the abandoned history had committed them (a durable
+  // fallback to an older version).
+  void SetRestoreTarget(int64_t step, uint64_t epoch = 0) EXCLUDES(mu_);
 
   // The agent's `assemble` op (agent/assemble.h): rank's whole state at
   // `step`, staged from its plan pieces. FailedPrecondition "no plan yet"
@@ -180,7 +186,11 @@ class JobMember {
   Status OnReregister() EXCLUDES(mu_);
   void PublishInventories() EXCLUDES(mu_);
   void TrySetup() EXCLUDES(mu_);
-  void OnCommit(int64_t step) EXCLUDES(mu_);
+  void OnCommit(const coord::CommitId& id) EXCLUDES(mu_);
+  // The job's history restarts at `step` in `epoch` (SetRestoreTarget, or
+  // the first commit of an epoch this node was not told about). False when
+  // the node is already in `epoch` or a newer one.
+  bool StartEpoch(int64_t step, uint64_t epoch);
   // T1 of `step` (T1Producer), then COMPLETED; false (and the hold
   // released) when the step is abandoned.
   bool Produce(int64_t step);
@@ -218,6 +228,10 @@ class JobMember {
   DurableStreamer* durable_ = nullptr;             // the agent's; null without --durable-dir
   std::unique_ptr<coord::Watcher> epoch_watcher_;  // epoch -> durable_
   std::atomic<int64_t> committed_{-1};
+  // The commit epoch of this node's reports (the newest it was told or saw).
+  std::atomic<uint64_t> epoch_{0};
+  // The epoch of the newest commit OnCommit saw (commit follower thread).
+  uint64_t commit_epoch_ = 0;
   std::atomic<int64_t> last_reported_{-1};  // the newest step reported COMPLETED
   // When last_reported_ was reported (commit lag); written before it.
   std::atomic<int64_t> last_reported_ns_{0};

@@ -28,9 +28,12 @@ enum PeerMethod : uint32_t {
   // slots of the listed ranks on this node at version `step`
   // (recover::ExecuteAssemblies), leaving them complete and verified.
   kPeerRecover = 0x4d450004,
-  // {"step"} -> "{}": the cluster restores `step` (the launcher's decision);
-  // the agent answers its trainers' restore-target query with it and keeps
-  // that version until a newer one commits.
+  // {"step"[, "epoch"]} -> "{}": the cluster restores `step` (the recovery's
+  // decision); the agent answers its trainers' restore-target query with it
+  // and keeps that version until a newer one commits. With "epoch" (> 0, the
+  // commit epoch the job's history restarts in, coord::CommitId) the agent
+  // takes `step` as its newest commit at once and reports the steps trained
+  // after it in that epoch.
   kPeerSetRestoreTarget = 0x4d450005,
   // recover::ReadRequest (ToJson) -> a stream (net::RpcServer::RegisterStream):
   // the bytes as kFrameFlagDigest data frames sent straight from shared
@@ -42,7 +45,7 @@ enum PeerMethod : uint32_t {
   // most kPeerStreamPartBytes, hashed as they are sent. Errors as kPeerRead.
   // The recovery data path (ClusterReader); docs/peer_service.md.
   kPeerReadStream = 0x4d450010,
-  // {"dir", "step"} -> agent::DurableLoadStats (JSON): every rank the plan
+  // {"dir", "step"[, "epoch"]} -> agent::DurableLoadStats (JSON): every rank the plan
   // places on this node is read from the complete durable version `step`
   // under `dir` into a complete, verified T0 slot of `step`
   // (agent::LoadDurableVersion), then `step` becomes the restore target (as

@@ -671,6 +671,21 @@ PeerServiceStats PeerService::stats() {
   return s;
 }
 
+namespace {
+
+// The optional "epoch" of kPeerSetRestoreTarget / kPeerLoadDurable: 0 when
+// absent; InvalidArgument when it is not a non-negative integer.
+Result<uint64_t> EpochField(const nlohmann::json& j, const char* what) {
+  if (!j.contains("epoch")) return uint64_t{0};
+  if (!j["epoch"].is_number_unsigned()) {
+    return InvalidArgumentError(
+        fmt::format("{}: epoch must be a non-negative integer: {}", what, j.dump()));
+  }
+  return j["epoch"].get<uint64_t>();
+}
+
+}  // namespace
+
 Result<std::string> PeerService::HandleSetRestoreTarget(std::string_view body) {
   MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body, "set restore target"));
   if (!j.contains("step") || !j["step"].is_number_integer()) {
@@ -679,7 +694,8 @@ Result<std::string> PeerService::HandleSetRestoreTarget(std::string_view body) {
   if (!options_.set_restore_target) {
     return FailedPreconditionError("set restore target: this agent takes no restore target");
   }
-  MEMENTO_RETURN_IF_ERROR(options_.set_restore_target(j["step"].get<int64_t>()));
+  MEMENTO_ASSIGN_OR_RETURN(uint64_t epoch, EpochField(j, "set restore target"));
+  MEMENTO_RETURN_IF_ERROR(options_.set_restore_target(j["step"].get<int64_t>(), epoch));
   {
     MutexLock l(&stats_mu_);
     ++stats_.restore_targets;
@@ -698,6 +714,7 @@ Result<std::string> PeerService::HandleLoadDurable(std::string_view body) {
   const std::string dir = j["dir"].get<std::string>();
   const int64_t step = j["step"].get<int64_t>();
   if (step < 0) return InvalidArgumentError(fmt::format("load durable: step {} < 0", step));
+  MEMENTO_ASSIGN_OR_RETURN(uint64_t epoch, EpochField(j, "load durable"));
   if (!options_.set_restore_target) {
     return FailedPreconditionError("load durable: this agent takes no restore target");
   }
@@ -708,7 +725,7 @@ Result<std::string> PeerService::HandleLoadDurable(std::string_view body) {
   // Redundancy of newer steps belongs to the history the job abandons: a
   // step trained again must not be decoded with parities of the old one.
   options_.redundancy->DropAbove(step);
-  MEMENTO_RETURN_IF_ERROR(options_.set_restore_target(step));
+  MEMENTO_RETURN_IF_ERROR(options_.set_restore_target(step, epoch));
   {
     MutexLock l(&stats_mu_);
     ++stats_.durable_loads;

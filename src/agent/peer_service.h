@@ -160,8 +160,10 @@ struct PeerServiceOptions {
   PlanSource plan;                        // required
   EndpointSource endpoint_of;             // other nodes' peer services (recovery reads)
   std::function<int64_t()> committed;     // newest committed step, -1 none; may be empty
-  // kPeerSetRestoreTarget; FailedPrecondition to the caller when empty.
-  std::function<Status(int64_t step)> set_restore_target;
+  // kPeerSetRestoreTarget (and kPeerLoadDurable): the step and the epoch the
+  // job's history restarts in (0: none given); FailedPrecondition to the
+  // caller when empty.
+  std::function<Status(int64_t step, uint64_t epoch)> set_restore_target;
   // Called (no lock held) after a pushed copy was finished in the redundancy
   // store, e.g. to wake the save path waiting for its T1 of `step`. May be empty.
   std::function<void(int64_t step, recover::ByteSource entry)> on_push_finished;

@@ -230,7 +230,7 @@ class Cluster {
       nd->pushes_finished.fetch_add(1);
       nd->last_pushed_step = step;
     };
-    o.set_restore_target = [nd](int64_t step) {
+    o.set_restore_target = [nd](int64_t step, uint64_t) {
       nd->restore_target = step;
       return Status::Ok();
     };
@@ -575,8 +575,15 @@ TEST(PeerServiceTest, MalformedRequestsAreInvalidArgument) {
                                    .dump()),
             StatusCode::kFailedPrecondition);
   EXPECT_EQ(code(kPeerSetRestoreTarget, "{\"step\": \"x\"}"), StatusCode::kInvalidArgument);
+  // The commit epoch, when given, is a non-negative integer.
+  EXPECT_EQ(code(kPeerSetRestoreTarget, "{\"step\": 6, \"epoch\": -1}"),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(kPeerSetRestoreTarget, "{\"step\": 6, \"epoch\": \"2\"}"),
+            StatusCode::kInvalidArgument);
   ASSERT_TRUE(client->Call(kPeerSetRestoreTarget, "{\"step\": 6}", Soon()).ok());
   EXPECT_EQ(c.node(copy->node).restore_target.load(), 6);
+  ASSERT_TRUE(client->Call(kPeerSetRestoreTarget, "{\"step\": 5, \"epoch\": 2}", Soon()).ok());
+  EXPECT_EQ(c.node(copy->node).restore_target.load(), 5);
   // Unknown method.
   EXPECT_EQ(code(0x4d45ffff, "{}"), StatusCode::kInvalidArgument);
   // The connection still works after all that.

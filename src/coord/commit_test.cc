@@ -7,10 +7,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstddef>
+#include <cstdio>
 #include <random>
 #include <thread>
 
+#include "common/checksum.h"
 #include "common/test_util.h"
 #include "coord/memory_store.h"
 
@@ -128,14 +132,15 @@ TEST(CommitLogTest, TornAndCorruptTailsAreDropped) {
     ASSERT_TRUE(log->Append(2, 2).ok());
     ASSERT_TRUE(log->Append(3, 3).ok());
   }
-  // Flip a byte in the third record and add half a record after it.
+  // Flip a byte in the third record (40-byte records) and add half a record
+  // after it.
   int fd = open(path.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   char b;
-  ASSERT_EQ(pread(fd, &b, 1, 64 + 10), 1);
+  ASSERT_EQ(pread(fd, &b, 1, 80 + 10), 1);
   b ^= 0x40;
-  ASSERT_EQ(pwrite(fd, &b, 1, 64 + 10), 1);
-  ASSERT_EQ(pwrite(fd, "garbage-garbage", 15, 96), 15);
+  ASSERT_EQ(pwrite(fd, &b, 1, 80 + 10), 1);
+  ASSERT_EQ(pwrite(fd, "garbage-garbage", 15, 120), 15);
   close(fd);
   auto log = CommitLog::Open(path).value();
   ASSERT_EQ(log->records().size(), 2u);
@@ -181,9 +186,9 @@ TEST(CommitStoreTest, CoordinatorAndFollowers) {
   Mutex mu;
   auto follower = CommitFollower::Start(
       &store, "job", log.get(),
-      [&](int64_t s) {
+      [&](const CommitId& id) {
         MutexLock l(&mu);
-        seen.push_back(s);
+        seen.push_back(id.step);
       },
       Soon());
   ASSERT_TRUE(follower.ok()) << follower.status();
@@ -235,10 +240,156 @@ TEST(CommitStoreTest, RepublishRefillsAnEmptyStore) {
   // A follower that starts on it does not report 42 again to its agent.
   std::atomic<int> calls{0};
   auto f = CommitFollower::Start(
-      &fresh, "job", log.get(), [&](int64_t) { calls++; }, Soon());
+      &fresh, "job", log.get(), [&](const CommitId&) { calls++; }, Soon());
   ASSERT_TRUE(f.ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(calls.load(), 0);
+}
+
+// ---- epochs (docs/coordination.md, "Epochs") ---------------------------------
+
+TEST(CommitEpochTest, CommitIdTextRoundTripsAndOldTextIsEpochZero) {
+  EXPECT_EQ(FormatCommitId({0, 7}), "7");
+  EXPECT_EQ(FormatCommitId({3, 7}), "7@3");
+  EXPECT_EQ(*ParseCommitId("7"), (CommitId{0, 7}));
+  EXPECT_EQ(*ParseCommitId("7@3"), (CommitId{3, 7}));
+  for (const char* bad : {"", "x", "7@", "@3", "-1", "7@-3", "7@3@4", "7 "}) {
+    auto r = ParseCommitId(bad);
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << bad;
+    EXPECT_NE(r.status().message().find("not <step> or <step>@<epoch>"), std::string::npos) << bad;
+  }
+  EXPECT_TRUE((CommitId{1, 3}) < (CommitId{2, 0}));
+  EXPECT_TRUE((CommitId{2, 0}) < (CommitId{2, 1}));
+  EXPECT_EQ(*ParseReportEpoch("123"), 0u);
+  EXPECT_EQ(*ParseReportEpoch("123@4"), 4u);
+  EXPECT_EQ(ParseReportEpoch("12x").status().code(), StatusCode::kDataLoss);
+}
+
+TEST(CommitEpochTest, TrackerCountsReportsOnlyInTheirEpoch) {
+  CommitTracker t({"a", "b"}, /*committed=*/10, /*epoch=*/1);
+  // The abandoned history's reports (epoch 0) never count.
+  EXPECT_EQ(t.OnCompleted(11, "a", 0), std::nullopt);
+  EXPECT_EQ(t.OnCompleted(11, "b", 0), std::nullopt);
+  // The next epoch restarts at step 4: reports of it that arrive before its
+  // first commit wait, then commit.
+  EXPECT_EQ(t.OnCompleted(5, "a", 2), std::nullopt);
+  EXPECT_EQ(t.OnCompleted(5, "b", 2), std::nullopt);
+  EXPECT_EQ(t.ObserveCommitted(CommitId{2, 4}), 5);
+  EXPECT_EQ(t.epoch(), 2u);
+  EXPECT_EQ(t.committed(), 5);
+  // Steps at or below the newest commit of the old epoch commit again.
+  EXPECT_EQ(t.OnCompleted(6, "a", 2), std::nullopt);
+  EXPECT_EQ(t.OnCompleted(6, "b", 2), 6);
+  // An older epoch's commit does not move it back.
+  EXPECT_EQ(t.ObserveCommitted(CommitId{1, 12}), std::nullopt);
+  EXPECT_EQ(t.committed(), 6);
+  EXPECT_EQ(t.epoch(), 2u);
+}
+
+TEST(CommitEpochTest, LogKeepsEpochsAndReadsVersion1Records) {
+  testing::ScratchDir dir("commit");
+  const std::string path = dir.path() + "/log";
+  {
+    // A version-1 record (older builds): magic, version 1, step 9, time 5,
+    // xxHash3 of the 24 bytes before it.
+    struct V1 {
+      uint32_t magic;
+      uint16_t version;
+      uint16_t reserved;
+      int64_t step;
+      int64_t wall_ns;
+      uint64_t checksum;
+    } r{0x474C434D, 1, 0, 9, 5, 0};
+    r.checksum = Checksum(&r, offsetof(V1, checksum));
+    FILE* f = fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(fwrite(&r, sizeof(r), 1, f), 1u);
+    fclose(f);
+  }
+  {
+    auto log = CommitLog::Open(path).value();
+    ASSERT_TRUE(log->latest().has_value());
+    EXPECT_EQ(log->latest()->step, 9);
+    EXPECT_EQ(log->latest()->epoch, 0u);
+    // Epoch 2 restarts at step 4: a lower step, appended.
+    EXPECT_TRUE(*log->Append(4, 6, 2));
+    EXPECT_FALSE(*log->Append(3, 7, 2));   // lower in the same epoch
+    EXPECT_FALSE(*log->Append(20, 7, 1));  // an older epoch
+    EXPECT_TRUE(*log->Append(5, 8, 2));
+  }
+  auto again = CommitLog::Open(path).value();
+  auto records = again->records();
+  ASSERT_EQ(records.size(), 3u);
+  EXPECT_EQ(records[0].step, 9);
+  EXPECT_EQ(records[1].step, 4);
+  EXPECT_EQ(records[1].epoch, 2u);
+  EXPECT_EQ(again->latest()->step, 5);
+  EXPECT_EQ(again->latest()->epoch, 2u);
+}
+
+TEST(CommitEpochTest, ANewEpochCommitsStepsTheOldHistoryCommitted) {
+  testing::ScratchDir dir("commit");
+  MemoryStore store;
+  auto coord = CommitCoordinator::Start(&store, "job", {"n0", "n1"}, Soon());
+  ASSERT_TRUE(coord.ok()) << coord.status();
+  auto log = CommitLog::Open(dir.path() + "/log").value();
+  Mutex mu;
+  std::vector<CommitId> seen;
+  auto follower = CommitFollower::Start(
+      &store, "job", log.get(),
+      [&](const CommitId& id) {
+        MutexLock l(&mu);
+        seen.push_back(id);
+      },
+      Soon());
+  ASSERT_TRUE(follower.ok()) << follower.status();
+  auto wait_latest = [&](CommitId want) {
+    for (Deadline d = Soon(); !d.expired();
+         std::this_thread::sleep_for(std::chrono::milliseconds(5))) {
+      auto id = ReadLatestCommitId(store, "job", Soon());
+      if (id.ok() && *id == want) return true;
+    }
+    return false;
+  };
+  for (int64_t s = 1; s <= 8; ++s) {
+    for (const char* n : {"n0", "n1"})
+      ASSERT_TRUE(ReportCompleted(store, "job", n, s, Soon()).ok());
+  }
+  ASSERT_TRUE(wait_latest({0, 8}));
+  // A late report of the old history (epoch 0) of step 9 from one node.
+  ASSERT_TRUE(ReportCompleted(store, "job", "n0", 9, Soon()).ok());
+  // The recovery restores step 4 (an older durable version): epoch 1 starts.
+  EXPECT_TRUE(*PublishCommit(store, "job", 4, 1, Soon(), /*epoch=*/1));
+  for (Deadline d = Soon(); (*coord)->epoch() != 1 && !d.expired();)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ((*coord)->epoch(), 1u);
+  EXPECT_EQ((*coord)->committed(), 4);
+  // Steps 5..9 commit again; n1's report of 9 in epoch 1 does not complete
+  // with n0's epoch-0 one.
+  for (int64_t s = 5; s <= 8; ++s) {
+    for (const char* n : {"n0", "n1"}) {
+      ASSERT_TRUE(ReportCompleted(store, "job", n, s, Soon(), 1).ok());
+    }
+    ASSERT_TRUE(wait_latest({1, s})) << s;
+  }
+  ASSERT_TRUE(ReportCompleted(store, "job", "n1", 9, Soon(), 1).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(*ReadLatestCommitId(store, "job", Soon()), (CommitId{1, 8}));
+  ASSERT_TRUE(ReportCompleted(store, "job", "n0", 9, Soon(), 1).ok());
+  ASSERT_TRUE(wait_latest({1, 9}));
+  // An agent republishing the old history's commit from its log changes nothing.
+  EXPECT_FALSE(*PublishCommit(store, "job", 8, 1, Soon(), 0));
+  for (Deadline d = Soon(); (*follower)->last_seen() != 9 && !d.expired();)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  follower->reset();
+  MutexLock l(&mu);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back(), (CommitId{1, 9}));
+  // The follower saw the restart at 4 (epoch 1) after step 8 of epoch 0.
+  auto at = std::find(seen.begin(), seen.end(), CommitId{1, 4});
+  ASSERT_NE(at, seen.end());
+  EXPECT_EQ(log->latest()->step, 9);
+  EXPECT_EQ(log->latest()->epoch, 1u);
 }
 
 }  // namespace

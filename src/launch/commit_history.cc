@@ -19,6 +19,10 @@ json CommitHistorySummary::ToJson() const {
     if (r != skip_reasons.end()) j["reason"] = r->second;
     skips.push_back(std::move(j));
   }
+  json by_attempt_j = json::array();
+  for (const auto& [attempt, steps] : by_attempt) {
+    by_attempt_j.push_back({{"attempt", attempt}, {"steps", steps}});
+  }
   return {{"count", count},
           {"first", first},
           {"last", last},
@@ -26,6 +30,7 @@ json CommitHistorySummary::ToJson() const {
           {"gap_max_steps", gap_max_steps},
           {"gap_at_step", gap_at_step},
           {"uncommitted", uncommitted},
+          {"by_attempt", by_attempt_j},
           {"skipped", skips},
           {"unprotected_steps", unprotected_steps},
           {"unprotected_reason", unprotected_reason}};
@@ -78,6 +83,8 @@ void CommitHistory::OnCommit(int64_t step, const std::vector<int64_t>& supersede
   MutexLock l(&mu_);
   commits_.push_back(Commit{step, attempt_, Now()});
   superseded_.insert(superseded.begin(), superseded.end());
+  // Passed over in an abandoned history, committed in a later one.
+  superseded_.erase(step);
 }
 
 bool CommitHistory::IsUnprotectedReason(const std::string& reason) {
@@ -126,6 +133,7 @@ CommitHistorySummary CommitHistory::Summary() {
     s.first = commits_.front().step;
     s.last = commits_.back().step;
   }
+  for (const Commit& c : commits_) s.by_attempt[c.attempt].push_back(c.step);
   for (size_t i = 1; i < commits_.size(); ++i) {
     const Commit& a = commits_[i - 1];
     const Commit& b = commits_[i];

@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/tensor_json.h"
+#include "coord/commit.h"
 #include "coord/keys.h"
 #include "model/auto_plan.h"
 #include "net/rpc.h"
@@ -279,7 +280,9 @@ Result<JobRecovery> RecoverJob(coord::Store& store, const topo::Plan& plan,
   out.rebuild_s = rebuild.Seconds();
 
   // 5. Target: every agent answers its trainers' restore query with this step.
-  const std::string target = json{{"step", out.decision.step}}.dump();
+  json target_j = {{"step", out.decision.step}};
+  if (options.epoch > 0) target_j["epoch"] = options.epoch;
+  const std::string target = target_j.dump();
   for (int i = 0; i < n; ++i) {
     if (endpoints[static_cast<size_t>(i)].empty()) continue;
     auto r = CallPeer(endpoints[static_cast<size_t>(i)], token, agent::kPeerSetRestoreTarget,
@@ -313,15 +316,17 @@ json DurableLoad::ToJson() const {
 
 Result<DurableLoad> LoadDurableOnEveryNode(coord::Store& store, const net::JobToken& token,
                                            const std::string& job, int num_nodes,
-                                           const std::string& dir, int64_t step,
-                                           Deadline deadline) {
+                                           const std::string& dir, int64_t step, Deadline deadline,
+                                           uint64_t epoch) {
   Stopwatch total;
   DurableLoad out;
   out.step = step;
   out.dir = dir;
   MEMENTO_ASSIGN_OR_RETURN(std::vector<std::string> endpoints,
                            ReadEndpoints(store, job, num_nodes, deadline));
-  const std::string body = json{{"dir", dir}, {"step", step}}.dump();
+  json body_j = {{"dir", dir}, {"step", step}};
+  if (epoch > 0) body_j["epoch"] = epoch;
+  const std::string body = body_j.dump();
   std::vector<Result<std::string>> replies(static_cast<size_t>(num_nodes),
                                            UnavailableError("not asked"));
   std::vector<std::thread> threads;
@@ -374,7 +379,8 @@ Result<DurableLoad> LoadDurableOnEveryNode(coord::Store& store, const net::JobTo
   return out;
 }
 
-Result<uint64_t> BumpEpoch(coord::Store& store, const std::string& job, Deadline deadline) {
+Result<uint64_t> NextEpoch(coord::Store& store, const std::string& job, Deadline deadline,
+                           uint64_t floor) {
   const std::string key = coord::JobKeys(job).Epoch();
   uint64_t epoch = 0;
   auto kv = store.Get(key, deadline);
@@ -387,9 +393,36 @@ Result<uint64_t> BumpEpoch(coord::Store& store, const std::string& job, Deadline
   } else if (kv.status().code() != StatusCode::kNotFound) {
     return kv.status();
   }
-  ++epoch;
-  MEMENTO_RETURN_IF_ERROR(store.Set(key, std::to_string(epoch), deadline).status());
+  auto latest = coord::ReadLatestCommitId(store, job, deadline);
+  if (latest.ok()) {
+    epoch = std::max(epoch, latest->epoch);
+  } else if (latest.status().code() != StatusCode::kNotFound) {
+    return latest.status();
+  }
+  return std::max(epoch, floor) + 1;
+}
+
+Status SetEpoch(coord::Store& store, const std::string& job, uint64_t epoch, Deadline deadline) {
+  return store.Set(coord::JobKeys(job).Epoch(), std::to_string(epoch), deadline).status();
+}
+
+Result<uint64_t> BumpEpoch(coord::Store& store, const std::string& job, Deadline deadline,
+                           uint64_t floor) {
+  MEMENTO_ASSIGN_OR_RETURN(uint64_t epoch, NextEpoch(store, job, deadline, floor));
+  MEMENTO_RETURN_IF_ERROR(SetEpoch(store, job, epoch, deadline));
   return epoch;
+}
+
+Status StartCommitEpoch(coord::Store& store, const std::string& job, uint64_t epoch, int64_t step,
+                        Deadline deadline) {
+  if (epoch == 0 || step < 0) {
+    return InvalidArgumentError(fmt::format(
+        "commit epoch {} at step {}: the epoch must be > 0 and the step >= 0", epoch, step));
+  }
+  MEMENTO_ASSIGN_OR_RETURN(bool moved,
+                           coord::PublishCommit(store, job, step, WallNanos(), deadline, epoch));
+  if (moved) MEMENTO_LOG_INFO("job {}: commit epoch {} starts at step {}", job, epoch, step);
+  return Status::Ok();
 }
 
 }  // namespace memento::launch

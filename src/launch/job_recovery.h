@@ -86,6 +86,11 @@ struct RecoverOptions {
   int64_t committed = -1;
   // Checksum every slot and redundancy entry before listing it (docs/cluster.md).
   bool verify = true;
+  // The recovery's new commit epoch (BumpEpoch; 0: none): sent with the
+  // restore target, so every agent reports the steps trained after it in
+  // that epoch (coord::CommitId). The caller then publishes the restored
+  // step as the epoch's first commit (StartCommitEpoch).
+  uint64_t epoch = 0;
 };
 
 // Recovery steps 2-5 of docs/cluster.md against the live agents. Returns OK
@@ -124,17 +129,39 @@ struct DurableLoad {
 // and is asked again for up to 15 s): each one writes complete, verified T0
 // slots of `step` for its ranks from the durable version and makes `step`
 // its restore target. Errors name the node (the first failure).
+// `epoch` as RecoverOptions::epoch.
 [[nodiscard]] Result<DurableLoad> LoadDurableOnEveryNode(coord::Store& store,
                                                          const net::JobToken& token,
                                                          const std::string& job, int num_nodes,
                                                          const std::string& dir, int64_t step,
-                                                         Deadline deadline);
+                                                         Deadline deadline, uint64_t epoch = 0);
 
-// /memento/<job>/epoch: the durable tier's history counter (decimal, absent
-// = 0). The launcher bumps it at every recovery; agents write their durable
-// parts with the current value, and node 0 commits a version only from
-// markers of its own epoch. Returns the new value.
+// /memento/<job>/epoch: the job's history counter (decimal, absent = 0).
+// Every recovery raises it; agents write their durable parts with the
+// current value (node 0 commits a version only from markers of its own
+// epoch), and it is the recovery's commit epoch (coord::CommitId,
+// StartCommitEpoch).
+//
+// NextEpoch: the value a recovery takes, without writing it: above the
+// key's, above the epoch of commit/latest (a store that restarted empty lost
+// the key, and the agents republished their newest commit) and above `floor`
+// (the newest epoch the caller saw). The recovery sends it with the restore
+// targets and writes the key (SetEpoch) once every node loaded the restored
+// version, so that no durable part of the abandoned history is written in
+// it.
+[[nodiscard]] Result<uint64_t> NextEpoch(coord::Store& store, const std::string& job,
+                                         Deadline deadline, uint64_t floor = 0);
+[[nodiscard]] Status SetEpoch(coord::Store& store, const std::string& job, uint64_t epoch,
+                              Deadline deadline);
+// NextEpoch, then SetEpoch; returns the new value.
 [[nodiscard]] Result<uint64_t> BumpEpoch(coord::Store& store, const std::string& job,
-                                         Deadline deadline);
+                                         Deadline deadline, uint64_t floor = 0);
+// The job's history restarts at `step` in `epoch` (every rank restores
+// `step`): commit/latest = step@epoch, the epoch's first commit. The
+// coordinators go on in that epoch and the agents' commit followers rewind
+// to `step` (docs/coordination.md, "Epochs"). OK too when commit/latest is
+// already at or above it.
+[[nodiscard]] Status StartCommitEpoch(coord::Store& store, const std::string& job, uint64_t epoch,
+                                      int64_t step, Deadline deadline);
 
 }  // namespace memento::launch

@@ -50,6 +50,19 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause,
   if (StoreDown()) {
     if (Status st = RestartStore(); !st.ok()) return JobEnd{false, 1, st.ToString()};
   }
+  // A new incarnation of the job's history: the commit epoch the agents
+  // report the steps after the restored one in (sent with the restore
+  // target; docs/coordination.md, "Epochs"), and once the restored version
+  // is loaded everywhere the durable epoch (PublishRecovery).
+  Committed();
+  if (auto epoch = NextEpoch(*store, o.job, Deadline::AfterSeconds(5),
+                             std::max(known_commit.epoch, recovery_epoch));
+      epoch.ok()) {
+    recovery_epoch = *epoch;
+  } else {
+    recovery_epoch = 0;
+    Say("cannot choose the new epoch: " + epoch.status().ToString());
+  }
   std::optional<JobRecovery> recovered;
   if (auto end = RestartAgentsAndRecover(detected, &rep, &recovered)) return end;
   if (recovered.has_value()) {
@@ -90,6 +103,19 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause,
     Say(rep.reason);
   }
 
+  // The restored step is the new epoch's first commit: the steps trained
+  // again after it commit, even those the abandoned history had committed
+  // (a durable fallback to S < C), and no report of that history counts.
+  if (recovery_epoch > 0 && rep.step >= 0) {
+    Status st =
+        StartCommitEpoch(*store, o.job, recovery_epoch, rep.step, Deadline::AfterSeconds(10));
+    if (!st.ok()) {
+      return JobEnd{false, 1,
+                    "cannot start commit epoch " + std::to_string(recovery_epoch) + " at step " +
+                        std::to_string(rep.step) + ": " + st.ToString()};
+    }
+    LearnCommit(coord::CommitId{recovery_epoch, rep.step});
+  }
   // The commit rule starts over from the restored step: reports of later
   // steps from the failed attempt must not count towards new commits.
   if (Status st = RestartCommitRule(); !st.ok()) return JobEnd{false, 1, st.ToString()};
@@ -319,6 +345,7 @@ std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(
       ro.job = o.job;
       ro.num_nodes = o.nodes;
       ro.committed = rep->committed;
+      ro.epoch = recovery_epoch;
       auto rec = RecoverJob(*store, *plan, token, ro, Deadline::AfterSeconds(o.recovery_timeout_s));
       if (rec.ok()) {
         // An agent that died meanwhile would fail the restarted trainers.
@@ -383,8 +410,9 @@ Result<DurableLoad> Launcher::State::FallBackToDurable(int64_t step,
   Say("falling back to the durable tier " + o.durable_dir + ": loading step " +
       std::to_string(step) + " on " + std::to_string(o.nodes) + " node(s)");
   MEMENTO_ASSIGN_OR_RETURN(
-      DurableLoad load, LoadDurableOnEveryNode(*store, token, o.job, o.nodes, o.durable_dir, step,
-                                               Deadline::AfterSeconds(o.recovery_timeout_s)));
+      DurableLoad load,
+      LoadDurableOnEveryNode(*store, token, o.job, o.nodes, o.durable_dir, step,
+                             Deadline::AfterSeconds(o.recovery_timeout_s), recovery_epoch));
   rep->source = "durable";
   rep->step = step;
   rep->steps_lost = std::max<int64_t>(0, rep->committed - step);
@@ -438,14 +466,15 @@ JobEnd Launcher::State::EndWithNothingRestored(const JobRecovery& rec, RecoveryR
 // A new incarnation of the job's history (the durable epoch, the attempt) and
 // the records restore and recovery/<n> in the store.
 void Launcher::State::PublishRecovery(TimePoint detected, RecoveryReport* rep) {
-  // Durable parts written from now on carry the new epoch, so that node 0
-  // never commits a version from parts of two histories
-  // (docs/durable_tier.md, "Cluster mode").
-  auto epoch = BumpEpoch(*store, o.job, Deadline::AfterSeconds(5));
-  if (epoch.ok()) {
-    rep->epoch = *epoch;
-  } else {
-    Say("cannot bump the durable epoch: " + epoch.status().ToString());
+  // Durable parts written from now on carry the new epoch (chosen when the
+  // recovery began), so that node 0 never commits a version from parts of
+  // two histories (docs/durable_tier.md, "Cluster mode").
+  if (recovery_epoch > 0) {
+    if (Status st = SetEpoch(*store, o.job, recovery_epoch, Deadline::AfterSeconds(5)); st.ok()) {
+      rep->epoch = recovery_epoch;
+    } else {
+      Say("cannot bump the durable epoch: " + st.ToString());
+    }
   }
   ++attempt;
   commit_history.SetAttempt(attempt);

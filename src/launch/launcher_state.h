@@ -86,10 +86,14 @@ struct Launcher::State {
   int64_t unprotected_warned = 0;        // unprotected steps at the last warning
   Stopwatch progress_clock;
   int64_t last_progress_step = -2;
-  // The store (docs/launch.md, "The store"). commit/latest only grows, but a
-  // restarted store forgets it until the agents republish it: the launcher
-  // keeps the newest it saw.
+  // The store (docs/launch.md, "The store"). commit/latest only grows (in
+  // (epoch, step) order, coord::CommitId), but a restarted store forgets it
+  // until the agents republish it: the launcher keeps the newest it saw
+  // (known_committed is its step).
   int64_t known_committed = -1;
+  coord::CommitId known_commit;
+  // The commit epoch of the recovery in progress (BumpEpoch; 0: none).
+  uint64_t recovery_epoch = 0;
   std::optional<TimePoint> store_down_since;    // killed; the fresh one is not started yet
   std::optional<TimePoint> store_restarted_at;  // watching for the commits to come back
   std::vector<StoreRestartReport> store_restarts;
@@ -146,9 +150,15 @@ struct Launcher::State {
   // (a restarted store has none until an agent republishes it).
   int64_t Committed() {
     if (StoreDown()) return known_committed;
-    auto r = coord::ReadLatestCommit(*store, o.job, Deadline::AfterSeconds(5));
-    if (r.ok()) known_committed = std::max(known_committed, *r);
+    auto r = coord::ReadLatestCommitId(*store, o.job, Deadline::AfterSeconds(5));
+    if (r.ok()) LearnCommit(*r);
     return known_committed;
+  }
+  void LearnCommit(const coord::CommitId& id) {
+    if (known_commit < id) {
+      known_commit = id;
+      known_committed = id.step;
+    }
   }
 
   // ---- launcher.cc ----

@@ -19,6 +19,9 @@ Status Launcher::State::RepublishLauncherKeys(Deadline deadline) {
   if (!restore_record.is_null()) {
     MEMENTO_RETURN_IF_ERROR(store->Set(keys.Restore(), restore_record.dump(), deadline).status());
   }
+  if (!summary.recoveries.empty() && summary.recoveries.back().epoch > 0) {
+    MEMENTO_RETURN_IF_ERROR(SetEpoch(*store, o.job, summary.recoveries.back().epoch, deadline));
+  }
   for (const auto& [n, text] : recovery_records) {
     MEMENTO_RETURN_IF_ERROR(store->Set(keys.Recovery(n), text, deadline).status());
   }
@@ -89,7 +92,9 @@ Status Launcher::State::CheckStore() {
     StoreRestartReport& r = store_restarts.back();
     auto latest = coord::ReadLatestCommit(*store, o.job, Deadline::AfterSeconds(2));
     if (latest.ok()) {
-      known_committed = std::max(known_committed, *latest);
+      if (auto id = coord::ReadLatestCommitId(*store, o.job, Deadline::AfterSeconds(2)); id.ok()) {
+        LearnCommit(*id);
+      }
       const double since = SecondsBetween(*store_restarted_at, Now());
       if (r.republished_s < 0 && *latest >= r.committed_before) {
         r.republished_s = since;

@@ -178,7 +178,7 @@ class TestCluster {
       return (*eps)[static_cast<size_t>(peer)];
     };
     o.committed = [] { return int64_t{5}; };
-    o.set_restore_target = [nd](int64_t step) {
+    o.set_restore_target = [nd](int64_t step, uint64_t) {
       nd->restore_target = step;
       return Status::Ok();
     };

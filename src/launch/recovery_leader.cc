@@ -313,6 +313,26 @@ void RecoveryLeader::RunRecovery(int64_t id, const RecoveryStatus* previous) {
   // starting (no plan yet) or one that dies meanwhile fails a round; try
   // again until the deadline.
   Status last = Status::Ok();
+  // The recovery's epoch (the commits' and then the durable tier's,
+  // docs/coordination.md "Epochs"): chosen once, before the first restore
+  // target is sent.
+  uint64_t epoch = 0;
+  // The restored step is the new epoch's first commit: the steps trained
+  // again after it commit, even those an abandoned history had committed.
+  auto start_epoch = [&](int64_t step) {
+    // The durable epoch first (parts written from now on carry it), then the
+    // epoch's first commit.
+    Status s = SetEpoch(*store_, options_.job, epoch, Deadline::AfterSeconds(kStoreCallS));
+    if (s.ok()) {
+      s = StartCommitEpoch(*store_, options_.job, epoch, step,
+                           Deadline::AfterSeconds(kStoreCallS));
+    }
+    if (!s.ok()) {
+      MEMENTO_LOG_WARN("recovery {}: cannot start commit epoch {} at step {}: {}", id, epoch, step,
+                       s.ToString());
+    }
+    return s;
+  };
   for (;;) {
     if (!StillLeader()) return;
     auto plan = PlanFromStore(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
@@ -325,17 +345,24 @@ void RecoveryLeader::RunRecovery(int64_t id, const RecoveryStatus* previous) {
       Publish(st);
       return;
     }
-    if (plan.ok() && committed.ok()) {
+    if (plan.ok() && committed.ok() && epoch == 0) {
+      auto e = NextEpoch(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
+      if (e.ok()) {
+        epoch = *e;
+      } else {
+        last = e.status().WithContext("bumping the epoch");
+      }
+    }
+    if (plan.ok() && committed.ok() && epoch > 0) {
       RecoverOptions ro;
       ro.job = options_.job;
       ro.num_nodes = num_nodes;
       ro.committed = *committed;
+      ro.epoch = epoch;
       auto rec = RecoverJob(*store_, *plan, *token_, ro, deadline);
       if (rec.ok() && rec->decision.from_memory) {
-        auto epoch = BumpEpoch(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
-        if (!epoch.ok()) {
-          MEMENTO_LOG_WARN("recovery {}: cannot bump the durable epoch: {}", id,
-                           epoch.status().ToString());
+        if (Status s = start_epoch(rec->decision.step); !s.ok()) {
+          return fail("cannot start commit epoch: " + s.ToString());
         }
         st.state = "done";
         st.source = "memory";
@@ -360,14 +387,14 @@ void RecoveryLeader::RunRecovery(int64_t id, const RecoveryStatus* previous) {
             continue;  // the next older complete one
           }
           auto load = LoadDurableOnEveryNode(*store_, *token_, options_.job, num_nodes,
-                                             options_.durable_dir, it->step, deadline);
+                                             options_.durable_dir, it->step, deadline, epoch);
           if (!load.ok()) {
             why += fmt::format("; loading durable step {}: {}", it->step, load.status().ToString());
             continue;
           }
-          BumpEpoch(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS))
-              .status()
-              .IgnoreError();
+          if (Status s = start_epoch(it->step); !s.ok()) {
+            return fail(why + "; cannot start commit epoch: " + s.ToString());
+          }
           st.state = "done";
           st.source = "durable";
           st.restore_step = it->step;
@@ -379,7 +406,7 @@ void RecoveryLeader::RunRecovery(int64_t id, const RecoveryStatus* previous) {
         return fail(why + "; no durable version in " + options_.durable_dir + " loads");
       }
       last = rec.status();
-    } else {
+    } else if (!plan.ok() || !committed.ok()) {
       last = !plan.ok() ? plan.status() : committed.status();
     }
     if (deadline.expired()) return fail("recovery failed: " + last.ToString());

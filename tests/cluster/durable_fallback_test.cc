@@ -7,12 +7,15 @@
 // from it, and the job ends bit-identical to an uninterrupted run. Every
 // persisted version passes `memento verify`, replicated state is stored once
 // in the whole cluster, and versions written after the recovery carry the
-// bumped epoch.
+// bumped epoch. The recovery is a new commit epoch: the steps after the
+// restored one that the abandoned history had committed (S+1 .. C) commit
+// again (docs/coordination.md, "Epochs").
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -166,6 +169,53 @@ std::vector<std::string> CompleteVersions(const std::string& durable_dir) {
   return out;
 }
 
+// The steps committed in attempt `attempt` (the summary's commit history).
+std::vector<int64_t> CommittedIn(const Outcome& o, int attempt) {
+  std::vector<int64_t> out;
+  for (const json& a : o.summary["commits"]["by_attempt"]) {
+    if (a["attempt"].get<int>() == attempt) out = a["steps"].get<std::vector<int64_t>>();
+  }
+  return out;
+}
+
+// Steps some node skipped (a skip record: the step can never commit).
+std::set<int64_t> Skipped(const Outcome& o) {
+  std::set<int64_t> out;
+  for (const json& s : o.summary["commits"]["skipped"]) out.insert(s["step"].get<int64_t>());
+  return out;
+}
+
+// After a fallback to S < C (recovery `rec`), every step of S+1 .. C the
+// trainers computed again committed again in the new attempt (a new commit
+// epoch; before epochs, commit/latest stayed at C and none of them could),
+// unless a node skipped it (a skip record, as in a failure-free run).
+void ExpectStepsAfterTheRestoredOneCommitAgain(const Outcome& o, const json& rec) {
+  const int64_t step = rec["step"].get<int64_t>();
+  const int64_t committed = rec["committed"].get<int64_t>();
+  const std::vector<int64_t> again = CommittedIn(o, rec["attempt"].get<int>());
+  ASSERT_FALSE(again.empty()) << "no commit after the recovery\n" << Logs(o);
+  EXPECT_GT(again.front(), step) << Logs(o);
+  std::printf("restored step %lld, committed before the loss %lld; committed after it: %s\n",
+              static_cast<long long>(step), static_cast<long long>(committed),
+              json(again).dump().c_str());
+  const std::set<int64_t> skipped = Skipped(o);
+  int64_t recommitted = 0;
+  for (int64_t s = step + 1; s <= committed; ++s) {
+    const bool in = std::find(again.begin(), again.end(), s) != again.end();
+    recommitted += in ? 1 : 0;
+    EXPECT_TRUE(in || skipped.count(s) > 0)
+        << "step " << s << " (after the restored " << step << ", committed before: " << committed
+        << ") did not commit again and no node skipped it; committed after the recovery: "
+        << json(again).dump() << "\n"
+        << Logs(o);
+  }
+  if (committed > step) {
+    EXPECT_GT(recommitted, 0) << "none of the steps " << step + 1 << ".." << committed
+                              << " committed again: " << json(again).dump() << "\n"
+                              << Logs(o);
+  }
+}
+
 class DurableFallbackTest : public ::testing::Test {
  protected:
   testing::ScratchDir dir_{"durable-fallback"};
@@ -218,6 +268,9 @@ TEST_F(DurableFallbackTest, LossBeyondProtectionRecoversFromTheDurableTier) {
 
   // Every rank restarted from the durable step, and ends bit-identical.
   ExpectEveryRankRestoredBitIdentical(job, o, rec["attempt"].get<int>(), step);
+  // The steps after S that the abandoned history had committed (S+1 .. C)
+  // commit again in the recovery's commit epoch.
+  ExpectStepsAfterTheRestoredOneCommitAgain(o, rec);
 
   // Every persisted cluster version verifies; each stores the replicated
   // tensors once (pieces from several nodes tiling them), and has 4 nodes.
@@ -311,6 +364,8 @@ TEST_F(DurableFallbackTest, ACorruptNewestDurableVersionFallsBackToAnOlderOneTha
       std::string::npos)
       << Logs(o);
   EXPECT_NE(rec["reason"].get<std::string>().find("skipped"), std::string::npos) << rec.dump();
+  EXPECT_GT(rec["steps_lost"].get<int64_t>(), 0) << Logs(o);
+  ExpectStepsAfterTheRestoredOneCommitAgain(o, rec);
   // The corrupted version is really bad: verify says so.
   SpawnOptions so;
   so.argv = {MEMENTO_BIN, "verify", durable_dir(), "--step", std::to_string(bad)};

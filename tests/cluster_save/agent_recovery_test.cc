@@ -432,6 +432,19 @@ void AgentRecoveryTest::DurableFallback(bool corrupt) {
   // Every agent serves the durable step as its restore target; the trainers
   // restore it bit-identically (the lost nodes' ranks from the durable tier).
   ASSERT_NO_FATAL_FAILURE(ExpectTrainersRestore(want));
+  // The restored step is the first commit of the recovery's commit epoch,
+  // and the steps the trainers computed again after it commit in it (with
+  // the corrupt newest version they are steps the abandoned history had
+  // committed: docs/coordination.md, "Epochs").
+  coord::CommitId latest;
+  for (Deadline d = Deadline::AfterSeconds(20);; usleep(50000)) {
+    auto id = coord::ReadLatestCommitId(*store_, kJob, Deadline::AfterSeconds(5));
+    if (id.ok()) latest = *id;
+    if (latest.epoch > 0 && (latest.step > want || want >= kSteps)) break;
+    ASSERT_FALSE(d.expired()) << "no commit after step " << want
+                              << " in a new epoch; commit/latest " << coord::FormatCommitId(latest);
+  }
+  EXPECT_GE(latest.step, want);
 }
 
 TEST_F(AgentRecoveryTest, TwoNodesLostTheLeaderRestoresTheNewestDurableVersion) {
