@@ -73,11 +73,13 @@ class LaunchSwiftTest : public ::testing::Test {
     for (const std::string& a : launch_args) topology = topology || a == "--pp";
     if (!topology) all.insert(all.end(), {"--dp", "2", "--pp", "2"});
     all.insert(all.end(), launch_args.begin(), launch_args.end());
-    for (const char* a :
-         {"--", MEMENTO_TRAINER_BINARY, "--quiet", "--preset", "tiny", "--layers", "4", "--batch",
-          "8", "--micro-batches", "4", "--steps", "10", "--comm-timeout", "30"}) {
+    bool micro = false;  // the case names its own micro-batches (DP 4)
+    for (const std::string& a : trainer_args) micro = micro || a == "--micro-batches";
+    for (const char* a : {"--", MEMENTO_TRAINER_BINARY, "--quiet", "--preset", "tiny", "--layers",
+                          "4", "--batch", "8", "--steps", "10", "--comm-timeout", "30"}) {
       all.push_back(a);
     }
+    if (!micro) all.insert(all.end(), {"--micro-batches", "4"});
     all.push_back("--digest-file");
     all.push_back(dir + "/digest.{rank}");
     all.insert(all.end(), trainer_args.begin(), trainer_args.end());
@@ -246,6 +248,31 @@ TEST_F(LaunchSwiftTest, ZeroOneShardComesFromTheTiers) {
   EXPECT_EQ(rep["processes_restarted"], 5) << rep.dump();  // the replacement, then all 4
   EXPECT_NE(ReadFile(f.logs + "/rank3.log").find("no DP replica"), std::string::npos)
       << ReadFile(f.logs + "/rank3.log");
+}
+
+// Sharded snapshots (--sharded, docs/reft.md) with DP 4 x PP 1, ZeRO-1,
+// xor: each rank's T0 slot holds only its plan pieces, so the replacement's
+// Restore(step) of its moment shard goes through its agent's assembly of the
+// pieces (its own from its node, the others from their nodes). The job ends
+// bit-identical to a failure-free run, in process.
+TEST_F(LaunchSwiftTest, ShardedSlotsZeroOneShardComesFromTheAssembly) {
+  const std::vector<std::string> topo = {"--dp", "4", "--pp", "1", "--zero", "1"};
+  const Outcome clean = Run("sclean", topo, {"--zero", "--micro-batches", "2"});
+  std::string what;
+  std::vector<std::string> kill = Kill("update", &what);
+  SCOPED_TRACE(what);
+  std::vector<std::string> args = {"--zero", "--micro-batches", "2"};
+  args.insert(args.end(), kill.begin(), kill.end());
+  std::vector<std::string> launch = topo;
+  launch.insert(launch.end(), {"--sharded", "--policy", "xor", "--recovery", "undo"});
+  const Outcome o = Run("sundo", launch, args);
+  ExpectSameFinalStates(clean, o);
+  ExpectInProcess(o);
+  EXPECT_NE(o.output.find("moment shard from node"), std::string::npos) << o.Report();
+  // The killed rank's replacement restored its shard from the assembled pieces.
+  const std::string killed = kill[1];
+  const std::string log = ReadFile(o.logs + "/rank" + killed + ".log");
+  EXPECT_NE(log.find("from its assembled pieces"), std::string::npos) << log;
 }
 
 // A survivor that wedges (SIGSTOP, as a hung process would) never reports

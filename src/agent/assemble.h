@@ -27,6 +27,16 @@
 
 namespace memento::agent {
 
+// The `plan` op's answer for `rank` (docs/reft.md section 1; JobMember::
+// SaveRanges once the plan is known): the byte ranges its T0 slot holds
+// (topo::RankSaveRanges), or sharded=false (whole tensors) when `sharded` is
+// off or the ranges cover every byte of the rank. `client_parity`: the
+// client computes the parities the rank produces (the reply lists them with
+// their stripe blocks) and the ranges leave out their inputs.
+// InvalidArgument for a rank outside the plan.
+[[nodiscard]] Result<shm::PlanReply> PlanReplyFor(const ClusterPlan& plan, int rank, bool sharded,
+                                                  bool client_parity = false);
+
 struct AssembleOptions {
   int threads = 4;                           // parallel piece reads
   uint64_t chunk_bytes = uint64_t{4} << 20;  // the staged slot's chunk size

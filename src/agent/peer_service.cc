@@ -152,12 +152,21 @@ Result<std::unique_ptr<net::RpcClient>> ClusterReader::Acquire(int node, Deadlin
 }
 
 void ClusterReader::Release(int node, std::unique_ptr<net::RpcClient> client) {
+  std::vector<std::unique_ptr<net::RpcClient>> stale;  // closed outside the lock
   MutexLock l(&mu_);
   Pool& pool = pools_[node];
   if (client != nullptr && !client->broken()) {
     pool.idle.push_back(std::move(client));
   } else {
     --pool.open;
+    // A broken connection: the peer most likely restarted (a lost node's
+    // replacement), so the idle ones to it are stale too. Dropped, so that
+    // the retry on a fresh connection really gets a fresh one (several
+    // stale idle connections made the retry fail after a node was replaced:
+    // agent_sharded_exhaustive_test).
+    pool.open -= pool.idle.size();
+    stale = std::move(pool.idle);
+    pool.idle.clear();
   }
   cv_.SignalAll();
 }

@@ -76,14 +76,6 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
         "replica); dp is " +
         std::to_string(o.dp) + " (use restart, or auto)");
   }
-  if (o.sharded && o.recovery != "restart") {
-    // The in-process replacement of a rank restores from its node's T0; with
-    // slots of pieces that goes through the agent's assembly, which no test
-    // exercises yet under --recovery undo|auto.
-    return InvalidArgumentError("--recovery " + o.recovery +
-                                " is not supported with --sharded yet (planned); use --recovery "
-                                "restart");
-  }
   if (o.job.empty()) o.job = "launch-" + std::to_string(getpid());
   MEMENTO_RETURN_IF_ERROR(coord::ValidateName("job", o.job));
   if (o.run_dir.empty()) o.run_dir = "/dev/shm/memento-launch/" + o.job;

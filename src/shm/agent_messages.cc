@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "fmt/format.h"
@@ -630,6 +631,28 @@ Result<PlanReply> ParsePlanReply(const json& reply) {
     }
   }
   return out;
+}
+
+Result<std::vector<SlotEntrySpec>> PlanEntrySpecs(const PlanReply& reply,
+                                                  const std::vector<TensorMeta>& tensors,
+                                                  std::vector<size_t>* entry_tensor) {
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < tensors.size(); ++i) index.emplace(tensors[i].name, i);
+  std::vector<SlotEntrySpec> specs;
+  specs.reserve(reply.ranges.size());
+  entry_tensor->clear();
+  for (const SaveRange& r : reply.ranges) {
+    auto it = index.find(r.tensor);
+    if (it == index.end()) {
+      return InvalidArgumentError(
+          fmt::format("plan {} names tensor '{}', which this rank does not register",
+                      reply.plan_hash, r.tensor));
+    }
+    specs.push_back(
+        SlotEntrySpec{tensors[it->second], r.offset, r.length == 0 ? kWholeTensor : r.length});
+    entry_tensor->push_back(it->second);
+  }
+  return specs;
 }
 
 }  // namespace memento::shm

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "memento/status.h"
+#include "shm/slot.h"
 
 namespace memento::shm {
 
@@ -194,5 +195,15 @@ Result<AssembleReply> ParseAssembleReply(const nlohmann::json& reply);
 // (k + f <= 255, xor: f = 1), other than k blocks, a block longer than
 // block_bytes, or an id given twice.
 Result<PlanReply> ParsePlanReply(const nlohmann::json& reply);
+
+// The slot entries of a sharded plan reply, as the client lays out its T0
+// slot (docs/reft.md section 2): one entry per range, in the reply's order
+// ({name, 0, 0} is the whole zero-byte tensor); `entry_tensor[i]` is the
+// index in `tensors` (the rank's registered tensors) of entry i's tensor.
+// InvalidArgument naming the plan and the tensor when a range names a tensor
+// that is not in `tensors`.
+Result<std::vector<SlotEntrySpec>> PlanEntrySpecs(const PlanReply& reply,
+                                                  const std::vector<TensorMeta>& tensors,
+                                                  std::vector<size_t>* entry_tensor);
 
 }  // namespace memento::shm

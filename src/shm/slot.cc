@@ -59,7 +59,7 @@ std::string EntryName(const SavedTensor& t) {
 
 bool HasRangeEntries(const std::vector<SavedTensor>& entries) {
   for (const SavedTensor& t : entries) {
-    if (!t.whole() || t.is_parity()) return true;
+    if (t.ranged || !t.whole() || t.is_parity()) return true;
   }
   return false;
 }
@@ -181,6 +181,7 @@ Result<SlotLayout> ComputeRangeSlotLayout(const std::string& job_id, int rank,
       }
       t.range_offset = entries[i].offset;
       t.nbytes = entries[i].length;
+      t.ranged = true;
     }
     for (uint64_t c = 0; c < t.nbytes; c += chunk_bytes) {
       ChunkEntry e{};
@@ -209,7 +210,7 @@ std::string EncodeManifest(const std::vector<SavedTensor>& tensors) {
     nlohmann::json e = TensorMetaToJson(t.meta);
     e["offset"] = t.offset;
     e["nbytes"] = t.nbytes;
-    if (!t.whole()) e["range"] = {{"offset", t.range_offset}, {"length", t.nbytes}};
+    if (t.ranged || !t.whole()) e["range"] = {{"offset", t.range_offset}, {"length", t.nbytes}};
     if (t.is_parity()) e["parity"] = {{"id", t.parity}};
     arr.push_back(std::move(e));
   }
@@ -217,7 +218,7 @@ std::string EncodeManifest(const std::vector<SavedTensor>& tensors) {
   for (const SavedTensor& t : tensors) {
     if (t.is_parity()) {
       format = 3;
-    } else if (!t.whole()) {
+    } else if (t.ranged || !t.whole()) {
       format = std::max(format, 2);
     }
   }
@@ -280,6 +281,7 @@ Result<std::vector<SavedTensor>> ParseManifest(std::string_view text) {
       if (e.contains("range")) {
         const auto& r = e.at("range");
         t.range_offset = r.at("offset").get<uint64_t>();
+        t.ranged = true;
         if (r.at("length").get<uint64_t>() != t.nbytes) {
           return DataLossError(
               fmt::format("slot manifest is not valid: tensor '{}' has a {}-byte range in {} bytes",

@@ -49,6 +49,11 @@ struct SavedTensor {
   uint64_t nbytes = 0;          // bytes this entry holds
   uint64_t range_offset = 0;    // where they start in the whole tensor
   uint32_t parity = kNoParity;  // a parity entry: the plan's parity id
+  // Saved as a range of a sharded slot even where it covers the whole
+  // tensor (a plan range that happens to be a whole tensor): the manifest
+  // carries its "range", so the slot reads as a slot of pieces (a rank's
+  // pieces may be whole tensors and still not be all of its state).
+  bool ranged = false;
 
   bool is_parity() const { return parity != kNoParity; }
   bool whole() const { return range_offset == 0 && nbytes == meta.nbytes(); }
@@ -98,7 +103,8 @@ Result<SlotLayout> ComputeSlotLayout(const std::string& job_id, int rank,
 
 // Entries may be ranges of a tensor (SlotEntrySpec): each gets its own
 // 64-byte aligned place and its own chunks, so every byte is checksummed as
-// for whole tensors. A range equal to the whole tensor is a whole entry.
+// for whole tensors. A range equal to the whole tensor holds the whole
+// tensor and stays a range entry (SavedTensor::ranged).
 // InvalidArgument for a bad job id, a range outside its tensor or of zero
 // bytes, entries of one name that disagree in dtype, shape or state class,
 // or overlapping ranges of one tensor (a whole entry overlaps everything).
@@ -107,7 +113,8 @@ Result<SlotLayout> ComputeRangeSlotLayout(const std::string& job_id, int rank,
                                           uint64_t chunk_bytes);
 
 // Manifest "format" 1 when every entry is a whole tensor (byte-identical to
-// older builds), 2 when some entry is a range ("range": {"offset", "length"}),
+// older builds), 2 when some entry is a range ("range": {"offset", "length"};
+// also a plan range that covers its whole tensor, SavedTensor::ranged),
 // 3 when some entry is a parity ("parity": {"id": P}).
 std::string EncodeManifest(const std::vector<SavedTensor>& tensors);
 // DataLoss when the text is not a manifest.
@@ -173,7 +180,8 @@ struct SlotInfo {
                                                             uint64_t offset, uint64_t length) {
   return FindRange(info.tensors, tensor, offset, length);
 }
-// True when some entry of the slot is a range or a parity (a sharded slot).
+// True when some entry of the slot is a range or a parity (a sharded slot);
+// a whole tensor saved as a plan range (SavedTensor::ranged) counts as a range.
 bool HasRangeEntries(const std::vector<SavedTensor>& entries);
 
 // Reads and checks a slot's header, manifest and chunk table. Returns the

@@ -333,17 +333,34 @@ TEST(SlotRangeTest, LayoutChunksEveryRangeAndRoundTrips) {
     EXPECT_EQ((*parsed)[i].nbytes, layout->tensors[i].nbytes);
     EXPECT_EQ((*parsed)[i].range_offset, layout->tensors[i].range_offset);
   }
-  // A range that is the whole tensor is a whole entry; whole-only manifests
-  // stay format 1 without "range" (what older builds wrote and read).
+  // Whole-only manifests stay format 1 without "range" (what older builds
+  // wrote and read).
   auto t = SampleTensors();
-  auto whole =
-      ComputeRangeSlotLayout("job", 1, {SlotEntrySpec{t[0], 0, 8400}, SlotEntrySpec{t[2]}}, 1024);
+  auto whole = ComputeRangeSlotLayout("job", 1, {SlotEntrySpec{t[0]}, SlotEntrySpec{t[2]}}, 1024);
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_TRUE(whole->tensors[0].whole());
   EXPECT_FALSE(HasRangeEntries(whole->tensors));
   EXPECT_NE(whole->manifest.find("\"format\":1"), std::string::npos);
   EXPECT_EQ(whole->manifest.find("range"), std::string::npos);
   EXPECT_EQ(whole->manifest, ComputeSlotLayout("job", 1, {t[0], t[2]}, 1024)->manifest);
+  // A plan range that happens to be a whole tensor holds the whole tensor
+  // and stays a range: a slot of such pieces (a rank whose pieces are whole
+  // tensors but not all of its state) must read as a slot of pieces, or a
+  // restore would take it for the rank's whole state
+  // (agent_sharded_exhaustive_test, two DP ranks on one node).
+  auto piece =
+      ComputeRangeSlotLayout("job", 1, {SlotEntrySpec{t[0], 0, 8400}, SlotEntrySpec{t[2]}}, 1024);
+  ASSERT_TRUE(piece.ok()) << piece.status();
+  EXPECT_TRUE(piece->tensors[0].whole());
+  EXPECT_TRUE(piece->tensors[0].ranged);
+  EXPECT_FALSE(piece->tensors[1].ranged);
+  EXPECT_TRUE(HasRangeEntries(piece->tensors));
+  EXPECT_NE(piece->manifest.find("\"format\":2"), std::string::npos) << piece->manifest;
+  auto reparsed = ParseManifest(piece->manifest);
+  ASSERT_TRUE(reparsed.ok()) << reparsed.status();
+  EXPECT_TRUE((*reparsed)[0].ranged);
+  EXPECT_FALSE((*reparsed)[1].ranged);
+  EXPECT_TRUE(HasRangeEntries(*reparsed));
 }
 
 TEST(SlotRangeTest, BadRangesAreRefusedNamingThem) {
