@@ -511,6 +511,18 @@ Result<Decision> Decide(const topo::Plan& plan, uint64_t plan_hash,
       what = fmt::format("rebuild {}; read {} ({} from other nodes), decode {}", Join(where, ", "),
                          HumanBytes(cost.read_bytes), HumanBytes(cost.network_bytes),
                          HumanBytes(cost.decode_bytes));
+      // Optimizer shards that come back from a host-recomputed replica
+      // (REFT AOR; docs/reft.md section 5): named, as the report's source.
+      std::vector<std::string> aor;
+      for (const Recipe& r : a.recipes) {
+        for (const PiecePart& p : r.parts) {
+          if (p.op == PiecePart::Op::kRead && p.read.source.kind == SourceKind::kCopy &&
+              plan.copies[p.read.source.id].kind == topo::CopyKind::kAor) {
+            aor.push_back(fmt::format("{} from the aor replica on node {}", p.key, p.read.node));
+          }
+        }
+      }
+      if (!aor.empty()) what += "; source aor replica: " + Join(aor, ", ");
       if (cost.reused_bytes > 0) {
         what += fmt::format(" (of its inputs, {} taken from pieces read whole, not read again)",
                             HumanBytes(cost.reused_bytes));
