@@ -808,6 +808,14 @@ Status JobMember::StartPeerService() {
   po.endpoint_of = [this](int node) { return NodeEndpoint(node); };
   po.committed = [this] { return committed_.load(); };
   po.on_push_finished = [this](int64_t, recover::ByteSource) { cv_.SignalAll(); };
+  po.aor_copies = [this](int64_t step) {
+    std::vector<uint32_t> out;
+    MutexLock l(&aor_mu_);
+    for (const auto& [copy, steps] : aor_entries_) {
+      if (steps.count(step) > 0) out.push_back(copy);
+    }
+    return out;
+  };
   po.set_restore_target = [this](int64_t step) {
     SetRestoreTarget(step);
     return Status::Ok();
@@ -1049,7 +1057,7 @@ Status JobMember::CheckAorCopies(int64_t step) {
             "recomputed here from now on (no network)",
             owner, step, cid);
         Status st = store_
-                        ->Set(keys.AorHeld(cid), std::to_string(step + 2),
+                        ->Set(keys.AorHeld(cid), coord::StepKey(step + 2),
                               Deadline::AfterSeconds(kStoreCallS))
                         .status();
         if (!st.ok()) MEMENTO_LOG_WARN("aor: publishing copy {} held: {}", cid, st.ToString());
