@@ -599,7 +599,7 @@ Result<topo::RecoveryPlan> PlanFailure(const topo::Plan& plan,
     NodeInventory inv;
     inv.node = np.node;
     inv.plan_hash = kThisPlan;
-    inv.versions.push_back(VersionHolding{kStep, np.ranks, np.copies, np.parities});
+    inv.versions.push_back(VersionHolding{kStep, np.ranks, np.copies, np.parities, {}});
     live.push_back(std::move(inv));
   }
   std::vector<const NodeInventory*> by_node(num_nodes, nullptr);
