@@ -458,6 +458,15 @@ int Main(int argc, char** argv) {
                  "memento copy workers: normal | idle (SCHED_IDLE until the fence; wins only "
                  "where the ranks leave CPU idle, docs/bench_overhead.md)")
       ->capture_default_str();
+  app.add_flag("!--no-aor", mo.aor,
+               "under ZeRO-1 with DP > 1, do not feed memento's host AOR replicas of the peers' "
+               "optimizer shards (their copies then cross the network every step; docs/reft.md "
+               "section 5)");
+  app.add_option("--aor-test-lr-scale", mo.aor_test_lr_scale,
+                 "testing: the learning rate handed to memento's host replicas is this multiple "
+                 "of the one the trainer uses (a host optimizer given another schedule: the "
+                 "replicas must be refused, not restored)")
+      ->capture_default_str();
   std::string snapshot_mode;
   app.add_option("--snapshot-mode", snapshot_mode,
                  "off | sync | host | host_device | has: how memento snapshots (REFT's "

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "memento/client.h"
+#include "opt/optimizer.h"
 
 namespace memento::trainer {
 namespace {
@@ -56,11 +57,13 @@ double Quantile(std::vector<double> v, double q) {
 class MementoHooks : public TrainerHooks {
  public:
   MementoHooks(std::unique_ptr<Client> client, std::string mode, std::string schedule,
-               int64_t every)
+               int64_t every, Trainer* aor_trainer, float aor_lr_scale)
       : client_(std::move(client)),
         mode_(std::move(mode)),
         schedule_(std::move(schedule)),
-        every_(std::max<int64_t>(1, every)) {}
+        every_(std::max<int64_t>(1, every)),
+        aor_trainer_(aor_trainer),
+        aor_lr_scale_(aor_lr_scale) {}
 
   void OnPhase(TrainPhase phase) override {
     switch (phase) {
@@ -78,9 +81,28 @@ class MementoHooks : public TrainerHooks {
   Status BeforeOptimizerStep(int64_t step) override {
     Status st = client_->Fence();
     tally_.Add(client_->LastSnapshotStats());
+    if (st.ok() && aor_trainer_ != nullptr) {
+      // The gradient is final (all-reduced, clipped); the parameters are
+      // still those of step - 1.
+      const float lr = aor_trainer_->optimizer().LearningRate(step) * aor_lr_scale_;
+      Status aor = client_->CaptureGradients(step, lr);
+      // The replicas are redundancy, never a reason to stop training.
+      if (!aor.ok())
+        std::fprintf(stderr, "memento: aor capture of step %" PRId64 ": %s\n", step,
+                     aor.ToString().c_str());
+    }
     return st;
   }
   Status AfterOptimizerStep(int64_t step) override {
+    if (aor_trainer_ != nullptr && step > held_through_) {
+      Trainer* t = aor_trainer_;
+      const size_t lo = t->optimizer_offset(), n = t->optimizer_numel();
+      Status aor = client_->ReportShardChecksum(
+          step, opt::ShardChecksum(lo, n, t->params() + lo, {t->adam_m(), t->adam_v()}));
+      if (!aor.ok())
+        std::fprintf(stderr, "memento: aor checksum of step %" PRId64 ": %s\n", step,
+                     aor.ToString().c_str());
+    }
     // After an in-process recovery, a step this rank already snapshotted
     // before the failure (recomputed now to the same bytes) is not taken
     // again: the client refuses a step that is not newer.
@@ -203,6 +225,8 @@ class MementoHooks : public TrainerHooks {
   SnapshotTally tally_;
   int64_t held_through_ = -1;
   const int64_t every_;
+  Trainer* const aor_trainer_;  // null: no AOR
+  const float aor_lr_scale_;
 };
 
 }  // namespace
@@ -276,6 +300,17 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
   }
   MEMENTO_RETURN_IF_ERROR(
       client->RegisterBlob("train_state", trainer->mutable_state(), sizeof(TrainState)));
+  // AOR: the node that holds a peer's optimizer shard brings it forward
+  // from this gradient (docs/reft.md section 5).
+  const bool aor = options.aor && to.zero1 && to.comm.topology.dp > 1;
+  if (aor) {
+    GradientRegistration g;
+    g.grads = trainer->grads();
+    g.numel = trainer->padded_params();
+    g.params_tensor = "params";
+    g.optimizer_encoding = trainer->optimizer().Encode();
+    MEMENTO_RETURN_IF_ERROR(client->RegisterGradients(g));
+  }
   MEMENTO_RETURN_IF_ERROR(client->Seal());
 
   if (options.restore) {
@@ -290,9 +325,9 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
       return restored.status();
     }
   }
-  return std::unique_ptr<TrainerHooks>(new MementoHooks(std::move(client), options.snapshot_mode,
-                                                        std::string(ScheduleName(co.schedule)),
-                                                        options.every));
+  return std::unique_ptr<TrainerHooks>(new MementoHooks(
+      std::move(client), options.snapshot_mode, std::string(ScheduleName(co.schedule)),
+      options.every, aor ? trainer : nullptr, options.aor_test_lr_scale));
 }
 
 }  // namespace memento::trainer

@@ -45,6 +45,14 @@ struct MementoHookOptions {
   // Log replay (`--recovery log`, docs/swift.md) rebuilds a lost stage from
   // its last snapshot and the logged inputs of the steps since.
   int64_t every = 1;
+  // AOR (docs/reft.md section 5): under ZeRO-1 with DP > 1, register the
+  // gradient buffer, capture it every step before the optimizer step and
+  // report the rank's own shard checksum after it, so the node holding this
+  // rank's peer's optimizer shard brings it forward on the host.
+  bool aor = true;
+  // Testing only: the learning rate captured for the host replicas is this
+  // multiple of the trainer's (a host optimizer on another schedule).
+  float aor_test_lr_scale = 1.0f;
 };
 
 // The snapshot modes above; InvalidArgument naming the value otherwise.

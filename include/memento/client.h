@@ -120,6 +120,41 @@ struct ClientOptions {
   bool client_parity = true;
 };
 
+// AOR (REFT 4.2, Eq. 4; docs/client_api.md "AOR", docs/reft.md section 5):
+// under ZeRO-1 a node keeps a replica of a peer's optimizer shard in host
+// memory and brings it forward every step itself, from the gradient that
+// every data-parallel rank holds after the all-reduce, so nothing crosses
+// the network at save time. The trainer's part:
+//
+//   GradientRegistration g{grads, numel, "params", optimizer.Encode()};
+//   client->RegisterGradients(g);            // once, before Seal()
+//   for (;; ++step) {
+//     forward_backward(); all_reduce(); clip();
+//     client->Fence();
+//     client->CaptureGradients(step, lr);     // before the optimizer step
+//     optimizer_step(step, lr);               // (ZeRO-1: the rank's shard, all-gather)
+//     client->ReportShardChecksum(step, opt::ShardChecksum(own shard));
+//     client->Snapshot(step);
+//   }
+//
+// The optimizer is given as its opt::Optimizer::Encode() bytes (src/opt,
+// docs/optimizer.md): the agent runs the same compiled update, so the
+// replica equals the owner's shard byte for byte; a PyTorch optimizer plugs
+// in by implementing opt::Optimizer with PyTorch's operation order.
+struct GradientRegistration {
+  // The flat fp32 gradient buffer, as the optimizer reads it (after the
+  // all-reduce and any clipping) when CaptureGradients is called. Owned by
+  // the caller; stays valid while the client lives.
+  const float* grads = nullptr;
+  size_t numel = 0;
+  // The registered fp32 host tensor holding the flat parameters the
+  // optimizer updates, element i of it matching element i of grads.
+  std::string params_tensor;
+  // opt::Optimizer::Encode() of the trainer's optimizer (kind,
+  // hyperparameters, learning-rate schedule, parameter groups).
+  std::string optimizer_encoding;
+};
+
 // A version of this rank's state that the agent holds.
 struct VersionInfo {
   int64_t step = -1;
@@ -231,6 +266,36 @@ class Client {
   // whole). DeadlineExceeded when the agent has not answered by `deadline`.
   virtual Result<std::vector<VersionInfo>> ListVersions(
       Deadline deadline = Deadline::AfterSeconds(600)) = 0;
+
+  // AOR. Registers the rank's gradient buffer (see GradientRegistration).
+  // REQUIRES: not sealed; once. InvalidArgument naming the field when grads
+  // is null, numel is 0, the encoding is empty or larger than 1 MiB, or
+  // params_tensor is not a registered fp32 host tensor of numel elements;
+  // AlreadyExists for a second call. Seal() then asks the agent for the
+  // ranges this rank feeds (an encoding the agent cannot decode fails
+  // Seal() with InvalidArgument naming the field 'optimizer').
+  virtual Status RegisterGradients(const GradientRegistration& gradients) = 0;
+
+  // AOR, each step after the gradient is final (all-reduce, clipping) and
+  // before the optimizer step `step` changes the parameters: copies the
+  // gradient and parameter slices of the ranges this rank feeds into the
+  // node's staging file and has the agent bring its replicas forward (a
+  // synchronous call: the host optimizer step runs on the agent while the
+  // trainer waits). `lr`: the learning rate of this step; NaN: the
+  // optimizer's own schedule. OK and nothing copied when the rank feeds no
+  // replica (single node, DP 1, ZeRO off) or the agent has no plan yet.
+  // FailedPrecondition before Seal() or without RegisterGradients;
+  // InvalidArgument for step < 1 or an infinite lr; the agent's error
+  // otherwise (a replica that fails its check is not an error: the agent
+  // logs it and seeds the replica again).
+  virtual Status CaptureGradients(int64_t step, float lr) = 0;
+
+  // AOR, after the optimizer step `step`: this rank's own
+  // opt::ShardChecksum of its shard (params slice and state slices after the
+  // step). The agent publishes it; every replica of the shard is checked
+  // against it before its node reports the step COMPLETED. InvalidArgument
+  // for step < 1; FailedPrecondition before Seal().
+  virtual Status ReportShardChecksum(int64_t step, uint64_t checksum) = 0;
 
   // Reports the trainer's current phase (HAS scheduling; any thread). With
   // schedule "eager" it is recorded and has no effect on the copy.

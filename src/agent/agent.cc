@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 #include "common/log.h"
@@ -33,7 +34,8 @@ Agent::~Agent() {
   if (verifier_.joinable()) verifier_.join();
   scrubber_.reset();
   job_member_.reset();  // first: it drives durable_ in cluster mode (commits, epoch)
-  durable_.reset();     // no connection thread can offer a version any more
+  aor_.reset();
+  durable_.reset();  // no connection thread can offer a version any more
   if (listen_fd_ >= 0) close(listen_fd_);
   if (options_.remove_on_exit && stopped_cleanly_.load() && lock_fd_ >= 0) {
     // Still holding agent.lock: no other agent can be adopting the root.
@@ -99,6 +101,20 @@ Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options,
     // A single-node agent on a root that a cluster agent used: without the
     // file the trainers go back to the single-node slot rule.
     MEMENTO_LOG_INFO("removed the commit word of an earlier cluster-mode agent");
+  }
+  {
+    JobMember* jm = agent->job_member_.get();
+    AorHolder::SeedSource seed = [jm](const AorRange& r,
+                                      int64_t step) -> Result<AorHolder::SeedBytes> {
+      if (jm == nullptr) return UnavailableError("no cluster: nothing to seed a replica from");
+      return jm->AorSeed(r, step);
+    };
+    AorHolder::OnAdvanced advanced = [jm](const AorRange& r, int64_t step,
+                                          const opt::AorReplica& rep) {
+      if (jm != nullptr) jm->OnAorAdvanced(r, step, rep);
+    };
+    agent->aor_ = std::make_unique<AorHolder>(agent->root_, std::move(seed), std::move(advanced));
+    if (jm != nullptr) jm->SetAorHolder(agent->aor_.get());
   }
   if (pipe2(agent->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return ErrnoError("pipe", errno);
   agent->verifier_ = std::thread([a = agent.get()] { a->VerifierLoop(); });
@@ -357,6 +373,42 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
       auto ranges = job_member_->SaveRanges(rank, req.client_parity);
       if (!ranges.ok()) return shm::StatusToJson(ranges.status());
       return shm::ToJson(*ranges);
+    }
+    case AgentOp::kAorRegister: {
+      // The ranges this rank's gradients feed (docs/reft.md section 5); a
+      // single-node agent has no plan and no replicas.
+      std::vector<AorRange> ranges;
+      const std::string encoding = shm::OptimizerEncoding(req);
+      if (job_member_ != nullptr) {
+        auto decoded = opt::DecodeOptimizer(encoding);
+        if (!decoded.ok()) {
+          return shm::StatusToJson(InvalidArgumentError(
+              fmt::format("'aor_register' request of rank {}: field 'optimizer': {}", rank,
+                          decoded.status().message())));
+        }
+        auto r = job_member_->AorRanges(rank, (*decoded)->num_state());
+        if (!r.ok()) return shm::StatusToJson(r.status());
+        ranges = std::move(*r);
+      }
+      auto reply = aor_->Register(rank, encoding, req.numel, std::move(ranges));
+      if (!reply.ok()) {
+        MEMENTO_LOG_ERROR("rank {}: {}", rank, reply.status().ToString());
+        return shm::StatusToJson(reply.status());
+      }
+      return shm::ToJson(*reply);
+    }
+    case AgentOp::kAorCapture: {
+      const float lr = req.has_lr ? static_cast<float>(req.lr) : std::nanf("");
+      Status st = aor_->Capture(rank, req.step, lr);
+      if (!st.ok()) MEMENTO_LOG_WARN("rank {}: {}", rank, st.ToString());
+      return shm::StatusToJson(st);
+    }
+    case AgentOp::kAorChecksum: {
+      if (job_member_ == nullptr) return shm::StatusToJson(Status::Ok());  // nobody to check
+      Status st = job_member_->OnShardChecksum(rank, req.step, req.checksum);
+      if (!st.ok())
+        MEMENTO_LOG_WARN("rank {}: publishing its shard checksum: {}", rank, st.ToString());
+      return shm::StatusToJson(st);
     }
     case AgentOp::kList: {
       shm::ListReply list;

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/aor_holder.h"
 #include "agent/durable.h"
 #include "agent/job_member.h"
 #include "agent/metrics_server.h"
@@ -103,6 +104,7 @@ class Agent {
   DurableStreamer* durable() { return durable_.get(); }
   // Null without --store.
   JobMember* job_member() { return job_member_.get(); }
+  AorHolder& aor() { return *aor_; }
   // Null when the scrub is off.
   Scrubber* scrubber() { return scrubber_.get(); }
   SnapshotStats snapshot_stats() EXCLUDES(mu_);
@@ -146,6 +148,9 @@ class Agent {
   };
   std::vector<ConnThread> conn_threads_;  // touched by Serve() and ~Agent only
   std::thread verifier_;
+  // AOR replicas fed by this node's ranks (docs/reft.md section 5); calls
+  // into job_member_, which calls into it: reset after job_member_.
+  std::unique_ptr<AorHolder> aor_;
   std::unique_ptr<DurableStreamer> durable_;  // reads store_'s slots; reset first
   std::unique_ptr<JobMember> job_member_;     // reads store_'s slots; reset with durable_
   std::unique_ptr<Scrubber> scrubber_;        // reads store_'s slots; reset first

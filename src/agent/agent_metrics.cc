@@ -86,6 +86,19 @@ std::string Agent::Metrics() {
     m.Counter("memento_redundancy_pushed_bytes_total",
               "Bytes of copies this node pushed to the peers that hold them",
               static_cast<double>(jm.pushed_bytes));
+    const JobMember::AorStats aor = job_member_->aor_stats();
+    m.Counter("memento_aor_entries_from_replica_total",
+              "kAor copies of this node made from its host-recomputed replicas (no network)",
+              static_cast<double>(aor.entries_from_replica));
+    m.Counter("memento_aor_skipped_push_bytes_total",
+              "Bytes of kAor copies this node did not push (their holders recompute them)",
+              static_cast<double>(aor.skipped_push_bytes));
+    m.Counter("memento_aor_checks_total",
+              "Replica steps checked against the owner's checksum, by outcome",
+              static_cast<double>(aor.confirmed), {{"outcome", "confirmed"}});
+    m.Counter("memento_aor_checks_total",
+              "Replica steps checked against the owner's checksum, by outcome",
+              static_cast<double>(aor.refused), {{"outcome", "refused"}});
     m.Counter("memento_redundancy_seconds_total",
               "Seconds from local completion to the COMPLETED report (encode, copy, push), summed",
               jm.produce_s);

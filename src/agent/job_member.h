@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/aor_holder.h"
 #include "agent/commit_hold.h"
 #include "agent/durable.h"
 #include "agent/peer_service.h"
@@ -151,6 +152,38 @@ class JobMember {
   // parities its rank produces (docs/reft.md section 4): they are listed
   // (shm::PlanParity) and their stripe inputs left out of the ranges.
   Result<shm::PlanReply> SaveRanges(int rank, bool client_parity = false) EXCLUDES(plan_mu_);
+  // The `aor_register` op (docs/reft.md section 5): the AOR replicas `rank`
+  // feeds under the plan (its kAor copies: the owners' optimizer shards as
+  // ranges of the flat buffer). A dp_shard piece AOR cannot recompute (its
+  // tensors are not `num_state` whole fp32 shards of one range) gets none
+  // and keeps its network copy (logged). Unavailable ("not ready") until the
+  // plan is known.
+  Result<std::vector<AorRange>> AorRanges(int rank, int num_state) EXCLUDES(plan_mu_);
+  // The agent's AOR holder (owned by the agent; outlives this member).
+  void SetAorHolder(AorHolder* holder) { aor_ = holder; }
+  // The `aor_checksum` op: local rank `rank`'s own ShardChecksum after
+  // `step`, published at aor/sum/<rank> (the recent steps) for the nodes
+  // that hold replicas of its shard.
+  Status OnShardChecksum(int rank, int64_t step, uint64_t checksum) EXCLUDES(aor_mu_);
+  // AorHolder::SeedSource: the owner's shard at `step` from the network copy
+  // its node pushed (this node's T1 entry of the kAor copy) and its
+  // published checksum; Unavailable while either is missing. A replica that
+  // needs a seed is no longer current: the owner's node pushes again.
+  Result<AorHolder::SeedBytes> AorSeed(const AorRange& range, int64_t step) EXCLUDES(aor_mu_);
+  // AorHolder::OnAdvanced: once the replica of a copy has been confirmed
+  // against its owner's checksum, each step it computes becomes this node's
+  // T1 entry of the copy (no network).
+  void OnAorAdvanced(const AorRange& range, int64_t step, const opt::AorReplica& replica)
+      EXCLUDES(aor_mu_);
+  struct AorStats {
+    int64_t entries_from_replica = 0;  // T1 entries written from a replica
+    int64_t confirmed = 0;             // replica steps checked against the owner's checksum
+    int64_t refused = 0;               // replica steps that differed (replica seeded again)
+    int64_t skipped_pushes = 0;        // kAor pushes not made (the holder recomputes)
+    uint64_t skipped_push_bytes = 0;
+  };
+  AorStats aor_stats() EXCLUDES(aor_mu_);
+
   // kPeerSetRestoreTarget: the job restores `step`; kept until a newer
   // step commits. The job goes back to `step`, so what this node knew of
   // later steps belongs to the failed attempt and is forgotten: its
@@ -269,6 +302,25 @@ class JobMember {
   int64_t reported_ = -1;
   TimePoint reported_at_{};
   std::unique_ptr<T1Producer> producer_;  // made once the plan is known
+
+  // AOR (docs/reft.md section 5).
+  // Checks this node's replicas of `step` against their owners' checksums
+  // (after its T1 entries are complete, before COMPLETED). An error: an
+  // entry made from a replica that does not match (the step is abandoned).
+  Status CheckAorCopies(int64_t step) EXCLUDES(aor_mu_);
+  Result<uint64_t> OwnerSum(int owner, int64_t step);
+  // Whether the owner's node may skip pushing kAor copy `copy` of `step`.
+  bool AorHeld(uint32_t copy, int64_t step);
+  // This node keeps no replica current (a fresh agent, a restore): the
+  // owners' nodes push every kAor copy it holds until a replica is
+  // confirmed again.
+  void ForgetAorHeld() EXCLUDES(aor_mu_);
+  AorHolder* aor_ = nullptr;
+  Mutex aor_mu_;
+  std::map<int, std::map<int64_t, uint64_t>> own_sums_ GUARDED_BY(aor_mu_);  // local ranks
+  std::map<uint32_t, int64_t> aor_confirmed_ GUARDED_BY(aor_mu_);  // copy -> step first confirmed
+  std::map<uint32_t, std::set<int64_t>> aor_entries_ GUARDED_BY(aor_mu_);  // made from the replica
+  AorStats aor_stats_ GUARDED_BY(aor_mu_);
   std::thread thread_;
 };
 

@@ -392,6 +392,13 @@ recover::NodeInventory PeerService::Inventory(bool verify) {
     v.step = step;
     v.copies = std::move(h.copies);
     v.parities = std::move(h.parities);
+    if (options_.aor_copies) {
+      for (uint32_t c : options_.aor_copies(step)) {
+        if (std::find(v.copies.begin(), v.copies.end(), c) != v.copies.end()) {
+          v.aor_copies.push_back(c);
+        }
+      }
+    }
   }
   for (auto& [step, v] : versions) inv.versions.push_back(std::move(v));
   return inv;

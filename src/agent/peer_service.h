@@ -167,6 +167,9 @@ struct PeerServiceOptions {
   // Called (no lock held) after a pushed copy was finished in the redundancy
   // store, e.g. to wake the save path waiting for its T1 of `step`. May be empty.
   std::function<void(int64_t step, recover::ByteSource entry)> on_push_finished;
+  // The kAor copies of `step` this node recomputed on the host (AOR; the
+  // inventory's aor_copies). May be empty.
+  std::function<std::vector<uint32_t>(int64_t step)> aor_copies;
   size_t connections_per_peer = 4;
   // What the service's connections may hold in received requests: one
   // request (one connection; a kPeerPush part is at most kMaxPushPartBytes)

@@ -144,12 +144,15 @@ Status T1Producer::ProduceEntries(int64_t step, const std::map<int, RankSlotView
 
 Status T1Producer::PushCopies(int64_t step, const std::map<int, RankSlotView>& views,
                               double timeout_s, const std::function<bool()>& keep_trying,
-                              const std::function<void(uint64_t)>& on_pushed) {
+                              const std::function<void(uint64_t)>& on_pushed,
+                              const std::function<bool(uint32_t, int64_t)>& aor_held) {
   std::vector<uint8_t> buf;
   for (const topo::Copy& c : plan_->copies) {
     if (c.kind != topo::CopyKind::kPeer && c.kind != topo::CopyKind::kAor) continue;
     const topo::Piece& piece = plan_->pieces[c.piece];
     if (piece.node != node_) continue;
+    // AOR: the holder recomputes this shard from its own gradients.
+    if (c.kind == topo::CopyKind::kAor && aor_held && aor_held(c.id, step)) continue;
     auto it = views.find(piece.rank);
     if (it == views.end())
       return InternalError(fmt::format("piece {} has no local rank", piece.key));

@@ -47,10 +47,13 @@ class T1Producer {
   // that holds it (one connection per node, kept; a broken one is replaced
   // once). A receiver without a plan yet (FailedPrecondition) is tried again
   // while `keep_trying()` and the deadline (`timeout_s` per copy) allow.
-  // `on_pushed(bytes)` after each copy.
-  [[nodiscard]] Status PushCopies(int64_t step, const std::map<int, RankSlotView>& views,
-                                  double timeout_s, const std::function<bool()>& keep_trying,
-                                  const std::function<void(uint64_t)>& on_pushed);
+  // `on_pushed(bytes)` after each copy. A kAor copy for which
+  // `aor_held(copy, step)` is true is not pushed: its holder keeps it
+  // current on the host (docs/reft.md section 5).
+  [[nodiscard]] Status PushCopies(
+      int64_t step, const std::map<int, RankSlotView>& views, double timeout_s,
+      const std::function<bool()>& keep_trying, const std::function<void(uint64_t)>& on_pushed,
+      const std::function<bool(uint32_t copy, int64_t step)>& aor_held = nullptr);
 
   // Bytes [offset, offset + n) of plan piece `piece`, read from `view`'s slot.
   [[nodiscard]] Status ReadPiece(const RankSlotView& view, uint32_t piece, uint64_t offset,

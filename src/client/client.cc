@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 
@@ -30,6 +32,7 @@
 #include "common/log.h"
 #include "fmt/format.h"
 #include "shm/agent_messages.h"
+#include "shm/aor_stage.h"
 #include "shm/node_store.h"
 #include "shm/segment.h"
 #include "shm/slot.h"
@@ -165,7 +168,84 @@ class ClientImpl final : public Client, private client::SlotSink {
     if (options_.schedule == Schedule::kHas) MEMENTO_RETURN_IF_ERROR(StartHas());
     holds_.MapCommitWord();
     sealed_ = true;
+    if (grads_.grads != nullptr) {
+      Status st = RegisterAorWithAgent(deadline);
+      // No plan yet (a cluster still collecting inventories): asked again
+      // at the next capture.
+      if (!st.ok() && st.code() != StatusCode::kUnavailable) return st;
+    }
     return Status::Ok();
+  }
+
+  Status RegisterGradients(const GradientRegistration& g) override {
+    if (sealed_) return FailedPreconditionError("RegisterGradients() after Seal()");
+    if (grads_.grads != nullptr) {
+      return AlreadyExistsError("RegisterGradients() was already called for rank " +
+                                std::to_string(options_.rank));
+    }
+    if (g.grads == nullptr) return InvalidArgumentError("RegisterGradients: grads is null");
+    if (g.numel == 0) return InvalidArgumentError("RegisterGradients: numel is 0");
+    if (g.optimizer_encoding.empty() ||
+        g.optimizer_encoding.size() > shm::kMaxOptimizerEncodingBytes) {
+      return InvalidArgumentError(fmt::format(
+          "RegisterGradients: optimizer_encoding has {} bytes (1 to {}: opt::Optimizer::Encode())",
+          g.optimizer_encoding.size(), shm::kMaxOptimizerEncodingBytes));
+    }
+    const RegisteredTensor* p = nullptr;
+    for (const RegisteredTensor& r : tensors_) {
+      if (r.meta.name == g.params_tensor) p = &r;
+    }
+    if (p == nullptr) {
+      return InvalidArgumentError(fmt::format(
+          "RegisterGradients: params_tensor '{}' is not a registered tensor", g.params_tensor));
+    }
+    if (p->meta.dtype != DType::kFloat32 || !p->device.is_host() ||
+        static_cast<uint64_t>(p->meta.numel()) != g.numel) {
+      return InvalidArgumentError(fmt::format(
+          "RegisterGradients: params_tensor '{}' must be an fp32 host tensor of numel {} elements "
+          "(it is {} {} with {} elements)",
+          g.params_tensor, g.numel, DTypeName(p->meta.dtype),
+          p->device.is_host() ? "on the host" : "on a device", p->meta.numel()));
+    }
+    grads_ = g;
+    params_ = static_cast<const float*>(p->data);
+    return Status::Ok();
+  }
+
+  Status CaptureGradients(int64_t step, float lr) override {
+    if (!sealed_) return FailedPreconditionError("CaptureGradients() before Seal()");
+    if (grads_.grads == nullptr) {
+      return FailedPreconditionError("CaptureGradients() without RegisterGradients()");
+    }
+    if (step < 1) return InvalidArgumentError(fmt::format("CaptureGradients: step {} < 1", step));
+    if (std::isinf(lr)) return InvalidArgumentError("CaptureGradients: lr is infinite");
+    if (!aor_registered_) {
+      Status st = RegisterAorWithAgent(Deadline::AfterSeconds(5));
+      if (st.code() == StatusCode::kUnavailable) return Status::Ok();  // no plan yet
+      MEMENTO_RETURN_IF_ERROR(st);
+    }
+    if (aor_.ranges.empty()) return Status::Ok();
+    uint8_t* base = aor_stage_->data();
+    shm::BeginStage(base);
+    float* d = shm::StageData(base);
+    for (const shm::AorRangeEntry& r : aor_.ranges) {
+      std::memcpy(d, grads_.grads + r.offset, r.count * sizeof(float));
+      std::memcpy(d + r.count, params_ + r.offset, r.count * sizeof(float));
+      d += 2 * r.count;
+    }
+    shm::FinishStage(base, step, lr);
+    return agent_.Call(shm::AorCaptureRequest(options_.rank, step, lr), Deadline::AfterSeconds(60))
+        .status();
+  }
+
+  Status ReportShardChecksum(int64_t step, uint64_t checksum) override {
+    if (!sealed_) return FailedPreconditionError("ReportShardChecksum() before Seal()");
+    if (step < 1) {
+      return InvalidArgumentError(fmt::format("ReportShardChecksum: step {} < 1", step));
+    }
+    return agent_
+        .Call(shm::AorChecksumRequest(options_.rank, step, checksum), Deadline::AfterSeconds(10))
+        .status();
   }
 
   Status Snapshot(int64_t step) override {
@@ -335,6 +415,8 @@ class ClientImpl final : public Client, private client::SlotSink {
       // The topology may have changed (a recovery, a replaced node): ask
       // for the plan's ranges again at the next snapshot.
       plan_settled_ = false;
+      // ... and for the AOR ranges this rank feeds.
+      aor_registered_ = false;
     }
     if (stats.has_value()) {
       MutexLock l(&stats_mu_);
@@ -349,6 +431,41 @@ class ClientImpl final : public Client, private client::SlotSink {
     parities_.clear();
     entry_tensor_.resize(tensors_.size());
     for (size_t i = 0; i < tensors_.size(); ++i) entry_tensor_[i] = i;
+  }
+
+  // aor_register: the ranges this rank feeds and the staging file.
+  Status RegisterAorWithAgent(Deadline deadline) {
+    MEMENTO_ASSIGN_OR_RETURN(
+        json reply,
+        agent_.Call(shm::AorRegisterRequest(options_.rank, grads_.optimizer_encoding, grads_.numel),
+                    deadline));
+    MEMENTO_ASSIGN_OR_RETURN(shm::AorRegisterReply r, shm::ParseAorRegisterReply(reply));
+    uint64_t total = 0;
+    for (const shm::AorRangeEntry& e : r.ranges) {
+      if (e.offset > grads_.numel || e.count > grads_.numel - e.offset) {
+        return InvalidArgumentError(
+            fmt::format("the agent's AOR range of rank {} [{}, +{}) lies outside the {} gradients",
+                        e.owner, e.offset, e.count, grads_.numel));
+      }
+      total += e.count;
+    }
+    if (!r.ranges.empty()) {
+      MEMENTO_ASSIGN_OR_RETURN(aor_stage_, shm::Segment::Open(r.path, /*writable=*/true));
+      const uint64_t need = sizeof(shm::AorStageHeader) + 2 * total * sizeof(float);
+      const auto* h = shm::StageHeader(aor_stage_->data());
+      if (aor_stage_->size() < need ||
+          std::memcmp(h->magic, shm::kAorStageMagic, sizeof(h->magic)) != 0 ||
+          h->total_count != total) {
+        aor_stage_.reset();
+        return InternalError(
+            fmt::format("AOR staging file {} does not match the agent's ranges", r.path));
+      }
+      MEMENTO_LOG_INFO("rank {}: feeds {} AOR replica(s), {} gradients per step", options_.rank,
+                       r.ranges.size(), total);
+    }
+    aor_ = std::move(r);
+    aor_registered_ = true;
+    return Status::Ok();
   }
 
   // Sharded snapshots (docs/reft.md section 1): asks the agent which byte
@@ -528,6 +645,13 @@ class ClientImpl final : public Client, private client::SlotSink {
   // MEMENTO_PARITY_IN=agent turns it off, for measurements).
   bool client_parity_ = true;
   bool plan_settled_ = false;  // AskPlan has an answer (until a Restore)
+  // AOR (RegisterGradients): the buffer, the params tensor's data, the
+  // agent's ranges and the staging file once registered with the agent.
+  GradientRegistration grads_;
+  const float* params_ = nullptr;
+  bool aor_registered_ = false;
+  shm::AorRegisterReply aor_;
+  std::unique_ptr<shm::Segment> aor_stage_;
   std::unique_ptr<shm::Segment> segments_[shm::kSlotsPerRank];
   const shm::Segment* slots_[shm::kSlotsPerRank] = {};
   client::SlotPrefaults prefaults_;

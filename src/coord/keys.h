@@ -68,6 +68,13 @@ class JobKeys {
   // The durable tier's epoch (tier::VersionView::epoch): bumped by the
   // launcher at every recovery; agents write their durable parts with it.
   std::string Epoch() const { return prefix_ + "epoch"; }
+  // AOR (docs/reft.md section 5): rank's own opt::ShardChecksum of its
+  // recent steps (JSON {"<step>": "<16 hex digits>"}), written by its node's
+  // agent; what every replica of the rank's shard is checked against.
+  std::string AorSum(int rank) const { return prefix_ + "aor/sum/" + std::to_string(rank); }
+  // Plan Copy `copy` (kAor) is kept current on its holder's host from the
+  // step stored here on: the owner's node stops pushing it over the network.
+  std::string AorHeld(uint32_t copy) const { return prefix_ + "aor/held/" + std::to_string(copy); }
 
  private:
   std::string prefix_;

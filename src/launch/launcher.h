@@ -155,7 +155,9 @@ struct RecoveryReport {
   // Where the restored step came from: "memory" (T0/T1 of the survivors),
   // "durable" (the durable tier, when memory could not rebuild any committed
   // version), "scratch" (nothing to restore: the trainers start over), or
-  // "none" (nothing could be restored: the job ended with exit 3).
+  // "none" (nothing could be restored: the job ended with exit 3);
+  // "memory (aor replica)" when a lost ZeRO-1 optimizer shard came from the
+  // replica a peer's node recomputed on the host (docs/reft.md section 5).
   std::string source = "memory";
   int64_t steps_lost = 0;   // committed - step when restoring an older step
   double load_s = 0;        // durable: kPeerLoadDurable on every node (wall)

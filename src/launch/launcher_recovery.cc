@@ -93,6 +93,11 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause,
       rep.decode_s = rec->decode_s;
       rep.write_s = rec->write_s;
       rep.rebuilt_bytes = rec->rebuilt_bytes;
+      // A lost optimizer shard rebuilt from a host-recomputed replica
+      // (docs/reft.md section 5) is named as such.
+      if (rec->decision.reason.find("source aor replica") != std::string::npos) {
+        rep.source = "memory (aor replica)";
+      }
       Say("decision: " + rec->decision.reason);
     }
   } else {

@@ -49,6 +49,57 @@ uint64_t AorReplica::ParamsHash(const float* params) const {
   return Checksum(params, count_ * sizeof(float));
 }
 
+AorReplica::Saved AorReplica::saved() const {
+  Saved s;
+  s.step = step_;
+  s.seed_step = seed_step_;
+  s.seed_checksum = seed_checksum_;
+  s.checksum = checksum_;
+  s.state_hash = state_hash_;
+  s.params_hash = params_hash_;
+  s.diverged = diverged_;
+  return s;
+}
+
+Result<std::unique_ptr<AorReplica>> AorReplica::Adopt(std::shared_ptr<const Optimizer> optimizer,
+                                                      uint64_t offset, uint64_t count,
+                                                      const Saved& saved,
+                                                      const std::vector<const float*>& state) {
+  MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<AorReplica> r,
+                           Create(std::move(optimizer), offset, count));
+  if (state.size() != r->state_.size()) {
+    return InvalidArgumentError(r->Name() + ": " + std::to_string(state.size()) +
+                                " saved state slices, the optimizer has " +
+                                std::to_string(r->state_.size()));
+  }
+  for (size_t k = 0; k < state.size(); ++k) {
+    if (state[k] == nullptr) {
+      return InvalidArgumentError(r->Name() + ": saved state slice " + std::to_string(k) +
+                                  " is null");
+    }
+  }
+  if (saved.step < 0) {
+    return InvalidArgumentError(r->Name() + ": saved step " + std::to_string(saved.step) +
+                                " < 0 (an unseeded replica is not saved)");
+  }
+  const uint64_t got = ShardChecksum(offset, count, nullptr, state);
+  if (got != saved.state_hash) {
+    return DataLossError(r->Name() + ": saved state of step " + std::to_string(saved.step) +
+                         " hashes to " + Hex(got) + ", it was written as " + Hex(saved.state_hash));
+  }
+  for (size_t k = 0; k < state.size(); ++k) {
+    std::memcpy(r->state_[k].data(), state[k], count * sizeof(float));
+  }
+  r->step_ = saved.step;
+  r->seed_step_ = saved.seed_step;
+  r->seed_checksum_ = saved.seed_checksum;
+  r->checksum_ = saved.checksum;
+  r->state_hash_ = saved.state_hash;
+  r->params_hash_ = saved.params_hash;
+  r->diverged_ = saved.diverged;
+  return r;
+}
+
 Status AorReplica::Seed(int64_t step, const float* params, const std::vector<const float*>& state,
                         uint64_t owner_checksum) {
   if (state.size() != state_.size()) {

@@ -84,6 +84,28 @@ class AorReplica {
   // DataLoss / FailedPrecondition naming what differs; nothing is changed.
   [[nodiscard]] Status CheckForRestore(int64_t step, uint64_t owner_checksum) const;
 
+  // What a replica is besides its state slices: the fields a holder writes
+  // next to the state (the agent's replica file, agent/aor_holder.h) so a
+  // replica outlives the process that computed it.
+  struct Saved {
+    int64_t step = -1;
+    int64_t seed_step = -1;
+    uint64_t seed_checksum = 0;
+    uint64_t checksum = 0;
+    uint64_t state_hash = 0;
+    uint64_t params_hash = 0;
+    bool diverged = false;
+  };
+  Saved saved() const;
+  // A replica rebuilt from saved() and its state slices (num_state() of
+  // them, `count` elements each). DataLoss (naming both values) when the
+  // slices do not hash to saved.state_hash: bytes torn or changed since they
+  // were written. InvalidArgument for Create's reasons, a wrong number of
+  // slices or a null one, a step < 0.
+  [[nodiscard]] static Result<std::unique_ptr<AorReplica>> Adopt(
+      std::shared_ptr<const Optimizer> optimizer, uint64_t offset, uint64_t count,
+      const Saved& saved, const std::vector<const float*>& state);
+
   uint64_t offset() const { return offset_; }
   uint64_t count() const { return count_; }
   // -1 until seeded.

@@ -511,6 +511,34 @@ Result<Decision> Decide(const topo::Plan& plan, uint64_t plan_hash,
       what = fmt::format("rebuild {}; read {} ({} from other nodes), decode {}", Join(where, ", "),
                          HumanBytes(cost.read_bytes), HumanBytes(cost.network_bytes),
                          HumanBytes(cost.decode_bytes));
+      // Optimizer shards that come back from a host-recomputed replica
+      // (REFT AOR; docs/reft.md section 5): named, as the report's source.
+      std::vector<std::string> aor, pushed;
+      for (const Recipe& r : a.recipes) {
+        for (const PiecePart& p : r.parts) {
+          if (p.op == PiecePart::Op::kRead && p.read.source.kind == SourceKind::kCopy &&
+              plan.copies[p.read.source.id].kind == topo::CopyKind::kAor) {
+            bool recomputed = false;
+            const NodeInventory* inv = by_node[p.read.node];
+            for (const VersionHolding& v :
+                 inv != nullptr ? inv->versions : std::vector<VersionHolding>{}) {
+              if (v.step != d.step) continue;
+              recomputed = std::find(v.aor_copies.begin(), v.aor_copies.end(), p.read.source.id) !=
+                           v.aor_copies.end();
+            }
+            if (recomputed) {
+              aor.push_back(fmt::format("{} from the aor replica on node {}", p.key, p.read.node));
+            } else {
+              pushed.push_back(fmt::format("{} on node {}", p.key, p.read.node));
+            }
+          }
+        }
+      }
+      if (!aor.empty()) what += "; source aor replica: " + Join(aor, ", ");
+      if (!pushed.empty()) {
+        what += "; aor copies received over the network (no confirmed host replica): " +
+                Join(pushed, ", ");
+      }
       if (cost.reused_bytes > 0) {
         what += fmt::format(" (of its inputs, {} taken from pieces read whole, not read again)",
                             HumanBytes(cost.reused_bytes));
@@ -571,7 +599,7 @@ Result<topo::RecoveryPlan> PlanFailure(const topo::Plan& plan,
     NodeInventory inv;
     inv.node = np.node;
     inv.plan_hash = kThisPlan;
-    inv.versions.push_back(VersionHolding{kStep, np.ranks, np.copies, np.parities});
+    inv.versions.push_back(VersionHolding{kStep, np.ranks, np.copies, np.parities, {}});
     live.push_back(std::move(inv));
   }
   std::vector<const NodeInventory*> by_node(num_nodes, nullptr);

@@ -521,7 +521,7 @@ TEST(PlanToolTest, PlanToolAgreesWithRecovery) {
       NodeInventory n;
       n.node = np.node;
       n.plan_hash = hash;
-      n.versions.push_back(VersionHolding{10, np.ranks, np.copies, np.parities});
+      n.versions.push_back(VersionHolding{10, np.ranks, np.copies, np.parities, {}});
       all.push_back(std::move(n));
     }
     for (const std::vector<int>& lost : c.failures) {
@@ -1210,7 +1210,7 @@ TEST(DecideTest, LargePlan) {
     n.node = np.node;
     n.plan_hash = hash;
     for (int64_t step : {30, 20}) {
-      n.versions.push_back(VersionHolding{step, np.ranks, np.copies, np.parities});
+      n.versions.push_back(VersionHolding{step, np.ranks, np.copies, np.parities, {}});
     }
     all.push_back(std::move(n));
   }

@@ -46,6 +46,10 @@ struct VersionHolding {
   std::vector<uint32_t>
       copies;  // plan Copy ids complete (checksums verify) in the redundancy store
   std::vector<uint32_t> parities;  // plan Parity ids complete
+  // Of `copies`, the kAor copies this node recomputed on the host from its
+  // AOR replica (checked against the owner's checksum before the step was
+  // reported; docs/reft.md section 5) rather than received over the network.
+  std::vector<uint32_t> aor_copies;
 };
 
 // An agent's answer to the inventory call.
@@ -132,8 +136,10 @@ inline nlohmann::json ToJson(const ReadRequest& r) {
 inline nlohmann::json ToJson(const NodeInventory& inv) {
   nlohmann::json versions = nlohmann::json::array();
   for (const VersionHolding& v : inv.versions) {
-    versions.push_back(
-        {{"step", v.step}, {"ranks", v.ranks}, {"copies", v.copies}, {"parities", v.parities}});
+    nlohmann::json jv = {
+        {"step", v.step}, {"ranks", v.ranks}, {"copies", v.copies}, {"parities", v.parities}};
+    if (!v.aor_copies.empty()) jv["aor_copies"] = v.aor_copies;
+    versions.push_back(std::move(jv));
   }
   return {{"node", inv.node},
           {"endpoint", inv.endpoint},
@@ -155,6 +161,7 @@ inline nlohmann::json ToJson(const NodeInventory& inv) {
       h.ranks = v.at("ranks").get<std::vector<int>>();
       h.copies = v.at("copies").get<std::vector<uint32_t>>();
       h.parities = v.at("parities").get<std::vector<uint32_t>>();
+      if (v.contains("aor_copies")) h.aor_copies = v.at("aor_copies").get<std::vector<uint32_t>>();
       inv.versions.push_back(std::move(h));
     }
   } catch (const nlohmann::json::exception& e) {

@@ -1,6 +1,7 @@
 #include "shm/agent_messages.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <set>
@@ -49,10 +50,18 @@ constexpr const char* kF = "f";
 constexpr const char* kIndex = "index";
 constexpr const char* kBlockBytes = "block_bytes";
 constexpr const char* kBlocks = "blocks";
+constexpr const char* kOptimizer = "optimizer";
+constexpr const char* kNumel = "numel";
+constexpr const char* kLr = "lr";
+constexpr const char* kChecksum = "checksum";
+constexpr const char* kOwner = "owner";
+constexpr const char* kCount = "count";
 
-constexpr AgentOp kOps[] = {
-    AgentOp::kHello,  AgentOp::kPing,   AgentOp::kSeal, AgentOp::kComplete, AgentOp::kSkipped,
-    AgentOp::kTarget, AgentOp::kVerify, AgentOp::kList, AgentOp::kAssemble, AgentOp::kPlan};
+constexpr AgentOp kOps[] = {AgentOp::kHello,      AgentOp::kPing,        AgentOp::kSeal,
+                            AgentOp::kComplete,   AgentOp::kSkipped,     AgentOp::kTarget,
+                            AgentOp::kVerify,     AgentOp::kList,        AgentOp::kAssemble,
+                            AgentOp::kPlan,       AgentOp::kAorRegister, AgentOp::kAorCapture,
+                            AgentOp::kAorChecksum};
 constexpr int64_t kMaxStep = std::numeric_limits<int64_t>::max();
 
 // A value for an error message: its JSON text, cut short.
@@ -193,6 +202,12 @@ const char* AgentOpName(AgentOp op) {
       return "assemble";
     case AgentOp::kPlan:
       return "plan";
+    case AgentOp::kAorRegister:
+      return "aor_register";
+    case AgentOp::kAorCapture:
+      return "aor_capture";
+    case AgentOp::kAorChecksum:
+      return "aor_checksum";
   }
   return "unknown";
 }
@@ -258,6 +273,43 @@ AgentRequest PlanRequest(int rank, bool client_parity) {
   return r;
 }
 
+AgentRequest AorRegisterRequest(int rank, std::string_view optimizer_encoding, uint64_t numel) {
+  AgentRequest r = RankRequest(AgentOp::kAorRegister, rank);
+  static constexpr char kHex[] = "0123456789abcdef";
+  r.optimizer.reserve(optimizer_encoding.size() * 2);
+  for (unsigned char c : optimizer_encoding) {
+    r.optimizer.push_back(kHex[c >> 4]);
+    r.optimizer.push_back(kHex[c & 15]);
+  }
+  r.numel = numel;
+  return r;
+}
+
+AgentRequest AorCaptureRequest(int rank, int64_t step, float lr) {
+  AgentRequest r = RankRequest(AgentOp::kAorCapture, rank);
+  r.step = step;
+  r.has_lr = !std::isnan(lr);
+  r.lr = r.has_lr ? static_cast<double>(lr) : 0.0;
+  return r;
+}
+
+AgentRequest AorChecksumRequest(int rank, int64_t step, uint64_t checksum) {
+  AgentRequest r = RankRequest(AgentOp::kAorChecksum, rank);
+  r.step = step;
+  r.checksum = checksum;
+  return r;
+}
+
+std::string OptimizerEncoding(const AgentRequest& request) {
+  auto nibble = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  std::string out(request.optimizer.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = static_cast<char>((nibble(request.optimizer[2 * i]) << 4) |
+                               nibble(request.optimizer[2 * i + 1]));
+  }
+  return out;
+}
+
 json AgentRequestToJson(const AgentRequest& r) {
   json msg = {{kOp, AgentOpName(r.op)}};
   if (r.op == AgentOp::kPing) return msg;
@@ -285,6 +337,18 @@ json AgentRequestToJson(const AgentRequest& r) {
       break;
     case AgentOp::kPlan:
       if (r.client_parity) msg[kParities] = true;
+      break;
+    case AgentOp::kAorRegister:
+      msg[kOptimizer] = r.optimizer;
+      msg[kNumel] = r.numel;
+      break;
+    case AgentOp::kAorCapture:
+      msg[kStep] = r.step;
+      if (r.has_lr) msg[kLr] = r.lr;
+      break;
+    case AgentOp::kAorChecksum:
+      msg[kStep] = r.step;
+      msg[kChecksum] = r.checksum;
       break;
     case AgentOp::kPing:
     case AgentOp::kTarget:
@@ -330,7 +394,7 @@ Result<AgentRequest> AgentRequestFromJson(const json& msg) {
   if (!known) {
     return InvalidArgumentError(
         fmt::format("unknown op {} (known: hello, ping, seal, complete, skipped, target, verify, "
-                    "list, assemble, plan)",
+                    "list, assemble, plan, aor_register, aor_capture, aor_checksum)",
                     Shown(*op_it)));
   }
   if (r.op == AgentOp::kPing) return r;
@@ -378,6 +442,41 @@ Result<AgentRequest> AgentRequestFromJson(const json& msg) {
       if (msg.contains(kParities)) {
         MEMENTO_ASSIGN_OR_RETURN(r.client_parity, f.Bool(kParities));
       }
+      break;
+    }
+    case AgentOp::kAorRegister: {
+      MEMENTO_ASSIGN_OR_RETURN(r.optimizer, f.String(kOptimizer));
+      const bool hex = std::all_of(r.optimizer.begin(), r.optimizer.end(), [](char c) {
+        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+      });
+      if (r.optimizer.empty() || r.optimizer.size() % 2 != 0 || !hex ||
+          r.optimizer.size() > 2 * kMaxOptimizerEncodingBytes) {
+        return f.Bad(kOptimizer, msg[kOptimizer],
+                     fmt::format("the optimizer's encoding as lower-case hex (an even number of "
+                                 "digits, 2 to {})",
+                                 2 * kMaxOptimizerEncodingBytes));
+      }
+      MEMENTO_ASSIGN_OR_RETURN(r.numel,
+                               f.Uint(kNumel, 1, std::numeric_limits<uint64_t>::max() / 8));
+      break;
+    }
+    case AgentOp::kAorCapture: {
+      MEMENTO_ASSIGN_OR_RETURN(r.step, f.Int(kStep, 1, kMaxStep));
+      if (msg.contains(kLr)) {
+        const json& v = msg[kLr];
+        if (!v.is_number() || !std::isfinite(v.get<double>()) ||
+            std::abs(v.get<double>()) > std::numeric_limits<float>::max()) {
+          return f.Bad(kLr, v, "a finite fp32 learning rate (or absent: the optimizer's schedule)");
+        }
+        r.has_lr = true;
+        r.lr = v.get<double>();
+      }
+      break;
+    }
+    case AgentOp::kAorChecksum: {
+      MEMENTO_ASSIGN_OR_RETURN(r.step, f.Int(kStep, 1, kMaxStep));
+      MEMENTO_ASSIGN_OR_RETURN(r.checksum,
+                               f.Uint(kChecksum, 0, std::numeric_limits<uint64_t>::max()));
       break;
     }
     case AgentOp::kPing:
@@ -525,6 +624,17 @@ json ToJson(const PlanReply& reply) {
   return r;
 }
 
+json ToJson(const AorRegisterReply& reply) {
+  json ranges = json::array();
+  for (const AorRangeEntry& r : reply.ranges) {
+    ranges.push_back({{kOwner, r.owner}, {kOffset, r.offset}, {kCount, r.count}});
+  }
+  json r = OkReply();
+  r[kPath] = reply.path;
+  r[kRanges] = std::move(ranges);
+  return r;
+}
+
 Result<HelloReply> ParseHelloReply(const json& reply) {
   const Fields f(reply, Reply(AgentOp::kHello));
   HelloReply out;
@@ -653,6 +763,30 @@ Result<std::vector<SlotEntrySpec>> PlanEntrySpecs(const PlanReply& reply,
     entry_tensor->push_back(it->second);
   }
   return specs;
+}
+
+Result<AorRegisterReply> ParseAorRegisterReply(const json& reply) {
+  const Fields f(reply, Reply(AgentOp::kAorRegister));
+  AorRegisterReply out;
+  MEMENTO_ASSIGN_OR_RETURN(out.path, f.String(kPath));
+  MEMENTO_ASSIGN_OR_RETURN(const json* ranges, f.Array(kRanges, kMaxAorRanges));
+  if (!ranges->empty() && out.path.empty()) {
+    return f.Bad(kPath, reply.at(kPath), "the staging file's path (the reply has ranges)");
+  }
+  for (size_t i = 0; i < ranges->size(); ++i) {
+    const json& v = (*ranges)[i];
+    if (!v.is_object()) return f.Bad(kRanges, *ranges, "an array of objects");
+    const Fields e(v, fmt::format("{}: {}[{}]", f.what(), kRanges, i));
+    AorRangeEntry r;
+    MEMENTO_ASSIGN_OR_RETURN(int64_t owner, e.Int(kOwner, 0, kMaxRank));
+    r.owner = static_cast<int>(owner);
+    MEMENTO_ASSIGN_OR_RETURN(r.offset,
+                             e.Uint(kOffset, 0, std::numeric_limits<uint64_t>::max() / 8));
+    MEMENTO_ASSIGN_OR_RETURN(
+        r.count, e.Uint(kCount, 1, std::numeric_limits<uint64_t>::max() / 8 - r.offset));
+    out.ranges.push_back(r);
+  }
+  return out;
 }
 
 }  // namespace memento::shm

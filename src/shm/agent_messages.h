@@ -38,7 +38,10 @@ enum class AgentOp {
   kVerify,
   kList,
   kAssemble,
-  kPlan
+  kPlan,
+  kAorRegister,
+  kAorCapture,
+  kAorChecksum
 };
 const char* AgentOpName(AgentOp op);
 
@@ -58,12 +61,26 @@ struct AgentRequest {
   bool has_manifest = false;  // seal: whether "manifest" was sent
   std::string manifest;       // seal: the rank's tensors (shm::EncodeManifest text)
   int slot = -1;              // complete, verify: in [0, shm::kSlotsPerRank)
-  int64_t step = -1;          // complete, skipped, assemble: >= 0
+  int64_t step = -1;          // complete, skipped, assemble, aor_capture, aor_checksum: >= 0
   // plan: the client computes the parities its rank produces (docs/reft.md
   // section 4) and wants them listed instead of their stripe inputs
   // ("parities": true; absent from older clients: false).
   bool client_parity = false;
+  // aor_register (docs/reft.md section 5): the optimizer's Encode() bytes as
+  // lower-case hex (non-empty, at most kMaxOptimizerEncodingBytes bytes) and
+  // the number of elements of the flat buffer (> 0).
+  std::string optimizer;
+  uint64_t numel = 0;
+  // aor_capture: the learning rate the trainer's step uses (finite); absent
+  // (has_lr false): the optimizer's own schedule decides it.
+  bool has_lr = false;
+  double lr = 0;
+  uint64_t checksum = 0;  // aor_checksum: the rank's opt::ShardChecksum after `step`
 };
+
+// Largest optimizer encoding an aor_register request carries (parameter
+// groups included), in bytes before hex.
+inline constexpr size_t kMaxOptimizerEncodingBytes = size_t{1} << 20;
 
 // The requests a client sends (hello carries shm::kProtocolVersion).
 AgentRequest HelloRequest(const std::string& job, int rank, int world_size);
@@ -77,6 +94,17 @@ AgentRequest ListRequest(int rank);
 // section 3), staged by the agent in a whole-tensor slot file.
 AgentRequest AssembleRequest(int rank, int64_t step);
 AgentRequest PlanRequest(int rank, bool client_parity = false);
+// AOR (docs/reft.md section 5): the rank's flat gradient buffer is
+// registered with the optimizer's encoding (raw bytes; hex on the wire);
+// each step's slices are staged and the agent brings its replicas forward;
+// the rank's own shard checksum after each step.
+AgentRequest AorRegisterRequest(int rank, std::string_view optimizer_encoding, uint64_t numel);
+// lr: NaN = the optimizer's own schedule.
+AgentRequest AorCaptureRequest(int rank, int64_t step, float lr);
+AgentRequest AorChecksumRequest(int rank, int64_t step, uint64_t checksum);
+// The raw bytes of an aor_register request's "optimizer" (hex checked by
+// the parser).
+std::string OptimizerEncoding(const AgentRequest& request);
 
 // The JSON of a request: "op" and the fields of its op.
 nlohmann::json AgentRequestToJson(const AgentRequest& request);
@@ -168,6 +196,23 @@ struct PlanReply {
   // in the reply, as from older agents): none.
   std::vector<PlanParity> parities;
 };
+// aor_register: the ranges of the flat buffer whose AOR replicas this rank
+// feeds (the plan's kAor copies it produces), and the staging file the
+// client writes each step's gradient and parameter slices into
+// (agent/aor_holder.h: header, then per range `count` gradients and `count`
+// parameters, fp32). No ranges: nothing to capture (no plan with AOR, or
+// this rank feeds no replica).
+struct AorRangeEntry {
+  int owner = -1;       // the rank whose optimizer shard the replica is
+  uint64_t offset = 0;  // elements of the flat buffer
+  uint64_t count = 0;   // > 0
+};
+struct AorRegisterReply {
+  std::string path;  // empty when ranges is empty
+  std::vector<AorRangeEntry> ranges;
+};
+inline constexpr size_t kMaxAorRanges = 1024;
+
 // Most ranges a plan reply may carry (a rank's tensors, each cut a few times).
 inline constexpr size_t kMaxPlanRanges = size_t{1} << 20;
 
@@ -178,6 +223,7 @@ nlohmann::json ToJson(const VerifyReply& reply);
 nlohmann::json ToJson(const ListReply& reply);
 nlohmann::json ToJson(const AssembleReply& reply);
 nlohmann::json ToJson(const PlanReply& reply);
+nlohmann::json ToJson(const AorRegisterReply& reply);
 
 // InvalidArgument naming the op and the field for a reply that lacks a
 // field or holds one of the wrong type or range (a seal reply with other
@@ -195,6 +241,9 @@ Result<AssembleReply> ParseAssembleReply(const nlohmann::json& reply);
 // (k + f <= 255, xor: f = 1), other than k blocks, a block longer than
 // block_bytes, or an id given twice.
 Result<PlanReply> ParsePlanReply(const nlohmann::json& reply);
+// Also InvalidArgument for a range of count 0 or past 2^64, a negative
+// owner, ranges without a path.
+Result<AorRegisterReply> ParseAorRegisterReply(const nlohmann::json& reply);
 
 // The slot entries of a sharded plan reply, as the client lays out its T0
 // slot (docs/reft.md section 2): one entry per range, in the reply's order

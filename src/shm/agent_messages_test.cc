@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "shm/protocol.h"
 #include "shm/slot_limits.h"
 
@@ -75,16 +77,21 @@ TEST(AgentRequestTest, ErrorsNameTheFieldAndTheValue) {
 // Every request the client builds comes back from the agent's parser as it
 // was built, through the bytes that cross the socket.
 TEST(AgentRequestTest, EveryRequestRoundTripsThroughTheWire) {
-  const std::vector<AgentRequest> requests = {HelloRequest("job-1", 7, 16),
-                                              SealRequest(3, 1 << 20, "[]"),
-                                              CompleteRequest(2, 1, 41),
-                                              SkippedRequest(2, 0),
-                                              TargetRequest(5),
-                                              VerifyRequest(5, 0),
-                                              ListRequest(kMaxRank),
-                                              AssembleRequest(3, 17),
-                                              PlanRequest(4),
-                                              AgentRequest{}};
+  const std::vector<AgentRequest> requests = {
+      HelloRequest("job-1", 7, 16),
+      SealRequest(3, 1 << 20, "[]"),
+      CompleteRequest(2, 1, 41),
+      SkippedRequest(2, 0),
+      TargetRequest(5),
+      VerifyRequest(5, 0),
+      ListRequest(kMaxRank),
+      AssembleRequest(3, 17),
+      PlanRequest(4),
+      AorRegisterRequest(2, std::string("\x00\xffab", 4), 99),
+      AorCaptureRequest(2, 5, 1.5e-4f),
+      AorCaptureRequest(2, 6, std::nanf("")),
+      AorChecksumRequest(2, 5, ~uint64_t{0}),
+      AgentRequest{}};
   for (const AgentRequest& sent : requests) {
     auto got = ParseAgentRequest(AgentRequestToJson(sent).dump());
     ASSERT_TRUE(got.ok()) << AgentOpName(sent.op) << ": " << got.status();
@@ -98,8 +105,45 @@ TEST(AgentRequestTest, EveryRequestRoundTripsThroughTheWire) {
     EXPECT_EQ(got->manifest, sent.manifest);
     EXPECT_EQ(got->slot, sent.slot);
     EXPECT_EQ(got->step, sent.step);
+    EXPECT_EQ(got->optimizer, sent.optimizer);
+    EXPECT_EQ(got->numel, sent.numel);
+    EXPECT_EQ(got->has_lr, sent.has_lr);
+    EXPECT_EQ(got->lr, sent.lr);
+    EXPECT_EQ(got->checksum, sent.checksum);
   }
   EXPECT_EQ(HelloRequest("j", 0, 1).protocol, kProtocolVersion);
+  EXPECT_EQ(OptimizerEncoding(AorRegisterRequest(0, std::string("\x00\xffab", 4), 1)),
+            std::string("\x00\xffab", 4));
+  EXPECT_EQ(static_cast<float>(AorCaptureRequest(0, 1, 1.5e-4f).lr), 1.5e-4f);
+}
+
+// AOR requests (docs/reft.md section 5): each malformed field is named.
+TEST(AgentRequestTest, MalformedAorRequestsNameTheField) {
+  auto field = [](const char* body, const char* name) {
+    auto r = ParseAgentRequest(body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(name), std::string::npos) << r.status();
+  };
+  field(R"({"op":"aor_register","rank":0,"numel":4})", "'optimizer'");
+  field(R"({"op":"aor_register","rank":0,"optimizer":"","numel":4})", "'optimizer'");
+  field(R"({"op":"aor_register","rank":0,"optimizer":"abc","numel":4})", "'optimizer'");
+  field(R"({"op":"aor_register","rank":0,"optimizer":"ABCD","numel":4})", "'optimizer'");
+  field(R"({"op":"aor_register","rank":0,"optimizer":"zz","numel":4})", "'optimizer'");
+  field(R"({"op":"aor_register","rank":0,"optimizer":"00","numel":0})", "'numel'");
+  field(R"({"op":"aor_register","rank":0,"optimizer":"00","numel":-3})", "'numel'");
+  field(R"({"op":"aor_capture","rank":0})", "'step'");
+  field(R"({"op":"aor_capture","rank":0,"step":0})", "'step'");
+  field(R"({"op":"aor_capture","rank":0,"step":1,"lr":"0.1"})", "'lr'");
+  field(R"({"op":"aor_capture","rank":0,"step":1,"lr":1e300})", "'lr'");
+  field(R"({"op":"aor_checksum","rank":0,"step":1})", "'checksum'");
+  field(R"({"op":"aor_checksum","rank":0,"step":1,"checksum":-1})", "'checksum'");
+  auto ok = ParseAgentRequest(R"({"op":"aor_register","rank":1,"optimizer":"0aff","numel":4})");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(OptimizerEncoding(*ok), std::string("\x0a\xff", 2));
+  auto schedule = ParseAgentRequest(R"({"op":"aor_capture","rank":1,"step":3})");
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  EXPECT_FALSE(schedule->has_lr);
 }
 
 TEST(AgentRequestTest, ABadWorldSizeInHelloIsNamed) {
@@ -216,6 +260,26 @@ TEST(AgentReplyTest, EveryReplyRoundTripsThroughTheWire) {
       }
     }
   }
+
+  AorRegisterReply aor;
+  aor.path = "/r/aor_stage.3";
+  aor.ranges = {{1, 500, 500}, {5, 0, 7}};
+  auto a = ParseAorRegisterReply(wire(ToJson(aor)));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->path, aor.path);
+  ASSERT_EQ(a->ranges.size(), 2u);
+  EXPECT_EQ(a->ranges[1].owner, 5);
+  EXPECT_EQ(a->ranges[1].count, 7u);
+  auto none = ParseAorRegisterReply(wire(ToJson(AorRegisterReply{})));
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->ranges.empty());
+  // Ranges without a staging file, an empty range.
+  nlohmann::json bad_aor = ToJson(aor);
+  bad_aor["path"] = "";
+  EXPECT_NE(ParseAorRegisterReply(bad_aor).status().message().find("'path'"), std::string::npos);
+  bad_aor = ToJson(aor);
+  bad_aor["ranges"][0]["count"] = 0;
+  EXPECT_NE(ParseAorRegisterReply(bad_aor).status().message().find("'count'"), std::string::npos);
 }
 
 TEST(AgentRequestTest, AssembleNeedsAStep) {

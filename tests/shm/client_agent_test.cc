@@ -17,6 +17,7 @@
 #include "common/check.h"
 #include "common/checksum.h"
 #include "memento/client.h"
+#include "opt/adamw.h"
 #include "shm/node_store.h"
 #include "shm/protocol.h"
 #include "shm/segment.h"
@@ -748,6 +749,75 @@ TEST_F(ClientAgentTest, RegistrationRules) {
   EXPECT_EQ((*c)->Snapshot(1).code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE((*c)->Seal().ok());
   EXPECT_EQ((*c)->RegisterBlob("b", x, 4).code(), StatusCode::kFailedPrecondition);
+}
+
+// AOR's client API (docs/client_api.md, "AOR"): malformed registrations
+// and calls out of order get errors that name what is wrong; an optimizer
+// encoding the agent cannot decode fails Seal(); on a single node (no plan,
+// no replicas) capturing copies nothing and succeeds.
+TEST_F(ClientAgentTest, GradientRegistrationRules) {
+  AgentThread agent({"job1", 0, root_, 0});
+  std::vector<float> params(64, 0.5f), grads(64, 0.25f);
+  auto adam = opt::AdamW::Create(opt::AdamWConfig{}, {{0, 64, 0.1f}});
+  ASSERT_TRUE(adam.ok());
+  const std::string encoding = (*adam)->Encode();
+  auto expect = [](const Status& st, StatusCode code, const std::string& text) {
+    EXPECT_EQ(st.code(), code) << st;
+    EXPECT_NE(st.message().find(text), std::string::npos) << st;
+  };
+  {
+    auto c = Client::Connect(Options());
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE((*c)->RegisterTensor({"params", DType::kFloat32, {64}, StateClass::kReplicated},
+                                     params.data())
+                    .ok());
+    expect((*c)->RegisterGradients({nullptr, 64, "params", encoding}), StatusCode::kInvalidArgument,
+           "grads is null");
+    expect((*c)->RegisterGradients({grads.data(), 0, "params", encoding}),
+           StatusCode::kInvalidArgument, "numel is 0");
+    expect((*c)->RegisterGradients({grads.data(), 64, "params", ""}), StatusCode::kInvalidArgument,
+           "optimizer_encoding has 0 bytes");
+    expect((*c)->RegisterGradients({grads.data(), 64, "weights", encoding}),
+           StatusCode::kInvalidArgument, "'weights' is not a registered tensor");
+    expect((*c)->RegisterGradients({grads.data(), 63, "params", encoding}),
+           StatusCode::kInvalidArgument, "numel 63");
+    expect((*c)->CaptureGradients(1, 1e-3f), StatusCode::kFailedPrecondition, "before Seal");
+    expect((*c)->ReportShardChecksum(1, 7), StatusCode::kFailedPrecondition, "before Seal");
+    ASSERT_TRUE((*c)->RegisterGradients({grads.data(), 64, "params", encoding}).ok());
+    expect((*c)->RegisterGradients({grads.data(), 64, "params", encoding}),
+           StatusCode::kAlreadyExists, "already called");
+    ASSERT_TRUE((*c)->Seal().ok());
+    expect((*c)->RegisterGradients({grads.data(), 64, "params", encoding}),
+           StatusCode::kFailedPrecondition, "after Seal");
+    // One node: no replica to feed; nothing is copied, and that is fine.
+    EXPECT_TRUE((*c)->CaptureGradients(1, 1e-3f).ok());
+    EXPECT_TRUE((*c)->CaptureGradients(2, std::nanf("")).ok());  // the optimizer's schedule
+    EXPECT_TRUE((*c)->ReportShardChecksum(1, 0x1234).ok());
+    expect((*c)->CaptureGradients(0, 1e-3f), StatusCode::kInvalidArgument, "step 0 < 1");
+    expect((*c)->CaptureGradients(3, INFINITY), StatusCode::kInvalidArgument, "lr is infinite");
+    expect((*c)->ReportShardChecksum(0, 1), StatusCode::kInvalidArgument, "step 0 < 1");
+  }
+  {
+    // Capture without a registration.
+    auto c = Client::Connect(Options(1));
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE((*c)->RegisterTensor({"params", DType::kFloat32, {64}, StateClass::kReplicated},
+                                     params.data())
+                    .ok());
+    ASSERT_TRUE((*c)->Seal().ok());
+    expect((*c)->CaptureGradients(1, 1e-3f), StatusCode::kFailedPrecondition,
+           "without RegisterGradients");
+  }
+  {
+    // An encoding the agent cannot decode: Seal() says so.
+    auto c = Client::Connect(Options(2));
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE((*c)->RegisterTensor({"params", DType::kFloat32, {64}, StateClass::kReplicated},
+                                     params.data())
+                    .ok());
+    ASSERT_TRUE((*c)->RegisterGradients({grads.data(), 64, "params", "not an optimizer"}).ok());
+    expect((*c)->Seal(), StatusCode::kInvalidArgument, "field 'optimizer'");
+  }
 }
 
 }  // namespace

@@ -1,0 +1,355 @@
+#include "agent/aor_holder.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/checksum.h"
+#include "common/log.h"
+#include "fmt/format.h"
+
+namespace memento::agent {
+namespace {
+
+using shm::AorStageHeader;
+using shm::kAorStageMagic;
+using shm::kStageReady;
+
+constexpr uint32_t kAorFileVersion = 1;
+constexpr size_t kKeptChecksums = 16;
+
+Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      return ResourceExhaustedError(fmt::format("writing {}: {}", path, std::strerror(errno)));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::Ok();
+}
+
+std::string Hex(uint64_t x) { return fmt::format("{:016x}", x); }
+
+}  // namespace
+
+Status WriteAorFile(const std::string& path, const AorRange& range, uint64_t optimizer_hash,
+                    const opt::AorReplica& replica) {
+  AorFileHeader h{};
+  std::memcpy(h.magic, kAorFileMagic, sizeof(h.magic));
+  h.version = kAorFileVersion;
+  h.num_state = static_cast<uint32_t>(replica.num_state());
+  h.owner = range.owner;
+  h.holder = range.holder;
+  h.offset = replica.offset();
+  h.count = replica.count();
+  h.optimizer_hash = optimizer_hash;
+  const opt::AorReplica::Saved s = replica.saved();
+  h.step = s.step;
+  h.seed_step = s.seed_step;
+  h.seed_checksum = s.seed_checksum;
+  h.checksum = s.checksum;
+  h.state_hash = s.state_hash;
+  h.params_hash = s.params_hash;
+  h.diverged = s.diverged ? 1 : 0;
+  h.header_checksum = Checksum(&h, offsetof(AorFileHeader, header_checksum));
+  const std::string tmp = path + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return ResourceExhaustedError(fmt::format("creating {}: {}", tmp, std::strerror(errno)));
+  }
+  Status st = WriteAll(fd, &h, sizeof(h), tmp);
+  for (int k = 0; st.ok() && k < replica.num_state(); ++k) {
+    st = WriteAll(fd, replica.state(k), replica.count() * sizeof(float), tmp);
+  }
+  close(fd);
+  if (st.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
+    st = InternalError(fmt::format("renaming {} to {}: {}", tmp, path, std::strerror(errno)));
+  }
+  if (!st.ok()) unlink(tmp.c_str());
+  return st;
+}
+
+Result<std::unique_ptr<opt::AorReplica>> ReadAorFile(
+    const std::string& path, const AorRange& range, std::shared_ptr<const opt::Optimizer> optimizer,
+    uint64_t optimizer_hash) {
+  MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<shm::Segment> seg,
+                           shm::Segment::Open(path, /*writable=*/false));
+  const std::string what = fmt::format("aor replica file {}", path);
+  if (seg->size() < sizeof(AorFileHeader)) {
+    return DataLossError(fmt::format("{}: {} bytes, shorter than its {}-byte header", what,
+                                     seg->size(), sizeof(AorFileHeader)));
+  }
+  AorFileHeader h;
+  std::memcpy(&h, seg->data(), sizeof(h));
+  if (std::memcmp(h.magic, kAorFileMagic, sizeof(h.magic)) != 0) {
+    return DataLossError(what + ": not a replica file (bad magic)");
+  }
+  const uint64_t hc = Checksum(&h, offsetof(AorFileHeader, header_checksum));
+  if (hc != h.header_checksum) {
+    return DataLossError(fmt::format("{}: torn header (it hashes to {}, written as {})", what,
+                                     Hex(hc), Hex(h.header_checksum)));
+  }
+  if (h.version != kAorFileVersion) {
+    return InvalidArgumentError(
+        fmt::format("{}: version {} (this agent reads {})", what, h.version, kAorFileVersion));
+  }
+  if (h.owner != range.owner || h.offset != range.offset || h.count != range.count) {
+    return InvalidArgumentError(
+        fmt::format("{}: holds rank {}'s shard [{}, +{}), the plan wants rank {}'s [{}, +{})", what,
+                    h.owner, h.offset, h.count, range.owner, range.offset, range.count));
+  }
+  if (h.optimizer_hash != optimizer_hash ||
+      h.num_state != static_cast<uint32_t>(optimizer->num_state())) {
+    return InvalidArgumentError(what + ": computed by another optimizer configuration");
+  }
+  const uint64_t state_bytes = uint64_t{h.num_state} * h.count * sizeof(float);
+  if (seg->size() < sizeof(h) + state_bytes) {
+    return DataLossError(fmt::format("{}: {} bytes, the header says {}", what, seg->size(),
+                                     sizeof(h) + state_bytes));
+  }
+  // The slices, copied out to aligned memory.
+  std::vector<float> state(static_cast<size_t>(h.num_state * h.count));
+  std::memcpy(state.data(), seg->data() + sizeof(h), state_bytes);
+  std::vector<const float*> slices;
+  for (uint32_t k = 0; k < h.num_state; ++k) slices.push_back(state.data() + k * h.count);
+  opt::AorReplica::Saved s;
+  s.step = h.step;
+  s.seed_step = h.seed_step;
+  s.seed_checksum = h.seed_checksum;
+  s.checksum = h.checksum;
+  s.state_hash = h.state_hash;
+  s.params_hash = h.params_hash;
+  s.diverged = h.diverged != 0;
+  auto r = opt::AorReplica::Adopt(std::move(optimizer), h.offset, h.count, s, slices);
+  if (!r.ok()) return r.status().WithContext(what);
+  return r;
+}
+
+AorHolder::AorHolder(std::string root, SeedSource seed, OnAdvanced on_advanced)
+    : root_(std::move(root)), seed_(std::move(seed)), on_advanced_(std::move(on_advanced)) {}
+
+AorHolder::~AorHolder() = default;
+
+std::string AorHolder::StagePath(int rank) const {
+  return fmt::format("{}/aor_stage.{}", root_, rank);
+}
+std::string AorHolder::ReplicaPath(int owner) const {
+  return fmt::format("{}/aor.{}", root_, owner);
+}
+
+Result<shm::AorRegisterReply> AorHolder::Register(int rank, std::string_view encoding,
+                                                  uint64_t numel, std::vector<AorRange> ranges) {
+  auto decoded = opt::DecodeOptimizer(encoding);
+  if (!decoded.ok()) {
+    return InvalidArgumentError(fmt::format("'aor_register' of rank {}: field 'optimizer': {}",
+                                            rank, decoded.status().message()));
+  }
+  Feeder f;
+  f.optimizer = std::shared_ptr<const opt::Optimizer>(std::move(*decoded));
+  f.optimizer_hash = Checksum(encoding.data(), encoding.size());
+  f.numel = numel;
+  uint64_t total = 0;
+  for (const AorRange& r : ranges) {
+    if (r.offset > numel || r.count > numel - r.offset) {
+      return InvalidArgumentError(fmt::format(
+          "'aor_register' of rank {}: the plan's AOR range of rank {} [{}, +{}) lies outside the "
+          "registered gradient buffer of {} elements",
+          rank, r.owner, r.offset, r.count, numel));
+    }
+    total += r.count;
+  }
+  shm::AorRegisterReply reply;
+  for (const AorRange& r : ranges) reply.ranges.push_back({r.owner, r.offset, r.count});
+  if (!ranges.empty()) {
+    reply.path = StagePath(rank);
+    const size_t bytes = sizeof(AorStageHeader) + 2 * total * sizeof(float);
+    unlink(reply.path.c_str());  // a stale one of another size or content
+    MEMENTO_ASSIGN_OR_RETURN(f.stage, shm::Segment::CreateOrGrow(reply.path, bytes));
+    auto* h = reinterpret_cast<AorStageHeader*>(f.stage->data());
+    std::memset(h, 0, sizeof(*h));
+    std::memcpy(h->magic, kAorStageMagic, sizeof(h->magic));
+    h->num_ranges = static_cast<uint32_t>(ranges.size());
+    h->total_count = total;
+    h->step = -1;
+  }
+  f.ranges = std::move(ranges);
+  MutexLock l(&mu_);
+  for (const AorRange& r : f.ranges) {
+    auto it = replicas_.find(r.owner);
+    if (it != replicas_.end() && it->second.range.offset == r.offset &&
+        it->second.range.count == r.count && it->second.r != nullptr) {
+      continue;  // a re-registration (trainer restarted): keep the replica
+    }
+    Held rep;
+    rep.range = r;
+    // A replica file left by an earlier agent or trainer is adopted when it
+    // checks; otherwise the replica is seeded at the first capture.
+    if (access(ReplicaPath(r.owner).c_str(), F_OK) == 0) {
+      auto adopted = ReadAorFile(ReplicaPath(r.owner), r, f.optimizer, f.optimizer_hash);
+      if (adopted.ok()) {
+        MEMENTO_LOG_INFO("aor: adopted the replica of rank {} at step {} from {}", r.owner,
+                         (*adopted)->step(), ReplicaPath(r.owner));
+        rep.r = std::move(*adopted);
+        rep.checksums[rep.r->step()] = rep.r->checksum();
+      } else {
+        MEMENTO_LOG_WARN("aor: {}; the replica is seeded again", adopted.status().ToString());
+      }
+    }
+    replicas_[r.owner] = std::move(rep);
+  }
+  MEMENTO_LOG_INFO("aor: rank {} feeds {} replica(s) ({} elements per step)", rank,
+                   reply.ranges.size(),
+                   f.stage ? reinterpret_cast<AorStageHeader*>(f.stage->data())->total_count : 0);
+  feeders_[rank] = std::move(f);
+  return reply;
+}
+
+Status AorHolder::SeedLocked(Held& rep, const Feeder& f, int64_t step, const float* params) {
+  if (!seed_) return FailedPreconditionError("no seed source");
+  MEMENTO_ASSIGN_OR_RETURN(SeedBytes sb, seed_(rep.range, step));
+  const int ns = f.optimizer->num_state();
+  if (sb.state.size() != static_cast<size_t>(ns) * rep.range.count) {
+    return InvalidArgumentError(
+        fmt::format("seed of rank {}'s shard at step {}: {} floats, {} "
+                    "expected",
+                    rep.range.owner, step, sb.state.size(), uint64_t(ns) * rep.range.count));
+  }
+  if (rep.r == nullptr) {
+    MEMENTO_ASSIGN_OR_RETURN(
+        rep.r, opt::AorReplica::Create(f.optimizer, rep.range.offset, rep.range.count));
+  }
+  std::vector<const float*> slices;
+  for (int k = 0; k < ns; ++k) slices.push_back(sb.state.data() + k * rep.range.count);
+  MEMENTO_RETURN_IF_ERROR(rep.r->Seed(step, params, slices, sb.owner_checksum));
+  ++rep.seeds;
+  ++stats_.seeded;
+  // Not recorded in `checksums`: a seed is the owner's bytes, checking it
+  // against the owner's checksum would prove nothing about the host step.
+  rep.checksums.clear();
+  MEMENTO_LOG_INFO("aor: the replica of rank {} seeded from its shard of step {} (seed {})",
+                   rep.range.owner, step, rep.seeds);
+  return Status::Ok();
+}
+
+Status AorHolder::Capture(int rank, int64_t step, float lr) {
+  MutexLock l(&mu_);
+  auto fit = feeders_.find(rank);
+  if (fit == feeders_.end()) {
+    return FailedPreconditionError(fmt::format(
+        "'aor_capture' of rank {}: the rank registered no gradients (aor_register)", rank));
+  }
+  Feeder& f = fit->second;
+  if (f.ranges.empty()) return Status::Ok();
+  const auto* h = reinterpret_cast<const AorStageHeader*>(f.stage->data());
+  const uint32_t state = __atomic_load_n(&h->state, __ATOMIC_ACQUIRE);
+  if (std::memcmp(h->magic, kAorStageMagic, sizeof(h->magic)) != 0 || state != kStageReady ||
+      h->step != step) {
+    return FailedPreconditionError(fmt::format(
+        "'aor_capture' of rank {} step {}: the staging file {} holds {} of step {}", rank, step,
+        f.stage->path(), state == kStageReady ? "slices" : "no ready slices", h->step));
+  }
+  const float* data = reinterpret_cast<const float*>(f.stage->data() + sizeof(AorStageHeader));
+  const uint64_t sum = Checksum(data, 2 * h->total_count * sizeof(float));
+  if (sum != h->data_checksum) {
+    return DataLossError(fmt::format(
+        "'aor_capture' of rank {} step {}: the staged slices hash to {}, the client wrote {}", rank,
+        step, Hex(sum), Hex(h->data_checksum)));
+  }
+  if (std::isnan(lr)) lr = f.optimizer->LearningRate(step);
+  uint64_t pos = 0;
+  for (const AorRange& range : f.ranges) {
+    const float* grads = data + pos;
+    const float* params = data + pos + range.count;
+    pos += 2 * range.count;
+    Held& rep = replicas_[range.owner];
+    rep.range = range;
+    if (rep.r != nullptr && !rep.r->diverged() && rep.r->step() == step - 1) {
+      Status st = rep.r->ConfirmParams(step - 1, params);
+      if (!st.ok()) {
+        ++stats_.refused;
+        MEMENTO_LOG_ERROR("aor: {}; the replica is refused and seeded again", st.ToString());
+      }
+    }
+    if (rep.r == nullptr || rep.r->diverged() || rep.r->step() != step - 1) {
+      Status st = SeedLocked(rep, f, step - 1, params);
+      if (!st.ok()) {
+        if (st.code() == StatusCode::kNotFound || st.code() == StatusCode::kUnavailable) {
+          MEMENTO_LOG_DEBUG("aor: replica of rank {} not seeded at step {}: {}", range.owner,
+                            step - 1, st.ToString());
+        } else {
+          MEMENTO_LOG_WARN("aor: replica of rank {} not seeded at step {}: {}", range.owner,
+                           step - 1, st.ToString());
+        }
+        continue;
+      }
+    }
+    Status st = rep.r->Advance(step, lr, grads, params);
+    if (!st.ok()) {
+      MEMENTO_LOG_ERROR("aor: replica of rank {}: {}", range.owner, st.ToString());
+      continue;
+    }
+    ++stats_.advanced;
+    rep.checksums[step] = rep.r->checksum();
+    while (rep.checksums.size() > kKeptChecksums) rep.checksums.erase(rep.checksums.begin());
+    st = WriteAorFile(ReplicaPath(range.owner), range, f.optimizer_hash, *rep.r);
+    if (!st.ok()) MEMENTO_LOG_WARN("aor: {}", st.ToString());
+    if (on_advanced_) on_advanced_(range, step, *rep.r);
+  }
+  return Status::Ok();
+}
+
+std::unique_ptr<AorHolder::View> AorHolder::Replica(int owner) {
+  MutexLock l(&mu_);
+  auto it = replicas_.find(owner);
+  if (it == replicas_.end() || it->second.r == nullptr) return nullptr;
+  auto v = std::make_unique<View>();
+  const opt::AorReplica& r = *it->second.r;
+  v->range = it->second.range;
+  v->saved = r.saved();
+  v->reseeds = std::max<int64_t>(0, it->second.seeds - 1);
+  for (int k = 0; k < r.num_state(); ++k) {
+    v->state.insert(v->state.end(), r.state(k), r.state(k) + r.count());
+  }
+  return v;
+}
+
+Result<uint64_t> AorHolder::ChecksumOf(int owner, int64_t step) {
+  MutexLock l(&mu_);
+  auto it = replicas_.find(owner);
+  if (it == replicas_.end()) {
+    return NotFoundError(fmt::format("no aor replica of rank {} on this node", owner));
+  }
+  auto c = it->second.checksums.find(step);
+  if (c == it->second.checksums.end()) {
+    return NotFoundError(
+        fmt::format("the aor replica of rank {} did not compute step {}", owner, step));
+  }
+  return c->second;
+}
+
+void AorHolder::Refuse(int owner, const std::string& why) {
+  MutexLock l(&mu_);
+  auto it = replicas_.find(owner);
+  if (it == replicas_.end() || it->second.r == nullptr) return;
+  ++stats_.refused;
+  MEMENTO_LOG_ERROR("aor: the replica of rank {} is refused ({}); it is seeded again", owner, why);
+  it->second.r.reset();
+  it->second.checksums.clear();
+  unlink(ReplicaPath(owner).c_str());
+}
+
+AorHolder::Stats AorHolder::stats() {
+  MutexLock l(&mu_);
+  return stats_;
+}
+
+}  // namespace memento::agent

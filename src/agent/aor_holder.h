@@ -1,0 +1,176 @@
+// AOR in the agent (REFT 4.2, Eq. 4; docs/reft.md section 5): the host
+// replicas of peers' ZeRO-1 optimizer shards that this node's ranks feed.
+//
+// A rank that feeds replicas (the plan's kAor copies whose producer_rank it
+// is) registers its flat gradient buffer once (`aor_register`: the
+// optimizer's Encode() bytes and the buffer's length); the agent answers
+// with the ranges and a staging file, <root>/aor_stage.<rank>, that the
+// client maps. Each step, after the all-reduce and clipping and before its
+// optimizer step t, the client copies the ranges' gradient slices and
+// pre-update parameter slices into the staging file and says `aor_capture`
+// (t, lr); the agent then, for each range:
+//
+//   - when its replica holds step t-1: ConfirmParams(t-1) against the staged
+//     parameters (they are the owner's updated slice of t-1, which the
+//     all-gather brought: the local check), then Advance(t);
+//   - otherwise (new, restored to another step, diverged): seeds it from the
+//     owner's shard at t-1 (SeedSource: in the cluster the network copy the
+//     owner's node pushed, with the owner's checksum), then Advance(t);
+//   - writes the replica to <root>/aor.<owner> (below), so it outlives the
+//     trainer (and the agent: a new agent adopts the file).
+//
+// Nothing crosses the network for a replica that stays current.
+//
+// Staging file layout: shm/aor_stage.h.
+// Replica file layout: AorFileHeader (128 bytes), then the optimizer's
+// num_state() state slices (fp32, `count` each). The header ends with the
+// xxHash3 of the bytes before it; the state hashes to state_hash. A file
+// whose header or state does not check is refused (never adopted) and the
+// replica is seeded again.
+//
+// Thread safety: every public method is thread-safe (one mutex).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/mutex.h"
+#include "memento/status.h"
+#include "opt/aor.h"
+#include "opt/optimizer.h"
+#include "shm/agent_messages.h"
+#include "shm/aor_stage.h"
+#include "shm/segment.h"
+
+namespace memento::agent {
+
+inline constexpr char kAorFileMagic[8] = {'M', 'E', 'M', 'A', 'O', 'R', 'R', '1'};
+
+struct AorFileHeader {
+  char magic[8];
+  uint32_t version;  // 1
+  uint32_t num_state;
+  int32_t owner;
+  int32_t holder;
+  uint64_t offset;
+  uint64_t count;
+  uint64_t optimizer_hash;  // xxHash3 of the optimizer's Encode() bytes
+  int64_t step;
+  int64_t seed_step;
+  uint64_t seed_checksum;
+  uint64_t checksum;
+  uint64_t state_hash;
+  uint64_t params_hash;
+  uint32_t diverged;
+  uint32_t reserved;
+  uint64_t pad[2];
+  uint64_t header_checksum;  // xxHash3 of the 120 bytes before it
+};
+static_assert(sizeof(AorFileHeader) == 128);
+
+// One replica's identity.
+struct AorRange {
+  int owner = -1;     // the rank whose shard it is
+  int holder = -1;    // the local rank that feeds it
+  uint32_t copy = 0;  // the plan's kAor Copy id
+  uint64_t offset = 0;
+  uint64_t count = 0;
+};
+
+// <root>/aor.<owner>: written whole to a temporary name, then renamed.
+[[nodiscard]] Status WriteAorFile(const std::string& path, const AorRange& range,
+                                  uint64_t optimizer_hash, const opt::AorReplica& replica);
+// Adopts a replica file: InvalidArgument / DataLoss naming what is wrong
+// (size, magic, version, header checksum: "torn header"; another owner,
+// range or optimizer; state that does not hash to the header's).
+[[nodiscard]] Result<std::unique_ptr<opt::AorReplica>> ReadAorFile(
+    const std::string& path, const AorRange& range, std::shared_ptr<const opt::Optimizer> optimizer,
+    uint64_t optimizer_hash);
+
+class AorHolder {
+ public:
+  // The owner's shard at `step`: its state slices back to back
+  // (num_state * count floats) and the owner's ShardChecksum of that step.
+  struct SeedBytes {
+    std::vector<float> state;
+    uint64_t owner_checksum = 0;
+  };
+  // NotFound / Unavailable: not (yet) available; the replica stays unseeded
+  // and the next capture tries again.
+  using SeedSource = std::function<Result<SeedBytes>(const AorRange& range, int64_t step)>;
+  // Called after each replica reached `step` by a capture (holder's lock
+  // held: keep it short): the cluster writes the T1 entry from it.
+  using OnAdvanced =
+      std::function<void(const AorRange& range, int64_t step, const opt::AorReplica& replica)>;
+
+  AorHolder(std::string root, SeedSource seed, OnAdvanced on_advanced = nullptr);
+  ~AorHolder();
+
+  // aor_register of `rank`: `ranges` (this rank's, from the plan; may be
+  // empty) are checked against `numel`; the optimizer is decoded. Creates
+  // the staging file. InvalidArgument naming what is wrong.
+  [[nodiscard]] Result<shm::AorRegisterReply> Register(int rank, std::string_view encoding,
+                                                       uint64_t numel, std::vector<AorRange> ranges)
+      EXCLUDES(mu_);
+  // aor_capture of `rank` at step `step` (lr NaN: the optimizer's own
+  // schedule). FailedPrecondition when the rank did not register, or the
+  // staging file does not hold `step` ready with its checksum.
+  // A replica that fails its check is logged, marked diverged and seeded
+  // again (never kept); that is not an error of the capture.
+  [[nodiscard]] Status Capture(int rank, int64_t step, float lr) EXCLUDES(mu_);
+
+  // A replica of `owner` (nullptr when none): for tests and the cluster.
+  struct View {
+    AorRange range;
+    opt::AorReplica::Saved saved;
+    std::vector<float> state;  // num_state slices back to back
+    int64_t reseeds = 0;       // seeds after the first (divergence, restore)
+  };
+  std::unique_ptr<View> Replica(int owner) EXCLUDES(mu_);
+  // The replica's checksum of `step` if it computed that step recently
+  // (Advance; a seeded step is not one).
+  Result<uint64_t> ChecksumOf(int owner, int64_t step) EXCLUDES(mu_);
+  // Marks the replica of `owner` diverged (a failed Confirm against the
+  // owner's checksum): seeded again at the next capture.
+  void Refuse(int owner, const std::string& why) EXCLUDES(mu_);
+
+  struct Stats {
+    int64_t advanced = 0;  // replica steps computed on the host
+    int64_t seeded = 0;
+    int64_t refused = 0;  // divergences caught
+  };
+  Stats stats() EXCLUDES(mu_);
+
+  std::string StagePath(int rank) const;
+  std::string ReplicaPath(int owner) const;
+
+ private:
+  struct Held {
+    AorRange range;
+    std::unique_ptr<opt::AorReplica> r;
+    std::map<int64_t, uint64_t> checksums;  // step -> checksum (recent)
+    int64_t seeds = 0;
+  };
+  struct Feeder {
+    std::shared_ptr<const opt::Optimizer> optimizer;
+    uint64_t optimizer_hash = 0;
+    uint64_t numel = 0;
+    std::vector<AorRange> ranges;
+    std::unique_ptr<shm::Segment> stage;
+  };
+  Status SeedLocked(Held& rep, const Feeder& f, int64_t step, const float* params) REQUIRES(mu_);
+
+  const std::string root_;
+  const SeedSource seed_;
+  const OnAdvanced on_advanced_;
+  Mutex mu_;
+  std::map<int, Feeder> feeders_ GUARDED_BY(mu_);  // holder rank ->
+  std::map<int, Held> replicas_ GUARDED_BY(mu_);   // owner rank ->
+  Stats stats_ GUARDED_BY(mu_);
+};
+
+}  // namespace memento::agent

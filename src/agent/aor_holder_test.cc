@@ -1,0 +1,271 @@
+// AOR in the agent (agent/aor_holder.h): a holder rank stages each step's
+// gradient and pre-update parameter slices in the staging file
+// (shm/aor_stage.h) as the client does, the agent brings the replica of the
+// owner's shard forward, and the replica equals the owner's state byte for
+// byte; its file survives the holder (a new AorHolder adopts it) and a torn
+// header or changed state is refused; a learning rate the owner did not use
+// is caught by the local check and the replica is seeded again; malformed
+// registrations and captures get errors that say what is wrong.
+#include "agent/aor_holder.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "common/check.h"
+#include "common/test_util.h"
+#include "opt/adamw.h"
+
+namespace memento::agent {
+namespace {
+
+using testing::ScratchDir;
+using testing::TestSeed;
+
+// A ZeRO-1 pair in one process: rank 0 (the holder) and rank 1 (the owner
+// of shard [shard, 2 * shard)); the parameters are replicated.
+struct Pair {
+  uint64_t n = 1000, shard = 500;
+  std::shared_ptr<const opt::Optimizer> optimizer;
+  std::string encoding;
+  std::vector<float> params, grads, m, v;         // m, v: the owner's shard
+  std::map<int64_t, std::vector<float>> history;  // step -> owner's m || v
+  std::map<int64_t, uint64_t> sums;               // step -> owner's checksum
+  int64_t step = 0;
+  std::mt19937_64 rng;
+
+  explicit Pair(uint64_t seed) : rng(seed) {
+    opt::AdamWConfig c;
+    c.lr = 3e-3f;
+    c.warmup_steps = 3;
+    c.decay_steps = 20;
+    auto o = opt::AdamW::Create(c, {{0, 990, 0.1f}});  // the tail is padding
+    MEMENTO_CHECK(o.ok());
+    encoding = (*o)->Encode();
+    optimizer = std::shared_ptr<const opt::Optimizer>(std::move(*o));
+    params.resize(n);
+    for (auto& p : params) p = static_cast<float>(std::normal_distribution<double>(0, 0.02)(rng));
+    grads.assign(n, 0.0f);
+    m.assign(shard, 0.0f);
+    v.assign(shard, 0.0f);
+    Record();
+  }
+  void Record() {
+    std::vector<float> s(m);
+    s.insert(s.end(), v.begin(), v.end());
+    history[step] = s;
+    sums[step] = opt::ShardChecksum(shard, shard, params.data() + shard, {m.data(), v.data()});
+  }
+  void NextGradient() {
+    for (auto& g : grads) g = static_cast<float>(std::normal_distribution<double>(0, 0.5)(rng));
+  }
+  // The owner's step (lr_scale: a learning rate the holder is not given).
+  void OwnerStep(float lr_scale = 1.0f) {
+    ++step;
+    const float lr = optimizer->LearningRate(step) * lr_scale;
+    opt::Shard s{shard, shard, params.data() + shard, grads.data() + shard, {m.data(), v.data()}};
+    ASSERT_TRUE(optimizer->Step(step, lr, s).ok());
+    Record();
+  }
+  AorHolder::SeedSource Seeds() {
+    return [this](const AorRange&, int64_t s) -> Result<AorHolder::SeedBytes> {
+      auto it = history.find(s);
+      if (it == history.end()) return NotFoundError("no shard of step " + std::to_string(s));
+      return AorHolder::SeedBytes{it->second, sums.at(s)};
+    };
+  }
+};
+
+AorRange OwnerRange(const Pair& p) { return AorRange{1, 0, 7, p.shard, p.shard}; }
+
+// What the client does in CaptureGradients.
+Status Stage(const std::string& path, const Pair& p, int64_t step, float lr) {
+  MEMENTO_ASSIGN_OR_RETURN(auto seg, shm::Segment::Open(path, /*writable=*/true));
+  shm::BeginStage(seg->data());
+  float* d = shm::StageData(seg->data());
+  std::memcpy(d, p.grads.data() + p.shard, p.shard * sizeof(float));
+  std::memcpy(d + p.shard, p.params.data() + p.shard, p.shard * sizeof(float));
+  shm::FinishStage(seg->data(), step, lr);
+  return Status::Ok();
+}
+
+// One training step of the pair with the holder capturing first.
+void TrainStep(AorHolder& h, Pair& p, float holder_lr_scale = 1.0f) {
+  p.NextGradient();
+  const int64_t t = p.step + 1;
+  const float lr = p.optimizer->LearningRate(t) * holder_lr_scale;
+  ASSERT_TRUE(Stage(h.StagePath(0), p, t, lr).ok());
+  ASSERT_TRUE(h.Capture(0, t, lr).ok());
+  p.OwnerStep();
+}
+
+void ExpectEqualsOwner(AorHolder& h, const Pair& p) {
+  auto view = h.Replica(1);
+  ASSERT_NE(view, nullptr);
+  ASSERT_EQ(view->saved.step, p.step);
+  ASSERT_EQ(view->state.size(), 2 * p.shard);
+  EXPECT_EQ(
+      std::memcmp(view->state.data(), p.history.at(p.step).data(), 2 * p.shard * sizeof(float)), 0)
+      << "replica differs from the owner at step " << p.step;
+  auto sum = h.ChecksumOf(1, p.step);
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, p.sums.at(p.step));
+}
+
+TEST(AorHolderTest, BringsTheOwnersShardForwardBitExactAndItsFileSurvives) {
+  ScratchDir dir("aor-holder");
+  Pair p(TestSeed("AorHolderTest"));
+  {
+    AorHolder h(dir.path(), p.Seeds());
+    auto reg = h.Register(0, p.encoding, p.n, {OwnerRange(p)});
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    ASSERT_EQ(reg->ranges.size(), 1u);
+    EXPECT_EQ(reg->path, h.StagePath(0));
+    for (int i = 0; i < 12; ++i) {
+      TrainStep(h, p);
+      ExpectEqualsOwner(h, p);
+    }
+    EXPECT_EQ(h.stats().seeded, 1);  // once, from step 0; never again
+    EXPECT_EQ(h.stats().advanced, 12);
+    EXPECT_EQ(h.stats().refused, 0);
+  }
+  // The holder (agent or trainer) is gone; the replica file is not. A new
+  // holder adopts it and goes on without a seed (no network).
+  AorHolder again(dir.path(), [](const AorRange&, int64_t) -> Result<AorHolder::SeedBytes> {
+    return UnavailableError("no seed: the adopted file must do");
+  });
+  ASSERT_TRUE(again.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
+  ExpectEqualsOwner(again, p);
+  for (int i = 0; i < 3; ++i) {
+    TrainStep(again, p);
+    ExpectEqualsOwner(again, p);
+  }
+  EXPECT_EQ(again.stats().seeded, 0);
+}
+
+TEST(AorHolderTest, ATornHeaderOrChangedStateIsRefused) {
+  ScratchDir dir("aor-holder");
+  Pair p(TestSeed("AorHolderTest"));
+  AorHolder h(dir.path(), p.Seeds());
+  ASSERT_TRUE(h.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
+  for (int i = 0; i < 3; ++i) TrainStep(h, p);
+  const std::string path = h.ReplicaPath(1);
+  auto ok =
+      ReadAorFile(path, OwnerRange(p), p.optimizer, Checksum(p.encoding.data(), p.encoding.size()));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)->step(), 3);
+
+  auto flip = [&](off_t at) {
+    int fd = open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t b;
+    ASSERT_EQ(pread(fd, &b, 1, at), 1);
+    b ^= 0x10;
+    ASSERT_EQ(pwrite(fd, &b, 1, at), 1);
+    close(fd);
+  };
+  const uint64_t ohash = Checksum(p.encoding.data(), p.encoding.size());
+  flip(offsetof(AorFileHeader, step));  // torn header: the step half-written
+  auto torn = ReadAorFile(path, OwnerRange(p), p.optimizer, ohash);
+  ASSERT_FALSE(torn.ok());
+  EXPECT_EQ(torn.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(torn.status().message().find("torn header"), std::string::npos) << torn.status();
+  flip(offsetof(AorFileHeader, step));
+  flip(sizeof(AorFileHeader) + 40);  // a state byte
+  auto changed = ReadAorFile(path, OwnerRange(p), p.optimizer, ohash);
+  ASSERT_FALSE(changed.ok());
+  EXPECT_EQ(changed.status().code(), StatusCode::kDataLoss) << changed.status();
+  EXPECT_NE(changed.status().message().find("hashes to"), std::string::npos) << changed.status();
+  // Another owner's range or another optimizer: not this replica.
+  AorRange other = OwnerRange(p);
+  other.owner = 2;
+  EXPECT_EQ(ReadAorFile(path, other, p.optimizer, ohash).status().code(),
+            StatusCode::kInvalidArgument);
+  // A short file.
+  ASSERT_EQ(truncate(path.c_str(), 100), 0);
+  EXPECT_EQ(ReadAorFile(path, OwnerRange(p), p.optimizer, ohash).status().code(),
+            StatusCode::kDataLoss);
+  // A holder that finds the bad file seeds the replica again instead.
+  AorHolder again(dir.path(), p.Seeds());
+  ASSERT_TRUE(again.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
+  EXPECT_EQ(again.Replica(1), nullptr);
+  TrainStep(again, p);
+  ExpectEqualsOwner(again, p);
+  EXPECT_EQ(again.stats().seeded, 1);
+}
+
+TEST(AorHolderTest, ALearningRateTheOwnerDidNotUseIsCaughtAndTheReplicaSeededAgain) {
+  ScratchDir dir("aor-holder");
+  Pair p(TestSeed("AorHolderTest"));
+  AorHolder h(dir.path(), p.Seeds());
+  ASSERT_TRUE(h.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
+  for (int i = 0; i < 3; ++i) TrainStep(h, p);
+  // The holder is told another learning rate than the owner uses.
+  TrainStep(h, p, 2.0f);
+  auto wrong = h.ChecksumOf(1, p.step);
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_NE(*wrong, p.sums.at(p.step)) << "the moments alone would not show it; the params do";
+  // The next capture's parameters (the owner's output) refuse it; it is
+  // seeded again from the owner's shard and is right from then on.
+  TrainStep(h, p);
+  EXPECT_EQ(h.stats().refused, 1);
+  EXPECT_EQ(h.stats().seeded, 2);
+  ExpectEqualsOwner(h, p);
+  // Refuse (a failed check against the owner's reported checksum) drops it.
+  h.Refuse(1, "test");
+  EXPECT_EQ(h.Replica(1), nullptr);
+  EXPECT_NE(access(h.ReplicaPath(1).c_str(), F_OK), 0);
+  TrainStep(h, p);
+  ExpectEqualsOwner(h, p);
+}
+
+TEST(AorHolderTest, MalformedRegistrationsAndCapturesAreRefusedClearly) {
+  ScratchDir dir("aor-holder");
+  Pair p(TestSeed("AorHolderTest"));
+  AorHolder h(dir.path(), p.Seeds());
+  // Capture before registering.
+  Status st = h.Capture(0, 1, 1e-3f);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("registered no gradients"), std::string::npos) << st;
+  // A bad optimizer encoding.
+  auto bad = h.Register(0, "not an optimizer", p.n, {OwnerRange(p)});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("field 'optimizer'"), std::string::npos) << bad.status();
+  // A range outside the buffer.
+  auto outside = h.Register(0, p.encoding, 600, {OwnerRange(p)});
+  ASSERT_FALSE(outside.ok());
+  EXPECT_NE(outside.status().message().find("outside the registered gradient buffer"),
+            std::string::npos)
+      << outside.status();
+  // No ranges: capture is a no-op.
+  auto none = h.Register(3, p.encoding, p.n, {});
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->path.empty());
+  EXPECT_TRUE(h.Capture(3, 1, 1e-3f).ok());
+  // The stage not ready, of another step, or with changed bytes.
+  ASSERT_TRUE(h.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
+  st = h.Capture(0, 1, 1e-3f);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
+  ASSERT_TRUE(Stage(h.StagePath(0), p, 1, 1e-3f).ok());
+  st = h.Capture(0, 2, 1e-3f);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("of step 1"), std::string::npos) << st;
+  {
+    auto seg = shm::Segment::Open(h.StagePath(0), true);
+    ASSERT_TRUE(seg.ok());
+    shm::StageData((*seg)->data())[5] += 1.0f;  // after FinishStage
+  }
+  st = h.Capture(0, 1, 1e-3f);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
+  EXPECT_EQ(h.stats().advanced, 0);
+}
+
+}  // namespace
+}  // namespace memento::agent
