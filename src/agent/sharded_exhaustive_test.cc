@@ -385,7 +385,7 @@ class Cluster {
     o.redundancy = nd->red.get();
     o.plan = [this]() -> Result<std::shared_ptr<const ClusterPlan>> { return cp_; };
     o.endpoint_of = [this](int peer) { return EndpointOf(peer); };
-    o.set_restore_target = [](int64_t) { return Status::Ok(); };
+    o.set_restore_target = [](int64_t, uint64_t) { return Status::Ok(); };
     auto svc = PeerService::Start(std::move(o), token_);
     ASSERT_TRUE(svc.ok()) << svc.status();
     nd->service = std::move(svc).value();
