@@ -53,9 +53,8 @@ Result<shm::PlanReply> PlanReplyFor(const ClusterPlan& cp, int rank, bool sharde
   }
   // A slot of no byte (only zero-byte tensors listed, no parity) could not
   // be told from an empty whole-tensor slot: such a rank keeps whole tensors.
-  if (reply.parities.empty() &&
-      std::none_of(ranges.begin(), ranges.end(),
-                   [](const topo::Segment& s) { return s.length > 0; })) {
+  if (reply.parities.empty() && std::none_of(ranges.begin(), ranges.end(),
+                                             [](const topo::Segment& s) { return s.length > 0; })) {
     reply.parities.clear();
     return reply;
   }

@@ -35,12 +35,12 @@ struct CommitHistorySummary {
   double gap_max_s = 0;
   int64_t gap_max_steps = 0;
   int64_t gap_at_step = -1;
-  std::vector<int64_t> uncommitted;                      // passed over, no skip record
+  std::vector<int64_t> uncommitted;  // passed over, no skip record
   // The steps committed in each attempt, in order (after a durable fallback
   // to S < C the next attempt commits steps S+1 .. C again: a new commit
   // epoch, docs/coordination.md "Epochs").
   std::map<int, std::vector<int64_t>> by_attempt;
-  std::vector<std::pair<int64_t, std::string>> skipped;  // (step, node)
+  std::vector<std::pair<int64_t, std::string>> skipped;                 // (step, node)
   std::map<std::pair<int64_t, std::string>, std::string> skip_reasons;  // non-empty ones
   // Steps some node abandoned because it could not write their redundancy
   // (a ResourceExhausted reason: shared memory full, the node budget): they

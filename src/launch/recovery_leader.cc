@@ -324,8 +324,7 @@ void RecoveryLeader::RunRecovery(int64_t id, const RecoveryStatus* previous) {
     // epoch's first commit.
     Status s = SetEpoch(*store_, options_.job, epoch, Deadline::AfterSeconds(kStoreCallS));
     if (s.ok()) {
-      s = StartCommitEpoch(*store_, options_.job, epoch, step,
-                           Deadline::AfterSeconds(kStoreCallS));
+      s = StartCommitEpoch(*store_, options_.job, epoch, step, Deadline::AfterSeconds(kStoreCallS));
     }
     if (!s.ok()) {
       MEMENTO_LOG_WARN("recovery {}: cannot start commit epoch {} at step {}: {}", id, epoch, step,
