@@ -223,6 +223,10 @@ TEST(CommitStoreTest, CoordinatorAndFollowers) {
   while ((*follower)->last_seen() < 2 && !d.expired())
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ((*follower)->last_seen(), 2);
+  // The coordinator calls its callback after publishing, so the follower can
+  // see step 2 before the callback has run: wait for it too.
+  while (coordinator_saw.load() < 2 && !d.expired())
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(coordinator_saw.load(), 2);
   follower->reset();
   MutexLock l(&mu);
