@@ -244,8 +244,43 @@ Status PieceReader::EmitRanges(SlotCache& c, const std::vector<RangeCopy>& copie
   return Status::Ok();
 }
 
+uint64_t PieceReader::RefBytes(const SegmentsRef& ref) {
+  if (ref.parity != shm::kNoParity) return ref.parity_bytes;
+  uint64_t total = 0;
+  for (const topo::Segment& s : *ref.segments) total += s.length;
+  return total;
+}
+
+Result<std::vector<PieceReader::RangeCopy>> PieceReader::MapRef(const SegmentsRef& ref,
+                                                                const SlotCache& c, uint64_t offset,
+                                                                uint64_t length) {
+  if (ref.parity == shm::kNoParity) return MapSegments(*ref.segments, ref.what, c, offset, length);
+  // A parity the producer's client computed into its slot (docs/reft.md
+  // section 4): one entry, found by the plan's parity id.
+  const int entry = shm::FindParityEntry(c.info.tensors, ref.parity);
+  if (entry < 0) {
+    return NotFoundError(fmt::format("{}: rank {}'s slot of step {} holds no entry of parity {}",
+                                     ref.what, c.info.rank, c.info.step, ref.parity));
+  }
+  const shm::SavedTensor& t = c.info.tensors[static_cast<size_t>(entry)];
+  if (t.nbytes != ref.parity_bytes) {
+    return NotFoundError(
+        fmt::format("{}: rank {}'s slot of step {} holds parity {} with {} bytes, the entry has {}",
+                    ref.what, c.info.rank, c.info.step, ref.parity, t.nbytes, ref.parity_bytes));
+  }
+  if (offset > t.nbytes || length > t.nbytes - offset) {
+    return InvalidArgumentError(
+        fmt::format("bytes [{}, +{}) of {}: it has {} bytes", offset, length, ref.what, t.nbytes));
+  }
+  std::vector<RangeCopy> copies;
+  if (length > 0) copies.push_back({static_cast<size_t>(entry), t.offset + offset, length});
+  return copies;
+}
+
 Result<std::shared_ptr<PieceReader::SlotCache>> PieceReader::FindRefSlot(const SegmentsRef& ref) {
-  if (ref.segments == nullptr) return InvalidArgumentError(ref.what + ": no segments");
+  if (ref.segments == nullptr && ref.parity == shm::kNoParity) {
+    return InvalidArgumentError(ref.what + ": no segments");
+  }
   auto found = FindSlot(ref.rank, ref.step);
   if (!found.ok()) {
     return Status(found.status().code(), fmt::format("{}: {}", ref.what, found.status().message()));
@@ -264,8 +299,7 @@ Status PieceReader::ReadSegments(const SegmentsRef& ref, uint64_t offset, uint64
                                  void* dst) {
   if (length == 0) return Status::Ok();
   MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindRefSlot(ref));
-  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies,
-                           MapSegments(*ref.segments, ref.what, *c, offset, length));
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies, MapRef(ref, *c, offset, length));
   return CopyRanges(*c, copies, dst, ref.what);
 }
 
@@ -273,17 +307,13 @@ Status PieceReader::ServeSegments(const SegmentsRef& ref, uint64_t offset, uint6
                                   const EmitFn& emit) {
   if (length == 0) return Status::Ok();
   MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindRefSlot(ref));
-  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies,
-                           MapSegments(*ref.segments, ref.what, *c, offset, length));
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies, MapRef(ref, *c, offset, length));
   return EmitRanges(*c, copies, emit, ref.what);
 }
 
 Status PieceReader::CheckSegments(const SegmentsRef& ref, bool verify) {
   MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindRefSlot(ref));
-  uint64_t total = 0;
-  for (const topo::Segment& s : *ref.segments) total += s.length;
-  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies,
-                           MapSegments(*ref.segments, ref.what, *c, 0, total));
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies, MapRef(ref, *c, 0, RefBytes(ref)));
   if (verify) {
     for (const RangeCopy& r : copies) {
       MEMENTO_RETURN_IF_ERROR(VerifyRange(*c, r.tensor, r.begin, r.begin + r.length, true));

@@ -3,6 +3,16 @@
 namespace memento::agent {
 
 std::optional<ResidentSource> T0ResidentSource(const topo::Plan& plan, recover::ByteSource entry) {
+  if (entry.kind == recover::SourceKind::kParity) {
+    if (entry.id >= plan.parities.size()) return std::nullopt;
+    const topo::Parity& par = plan.parities[entry.id];
+    if (par.producer_rank < 0 || par.id != entry.id) return std::nullopt;
+    ResidentSource src;
+    src.rank = par.producer_rank;
+    src.parity = par.id;
+    src.bytes = par.bytes;
+    return src;
+  }
   if (entry.kind != recover::SourceKind::kCopy || entry.id >= plan.copies.size()) {
     return std::nullopt;
   }
@@ -12,6 +22,7 @@ std::optional<ResidentSource> T0ResidentSource(const topo::Plan& plan, recover::
   ResidentSource src;
   src.rank = c.producer_rank;
   src.segments = plan.pieces[c.piece].segments;
+  src.bytes = plan.pieces[c.piece].bytes;
   return src;
 }
 
