@@ -1,11 +1,14 @@
-// `memento bench recover --nodes 4 --state BYTES --policy xor [--json]`:
+// `memento bench recover --nodes 4 --state BYTES --policy xor [--store S] [--json]`:
 // time to rebuild one lost node's state from its peers' memory (REFT-load,
 // docs/cluster.md "Recovery"), against raw loopback TCP measured in the same
 // run.
 //
 //   1. tcp_gbps: net::MeasureRawTcp (two processes, plain sockets), before
 //      anything else runs (it forks); again in step 7.
-//   2. A coordination store and commit coordinator in this process, the job
+//   2. A coordination store (--store: embedded, the default, in this
+//      process; etcd, a real etcd started here on loopback with its data in
+//      the work dir; or etcd://HOST:PORT of a running one) and a commit
+//      coordinator in this process, the job
 //      topology (DP = nodes, one rank per node, --policy), and one real
 //      `memento agent` process per node in cluster mode on a private root
 //      under /dev/shm.
@@ -64,6 +67,7 @@
 #include "common/log.h"
 #include "coord/commit.h"
 #include "coord/embedded_store.h"
+#include "coord/etcd_process.h"
 #include "launch/job_recovery.h"
 #include "memento/client.h"
 #include "net/job_token.h"
@@ -87,9 +91,18 @@ struct Args {
   bool keep = false;
   std::string data_path = "stream";  // or "legacy" (kPeerRead, 4 MiB windows)
   std::string receive = "direct";    // or "staged" (MEMENTO_RECOVER_RECEIVE)
+  // The coordination store: "embedded" (in this process, tcp://), "etcd" (a
+  // real etcd started here on loopback, coord::EtcdProcess) or an
+  // etcd://HOST:PORT[,...] URL of a running one.
+  std::string store = "embedded";
 };
 
-constexpr const char* kJob = "benchrecover";
+// The job name; with an external etcd "benchrecover-<pid>", so that the keys
+// of an earlier run there (its commits, its membership) are not this run's.
+std::string JobName(const Args& a) {
+  return a.store.rfind("etcd://", 0) == 0 ? "benchrecover-" + std::to_string(getpid())
+                                          : std::string("benchrecover");
+}
 
 // One `memento agent` process in cluster mode.
 struct AgentProcess {
@@ -97,13 +110,13 @@ struct AgentProcess {
   std::string root;
 };
 
-Result<AgentProcess> StartAgent(int node, const std::string& base, const std::string& store_url,
-                                const std::string& token_file) {
+Result<AgentProcess> StartAgent(const std::string& job, int node, const std::string& base,
+                                const std::string& store_url, const std::string& token_file) {
   AgentProcess a;
   a.root = base + "/node" + std::to_string(node);
   const std::string log = base + "/agent" + std::to_string(node) + ".log";
   std::vector<std::string> args = {"/proc/self/exe", "agent",
-                                   "--job",          kJob,
+                                   "--job",          job,
                                    "--node",         std::to_string(node),
                                    "--root",         a.root,
                                    "--store",        store_url,
@@ -172,10 +185,10 @@ double CpuSecondsOf(const std::vector<pid_t>& pids) {
 }
 
 // Waits until `node`'s endpoint in the store is set and differs from `old`.
-Result<std::string> WaitEndpoint(coord::Store& store, int nodes, int node, const std::string& old,
-                                 Deadline deadline) {
+Result<std::string> WaitEndpoint(coord::Store& store, const std::string& job, int nodes, int node,
+                                 const std::string& old, Deadline deadline) {
   while (true) {
-    auto eps = launch::ReadEndpoints(store, kJob, nodes, deadline);
+    auto eps = launch::ReadEndpoints(store, job, nodes, deadline);
     if (eps.ok() && !(*eps)[node].empty() && (*eps)[node] != old) return (*eps)[node];
     if (deadline.expired()) {
       return DeadlineExceededError("node " + std::to_string(node) +
@@ -189,6 +202,12 @@ Result<nlohmann::json> Run(const Args& a) {
   if (a.nodes < 2) return InvalidArgumentError("--nodes must be >= 2 (one is lost)");
   if (a.state < 4096) return InvalidArgumentError("--state must be >= 4096 bytes");
   if (a.tcp_repeat < 1) return InvalidArgumentError("--tcp-repeat must be >= 1");
+  if (a.store != "embedded" && a.store != "etcd" && a.store.rfind("etcd://", 0) != 0) {
+    return InvalidArgumentError("--store '" + a.store +
+                                "': expected embedded, etcd (one started here) or "
+                                "etcd://HOST:PORT[,HOST:PORT...]");
+  }
+  const std::string job = JobName(a);
   MEMENTO_ASSIGN_OR_RETURN(topo::Policy policy, topo::ParsePolicy(a.policy));
   // Logs (also of the forked trainers' clients) go to stderr: stdout is the
   // one JSON object.
@@ -245,11 +264,15 @@ Result<nlohmann::json> Run(const Args& a) {
   // Outlive the agents: they are stopped first (an agent without its store
   // retries until its deadlines pass).
   std::unique_ptr<coord::EmbeddedStoreServer> server;
+  std::unique_ptr<coord::EtcdProcess> etcd;
+  std::unique_ptr<coord::Store> etcd_store;
   std::unique_ptr<coord::CommitCoordinator> coordinator;
   auto cleanup = [&] {
     clients.clear();
     for (AgentProcess& p : agents) StopAgent(p, SIGTERM);
     coordinator.reset();
+    etcd_store.reset();
+    etcd.reset();
     server.reset();
     if (!a.keep) {
       std::error_code ec;
@@ -267,23 +290,39 @@ Result<nlohmann::json> Run(const Args& a) {
       close(fd);
       if (!ok) return ErrnoError("write " + token_file, errno);
     }
-    MEMENTO_ASSIGN_OR_RETURN(server, coord::EmbeddedStoreServer::Start("127.0.0.1", 0, token));
-    coord::Store& store = server->store();
-    const std::string url = "tcp://127.0.0.1:" + std::to_string(server->port());
+    std::string url;
+    if (a.store == "embedded") {
+      MEMENTO_ASSIGN_OR_RETURN(server, coord::EmbeddedStoreServer::Start("127.0.0.1", 0, token));
+      url = "tcp://127.0.0.1:" + std::to_string(server->port());
+    } else {
+      if (a.store == "etcd") {
+        auto started = coord::EtcdProcess::Start(base, Deadline::AfterSeconds(30));
+        if (!started.ok()) return started.status().WithContext("--store etcd: starting etcd");
+        etcd = std::move(*started);
+        url = etcd->url();
+        std::fprintf(stderr, "bench recover: etcd %s, data in %s\n", url.c_str(),
+                     etcd->data_dir().c_str());
+      } else {
+        url = a.store;
+      }
+      MEMENTO_ASSIGN_OR_RETURN(etcd_store,
+                               coord::OpenStore(url, token_file, Deadline::AfterSeconds(30)));
+    }
+    coord::Store& store = server ? server->store() : *etcd_store;
     std::fprintf(stderr,
                  "bench recover: store %s (memento inspect --store %s --job %s --token-file %s)\n",
-                 url.c_str(), url.c_str(), kJob, token_file.c_str());
+                 url.c_str(), url.c_str(), job.c_str(), token_file.c_str());
     std::set<std::string> members;
     for (int i = 0; i < a.nodes; ++i) members.insert(coord::NodeName(i));
     MEMENTO_ASSIGN_OR_RETURN(coordinator, coord::CommitCoordinator::Start(
-                                              &store, kJob, members, Deadline::AfterSeconds(10)));
+                                              &store, job, members, Deadline::AfterSeconds(10)));
     launch::JobTopology jt;
     jt.topology.dp = a.nodes;
     for (int i = 0; i < a.nodes; ++i) jt.topology.rank_node.push_back(i);
     jt.policy = policy;
-    MEMENTO_RETURN_IF_ERROR(launch::PublishTopology(store, kJob, jt, Deadline::AfterSeconds(10)));
+    MEMENTO_RETURN_IF_ERROR(launch::PublishTopology(store, job, jt, Deadline::AfterSeconds(10)));
     for (int i = 0; i < a.nodes; ++i) {
-      MEMENTO_ASSIGN_OR_RETURN(AgentProcess p, StartAgent(i, base, url, token_file));
+      MEMENTO_ASSIGN_OR_RETURN(AgentProcess p, StartAgent(job, i, base, url, token_file));
       agents.push_back(p);
     }
 
@@ -293,7 +332,7 @@ Result<nlohmann::json> Run(const Args& a) {
     FillPattern(buf.data(), state);
     for (int r = 0; r < a.nodes; ++r) {
       ClientOptions o;
-      o.job_id = kJob;
+      o.job_id = job;
       o.rank = r;
       o.world_size = a.nodes;
       o.node = r;
@@ -310,7 +349,7 @@ Result<nlohmann::json> Run(const Args& a) {
     for (auto& c : clients) MEMENTO_RETURN_IF_ERROR(c->Fence(Deadline::AfterSeconds(120)));
     Deadline commit_deadline = Deadline::AfterSeconds(120);
     while (true) {
-      auto latest = coord::ReadLatestCommit(store, kJob, commit_deadline);
+      auto latest = coord::ReadLatestCommit(store, job, commit_deadline);
       if (latest.ok() && *latest >= 1) break;
       if (commit_deadline.expired()) {
         return DeadlineExceededError("step 1 was not committed in 120 s (agent logs in " + base +
@@ -321,20 +360,20 @@ Result<nlohmann::json> Run(const Args& a) {
 
     // 4. Node `lost` is lost with its memory; a fresh agent replaces it.
     MEMENTO_ASSIGN_OR_RETURN(
-        auto before, launch::ReadEndpoints(store, kJob, a.nodes, Deadline::AfterSeconds(10)));
+        auto before, launch::ReadEndpoints(store, job, a.nodes, Deadline::AfterSeconds(10)));
     clients.clear();
     StopAgent(agents[lost], SIGKILL);
     std::error_code ec;
     std::filesystem::remove_all(agents[lost].root, ec);
-    MEMENTO_ASSIGN_OR_RETURN(agents[lost], StartAgent(lost, base, url, token_file));
+    MEMENTO_ASSIGN_OR_RETURN(agents[lost], StartAgent(job, lost, base, url, token_file));
     MEMENTO_RETURN_IF_ERROR(
-        WaitEndpoint(store, a.nodes, lost, before[lost], Deadline::AfterSeconds(60)).status());
+        WaitEndpoint(store, job, a.nodes, lost, before[lost], Deadline::AfterSeconds(60)).status());
 
     // 5. Recovery, timed.
     MEMENTO_ASSIGN_OR_RETURN(topo::Plan plan,
-                             launch::PlanFromStore(store, kJob, Deadline::AfterSeconds(10)));
+                             launch::PlanFromStore(store, job, Deadline::AfterSeconds(10)));
     launch::RecoverOptions ro;
-    ro.job = kJob;
+    ro.job = job;
     ro.num_nodes = a.nodes;
     ro.committed = 1;
     std::vector<pid_t> pids = {getpid()};
@@ -362,7 +401,7 @@ Result<nlohmann::json> Run(const Args& a) {
     if (check.data() == nullptr) return ResourceExhaustedError("cannot map the check buffer");
     {
       ClientOptions o;
-      o.job_id = kJob;
+      o.job_id = job;
       o.rank = lost;
       o.world_size = a.nodes;
       o.node = lost;
@@ -385,6 +424,8 @@ Result<nlohmann::json> Run(const Args& a) {
     j["nodes"] = a.nodes;
     j["policy"] = topo::PolicyName(policy);
     j["data_path"] = a.data_path;
+    j["store"] = server ? "embedded" : "etcd";
+    j["store_url"] = url;
     j["receive"] = a.receive;
     j["state_bytes"] = state;
     j["lost_node"] = lost;
@@ -480,6 +521,11 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print JSON (the only format; accepted for symmetry)");
   cmd->add_flag("--keep", args->keep, "keep the work directory (agent logs)");
+  cmd->add_option("--store", args->store,
+                  "coordination store: embedded (in this process), etcd (a real etcd started "
+                  "here on loopback) or etcd://HOST:PORT[,HOST:PORT...] (a running etcd; the "
+                  "job is then benchrecover-<pid>). docs/etcd.md")
+      ->capture_default_str();
   cmd->add_option("--data-path", args->data_path,
                   "recovery data path of the agents: stream (kPeerReadStream) or legacy "
                   "(kPeerRead, 4 MiB windows; the path before streaming, for comparison)")

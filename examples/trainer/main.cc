@@ -238,6 +238,71 @@ int RemoveSpoolFilesAfter(const std::string& dir, int rank, int64_t step) {
   return removed;
 }
 
+// A restarted job's ranks agree on where to start, every rank taking part
+// in the same collectives whatever it finds (a rank that skipped one would
+// leave the others waiting in it until the timeout): the newest step every
+// rank saved. A rank killed between its step s and its save of s (or by the
+// launcher's stop while it was still saving) has s - K, or no save at all
+// if s was the first; the others saved s and keep s - K as PATH.prev. With
+// no common save the job starts where it first started: `first_load` (the
+// rank's --load), or the initial state.
+Status ResumeFromSaves(Trainer& trainer, const std::string& path, const std::string& first_load) {
+  int64_t mine = 0;  // no save yet
+  Status read = Status::Ok();
+  if (access(path.c_str(), F_OK) == 0) {
+    auto step = trainer.SavedStep(path);
+    read = step.status();
+    mine = step.ok() ? *step : -1;  // -1: every rank learns that one is unreadable
+  }
+  double newest = static_cast<double>(mine);
+  MEMENTO_RETURN_IF_ERROR(trainer.comm().AllreduceWorldMin(&newest, 1));
+  if (!read.ok()) return read.WithContext("this rank's saved state");
+  if (newest < 0) return FailedPreconditionError("another rank's saved state is unreadable");
+  const int64_t agreed = static_cast<int64_t>(newest);
+  Status st = Status::Ok();
+  if (agreed == 0) {
+    if (!first_load.empty()) st = trainer.Load(first_load);
+  } else if (mine == agreed) {
+    st = trainer.Load(path);
+  } else {
+    const std::string prev = path + ".prev";
+    auto prev_step = trainer.SavedStep(prev);
+    if (prev_step.ok() && *prev_step != agreed) {
+      st = FailedPreconditionError(prev + " holds step " + std::to_string(*prev_step) +
+                                   ", not the newest step every rank saved (" +
+                                   std::to_string(agreed) + ")");
+    } else {
+      st = prev_step.ok() ? trainer.Load(prev) : prev_step.status();
+    }
+  }
+  // Every rank learns whether all could load it (no one trains on alone).
+  double ok = st.ok() ? 1.0 : 0.0;
+  MEMENTO_RETURN_IF_ERROR(trainer.comm().AllreduceWorldMin(&ok, 1));
+  if (!st.ok()) return st.WithContext("resuming from step " + std::to_string(agreed));
+  if (ok < 1.0) {
+    return FailedPreconditionError("another rank could not load step " + std::to_string(agreed));
+  }
+  if (agreed != mine) {
+    std::fprintf(stderr,
+                 "memento-trainer rank %d: resuming from step %" PRId64
+                 " (the newest step every rank saved; this rank's newest: %" PRId64 ")\n",
+                 trainer.rank(), agreed, mine);
+  }
+  return Status::Ok();
+}
+
+// Fault injection (--fail-point save): the step of any rank's save file
+// (its TrainState is the file's last bytes), or -1.
+int64_t SavedStepOfFile(const std::string& path) {
+  TrainState state;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return -1;
+  const bool ok = std::fseek(f, -static_cast<long>(sizeof(state)), SEEK_END) == 0 &&
+                  std::fread(&state, sizeof(state), 1, f) == 1;
+  std::fclose(f);
+  return ok && state.magic == TrainState::kMagic ? state.step : -1;
+}
+
 // Fault injection (--corrupt-log-rank): flips one byte in the middle of the
 // log file at `path` (a rank's log, or its newest spool step file).
 Status CorruptNewestLogFile(const std::string& path) {
@@ -395,7 +460,9 @@ int Main(int argc, char** argv) {
   app.add_option("--fail-point", fail_point,
                  "where --fail-at-step kills: step (after the step) | update (inside the "
                  "optimizer update of that step, before chunk --fail-chunk) | pipeline (at "
-                 "receive --fail-chunk of that step's pipeline schedule; needs --pp > 1)")
+                 "receive --fail-chunk of that step's pipeline schedule; needs --pp > 1) | "
+                 "save (after the step, once the other ranks saved it, before its own "
+                 "--save-every save: the job holds saves of different steps)")
       ->capture_default_str();
   int wedge_rank = -1;
   app.add_option("--wedge-rank", wedge_rank,
@@ -576,8 +643,10 @@ int Main(int argc, char** argv) {
                  recovery.c_str());
     return 2;
   }
-  if (fail_point != "step" && fail_point != "update" && fail_point != "pipeline") {
-    std::fprintf(stderr, "memento-trainer: --fail-point '%s': expected step, update or pipeline\n",
+  if (fail_point != "step" && fail_point != "update" && fail_point != "pipeline" &&
+      fail_point != "save") {
+    std::fprintf(stderr,
+                 "memento-trainer: --fail-point '%s': expected step, update, pipeline or save\n",
                  fail_point.c_str());
     return 2;
   }
@@ -626,12 +695,10 @@ int Main(int argc, char** argv) {
   o.pipeline_log = recovery == "log";
   const std::string base_run_id = o.comm.run_id;
   if (generation > 0) o.comm.run_id = base_run_id + "-g" + std::to_string(generation);
-  // A restarted rank resumes from its last saved state (also the fallback
-  // of undo and log: a rank of a later generation that replaces no one).
-  if (generation > 0 && !replace && load.empty() && !save.empty() &&
-      access(RankPath(save, o.comm.rank).c_str(), R_OK) == 0) {
-    load = save;
-  }
+  // A restarted rank (generation > 0, also the fallback of undo and log: a
+  // rank of a later generation that replaces no one) resumes from the newest
+  // step every rank saved (ResumeFromSaves).
+  const bool resume_from_saves = generation > 0 && !replace && recovery != "none" && !save.empty();
 
   auto created = Trainer::Create(o, nullptr);
   if (!created.ok()) {
@@ -643,8 +710,8 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Trainer> trainer = std::move(*created);
   const int rank = o.comm.rank;
   std::unique_ptr<KillInsideStep> fault_hooks;
-  if (fail_point != "step" && fail_at_step > 0 && rank == fail_rank && generation == 0 &&
-      attempt == 0) {
+  if ((fail_point == "update" || fail_point == "pipeline") && fail_at_step > 0 &&
+      rank == fail_rank && generation == 0 && attempt == 0) {
     fault_hooks = std::make_unique<KillInsideStep>(trainer.get(), fail_at_step, fail_chunk,
                                                    fail_point == "pipeline");
     trainer->SetHooks(fault_hooks.get());
@@ -784,18 +851,15 @@ int Main(int argc, char** argv) {
     }
     report_recovery(recovery, true, from_step, w_recover.Seconds());
   }
-  if (!load.empty() && !replace) {
-    Status st = trainer->Load(RankPath(load, rank));
-    if (st.ok() && generation > 0 && recovery != "none") {
-      // A rank killed between its step s and its save of s restarts from
-      // s - K while the others saved s: all go to the newest step every
-      // rank saved (the previous save is kept as PATH.prev).
-      double newest = static_cast<double>(trainer->state().step);
-      st = trainer->comm().AllreduceWorldMin(&newest, 1);
-      if (st.ok() && trainer->state().step > static_cast<int64_t>(newest)) {
-        st = trainer->Load(RankPath(load, rank) + ".prev");
-      }
+  if (resume_from_saves) {
+    Status st = ResumeFromSaves(*trainer, RankPath(save, rank),
+                                load.empty() ? std::string() : RankPath(load, rank));
+    if (!st.ok()) {
+      std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
+      return 1;
     }
+  } else if (!load.empty() && !replace) {
+    Status st = trainer->Load(RankPath(load, rank));
     if (!st.ok()) {
       std::fprintf(stderr, "memento-trainer rank %d: %s\n", rank, st.ToString().c_str());
       return 1;
@@ -936,6 +1000,23 @@ int Main(int argc, char** argv) {
     }
     report_resume = false;
     if (save_every > 0 && !save.empty() && r->step % save_every == 0) {
+      if (rank == fail_rank && r->step == fail_at_step && fail_point == "save" && generation == 0 &&
+          attempt == 0) {
+        // Once the other ranks saved this step: the job holds saves of
+        // different steps.
+        const double deadline = WallSeconds() + o.comm.timeout_s;
+        for (int other = 0; other < w && WallSeconds() < deadline; ++other) {
+          while (other != rank && SavedStepOfFile(RankPath(save, other)) != r->step &&
+                 WallSeconds() < deadline) {
+            usleep(5000);
+          }
+        }
+        std::fprintf(
+            stderr, "memento-trainer rank %d: killing myself before the save of step %" PRId64 "\n",
+            rank, r->step);
+        std::fflush(nullptr);
+        raise(SIGKILL);
+      }
       // With recovery the previous save is kept (PATH.prev): until every
       // rank has saved this step, it is the newest one all ranks have.
       const std::string path = RankPath(save, rank);

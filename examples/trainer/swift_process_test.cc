@@ -233,6 +233,30 @@ TEST_F(SwiftProcessTest, RestartReloadsEveryRank) {
   EXPECT_EQ(o.Count("\"replacement\": true"), 0) << o.output;
 }
 
+// A rank killed before its first save (step 3) while the other saved it
+// (the launcher's stop can also catch a rank still saving): the restarted
+// job has no step every rank saved and starts over from the initial state,
+// every rank taking part in the same collectives (it once hung in the world
+// all-reduce: a rank without a save skipped one). Then the same with a
+// later save: the job agrees on the step before (the other rank's PATH.prev).
+TEST_F(SwiftProcessTest, RestartAgreesOnTheNewestStepEveryRankSaved) {
+  const std::vector<std::string> topo = {"--pp", "2"};
+  Outcome clean = Run(topo, 2);
+  for (const char* step : {"3", "6"}) {
+    SCOPED_TRACE(std::string("rank 1 killed before its save of step ") + step);
+    std::vector<std::string> args = topo;
+    args.insert(args.end(), {"--recovery", "restart", "--fail-rank", "1", "--fail-at-step", step,
+                             "--fail-point", "save"});
+    Outcome o = Run(args, 2);
+    ExpectSameFinalStates(clean, o);
+    EXPECT_EQ(o.Count("\"swift_failure\""), 1) << o.output;
+    EXPECT_EQ(o.Count("\"mode\": \"restart\""), 2) << o.output;
+    const std::string resumed = std::string("resuming from step ") + (step[0] == '3' ? "0" : "3") +
+                                " (the newest step every rank saved; this rank's newest: " + step;
+    EXPECT_EQ(o.Count(resumed), 1) << o.output;  // rank 0, which had saved `step`
+  }
+}
+
 // ZeRO-1: the lost rank's moment shard has no DP replica, so undo cannot
 // rebuild it; every rank says so and the launcher restarts the job from the
 // saved state instead.

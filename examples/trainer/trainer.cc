@@ -712,15 +712,20 @@ Status Trainer::Save(const std::string& path) const {
   return Status::Ok();
 }
 
-Status Trainer::Load(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return ErrnoError("open " + path, errno);
+// Opens a file written by Save and checks its header against this rank's
+// (model, topology, rank, sizes); `*f` is positioned after the header.
+Status Trainer::OpenSaved(const std::string& path, FILE** f) const {
+  *f = std::fopen(path.c_str(), "rb");
+  if (*f == nullptr) return ErrnoError("open " + path, errno);
   SaveHeader h, want = MakeHeader(options_, params_.size(), m_.size(), opt_offset_);
-  std::vector<float> params(params_.size()), m(m_.size()), v(v_.size());
-  TrainState state;
-  bool ok = std::fread(&h, sizeof(h), 1, f) == 1;
-  if (ok && std::memcmp(&h, &want, sizeof(h)) != 0) {
-    std::fclose(f);
+  if (std::fread(&h, sizeof(h), 1, *f) != 1) {
+    std::fclose(*f);
+    *f = nullptr;
+    return DataLossError(path + ": truncated");
+  }
+  if (std::memcmp(&h, &want, sizeof(h)) != 0) {
+    std::fclose(*f);
+    *f = nullptr;
     return InvalidArgumentError(
         path + ": saved by another model, topology or rank (header mismatch: rank " +
         std::to_string(h.rank) + " dp " + std::to_string(h.dp) + " tp " + std::to_string(h.tp) +
@@ -729,10 +734,18 @@ Status Trainer::Load(const std::string& path) {
         std::to_string(want.tp) + " pp " + std::to_string(want.pp) + " params " +
         std::to_string(want.padded_params) + ")");
   }
-  ok = ok && std::fread(params.data(), sizeof(float), params.size(), f) == params.size() &&
-       std::fread(m.data(), sizeof(float), m.size(), f) == m.size() &&
-       std::fread(v.data(), sizeof(float), v.size(), f) == v.size() &&
-       std::fread(&state, sizeof(state), 1, f) == 1;
+  return Status::Ok();
+}
+
+Status Trainer::Load(const std::string& path) {
+  FILE* f = nullptr;
+  MEMENTO_RETURN_IF_ERROR(OpenSaved(path, &f));
+  std::vector<float> params(params_.size()), m(m_.size()), v(v_.size());
+  TrainState state;
+  bool ok = std::fread(params.data(), sizeof(float), params.size(), f) == params.size() &&
+            std::fread(m.data(), sizeof(float), m.size(), f) == m.size() &&
+            std::fread(v.data(), sizeof(float), v.size(), f) == v.size() &&
+            std::fread(&state, sizeof(state), 1, f) == 1;
   std::fclose(f);
   if (!ok) return DataLossError(path + ": truncated");
   if (state.magic != TrainState::kMagic) return DataLossError(path + ": bad state magic");
@@ -742,6 +755,19 @@ Status Trainer::Load(const std::string& path) {
   std::copy(v.begin(), v.end(), v_.begin());
   state_ = state;
   return Status::Ok();
+}
+
+Result<int64_t> Trainer::SavedStep(const std::string& path) const {
+  FILE* f = nullptr;
+  MEMENTO_RETURN_IF_ERROR(OpenSaved(path, &f));
+  const long at = static_cast<long>(sizeof(SaveHeader) +
+                                    (params_.size() + m_.size() + v_.size()) * sizeof(float));
+  TrainState state;
+  const bool ok = std::fseek(f, at, SEEK_SET) == 0 && std::fread(&state, sizeof(state), 1, f) == 1;
+  std::fclose(f);
+  if (!ok) return DataLossError(path + ": truncated");
+  if (state.magic != TrainState::kMagic) return DataLossError(path + ": bad state magic");
+  return state.step;
 }
 
 uint64_t Trainer::StateChecksum() const {

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -162,6 +163,9 @@ class Trainer {
   // the same model, topology and rank.
   [[nodiscard]] Status Save(const std::string& path) const;
   [[nodiscard]] Status Load(const std::string& path);
+  // The step of the state saved in `path` (header checked as by Load), without
+  // loading it.
+  [[nodiscard]] Result<int64_t> SavedStep(const std::string& path) const;
 
   // Checks that every rank of the job is at the same step (after a load or
   // a restore: ranks that resumed from different versions must not train
@@ -289,6 +293,8 @@ class Trainer {
 
  private:
   Trainer(const TrainerOptions& options, TrainerHooks* hooks);
+  // Opens a Save file and checks its header; *f is positioned after it.
+  Status OpenSaved(const std::string& path, FILE** f) const;
   void Phase(TrainPhase phase);
   // Global gradient L2 norm over all stages and TP slices (after the DP
   // allreduce, so every DP replica holds the same gradient).

@@ -60,6 +60,10 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
     return InvalidArgumentError("--recovery '" + o.recovery +
                                 "': expected restart, undo, log or auto");
   }
+  if (o.recovery_by != "launcher" && o.recovery_by != "agents") {
+    return InvalidArgumentError("--recovery-by '" + o.recovery_by +
+                                "': expected launcher or agents");
+  }
   if (o.recovery == "log" && (o.dp != 1 || o.tp != 1 || o.pp < 2)) {
     return InvalidArgumentError(
         "--recovery log needs --dp 1, --tp 1 and --pp >= 2 (a lost pipeline stage replays its "

@@ -105,6 +105,15 @@ struct LaunchOptions {
   std::vector<std::string> trainer;
   double agent_start_timeout_s = 60;
   double recovery_timeout_s = 120;
+  // Who runs a whole-job recovery (docs/launch.md, "Who recovers"):
+  //   launcher  this process: inventory -> decide -> rebuild -> restore
+  //             target (launch/job_recovery.h), the durable fallback
+  //   agents    the agents' elected recovery leader (launch/recovery_leader.h,
+  //             the agents run with --recovery-leader request), the same code
+  //             path as under torchrun or Slurm: the launcher only (re)places
+  //             the processes, raises /memento/<job>/recovery_request and
+  //             waits for the leader's recovery_status (restore step, source)
+  std::string recovery_by = "launcher";
   // Progress lines on stdout (failures and recoveries are always printed).
   bool quiet = false;
   // The coordination store (launch/store_host.h): in this process (default),
@@ -170,6 +179,12 @@ struct RecoveryReport {
   // Which recovery ran: "restart" (every trainer stopped and started again),
   // "undo" or "log" (in process: only the lost rank restarted).
   std::string mode = "restart";
+  // A restart's recovery ran by "launcher" (this process) or "agents" (their
+  // elected leader, --recovery-by agents: `leader` names its node, `takeover`
+  // when a leader took over a recovery its lost predecessor left unfinished).
+  std::string recovered_by = "launcher";
+  std::string leader;
+  bool takeover = false;
   // Why an in-process recovery was not possible or failed (empty: none).
   std::string fallback;
   int processes_restarted = 0;  // trainer processes started for this failure

@@ -54,6 +54,14 @@ Status Launcher::State::StartAgent(int node, bool fresh_root) {
   if (kv.ok() && kv->lease != 0) {
     store->RevokeLease(kv->lease, Deadline::AfterSeconds(5)).IgnoreError();
   }
+  if (o.recovery_by == "agents") {
+    // The dead agent may have been the recovery leader: another one takes
+    // over now instead of after the leader lease's TTL.
+    auto leader = store->Get(RecoveryLeaderKey(o.job), Deadline::AfterSeconds(5));
+    if (leader.ok() && leader->value == coord::NodeName(node) && leader->lease != 0) {
+      store->RevokeLease(leader->lease, Deadline::AfterSeconds(5)).IgnoreError();
+    }
+  }
   SpawnOptions so;
   so.argv = {o.memento_binary, "agent",
              "--job",          o.job,
@@ -65,6 +73,15 @@ Status Launcher::State::StartAgent(int node, bool fresh_root) {
   if (!o.durable_dir.empty()) {
     so.argv.push_back("--durable-dir");
     so.argv.push_back(o.durable_dir);
+  }
+  if (o.recovery_by == "agents") {
+    // The agents run the whole-job recoveries (launch/recovery_leader.h);
+    // the launcher files the requests.
+    for (const std::string& a :
+         {std::string("--recovery-leader"), std::string("request"),
+          std::string("--recovery-timeout"), std::to_string(o.recovery_timeout_s)}) {
+      so.argv.push_back(a);
+    }
   }
   for (const auto& a : o.agent_args) so.argv.push_back(a);
   so.argv = InNode(node, std::move(so.argv));

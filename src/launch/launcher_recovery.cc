@@ -2,6 +2,8 @@
 // agents back (a lost node on an empty root), RecoverJob, the durable
 // fallback, the new attempt's records. See launcher_state.h.
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "launch/launcher_state.h"
 #include "launch/swift_protocol.h"
@@ -54,18 +56,24 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause,
   // report the steps after the restored one in (sent with the restore
   // target; docs/coordination.md, "Epochs"), and once the restored version
   // is loaded everywhere the durable epoch (PublishRecovery).
+  // (--recovery-by agents: the leader chooses it; its status says which.)
   Committed();
-  if (auto epoch = NextEpoch(*store, o.job, Deadline::AfterSeconds(5),
-                             std::max(known_commit.epoch, recovery_epoch));
-      epoch.ok()) {
+  if (o.recovery_by == "agents") {
+    recovery_epoch = 0;
+  } else if (auto epoch = NextEpoch(*store, o.job, Deadline::AfterSeconds(5),
+                                    std::max(known_commit.epoch, recovery_epoch));
+             epoch.ok()) {
     recovery_epoch = *epoch;
   } else {
     recovery_epoch = 0;
     Say("cannot choose the new epoch: " + epoch.status().ToString());
   }
   std::optional<JobRecovery> recovered;
-  if (auto end = RestartAgentsAndRecover(detected, &rep, &recovered)) return end;
-  if (recovered.has_value()) {
+  std::optional<RecoveryStatus> by_agents;
+  if (auto end = RestartAgentsAndRecover(detected, &rep, &recovered, &by_agents)) return end;
+  if (by_agents.has_value()) {
+    if (auto end = TakeAgentsOutcome(*by_agents, &rep)) return end;
+  } else if (recovered.has_value()) {
     const JobRecovery* rec = &*recovered;
     rep.reason = rec->decision.reason;
     for (int n : rec->decision.lost_nodes) {
@@ -306,7 +314,8 @@ void Launcher::State::FinishInProcess() {
 }
 
 std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(
-    TimePoint detected, RecoveryReport* rep, std::optional<JobRecovery>* recovered) {
+    TimePoint detected, RecoveryReport* rep, std::optional<JobRecovery>* recovered,
+    std::optional<RecoveryStatus>* by_agents) {
   const Deadline agents_deadline = Deadline::AfterSeconds(o.agent_start_timeout_s);
   // An agent killed together with its trainer may still be dying when the
   // trainer's death is noticed (its stale socket and lease look alive):
@@ -346,6 +355,23 @@ std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(
       rep->restart_s = SecondsBetween(detected, Now());
       ApplyPendingCorruptions(rep->committed);
       if (!plan.has_value() || rep->committed < 0) return std::nullopt;
+      if (o.recovery_by == "agents") {
+        // The agents' leader runs it (the same path as under torchrun or
+        // Slurm); the launcher only waits for its outcome.
+        Say("recovery " + std::to_string(rep->n) + " asked of the agents' recovery leader");
+        auto outcome = RecoverByAgents();
+        if (outcome.ok()) {
+          if (DeadAgents().empty()) {
+            *by_agents = std::move(*outcome);
+            return std::nullopt;
+          }
+          failed = "the recovery's decision was made while an agent was dying";
+        } else {
+          failed = "recovery by the agents failed: " + outcome.status().ToString();
+        }
+      }
+    }
+    if (failed.empty() && o.recovery_by != "agents") {
       RecoverOptions ro;
       ro.job = o.job;
       ro.num_nodes = o.nodes;
@@ -368,6 +394,107 @@ std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(
     Say("the agent(s) of node(s)" + dead + " died during recovery " + std::to_string(rep->n) +
         " (" + failed + "); restarting them and trying again");
   }
+}
+
+Result<RecoveryStatus> Launcher::State::RecoverByAgents() {
+  const Deadline deadline = Deadline::AfterSeconds(o.recovery_timeout_s);
+  // corrupt-durable applies before the leader may look at the durable tier.
+  ApplyPendingDurableCorruption();
+  MEMENTO_ASSIGN_OR_RETURN(int64_t id, RequestRecovery(*store, o.job, Deadline::AfterSeconds(5)));
+  std::string last = "no status yet";
+  while (true) {
+    auto view = ReadRecoveryView(*store, o.job, Deadline::AfterSeconds(5));
+    if (view.ok() && view->has_status) {
+      const RecoveryStatus& st = view->status;
+      if (st.id >= id && st.final()) return st;
+      last = "recovery " + std::to_string(st.id) + " " + st.state +
+             (st.leader.empty() ? "" : " (leader " + st.leader + ")") +
+             (st.message.empty() ? "" : ": " + st.message);
+    } else if (!view.ok()) {
+      last = view.status().ToString();
+    }
+    if (const std::string dead = DeadAgents(); !dead.empty()) {
+      return UnavailableError("the agent(s) of node(s)" + dead + " died while recovery " +
+                              std::to_string(id) + " ran (" + last + ")");
+    }
+    if (deadline.expired()) {
+      return DeadlineExceededError("the agents' recovery leader did not finish recovery " +
+                                   std::to_string(id) + " within --recovery-timeout " +
+                                   Seconds3(o.recovery_timeout_s) + " s (" + last + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::optional<JobEnd> Launcher::State::TakeAgentsOutcome(const RecoveryStatus& s,
+                                                         RecoveryReport* rep) {
+  const json& rec = s.recovery;
+  rep->recovered_by = "agents";
+  rep->leader = s.leader;
+  rep->takeover = s.takeover;
+  if (s.state != "done") {
+    // As EndWithNothingRestored: exit 3 when neither memory nor the durable
+    // tier holds a version to restore, 1 for any other failure.
+    const bool nothing = s.message.rfind("memory cannot rebuild", 0) == 0;
+    const std::string msg = "the agents' recovery (request " + std::to_string(s.id) + ", leader " +
+                            s.leader + ") failed: " + s.message;
+    Say(msg);
+    rep->source = "none";
+    rep->reason = msg;
+    json record = rep->ToJson();
+    record["status"] = s.ToJson();
+    store->Set(coord::JobKeys(o.job).Recovery(rep->n), record.dump(), Deadline::AfterSeconds(5))
+        .status()
+        .IgnoreError();
+    summary.recoveries.push_back(*rep);
+    return JobEnd{false, nothing ? 3 : 1, msg};
+  }
+  Say("recovery " + std::to_string(rep->n) + " by the agents' leader " + s.leader + " (request " +
+      std::to_string(s.id) + "): " +
+      (s.source == "none" ? "nothing to restore"
+                          : s.source + ", step " + std::to_string(s.restore_step)) +
+      (s.takeover ? " (taken over from a lost leader)" : ""));
+  rep->reason = s.message;
+  if (s.source == "none" || s.restore_step < 0) {
+    rep->source = "scratch";
+    return std::nullopt;
+  }
+  rep->step = s.restore_step;
+  rep->steps_lost = std::max<int64_t>(0, rep->committed - rep->step);
+  recovery_epoch = s.epoch;
+  auto num = [&](const char* key) { return rec.is_object() ? rec.value(key, 0.0) : 0.0; };
+  if (s.source == "durable") {
+    rep->source = "durable";
+    rep->load_s = num("total_s");
+    rep->write_s = num("write_s");
+    rep->read_bytes = rec.is_object() ? rec.value("read_bytes", uint64_t{0}) : 0;
+    rep->rebuilt_bytes = rec.is_object() ? rec.value("bytes", uint64_t{0}) : 0;
+    rep->reason = "restored from the durable tier at step " + std::to_string(rep->step) +
+                  " by the agents' leader, " + std::to_string(rep->steps_lost) +
+                  " steps lost (committed " + std::to_string(rep->committed) + "; " + s.message +
+                  ")";
+    Say(rep->reason);
+    return std::nullopt;
+  }
+  rep->source =
+      s.message.find("source aor replica") != std::string::npos ? "memory (aor replica)" : "memory";
+  rep->inventory_plan_s = num("inventory_plan_s");
+  rep->transfer_s = num("transfer_s");
+  rep->decode_s = num("decode_s");
+  rep->write_s = num("write_s");
+  rep->rebuilt_bytes = rec.is_object() ? rec.value("rebuilt_bytes", uint64_t{0}) : 0;
+  if (rec.is_object() && rec.contains("decision") && rec["decision"].contains("lost_nodes")) {
+    for (const json& n : rec["decision"]["lost_nodes"]) {
+      if (!n.is_number_integer()) continue;
+      const int node = n.get<int>();
+      if (std::find(rep->lost_nodes.begin(), rep->lost_nodes.end(), node) ==
+          rep->lost_nodes.end()) {
+        rep->lost_nodes.push_back(node);
+      }
+    }
+  }
+  Say("decision: " + s.message);
+  return std::nullopt;
 }
 
 // Fallback: the newest durable version that verifies now (every piece's

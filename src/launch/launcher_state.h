@@ -32,6 +32,7 @@
 #include "launch/launcher.h"
 #include "launch/netns.h"
 #include "launch/node_memory.h"
+#include "launch/recovery_leader.h"
 #include "launch/store_host.h"
 #include "net/job_token.h"
 #include "topo/plan.h"
@@ -231,8 +232,20 @@ struct Launcher::State {
   // in-process recovery within --in-process-timeout.
   std::string WatchRecoveries();
   void FinishInProcess();
+  // Agents back, then the recovery: RecoverJob here (--recovery-by
+  // launcher: *recovered) or by the agents' leader (--recovery-by agents:
+  // *by_agents, its final recovery_status). Neither set: nothing to recover
+  // (no plan or no commit yet).
   std::optional<JobEnd> RestartAgentsAndRecover(TimePoint detected, RecoveryReport* rep,
-                                                std::optional<JobRecovery>* recovered);
+                                                std::optional<JobRecovery>* recovered,
+                                                std::optional<RecoveryStatus>* by_agents);
+  // --recovery-by agents: raises recovery_request and waits for the leader's
+  // final recovery_status of that request (or a newer one). Unavailable when
+  // an agent died meanwhile, DeadlineExceeded past --recovery-timeout.
+  Result<RecoveryStatus> RecoverByAgents();
+  // Fills the report from the leader's final status; the job's end when it
+  // failed (exit 3 when nothing can be restored, as the launcher's own path).
+  std::optional<JobEnd> TakeAgentsOutcome(const RecoveryStatus& s, RecoveryReport* rep);
   bool FallBackToDurableTier(const JobRecovery& rec, RecoveryReport* rep);
   Result<DurableLoad> FallBackToDurable(int64_t step, const std::string& memory_reason,
                                         RecoveryReport* rep);

@@ -43,7 +43,7 @@ std::string RecoveryStatusKey(const std::string& job) {
 json RecoveryStatus::ToJson() const {
   json j = {{"id", id},           {"state", state},       {"leader", leader},
             {"trigger", trigger}, {"takeover", takeover}, {"restore_step", restore_step},
-            {"source", source},   {"message", message}};
+            {"epoch", epoch},     {"source", source},     {"message", message}};
   if (!recovery.is_null()) j["recovery"] = recovery;
   return j;
 }
@@ -64,6 +64,7 @@ Result<RecoveryStatus> RecoveryStatus::FromJson(const std::string& text) {
   s.trigger = j.value("trigger", "");
   s.takeover = j.value("takeover", false);
   s.restore_step = j.value("restore_step", int64_t{-1});
+  s.epoch = j.value("epoch", uint64_t{0});
   s.source = j.value("source", "");
   s.message = j.value("message", "");
   if (j.contains("recovery")) s.recovery = j["recovery"];
@@ -366,6 +367,7 @@ void RecoveryLeader::RunRecovery(int64_t id, const RecoveryStatus* previous) {
         st.state = "done";
         st.source = "memory";
         st.restore_step = rec->decision.step;
+        st.epoch = epoch;
         st.message = rec->decision.reason;
         st.recovery = rec->ToJson();
         Publish(st);
@@ -397,6 +399,7 @@ void RecoveryLeader::RunRecovery(int64_t id, const RecoveryStatus* previous) {
           st.state = "done";
           st.source = "durable";
           st.restore_step = it->step;
+          st.epoch = epoch;
           st.message = why;
           st.recovery = load->ToJson();
           Publish(st);

@@ -78,6 +78,7 @@ struct RecoveryStatus {
   std::string trigger;    // "request" or "node<N> lost"
   bool takeover = false;  // a previous leader left this id unfinished
   int64_t restore_step = -1;
+  uint64_t epoch = 0;  // done: the commit epoch the job continues in (0: none)
   std::string source;  // "memory", "durable", "none"
   std::string message;
   nlohmann::json recovery;  // JobRecovery::ToJson / DurableLoad::ToJson (done)

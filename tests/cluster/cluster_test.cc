@@ -733,6 +733,95 @@ TEST_F(ClusterTest, NetnsGlooTrainerNodeLossBitIdentical) {
 }
 #endif  // TRAINER_BIN
 
+// --recovery-by agents (docs/launch.md, "Who recovers"): the agents' elected
+// recovery leader (launch/recovery_leader.h) runs every whole-job recovery;
+// the launcher only replaces processes and waits for the leader's outcome.
+// Its own ctest entry (cluster_agents_recovery_test sets
+// MEMENTO_CLUSTER_AGENTS=1 and filters on ClusterAgentsTest); skipped in
+// cluster_cluster_test.
+class ClusterAgentsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (Chaos()) GTEST_SKIP() << "MEMENTO_CHAOS: only the chaos test runs";
+    if (std::getenv("MEMENTO_CLUSTER_AGENTS") == nullptr) {
+      GTEST_SKIP() << "set MEMENTO_CLUSTER_AGENTS=1 (cluster_agents_recovery_test)";
+    }
+  }
+  static Job AgentsJob() {
+    Job job;
+    job.extra = {"--recovery-by", "agents"};
+    return job;
+  }
+  // Every recovery of the summary ran by the agents' leader.
+  static void ExpectRecoveredByAgents(const Outcome& o) {
+    ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
+    ASSERT_GE(o.summary["recoveries"].size(), 1u) << LaunchLogs(o);
+    for (const json& rec : o.summary["recoveries"]) {
+      EXPECT_EQ(rec["recovered_by"], "agents") << rec.dump() << "\n" << LaunchLogs(o);
+      EXPECT_EQ(rec["leader"].get<std::string>().rfind("node", 0), 0u) << rec.dump();
+    }
+    EXPECT_NE(o.output.find("asked of the agents' recovery leader"), std::string::npos)
+        << LaunchLogs(o);
+  }
+  testing::ScratchDir dir_{"cluster-agents"};
+};
+
+TEST_F(ClusterAgentsTest, NodeLossIsRebuiltByTheAgentsLeader) {
+  Job job = AgentsJob();
+  job.policy = "replicate";
+  job.inject = "kill-node:1@step=10";
+  Outcome o = RunJob(job, dir_.path(), "agentsloss");
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ExpectRecoveredByAgents(o);
+  ExpectRestoredFromMemory(job, o, 1);
+  const json& rec = o.summary["recoveries"][0];
+  EXPECT_EQ(rec["lost_nodes"], json::array({1})) << LaunchLogs(o);
+  EXPECT_EQ(rec["source"], "memory") << LaunchLogs(o);
+  // The leader's RecoverJob rebuilt the lost node's slots from its peers.
+  EXPECT_GT(rec["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
+  EXPECT_GE(rec["epoch"].get<uint64_t>(), 1u) << LaunchLogs(o);
+  EXPECT_NE(o.output.find("recovery 0 by the agents' leader node"), std::string::npos)
+      << LaunchLogs(o);
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
+// Two failures in one job: the second recovery is a new request (id 2) of
+// the same leader election; a trainer and its agent killed together (the
+// agent restarts on its root: it may have been the leader, whose lease the
+// launcher revokes so that another agent takes over).
+TEST_F(ClusterAgentsTest, TwoFailuresEachRecoveredByTheAgents) {
+  Job job = AgentsJob();
+  job.steps = 60;
+  job.inject = "kill-rank:1@step=10,kill-agent:1@step=10,kill-node:0@step=35";
+  Outcome o = RunJob(job, dir_.path(), "agentstwo");
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ExpectRecoveredByAgents(o);
+  ASSERT_GE(o.summary["recoveries"].size(), 2u) << LaunchLogs(o);
+  for (const json& rec : o.summary["recoveries"]) {
+    EXPECT_GE(rec["step"].get<int64_t>(), 1) << rec.dump() << "\n" << LaunchLogs(o);
+  }
+  const json& last = o.summary["recoveries"].back();
+  EXPECT_EQ(last["lost_nodes"], json::array({0})) << LaunchLogs(o);
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
+TEST_F(ClusterAgentsTest, LossBeyondProtectionIsRefusedByTheLeaderWithExit3) {
+  Job job = AgentsJob();
+  job.policy = "xor";
+  job.inject = "kill-node:1@step=8,kill-node:2@step=8";
+  Outcome o = RunJob(job, dir_.path(), "agentsbeyond");
+  EXPECT_EQ(o.exit.code, 3) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_NE(o.output.find("memory cannot rebuild any committed version"), std::string::npos)
+      << LaunchLogs(o);
+  EXPECT_NE(o.output.find("sg0/r"), std::string::npos) << LaunchLogs(o);
+  EXPECT_NE(o.output.find("no --durable-dir"), std::string::npos) << LaunchLogs(o);
+  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
+  EXPECT_FALSE(o.summary["success"].get<bool>());
+  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << LaunchLogs(o);
+  EXPECT_EQ(o.summary["recoveries"][0]["source"], "none") << LaunchLogs(o);
+  EXPECT_EQ(o.summary["recoveries"][0]["recovered_by"], "agents") << LaunchLogs(o);
+}
+
 // Seeded random failures: kills of ranks, agents, nodes and the store host
 // (the store process, restarted empty) at random steps,
 // never more node losses at once than the policy protects (rs:2: two).

@@ -52,6 +52,7 @@ struct Job {
   int warmup_ms = 500;
   int persist_every = 4;
   bool durable = true;
+  std::vector<std::string> extra;  // more launch flags
 };
 
 struct Outcome {
@@ -96,6 +97,7 @@ Outcome RunJob(const Job& job, const std::string& dir, const std::string& durabl
     so.argv.push_back("--inject");
     so.argv.push_back(job.inject);
   }
+  for (const std::string& a : job.extra) so.argv.push_back(a);
   for (const char* a : {"--", WORKLOAD_BIN}) so.argv.push_back(a);
   for (const std::string& a :
        {std::string("--steps"), std::to_string(job.steps), std::string("--elements"),
@@ -313,6 +315,36 @@ TEST_F(DurableFallbackTest, LossBeyondProtectionRecoversFromTheDurableTier) {
       EXPECT_EQ(marker["epoch"].get<uint64_t>(), rec["epoch"].get<uint64_t>()) << newest;
     }
   }
+}
+
+// --recovery-by agents: the agents' recovery leader falls back to the
+// durable tier itself (LoadDurableOnEveryNode, the new epoch), the launcher
+// only waits for its outcome; the same end as the launcher's own fallback.
+TEST_F(DurableFallbackTest, TheAgentsLeaderFallsBackToTheDurableTier) {
+  Job job;
+  job.extra = {"--recovery-by", "agents"};
+  job.inject = "kill-node:1@step=18,kill-node:2@step=18";
+  Outcome o = RunJob(job, dir_.path(), durable_dir());
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  EXPECT_NE(o.output.find("asked of the agents' recovery leader"), std::string::npos) << Logs(o);
+  EXPECT_NE(o.output.find("memory cannot rebuild any committed version"), std::string::npos)
+      << Logs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
+  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << Logs(o);
+  const json& rec = o.summary["recoveries"][0];
+  EXPECT_EQ(rec["recovered_by"], "agents") << Logs(o);
+  EXPECT_EQ(rec["source"], "durable") << Logs(o);
+  EXPECT_EQ(rec["lost_nodes"], json::array({1, 2})) << Logs(o);
+  const int64_t step = rec["step"].get<int64_t>();
+  const int64_t committed = rec["committed"].get<int64_t>();
+  EXPECT_GE(step, job.persist_every) << Logs(o);
+  EXPECT_EQ(step % job.persist_every, 0) << Logs(o);
+  EXPECT_LE(step, committed) << Logs(o);
+  EXPECT_EQ(rec["steps_lost"].get<int64_t>(), committed - step) << Logs(o);
+  EXPECT_GT(rec["read_bytes"].get<uint64_t>(), 0u) << Logs(o);
+  EXPECT_GE(rec["epoch"].get<uint64_t>(), 1u) << Logs(o);
+  ExpectEveryRankRestoredBitIdentical(job, o, rec["attempt"].get<int>(), step);
+  ExpectStepsAfterTheRestoredOneCommitAgain(o, rec);
 }
 
 TEST_F(DurableFallbackTest, WithoutADurableVersionTheLauncherStillRefuses) {
