@@ -1240,6 +1240,59 @@ TEST_P(ResidentParityTest, ParitiesAreResidentOnlyFromTheStepTheClientNamed) {
   EXPECT_EQ(got, c.ParityBytes(par.id, 9));
 }
 
+// DP 2 (k = 1): each parity equals its stripe's one data block, which a slot
+// without the parity entry holds (whole tensors here): resident in every
+// version without the client saying anything, its zero padding read as
+// zeros, and a lost node is rebuilt through it.
+TEST_P(ResidentParityTest, AParityOfOneBlockIsResidentInThatBlock) {
+  using namespace resident_test;
+  const std::string policy = GetParam();
+  const int n = 2;
+  // W / 2 is not 64-byte aligned: one stripe's block is shorter than its parity.
+  Cluster c(n, MakeInventory(n, 3001 * 4, 5000 * 4), policy, /*resident=*/true);
+  bool padded = false;
+  for (const topo::Stripe& s : c.plan().stripes) {
+    ASSERT_EQ(s.k, 1);
+    padded |= s.data[0].length < s.block_bytes;
+  }
+  EXPECT_TRUE(padded);
+  c.WriteT0(5, 1);
+  Status st = c.ProduceWithT1Producer(5);
+  ASSERT_TRUE(st.ok()) << st;
+  for (const topo::Parity& par : c.plan().parities) {
+    const ByteSource entry{SourceKind::kParity, par.id};
+    Cluster::Node& holder = c.node(par.node);
+    ASSERT_TRUE(holder.red->Complete(5));
+    auto r = holder.red->Resident(5, entry);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->has_value()) << "parity " << par.id << " was copied into T1";
+    EXPECT_FALSE((*r)->source.segments.empty());
+    const auto want = c.ParityBytes(par.id, 5);
+    std::vector<uint8_t> got(want.size());
+    ASSERT_TRUE(holder.red->Read({5, entry, 0, want.size()}, got.data()).ok());
+    EXPECT_EQ(got, want) << "local read of parity " << par.id;
+    std::fill(got.begin(), got.end(), 1);
+    ASSERT_TRUE(c.node((par.node + 1) % n)
+                    .service->reader()
+                    .Read(par.node, {5, entry, 0, want.size()}, got.data(), Soon())
+                    .ok());
+    EXPECT_EQ(got, want) << "streamed read of parity " << par.id;
+    std::vector<uint8_t> tail(100);
+    ASSERT_TRUE(holder.red->Read({5, entry, want.size() - 100, 100}, tail.data()).ok());
+    EXPECT_TRUE(std::equal(tail.begin(), tail.end(), want.end() - 100));
+    EXPECT_LT(holder.red->bytes_in_use(), par.bytes) << "node " << par.node;
+  }
+  c.ReplaceNode(1);
+  std::vector<recover::NodeInventory> live;
+  for (int node = 0; node < n; ++node) live.push_back(c.InventoryOf(node));
+  auto d = recover::Decide(c.plan(), live, 5);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(d->from_memory) << d->reason;
+  EXPECT_FALSE(ParityInputs(*d).empty()) << "rank 1's piece should be decoded through a parity";
+  ASSERT_NO_FATAL_FAILURE(RecoverOn(c, *d, 1, 5));
+  ExpectRank(c, 1, 5);
+}
+
 INSTANTIATE_TEST_SUITE_P(Codes, ResidentParityTest, ::testing::Values("xor", "rs:2"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            return std::string(info.param) == "xor" ? "xor" : "rs_2";

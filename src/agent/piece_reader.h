@@ -75,7 +75,10 @@ class PieceReader {
   // Bytes of a T1 entry resident in T0 (agent/resident.h): the concatenation
   // of `segments` of `rank`'s slot of `step`, or (`parity` set) the slot's
   // parity entry of that plan parity (shm::FindParityEntry), which must hold
-  // `parity_bytes` bytes (else NotFound); `what` names it in errors.
+  // `parity_bytes` bytes (else NotFound) or, when the slot has no such entry
+  // and `segments` is not empty (a parity equal to its one data block), the
+  // segments followed by zeros up to `parity_bytes`; `what` names it in
+  // errors.
   // `generation` (non-zero) must be the slot's generation: the slot was not
   // rewritten since the entry was made (else NotFound: the bytes are gone,
   // never another version's). The same checks as ReadPiece otherwise.
@@ -119,6 +122,7 @@ class PieceReader {
     size_t tensor = 0;
     uint64_t begin = 0;  // in the data region
     uint64_t length = 0;
+    bool zeros = false;  // `length` zero bytes, not in the slot (a parity's padding)
   };
   Result<std::vector<RangeCopy>> MapPiece(const topo::Plan& plan, uint32_t piece, int64_t step,
                                           const SlotCache& c, uint64_t offset, uint64_t length);

@@ -238,7 +238,7 @@ Status ShmRedundancyStore::SetPlan(const topo::Plan& plan) {
     if (!src.has_value()) continue;
     uint64_t sum = 0;
     for (const topo::Segment& seg : src->segments) sum += seg.length;
-    if (src->is_parity()) sum = src->bytes;
+    if (src->is_parity() && sum <= src->bytes) sum = src->bytes;  // zeros after the block
     if (sum != p.bytes || src->bytes != p.bytes || src->rank < 0) {
       return InternalError(
           fmt::format("redundancy store: {} {} resident in rank {}: {} bytes of "
@@ -256,7 +256,7 @@ Status ShmRedundancyStore::SetPlan(const topo::Plan& plan) {
       if (it == resident.end()) continue;
       // A parity is resident only in the versions its client writes it
       // into (SetClientParity; decided in Ensure).
-      if (it->second->is_parity()) {
+      if (it->second->needs_client_entry()) {
         p.client_parity = it->second;
       } else {
         p.resident = it->second;

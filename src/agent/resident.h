@@ -23,6 +23,11 @@ namespace memento::agent {
 // (tensor name, offset and length in bytes of the whole tensor, located with
 // shm::FindRange), or, for a parity (`parity` set), the slot's parity entry
 // of that plan parity (shm::FindParityEntry), which must hold `bytes` bytes.
+// A parity equal to its stripe's only data block (k = 1: the XOR of one
+// block, or an RS parity row of coefficient 1) also has `segments`: that
+// block, followed by zeros up to `bytes`; a slot without the parity entry
+// (every whole-tensor slot, and a sharded slot that keeps the stripe input)
+// serves it from there.
 struct ResidentSource {
   static constexpr uint32_t kNotParity = 0xffffffffu;  // == shm::kNoParity
   int rank = -1;
@@ -30,6 +35,8 @@ struct ResidentSource {
   uint32_t parity = kNotParity;
   uint64_t bytes = 0;  // the entry's size (the segments' sum, or the parity's)
   bool is_parity() const { return parity != kNotParity; }
+  // A parity resident only where the client wrote its entry (no segments).
+  bool needs_client_entry() const { return is_parity() && segments.empty(); }
 };
 
 // The one place that decides which T1 entries of `plan` are resident in T0
@@ -44,7 +51,10 @@ struct ResidentSource {
 //     parity id}. Whether a version's parity is resident also depends on
 //     the client: only when its rank's client said it writes parity entries
 //     from that step on (RedundancyStore::SetClientParity, told by the plan
-//     op); otherwise the agent keeps the parity in the version file;
+//     op); otherwise the agent keeps the parity in the version file. A
+//     parity equal to its stripe's single data block (k = 1, e.g. XOR with
+//     DP 2) is resident in every version: the producer's slot holds the
+//     block whenever it holds no parity entry (segments set);
 //   kPeer / kAor copies (pushed from another node): not resident.
 std::optional<ResidentSource> T0ResidentSource(const topo::Plan& plan, recover::ByteSource entry);
 

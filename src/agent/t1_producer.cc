@@ -96,7 +96,7 @@ Status T1Producer::ProduceEntries(int64_t step, const std::map<int, RankSlotView
       // The version references the parity entry of the producer's slot
       // (its client said it writes one: RedundancyStore::SetClientParity):
       // nothing is copied.
-      if (entry < 0) {
+      if (entry < 0 && resident->source.needs_client_entry()) {
         // It did not (a client that fell back to whole tensors after the
         // plan op): this version cannot be made; later ones keep the
         // parity in T1.
