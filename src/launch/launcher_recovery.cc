@@ -133,6 +133,9 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause,
   // steps from the failed attempt must not count towards new commits.
   if (Status st = RestartCommitRule(); !st.ok()) return JobEnd{false, 1, st.ToString()};
   PublishRecovery(detected, &rep);
+  // The nodes' signals from before now are the failed attempt's (ahead of
+  // the restored step after a rewind): injections wait for this attempt's.
+  attempt_wall_ns = WallNanos();
   if (Status st = StartTrainers(); !st.ok()) return JobEnd{false, 1, st.ToString()};
   // The trainers report their first step in the new rendezvous dir.
   resume_watch = ResumeWatch{summary.recoveries.size() - 1, swift::ResumedPath(Rendezvous(), 0),
