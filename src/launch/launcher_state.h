@@ -221,8 +221,14 @@ struct Launcher::State {
   // ---- launcher_inject.cc ----
   // Fires the injections due at the job's step (not the @recovery ones).
   void FireInjections();
-  // kill-store@recovery=N during recovery `recovery`.
-  Status FireRecoveryInjections(int recovery);
+  // kill-agent / kill-node (also at a recovery): SIGKILL node inj.target's
+  // agent; kill-node also its trainers, removes its root and marks it lost.
+  void KillAgentOrNode(const Injection& inj);
+  // The @recovery=N injections of recovery `recovery`: kill-store (the store
+  // is restarted before this returns), kill-agent and kill-node. Returns
+  // what was killed ("injected kill-node:1@recovery=0"; empty: nothing), so
+  // the caller restarts that recovery's round.
+  Result<std::string> FireRecoveryInjections(int recovery);
   // corrupt-rank: applied to `committed` once the trainers are stopped.
   void ApplyPendingCorruptions(int64_t committed);
   // corrupt-durable: applied when a recovery falls back to the durable tier.
