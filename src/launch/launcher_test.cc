@@ -8,7 +8,6 @@
 #include <sys/stat.h>
 
 #include <fstream>
-#include <sstream>
 
 #include "common/test_util.h"
 #include "coord/membership.h"
@@ -19,12 +18,7 @@
 namespace memento::launch {
 namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using memento::testing::ReadAll;
 
 // A `memento` stand-in: `agent ... --root DIR ...` creates DIR/agent.sock and
 // waits; node N's exits 7 after its first start when $dir/agent-dies.N exists.
