@@ -3,8 +3,8 @@
 
 Many runs of `memento launch` with memento-test-workload as the trainer, each
 with random injected failures (kill-rank, kill-agent, kill-node, corrupt-rank,
-kill-store at a random step or in the middle of a recovery; two and three node
-losses at once). For every run it checks:
+kill-store at a random step; kill-store, kill-agent and kill-node in the middle
+of a recovery; two and three node losses at once). For every run it checks:
 
   exit      the launcher's exit status is the one the plan predicts: 0 (every
             failure recovered), or 3 exactly when one recovery's loss set is one
@@ -49,7 +49,7 @@ def log(msg):
 class Run:
     """One generated run: the job's shape and its injections."""
 
-    def __init__(self, seed, short=False):
+    def __init__(self, seed, short=False, recovery_kills=True):
         self.seed = seed
         rng = random.Random(seed)
         self.nodes = rng.choice([4, 4, 4, 5]) if not short else 4
@@ -61,11 +61,18 @@ class Run:
         self.warmup_ms = 500
         scenario = rng.choices(
             ["mixed", "double", "triple", "xor-double", "recovery-store"],
-            weights=[50, 20, 8, 7, 15])[0] if not short else ["mixed", "double", "triple"][seed % 3]
+            weights=[50, 20, 8, 7, 15])[0] if not short else [
+                "mixed", "double", "triple", "recovery-node"][(seed - 3) % 4]
         self.scenario = scenario
         self.policy = "xor" if scenario == "xor-double" else "rs:2"
         self.inject = []  # (kind, target, step or None, recovery or None)
         lo, hi = 8, self.steps - 8
+        if scenario == "recovery-node":
+            # Short only, fixed: a node lost and an agent killed during the
+            # first recovery; a node lost during the second.
+            self.inject = [("kill-node", 1, 12, None), ("kill-agent", 3, None, 0),
+                           ("kill-rank", 0, 24, None), ("kill-node", 2, None, 1)]
+            return
         if scenario in ("double", "triple", "xor-double"):
             k = 3 if scenario == "triple" else 2
             nodes = rng.sample(range(self.nodes), k)
@@ -95,6 +102,18 @@ class Run:
         if not any(i[0] not in ("kill-store", "corrupt-rank") for i in self.inject):
             # Every run has at least one failure to recover from.
             self.inject.append(("kill-rank", rng.randrange(self.nodes), rng.randint(lo, hi), None))
+        if recovery_kills and not short:
+            # An agent or a node lost in the middle of a recovery (after the
+            # agents restarted, before the inventory). Drawn from a second
+            # generator so that the draws above stay what they were before
+            # (--no-recovery-kills reproduces a run of an older campaign).
+            rng2 = random.Random(seed ^ 0x5eed5eed)
+            failures = sum(1 for i in self.inject
+                           if i[0] not in ("kill-store", "corrupt-rank") and i[3] is None)
+            if rng2.random() < 0.3:
+                kind = rng2.choice(["kill-agent", "kill-node"])
+                self.inject.append((kind, rng2.randrange(self.nodes), None,
+                                    rng2.randrange(failures)))
 
     def inject_text(self):
         out = []
@@ -189,6 +208,15 @@ class Campaign:
                 kind, target = m.group(1), int(m.group(2) or 0)
                 reached = int(m.group(5)) if m.group(5) is not None else None
                 fired.append((kind, target, reached))
+                if m.group(3) == "recovery" and kind in ("kill-agent", "kill-node"):
+                    # Lost during recovery K: part of that recovery's loss set, not a
+                    # failure of its own (its "failure:" line came before).
+                    k = int(m.group(4))
+                    if k < len(groups) and kind == "kill-node":
+                        groups[k]["nodes"].add(target)
+                    elif k >= len(groups):
+                        problems.append("%s fired before recovery %d began" % (m.group(0), k))
+                    continue
                 if kind == "kill-node":
                     current["nodes"].add(target)
                 if kind == "corrupt-rank":
@@ -314,6 +342,9 @@ def main():
                     help="run exactly this run seed (repeatable): reproduces one run")
     ap.add_argument("--short", action="store_true",
                     help="small jobs (4 nodes, 40 steps) and fixed scenarios, for `make test`")
+    ap.add_argument("--no-recovery-kills", action="store_true",
+                    help="no kill-agent/kill-node@recovery=K (reproduces a run seed of a campaign "
+                         "made before they existed)")
     ap.add_argument("--max-lost", type=int, default=2,
                     help="steps a recovery may lose below the step the job had reached (default 2)")
     ap.add_argument("--max-gap-s", type=float, default=0,
@@ -327,6 +358,8 @@ def main():
         ap.error("--runs must be >= 1")
 
     camp = Campaign(args)
+    extra = (" --short" if args.short else "") + (
+        " --no-recovery-kills" if args.no_recovery_kills else "")
     work_root = args.work_dir or tempfile.mkdtemp(prefix="memento-chaos-")
     os.makedirs(work_root, exist_ok=True)
     log("chaos: campaign seed %d, logs under %s" % (args.seed, work_root))
@@ -353,7 +386,7 @@ def main():
                 break
             seed = master.getrandbits(32)
         k += 1
-        run = Run(seed, short=args.short)
+        run = Run(seed, short=args.short, recovery_kills=not args.no_recovery_kills)
         work = os.path.join(work_root, "seed-0x%08x" % seed)
         if os.path.exists(work):
             shutil.rmtree(work)
@@ -379,7 +412,7 @@ def main():
         else:
             failing.append(seed)
             log("  logs: %s  reproduce: %s --build %s --run-seed 0x%08x%s" %
-                (work, sys.argv[0], args.build, seed, " --short" if args.short else ""))
+                (work, sys.argv[0], args.build, seed, extra))
     log("")
     log("chaos summary (campaign seed %d)" % args.seed)
     log("  %-34s %d" % ("runs", totals["runs"]))
@@ -398,7 +431,7 @@ def main():
     if failing:
         log("  failing seeds: " + " ".join("0x%08x" % s for s in failing))
         log("  reproduce one: %s --build %s --run-seed 0x%08x%s" %
-            (sys.argv[0], args.build, failing[0], " --short" if args.short else ""))
+            (sys.argv[0], args.build, failing[0], extra))
     if not args.work_dir and not failing and not args.keep:
         shutil.rmtree(work_root, ignore_errors=True)
     return 0 if not failing else 1

@@ -22,12 +22,12 @@
 namespace memento::tools {
 
 // Starts `nodes` agents of `job` for the run directory `dir` and waits up to
-// `timeout_s` for each one's socket. On failure the agents already started
+// `timeout_s` for each one's socket; `extra` is appended to every agent's
+// arguments (cluster mode: --store, --token-file, --listen). On failure the agents already started
 // are stopped and the error names the node and the end of its log.
-inline Result<std::vector<Subprocess>> StartBenchAgents(const std::string& self,
-                                                        const std::string& job,
-                                                        const std::string& dir, int nodes,
-                                                        double timeout_s = 30) {
+inline Result<std::vector<Subprocess>> StartBenchAgents(
+    const std::string& self, const std::string& job, const std::string& dir, int nodes,
+    double timeout_s = 30, const std::vector<std::string>& extra = {}) {
   std::vector<Subprocess> agents;
   auto fail = [&agents](Status st) {
     for (Subprocess& p : agents) p.Terminate(10);
@@ -37,6 +37,7 @@ inline Result<std::vector<Subprocess>> StartBenchAgents(const std::string& self,
     const std::string root = dir + "/node" + std::to_string(n);
     SpawnOptions so;
     so.argv = {self, "agent", "--job", job, "--node", std::to_string(n), "--root", root};
+    so.argv.insert(so.argv.end(), extra.begin(), extra.end());
     so.log_path = dir + "/agent" + std::to_string(n) + ".log";
     auto agent = Subprocess::Spawn(so);
     if (!agent.ok()) return fail(agent.status());

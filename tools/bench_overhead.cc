@@ -10,6 +10,14 @@
 // a private /dev/shm directory and a fresh job id, so nothing is restored and
 // every step is snapshotted; agents and roots are removed after each run.
 //
+// With --cluster the on runs are a cluster job as under `memento launch`:
+// an embedded coordination store and commit coordinator in this process,
+// the job's topology published, every agent in cluster mode (--store), so
+// that each snapshot becomes a committed version only once every node has
+// made its redundancy (T1). The ranks' summaries then carry the commit lag
+// (docs/cluster.md, "Commit lag"): commit_lag_* in the JSON, per round and
+// over the rounds (the worst rank's quantiles).
+//
 // Output (one JSON object): step_s_off, step_s_on, overhead_pct (the means
 // over rounds), overhead_pct_median (the median of the rounds' overheads:
 // robust to one disturbed round on a shared machine), preset, params,
@@ -27,18 +35,25 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/subprocess.h"
+#include "coord/commit.h"
+#include "coord/embedded_store.h"
+#include "launch/job_recovery.h"
 #include "memento/status.h"
+#include "net/job_token.h"
 #include "tools/bench_agents.h"
 #include "tools/bench_stats.h"
 #include "tools/command.h"
 #include "tools/json_output.h"
 #include "tools/trainer_binary.h"
+#include "topo/plan.h"
 
 namespace memento::tools {
 namespace {
@@ -54,8 +69,10 @@ struct OverheadArgs {
   int micro_batches = 1;
   int ranks_per_node = 1;
   double run_timeout_s = 900;
-  std::string copy_priority;  // empty: the client's default
-  std::string schedule;       // empty: the trainer's default (auto)
+  std::string copy_priority;   // empty: the client's default
+  std::string schedule;        // empty: the trainer's default (auto)
+  bool cluster = false;        // on runs as a cluster job (store, commits, T1)
+  std::string policy = "xor";  // --cluster: the job's redundancy policy
   bool keep = false;
   bool json = true;
 };
@@ -106,7 +123,49 @@ struct RunResult {
   double copy_cpu_s = 0;
   double agent_cpu_s = 0;  // the agents' CPU-seconds for the whole run (on)
   double snap_bytes = 0;   // bytes snapshotted per step, all ranks (on)
+  // --cluster: the commit lag the ranks saw (the worst rank's quantiles;
+  // null without --cluster).
+  nlohmann::json commit_lag;
 };
+
+// The embedded store, token file and commit coordinator of one --cluster run,
+// with the job's topology published (what `memento launch` sets up).
+struct ClusterJob {
+  std::unique_ptr<coord::EmbeddedStoreServer> server;
+  std::unique_ptr<coord::CommitCoordinator> coordinator;
+  std::vector<std::string> agent_args;  // --store, --token-file, --listen
+};
+
+Result<ClusterJob> StartClusterJob(const OverheadArgs& a, const std::string& job,
+                                   const std::string& dir, int nodes) {
+  ClusterJob c;
+  MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Generate());
+  const std::string token_file = dir + "/job.token";
+  {
+    int fd = open(token_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0) return ErrnoError("create " + token_file, errno);
+    const std::string& s = token.secret();
+    const bool ok = write(fd, s.data(), s.size()) == static_cast<ssize_t>(s.size());
+    close(fd);
+    if (!ok) return ErrnoError("write " + token_file, errno);
+  }
+  MEMENTO_ASSIGN_OR_RETURN(c.server, coord::EmbeddedStoreServer::Start("127.0.0.1", 0, token));
+  coord::Store& store = c.server->store();
+  launch::JobTopology jt;
+  const int zero = (!a.no_zero && a.dp > 1) ? 1 : 0;
+  MEMENTO_ASSIGN_OR_RETURN(jt.topology,
+                           topo::Topology::Uniform(a.dp, a.tp, a.pp, zero, a.ranks_per_node));
+  MEMENTO_ASSIGN_OR_RETURN(jt.policy, topo::ParsePolicy(a.policy));
+  MEMENTO_RETURN_IF_ERROR(launch::PublishTopology(store, job, jt, Deadline::AfterSeconds(10)));
+  std::set<std::string> members;
+  for (int i = 0; i < nodes; ++i) members.insert(coord::NodeName(i));
+  MEMENTO_ASSIGN_OR_RETURN(c.coordinator, coord::CommitCoordinator::Start(
+                                              &store, job, members, Deadline::AfterSeconds(10)));
+  c.agent_args = {"--store",      "tcp://127.0.0.1:" + std::to_string(c.server->port()),
+                  "--token-file", token_file,
+                  "--listen",     "127.0.0.1:0"};
+  return c;
+}
 
 // One trainer run (all ranks via --launch), with agents when `on`.
 Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
@@ -118,15 +177,27 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
   const std::string job =
       "bench-overhead-" + std::to_string(getpid()) + "-" + std::to_string(index);
   std::vector<Subprocess> agents;
+  ClusterJob cluster;
   auto cleanup = [&] {
     StopBenchAgents(&agents);
+    // The agents first: without their store they retry until deadlines pass.
+    cluster.coordinator.reset();
+    cluster.server.reset();
     if (!a.keep) {
       std::error_code ec;
       std::filesystem::remove_all(dir, ec);
     }
   };
+  if (on && a.cluster) {
+    auto c = StartClusterJob(a, job, dir, nodes);
+    if (!c.ok()) {
+      cleanup();
+      return c.status();
+    }
+    cluster = std::move(*c);
+  }
   if (on) {
-    auto started = StartBenchAgents(self, job, dir, nodes);
+    auto started = StartBenchAgents(self, job, dir, nodes, 30, cluster.agent_args);
     if (!started.ok()) {
       cleanup();
       return started.status();
@@ -204,6 +275,22 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
         out.copy_cpu_s += snap.value("copy_cpu_s", 0.0) / snaps;
         out.snap_bytes += snap.value("bytes", 0.0) / snaps;
       }
+      if (snap.is_object() && snap.contains("commit_lag") && snap["commit_lag"].is_object()) {
+        const nlohmann::json& lag = snap["commit_lag"];
+        if (out.commit_lag.is_null()) {
+          out.commit_lag = lag;
+        } else {
+          // The worst rank: the largest quantiles, the fewest versions seen.
+          for (auto it = lag.begin(); it != lag.end(); ++it) {
+            if (!it->is_number()) continue;
+            const double v = it->get<double>();
+            const double have = out.commit_lag.value(it.key(), v);
+            out.commit_lag[it.key()] = (it.key() == "versions" || it.key() == "samples")
+                                           ? std::min(have, v)
+                                           : std::max(have, v);
+          }
+        }
+      }
     }
   }
   if (on) out.agent_cpu_s = StopBenchAgents(&agents);
@@ -224,6 +311,14 @@ int RunOverheadBench(const OverheadArgs& a) {
   if (a.dp < 1 || a.pp < 1 || a.tp < 1 || a.ranks_per_node < 1) {
     return ReportStatus(InvalidArgumentError("--dp, --pp, --tp, --ranks-per-node must be >= 1"));
   }
+  if (a.cluster) {
+    if (auto p = topo::ParsePolicy(a.policy); !p.ok()) {
+      return ReportStatus(InvalidArgumentError("--policy: " + p.status().message()));
+    }
+  }
+  // Logs (the --cluster coordinator's commits) go to stderr: stdout is the
+  // one JSON object.
+  InitLogging("bench");
   auto trainer = FindTrainer(a.trainer);
   if (!trainer.ok()) return ReportStatus(trainer.status());
   const std::string self = SelfExe();
@@ -239,6 +334,7 @@ int RunOverheadBench(const OverheadArgs& a) {
   double sum_cpu_off = 0, sum_cpu_on = 0, sum_copy_cpu = 0, sum_agent_cpu = 0, snap_bytes = 0;
   std::vector<double> offs, ons, pcts;
   nlohmann::json first;
+  nlohmann::json lag_worst;  // --cluster: the worst round's value of each quantile
   Status failed;
   int index = 0;
   for (int r = 0; r < a.rounds && failed.ok(); ++r) {
@@ -270,6 +366,15 @@ int RunOverheadBench(const OverheadArgs& a) {
     sum_copy_cpu += res[1].copy_cpu_s;
     sum_agent_cpu += res[1].agent_cpu_s;
     snap_bytes = res[1].snap_bytes;
+    if (res[1].commit_lag.is_object()) {
+      for (auto it = res[1].commit_lag.begin(); it != res[1].commit_lag.end(); ++it) {
+        if (!it->is_number()) continue;
+        const double v = it->get<double>();
+        const double have = lag_worst.is_object() ? lag_worst.value(it.key(), v) : v;
+        lag_worst[it.key()] = (it.key() == "versions" || it.key() == "samples") ? std::min(have, v)
+                                                                                : std::max(have, v);
+      }
+    }
     sum_fence += res[1].summary.value("mean_fence_s", 0.0);
     sum_snap += res[1].summary.value("mean_snapshot_s", 0.0);
     rounds.push_back({{"order", on_first ? "on,off" : "off,on"},
@@ -282,6 +387,9 @@ int RunOverheadBench(const OverheadArgs& a) {
                       {"cpu_s_per_step_on", res[1].cpu_s},
                       {"copy_cpu_s_on", res[1].copy_cpu_s},
                       {"agent_cpu_s_on", res[1].agent_cpu_s},
+                      {"agent_cpu_s_per_step_on",
+                       a.steps > 0 ? res[1].agent_cpu_s / static_cast<double>(a.steps) : 0.0},
+                      {"commit_lag_on", res[1].commit_lag},
                       {"wall_s_off", res[0].wall_s},
                       {"wall_s_on", res[1].wall_s},
                       {"loadavg_1m", LoadAverage()}});
@@ -322,6 +430,11 @@ int RunOverheadBench(const OverheadArgs& a) {
       {"cpu_overhead_pct", sum_cpu_off > 0 ? (sum_cpu_on - sum_cpu_off) / sum_cpu_off * 100 : 0.0},
       {"copy_cpu_s_on", sum_copy_cpu / n},
       {"agent_cpu_s_on", sum_agent_cpu / n},
+      {"agent_cpu_s_per_step_on",
+       a.steps > 0 ? sum_agent_cpu / n / static_cast<double>(a.steps) : 0.0},
+      {"cluster", a.cluster},
+      {"policy", a.cluster ? a.policy : std::string("none (agents without a store)")},
+      {"commit_lag", lag_worst},
       {"snap_bytes_per_step", snap_bytes},
       {"copy_priority", a.copy_priority.empty() ? "default" : a.copy_priority},
       {"schedule", a.schedule.empty() ? "default" : a.schedule},
@@ -365,6 +478,13 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--schedule", args.schedule,
                   "memento snapshot schedule of the on runs: auto | eager | has (default: the "
                   "trainer's, auto)");
+  cmd->add_flag("--cluster", args.cluster,
+                "on runs as a cluster job: embedded store + commit coordinator, topology "
+                "published, agents in cluster mode (T1 redundancy, commits); reports the commit "
+                "lag the ranks saw (commit_lag: steps and seconds, p50/p90/max)");
+  cmd->add_option("--policy", args.policy,
+                  "--cluster: the job's redundancy policy (xor, replicate, rs:F, ...)")
+      ->default_val(args.policy);
   cmd->add_flag("--keep", args.keep, "keep the run directories (logs, slots) under /dev/shm");
   cmd->add_flag("--json", args.json, "one-line JSON (the only output format)");
   cmd->callback([&ctx] { ctx.exit_code = RunOverheadBench(args); });

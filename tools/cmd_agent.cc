@@ -234,6 +234,15 @@ void Setup(CLI::App& app, CommandContext& ctx) {
                   "Seconds a reported step that does not commit stays protected from the "
                   "trainers, and the longest wait for the copies peers push")
       ->default_val(10.0);
+  cmd->add_option_function<std::string>(
+         "--preallocate-slots",
+         [](const std::string& v) { options.cluster.preallocate_slots = v == "on"; },
+         "Before joining the job: give every local rank of the topology that has no slot on "
+         "this node (a replacement node) its slot at the size a recovery rebuilds, pages faulted "
+         "in, so that the recovery after the join does not wait for the kernel to zero them "
+         "(costs that slot's memory from the start; docs/recovery.md \"Pre-allocated slots\")")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->default_str("on");
   static std::string scrub_rate;
   cmd->add_option("--scrub-rate", scrub_rate,
                   "Background scrub of the slots at rest: most bytes hashed per second (e.g. "

@@ -114,8 +114,8 @@ void Setup(CLI::App &app, CommandContext &ctx) {
   cmd->add_option("--inject", o.inject,
                   "Failures to inject: kill-rank:R@step=N, kill-agent:I@step=N, "
                   "kill-node:I@step=N, corrupt-rank:R@step=N, corrupt-durable@step=N, "
-                  "kill-store@step=N, "
-                  "kill-store@recovery=K, comma-separated");
+                  "kill-store@step=N, kill-store@recovery=K, kill-agent:I@recovery=K, "
+                  "kill-node:I@recovery=K (during recovery K, 0-based), comma-separated");
   cmd->add_flag("--store-process", o.store_process,
                 "Run the coordination store as a child process (`memento store`); "
                 "kill-store implies it");

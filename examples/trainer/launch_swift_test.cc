@@ -147,21 +147,61 @@ class LaunchSwiftTest : public ::testing::Test {
     }
   }
 
-  // The one recovery of `o`, in process: mode undo (or log), one process
-  // restarted.
-  static void ExpectInProcess(const Outcome& o, const std::string& mode = "undo") {
-    ASSERT_TRUE(o.summary.is_object()) << o.Report();
-    ASSERT_EQ(o.summary["recoveries"].size(), 1u) << o.Report();
-    const json& rep = o.summary["recoveries"][0];
+  // The one recovery of `o`'s summary; null (and a failure) when there is
+  // not exactly one.
+  static const json* OneRecovery(const Outcome& o) {
+    if (!o.summary.is_object() || !o.summary.contains("recoveries") ||
+        o.summary["recoveries"].size() != 1u) {
+      ADD_FAILURE() << "not exactly one recovery in the summary\n" << o.Report();
+      return nullptr;
+    }
+    return &o.summary["recoveries"][0];
+  }
+
+  // The per-report checks: the recovery's mode, how many processes it
+  // started, and its fallback (empty: none; else a part of its reason).
+  static void ExpectReport(const json& rep, const std::string& mode, int restarted,
+                           const std::string& fallback = "") {
     EXPECT_EQ(rep["mode"], mode) << rep.dump();
-    EXPECT_EQ(rep["processes_restarted"], 1) << rep.dump();
-    EXPECT_EQ(rep["fallback"], "") << rep.dump();
-    EXPECT_GE(rep["step"].get<int64_t>(), 3) << rep.dump();
-    // Only the survivors' undone step, at most one, is lost.
-    EXPECT_LE(rep["steps_lost"].get<int64_t>(), 1) << rep.dump();
-    EXPECT_GT(rep["resume_s"].get<double>(), 0.0) << rep.dump();
+    EXPECT_EQ(rep["processes_restarted"], restarted) << rep.dump();
+    if (fallback.empty()) {
+      EXPECT_EQ(rep["fallback"], "") << rep.dump();
+    } else {
+      EXPECT_NE(rep["fallback"].get<std::string>().find(fallback), std::string::npos) << rep.dump();
+    }
+  }
+
+  // The one recovery of `o`, in process: mode undo (or log), one process
+  // restarted. At most one step lost (the survivors' undone step), plus
+  // `back` when the job went back to an older snapshot in process.
+  static void ExpectInProcess(const Outcome& o, const std::string& mode = "undo",
+                              int64_t back = 0) {
+    const json* rep = OneRecovery(o);
+    ASSERT_NE(rep, nullptr);
+    ExpectReport(*rep, mode, 1);
+    EXPECT_GE((*rep)["step"].get<int64_t>(), 3 - back) << rep->dump();
+    EXPECT_LE((*rep)["steps_lost"].get<int64_t>(), 1 + back) << rep->dump();
+    EXPECT_GT((*rep)["resume_s"].get<double>(), 0.0) << rep->dump();
     EXPECT_EQ(o.summary["attempts"], 1) << o.Report();  // no whole-job restart
     EXPECT_NE(o.output.find("(" + mode + ", in process)"), std::string::npos) << o.Report();
+  }
+
+  // How many steps a ZeRO-1 undo went back past the survivors' step (the
+  // replacement's log says so when its moment shard of that step was not in
+  // the tiers; 0 when it was).
+  static int64_t StepsBack(const Outcome& o, const std::string& rank) {
+    const std::string log = ReadFile(o.logs + "/rank" + rank + ".log");
+    const std::string what = "the tiers have no version of step ";
+    const size_t at = log.find(what);
+    if (at == std::string::npos) return 0;
+    const int64_t target = std::atoll(log.c_str() + at + what.size());
+    const std::string to = "the job goes back to step ";
+    const size_t back = log.find(to, at);
+    if (back == std::string::npos) return 0;
+    const int64_t agreed = std::atoll(log.c_str() + back + to.size());
+    std::printf("rank %s's moment shard of step %lld was not in the tiers: back to step %lld\n",
+                rank.c_str(), static_cast<long long>(target), static_cast<long long>(agreed));
+    return target - agreed;
   }
 
   // DP 1 x PP 4 under --recovery log: memento snapshots every 3rd step, the
@@ -210,12 +250,9 @@ TEST_F(LaunchSwiftTest, UndoReplacesOnlyTheLostRank) {
   }
   const Outcome node = Run("node", {"--recovery", "undo", "--inject", "kill-node:2@step=5"}, {});
   ExpectSameFinalStates(clean, node);
-  ASSERT_EQ(node.summary["recoveries"].size(), 1u) << node.Report();
-  const json& rep = node.summary["recoveries"][0];
-  EXPECT_EQ(rep["mode"], "restart") << rep.dump();
-  EXPECT_NE(rep["fallback"].get<std::string>().find("a node or agent is lost"), std::string::npos)
-      << rep.dump();
-  EXPECT_EQ(rep["processes_restarted"], 4) << rep.dump();
+  const json* rep = OneRecovery(node);
+  ASSERT_NE(rep, nullptr);
+  ExpectReport(*rep, "restart", 4, "a node or agent is lost");
   EXPECT_NE(node.output.find("in-process recovery not possible"), std::string::npos)
       << node.Report();
 }
@@ -233,34 +270,61 @@ TEST_F(LaunchSwiftTest, ZeroOneShardComesFromTheTiers) {
   args.insert(args.end(), kill.begin(), kill.end());
   const Outcome o = Run("zundo", {"--zero", "1", "--recovery", "undo"}, args);
   ExpectSameFinalStates(clean, o);
-  ExpectInProcess(o);
+  // (Under load the client may have skipped the replacement's snapshot of
+  // the survivors' step by the commit word rule: the job then goes back to
+  // an older one, still in process; ZeroOneMissingShardGoesBackInProcess.)
+  ExpectInProcess(o, "undo", StepsBack(o, kill[1]));
   EXPECT_NE(o.output.find("moment shard from node"), std::string::npos) << o.Report();
 
   args = {"--zero", "--no-memento", "--fail-rank", "3", "--fail-at-step",
           "5",      "--fail-point", "update"};
   const Outcome f = Run("zfallback", {"--zero", "1", "--recovery", "undo"}, args);
   ExpectSameFinalStates(clean, f);
-  ASSERT_EQ(f.summary["recoveries"].size(), 1u) << f.Report();
-  const json& rep = f.summary["recoveries"][0];
-  EXPECT_EQ(rep["mode"], "restart") << rep.dump();
-  EXPECT_NE(rep["fallback"].get<std::string>().find("in-process recovery (undo"), std::string::npos)
-      << rep.dump();
-  EXPECT_EQ(rep["processes_restarted"], 5) << rep.dump();  // the replacement, then all 4
+  const json* rep = OneRecovery(f);
+  ASSERT_NE(rep, nullptr);
+  ExpectReport(*rep, "restart", 5, "in-process recovery (undo");  // the replacement, then all 4
   EXPECT_NE(ReadFile(f.logs + "/rank3.log").find("no DP replica"), std::string::npos)
       << ReadFile(f.logs + "/rank3.log");
+}
+
+// ZeRO-1 with the replacement's snapshot of the survivors' step missing
+// (--skip-snapshot-step: rank 3 takes none of step 7, as when the client
+// skips one by the commit word rule; it then dies at a pipeline receive of
+// step 8, so every survivor is at 7): the tiers hold no moment shard of
+// step 7 for it, so the job goes back in process to step 6, which every
+// rank holds: the replacement restores its shard of 6, each survivor its own
+// state of 6. One process restarted, one step lost, bit-identical.
+TEST_F(LaunchSwiftTest, ZeroOneMissingShardGoesBackInProcess) {
+  const Outcome clean = Run("mclean", {"--zero", "1"}, {"--zero"});
+  const Outcome o = Run("missing", {"--zero", "1", "--recovery", "undo"},
+                        {"--zero", "--fail-rank", "3", "--fail-at-step", "8", "--fail-point",
+                         "pipeline", "--skip-snapshot-step", "7"});
+  ExpectSameFinalStates(clean, o);
+  ExpectInProcess(o, "undo", /*back=*/1);
+  if (::testing::Test::HasFatalFailure()) return;
+  const json& rep = o.summary["recoveries"][0];
+  EXPECT_EQ(rep["step"], 6) << rep.dump();
+  EXPECT_EQ(rep["steps_lost"], 1) << rep.dump();
+  EXPECT_EQ(StepsBack(o, "3"), 1) << ReadFile(o.logs + "/rank3.log");
+  for (const char* r : {"0", "1", "2"}) {
+    EXPECT_NE(ReadFile(o.logs + "/rank" + r + ".log").find("loaded its own snapshot of step 6"),
+              std::string::npos)
+        << "rank " << r << "\n"
+        << ReadFile(o.logs + "/rank" + r + ".log");
+  }
 }
 
 // Sharded snapshots (--sharded, docs/reft.md) with DP 4 x PP 1, ZeRO-1,
 // xor: each rank's T0 slot holds only its plan pieces, so the replacement's
 // Restore(step) of its moment shard goes through its agent's assembly of the
 // pieces (its own from its node, the others from their nodes). The job ends
-// bit-identical to a failure-free run, in process.
-// DISABLED: failed once in a fresh-clone CI run (seed 41803551750117, rank 3
-// killed inside the update of step 7: rank 0's in-process undo exited 75 and
-// the launcher fell back to the whole-job restart, which ended bit-identical);
-// passes alone and in the full suite here. Re-enable once the cause is found
-// (run with --gtest_also_run_disabled_tests).
-TEST_F(LaunchSwiftTest, DISABLED_ShardedSlotsZeroOneShardComesFromTheAssembly) {
+// bit-identical to a failure-free run, in process. (It once fell back to the
+// whole-job restart in CI, seed 41803551750117: under load the clients had
+// skipped snapshots by the commit word rule, the replacement's shard of the
+// agreed step among them, and of the three steps before it no one that
+// every rank held; now the job goes back in process to the newest step all
+// hold, at worst the committed one.)
+TEST_F(LaunchSwiftTest, ShardedSlotsZeroOneShardComesFromTheAssembly) {
   const std::vector<std::string> topo = {"--dp", "4", "--pp", "1", "--zero", "1"};
   const Outcome clean = Run("sclean", topo, {"--zero", "--micro-batches", "2"});
   std::string what;
@@ -272,7 +336,7 @@ TEST_F(LaunchSwiftTest, DISABLED_ShardedSlotsZeroOneShardComesFromTheAssembly) {
   launch.insert(launch.end(), {"--sharded", "--policy", "xor", "--recovery", "undo"});
   const Outcome o = Run("sundo", launch, args);
   ExpectSameFinalStates(clean, o);
-  ExpectInProcess(o);
+  ExpectInProcess(o, "undo", StepsBack(o, kill[1]));
   EXPECT_NE(o.output.find("moment shard from node"), std::string::npos) << o.Report();
   // The killed rank's replacement restored its shard from the assembled pieces.
   const std::string killed = kill[1];
@@ -290,13 +354,9 @@ TEST_F(LaunchSwiftTest, WedgedSurvivorFallsBackToRestart) {
       "wedged", {"--recovery", "undo", "--in-process-timeout", "4"},
       {"--fail-rank", "3", "--fail-at-step", "5", "--fail-point", "update", "--wedge-rank", "0"});
   ExpectSameFinalStates(clean, o);
-  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << o.Report();
-  const json& rep = o.summary["recoveries"][0];
-  EXPECT_EQ(rep["mode"], "restart") << rep.dump();
-  EXPECT_NE(rep["fallback"].get<std::string>().find("no in-process recovery report from rank(s) 0"),
-            std::string::npos)
-      << rep.dump();
-  EXPECT_EQ(rep["processes_restarted"], 5) << rep.dump();
+  const json* rep = OneRecovery(o);
+  ASSERT_NE(rep, nullptr);
+  ExpectReport(*rep, "restart", 5, "no in-process recovery report from rank(s) 0");
 }
 
 // Log replay (SWIFT 2.2) under `memento launch`: a middle stage of DP 1 x
@@ -347,12 +407,9 @@ TEST_F(LaunchSwiftTest, CorruptedLogEntryFallsBackToTheSnapshot) {
   const Outcome o = RunLog("corrupt", {"--fail-rank", "2", "--fail-at-step", "5", "--fail-point",
                                        "pipeline", "--corrupt-log-rank", "1"});
   ExpectSameFinalStates(clean, o);
-  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << o.Report();
-  const json& rep = o.summary["recoveries"][0];
-  EXPECT_EQ(rep["mode"], "restart") << rep.dump();
-  EXPECT_NE(rep["fallback"].get<std::string>().find("in-process recovery (log"), std::string::npos)
-      << rep.dump();
-  EXPECT_EQ(rep["processes_restarted"], 5) << rep.dump();  // the replacement, then all 4
+  const json* rep = OneRecovery(o);
+  ASSERT_NE(rep, nullptr);
+  ExpectReport(*rep, "restart", 5, "in-process recovery (log");  // the replacement, then all 4
   EXPECT_EQ(o.summary["attempts"], 2) << o.Report();
   const std::string replacement_log = ReadFile(o.logs + "/rank2.log");
   EXPECT_NE(replacement_log.find("fails its checksum"), std::string::npos) << replacement_log;
@@ -373,11 +430,9 @@ TEST_F(LaunchSwiftTest, ReplayThatDivergesFallsBackToTheSnapshot) {
   const Outcome o = RunLog("diverge", {"--fail-rank", "1", "--fail-at-step", "5", "--fail-point",
                                        "update", "--perturb-replay"});
   ExpectSameFinalStates(clean, o);
-  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << o.Report();
-  const json& rep = o.summary["recoveries"][0];
-  EXPECT_EQ(rep["mode"], "restart") << rep.dump();
-  EXPECT_NE(rep["fallback"].get<std::string>().find("in-process recovery (log"), std::string::npos)
-      << rep.dump();
+  const json* rep = OneRecovery(o);
+  ASSERT_NE(rep, nullptr);
+  ExpectReport(*rep, "restart", 5, "in-process recovery (log");  // the replacement, then all 4
   const std::string replacement_log = ReadFile(o.logs + "/rank1.log");
   EXPECT_NE(replacement_log.find("replay diverged"), std::string::npos) << replacement_log;
 }

@@ -546,6 +546,11 @@ int Main(int argc, char** argv) {
                  "memento snapshots after every K-th step only (a log-replay replacement loads "
                  "the newest and replays the logged steps since; docs/swift.md)")
       ->capture_default_str();
+  int64_t skip_snapshot_step = -1;
+  app.add_option("--skip-snapshot-step", skip_snapshot_step,
+                 "fault injection: rank --fail-rank takes no memento snapshot of this step, as "
+                 "if the client had skipped it by the commit word rule (first generation of "
+                 "attempt 0; docs/swift.md)");
   app.add_option("--ranks-per-node", ranks_per_node,
                  "node = rank / K (overrides --node); {node} in --agent-dir is replaced");
 #endif
@@ -758,6 +763,8 @@ int Main(int argc, char** argv) {
       mo.agent_dir.replace(pos, key.size(), std::to_string(mo.node));
     }
     mo.restore = restore;
+    mo.skip_step =
+        rank == fail_rank && generation == 0 && attempt == 0 ? skip_snapshot_step : int64_t{-1};
     auto connected = ConnectMemento(trainer.get(), mo, &restored);
     if (!connected.ok()) return connected.status().WithContext("memento");
     hooks = std::move(*connected);
@@ -810,6 +817,7 @@ int Main(int argc, char** argv) {
     Result<int64_t> agreed = int64_t{0};
     int64_t from_step = -1;
     std::function<Status(int64_t)> restore_shard;
+    std::function<Result<std::vector<int64_t>>()> held_shard;
 #ifdef MEMENTO_TRAINER_WITH_CLIENT
     // The replacement's state comes from the recovery, not from a restore;
     // under ZeRO-1 its moment shard from its node's tiers (Restore(step)).
@@ -820,11 +828,12 @@ int Main(int argc, char** argv) {
       }
       if (o.zero1) {
         restore_shard = [&](int64_t step) { return RestoreMementoStep(hooks.get(), step); };
+        held_shard = [&] { return HeldMementoSteps(hooks.get()); };
       }
     }
 #endif
     if (recovery == "undo") {
-      agreed = trainer->RecoverByUndo(/*replacement=*/true, restore_shard);
+      agreed = trainer->RecoverByUndo(/*replacement=*/true, restore_shard, held_shard);
     } else if (!save.empty()) {
       Status st = trainer->Load(RankPath(save, rank));
       from_step = trainer->state().step;
@@ -963,8 +972,18 @@ int Main(int argc, char** argv) {
         // back to its --save state, or without one to its memento snapshot.)
         std::function<Status()> rollback;
         if (!save.empty()) rollback = [&] { return trainer->Load(RankPath(save, rank)); };
+        // (Undo: a survivor goes back to its own memento snapshot when a
+        // ZeRO-1 replacement's moment shard of the agreed step is missing.)
+        std::function<Status(int64_t)> restore_own;
+        std::function<Result<std::vector<int64_t>>()> held;
+#ifdef MEMENTO_TRAINER_WITH_CLIENT
+        if (hooks != nullptr) {
+          restore_own = [&](int64_t step) { return RestoreMementoStep(hooks.get(), step); };
+          held = [&] { return HeldMementoSteps(hooks.get()); };
+        }
+#endif
         auto agreed = recovery == "undo"
-                          ? trainer->RecoverByUndo(false)
+                          ? trainer->RecoverByUndo(false, restore_own, held)
                           : trainer->RecoverByReplay(log_of_rank, false, rollback, snapshot_source);
         st = agreed.status();
         if (agreed.ok() && trainer->hooks() != nullptr) {

@@ -107,6 +107,10 @@ class MementoHooks : public TrainerHooks {
     // before the failure (recomputed now to the same bytes) is not taken
     // again: the client refuses a step that is not newer.
     if (step <= held_through_ || step % every_ != 0) return Status::Ok();
+    if (step == skip_step_) {
+      std::fprintf(stderr, "memento: fault injection: no snapshot of step %" PRId64 "\n", step);
+      return Status::Ok();
+    }
     MEMENTO_RETURN_IF_ERROR(client_->Snapshot(step));
     if (mode_ != "sync") return Status::Ok();
     // sync: the copy blocks the step (the baseline every other mode beats).
@@ -114,6 +118,8 @@ class MementoHooks : public TrainerHooks {
     tally_.Add(client_->LastSnapshotStats());
     return st;
   }
+
+  void set_skip_step(int64_t step) { skip_step_ = step; }
 
   Status BeforeRecovery() override {
     // The state is about to be rewritten: the snapshot in flight reads it.
@@ -146,6 +152,16 @@ class MementoHooks : public TrainerHooks {
   Status RestoreStep(int64_t step) {
     auto r = client_->Restore(step);
     return r.status();
+  }
+
+  Result<std::vector<int64_t>> HeldIntact() {
+    MEMENTO_ASSIGN_OR_RETURN(std::vector<VersionInfo> versions,
+                             client_->ListVersions(Deadline::AfterSeconds(60)));
+    std::vector<int64_t> steps;
+    for (const VersionInfo& v : versions) {
+      if (v.intact) steps.push_back(v.step);
+    }
+    return steps;
   }
 
   Result<int64_t> NewestIntact(int64_t step) {
@@ -224,6 +240,7 @@ class MementoHooks : public TrainerHooks {
   const std::string schedule_;
   SnapshotTally tally_;
   int64_t held_through_ = -1;
+  int64_t skip_step_ = -1;
   const int64_t every_;
   Trainer* const aor_trainer_;  // null: no AOR
   const float aor_lr_scale_;
@@ -235,6 +252,12 @@ Status RestoreMementoStep(TrainerHooks* hooks, int64_t step) {
   auto* m = dynamic_cast<MementoHooks*>(hooks);
   if (m == nullptr) return FailedPreconditionError("no memento client to restore from");
   return m->RestoreStep(step);
+}
+
+Result<std::vector<int64_t>> HeldMementoSteps(TrainerHooks* hooks) {
+  auto* m = dynamic_cast<MementoHooks*>(hooks);
+  if (m == nullptr) return FailedPreconditionError("no memento client to list versions of");
+  return m->HeldIntact();
 }
 
 Result<int64_t> NewestMementoStep(TrainerHooks* hooks, int64_t step) {
@@ -325,9 +348,11 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
       return restored.status();
     }
   }
-  return std::unique_ptr<TrainerHooks>(new MementoHooks(
-      std::move(client), options.snapshot_mode, std::string(ScheduleName(co.schedule)),
-      options.every, aor ? trainer : nullptr, options.aor_test_lr_scale));
+  auto hooks = std::make_unique<MementoHooks>(std::move(client), options.snapshot_mode,
+                                              std::string(ScheduleName(co.schedule)), options.every,
+                                              aor ? trainer : nullptr, options.aor_test_lr_scale);
+  hooks->set_skip_step(options.skip_step);
+  return std::unique_ptr<TrainerHooks>(std::move(hooks));
 }
 
 }  // namespace memento::trainer

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "memento/status.h"
 #include "trainer.h"
@@ -41,6 +42,9 @@ struct MementoHookOptions {
   // find idle CPU, so "idle" HAS workers are starved until the fence waits
   // for them (docs/bench_overhead.md: fence 0.48 s per step against 0.004 s).
   std::string copy_priority = "normal";
+  // Fault injection (--skip-snapshot-step): no snapshot of this step, as if
+  // the client had skipped it (the commit word rule); -1: none.
+  int64_t skip_step = -1;
   // Snapshot only after steps that are a multiple of this (1: every step).
   // Log replay (`--recovery log`, docs/swift.md) rebuilds a lost stage from
   // its last snapshot and the logged inputs of the steps since.
@@ -81,5 +85,9 @@ Status RestoreMementoStep(TrainerHooks* hooks, int64_t step);
 // them) are not taken again. A log-replay replacement (and its group-mates)
 // find their stage's snapshot with it and load it with RestoreMementoStep.
 Result<int64_t> NewestMementoStep(TrainerHooks* hooks, int64_t step);
+
+// The steps of the intact versions this rank's slots hold (ListVersions),
+// newest first; for RecoverByUndo's `held`.
+Result<std::vector<int64_t>> HeldMementoSteps(TrainerHooks* hooks);
 
 }  // namespace memento::trainer

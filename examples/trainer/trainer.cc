@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -344,7 +345,8 @@ Status Trainer::UndoStep() {
 }
 
 Result<int64_t> Trainer::RecoverByUndo(bool replacement,
-                                       const std::function<Status(int64_t)>& restore) {
+                                       const std::function<Status(int64_t)>& restore,
+                                       const std::function<Result<std::vector<int64_t>>()>& held) {
   // A survivor is either at the agreed step t (clean, or half into step
   // t + 1: in_update_) or it completed t + 1. The gradient allreduce before
   // every optimizer step keeps ranks within one step of each other. A
@@ -368,7 +370,11 @@ Result<int64_t> Trainer::RecoverByUndo(bool replacement,
       root = d;
     }
   }
-  Status mine;
+  // A ZeRO-1 replacement's moment shard has no replica: it comes from the
+  // tiers (`restore`) at `target`, or when they hold no version of it, at an
+  // older step every rank holds (below).
+  const bool shard_from_tiers = replacement && options_.zero1;
+  Status mine, at_target;
   if (replacement) {
     if (root < 0) {
       mine = FailedPreconditionError("no surviving DP replica of rank " + std::to_string(rank()));
@@ -376,17 +382,11 @@ Result<int64_t> Trainer::RecoverByUndo(bool replacement,
       mine = FailedPreconditionError(
           "ZeRO-1: the lost moment shard has no DP replica (recover from a snapshot)");
     } else if (options_.zero1) {
-      // The moment shard from memento's tiers, at the agreed step.
-      mine = restore(target);
-      if (mine.ok() && state_.step != target) {
-        mine = DataLossError("ZeRO-1: the moment shard restored for step " +
-                             std::to_string(target) + " holds step " + std::to_string(state_.step));
-      }
-      if (!mine.ok()) {
-        mine = FailedPreconditionError(
-            "ZeRO-1: the lost moment shard has no DP replica and restoring it from the tiers "
-            "failed: " +
-            mine.ToString());
+      at_target = restore(target);
+      if (at_target.ok() && state_.step != target) {
+        at_target =
+            DataLossError("ZeRO-1: the moment shard restored for step " + std::to_string(target) +
+                          " holds step " + std::to_string(state_.step));
       }
     }
   } else if (state_.step == target + 1 || (state_.step == target && in_update_)) {
@@ -395,16 +395,86 @@ Result<int64_t> Trainer::RecoverByUndo(bool replacement,
     mine = FailedPreconditionError("rank at step " + std::to_string(state_.step) +
                                    " is more than one step past " + std::to_string(target));
   }
-  double ok = mine.ok() ? 1.0 : 0.0;
-  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&ok, 1));
+  // Whether every rank got there, and whether every replacement has its
+  // shard of `target`.
+  double agree[2] = {mine.ok() ? 1.0 : 0.0, at_target.ok() ? 1.0 : 0.0};
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(agree, 2));
   if (!mine.ok()) {
     return FailedPreconditionError("update-undo to step " + std::to_string(target) +
                                    " failed on rank " + std::to_string(rank()) + ": " +
                                    mine.ToString());
   }
-  if (ok < 1.0) {
+  if (agree[0] < 1.0) {
     return FailedPreconditionError("update-undo to step " + std::to_string(target) +
                                    " failed on another rank (fall back to a snapshot)");
+  }
+  int64_t agreed = target;
+  if (agree[1] < 1.0) {
+    // Back, in process, to the newest older step every rank holds in the
+    // tiers (at worst the committed one): can[i] is step target - 1 - i.
+    std::vector<double> can(kUndoStepsBack, 0.0);
+    if (replacement && !options_.zero1) {
+      std::fill(can.begin(), can.end(), 1.0);  // its state comes from the replica
+    } else if (held) {
+      auto steps = held();
+      if (steps.ok()) {
+        for (int64_t s : *steps) {
+          if (s < target && s >= target - kUndoStepsBack) can[target - 1 - s] = 1.0;
+        }
+      } else {
+        std::fprintf(stderr, "memento-trainer rank %d: the versions in the tiers: %s\n", rank(),
+                     steps.status().ToString().c_str());
+      }
+    }
+    MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(can.data(), can.size()));
+    agreed = -1;
+    for (int64_t i = 0; i < kUndoStepsBack && agreed < 0; ++i) {
+      if (can[i] > 0.0 && target - 1 - i >= 1) agreed = target - 1 - i;
+    }
+    const std::string why = shard_from_tiers && !at_target.ok()
+                                ? "ZeRO-1: the lost moment shard has no DP replica and the tiers "
+                                  "have no version of step " +
+                                      std::to_string(target) + ": " + at_target.ToString()
+                                : "a replacement's moment shard of step " + std::to_string(target) +
+                                      " is not in the tiers";
+    if (agreed < 0) {
+      return FailedPreconditionError(why + "; and no step in " +
+                                     std::to_string(std::max<int64_t>(1, target - kUndoStepsBack)) +
+                                     ".." + std::to_string(target - 1) +
+                                     " that every rank holds (fall back to a snapshot)");
+    }
+    std::fprintf(stderr, "memento-trainer rank %d: %s: the job goes back to step %" PRId64 "\n",
+                 rank(), why.c_str(), agreed);
+    // Every rank that holds its own state loads its version of `agreed`.
+    Status back;
+    if (!replacement || options_.zero1) {
+      back = restore ? restore(agreed)
+                     : FailedPreconditionError("no snapshots to load step " +
+                                               std::to_string(agreed) + " from");
+      if (back.ok() && state_.step != agreed) {
+        back = DataLossError("the state restored for step " + std::to_string(agreed) +
+                             " holds step " + std::to_string(state_.step));
+      }
+      undo_ready_ = false;
+      in_update_ = false;
+      if (back.ok() && !replacement) {
+        std::fprintf(stderr,
+                     "memento-trainer rank %d: loaded its own snapshot of step %" PRId64
+                     " from the tiers\n",
+                     rank(), agreed);
+      }
+    }
+    double ok = back.ok() ? 1.0 : 0.0;
+    MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&ok, 1));
+    if (!back.ok()) {
+      return FailedPreconditionError("going back to step " + std::to_string(agreed) +
+                                     " failed on rank " + std::to_string(rank()) + ": " +
+                                     back.ToString());
+    }
+    if (ok < 1.0) {
+      return FailedPreconditionError("going back to step " + std::to_string(agreed) +
+                                     " failed on another rank (fall back to a snapshot)");
+    }
   }
   if (group_has_replacement) {
     // Replication-based recovery: the root's state to the replacement(s).
@@ -423,7 +493,7 @@ Result<int64_t> Trainer::RecoverByUndo(bool replacement,
     }
   }
   MEMENTO_RETURN_IF_ERROR(CheckSameStep());
-  return target;
+  return agreed;
 }
 
 void Trainer::LogSent(const MessageKey& key, const void* data, size_t bytes) {

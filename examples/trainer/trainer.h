@@ -193,9 +193,18 @@ class Trainer {
   // `restore(step)` instead (memento's tiers: the client's Restore(step) of
   // the agreed step), which must leave state().step == step; params and
   // TrainState still come from the replica. Without `restore`, ZeRO-1 is
-  // FailedPrecondition ("no DP replica").
-  Result<int64_t> RecoverByUndo(bool replacement = false,
-                                const std::function<Status(int64_t)>& restore = nullptr);
+  // FailedPrecondition ("no DP replica"). When the replacement's tiers hold
+  // no version of the agreed step (its snapshot was skipped by the commit
+  // word rule, or cut short by the kill), the job goes back, in process, to
+  // the newest of the kUndoStepsBack steps before it that every rank holds
+  // (`held`): the replacement and every survivor load their own version of
+  // it with `restore`. None: FailedPrecondition on every rank (fall back).
+  static constexpr int64_t kUndoStepsBack = 16;
+  // `held`: the steps of the intact versions this rank holds in the tiers
+  // (null: none known).
+  Result<int64_t> RecoverByUndo(
+      bool replacement = false, const std::function<Status(int64_t)>& restore = nullptr,
+      const std::function<Result<std::vector<int64_t>>()>& held = nullptr);
   // True between the first write of an optimizer step and the end of Step()
   // (a failure in between leaves the rank half updated).
   bool in_update() const { return in_update_; }

@@ -9,9 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "agent/cluster_test_util.h"
 #include "agent/durable.h"
@@ -36,12 +34,7 @@ net::JobToken Token() {
   return *t;
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using memento::testing::ReadAll;
 
 TEST(ClusterDurableName, ByStateClassAndPosition) {
   auto t1 = topo::Topology::Uniform(4, 1, 1, 1, 1);

@@ -14,12 +14,14 @@
 #include "agent/peer_protocol.h"
 #include "codec/erasure_code.h"
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/human.h"
 #include "common/log.h"
 #include "common/tensor_json.h"
 #include "coord/keys.h"
 #include "fmt/format.h"
 #include "model/auto_plan.h"
+#include "recover/recipe.h"
 #include "recover/recover.h"
 #include "shm/slot.h"
 #include "topo/plan_json.h"
@@ -87,6 +89,9 @@ Result<std::unique_ptr<JobMember>> JobMember::Start(const JobMemberOptions& opti
           HumanBytes(held), slots + held + more));
     });
   }
+  // Before the join: a launcher (or the agents' leader) starts a recovery
+  // as soon as this node's endpoint is in the membership.
+  if (options.preallocate_slots && store != nullptr) c->PreallocateSlots();
   MEMENTO_RETURN_IF_ERROR(c->StartPeerService());
 
   coord::MembershipOptions mo;
@@ -821,6 +826,52 @@ bool JobMember::Produce(int64_t step) {
 }
 
 // ---- peer service ------------------------------------------------------------
+
+void JobMember::PreallocateSlots() {
+  Stopwatch sw;
+  coord::JobKeys keys(job_);
+  auto topo_kv = store_->Get(keys.Topology(), Deadline::AfterSeconds(kStoreCallS));
+  if (!topo_kv.ok()) return;  // a job that has not started: the seals allocate
+  auto ct = topo::ParseJobTopology(topo_kv->value);
+  if (!ct.ok()) return;  // TrySetup reports it
+  const int ranks = ct->topology.num_ranks();
+  int made = 0;
+  uint64_t bytes = 0;
+  for (int r = 0; r < ranks && r < static_cast<int>(ct->topology.rank_node.size()); ++r) {
+    if (ct->topology.rank_node[r] != node_) continue;
+    // A rank with a slot here (adopted from the root) needs none.
+    if (node_store_->SlotSegment(r, 0) != nullptr || node_store_->SlotSegment(r, 1) != nullptr) {
+      continue;
+    }
+    auto kv = store_->Get(keys.Inventory(r), Deadline::AfterSeconds(kStoreCallS));
+    if (!kv.ok()) continue;  // the rank never registered: nothing to rebuild
+    auto metas = ParseTensorList(kv->value);
+    if (!metas.ok()) continue;
+    // The layout a rebuild writes (recover::ExecuteAssemblies: whole
+    // tensors, the executor's chunk size).
+    auto layout = shm::ComputeSlotLayout(job_, r, *metas, recover::ExecuteOptions{}.chunk_bytes);
+    if (!layout.ok()) continue;
+    auto seg = node_store_->EnsureSlot(r, 0, layout->total_bytes);
+    if (!seg.ok()) {
+      MEMENTO_LOG_WARN(
+          "preallocate: slot 0 of rank {} ({}) not made: {}; a recovery allocates it when it "
+          "rebuilds the rank",
+          r, HumanBytes(layout->total_bytes), seg.status().ToString());
+      continue;
+    }
+    ++made;
+    bytes += (*seg)->size();
+  }
+  if (made == 0) return;
+  const double s = sw.Seconds();
+  MEMENTO_LOG_INFO(
+      "preallocate: {} slot(s) of this node's ranks made before joining, {} in {:.3f} s", made,
+      HumanBytes(bytes), s);
+  MutexLock l(&mu_);
+  stats_.preallocated_slots = made;
+  stats_.preallocated_bytes = bytes;
+  stats_.preallocate_s = s;
+}
 
 Status JobMember::StartPeerService() {
   Result<net::HostPort> hp = net::ParseHostPort(options_.listen, net::PortUse::kListen);

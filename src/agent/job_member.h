@@ -84,6 +84,13 @@ struct JobMemberOptions {
   // (docs/reft.md section 4). `memento agent` takes it from MEMENTO_T1_RESIDENT
   // (on, the default, or off: copy them as before, for comparisons).
   bool t1_resident = true;
+  // A replacement agent (docs/recovery.md, "Pre-allocated slots"): before it
+  // joins the membership, every local rank of the job's topology that has no
+  // slot on this node and whose inventory the store holds gets slot 0 at the
+  // size a rebuild writes (whole tensors), its pages faulted in then, so
+  // that the recovery that follows the join writes into memory the kernel
+  // has already zeroed. `memento agent --preallocate-slots on|off`.
+  bool preallocate_slots = true;
 };
 
 // The codecs of the records this file reads and writes live next to their
@@ -105,6 +112,10 @@ struct JobMemberStats {
   int64_t commit_lags = 0;  // commits of steps this node had reported
   double commit_lag_s = 0;  // summed
   double last_commit_lag_s = 0;
+  // PreallocateSlots at Start: slots made, their bytes, wall seconds.
+  int preallocated_slots = 0;
+  uint64_t preallocated_bytes = 0;
+  double preallocate_s = 0;
   int64_t last_reported = -1;     // newest step reported COMPLETED
   int64_t restore_target = -1;    // RestoreTarget()
   uint64_t redundancy_bytes = 0;  // the redundancy store's version files (T1 held here)
@@ -237,6 +248,8 @@ class JobMember {
   // target): started before the membership join (its address is the node's
   // endpoint), told the plan once it is known, stopped first.
   Status StartPeerService();
+  // preallocate_slots (Start, before the membership join); logs what it did.
+  void PreallocateSlots();
   void SetPeerPlan();
   void StopPeerService();
   void Abandon(int64_t step, const std::string& why) EXCLUDES(mu_);

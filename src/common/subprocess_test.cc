@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <sstream>
 
 #include "common/test_util.h"
 #include "gtest/gtest.h"
@@ -12,12 +11,7 @@
 namespace memento {
 namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using memento::testing::ReadAll;
 
 TEST(Subprocess, ExitCodeAndLogFile) {
   testing::ScratchDir dir("subprocess");

@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <system_error>
 
 namespace memento::testing {
@@ -45,6 +47,13 @@ uint64_t TestSeed(const char* test_name) {
   std::fprintf(stderr, "%s: seed=%llu (rerun with MEMENTO_TEST_SEED=%llu)\n", test_name,
                static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
   return seed;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 }  // namespace memento::testing

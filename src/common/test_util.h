@@ -1,4 +1,5 @@
-// Helpers for tests: scratch directories and reproducible random seeds.
+// Helpers for tests: scratch directories, reproducible random seeds, reading
+// a whole file.
 #pragma once
 
 #include <cstdint>
@@ -26,5 +27,9 @@ uint64_t TestSeed(const char* test_name);
 
 // Recursively removes `path` (best effort).
 void RemoveTree(const std::string& path);
+
+// The whole contents of the file at `path`; "" when it cannot be opened
+// (tests print logs that may not exist yet).
+std::string ReadAll(const std::string& path);
 
 }  // namespace memento::testing

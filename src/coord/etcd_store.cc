@@ -8,6 +8,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <deque>
 #include <fstream>
@@ -309,6 +310,38 @@ Result<std::unique_ptr<EtcdStore>> EtcdStore::Open(EtcdOptions options, Deadline
       std::getline(in, options.password);
     }
   }
+  // TLS (docs/etcd.md, "TLS").
+  if (options.ca_file.empty()) options.ca_file = Env("MEMENTO_ETCD_CACERT");
+  if (options.cert_file.empty()) options.cert_file = Env("MEMENTO_ETCD_CERT");
+  if (options.key_file.empty()) options.key_file = Env("MEMENTO_ETCD_KEY");
+  if (options.cert_file.empty() != options.key_file.empty()) {
+    return InvalidArgumentError(
+        "etcd TLS: a client certificate needs its key and a key its certificate (cert '" +
+        options.cert_file + "', key '" + options.key_file +
+        "'; MEMENTO_ETCD_CERT and MEMENTO_ETCD_KEY)");
+  }
+  if (!options.cert_file.empty() && options.ca_file.empty()) {
+    return InvalidArgumentError(
+        "etcd TLS: a client certificate without the CA that signed etcd's server certificate "
+        "(MEMENTO_ETCD_CACERT)");
+  }
+  for (const auto& [what, path] : {std::pair<const char*, std::string>{
+                                       "CA certificate (MEMENTO_ETCD_CACERT)", options.ca_file},
+                                   {"client certificate (MEMENTO_ETCD_CERT)", options.cert_file},
+                                   {"client key (MEMENTO_ETCD_KEY)", options.key_file}}) {
+    if (path.empty()) continue;
+    std::ifstream in(path);
+    if (!in) return NotFoundError(fmt::format("etcd TLS: the {} '{}' cannot be read", what, path));
+  }
+  if (options.tls()) {
+    // OpenSSL writes to the socket without MSG_NOSIGNAL: a peer that closed
+    // the connection (a refused handshake, etcd restarted) would kill the
+    // process with SIGPIPE. Ignored when nobody installed a handler.
+    struct sigaction old {};
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+      std::signal(SIGPIPE, SIG_IGN);
+    }
+  }
   std::unique_ptr<EtcdStore> s(new EtcdStore(std::move(options)));
   if (!s->options_.user.empty()) {
     MEMENTO_RETURN_IF_ERROR(s->Authenticate(deadline).WithContext("opening " + s->url_));
@@ -341,7 +374,17 @@ std::unique_ptr<EtcdStore::Conn> EtcdStore::Acquire(size_t* endpoint) {
   auto c = std::make_unique<Conn>();
   c->endpoint = want;
   const EtcdEndpoint& ep = options_.endpoints[want];
-  c->client = std::make_unique<httplib::Client>(ep.host, ep.port);
+  if (options_.tls()) {
+    // https: etcd's server certificate verified against the CA (its host
+    // name too), and the client certificate when one is configured.
+    c->client =
+        std::make_unique<httplib::Client>("https://" + ep.host + ":" + std::to_string(ep.port),
+                                          options_.cert_file, options_.key_file);
+    c->client->set_ca_cert_path(options_.ca_file);
+    c->client->enable_server_certificate_verification(true);
+  } else {
+    c->client = std::make_unique<httplib::Client>(ep.host, ep.port);
+  }
   c->client->set_keep_alive(true);
   c->client->set_tcp_nodelay(true);  // headers and body go in two writes: no Nagle stall
   *endpoint = want;

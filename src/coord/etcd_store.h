@@ -52,6 +52,15 @@ struct EtcdOptions {
   std::vector<EtcdEndpoint> endpoints;
   std::string user;  // empty: no authentication
   std::string password;
+  // TLS (https to every endpoint) when ca_file is set: the CA that signed
+  // etcd's server certificate (verified, host name included), and the client
+  // certificate and key etcd asks for with --client-cert-auth (both or
+  // neither). PEM files. Empty: from MEMENTO_ETCD_CACERT, MEMENTO_ETCD_CERT,
+  // MEMENTO_ETCD_KEY.
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  bool tls() const { return !ca_file.empty(); }
 };
 
 // Parses "etcd://host:port[,host:port...]". InvalidArgument naming the bad part.
@@ -61,7 +70,10 @@ class EtcdStore final : public Store {
  public:
   // Connects (and authenticates) before the deadline: Unavailable otherwise.
   // User and password come from `options`, else from the environment
-  // (MEMENTO_ETCD_USER, MEMENTO_ETCD_PASSWORD or MEMENTO_ETCD_PASSWORD_FILE).
+  // (MEMENTO_ETCD_USER, MEMENTO_ETCD_PASSWORD or MEMENTO_ETCD_PASSWORD_FILE);
+  // TLS files likewise (EtcdOptions). InvalidArgument for a client
+  // certificate without its key (or a key without a CA), NotFound naming a
+  // TLS file that cannot be read.
   [[nodiscard]] static Result<std::unique_ptr<EtcdStore>> Open(EtcdOptions options,
                                                                Deadline deadline);
   ~EtcdStore() override;

@@ -32,7 +32,8 @@ std::string Injection::ToString() const {
                                                     : "@step=" + std::to_string(step));
   }
   return std::string(InjectKindName(kind)) + ":" + std::to_string(target) +
-         "@step=" + std::to_string(step);
+         (recovery >= 0 ? "@recovery=" + std::to_string(recovery)
+                        : "@step=" + std::to_string(step));
 }
 
 namespace {
@@ -54,8 +55,8 @@ Result<Injection> ParseOne(std::string_view entry, int world_size, int num_nodes
   const std::string quoted = "'" + std::string(entry) + "'";
   const std::string form =
       " (expected kill-rank:R@step=N, kill-agent:I@step=N, kill-node:I@step=N, "
-      "corrupt-rank:R@step=N, corrupt-durable@step=N, kill-store@step=N or "
-      "kill-store@recovery=K)";
+      "corrupt-rank:R@step=N, corrupt-durable@step=N, kill-store@step=N; "
+      "kill-agent, kill-node and kill-store also @recovery=K)";
   size_t at = entry.find('@');
   if (at != std::string_view::npos && entry.substr(0, at) == "corrupt-durable") {
     // The durable tier has no target: corrupt-durable@step=N.
@@ -128,6 +129,18 @@ Result<Injection> ParseOne(std::string_view entry, int world_size, int num_nodes
     return InvalidArgumentError("injection " + quoted + ": " + (rank ? "rank " : "node ") +
                                 std::to_string(inj.target) + " does not exist (the job has " +
                                 std::to_string(limit) + (rank ? " ranks)" : " nodes)"));
+  }
+  if (when.substr(0, 9) == "recovery=") {
+    if (inj.kind == InjectKind::kKillRank || inj.kind == InjectKind::kCorruptRank) {
+      return InvalidArgumentError("injection " + quoted + ": " +
+                                  std::string(InjectKindName(inj.kind)) +
+                                  " takes only '@step=N' (no trainer runs during a recovery)");
+    }
+    if (!ParseNumber(when.substr(9), &inj.recovery) || inj.recovery < 0) {
+      return InvalidArgumentError("injection " + quoted + ": recovery '" +
+                                  std::string(when.substr(9)) + "' is not a non-negative integer");
+    }
+    return inj;
   }
   if (when.substr(0, 5) != "step=") {
     return InvalidArgumentError("injection " + quoted + ": expected '@step=N' after the target");

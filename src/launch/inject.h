@@ -21,6 +21,13 @@
 //                         store host is lost; agents re-register and refill it
 //   kill-store@recovery=K the same, during recovery K (0-based): after the
 //                         agents were restarted, before the inventory round
+//   kill-agent:I@recovery=K, kill-node:I@recovery=K
+//                         the same kills during recovery K, at the same point:
+//                         the recovery starts over with node I's agent
+//                         restarted on its root (kill-agent) or replaced on an
+//                         empty one (kill-node: its data is one more loss)
+//                         (kill-rank and corrupt-rank take only '@step=N': no
+//                         trainer runs during a recovery)
 //
 // Several injections are separated by commas. "The job reaches step N" means
 // the newest committed step, or the step a node last signalled, is >= N.
@@ -56,9 +63,10 @@ struct Injection {
   int target =
       0;  // rank (kill-rank, corrupt-rank) or node index; 0 for kill-store, corrupt-durable
   int64_t step = 0;  // fires when the job reaches this step (when recovery < 0)
-  // kill-store only: fires during recovery number `recovery` instead (0-based).
+  // kill-store, kill-agent, kill-node: fires during recovery number
+  // `recovery` instead (0-based).
   int recovery = -1;
-  std::string ToString() const;  // "kill-rank:3@step=40", "kill-store@recovery=0"
+  std::string ToString() const;  // "kill-rank:3@step=40", "kill-node:1@recovery=0"
 };
 
 // Parses a comma-separated list (empty text: no injection). InvalidArgument

@@ -56,6 +56,20 @@ TEST(ParseInjections, KillStore) {
   EXPECT_EQ((*r)[2].ToString(), "kill-node:1@step=20");
 }
 
+TEST(ParseInjections, AgentAndNodeKillsDuringARecovery) {
+  auto r = ParseInjections("kill-agent:2@recovery=1,kill-node:3@recovery=0", 8, 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_EQ((*r)[0].kind, InjectKind::kKillAgent);
+  EXPECT_EQ((*r)[0].target, 2);
+  EXPECT_EQ((*r)[0].recovery, 1);
+  EXPECT_EQ((*r)[0].ToString(), "kill-agent:2@recovery=1");
+  EXPECT_EQ((*r)[1].kind, InjectKind::kKillNode);
+  EXPECT_EQ((*r)[1].target, 3);
+  EXPECT_EQ((*r)[1].recovery, 0);
+  EXPECT_EQ((*r)[1].ToString(), "kill-node:3@recovery=0");
+}
+
 TEST(ParseInjections, BadInputNamesTheEntry) {
   struct Case {
     const char* text;
@@ -84,6 +98,11 @@ TEST(ParseInjections, BadInputNamesTheEntry) {
       {"kill-store@recovery=-1", "recovery '-1'"},
       {"kill-store@at=1", "expected '@step=N' or '@recovery=K'"},
       {"kill-store", "'kill-store'"},
+      {"kill-rank:1@recovery=0", "kill-rank takes only '@step=N'"},
+      {"corrupt-rank:1@recovery=0", "corrupt-rank takes only '@step=N'"},
+      {"kill-node:1@recovery=x", "recovery 'x'"},
+      {"kill-agent:1@recovery=-2", "recovery '-2'"},
+      {"kill-node:4@recovery=0", "node 4 does not exist"},
   };
   for (const Case& c : cases) {
     auto r = ParseInjections(c.text, 8, 4);

@@ -98,42 +98,55 @@ void Launcher::State::FireInjections() {
       pending_corruptions.push_back(inj.target);
       injected_at.reset();
     } else {
-      Subprocess& a = agents[static_cast<size_t>(inj.target)];
-      a.Kill(SIGKILL).IgnoreError();
-      if (inj.kind == InjectKind::kKillNode) {
-        for (int r = 0; r < world; ++r) {
-          if (NodeOf(r) == inj.target) trainers[static_cast<size_t>(r)].Kill(SIGKILL).IgnoreError();
-        }
-        // The host is gone with its memory: nothing of the root survives.
-        (void)a.Wait(Deadline::AfterSeconds(10));
-        for (int r = 0; r < world; ++r) {
-          if (NodeOf(r) == inj.target) {
-            (void)trainers[static_cast<size_t>(r)].Wait(Deadline::AfterSeconds(10));
-          }
-        }
-        RemoveAll(Root(inj.target));
-        node_lost[static_cast<size_t>(inj.target)] = true;
-        if (network) {
-          // The host is off the network too.
-          Status st = network->SetNodeLink(inj.target, false);
-          if (!st.ok()) Say("kill-node: taking the link down: " + st.ToString());
-        }
-      }
+      KillAgentOrNode(inj);
     }
   }
 }
 
-Status Launcher::State::FireRecoveryInjections(int recovery) {
+void Launcher::State::KillAgentOrNode(const Injection& inj) {
+  Subprocess& a = agents[static_cast<size_t>(inj.target)];
+  a.Kill(SIGKILL).IgnoreError();
+  if (inj.kind != InjectKind::kKillNode) return;
+  for (int r = 0; r < world; ++r) {
+    if (NodeOf(r) == inj.target) trainers[static_cast<size_t>(r)].Kill(SIGKILL).IgnoreError();
+  }
+  // The host is gone with its memory: nothing of the root survives.
+  (void)a.Wait(Deadline::AfterSeconds(10));
+  for (int r = 0; r < world; ++r) {
+    if (NodeOf(r) == inj.target) {
+      (void)trainers[static_cast<size_t>(r)].Wait(Deadline::AfterSeconds(10));
+    }
+  }
+  RemoveAll(Root(inj.target));
+  node_lost[static_cast<size_t>(inj.target)] = true;
+  if (network) {
+    // The host is off the network too.
+    Status st = network->SetNodeLink(inj.target, false);
+    if (!st.ok()) Say("kill-node: taking the link down: " + st.ToString());
+  }
+}
+
+Result<std::string> Launcher::State::FireRecoveryInjections(int recovery) {
+  std::string killed;
   for (size_t k = 0; k < injections.size(); ++k) {
     const Injection& inj = injections[k];
-    if (fired[k] || inj.kind != InjectKind::kKillStore || inj.recovery != recovery) continue;
+    if (fired[k] || inj.recovery != recovery) continue;
     fired[k] = true;
     Say("injecting " + inj.ToString());
-    KillStore(inj.ToString(), recovery, known_committed);
-    std::this_thread::sleep_for(std::chrono::duration<double>(o.store_down_s));
-    MEMENTO_RETURN_IF_ERROR(RestartStore());
+    if (inj.kind == InjectKind::kKillStore) {
+      KillStore(inj.ToString(), recovery, known_committed);
+      std::this_thread::sleep_for(std::chrono::duration<double>(o.store_down_s));
+      MEMENTO_RETURN_IF_ERROR(RestartStore());
+      continue;
+    }
+    // kill-agent / kill-node: the agent is dead (reaped) when this returns,
+    // so the recovery's round fails and the next one restarts or replaces it.
+    KillAgentOrNode(inj);
+    (void)agents[static_cast<size_t>(inj.target)].Wait(Deadline::AfterSeconds(10));
+    killed += (killed.empty() ? "" : ", ") + inj.ToString();
   }
-  return Status::Ok();
+  if (killed.empty()) return killed;
+  return "injected " + killed;
 }
 
 void Launcher::State::ApplyPendingCorruptions(int64_t committed) {

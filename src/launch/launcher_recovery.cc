@@ -133,6 +133,9 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause,
   // steps from the failed attempt must not count towards new commits.
   if (Status st = RestartCommitRule(); !st.ok()) return JobEnd{false, 1, st.ToString()};
   PublishRecovery(detected, &rep);
+  // The nodes' signals from before now are the failed attempt's (ahead of
+  // the restored step after a rewind): injections wait for this attempt's.
+  attempt_wall_ns = WallNanos();
   if (Status st = StartTrainers(); !st.ok()) return JobEnd{false, 1, st.ToString()};
   // The trainers report their first step in the new rendezvous dir.
   resume_watch = ResumeWatch{summary.recoveries.size() - 1, swift::ResumedPath(Rendezvous(), 0),
@@ -338,12 +341,13 @@ std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(
       if (Status st = StartAgent(i, lost); !st.ok()) return JobEnd{false, 1, st.ToString()};
     }
     if (Status st = WaitAgentsReady(agents_deadline); !st.ok()) failed = st.ToString();
-    // kill-store@recovery=N: the store host is lost in the middle of this
-    // recovery (agents restarted, inventory round not begun).
+    // kill-store|kill-agent|kill-node@recovery=N: lost in the middle of this
+    // recovery (agents restarted, inventory round not begun); a killed agent
+    // fails this round, and the next one restarts or replaces it.
     if (failed.empty()) {
-      if (Status st = FireRecoveryInjections(rep->n); !st.ok()) {
-        return JobEnd{false, 1, st.ToString()};
-      }
+      Result<std::string> killed = FireRecoveryInjections(rep->n);
+      if (!killed.ok()) return JobEnd{false, 1, killed.status().ToString()};
+      failed = *killed;
     }
     if (failed.empty()) {
       rep->committed = Committed();

@@ -46,6 +46,15 @@ struct JobEnd {
   std::string message;
 };
 
+// The newest step the job reached in the current attempt: `committed`, or a
+// newer COMPLETED step among the nodes' signal records (`signals`, encoded
+// coord::SignalRecord values) sent at or after `since_wall_ns`. Older
+// records are the abandoned history's: after a rewind to an older step (a
+// durable fallback) a node's last signal can name a step the new attempt has
+// not reached yet. Records that do not decode are skipped.
+int64_t ReachedStepOf(int64_t committed, const std::vector<std::string>& signals,
+                      int64_t since_wall_ns);
+
 // Helpers shared by the launcher*.cc files.
 Status MakeDirs(const std::string& path);  // mkdir -p, mode 0700
 void RemoveAll(const std::string& path);   // rm -rf, errors ignored
@@ -93,6 +102,9 @@ struct Launcher::State {
   // (known_committed is its step).
   int64_t known_committed = -1;
   coord::CommitId known_commit;
+  // When the current attempt's trainers were started (CLOCK_REALTIME ns; 0:
+  // the first attempt): ReachedStep counts no signal sent before it.
+  int64_t attempt_wall_ns = 0;
   // The commit epoch of the recovery in progress (BumpEpoch; 0: none).
   uint64_t recovery_epoch = 0;
   std::optional<TimePoint> store_down_since;    // killed; the fresh one is not started yet
@@ -209,8 +221,14 @@ struct Launcher::State {
   // ---- launcher_inject.cc ----
   // Fires the injections due at the job's step (not the @recovery ones).
   void FireInjections();
-  // kill-store@recovery=N during recovery `recovery`.
-  Status FireRecoveryInjections(int recovery);
+  // kill-agent / kill-node (also at a recovery): SIGKILL node inj.target's
+  // agent; kill-node also its trainers, removes its root and marks it lost.
+  void KillAgentOrNode(const Injection& inj);
+  // The @recovery=N injections of recovery `recovery`: kill-store (the store
+  // is restarted before this returns), kill-agent and kill-node. Returns
+  // what was killed ("injected kill-node:1@recovery=0"; empty: nothing), so
+  // the caller restarts that recovery's round.
+  Result<std::string> FireRecoveryInjections(int recovery);
   // corrupt-rank: applied to `committed` once the trainers are stopped.
   void ApplyPendingCorruptions(int64_t committed);
   // corrupt-durable: applied when a recovery falls back to the durable tier.

@@ -123,19 +123,27 @@ Status Launcher::State::CheckStore() {
 }
 
 // The highest step any node signalled (SNAP / COMPLETED), or committed.
-int64_t Launcher::State::ReachedStep() {
-  int64_t best = Committed();
-  coord::JobKeys keys(o.job);
-  auto list = store->List(keys.SignalPrefix(), Deadline::AfterSeconds(5));
-  if (list.ok()) {
-    for (const auto& kv : list->kvs) {
-      auto rec = coord::SignalRecord::Decode(kv.value);
-      if (rec.ok() && rec->signal == coord::NodeSignal::kCompleted) {
-        best = std::max(best, rec->step);
-      }
+int64_t ReachedStepOf(int64_t committed, const std::vector<std::string>& signals,
+                      int64_t since_wall_ns) {
+  int64_t best = committed;
+  for (const std::string& value : signals) {
+    auto rec = coord::SignalRecord::Decode(value);
+    if (rec.ok() && rec->signal == coord::NodeSignal::kCompleted && rec->wall_ns >= since_wall_ns) {
+      best = std::max(best, rec->step);
     }
   }
   return best;
+}
+
+int64_t Launcher::State::ReachedStep() {
+  const int64_t committed = Committed();
+  coord::JobKeys keys(o.job);
+  std::vector<std::string> signals;
+  auto list = store->List(keys.SignalPrefix(), Deadline::AfterSeconds(5));
+  if (list.ok()) {
+    for (const auto& kv : list->kvs) signals.push_back(kv.value);
+  }
+  return ReachedStepOf(committed, signals, attempt_wall_ns);
 }
 
 Status Launcher::State::StartCoordinator(Deadline deadline) {

@@ -8,21 +8,17 @@
 #include <sys/stat.h>
 
 #include <fstream>
-#include <sstream>
 
 #include "common/test_util.h"
+#include "coord/membership.h"
 #include "gtest/gtest.h"
+#include "launch/launcher_state.h"
 #include "launch/netns.h"
 
 namespace memento::launch {
 namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using memento::testing::ReadAll;
 
 // A `memento` stand-in: `agent ... --root DIR ...` creates DIR/agent.sock and
 // waits; node N's exits 7 after its first start when $dir/agent-dies.N exists.
@@ -221,6 +217,30 @@ TEST(Launcher, NetnsRefusesClearly) {
   r = Launcher::Create(o);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("loopback"), std::string::npos) << r.status();
+}
+
+// The job's step as injections see it: after a rewind (a durable fallback
+// to S while nodes had signalled COMPLETED past S), the failed attempt's
+// signals must not count, or an injection "@step=K" with S < K fires at once.
+TEST(ReachedStepOf, SignalsFromBeforeTheAttemptDoNotCount) {
+  auto signal = [](coord::NodeSignal kind, int64_t step, int64_t wall_ns) {
+    coord::SignalRecord r;
+    r.signal = kind;
+    r.step = step;
+    r.wall_ns = wall_ns;
+    return r.Encode();
+  };
+  const std::string stale = signal(coord::NodeSignal::kCompleted, 20, 1000);
+  const std::string fresh = signal(coord::NodeSignal::kCompleted, 17, 3000);
+  const std::string snap = signal(coord::NodeSignal::kSnap, 30, 4000);
+  // The first attempt (since 0): every COMPLETED signal counts.
+  EXPECT_EQ(ReachedStepOf(16, {stale, fresh, snap}, 0), 20);
+  // The attempt started at 2000: only the fresh signal.
+  EXPECT_EQ(ReachedStepOf(16, {stale, fresh, snap}, 2000), 17);
+  EXPECT_EQ(ReachedStepOf(16, {stale}, 2000), 16);
+  // A record that does not decode is skipped; the commit is a floor.
+  EXPECT_EQ(ReachedStepOf(16, {"not a record"}, 0), 16);
+  EXPECT_EQ(ReachedStepOf(25, {fresh}, 2000), 25);
 }
 
 }  // namespace

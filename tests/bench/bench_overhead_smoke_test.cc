@@ -90,6 +90,41 @@ TEST(BenchOverheadSmoke, TinyPresetReportsBothSides) {
   for (const auto& r : j["per_round"]) EXPECT_GT(r["copy_cpu_s_on"].get<double>(), 0);
 }
 
+// --cluster: the on runs are a cluster job (embedded store, commit
+// coordinator, agents with --store): every snapshot becomes a committed
+// version, so the ranks report a commit lag. Shape only, no timing.
+TEST(BenchOverheadSmoke, ClusterModeReportsTheCommitLag) {
+  const std::string err = StderrFile("memento-bench-smoke");
+  const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench overhead --json --trainer " +
+                          MEMENTO_TRAINER_BINARY +
+                          " --preset tiny --steps 30 --rounds 1 --dp 2 --pp 2 --batch 4"
+                          " --micro-batches 2 --run-timeout 60 --cluster 2>" +
+                          err;
+  auto [rc, out] = RunShell(cmd);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string dir = WorkDir(err);
+  EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
+  std::filesystem::remove(err);
+  // stdout is the JSON object alone (the coordinator logs to stderr).
+  auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["cluster"], true);
+  EXPECT_EQ(j["policy"], "xor");
+  const nlohmann::json& lag = j["commit_lag"];
+  ASSERT_TRUE(lag.is_object()) << out;
+  // Some version committed while the ranks still ran (29 snapshots after
+  // the first, about a second of tiny steps even when the machine is
+  // loaded; a commit took at most 0.9 s at load 24).
+  EXPECT_GE(lag["versions"].get<double>(), 1) << out;
+  EXPECT_GE(lag["steps_p50"].get<double>(), 0) << out;
+  EXPECT_LE(lag["steps_p50"].get<double>(), lag["steps_p90"].get<double>()) << out;
+  EXPECT_LE(lag["steps_p90"].get<double>(), lag["steps_max"].get<double>()) << out;
+  EXPECT_LE(lag["s_p50"].get<double>(), lag["s_max"].get<double>()) << out;
+  ASSERT_EQ(j["per_round"].size(), 1u);
+  EXPECT_TRUE(j["per_round"][0]["commit_lag_on"].is_object()) << out;
+  EXPECT_GE(j["agent_cpu_s_per_step_on"].get<double>(), 0);
+}
+
 TEST(BenchOverheadSmoke, MissingTrainerIsAnError) {
   auto [rc, out] = RunShell(std::string(MEMENTO_CLI_BINARY) +
                             " bench overhead --json --trainer /nonexistent/memento-trainer"

@@ -18,84 +18,59 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "common/subprocess.h"
 #include "common/test_util.h"
 #include "gtest/gtest.h"
+#include "launch_job.h"
 
 namespace memento {
 namespace {
 
 using nlohmann::json;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using memento::testing::ReadAll;
 
-struct Outcome {
-  ExitStatus exit;
-  std::string output;
-  json summary;
-  std::string dir;
+using cluster_testing::Logs;
+
+// A launcher's outcome and every agent's log.
+struct Outcome : cluster_testing::Outcome {
   std::string agents;  // every agent log, concatenated
 };
 
-std::string Logs(const Outcome& o) { return "launcher output:\n" + o.output; }
-
 Outcome RunLaunch(const std::string& root, const std::string& name, const std::string& inject,
                   const std::vector<std::string>& trainer_extra) {
-  Outcome o;
-  o.dir = root + "/" + name;
-  EXPECT_EQ(mkdir(o.dir.c_str(), 0700), 0);
-  SpawnOptions so;
-  so.argv = {MEMENTO_BIN,      "launch",
-             "--job",          name + "-" + std::to_string(getpid()),
-             "--nodes",        "2",
-             "--dp",           "2",
-             "--zero",         "1",
-             "--policy",       "replicate",
-             "--max-restarts", "2",
-             "--run-dir",      o.dir + "/run",
-             "--summary-json", o.dir + "/summary.json"};
+  const std::string dir = root + "/" + name;
+  EXPECT_EQ(mkdir(dir.c_str(), 0700), 0);
+  std::vector<std::string> argv = {MEMENTO_BIN,      "launch",
+                                   "--job",          name + "-" + std::to_string(getpid()),
+                                   "--nodes",        "2",
+                                   "--dp",           "2",
+                                   "--zero",         "1",
+                                   "--policy",       "replicate",
+                                   "--max-restarts", "2",
+                                   "--run-dir",      dir + "/run",
+                                   "--summary-json", dir + "/summary.json"};
   if (!inject.empty()) {
-    so.argv.push_back("--inject");
-    so.argv.push_back(inject);
+    argv.push_back("--inject");
+    argv.push_back(inject);
   }
   for (const std::string& a :
        {std::string("--"), std::string(TRAINER_BIN), std::string("--preset"), std::string("tiny"),
         std::string("--steps"), std::string("20"), std::string("--zero"), std::string("--batch"),
         std::string("4"), std::string("--micro-batches"), std::string("1"), std::string("--warmup"),
-        std::string("4"), std::string("--digest-file"), o.dir + "/digest",
+        std::string("4"), std::string("--digest-file"), dir + "/digest",
         std::string("--comm-timeout"), std::string("30")}) {
-    so.argv.push_back(a);
+    argv.push_back(a);
   }
-  so.argv.insert(so.argv.end(), trainer_extra.begin(), trainer_extra.end());
-  so.log_path = o.dir + "/launch.log";
-  auto p = Subprocess::Spawn(so);
-  EXPECT_TRUE(p.ok()) << p.status();
-  if (!p.ok()) return o;
-  auto st = p->Wait(Deadline::AfterSeconds(240));
-  if (!st.ok()) {
-    p->Terminate(5);
-    ADD_FAILURE() << "memento launch did not finish in 240 s";
-    o.exit.code = -1;
-  } else {
-    o.exit = *st;
-  }
-  o.output = ReadAll(so.log_path);
-  const std::string text = ReadAll(o.dir + "/summary.json");
-  if (!text.empty()) o.summary = json::parse(text, nullptr, false);
+  argv.insert(argv.end(), trainer_extra.begin(), trainer_extra.end());
+  Outcome o;
+  static_cast<cluster_testing::Outcome&>(o) = cluster_testing::RunLaunch(argv, dir, dir, 240);
   for (int n = 0; n < 2; ++n) {
-    o.agents += ReadAll(o.dir + "/run/logs/agent" + std::to_string(n) + ".log");
+    o.agents += ReadAll(dir + "/run/logs/agent" + std::to_string(n) + ".log");
   }
   return o;
 }

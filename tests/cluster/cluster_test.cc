@@ -25,6 +25,7 @@
 #include "coord/commit.h"
 #include "coord/store.h"
 #include "gtest/gtest.h"
+#include "launch_job.h"
 #include "net/job_token.h"
 
 namespace memento {
@@ -34,184 +35,46 @@ using nlohmann::json;
 
 bool Chaos() { return std::getenv("MEMENTO_CHAOS") != nullptr; }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+using memento::testing::ReadAll;
+
+using cluster_testing::CollectOutcome;
+using cluster_testing::ExpectBitIdentical;
+using cluster_testing::Job;
+using cluster_testing::LaunchArgv;
+using cluster_testing::Logs;
+using cluster_testing::Outcome;
+using cluster_testing::Restores;
+using cluster_testing::RunJob;
+using cluster_testing::RunLaunch;
+
+// Agents built without the peer service's inventory and recovery methods
+// (agent cluster mode before it serves kPeerInventory / kPeerRecover)
+// cannot take part in a recovery: nothing to test then.
+bool Unsupported(const Outcome& o) {
+  return o.output.find("does not serve the peer inventory") != std::string::npos;
 }
 
-struct Job {
-  int nodes = 4;
-  int ranks_per_node = 1;
-  int dp = 0, tp = 1, pp = 1, zero = 0;
-  std::string policy = "xor";
-  std::string inject;
-  int steps = 40;
-  int elements = 16384;
-  int step_ms = 15;
-  // The agents compute the plan ~50-100 ms after the last seal; steps taken
-  // before that are never protected (and an early abandoned step was seen to
-  // keep a short job from committing at all).
-  int warmup_ms = 500;
-  int max_restarts = 3;
-  std::vector<std::string> extra;  // more launch flags
-  int world() const { return nodes * ranks_per_node; }
-  int dp_size() const { return dp > 0 ? dp : world() / (tp * pp); }
-};
-
-struct Outcome {
-  ExitStatus exit;
-  std::string output;  // the launcher's stdout + stderr
-  json summary;
-  std::string out_dir;
-  bool unsupported = false;
-};
-
 #define SKIP_IF_UNSUPPORTED(o)                                                                    \
-  if ((o).unsupported) {                                                                          \
+  if (Unsupported(o)) {                                                                           \
     GTEST_SKIP() << "the agents do not serve kPeerInventory / kPeerRecover yet:\n" << (o).output; \
   }
 
-std::string LaunchLogs(const Outcome& o) { return "launcher output:\n" + o.output; }
-
-// The `memento launch` command line of `job` (its outputs under `dir`).
-std::vector<std::string> LaunchArgv(const Job& job, const std::string& dir,
-                                    const std::string& job_name, const std::string& out_dir) {
-  std::vector<std::string> argv = {MEMENTO_BIN,
-                                   "launch",
-                                   "--job",
-                                   job_name,
-                                   "--nodes",
-                                   std::to_string(job.nodes),
-                                   "--ranks-per-node",
-                                   std::to_string(job.ranks_per_node),
-                                   "--tp",
-                                   std::to_string(job.tp),
-                                   "--pp",
-                                   std::to_string(job.pp),
-                                   "--zero",
-                                   std::to_string(job.zero),
-                                   "--policy",
-                                   job.policy,
-                                   "--max-restarts",
-                                   std::to_string(job.max_restarts),
-                                   "--run-dir",
-                                   dir + "/run",
-                                   "--summary-json",
-                                   dir + "/summary.json"};
-  if (job.dp > 0) {
-    argv.push_back("--dp");
-    argv.push_back(std::to_string(job.dp));
-  }
-  if (!job.inject.empty()) {
-    argv.push_back("--inject");
-    argv.push_back(job.inject);
-  }
-  for (const auto& e : job.extra) argv.push_back(e);
-  for (const char* a : {"--", WORKLOAD_BIN}) argv.push_back(a);
-  for (const std::string& a :
-       {std::string("--steps"), std::to_string(job.steps), std::string("--elements"),
-        std::to_string(job.elements), std::string("--step-ms"), std::to_string(job.step_ms),
-        std::string("--warmup-ms"), std::to_string(job.warmup_ms), std::string("--out"), out_dir}) {
-    argv.push_back(a);
-  }
-  return argv;
-}
-
-// Reads what a finished launcher left: its output and summary.
-void CollectOutcome(const std::string& dir, Outcome* o) {
-  o->output = ReadAll(dir + "/launch.log");
-  // Agents built without the peer service's inventory and recovery methods
-  // (agent cluster mode before it serves kPeerInventory / kPeerRecover)
-  // cannot take part in a recovery: nothing to test then.
-  if (o->output.find("does not serve the peer inventory") != std::string::npos) {
-    o->unsupported = true;
-  }
-  const std::string text = ReadAll(dir + "/summary.json");
-  if (!text.empty()) o->summary = json::parse(text, nullptr, false);
-}
-
-Outcome RunJob(const Job& job, const std::string& dir, const std::string& name) {
-  Outcome o;
-  o.out_dir = dir + "/out";
-  EXPECT_EQ(mkdir(o.out_dir.c_str(), 0700), 0);
-  SpawnOptions so;
-  so.argv = LaunchArgv(job, dir, name + "-" + std::to_string(getpid()), o.out_dir);
-  so.log_path = dir + "/launch.log";
-  auto p = Subprocess::Spawn(so);
-  EXPECT_TRUE(p.ok()) << p.status();
-  if (!p.ok()) return o;
-  auto st = p->Wait(Deadline::AfterSeconds(150));
-  if (!st.ok()) {
-    p->Terminate(5);
-    ADD_FAILURE() << "memento launch did not finish in 150 s";
-    o.exit.code = -1;
-  } else {
-    o.exit = *st;
-  }
-  CollectOutcome(dir, &o);
-  return o;
-}
-
-std::string ReferenceDigest(const Job& job, int rank, const std::string& dir) {
-  SpawnOptions so;
-  so.argv = {WORKLOAD_BIN, "--reference",
-             "--steps",    std::to_string(job.steps),
-             "--elements", std::to_string(job.elements),
-             "--rank",     std::to_string(rank),
-             "--dp",       std::to_string(job.dp_size()),
-             "--tp",       std::to_string(job.tp),
-             "--pp",       std::to_string(job.pp),
-             "--zero",     std::to_string(job.zero)};
-  so.log_path = dir + "/reference" + std::to_string(rank);
-  auto p = Subprocess::Spawn(so);
-  if (!p.ok()) return "spawn failed: " + p.status().ToString();
-  auto st = p->Wait(Deadline::AfterSeconds(60));
-  if (!st.ok() || !st->ok()) return "reference failed";
-  std::string d = ReadAll(so.log_path);
-  while (!d.empty() && d.back() == '\n') d.pop_back();
-  return d;
-}
-
-// Every rank finished with the state of the uninterrupted computation and
-// never loaded a state that differs from its recomputation.
-void ExpectBitIdentical(const Job& job, const Outcome& o, const std::string& dir) {
-  for (int r = 0; r < job.world(); ++r) {
-    const std::string prefix = o.out_dir + "/rank" + std::to_string(r);
-    EXPECT_EQ(ReadAll(prefix + ".mismatch"), "") << "rank " << r;
-    std::string got = ReadAll(prefix + ".digest");
-    std::string want = std::to_string(job.steps) + " " + ReferenceDigest(job, r, dir) + "\n";
-    EXPECT_EQ(got, want) << "rank " << r << "\n" << LaunchLogs(o);
-  }
-}
-
-// "<attempt> <step>" lines of a rank's restores.
-std::vector<std::pair<int, int64_t>> Restores(const Outcome& o, int rank) {
-  std::vector<std::pair<int, int64_t>> out;
-  std::istringstream in(ReadAll(o.out_dir + "/rank" + std::to_string(rank) + ".restores"));
-  int a;
-  long long s;
-  while (in >> a >> s) out.emplace_back(a, s);
-  return out;
-}
-
 // After recovery n the ranks restarted at the restored step (from memory).
 void ExpectRestoredFromMemory(const Job& job, const Outcome& o, size_t recoveries) {
-  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
-  ASSERT_EQ(o.summary["recoveries"].size(), recoveries) << LaunchLogs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
+  ASSERT_EQ(o.summary["recoveries"].size(), recoveries) << Logs(o);
   for (size_t n = 0; n < recoveries; ++n) {
     const json& rec = o.summary["recoveries"][n];
     const int64_t step = rec["step"].get<int64_t>();
-    EXPECT_GE(step, 1) << "recovery " << n << " did not restore from memory\n" << LaunchLogs(o);
-    EXPECT_EQ(step, rec["committed"].get<int64_t>()) << LaunchLogs(o);
+    EXPECT_GE(step, 1) << "recovery " << n << " did not restore from memory\n" << Logs(o);
+    EXPECT_EQ(step, rec["committed"].get<int64_t>()) << Logs(o);
     const int attempt = rec["attempt"].get<int>();
     for (int r = 0; r < job.world(); ++r) {
       bool found = false;
       for (auto [a, s] : Restores(o, r)) found |= (a == attempt && s == step);
       EXPECT_TRUE(found) << "rank " << r << " did not restore step " << step << " in attempt "
                          << attempt << "\n"
-                         << LaunchLogs(o);
+                         << Logs(o);
     }
   }
 }
@@ -228,15 +91,15 @@ TEST_F(ClusterTest, NoFailure) {
   Job job;
   job.steps = 20;
   Outcome o = RunJob(job, dir_.path(), "nofail");
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
   EXPECT_EQ(o.summary["recoveries"].size(), 0u);
-  EXPECT_GE(o.summary["committed"].get<int64_t>(), 1) << LaunchLogs(o);
+  EXPECT_GE(o.summary["committed"].get<int64_t>(), 1) << Logs(o);
   // Every step the workload snapshotted commits, up to the newest commit,
   // unless a node skipped it and said so (regression: a watch that skipped a
   // store change stalled commits for 10 s and lost dozens of steps).
   const json& commits = o.summary["commits"];
-  ASSERT_TRUE(commits.is_object()) << LaunchLogs(o);
-  EXPECT_TRUE(commits["uncommitted"].empty()) << commits.dump() << "\n" << LaunchLogs(o);
+  ASSERT_TRUE(commits.is_object()) << Logs(o);
+  EXPECT_TRUE(commits["uncommitted"].empty()) << commits.dump() << "\n" << Logs(o);
   std::set<int64_t> skipped;
   for (const json& sk : commits["skipped"]) skipped.insert(sk["step"].get<int64_t>());
   const int64_t first = commits["first"].get<int64_t>();
@@ -247,7 +110,7 @@ TEST_F(ClusterTest, NoFailure) {
   EXPECT_EQ(commits["count"].get<int64_t>() + skipped_in_range, last - first + 1)
       << "every step from " << first << " to " << last
       << " commits or is skipped: " << commits.dump() << "\n"
-      << LaunchLogs(o);
+      << Logs(o);
   ExpectBitIdentical(job, o, dir_.path());
 }
 
@@ -256,9 +119,9 @@ TEST_F(ClusterTest, SoftwareFailureKillRank) {
   job.inject = "kill-rank:2@step=10";
   Outcome o = RunJob(job, dir_.path(), "killrank");
   SKIP_IF_UNSUPPORTED(o);
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
   ExpectRestoredFromMemory(job, o, 1);
-  EXPECT_TRUE(o.summary["recoveries"][0]["lost_nodes"].empty()) << LaunchLogs(o);
+  EXPECT_TRUE(o.summary["recoveries"][0]["lost_nodes"].empty()) << Logs(o);
   ExpectBitIdentical(job, o, dir_.path());
 }
 
@@ -267,13 +130,13 @@ TEST_F(ClusterTest, AgentCrashRestartsOnItsRootAndAdoptsItsSlots) {
   job.inject = "kill-agent:2@step=10";
   Outcome o = RunJob(job, dir_.path(), "killagent");
   SKIP_IF_UNSUPPORTED(o);
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
   EXPECT_NE(o.output.find("restarting the agent of node 2 on its root"), std::string::npos)
-      << LaunchLogs(o);
+      << Logs(o);
   ExpectRestoredFromMemory(job, o, 1);
   // The node's memory survived the agent: nothing had to be rebuilt.
-  EXPECT_TRUE(o.summary["recoveries"][0]["lost_nodes"].empty()) << LaunchLogs(o);
-  EXPECT_EQ(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
+  EXPECT_TRUE(o.summary["recoveries"][0]["lost_nodes"].empty()) << Logs(o);
+  EXPECT_EQ(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << Logs(o);
   ExpectBitIdentical(job, o, dir_.path());
 }
 
@@ -287,14 +150,14 @@ TEST_F(ClusterTest, TrainerAndAgentKilledTogetherRecoverFromTheNodesMemory) {
   job.inject = "kill-rank:1@step=10,kill-agent:1@step=10";
   Outcome o = RunJob(job, dir_.path(), "killboth");
   SKIP_IF_UNSUPPORTED(o);
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
   EXPECT_NE(o.output.find("restarting the agent of node 1 on its root"), std::string::npos)
-      << LaunchLogs(o);
-  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
-  ASSERT_GE(o.summary["recoveries"].size(), 1u) << LaunchLogs(o);
+      << Logs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
+  ASSERT_GE(o.summary["recoveries"].size(), 1u) << Logs(o);
   for (const json& rec : o.summary["recoveries"]) {
-    EXPECT_GE(rec["step"].get<int64_t>(), 1) << LaunchLogs(o);
-    EXPECT_TRUE(rec["lost_nodes"].empty()) << "the node's memory survived\n" << LaunchLogs(o);
+    EXPECT_GE(rec["step"].get<int64_t>(), 1) << Logs(o);
+    EXPECT_TRUE(rec["lost_nodes"].empty()) << "the node's memory survived\n" << Logs(o);
   }
   ExpectBitIdentical(job, o, dir_.path());
 }
@@ -305,10 +168,10 @@ TEST_F(ClusterTest, NodeLossUnderReplicate) {
   job.inject = "kill-node:1@step=10";
   Outcome o = RunJob(job, dir_.path(), "lossrepl");
   SKIP_IF_UNSUPPORTED(o);
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
   ExpectRestoredFromMemory(job, o, 1);
-  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({1})) << LaunchLogs(o);
-  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
+  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({1})) << Logs(o);
+  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << Logs(o);
   ExpectBitIdentical(job, o, dir_.path());
 }
 
@@ -323,7 +186,7 @@ TEST_F(ClusterTest, NodeLossUnderXorWithZero1) {
   job.inject = "kill-node:0@step=10";
   Outcome o = RunJob(job, dir_.path(), "lossxor");
   SKIP_IF_UNSUPPORTED(o);
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
   ExpectRestoredFromMemory(job, o, 1);
   ExpectBitIdentical(job, o, dir_.path());
 }
@@ -334,9 +197,9 @@ TEST_F(ClusterTest, TwoNodesOfOneGroupUnderRs2) {
   job.inject = "kill-node:1@step=10,kill-node:2@step=10";
   Outcome o = RunJob(job, dir_.path(), "rs2");
   SKIP_IF_UNSUPPORTED(o);
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
   ExpectRestoredFromMemory(job, o, 1);
-  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({1, 2})) << LaunchLogs(o);
+  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({1, 2})) << Logs(o);
   ExpectBitIdentical(job, o, dir_.path());
 }
 
@@ -346,13 +209,13 @@ TEST_F(ClusterTest, LossBeyondProtectionIsRefusedNamingThePieces) {
   job.inject = "kill-node:1@step=8,kill-node:2@step=8";
   Outcome o = RunJob(job, dir_.path(), "beyond");
   SKIP_IF_UNSUPPORTED(o);
-  EXPECT_EQ(o.exit.code, 3) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_EQ(o.exit.code, 3) << o.exit.ToString() << "\n" << Logs(o);
   EXPECT_NE(o.output.find("memory cannot rebuild any committed version"), std::string::npos)
-      << LaunchLogs(o);
+      << Logs(o);
   // The reason names pieces of the lost nodes (e.g. "sg0/r1").
-  EXPECT_NE(o.output.find("sg0/r"), std::string::npos) << LaunchLogs(o);
-  EXPECT_NE(o.output.find("no --durable-dir"), std::string::npos) << LaunchLogs(o);
-  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
+  EXPECT_NE(o.output.find("sg0/r"), std::string::npos) << Logs(o);
+  EXPECT_NE(o.output.find("no --durable-dir"), std::string::npos) << Logs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
   EXPECT_FALSE(o.summary["success"].get<bool>());
 }
 
@@ -364,10 +227,10 @@ TEST_F(ClusterTest, CorruptedSlotOnASurvivorIsDetectedAndRebuilt) {
   job.inject = "corrupt-rank:0@step=10,kill-rank:3@step=10";
   Outcome o = RunJob(job, dir_.path(), "corrupt");
   SKIP_IF_UNSUPPORTED(o);
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
-  EXPECT_NE(o.output.find("flipped a byte in slot"), std::string::npos) << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  EXPECT_NE(o.output.find("flipped a byte in slot"), std::string::npos) << Logs(o);
   ExpectRestoredFromMemory(job, o, 1);
-  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
+  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << Logs(o);
   ExpectBitIdentical(job, o, dir_.path());
 }
 
@@ -383,12 +246,12 @@ TEST_F(ClusterTest, SlotCorruptedAfterAdoptionIsFoundByTheRecoveryInventory) {
   job.inject = "corrupt-rank:0@step=10,kill-agent:0@step=10";
   Outcome o = RunJob(job, dir_.path(), "corruptadopt");
   SKIP_IF_UNSUPPORTED(o);
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
   EXPECT_NE(o.output.find("restarting the agent of node 0 on its root"), std::string::npos)
-      << LaunchLogs(o);
-  EXPECT_NE(o.output.find("flipped a byte in slot"), std::string::npos) << LaunchLogs(o);
+      << Logs(o);
+  EXPECT_NE(o.output.find("flipped a byte in slot"), std::string::npos) << Logs(o);
   ExpectRestoredFromMemory(job, o, 1);
-  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
+  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << Logs(o);
   ExpectBitIdentical(job, o, dir_.path());
 }
 
@@ -414,14 +277,13 @@ Job UnprotectedJob() {
 TEST_F(ClusterTest, UnprotectedStepsAreReportedLoudly) {
   Job job = UnprotectedJob();
   Outcome o = RunJob(job, dir_.path(), "unprot");
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
-  EXPECT_NE(o.output.find("WARNING: the job is running UNPROTECTED"), std::string::npos)
-      << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  EXPECT_NE(o.output.find("WARNING: the job is running UNPROTECTED"), std::string::npos) << Logs(o);
   EXPECT_NE(o.output.find("node memory budget exhausted: redundancy version"), std::string::npos)
-      << LaunchLogs(o);
-  EXPECT_NE(o.output.find("step(s) ran UNPROTECTED"), std::string::npos) << LaunchLogs(o);
-  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
-  EXPECT_GE(o.summary["unprotected_steps"].get<int64_t>(), 1) << LaunchLogs(o);
+      << Logs(o);
+  EXPECT_NE(o.output.find("step(s) ran UNPROTECTED"), std::string::npos) << Logs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
+  EXPECT_GE(o.summary["unprotected_steps"].get<int64_t>(), 1) << Logs(o);
   EXPECT_EQ(o.summary["commits"]["unprotected_steps"], o.summary["unprotected_steps"]);
   EXPECT_NE(o.summary["commits"]["unprotected_reason"].get<std::string>().find("ResourceExhausted"),
             std::string::npos)
@@ -434,13 +296,13 @@ TEST_F(ClusterTest, RequireProtectionEndsAnUnprotectedJobWithExit4) {
   job.steps = 400;  // would run long: the launcher must stop it
   job.extra.push_back("--require-protection");
   Outcome o = RunJob(job, dir_.path(), "reqprot");
-  EXPECT_EQ(o.exit.code, 4) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_EQ(o.exit.code, 4) << o.exit.ToString() << "\n" << Logs(o);
   EXPECT_NE(o.output.find("--require-protection: a step could not be protected"), std::string::npos)
-      << LaunchLogs(o);
-  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
+      << Logs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
   EXPECT_FALSE(o.summary["success"].get<bool>());
   EXPECT_EQ(o.summary["exit_code"], 4);
-  EXPECT_GE(o.summary["unprotected_steps"].get<int64_t>(), 1) << LaunchLogs(o);
+  EXPECT_GE(o.summary["unprotected_steps"].get<int64_t>(), 1) << Logs(o);
 }
 
 // The store host is lost while the job trains: the launcher SIGKILLs its
@@ -457,26 +319,26 @@ TEST_F(ClusterTest, StoreKilledMidRunThenNodeLoss) {
   job.extra = {"--store-down-s", "0.5"};
   Outcome o = RunJob(job, dir_.path(), "killstore");
   SKIP_IF_UNSUPPORTED(o);
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
-  EXPECT_NE(o.output.find("(process)"), std::string::npos) << LaunchLogs(o);
-  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
-  ASSERT_EQ(o.summary["store_restarts"].size(), 1u) << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  EXPECT_NE(o.output.find("(process)"), std::string::npos) << Logs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
+  ASSERT_EQ(o.summary["store_restarts"].size(), 1u) << Logs(o);
   const json& sr = o.summary["store_restarts"][0];
   const int64_t before = sr["committed_before"].get<int64_t>();
-  EXPECT_GE(sr["reached_step"].get<int64_t>(), 10) << LaunchLogs(o);
-  EXPECT_GE(sr["down_s"].get<double>(), 0.5) << LaunchLogs(o);
+  EXPECT_GE(sr["reached_step"].get<int64_t>(), 10) << Logs(o);
+  EXPECT_GE(sr["down_s"].get<double>(), 0.5) << Logs(o);
   // The agents brought commit/latest back, and a newer step committed on the
   // fresh store.
-  EXPECT_GE(sr["republished_s"].get<double>(), 0.0) << LaunchLogs(o);
-  EXPECT_GE(sr["resumed_s"].get<double>(), 0.0) << LaunchLogs(o);
-  EXPECT_GT(sr["resumed_step"].get<int64_t>(), before) << LaunchLogs(o);
-  EXPECT_GT(o.summary["committed"].get<int64_t>(), before) << LaunchLogs(o);
+  EXPECT_GE(sr["republished_s"].get<double>(), 0.0) << Logs(o);
+  EXPECT_GE(sr["resumed_s"].get<double>(), 0.0) << Logs(o);
+  EXPECT_GT(sr["resumed_step"].get<int64_t>(), before) << Logs(o);
+  EXPECT_GT(o.summary["committed"].get<int64_t>(), before) << Logs(o);
   // The node loss came after the restart and restored a commit of the fresh store.
   ExpectRestoredFromMemory(job, o, 1);
-  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({1})) << LaunchLogs(o);
+  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({1})) << Logs(o);
   EXPECT_GE(o.summary["recoveries"][0]["step"].get<int64_t>(), sr["resumed_step"].get<int64_t>())
-      << LaunchLogs(o);
-  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
+      << Logs(o);
+  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << Logs(o);
   ExpectBitIdentical(job, o, dir_.path());
 }
 
@@ -492,16 +354,16 @@ TEST_F(ClusterTest, StoreKilledDuringRecovery) {
   job.extra = {"--store-down-s", "0.3"};
   Outcome o = RunJob(job, dir_.path(), "killstorerec");
   SKIP_IF_UNSUPPORTED(o);
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
-  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
-  ASSERT_EQ(o.summary["store_restarts"].size(), 1u) << LaunchLogs(o);
-  EXPECT_EQ(o.summary["store_restarts"][0]["recovery"].get<int>(), 0) << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
+  ASSERT_EQ(o.summary["store_restarts"].size(), 1u) << Logs(o);
+  EXPECT_EQ(o.summary["store_restarts"][0]["recovery"].get<int>(), 0) << Logs(o);
   ExpectRestoredFromMemory(job, o, 1);
-  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({2})) << LaunchLogs(o);
-  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
+  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({2})) << Logs(o);
+  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << Logs(o);
   EXPECT_GT(o.summary["committed"].get<int64_t>(),
             o.summary["recoveries"][0]["step"].get<int64_t>())
-      << LaunchLogs(o);
+      << Logs(o);
   ExpectBitIdentical(job, o, dir_.path());
 }
 
@@ -552,6 +414,7 @@ TEST_F(ClusterTest, ExternalStoreRestartedEmptyByItsOwner) {
   job.extra = {"--store", url, "--token-file", token_path};
   const std::string name = "extstore-" + std::to_string(getpid());
   Outcome o;
+  o.dir = dir;
   o.out_dir = dir + "/out";
   ASSERT_EQ(mkdir(o.out_dir.c_str(), 0700), 0);
   SpawnOptions so;
@@ -585,10 +448,10 @@ TEST_F(ClusterTest, ExternalStoreRestartedEmptyByItsOwner) {
   ASSERT_TRUE(st.ok()) << "memento launch did not finish in 150 s";
   o.exit = *st;
   CollectOutcome(dir, &o);
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
-  EXPECT_NE(o.output.find("(external)"), std::string::npos) << LaunchLogs(o);
-  EXPECT_NE(o.output.find("the store lost the job's keys"), std::string::npos) << LaunchLogs(o);
-  EXPECT_GT(o.summary["committed"].get<int64_t>(), before) << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  EXPECT_NE(o.output.find("(external)"), std::string::npos) << Logs(o);
+  EXPECT_NE(o.output.find("the store lost the job's keys"), std::string::npos) << Logs(o);
+  EXPECT_GT(o.summary["committed"].get<int64_t>(), before) << Logs(o);
   ExpectBitIdentical(job, o, dir);
 
   // The refilled store, through the CLI.
@@ -648,9 +511,9 @@ TEST_F(ClusterTest, NetnsNodeLossRecoversBitIdentical) {
   job.extra = {"--netns"};
   Outcome o = RunJob(job, dir_.path(), "netns");
   SKIP_IF_UNSUPPORTED(o);
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
   const size_t at = o.output.find("network namespaces: bridge mb");
-  ASSERT_NE(at, std::string::npos) << LaunchLogs(o);
+  ASSERT_NE(at, std::string::npos) << Logs(o);
   const std::string tag =
       o.output.substr(at + std::string("network namespaces: bridge mb").size(), 6);
   // The agents served peers on their namespaces' addresses, not on loopback.
@@ -660,7 +523,7 @@ TEST_F(ClusterTest, NetnsNodeLossRecoversBitIdentical) {
     EXPECT_EQ(log.find("peer service 127."), std::string::npos) << "agent " << i << ":\n" << log;
   }
   ExpectRestoredFromMemory(job, o, 1);
-  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({1})) << LaunchLogs(o);
+  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({1})) << Logs(o);
   ExpectBitIdentical(job, o, dir_.path());
   // Torn down: no namespace, veth or bridge of this launch is left.
   EXPECT_NE(access("/sys/class/net/lo", F_OK), -1);
@@ -704,27 +567,16 @@ TEST_F(ClusterTest, NetnsGlooTrainerNodeLossBitIdentical) {
           std::string("--comm-timeout"), std::string("30")}) {
       so.argv.push_back(a);
     }
-    so.log_path = dir + "/launch.log";
-    Outcome o;
-    auto p = Subprocess::Spawn(so);
-    EXPECT_TRUE(p.ok()) << p.status();
-    if (!p.ok()) return o;
-    auto st = p->Wait(Deadline::AfterSeconds(150));
-    if (!st.ok()) p->Terminate(5);
-    EXPECT_TRUE(st.ok()) << "memento launch did not finish in 150 s";
-    if (st.ok()) o.exit = *st;
-    o.out_dir = dir;
-    CollectOutcome(dir, &o);
-    return o;
+    return RunLaunch(so.argv, dir, dir, 150);
   };
   Outcome netns = run("gloo-netns", {"--netns", "--inject", "kill-node:1@step=10"});
   SKIP_IF_UNSUPPORTED(netns);
-  ASSERT_EQ(netns.exit.code, 0) << netns.exit.ToString() << "\n" << LaunchLogs(netns);
-  ASSERT_EQ(netns.summary["recoveries"].size(), 1u) << LaunchLogs(netns);
-  EXPECT_GE(netns.summary["recoveries"][0]["step"].get<int64_t>(), 1) << LaunchLogs(netns);
-  EXPECT_EQ(netns.summary["recoveries"][0]["lost_nodes"], json::array({1})) << LaunchLogs(netns);
+  ASSERT_EQ(netns.exit.code, 0) << netns.exit.ToString() << "\n" << Logs(netns);
+  ASSERT_EQ(netns.summary["recoveries"].size(), 1u) << Logs(netns);
+  EXPECT_GE(netns.summary["recoveries"][0]["step"].get<int64_t>(), 1) << Logs(netns);
+  EXPECT_EQ(netns.summary["recoveries"][0]["lost_nodes"], json::array({1})) << Logs(netns);
   Outcome plain = run("gloo-plain", {});
-  ASSERT_EQ(plain.exit.code, 0) << plain.exit.ToString() << "\n" << LaunchLogs(plain);
+  ASSERT_EQ(plain.exit.code, 0) << plain.exit.ToString() << "\n" << Logs(plain);
   for (int r = 0; r < 4; ++r) {
     const std::string got = ReadAll(netns.out_dir + "/digest.rank" + std::to_string(r));
     EXPECT_FALSE(got.empty()) << "rank " << r;
@@ -754,14 +606,13 @@ class ClusterAgentsTest : public ::testing::Test {
   }
   // Every recovery of the summary ran by the agents' leader.
   static void ExpectRecoveredByAgents(const Outcome& o) {
-    ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
-    ASSERT_GE(o.summary["recoveries"].size(), 1u) << LaunchLogs(o);
+    ASSERT_TRUE(o.summary.is_object()) << Logs(o);
+    ASSERT_GE(o.summary["recoveries"].size(), 1u) << Logs(o);
     for (const json& rec : o.summary["recoveries"]) {
-      EXPECT_EQ(rec["recovered_by"], "agents") << rec.dump() << "\n" << LaunchLogs(o);
+      EXPECT_EQ(rec["recovered_by"], "agents") << rec.dump() << "\n" << Logs(o);
       EXPECT_EQ(rec["leader"].get<std::string>().rfind("node", 0), 0u) << rec.dump();
     }
-    EXPECT_NE(o.output.find("asked of the agents' recovery leader"), std::string::npos)
-        << LaunchLogs(o);
+    EXPECT_NE(o.output.find("asked of the agents' recovery leader"), std::string::npos) << Logs(o);
   }
   testing::ScratchDir dir_{"cluster-agents"};
 };
@@ -771,17 +622,16 @@ TEST_F(ClusterAgentsTest, NodeLossIsRebuiltByTheAgentsLeader) {
   job.policy = "replicate";
   job.inject = "kill-node:1@step=10";
   Outcome o = RunJob(job, dir_.path(), "agentsloss");
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
   ExpectRecoveredByAgents(o);
   ExpectRestoredFromMemory(job, o, 1);
   const json& rec = o.summary["recoveries"][0];
-  EXPECT_EQ(rec["lost_nodes"], json::array({1})) << LaunchLogs(o);
-  EXPECT_EQ(rec["source"], "memory") << LaunchLogs(o);
+  EXPECT_EQ(rec["lost_nodes"], json::array({1})) << Logs(o);
+  EXPECT_EQ(rec["source"], "memory") << Logs(o);
   // The leader's RecoverJob rebuilt the lost node's slots from its peers.
-  EXPECT_GT(rec["rebuilt_bytes"].get<uint64_t>(), 0u) << LaunchLogs(o);
-  EXPECT_GE(rec["epoch"].get<uint64_t>(), 1u) << LaunchLogs(o);
-  EXPECT_NE(o.output.find("recovery 0 by the agents' leader node"), std::string::npos)
-      << LaunchLogs(o);
+  EXPECT_GT(rec["rebuilt_bytes"].get<uint64_t>(), 0u) << Logs(o);
+  EXPECT_GE(rec["epoch"].get<uint64_t>(), 1u) << Logs(o);
+  EXPECT_NE(o.output.find("recovery 0 by the agents' leader node"), std::string::npos) << Logs(o);
   ExpectBitIdentical(job, o, dir_.path());
 }
 
@@ -794,14 +644,14 @@ TEST_F(ClusterAgentsTest, TwoFailuresEachRecoveredByTheAgents) {
   job.steps = 60;
   job.inject = "kill-rank:1@step=10,kill-agent:1@step=10,kill-node:0@step=35";
   Outcome o = RunJob(job, dir_.path(), "agentstwo");
-  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
   ExpectRecoveredByAgents(o);
-  ASSERT_GE(o.summary["recoveries"].size(), 2u) << LaunchLogs(o);
+  ASSERT_GE(o.summary["recoveries"].size(), 2u) << Logs(o);
   for (const json& rec : o.summary["recoveries"]) {
-    EXPECT_GE(rec["step"].get<int64_t>(), 1) << rec.dump() << "\n" << LaunchLogs(o);
+    EXPECT_GE(rec["step"].get<int64_t>(), 1) << rec.dump() << "\n" << Logs(o);
   }
   const json& last = o.summary["recoveries"].back();
-  EXPECT_EQ(last["lost_nodes"], json::array({0})) << LaunchLogs(o);
+  EXPECT_EQ(last["lost_nodes"], json::array({0})) << Logs(o);
   ExpectBitIdentical(job, o, dir_.path());
 }
 
@@ -810,16 +660,16 @@ TEST_F(ClusterAgentsTest, LossBeyondProtectionIsRefusedByTheLeaderWithExit3) {
   job.policy = "xor";
   job.inject = "kill-node:1@step=8,kill-node:2@step=8";
   Outcome o = RunJob(job, dir_.path(), "agentsbeyond");
-  EXPECT_EQ(o.exit.code, 3) << o.exit.ToString() << "\n" << LaunchLogs(o);
+  EXPECT_EQ(o.exit.code, 3) << o.exit.ToString() << "\n" << Logs(o);
   EXPECT_NE(o.output.find("memory cannot rebuild any committed version"), std::string::npos)
-      << LaunchLogs(o);
-  EXPECT_NE(o.output.find("sg0/r"), std::string::npos) << LaunchLogs(o);
-  EXPECT_NE(o.output.find("no --durable-dir"), std::string::npos) << LaunchLogs(o);
-  ASSERT_TRUE(o.summary.is_object()) << LaunchLogs(o);
+      << Logs(o);
+  EXPECT_NE(o.output.find("sg0/r"), std::string::npos) << Logs(o);
+  EXPECT_NE(o.output.find("no --durable-dir"), std::string::npos) << Logs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
   EXPECT_FALSE(o.summary["success"].get<bool>());
-  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << LaunchLogs(o);
-  EXPECT_EQ(o.summary["recoveries"][0]["source"], "none") << LaunchLogs(o);
-  EXPECT_EQ(o.summary["recoveries"][0]["recovered_by"], "agents") << LaunchLogs(o);
+  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << Logs(o);
+  EXPECT_EQ(o.summary["recoveries"][0]["source"], "none") << Logs(o);
+  EXPECT_EQ(o.summary["recoveries"][0]["recovered_by"], "agents") << Logs(o);
 }
 
 // Seeded random failures: kills of ranks, agents, nodes and the store host
@@ -858,7 +708,7 @@ TEST(ClusterChaos, RandomFailures) {
                  inject);
     Outcome o = RunJob(job, dir.path(), "chaos" + std::to_string(round));
     SKIP_IF_UNSUPPORTED(o);
-    ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << LaunchLogs(o);
+    ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
     ExpectBitIdentical(job, o, dir.path());
   }
 }

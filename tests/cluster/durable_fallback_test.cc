@@ -12,136 +12,56 @@
 // again (docs/coordination.md, "Epochs").
 #include <dirent.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/subprocess.h"
 #include "common/test_util.h"
 #include "gtest/gtest.h"
+#include "launch_job.h"
 
 namespace memento {
 namespace {
 
 using nlohmann::json;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using memento::testing::ReadAll;
 
-struct Job {
-  int nodes = 4;
-  int zero = 1;
-  std::string policy = "xor";
-  std::string inject;
-  int steps = 30;
-  int elements = 16384;
-  // Slow enough steps that a committed version's slot outlives its write to
-  // the durable directory (two snapshot intervals) on a loaded machine.
-  int step_ms = 120;
-  int warmup_ms = 500;
+using cluster_testing::ExpectRankBitIdentical;
+using cluster_testing::Job;
+using cluster_testing::Logs;
+using cluster_testing::Outcome;
+using cluster_testing::Restored;
+
+// A job of 4 nodes under ZeRO-1 whose agents persist every `persist_every`
+// committed versions to the durable directory (when `durable`).
+struct FallbackJob : Job {
+  FallbackJob() {
+    zero = 1;
+    steps = 30;
+    // Slow enough steps that a committed version's slot outlives its write to
+    // the durable directory (two snapshot intervals) on a loaded machine.
+    step_ms = 120;
+  }
   int persist_every = 4;
   bool durable = true;
-  std::vector<std::string> extra;  // more launch flags
 };
 
-struct Outcome {
-  ExitStatus exit;
-  std::string output;
-  json summary;
-  std::string out_dir;
-};
-
-std::string Logs(const Outcome& o) { return "launcher output:\n" + o.output; }
-
-Outcome RunJob(const Job& job, const std::string& dir, const std::string& durable_dir) {
-  Outcome o;
-  o.out_dir = dir + "/out";
-  EXPECT_EQ(mkdir(o.out_dir.c_str(), 0700), 0);
-  const std::string summary = dir + "/summary.json";
-  SpawnOptions so;
-  so.argv = {MEMENTO_BIN,
-             "launch",
-             "--job",
-             "durablefb-" + std::to_string(getpid()),
-             "--nodes",
-             std::to_string(job.nodes),
-             "--ranks-per-node",
-             "1",
-             "--zero",
-             std::to_string(job.zero),
-             "--policy",
-             job.policy,
-             "--run-dir",
-             dir + "/run",
-             "--summary-json",
-             summary};
+Outcome RunJob(const FallbackJob& job, const std::string& dir, const std::string& durable_dir) {
+  Job launched = job;
   if (job.durable) {
     for (const std::string& a :
          {std::string("--durable-dir"), durable_dir,
-          std::string("--agent-arg=--persist-every=") + std::to_string(job.persist_every)}) {
-      so.argv.push_back(a);
+          "--agent-arg=--persist-every=" + std::to_string(job.persist_every)}) {
+      launched.extra.push_back(a);
     }
   }
-  if (!job.inject.empty()) {
-    so.argv.push_back("--inject");
-    so.argv.push_back(job.inject);
-  }
-  for (const std::string& a : job.extra) so.argv.push_back(a);
-  for (const char* a : {"--", WORKLOAD_BIN}) so.argv.push_back(a);
-  for (const std::string& a :
-       {std::string("--steps"), std::to_string(job.steps), std::string("--elements"),
-        std::to_string(job.elements), std::string("--step-ms"), std::to_string(job.step_ms),
-        std::string("--warmup-ms"), std::to_string(job.warmup_ms), std::string("--out"),
-        o.out_dir}) {
-    so.argv.push_back(a);
-  }
-  so.log_path = dir + "/launch.log";
-  auto p = Subprocess::Spawn(so);
-  EXPECT_TRUE(p.ok()) << p.status();
-  if (!p.ok()) return o;
-  auto st = p->Wait(Deadline::AfterSeconds(200));
-  if (!st.ok()) {
-    p->Terminate(5);
-    ADD_FAILURE() << "memento launch did not finish in 200 s";
-    o.exit.code = -1;
-  } else {
-    o.exit = *st;
-  }
-  o.output = ReadAll(so.log_path);
-  const std::string text = ReadAll(summary);
-  if (!text.empty()) o.summary = json::parse(text, nullptr, false);
-  return o;
-}
-
-std::string ReferenceDigest(const Job& job, int rank, const std::string& dir) {
-  SpawnOptions so;
-  so.argv = {WORKLOAD_BIN, "--reference",
-             "--steps",    std::to_string(job.steps),
-             "--elements", std::to_string(job.elements),
-             "--rank",     std::to_string(rank),
-             "--dp",       std::to_string(job.nodes),
-             "--tp",       "1",
-             "--pp",       "1",
-             "--zero",     std::to_string(job.zero)};
-  so.log_path = dir + "/reference" + std::to_string(rank);
-  auto p = Subprocess::Spawn(so);
-  if (!p.ok()) return "spawn failed: " + p.status().ToString();
-  auto st = p->Wait(Deadline::AfterSeconds(60));
-  if (!st.ok() || !st->ok()) return "reference failed";
-  std::string d = ReadAll(so.log_path);
-  while (!d.empty() && d.back() == '\n') d.pop_back();
-  return d;
+  return cluster_testing::RunJob(launched, dir, "durablefb", 200);
 }
 
 // `memento verify DIR` (every version): exit 0 and its output.
@@ -225,27 +145,19 @@ class DurableFallbackTest : public ::testing::Test {
 
   // Every rank restored `step` in recovery attempt `attempt`, saw no mismatch,
   // and ended bit-identical to the failure-free reference run.
-  void ExpectEveryRankRestoredBitIdentical(const Job& job, const Outcome& o, int attempt,
+  void ExpectEveryRankRestoredBitIdentical(const FallbackJob& job, const Outcome& o, int attempt,
                                            int64_t step) {
     for (int r = 0; r < job.nodes; ++r) {
-      const std::string prefix = o.out_dir + "/rank" + std::to_string(r);
-      EXPECT_EQ(ReadAll(prefix + ".mismatch"), "") << "rank " << r;
-      std::istringstream in(ReadAll(prefix + ".restores"));
-      int a;
-      long long s;
-      bool found = false;
-      while (in >> a >> s) found |= (a == attempt && s == step);
-      EXPECT_TRUE(found) << "rank " << r << " did not restore step " << step << "\n" << Logs(o);
-      EXPECT_EQ(ReadAll(prefix + ".digest"),
-                std::to_string(job.steps) + " " + ReferenceDigest(job, r, dir_.path()) + "\n")
-          << "rank " << r << "\n"
+      EXPECT_TRUE(Restored(o, r, attempt, step))
+          << "rank " << r << " did not restore step " << step << "\n"
           << Logs(o);
+      ExpectRankBitIdentical(job, o, r, dir_.path());
     }
   }
 };
 
 TEST_F(DurableFallbackTest, LossBeyondProtectionRecoversFromTheDurableTier) {
-  Job job;
+  FallbackJob job;
   // Nodes 1 and 2 hold two of the four blocks of the sharding group's xor
   // stripes: memory cannot rebuild any committed version.
   job.inject = "kill-node:1@step=18,kill-node:2@step=18";
@@ -321,7 +233,7 @@ TEST_F(DurableFallbackTest, LossBeyondProtectionRecoversFromTheDurableTier) {
 // durable tier itself (LoadDurableOnEveryNode, the new epoch), the launcher
 // only waits for its outcome; the same end as the launcher's own fallback.
 TEST_F(DurableFallbackTest, TheAgentsLeaderFallsBackToTheDurableTier) {
-  Job job;
+  FallbackJob job;
   job.extra = {"--recovery-by", "agents"};
   job.inject = "kill-node:1@step=18,kill-node:2@step=18";
   Outcome o = RunJob(job, dir_.path(), durable_dir());
@@ -348,7 +260,7 @@ TEST_F(DurableFallbackTest, TheAgentsLeaderFallsBackToTheDurableTier) {
 }
 
 TEST_F(DurableFallbackTest, WithoutADurableVersionTheLauncherStillRefuses) {
-  Job job;
+  FallbackJob job;
   job.durable = true;
   job.persist_every = 1000;  // nothing is ever persisted
   job.steps = 20;
@@ -372,7 +284,7 @@ TEST_F(DurableFallbackTest, WithoutADurableVersionTheLauncherStillRefuses) {
 // older versions were on disk). The summary of a refused job (exit 3) must
 // not say "restarted from scratch".
 TEST_F(DurableFallbackTest, ACorruptNewestDurableVersionFallsBackToAnOlderOneThatVerifies) {
-  Job job;
+  FallbackJob job;
   job.steps = 34;
   job.inject = "corrupt-durable@step=10,kill-node:1@step=22,kill-node:2@step=22";
   Outcome o = RunJob(job, dir_.path(), durable_dir());

@@ -26,6 +26,7 @@
 #include "coord/embedded_store.h"
 #include "coord/keys.h"
 #include "coord/membership.h"
+#include "job_store.h"
 #include "shm/node_store.h"
 #include "shm/segment.h"
 #include "shm/shm_test_util.h"
@@ -43,10 +44,7 @@ constexpr int kNodes = 2;
 constexpr const char* kJob = "metricsjob";
 constexpr const char* kSecret = "agent-metrics-test-token-0123456789abcdef";
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+using memento::testing::ReadAll;
 
 // The C (fenced) and K (skipped) lines of a trainer's progress file.
 void CountProgress(const std::string& path, int64_t* completed, int64_t* skipped) {
@@ -62,39 +60,15 @@ void CountProgress(const std::string& path, int64_t* completed, int64_t* skipped
 class AgentMetricsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    token_file_ = tmp_.path() + "/token";
-    {
-      std::ofstream f(token_file_);
-      f << kSecret;
-    }
-    chmod(token_file_.c_str(), 0600);
-    auto server = coord::EmbeddedStoreServer::Start("127.0.0.1", 0,
-                                                    net::JobToken::FromSecret(kSecret).value());
-    MEMENTO_CHECK_OK(server.status());
-    server_ = std::move(*server);
-    store_ = &server_->store();
-    std::set<std::string> members;
-    for (int n = 0; n < kNodes; ++n) members.insert(coord::NodeName(n));
-    auto coordinator =
-        coord::CommitCoordinator::Start(store_, kJob, members, Deadline::AfterSeconds(10));
-    MEMENTO_CHECK_OK(coordinator.status());
-    coordinator_ = std::move(*coordinator);
-    auto p = topo::ParsePolicy("replicate");
-    MEMENTO_CHECK_OK(p.status());
-    auto t = topo::Topology::Uniform(kNodes, 1, 1, /*zero_stage=*/1, /*ranks_per_node=*/1);
-    MEMENTO_CHECK_OK(t.status());
-    MEMENTO_CHECK_OK(store_
-                         ->Set(coord::JobKeys(kJob).Topology(),
-                               topo::JobTopologyToJson({*t, *p}).dump(), Deadline::AfterSeconds(5))
-                         .status());
+    ASSERT_NO_FATAL_FAILURE(job_store_.Start(tmp_.path(), "127.0.0.1", kJob, kSecret, kNodes));
+    ASSERT_NO_FATAL_FAILURE(job_store_.SetUniformTopology(kNodes, "replicate"));
   }
   void TearDown() override {
     for (pid_t p : trainers_) {
       if (p > 0) shm::testing::KillAndReap(p);
     }
     StopAgents();
-    coordinator_.reset();
-    server_.reset();
+    job_store_.Stop();
   }
   void StopAgents() {
     for (pid_t& p : agents_) {
@@ -111,7 +85,7 @@ class AgentMetricsTest : public ::testing::Test {
   std::string ProgressPath(int rank) { return tmp_.path() + "/progress" + std::to_string(rank); }
 
   void StartAgents() {
-    const std::string url = "tcp://127.0.0.1:" + std::to_string(server_->port());
+    const std::string url = job_store_.url();
     for (int n = 0; n < kNodes; ++n) {
       agents_.push_back(Spawn({MEMENTO_BIN,
                                "agent",
@@ -124,7 +98,7 @@ class AgentMetricsTest : public ::testing::Test {
                                "--store",
                                url,
                                "--token-file",
-                               token_file_,
+                               job_store_.token_file(),
                                "--listen",
                                "127.0.0.1:0",
                                "--hold-timeout",
@@ -201,10 +175,7 @@ class AgentMetricsTest : public ::testing::Test {
     return v;
   }
 
-  int64_t Committed() {
-    auto c = coord::ReadLatestCommit(*store_, kJob, Deadline::AfterSeconds(5));
-    return c.ok() ? *c : -1;
-  }
+  int64_t Committed() { return job_store_.Committed(); }
 
   // Data bytes of a complete slot of `rank` (its header), 0 when none.
   uint64_t SlotDataBytes(int rank) {
@@ -228,10 +199,7 @@ class AgentMetricsTest : public ::testing::Test {
 
   memento::testing::ScratchDir tmp_{"agent-metrics"};
   shm::testing::ShmScratchDir shm_{"agent-metrics"};
-  std::string token_file_;
-  std::unique_ptr<coord::EmbeddedStoreServer> server_;
-  coord::Store* store_ = nullptr;
-  std::unique_ptr<coord::CommitCoordinator> coordinator_;
+  cluster_save_testing::JobStore job_store_;
   std::vector<pid_t> agents_;
   std::vector<pid_t> trainers_;
   std::vector<std::string> metrics_;  // by node

@@ -30,6 +30,7 @@
 #include "coord/commit.h"
 #include "coord/embedded_store.h"
 #include "coord/keys.h"
+#include "job_store.h"
 #include "launch/recovery_leader.h"
 #include "shm/node_store.h"
 #include "shm/root_gc.h"
@@ -55,54 +56,18 @@ constexpr int64_t kSteps = 6;
 constexpr const char* kJob = "agentrecjob";
 constexpr const char* kSecret = "agent-recovery-test-token-0123456789abcdef";
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+using memento::testing::ReadAll;
 
 class AgentRecoveryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    token_file_ = tmp_.path() + "/token";
-    {
-      std::ofstream f(token_file_);
-      f << kSecret;
-    }
-    chmod(token_file_.c_str(), 0600);
-    auto server = coord::EmbeddedStoreServer::Start("127.0.0.1", 0,
-                                                    net::JobToken::FromSecret(kSecret).value());
-    MEMENTO_CHECK_OK(server.status());
-    server_ = std::move(*server);
-    store_ = &server_->store();
-    url_ = "tcp://127.0.0.1:" + std::to_string(server_->port());
-    std::set<std::string> members;
-    for (int n = 0; n < kNodes; ++n) members.insert(coord::NodeName(n));
-    auto coordinator =
-        coord::CommitCoordinator::Start(store_, kJob, members, Deadline::AfterSeconds(10));
-    MEMENTO_CHECK_OK(coordinator.status());
-    coordinator_ = std::move(*coordinator);
-    auto p = topo::ParsePolicy("replicate");
-    MEMENTO_CHECK_OK(p.status());
-    auto t = topo::Topology::Uniform(kNodes, 1, 1, /*zero_stage=*/1, /*ranks_per_node=*/1);
-    MEMENTO_CHECK_OK(t.status());
-    MEMENTO_CHECK_OK(store_
-                         ->Set(coord::JobKeys(kJob).Topology(),
-                               topo::JobTopologyToJson({*t, *p}).dump(), Deadline::AfterSeconds(5))
-                         .status());
+    ASSERT_NO_FATAL_FAILURE(job_store_.Start(tmp_.path(), "127.0.0.1", kJob, kSecret, kNodes));
+    ASSERT_NO_FATAL_FAILURE(job_store_.SetUniformTopology(kNodes, "replicate"));
     agents_.assign(kNodes, -1);
   }
   void TearDown() override {
-    for (pid_t p : trainers_) {
-      if (p > 0) shm::testing::KillAndReap(p);
-    }
-    for (pid_t p : agents_) {
-      if (p > 0) {
-        kill(p, SIGTERM);
-        if (WaitExit(p, 10) == -1) ADD_FAILURE() << "an agent did not stop on SIGTERM";
-      }
-    }
-    coordinator_.reset();
-    server_.reset();
+    cluster_save_testing::StopTrainersAndAgents(trainers_, agents_);
+    job_store_.Stop();
   }
 
   std::string Root(int node) { return shm_.path() + "/node" + std::to_string(node); }
@@ -121,9 +86,9 @@ class AgentRecoveryTest : public ::testing::Test {
                                      "--root",
                                      Root(n),
                                      "--store",
-                                     url_,
+                                     job_store_.url(),
                                      "--token-file",
-                                     token_file_,
+                                     job_store_.token_file(),
                                      "--listen",
                                      "127.0.0.1:0",
                                      "--hold-timeout",
@@ -136,16 +101,7 @@ class AgentRecoveryTest : public ::testing::Test {
                                      "60"};
     args.insert(args.end(), agent_extra_.begin(), agent_extra_.end());
     agents_[n] = Spawn(args, log);
-    Deadline d = Deadline::AfterSeconds(20);
-    while (ReadAll(log).find("memento agent ready") == std::string::npos) {
-      ASSERT_FALSE(d.expired()) << "agent " << n << " did not start:\n" << ReadAll(log);
-      int st = 0;
-      if (waitpid(agents_[n], &st, WNOHANG) == agents_[n]) {
-        agents_[n] = -1;
-        FAIL() << "agent " << n << " exited:\n" << ReadAll(log);
-      }
-      usleep(20000);
-    }
+    ASSERT_NO_FATAL_FAILURE(cluster_save_testing::WaitAgentReady(&agents_[n], log, n));
   }
 
   pid_t StartTrainer(int rank, int64_t steps) {
@@ -158,10 +114,7 @@ class AgentRecoveryTest : public ::testing::Test {
                  Log("trainer" + std::to_string(rank)));
   }
 
-  int64_t Committed() {
-    auto c = coord::ReadLatestCommit(*store_, kJob, Deadline::AfterSeconds(5));
-    return c.ok() ? *c : -1;
-  }
+  int64_t Committed() { return job_store_.Committed(); }
 
   // Runs the job to kSteps, every step committed; returns each rank's digests.
   void TrainAndCommit() {
@@ -217,11 +170,11 @@ class AgentRecoveryTest : public ::testing::Test {
   }
 
   std::string Leader() {
-    auto kv = store_->Get(launch::RecoveryLeaderKey(kJob), Deadline::AfterSeconds(5));
+    auto kv = job_store_.store()->Get(launch::RecoveryLeaderKey(kJob), Deadline::AfterSeconds(5));
     return kv.ok() ? kv->value : "";
   }
   launch::RecoveryView View() {
-    auto v = launch::ReadRecoveryView(*store_, kJob, Deadline::AfterSeconds(5));
+    auto v = launch::ReadRecoveryView(*job_store_.store(), kJob, Deadline::AfterSeconds(5));
     MEMENTO_CHECK_OK(v.status());
     return *v;
   }
@@ -252,9 +205,10 @@ class AgentRecoveryTest : public ::testing::Test {
   // `memento recover --wait --json`: the CLI operators use.
   nlohmann::json RecoverWait() {
     const std::string out_path = tmp_.path() + "/recover.out";
-    pid_t p = Spawn({MEMENTO_BIN, "recover", "--store", url_, "--job", kJob, "--token-file",
-                     token_file_, "--wait", "--timeout", "90", "--json"},
-                    out_path);
+    pid_t p =
+        Spawn({MEMENTO_BIN, "recover", "--store", job_store_.url(), "--job", kJob, "--token-file",
+               job_store_.token_file(), "--wait", "--timeout", "90", "--json"},
+              out_path);
     int st = WaitExit(p, 120);
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadAll(out_path);
     const std::string out = ReadAll(out_path);
@@ -267,11 +221,7 @@ class AgentRecoveryTest : public ::testing::Test {
 
   memento::testing::ScratchDir tmp_{"agent-recovery"};
   shm::testing::ShmScratchDir shm_{"agent-recovery"};
-  std::string token_file_;
-  std::string url_;
-  std::unique_ptr<coord::EmbeddedStoreServer> server_;
-  coord::Store* store_ = nullptr;
-  std::unique_ptr<coord::CommitCoordinator> coordinator_;
+  cluster_save_testing::JobStore job_store_;
   std::vector<pid_t> agents_;
   std::vector<std::string> agent_extra_;  // more `memento agent` arguments
   std::vector<pid_t> trainers_;
@@ -438,7 +388,7 @@ void AgentRecoveryTest::DurableFallback(bool corrupt) {
   // committed: docs/coordination.md, "Epochs").
   coord::CommitId latest;
   for (Deadline d = Deadline::AfterSeconds(20);; usleep(50000)) {
-    auto id = coord::ReadLatestCommitId(*store_, kJob, Deadline::AfterSeconds(5));
+    auto id = coord::ReadLatestCommitId(*job_store_.store(), kJob, Deadline::AfterSeconds(5));
     if (id.ok()) latest = *id;
     if (latest.epoch > 0 && (latest.step > want || want >= kSteps)) break;
     ASSERT_FALSE(d.expired()) << "no commit after step " << want
@@ -458,9 +408,10 @@ TEST_F(AgentRecoveryTest, TwoNodesLostACorruptNewestDurableVersionFallsBackToAnO
 TEST_F(AgentRecoveryTest, RecoverWithoutALeaderSaysSo) {
   // No agent runs: `memento recover` shows that, and --wait times out naming it.
   const std::string out_path = tmp_.path() + "/recover.out";
-  pid_t p = Spawn({MEMENTO_BIN, "recover", "--store", url_, "--job", kJob, "--token-file",
-                   token_file_, "--trigger", "--wait", "--timeout", "1"},
-                  out_path);
+  pid_t p =
+      Spawn({MEMENTO_BIN, "recover", "--store", job_store_.url(), "--job", kJob, "--token-file",
+             job_store_.token_file(), "--trigger", "--wait", "--timeout", "1"},
+            out_path);
   int st = WaitExit(p, 30);
   ASSERT_TRUE(WIFEXITED(st));
   EXPECT_EQ(WEXITSTATUS(st), 1);

@@ -25,6 +25,7 @@
 #include "coord/commit.h"
 #include "coord/embedded_store.h"
 #include "coord/keys.h"
+#include "job_store.h"
 #include "net/rpc.h"
 #include "net/socket.h"
 #include "recover/source.h"
@@ -49,36 +50,11 @@ constexpr const char* kSecret = "cluster-save-test-token-0123456789abcdef";
 class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    token_file_ = tmp_.path() + "/token";
-    {
-      std::ofstream f(token_file_);
-      f << kSecret;
-    }
-    chmod(token_file_.c_str(), 0600);
-    auto server = coord::EmbeddedStoreServer::Start("127.0.0.1", 0,
-                                                    net::JobToken::FromSecret(kSecret).value());
-    MEMENTO_CHECK_OK(server.status());
-    server_ = std::move(*server);
-    store_ = &server_->store();
-    std::set<std::string> members;
-    for (int n = 0; n < kNodes; ++n) members.insert(coord::NodeName(n));
-    auto coordinator =
-        coord::CommitCoordinator::Start(store_, kJob, members, Deadline::AfterSeconds(10));
-    MEMENTO_CHECK_OK(coordinator.status());
-    coordinator_ = std::move(*coordinator);
+    ASSERT_NO_FATAL_FAILURE(job_store_.Start(tmp_.path(), "127.0.0.1", kJob, kSecret, kNodes));
   }
   void TearDown() override {
-    for (pid_t p : trainers_) {
-      if (p > 0) shm::testing::KillAndReap(p);
-    }
-    for (pid_t p : agents_) {
-      if (p > 0) {
-        kill(p, SIGTERM);
-        if (WaitExit(p, 10) == -1) ADD_FAILURE() << "an agent did not stop on SIGTERM";
-      }
-    }
-    coordinator_.reset();
-    server_.reset();
+    cluster_save_testing::StopTrainersAndAgents(trainers_, agents_);
+    job_store_.Stop();
   }
 
   std::string Root(int node) { return shm_.path() + "/node" + std::to_string(node); }
@@ -93,38 +69,22 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
     auto t = topo::Topology::Uniform(kNodes, 1, 1, /*zero_stage=*/1, /*ranks_per_node=*/1);
     MEMENTO_CHECK_OK(t.status());
     topology_ = *t;
-    MEMENTO_CHECK_OK(store_
-                         ->Set(coord::JobKeys(kJob).Topology(),
-                               topo::JobTopologyToJson({*t, *p, sharded}).dump(),
-                               Deadline::AfterSeconds(5))
-                         .status());
+    ASSERT_NO_FATAL_FAILURE(job_store_.SetTopology(*t, policy, sharded));
     policy_ = *p;
     sharded_ = sharded;
   }
 
   void StartAgents() {
-    std::string url = "tcp://127.0.0.1:" + std::to_string(server_->port());
     for (int n = 0; n < kNodes; ++n) {
-      agents_.push_back(Spawn({MEMENTO_BIN, "agent", "--job", kJob, "--node", std::to_string(n),
-                               "--root", Root(n), "--store", url, "--token-file", token_file_,
-                               "--listen", "127.0.0.1:0", "--hold-timeout", "5"},
-                              Log("agent" + std::to_string(n))));
+      agents_.push_back(
+          Spawn({MEMENTO_BIN, "agent", "--job", kJob, "--node", std::to_string(n), "--root",
+                 Root(n), "--store", job_store_.url(), "--token-file", job_store_.token_file(),
+                 "--listen", "127.0.0.1:0", "--hold-timeout", "5"},
+                Log("agent" + std::to_string(n))));
     }
     for (int n = 0; n < kNodes; ++n) {
-      std::string log = Log("agent" + std::to_string(n));
-      Deadline d = Deadline::AfterSeconds(20);
-      for (;;) {
-        std::ifstream in(log);
-        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        if (text.find("memento agent ready") != std::string::npos) break;
-        ASSERT_FALSE(d.expired()) << "agent " << n << " did not start:\n" << text;
-        int st = 0;
-        if (waitpid(agents_[n], &st, WNOHANG) == agents_[n]) {
-          agents_[n] = -1;
-          FAIL() << "agent " << n << " exited:\n" << text;
-        }
-        usleep(20000);
-      }
+      ASSERT_NO_FATAL_FAILURE(
+          cluster_save_testing::WaitAgentReady(&agents_[n], Log("agent" + std::to_string(n)), n));
     }
   }
 
@@ -140,10 +100,7 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
   }
   std::string ProgressPath(int rank) { return tmp_.path() + "/progress" + std::to_string(rank); }
 
-  int64_t Committed() {
-    auto c = coord::ReadLatestCommit(*store_, kJob, Deadline::AfterSeconds(5));
-    return c.ok() ? *c : -1;
-  }
+  int64_t Committed() { return job_store_.Committed(); }
   int64_t WaitCommitted(int64_t at_least, double timeout_s) {
     Deadline d = Deadline::AfterSeconds(timeout_s);
     int64_t c = Committed();
@@ -158,7 +115,8 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
   topo::Plan ThePlan() {
     topo::Inventory inv(topology_.num_ranks());
     for (int r = 0; r < topology_.num_ranks(); ++r) {
-      auto kv = store_->Get(coord::JobKeys(kJob).Inventory(r), Deadline::AfterSeconds(5));
+      auto kv =
+          job_store_.store()->Get(coord::JobKeys(kJob).Inventory(r), Deadline::AfterSeconds(5));
       MEMENTO_CHECK_OK(kv.status());
       auto metas = ParseTensorList(kv->value);
       MEMENTO_CHECK_OK(metas.status());
@@ -170,7 +128,8 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::vector<TensorMeta> ThePlanInventory(int rank) {
-    auto kv = store_->Get(coord::JobKeys(kJob).Inventory(rank), Deadline::AfterSeconds(5));
+    auto kv =
+        job_store_.store()->Get(coord::JobKeys(kJob).Inventory(rank), Deadline::AfterSeconds(5));
     MEMENTO_CHECK_OK(kv.status());
     auto metas = ParseTensorList(kv->value);
     MEMENTO_CHECK_OK(metas.status());
@@ -214,8 +173,8 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
   // Reads a T1 entry of node `node` through its peer service (kPeerRead).
   std::vector<uint8_t> ReadEntry(int node, recover::SourceKind kind, uint32_t id, int64_t step,
                                  uint64_t bytes, std::vector<std::string>* errors) {
-    auto ep =
-        store_->Get(coord::JobKeys(kJob).Node(coord::NodeName(node)), Deadline::AfterSeconds(5));
+    auto ep = job_store_.store()->Get(coord::JobKeys(kJob).Node(coord::NodeName(node)),
+                                      Deadline::AfterSeconds(5));
     MEMENTO_CHECK_OK(ep.status());
     auto hp = net::ParseHostPort(ep->value, net::PortUse::kConnect);
     MEMENTO_CHECK_OK(hp.status());
@@ -364,10 +323,7 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
 
   memento::testing::ScratchDir tmp_{"cluster-save"};
   shm::testing::ShmScratchDir shm_{"cluster-save"};
-  std::string token_file_;
-  std::unique_ptr<coord::EmbeddedStoreServer> server_;
-  coord::Store* store_ = nullptr;
-  std::unique_ptr<coord::CommitCoordinator> coordinator_;
+  cluster_save_testing::JobStore job_store_;
   topo::Topology topology_;
   topo::Policy policy_;
   bool sharded_ = false;
@@ -388,7 +344,8 @@ TEST_P(ClusterSaveTest, VersionsCommitWithTheRedundancyThePlanSays) {
   }
   int64_t committed = WaitCommitted(kSteps, 5);
   ASSERT_GE(committed, 1) << "no version committed";
-  auto commits = store_->List(coord::JobKeys(kJob).CommitPrefix(), Deadline::AfterSeconds(5));
+  auto commits =
+      job_store_.store()->List(coord::JobKeys(kJob).CommitPrefix(), Deadline::AfterSeconds(5));
   ASSERT_TRUE(commits.ok());
   EXPECT_GE(commits->kvs.size(), 3u) << "commit/latest and at least two commit records";
   CheckRedundancy();
@@ -510,7 +467,8 @@ TEST_F(ClusterFastStepTest, StepsFasterThanProtectionSkipAndStillCommit) {
   }
   const int64_t committed = WaitCommitted(1, 10);
   ASSERT_GE(committed, 1) << "no version committed";
-  auto commits = store_->List(coord::JobKeys(kJob).CommitPrefix(), Deadline::AfterSeconds(5));
+  auto commits =
+      job_store_.store()->List(coord::JobKeys(kJob).CommitPrefix(), Deadline::AfterSeconds(5));
   ASSERT_TRUE(commits.ok());
   size_t skipped = 0;
   for (int r = 0; r < kNodes; ++r) {

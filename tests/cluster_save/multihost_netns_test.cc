@@ -19,7 +19,6 @@
 #include <cstdio>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include "../shm/proc_util.h"
 #include "common/check.h"
@@ -27,6 +26,7 @@
 #include "coord/commit.h"
 #include "coord/embedded_store.h"
 #include "coord/keys.h"
+#include "job_store.h"
 #include "launch/netns.h"
 #include "launch/recovery_leader.h"
 #include "shm/root_gc.h"
@@ -47,10 +47,7 @@ constexpr int64_t kSteps = 6;
 constexpr const char* kJob = "multihostjob";
 constexpr const char* kSecret = "multihost-netns-test-token-0123456789abcdef";
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+using memento::testing::ReadAll;
 
 class MultiHostTest : public ::testing::Test {
  protected:
@@ -64,41 +61,16 @@ class MultiHostTest : public ::testing::Test {
     }
     ASSERT_TRUE(net.ok()) << net.status();
     net_ = std::move(*net);
-    token_file_ = tmp_.path() + "/token";
-    {
-      std::ofstream f(token_file_);
-      f << kSecret;
-    }
-    chmod(token_file_.c_str(), 0600);
-    // The store on the bridge: every host reaches it over its veth.
-    auto server = coord::EmbeddedStoreServer::Start(net_->BridgeAddress(), 0,
-                                                    net::JobToken::FromSecret(kSecret).value());
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
-    store_ = &server_->store();
-    url_ = "tcp://" + net_->BridgeAddress() + ":" + std::to_string(server_->port());
-    std::set<std::string> members;
-    for (int n = 0; n < kHosts; ++n) members.insert(coord::NodeName(n));
-    auto coordinator =
-        coord::CommitCoordinator::Start(store_, kJob, members, Deadline::AfterSeconds(10));
-    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-    coordinator_ = std::move(*coordinator);
-    auto p = topo::ParsePolicy("replicate");
-    ASSERT_TRUE(p.ok());
-    auto t = topo::Topology::Uniform(kHosts, 1, 1, /*zero_stage=*/1, /*ranks_per_node=*/1);
-    ASSERT_TRUE(t.ok());
-    ASSERT_TRUE(store_
-                    ->Set(coord::JobKeys(kJob).Topology(), topo::JobTopologyToJson({*t, *p}).dump(),
-                          Deadline::AfterSeconds(5))
-                    .ok());
+    ASSERT_NO_FATAL_FAILURE(
+        job_store_.Start(tmp_.path(), net_->BridgeAddress(), kJob, kSecret, kHosts));
+    ASSERT_NO_FATAL_FAILURE(job_store_.SetUniformTopology(kHosts, "replicate"));
     runs_.assign(kHosts, -1);
   }
 
   void TearDown() override {
     if (net_ == nullptr) return;
     for (int h = 0; h < kHosts; ++h) KillHost(h);
-    coordinator_.reset();
-    server_.reset();
+    job_store_.Stop();
     net_.reset();  // deletes the namespaces and the bridge
   }
 
@@ -143,8 +115,8 @@ class MultiHostTest : public ::testing::Test {
                                   Log("agent" + tag),
                                   "--durable-drain-s",
                                   "0",
-                                  "--agent-arg=--store=" + url_,
-                                  "--agent-arg=--token-file=" + token_file_,
+                                  "--agent-arg=--store=" + job_store_.url(),
+                                  "--agent-arg=--token-file=" + job_store_.token_file(),
                                   "--agent-arg=--listen=" + net_->NodeAddress(h) + ":0",
                                   "--agent-arg=--lease-ttl=1",
                                   "--agent-arg=--hold-timeout=5",
@@ -181,16 +153,13 @@ class MultiHostTest : public ::testing::Test {
     }
   }
 
-  int64_t Committed() {
-    auto c = coord::ReadLatestCommit(*store_, kJob, Deadline::AfterSeconds(5));
-    return c.ok() ? *c : -1;
-  }
+  int64_t Committed() { return job_store_.Committed(); }
   std::string Leader() {
-    auto kv = store_->Get(launch::RecoveryLeaderKey(kJob), Deadline::AfterSeconds(5));
+    auto kv = job_store_.store()->Get(launch::RecoveryLeaderKey(kJob), Deadline::AfterSeconds(5));
     return kv.ok() ? kv->value : "";
   }
   launch::RecoveryView View() {
-    auto v = launch::ReadRecoveryView(*store_, kJob, Deadline::AfterSeconds(5));
+    auto v = launch::ReadRecoveryView(*job_store_.store(), kJob, Deadline::AfterSeconds(5));
     MEMENTO_CHECK_OK(v.status());
     return *v;
   }
@@ -220,12 +189,8 @@ class MultiHostTest : public ::testing::Test {
 
   memento::testing::ScratchDir tmp_{"multihost"};
   shm::testing::ShmScratchDir shm_{"multihost"};
+  cluster_save_testing::JobStore job_store_;
   std::unique_ptr<launch::NodeNetwork> net_;
-  std::string token_file_;
-  std::string url_;
-  std::unique_ptr<coord::EmbeddedStoreServer> server_;
-  coord::Store* store_ = nullptr;
-  std::unique_ptr<coord::CommitCoordinator> coordinator_;
   std::vector<pid_t> runs_;
 };
 

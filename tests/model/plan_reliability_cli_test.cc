@@ -37,12 +37,7 @@ CliRun Memento(const std::string& args, const std::string& dir) {
   return r;
 }
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using memento::testing::ReadAll;
 
 int Count(const std::string& text, const std::string& what) {
   int n = 0;
@@ -65,7 +60,7 @@ TEST(PlanReliabilityCliTest, ReproducesFigure8AndWritesThePicture) {
   EXPECT_NEAR(j["policies"][1]["safe_interval"].get<double>(), 16.18, 0.01);
   EXPECT_NEAR(j["policies"][1]["survival"][1]["survival"].get<double>(), 0.9, 0.001);
   EXPECT_TRUE(j["policies"][1]["exact"].get<bool>());
-  const std::string text = Slurp(svg);
+  const std::string text = ReadAll(svg);
   EXPECT_EQ(Count(text, "<polyline class=\"series\""), 2);
   EXPECT_EQ(Count(text, "class=\"threshold\""), 1);
 }
@@ -88,7 +83,7 @@ TEST(PlanReliabilityCliTest, RecommendsFromBenchFilesWithinBudgets) {
   EXPECT_DOUBLE_EQ(rec["figures"]["durable_write_bps"].get<double>(), 500.0 * 1048576);
   EXPECT_NE(rec["reason"].get<std::string>().find("replicate excluded"), std::string::npos);
   EXPECT_GT(rec["baseline_durable_only"]["daly_interval_s"].get<double>(), 0);
-  EXPECT_EQ(Count(Slurp(goodput), "<polyline class=\"series\""), 4);
+  EXPECT_EQ(Count(ReadAll(goodput), "<polyline class=\"series\""), 4);
 
   // The topology path (plan layout's flags) with racks: real plan groups.
   CliRun t = Memento(
@@ -206,7 +201,7 @@ TEST(PlanReliabilityCliTest, LayoutPictureAndBenchPlan) {
           svg,
       dir.path());
   ASSERT_EQ(r.code, 0) << r.err;
-  const std::string text = Slurp(svg);
+  const std::string text = ReadAll(svg);
   EXPECT_EQ(Count(text, "<g class=\"node"), 8);
   EXPECT_EQ(Count(text, "<g class=\"node lost\""), 1);
   EXPECT_GE(Count(text, "class=\"rebuild\""), 3);
