@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -232,6 +233,31 @@ class Bench {
     return j;
   }
 
+  // Logging's overhead from one --log-odd-steps run: for each logged (odd)
+  // step s whose neighbours s - 1 and s + 1 ran without the log, in percent
+  // of their mean: 100 (t_s - (t_{s-1} + t_{s+1}) / 2) / ((t_{s-1} + t_{s+1}) / 2).
+  // Adjacent steps share the machine's load, so the difference does not
+  // measure the machine. Triples that touch a memento snapshot step (a
+  // multiple of `every`) or the step after it (its fence) are left out.
+  static std::vector<double> OddStepOverheads(const RunOutput& out, int every) {
+    std::vector<double> pct;
+    for (const json& j : out.lines) {
+      if (!j.contains("step_s") || !j.contains("steps")) continue;
+      const std::vector<double> t = j["step_s"].get<std::vector<double>>();
+      const int64_t last = j["steps"].get<int64_t>();
+      const int64_t first = last - static_cast<int64_t>(t.size()) + 1;  // step of t[0]
+      auto near_snapshot = [&](int64_t s) { return s % every == 0 || (s - 1) % every == 0; };
+      for (int64_t s = first + 1; s + 1 <= last; ++s) {
+        if (s % 2 == 0 || near_snapshot(s - 1) || near_snapshot(s) || near_snapshot(s + 1)) {
+          continue;
+        }
+        const double around = (t[s - 1 - first] + t[s + 1 - first]) / 2;
+        if (around > 0) pct.push_back(100.0 * (t[s - first] - around) / around);
+      }
+    }
+    return pct;
+  }
+
   static double MedianStep(const RunOutput& out) {
     for (const json& j : out.lines)
       if (j.contains("median_step_s")) return j["median_step_s"].get<double>();
@@ -283,6 +309,7 @@ Result<json> RunSwift(const Args& a) {
   // replayed, bytes replayed, log bytes per step.
   std::map<int, std::map<std::string, std::vector<double>>> groups;
   std::vector<double> step_dp, step_dp1, step_dp1_log, overhead, log_bytes, log_s;
+  std::vector<double> odd_pct, odd_round_median;  // --log-odd-steps runs
   Stopwatch wall;
   Status failed;
   for (int round = 0; round < a.rounds && failed.ok(); ++round) {
@@ -293,6 +320,11 @@ Result<json> RunSwift(const Args& a) {
       step_dp.push_back(Bench::MedianStep(base_dp));
       step_dp1.push_back(Bench::MedianStep(base_1));
       step_dp1_log.push_back(Bench::MedianStep(log_1));
+      MEMENTO_ASSIGN_OR_RETURN(RunOutput odd,
+                               bench.Run("logging.odd", 1, "log", {"--log-odd-steps"}));
+      const std::vector<double> pct = Bench::OddStepOverheads(odd, a.save_every);
+      odd_pct.insert(odd_pct.end(), pct.begin(), pct.end());
+      odd_round_median.push_back(Median(pct));
       overhead.push_back(100.0 * (step_dp1_log.back() - step_dp1.back()) / step_dp1.back());
       double bytes = 0, secs = 0, ranks = 0;
       for (const json& r : log_1.All("rank_summary")) {
@@ -374,6 +406,21 @@ Result<json> RunSwift(const Args& a) {
   }
   j["logging_overhead_pct"] = Median(overhead);
   j["logging_overhead_pct_spread"] = Spread(overhead);
+  {
+    // The pooled adjacent-step differences: their median and a
+    // distribution-free 95% interval for it (order statistics n/2 -+
+    // 0.98 sqrt(n)).
+    std::vector<double> v = odd_pct;
+    std::sort(v.begin(), v.end());
+    json m = {{"median", Median(v)}, {"samples", v.size()}, {"round_medians", odd_round_median}};
+    if (!v.empty()) {
+      const double n = static_cast<double>(v.size()), h = 0.98 * std::sqrt(n);
+      const auto at = [&](double r) { return v[static_cast<size_t>(std::clamp(r, 0.0, n - 1))]; };
+      m["ci95_low"] = at(std::floor(n / 2 - h));
+      m["ci95_high"] = at(std::ceil(n / 2 + h) - 1);
+    }
+    j["logging_overhead_pct_adjacent"] = m;
+  }
   j["log_bytes_per_step"] = Median(log_bytes);
   j["log_copy_s_per_step"] = Median(log_s);
   j["baseline"] = {{"step_s_dp", Spread(step_dp)},
@@ -401,7 +448,11 @@ Result<json> RunSwift(const Args& a) {
       "(restart: a lower bound, the killed survivors do not report); regain_s: resume_s + "
       "steps_lost x the baseline's median step time; bytes_replayed: logged payload the log "
       "replacement replayed; logging_overhead_pct: median step time with the pipeline log "
-      "against without (dp 1, no failure), log_bytes_per_step summed over ranks; log_groups: "
+      "against without (dp 1, no failure, separate runs: it also measures the machine); "
+      "logging_overhead_pct_adjacent: one more dp 1 run per round that logs only the odd "
+      "steps (--log-odd-steps), each logged step's time against the mean of its unlogged "
+      "neighbours, pooled over rounds (median, 95% interval of the median), snapshot steps "
+      "left out; log_bytes_per_step summed over ranks; log_groups: "
       "per log group size G (selective logging), the log-replay failure run's resume_s, "
       "stages and steps replayed (summed over stages), bytes replayed and the log bytes per "
       "step over all ranks; all nodes "

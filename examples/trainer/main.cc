@@ -494,6 +494,10 @@ int Main(int argc, char** argv) {
                  "completed step written by a background thread, instead of in the rank's memory "
                  "(a tmpfs directory such as /dev/shm/NAME: shared memory that outlives a killed "
                  "rank; created if missing, not removed at the end)");
+  app.add_flag("--log-odd-steps", o.pipeline_log_odd_steps,
+               "benchmarking, with --recovery log: log only the odd steps' pipeline messages, so "
+               "that logging's overhead shows against the adjacent unlogged steps of the same "
+               "run (`memento bench swift`); such a log cannot replay an even step");
   app.add_option("--log-group-size", o.log_group_size,
                  "with --recovery log: selective logging, stages in log groups of G consecutive "
                  "stages, only messages between groups logged; a lost stage's whole group rolls "
@@ -677,6 +681,10 @@ int Main(int argc, char** argv) {
                  launch::swift::kEnvRecovery);
     recovery = "none";
     o.pipeline_log_dir.clear();
+  }
+  if (o.pipeline_log_odd_steps && recovery != "log") {
+    std::fprintf(stderr, "memento-trainer: --log-odd-steps needs --recovery log\n");
+    return 2;
   }
   if (!o.pipeline_log_dir.empty() && recovery != "log") {
     std::fprintf(stderr, "memento-trainer: --pipeline-log-dir needs --recovery log\n");

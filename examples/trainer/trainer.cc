@@ -497,7 +497,7 @@ Result<int64_t> Trainer::RecoverByUndo(bool replacement,
 }
 
 void Trainer::LogSent(const MessageKey& key, const void* data, size_t bytes) {
-  if (!plog_) return;
+  if (!plog_ || (options_.pipeline_log_odd_steps && key.step % 2 == 0)) return;
   Stopwatch w;
   plog_->AppendSent(key, data, bytes);
   log_seconds_ += w.Seconds();
@@ -505,7 +505,7 @@ void Trainer::LogSent(const MessageKey& key, const void* data, size_t bytes) {
 }
 
 void Trainer::LogReceived(const MessageKey& key, const void* data, size_t bytes) {
-  if (!plog_) return;
+  if (!plog_ || (options_.pipeline_log_odd_steps && key.step % 2 == 0)) return;
   Stopwatch w;
   plog_->RecordReceived(key, data, bytes);
   log_seconds_ += w.Seconds();

@@ -123,6 +123,10 @@ struct TrainerOptions {
   // thread (PipelineLogSpool; a tmpfs directory such as /dev/shm/...: the
   // node's shared memory, which outlives a crashed rank). Empty: in memory.
   std::string pipeline_log_dir;
+  // Benchmarking only (`memento bench swift`, logging's overhead from
+  // adjacent steps): with pipeline_log, log the odd steps' messages only.
+  // Such a log cannot replay an even step.
+  bool pipeline_log_odd_steps = false;
   // Selective logging (SWIFT 2.2): consecutive stages form log groups of
   // this many stages (stage s is in group s / log_group_size); only
   // messages between groups are logged. A lost stage's whole group rolls

@@ -33,6 +33,7 @@ Agent::~Agent() {
   for (auto& t : conn_threads_) t.thread.join();
   if (verifier_.joinable()) verifier_.join();
   scrubber_.reset();
+  if (aor_ != nullptr) aor_->StopThread();  // its thread calls into job_member_
   job_member_.reset();  // first: it drives durable_ in cluster mode (commits, epoch)
   aor_.reset();
   durable_.reset();  // no connection thread can offer a version any more
@@ -399,7 +400,9 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
     }
     case AgentOp::kAorCapture: {
       const float lr = req.has_lr ? static_cast<float>(req.lr) : std::nanf("");
-      Status st = aor_->Capture(rank, req.step, lr);
+      // Queued for the AOR thread: the trainer does not wait for the host
+      // step (docs/reft.md section 5).
+      Status st = aor_->Submit(rank, req.step, lr);
       if (!st.ok()) MEMENTO_LOG_WARN("rank {}: {}", rank, st.ToString());
       return shm::StatusToJson(st);
     }

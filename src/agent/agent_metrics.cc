@@ -99,6 +99,13 @@ std::string Agent::Metrics() {
     m.Counter("memento_aor_checks_total",
               "Replica steps checked against the owner's checksum, by outcome",
               static_cast<double>(aor.refused), {{"outcome", "refused"}});
+    const AorHolder::Stats holder = aor_->stats();
+    m.Counter("memento_aor_captures_total",
+              "aor_capture requests queued for the agent's AOR thread",
+              static_cast<double>(holder.submitted));
+    m.Counter("memento_aor_stage_refused_total",
+              "AOR stage slots not used (torn, overwritten early, not hashing right)",
+              static_cast<double>(holder.stage_refused));
     m.Counter("memento_redundancy_seconds_total",
               "Seconds from local completion to the COMPLETED report (encode, copy, push), summed",
               jm.produce_s);

@@ -1,7 +1,9 @@
 #include "agent/aor_holder.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,7 +19,10 @@ namespace memento::agent {
 namespace {
 
 using shm::AorStageHeader;
+using shm::AorStageSlot;
 using shm::kAorStageMagic;
+using shm::kStageDone;
+using shm::kStageReading;
 using shm::kStageReady;
 
 constexpr uint32_t kAorFileVersion = 1;
@@ -137,7 +142,16 @@ Result<std::unique_ptr<opt::AorReplica>> ReadAorFile(
 AorHolder::AorHolder(std::string root, SeedSource seed, OnAdvanced on_advanced)
     : root_(std::move(root)), seed_(std::move(seed)), on_advanced_(std::move(on_advanced)) {}
 
-AorHolder::~AorHolder() = default;
+AorHolder::~AorHolder() { StopThread(); }
+
+void AorHolder::StopThread() {
+  {
+    MutexLock l(&q_mu_);
+    stop_ = true;
+  }
+  q_cv_.SignalAll();
+  if (worker_.joinable()) worker_.join();
+}
 
 std::string AorHolder::StagePath(int rank) const {
   return fmt::format("{}/aor_stage.{}", root_, rank);
@@ -171,17 +185,26 @@ Result<shm::AorRegisterReply> AorHolder::Register(int rank, std::string_view enc
   for (const AorRange& r : ranges) reply.ranges.push_back({r.owner, r.offset, r.count});
   if (!ranges.empty()) {
     reply.path = StagePath(rank);
-    const size_t bytes = sizeof(AorStageHeader) + 2 * total * sizeof(float);
+    const size_t bytes = shm::StageFileBytes(total);
     unlink(reply.path.c_str());  // a stale one of another size or content
     MEMENTO_ASSIGN_OR_RETURN(f.stage, shm::Segment::CreateOrGrow(reply.path, bytes));
-    auto* h = reinterpret_cast<AorStageHeader*>(f.stage->data());
+    auto* h = shm::StageHeader(f.stage->data());
     std::memset(h, 0, sizeof(*h));
     std::memcpy(h->magic, kAorStageMagic, sizeof(h->magic));
     h->num_ranges = static_cast<uint32_t>(ranges.size());
+    h->slots = shm::kAorStageSlots;
     h->total_count = total;
-    h->step = -1;
+    for (int k = 0; k < shm::kAorStageSlots; ++k) {
+      AorStageSlot* slot = shm::StageSlot(f.stage->data(), k);
+      std::memset(slot, 0, sizeof(*slot));
+      slot->step = -1;
+    }
   }
   f.ranges = std::move(ranges);
+  {
+    MutexLock q(&q_mu_);
+    stages_[rank] = f.stage;
+  }
   MutexLock l(&mu_);
   for (const AorRange& r : f.ranges) {
     auto it = replicas_.find(r.owner);
@@ -208,7 +231,7 @@ Result<shm::AorRegisterReply> AorHolder::Register(int rank, std::string_view enc
   }
   MEMENTO_LOG_INFO("aor: rank {} feeds {} replica(s) ({} elements per step)", rank,
                    reply.ranges.size(),
-                   f.stage ? reinterpret_cast<AorStageHeader*>(f.stage->data())->total_count : 0);
+                   f.stage ? shm::StageHeader(f.stage->data())->total_count : 0);
   feeders_[rank] = std::move(f);
   return reply;
 }
@@ -240,6 +263,89 @@ Status AorHolder::SeedLocked(Held& rep, const Feeder& f, int64_t step, const flo
   return Status::Ok();
 }
 
+namespace {
+
+// What a slot that cannot be used for `step` holds, for the refusal.
+std::string SlotProblem(const AorStageSlot* slot, uint32_t state, int64_t step) {
+  if (state == kStageReady && slot->step > step) {
+    return fmt::format("holds step {}: overwritten before the agent read step {}", slot->step,
+                       step);
+  }
+  if (state == kStageReady && slot->step != step) {
+    return fmt::format("holds step {}, not step {}", slot->step, step);
+  }
+  return fmt::format("is {} (step {})", shm::StageStateName(state), slot->step);
+}
+
+}  // namespace
+
+Status AorHolder::Submit(int rank, int64_t step, float lr) {
+  MutexLock q(&q_mu_);
+  auto it = stages_.find(rank);
+  if (it == stages_.end()) {
+    return FailedPreconditionError(fmt::format(
+        "'aor_capture' of rank {}: the rank registered no gradients (aor_register)", rank));
+  }
+  if (it->second == nullptr) return Status::Ok();  // it feeds no replica
+  const shm::Segment& stage = *it->second;
+  const AorStageSlot* slot = shm::StageSlot(stage.data(), shm::StageSlotOf(step));
+  const uint32_t state = shm::StageState(slot);
+  if (state != kStageReady || slot->step != step) {
+    ++submit_refused_;
+    return FailedPreconditionError(
+        fmt::format("'aor_capture' of rank {} step {}: the staging file {} slot {} {}", rank, step,
+                    stage.path(), shm::StageSlotOf(step), SlotProblem(slot, state, step)));
+  }
+  if (stop_) return UnavailableError("the agent's AOR thread is stopping");
+  ++submitted_;
+  queue_.push_back(Queued{rank, step, lr});
+  pending_.insert(step);
+  if (!worker_.joinable()) worker_ = std::thread([this] { Worker(); });
+  q_cv_.SignalAll();
+  return Status::Ok();
+}
+
+bool AorHolder::WaitCaptured(int64_t step, Deadline deadline) {
+  MutexLock q(&q_mu_);
+  while (!pending_.empty() && *pending_.begin() <= step) {
+    if (stop_ || deadline.expired()) return false;
+    q_cv_.WaitUntil(&q, std::min(deadline.when(), Now() + std::chrono::milliseconds(50)));
+  }
+  return true;
+}
+
+void AorHolder::Worker() {
+  // Below the trainers: the host step must not take their CPU (a nice-10
+  // thread still runs; SCHED_IDLE could starve it and delay the step's
+  // COMPLETED report, which waits for it).
+  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+  while (true) {
+    Queued job{};
+    {
+      MutexLock q(&q_mu_);
+      while (queue_.empty() && !stop_) q_cv_.Wait(&q);
+      if (stop_) {
+        pending_.clear();
+        q_cv_.SignalAll();
+        return;
+      }
+      job = queue_.front();
+      queue_.pop_front();
+    }
+    Status st = Capture(job.rank, job.step, job.lr);
+    if (!st.ok()) {
+      MEMENTO_LOG_WARN("aor: rank {}: {}", job.rank, st.ToString());
+      MutexLock l(&mu_);
+      ++stats_.capture_errors;
+    }
+    {
+      MutexLock q(&q_mu_);
+      pending_.erase(pending_.find(job.step));
+    }
+    q_cv_.SignalAll();
+  }
+}
+
 Status AorHolder::Capture(int rank, int64_t step, float lr) {
   MutexLock l(&mu_);
   auto fit = feeders_.find(rank);
@@ -249,20 +355,38 @@ Status AorHolder::Capture(int rank, int64_t step, float lr) {
   }
   Feeder& f = fit->second;
   if (f.ranges.empty()) return Status::Ok();
-  const auto* h = reinterpret_cast<const AorStageHeader*>(f.stage->data());
-  const uint32_t state = __atomic_load_n(&h->state, __ATOMIC_ACQUIRE);
-  if (std::memcmp(h->magic, kAorStageMagic, sizeof(h->magic)) != 0 || state != kStageReady ||
-      h->step != step) {
-    return FailedPreconditionError(fmt::format(
-        "'aor_capture' of rank {} step {}: the staging file {} holds {} of step {}", rank, step,
-        f.stage->path(), state == kStageReady ? "slices" : "no ready slices", h->step));
+  // Take the slot: Ready -> Reading, copy the slices out, -> Done.
+  const int k = shm::StageSlotOf(step);
+  AorStageSlot* slot = shm::StageSlot(f.stage->data(), k);
+  uint32_t state = kStageReady;
+  if (!__atomic_compare_exchange_n(&slot->state, &state, kStageReading, /*weak=*/false,
+                                   __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    ++stats_.stage_refused;
+    return FailedPreconditionError(
+        fmt::format("'aor_capture' of rank {} step {}: the staging file {} slot {} {}; not used",
+                    rank, step, f.stage->path(), k, SlotProblem(slot, state, step)));
   }
-  const float* data = reinterpret_cast<const float*>(f.stage->data() + sizeof(AorStageHeader));
-  const uint64_t sum = Checksum(data, 2 * h->total_count * sizeof(float));
-  if (sum != h->data_checksum) {
+  if (slot->step != step) {
+    const std::string why = SlotProblem(slot, kStageReady, step);
+    __atomic_store_n(&slot->state, kStageReady, __ATOMIC_RELEASE);  // its own capture reads it
+    ++stats_.stage_refused;
+    return FailedPreconditionError(
+        fmt::format("'aor_capture' of rank {} step {}: the staging file {} slot {} {}; not used",
+                    rank, step, f.stage->path(), k, why));
+  }
+  const uint64_t total = shm::StageHeader(f.stage->data())->total_count;
+  const uint64_t written = slot->data_checksum;
+  taken_.resize(2 * total);
+  std::memcpy(taken_.data(), shm::StageData(f.stage->data(), k), 2 * total * sizeof(float));
+  __atomic_store_n(&slot->state, kStageDone, __ATOMIC_RELEASE);
+  const float* data = taken_.data();
+  const uint64_t sum = Checksum(data, 2 * total * sizeof(float));
+  if (sum != written) {
+    ++stats_.stage_refused;
     return DataLossError(fmt::format(
-        "'aor_capture' of rank {} step {}: the staged slices hash to {}, the client wrote {}", rank,
-        step, Hex(sum), Hex(h->data_checksum)));
+        "'aor_capture' of rank {} step {}: the staged slices hash to {}, the client wrote {}; not "
+        "used",
+        rank, step, Hex(sum), Hex(written)));
   }
   if (std::isnan(lr)) lr = f.optimizer->LearningRate(step);
   uint64_t pos = 0;
@@ -348,8 +472,15 @@ void AorHolder::Refuse(int owner, const std::string& why) {
 }
 
 AorHolder::Stats AorHolder::stats() {
-  MutexLock l(&mu_);
-  return stats_;
+  Stats s;
+  {
+    MutexLock l(&mu_);
+    s = stats_;
+  }
+  MutexLock q(&q_mu_);
+  s.submitted = submitted_;
+  s.stage_refused += submit_refused_;
+  return s;
 }
 
 }  // namespace memento::agent

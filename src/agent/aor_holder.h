@@ -7,8 +7,11 @@
 // with the ranges and a staging file, <root>/aor_stage.<rank>, that the
 // client maps. Each step, after the all-reduce and clipping and before its
 // optimizer step t, the client copies the ranges' gradient slices and
-// pre-update parameter slices into the staging file and says `aor_capture`
-// (t, lr); the agent then, for each range:
+// pre-update parameter slices into the staging file's slot of t (double
+// buffered) and says `aor_capture` (t, lr). The agent answers at once
+// (Submit) and its AOR thread then (Capture), off the training path, takes
+// the slot (refused when torn, overwritten early or not hashing right:
+// counted in Stats::stage_refused) and, for each range:
 //
 //   - when its replica holds step t-1: ConfirmParams(t-1) against the staged
 //     parameters (they are the owner's updated slice of t-1, which the
@@ -28,17 +31,23 @@
 // whose header or state does not check is refused (never adopted) and the
 // replica is seeded again.
 //
-// Thread safety: every public method is thread-safe (one mutex).
+// Thread safety: every public method is thread-safe (mu_ guards the
+// replicas, q_mu_ the AOR thread's queue; q_mu_ is never held while taking
+// mu_).
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/mutex.h"
+#include "memento/deadline.h"
 #include "memento/status.h"
 #include "opt/aor.h"
 #include "opt/optimizer.h"
@@ -117,10 +126,29 @@ class AorHolder {
                                                        uint64_t numel, std::vector<AorRange> ranges)
       EXCLUDES(mu_);
   // aor_capture of `rank` at step `step` (lr NaN: the optimizer's own
-  // schedule). FailedPrecondition when the rank did not register, or the
-  // staging file does not hold `step` ready with its checksum.
-  // A replica that fails its check is logged, marked diverged and seeded
-  // again (never kept); that is not an error of the capture.
+  // schedule), the agent's answer: checks that the rank registered and that
+  // the slot of `step` is ready with that step (FailedPrecondition naming
+  // what it holds otherwise, counted in stage_refused), queues it for the
+  // AOR thread and returns; the host step runs there (Capture), not while
+  // the trainer waits.
+  [[nodiscard]] Status Submit(int rank, int64_t step, float lr) EXCLUDES(mu_, q_mu_);
+  // Stops the AOR thread (the captures still queued are dropped; one in
+  // progress finishes) and joins it; Submit answers Unavailable from then
+  // on. The agent calls it before its JobMember goes (the thread calls into
+  // it); the destructor too.
+  void StopThread() EXCLUDES(q_mu_);
+  // Waits until every capture submitted of a step <= `step` has been
+  // processed by the AOR thread; false at the deadline (or when stopped).
+  bool WaitCaptured(int64_t step, Deadline deadline) EXCLUDES(q_mu_);
+  // Processes the capture now (the AOR thread; tests): takes the slot of
+  // `step` (Ready -> Reading -> Done), copies its slices out, checks them.
+  // FailedPrecondition when the rank did not register or the slot is not
+  // ready with `step` (torn: left Writing by a killed trainer; overwritten
+  // early: it holds another step); DataLoss when the slices do not hash to
+  // the client's checksum. Each such refusal counts in stage_refused and
+  // leaves the replica where it was. A replica that fails its check is
+  // logged, marked diverged and seeded again (never kept); that is not an
+  // error of the capture.
   [[nodiscard]] Status Capture(int rank, int64_t step, float lr) EXCLUDES(mu_);
 
   // A replica of `owner` (nullptr when none): for tests and the cluster.
@@ -141,7 +169,10 @@ class AorHolder {
   struct Stats {
     int64_t advanced = 0;  // replica steps computed on the host
     int64_t seeded = 0;
-    int64_t refused = 0;  // divergences caught
+    int64_t refused = 0;         // divergences caught
+    int64_t submitted = 0;       // captures queued for the AOR thread
+    int64_t stage_refused = 0;   // stage slots not used (torn, overwritten, bad hash)
+    int64_t capture_errors = 0;  // queued captures that failed (logged)
   };
   Stats stats() EXCLUDES(mu_);
 
@@ -160,7 +191,7 @@ class AorHolder {
     uint64_t optimizer_hash = 0;
     uint64_t numel = 0;
     std::vector<AorRange> ranges;
-    std::unique_ptr<shm::Segment> stage;
+    std::shared_ptr<shm::Segment> stage;
   };
   Status SeedLocked(Held& rep, const Feeder& f, int64_t step, const float* params) REQUIRES(mu_);
 
@@ -171,6 +202,26 @@ class AorHolder {
   std::map<int, Feeder> feeders_ GUARDED_BY(mu_);  // holder rank ->
   std::map<int, Held> replicas_ GUARDED_BY(mu_);   // owner rank ->
   Stats stats_ GUARDED_BY(mu_);
+  std::vector<float> taken_ GUARDED_BY(mu_);  // the slot's slices, copied out
+
+  // The AOR thread and its queue.
+  struct Queued {
+    int rank;
+    int64_t step;
+    float lr;
+  };
+  void Worker() EXCLUDES(q_mu_);
+  Mutex q_mu_;
+  CondVar q_cv_;
+  std::deque<Queued> queue_ GUARDED_BY(q_mu_);
+  // Registered rank -> its staging file (null: it feeds no replica), what
+  // Submit checks without waiting for a host step in progress (mu_).
+  std::map<int, std::shared_ptr<shm::Segment>> stages_ GUARDED_BY(q_mu_);
+  int64_t submitted_ GUARDED_BY(q_mu_) = 0;
+  int64_t submit_refused_ GUARDED_BY(q_mu_) = 0;
+  std::multiset<int64_t> pending_ GUARDED_BY(q_mu_);  // queued or in flight
+  bool stop_ GUARDED_BY(q_mu_) = false;
+  std::thread worker_;  // started at the first Submit
 };
 
 }  // namespace memento::agent

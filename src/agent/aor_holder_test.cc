@@ -10,6 +10,8 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/mutex.h"
 #include "common/test_util.h"
 #include "opt/adamw.h"
 
@@ -84,11 +87,19 @@ struct Pair {
 
 AorRange OwnerRange(const Pair& p) { return AorRange{1, 0, 7, p.shard, p.shard}; }
 
-// What the client does in CaptureGradients.
-Status Stage(const std::string& path, const Pair& p, int64_t step, float lr) {
+// What the client does in CaptureGradients: waits (with a deadline) until
+// the agent has read the slot's previous step, then writes the slot of
+// `step`. wait=false: writes it regardless (a writer that ignores the
+// protocol).
+Status Stage(const std::string& path, const Pair& p, int64_t step, float lr, bool wait = true) {
   MEMENTO_ASSIGN_OR_RETURN(auto seg, shm::Segment::Open(path, /*writable=*/true));
-  shm::BeginStage(seg->data());
-  float* d = shm::StageData(seg->data());
+  const shm::AorStageSlot* slot = shm::StageSlot(seg->data(), shm::StageSlotOf(step));
+  Deadline deadline = Deadline::AfterSeconds(60);
+  while (wait && shm::StageBusy(shm::StageState(slot))) {
+    if (deadline.expired()) return DeadlineExceededError("the agent did not read the slot");
+    usleep(100);
+  }
+  float* d = shm::BeginStage(seg->data(), step);
   std::memcpy(d, p.grads.data() + p.shard, p.shard * sizeof(float));
   std::memcpy(d + p.shard, p.params.data() + p.shard, p.shard * sizeof(float));
   shm::FinishStage(seg->data(), step, lr);
@@ -254,17 +265,204 @@ TEST(AorHolderTest, MalformedRegistrationsAndCapturesAreRefusedClearly) {
   st = h.Capture(0, 1, 1e-3f);
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
   ASSERT_TRUE(Stage(h.StagePath(0), p, 1, 1e-3f).ok());
-  st = h.Capture(0, 2, 1e-3f);
+  st = h.Capture(0, 3, 1e-3f);  // the same slot as step 1
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
-  EXPECT_NE(st.message().find("of step 1"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("holds step 1, not step 3"), std::string::npos) << st;
   {
     auto seg = shm::Segment::Open(h.StagePath(0), true);
     ASSERT_TRUE(seg.ok());
-    shm::StageData((*seg)->data())[5] += 1.0f;  // after FinishStage
+    shm::StageData((*seg)->data(), shm::StageSlotOf(1))[5] += 1.0f;  // after FinishStage
   }
   st = h.Capture(0, 1, 1e-3f);
   EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
   EXPECT_EQ(h.stats().advanced, 0);
+  // The slot was read (and refused): it is no longer ready for step 1.
+  st = h.Submit(0, 1, 1e-3f);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("already read"), std::string::npos) << st;
+  EXPECT_EQ(h.stats().stage_refused, 4);
+  EXPECT_EQ(h.stats().submitted, 0);
+}
+
+// The capture is asynchronous: Submit (the agent's answer to aor_capture)
+// returns while the AOR thread is still busy with the step before (here held
+// inside its seed); the trainer stages the next step in the other slot, and
+// the slot of step t+2 stays busy until the thread has copied step t out, so
+// a capture never overwrites slices the agent has not read. Every step is
+// then brought forward bit-exactly.
+TEST(AorHolderTest, CapturesAreAdvancedInTheAgentsThreadWhileTheTrainerGoesOn) {
+  ScratchDir dir("aor-holder");
+  Pair p(TestSeed("AorHolderTest"));
+  Mutex mu;
+  CondVar cv;
+  bool release = false, entered = false;
+  AorHolder::SeedSource seeds = p.Seeds();
+  AorHolder h(dir.path(), [&](const AorRange& r, int64_t s) {
+    MutexLock l(&mu);
+    entered = true;
+    cv.SignalAll();
+    while (!release) cv.Wait(&l);
+    return seeds(r, s);
+  });
+  ASSERT_TRUE(h.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
+  // Step 1: queued; the thread stops in the seed (step 0).
+  p.NextGradient();
+  ASSERT_TRUE(Stage(h.StagePath(0), p, 1, p.optimizer->LearningRate(1)).ok());
+  ASSERT_TRUE(h.Submit(0, 1, p.optimizer->LearningRate(1)).ok());
+  {
+    MutexLock l(&mu);
+    while (!entered) cv.Wait(&l);
+  }
+  p.OwnerStep();
+  // Step 2 goes on in the other slot while step 1 is still being computed.
+  p.NextGradient();
+  ASSERT_TRUE(Stage(h.StagePath(0), p, 2, p.optimizer->LearningRate(2)).ok());
+  ASSERT_TRUE(h.Submit(0, 2, p.optimizer->LearningRate(2)).ok());
+  p.OwnerStep();
+  // (The thread holds the replicas' lock in the seed: no stats() here.)
+  EXPECT_FALSE(h.WaitCaptured(2, Deadline::AfterSeconds(0.05)));
+  {
+    // Step 3's slot is step 1's, which the thread copied out before its
+    // host step: free. Step 4's is step 2's, not read yet: busy, not to be
+    // written.
+    auto seg = shm::Segment::Open(h.StagePath(0), false);
+    ASSERT_TRUE(seg.ok());
+    const uint32_t s3 = shm::StageState(shm::StageSlot((*seg)->data(), shm::StageSlotOf(3)));
+    EXPECT_EQ(s3, shm::kStageDone) << shm::StageStateName(s3);
+    const uint32_t s4 = shm::StageState(shm::StageSlot((*seg)->data(), shm::StageSlotOf(4)));
+    EXPECT_TRUE(shm::StageBusy(s4)) << shm::StageStateName(s4);
+  }
+  {
+    MutexLock l(&mu);
+    release = true;
+    cv.SignalAll();
+  }
+  // From here on as a trainer runs: each capture waits only for its slot.
+  for (int i = 0; i < 18; ++i) {
+    p.NextGradient();
+    const int64_t t = p.step + 1;
+    const float lr = p.optimizer->LearningRate(t);
+    ASSERT_TRUE(Stage(h.StagePath(0), p, t, lr).ok());
+    ASSERT_TRUE(h.Submit(0, t, lr).ok());
+    p.OwnerStep();
+  }
+  ASSERT_TRUE(h.WaitCaptured(p.step, Deadline::AfterSeconds(60)));
+  ExpectEqualsOwner(h, p);
+  for (int64_t s = p.step - 15; s <= p.step; ++s) {
+    auto sum = h.ChecksumOf(1, s);
+    ASSERT_TRUE(sum.ok()) << sum.status();
+    EXPECT_EQ(*sum, p.sums.at(s)) << "step " << s;
+  }
+  const AorHolder::Stats stats = h.stats();
+  EXPECT_EQ(stats.submitted, 20);
+  EXPECT_EQ(stats.advanced, 20);
+  EXPECT_EQ(stats.seeded, 1);
+  EXPECT_EQ(stats.stage_refused, 0);
+  EXPECT_EQ(stats.capture_errors, 0);
+}
+
+// A stage slot overwritten before the agent read it (a writer that does not
+// wait for the slot to be read: step 3 written over step 1) is refused and
+// counted; the replica is not advanced from it, stays at its last step, and
+// at the next capture is seeded again from the owner's shard: never a
+// silent hole, never wrong bytes.
+TEST(AorHolderTest, AStageOverwrittenEarlyIsRefusedAndReported) {
+  ScratchDir dir("aor-holder");
+  Pair p(TestSeed("AorHolderTest"));
+  AorHolder h(dir.path(), p.Seeds());
+  ASSERT_TRUE(h.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
+  TrainStep(h, p);  // step 1
+  TrainStep(h, p);  // step 2
+  ExpectEqualsOwner(h, p);
+  p.NextGradient();
+  ASSERT_TRUE(Stage(h.StagePath(0), p, 3, p.optimizer->LearningRate(3)).ok());
+  p.OwnerStep();  // step 3
+  p.NextGradient();
+  ASSERT_TRUE(Stage(h.StagePath(0), p, 4, p.optimizer->LearningRate(4)).ok());
+  p.OwnerStep();  // step 4
+  p.NextGradient();
+  ASSERT_TRUE(
+      Stage(h.StagePath(0), p, 5, p.optimizer->LearningRate(5), /*wait=*/false).ok());  // over 3
+  p.OwnerStep();                                                                        // step 5
+  Status st = h.Capture(0, 3, p.optimizer->LearningRate(3));
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("holds step 5: overwritten before the agent read step 3"),
+            std::string::npos)
+      << st;
+  EXPECT_EQ(h.stats().stage_refused, 1);
+  auto view = h.Replica(1);
+  ASSERT_NE(view, nullptr);
+  EXPECT_EQ(view->saved.step, 2) << "advanced from a slot it refused";
+  {
+    auto file = ReadAorFile(h.ReplicaPath(1), OwnerRange(p), p.optimizer,
+                            Checksum(p.encoding.data(), p.encoding.size()));
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_EQ((*file)->step(), 2);
+  }
+  // Step 4 cannot follow step 2: seeded at step 3 from the owner, then right.
+  ASSERT_TRUE(h.Capture(0, 4, p.optimizer->LearningRate(4)).ok());
+  EXPECT_EQ(h.stats().seeded, 2);
+  // Step 5 (left ready in the slot) too.
+  ASSERT_TRUE(h.Capture(0, 5, p.optimizer->LearningRate(5)).ok());
+  ExpectEqualsOwner(h, p);
+  EXPECT_EQ(h.stats().stage_refused, 1);
+}
+
+// A trainer killed (SIGKILL) in the middle of its capture leaves the slot
+// being written: the agent refuses it (torn), whether told of it or not,
+// and the replica and its file stay at the last step; the trainer that
+// takes over stages the step again and the replica goes on.
+TEST(AorHolderTest, ATrainerKilledMidCaptureLeavesATornStageTheAgentRefuses) {
+  ScratchDir dir("aor-holder");
+  Pair p(TestSeed("AorHolderTest"));
+  AorHolder h(dir.path(), p.Seeds());
+  ASSERT_TRUE(h.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
+  for (int i = 0; i < 3; ++i) TrainStep(h, p);
+  p.NextGradient();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const std::string stage = h.StagePath(0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The trainer: half of its capture of step 4, then it is killed.
+    auto seg = shm::Segment::Open(stage, /*writable=*/true);
+    if (!seg.ok()) _exit(2);
+    float* d = shm::BeginStage((*seg)->data(), 4);
+    std::memcpy(d, p.grads.data() + p.shard, p.shard / 2 * sizeof(float));
+    char c = 1;
+    if (write(ready[1], &c, 1) != 1) _exit(3);
+    while (true) pause();
+  }
+  close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  close(ready[0]);
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(wstatus));
+
+  Status st = h.Submit(0, 4, p.optimizer->LearningRate(4));
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("torn"), std::string::npos) << st;
+  st = h.Capture(0, 4, p.optimizer->LearningRate(4));
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("torn"), std::string::npos) << st;
+  EXPECT_EQ(h.stats().stage_refused, 2);
+  EXPECT_EQ(h.stats().advanced, 3);
+  ExpectEqualsOwner(h, p);  // still step 3
+  auto file = ReadAorFile(h.ReplicaPath(1), OwnerRange(p), p.optimizer,
+                          Checksum(p.encoding.data(), p.encoding.size()));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->step(), 3);
+  // The replacement trainer stages step 4 whole; the replica goes on.
+  ASSERT_TRUE(Stage(stage, p, 4, p.optimizer->LearningRate(4)).ok());
+  ASSERT_TRUE(h.Submit(0, 4, p.optimizer->LearningRate(4)).ok());
+  p.OwnerStep();
+  ASSERT_TRUE(h.WaitCaptured(4, Deadline::AfterSeconds(60)));
+  ExpectEqualsOwner(h, p);
+  EXPECT_EQ(h.stats().seeded, 1);
 }
 
 }  // namespace

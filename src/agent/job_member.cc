@@ -184,15 +184,17 @@ JobMember::~JobMember() {
   if (thread_.joinable()) thread_.join();
   {
     // The save path's network figures, for the log (docs/reft.md section 5).
+    const AorHolder::Stats holder = aor_ != nullptr ? aor_->stats() : AorHolder::Stats{};
     MutexLock l(&mu_);
     MutexLock a(&aor_mu_);
     MEMENTO_LOG_INFO(
         "save path totals: {} versions produced, {} bytes of copies pushed; aor: {} copies made "
         "from host replicas, {} pushes ({} bytes) not made, {} replica steps confirmed, {} "
-        "refused",
+        "refused; {} captures queued, {} replica steps computed in the aor thread, {} stage "
+        "slots not used",
         stats_.produced, stats_.pushed_bytes, aor_stats_.entries_from_replica,
         aor_stats_.skipped_pushes, aor_stats_.skipped_push_bytes, aor_stats_.confirmed,
-        aor_stats_.refused);
+        aor_stats_.refused, holder.submitted, holder.advanced, holder.stage_refused);
   }
   follower_.reset();
   skip_watcher_.reset();
@@ -1105,6 +1107,13 @@ void JobMember::OnAorAdvanced(const AorRange& range, int64_t step, const opt::Ao
 Status JobMember::CheckAorCopies(int64_t step) {
   if (aor_ == nullptr) return Status::Ok();
   coord::JobKeys keys(job_);
+  // The captures are advanced in the AOR thread: the ones of `step` and
+  // before first (a replica that has not computed `step` by the deadline is
+  // not confirmed at it; a copy it did not make was pushed).
+  if (!aor_->WaitCaptured(step, Deadline::AfterSeconds(options_.hold_timeout_s))) {
+    MEMENTO_LOG_WARN("aor: the captures of step {} were not all processed within {} s", step,
+                     options_.hold_timeout_s);
+  }
   for (uint32_t cid : plan_.nodes[node_].copies) {
     const topo::Copy& c = plan_.copies[cid];
     if (c.kind != topo::CopyKind::kAor) continue;

@@ -541,6 +541,40 @@ TEST(PeerServiceTest, ReaderReconnectsToARestartedPeer) {
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
 }
 
+// A live node whose membership key lapsed for a moment (its lease expired on
+// a starved host; it registers again within a lease TTL) is waited for, not
+// called unreachable: chaos seed 0x5539b994 ended a job with exit 1 that way.
+TEST(PeerServiceTest, ReaderWaitsForANodeKeyThatLapsedForAMoment) {
+  Cluster c(2, MakeInventory(2), "xor");
+  c.WriteT0(3, 0);
+  const uint32_t piece = c.plan().ranks[1].pieces[0];
+  const auto want = PieceBytes(c.plan(), c.inv(), piece, 3);
+  std::atomic<int> asked{0};
+  ClusterReaderOptions ro;
+  ro.node = 0;
+  ro.plan = [&]() -> Result<std::shared_ptr<const ClusterPlan>> {
+    return MakeClusterPlan(c.plan(), c.inv());
+  };
+  // The key is absent for the first three lookups (the node re-registers meanwhile).
+  ro.endpoint_of = [&](int n) -> Result<std::string> {
+    if (asked.fetch_add(1) < 3) return NotFoundError("key '/memento/job/nodes/node1' not found");
+    return c.node(n).service->endpoint();
+  };
+  ClusterReader reader(ro, Token());
+  std::vector<uint8_t> got(want.size());
+  Status s = reader.Read(1, {3, {SourceKind::kPiece, piece}, 0, want.size()}, got.data(),
+                         Deadline::AfterSeconds(30));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got, want);
+  EXPECT_GE(asked.load(), 4);
+  // A node whose key never comes back is Unavailable once the grace has passed (not a hang).
+  ro.endpoint_of = [](int) -> Result<std::string> { return NotFoundError("key not found"); };
+  ClusterReader gone(ro, Token());
+  s = gone.Read(1, {3, {SourceKind::kPiece, piece}, 0, want.size()}, got.data(),
+                Deadline::AfterSeconds(30));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+}
+
 TEST(PeerServiceTest, UnauthenticatedPeerIsRefused) {
   Cluster c(2, MakeInventory(2), "xor");
   auto hp = net::ParseHostPort(c.node(0).service->endpoint(), net::PortUse::kConnect);

@@ -10,6 +10,8 @@
 // decide which slot it overwrites; restore.h loads a version back.
 #include "memento/client.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -226,16 +228,43 @@ class ClientImpl final : public Client, private client::SlotSink {
     }
     if (aor_.ranges.empty()) return Status::Ok();
     uint8_t* base = aor_stage_->data();
-    shm::BeginStage(base);
-    float* d = shm::StageData(base);
+    // Double buffered (shm/aor_stage.h): the slot of `step` last held step
+    // - 2, which the agent's AOR thread may still be reading; never
+    // overwritten before it has.
+    shm::AorStageSlot* slot = shm::StageSlot(base, shm::StageSlotOf(step));
+    if (shm::StageBusy(shm::StageState(slot))) {
+      Deadline wait = Deadline::AfterSeconds(kAorStageWaitS);
+      while (shm::StageBusy(shm::StageState(slot))) {
+        if (wait.expired()) {
+          ++aor_busy_skips_;
+          return UnavailableError(fmt::format(
+              "AOR capture of step {} skipped ({} so far): the agent has not read step {} from "
+              "the same stage slot after {} s; the replicas are seeded again from their owners' "
+              "copies",
+              step, aor_busy_skips_, slot->step, kAorStageWaitS));
+        }
+        usleep(100);
+      }
+    }
+    float* d = shm::BeginStage(base, step);
     for (const shm::AorRangeEntry& r : aor_.ranges) {
       std::memcpy(d, grads_.grads + r.offset, r.count * sizeof(float));
       std::memcpy(d + r.count, params_ + r.offset, r.count * sizeof(float));
       d += 2 * r.count;
     }
     shm::FinishStage(base, step, lr);
-    return agent_.Call(shm::AorCaptureRequest(options_.rank, step, lr), Deadline::AfterSeconds(60))
-        .status();
+    // The agent queues it and answers at once; its AOR thread runs the host
+    // step while this trainer goes on.
+    Status st =
+        agent_.Call(shm::AorCaptureRequest(options_.rank, step, lr), Deadline::AfterSeconds(10))
+            .status();
+    if (!st.ok()) {
+      // Not queued: the slot is free again (unless the agent took it after all).
+      uint32_t ready = shm::kStageReady;
+      __atomic_compare_exchange_n(&slot->state, &ready, shm::kStageEmpty, false, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_ACQUIRE);
+    }
+    return st;
   }
 
   Status ReportShardChecksum(int64_t step, uint64_t checksum) override {
@@ -451,11 +480,11 @@ class ClientImpl final : public Client, private client::SlotSink {
     }
     if (!r.ranges.empty()) {
       MEMENTO_ASSIGN_OR_RETURN(aor_stage_, shm::Segment::Open(r.path, /*writable=*/true));
-      const uint64_t need = sizeof(shm::AorStageHeader) + 2 * total * sizeof(float);
+      const uint64_t need = shm::StageFileBytes(total);
       const auto* h = shm::StageHeader(aor_stage_->data());
       if (aor_stage_->size() < need ||
           std::memcmp(h->magic, shm::kAorStageMagic, sizeof(h->magic)) != 0 ||
-          h->total_count != total) {
+          h->total_count != total || h->slots != shm::kAorStageSlots) {
         aor_stage_.reset();
         return InternalError(
             fmt::format("AOR staging file {} does not match the agent's ranges", r.path));
@@ -654,6 +683,10 @@ class ClientImpl final : public Client, private client::SlotSink {
   bool aor_registered_ = false;
   shm::AorRegisterReply aor_;
   std::unique_ptr<shm::Segment> aor_stage_;
+  // How long a capture waits for the agent to have read the slot it reuses
+  // (two steps back) before it skips the step.
+  static constexpr double kAorStageWaitS = 2.0;
+  int64_t aor_busy_skips_ = 0;
   std::unique_ptr<shm::Segment> segments_[shm::kSlotsPerRank];
   const shm::Segment* slots_[shm::kSlotsPerRank] = {};
   client::SlotPrefaults prefaults_;

@@ -158,12 +158,13 @@ void RecoveryLeader::KeepAliveLoop() {
     if (lease == 0) continue;
     Status st = store_->KeepAlive(lease, Deadline::AfterSeconds(options_.lease_ttl_s));
     if (st.code() == StatusCode::kNotFound) {
-      // Expired (a stalled process, a store restarted empty): no longer leader.
-      if (leading_.exchange(false)) {
+      // Expired (a stalled process, a store restarted empty): no longer
+      // leader, unless Campaign already holds the key under a newer lease
+      // (the store restarted between this read of lease_ and the call).
+      coord::LeaseId expected = lease;
+      if (lease_.compare_exchange_strong(expected, 0) && leading_.exchange(false)) {
         MEMENTO_LOG_WARN("recovery leader: lost the lease; standing for election again");
       }
-      coord::LeaseId expected = lease;
-      lease_.compare_exchange_strong(expected, 0);
     }
   }
 }
@@ -181,7 +182,11 @@ void RecoveryLeader::Campaign() {
     if (cas.status().code() == StatusCode::kNotFound) lease_.store(0);  // the lease expired
     return;
   }
-  if (cas->swapped) {
+  // The key already names this node under its current lease: it leads (a
+  // leadership the keep-alive thread gave up for an older lease).
+  const bool mine = !cas->swapped && cas->current.has_value() && cas->current->value == name_ &&
+                    cas->current->lease == lease_.load();
+  if (cas->swapped || mine) {
     leading_.store(true);
     members_known_ = false;
     MEMENTO_LOG_INFO("recovery leader: {} leads the recoveries of job {}", name_, options_.job);

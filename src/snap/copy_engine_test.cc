@@ -151,9 +151,11 @@ TEST(CopyEngineTest, IdlePriorityWorkersAndAFenceThatHelps) {
     uint64_t helped = 0;
     ASSERT_TRUE(engine.HelpAndWait(*job, Deadline::Infinite(), &helped).ok());
     EXPECT_TRUE(job->done());
-    // Both threads sleep 20 ms after each of the 41 chunks: this thread takes
-    // a good share of them (about half).
-    EXPECT_GE(helped, 8u * 65536) << helped;
+    // The worker sleeps 20 ms after each of the 41 chunks: this thread takes
+    // some of them (about half on a quiet machine; the share is timing, so only
+    // "it helped" is checked: 6 of 41 under ThreadSanitizer at load 30 failed
+    // the old bound of 8).
+    EXPECT_GE(helped, 65536u) << helped;
     EXPECT_LE(helped, job->bytes());
     EXPECT_EQ(b.src, b.dst);
     for (size_t i = 0; i < b.chunks.size(); ++i) {

@@ -53,6 +53,10 @@ TEST(BenchSwiftSmoke, EveryModeRecoversAndReports) {
   // 3 boundaries, 2 directions, plus one 8-byte gradient norm per rank.
   EXPECT_EQ(j["log_bytes_per_step"], 4.0 * 2048 * 3 * 2 + 4 * 8);
   EXPECT_TRUE(std::isfinite(j["logging_overhead_pct"].get<double>()));
+  // The --log-odd-steps run: one per round. (Snapshots every 4 steps leave
+  // no odd step whose neighbours are clear of a snapshot or its fence.)
+  EXPECT_EQ(j["logging_overhead_pct_adjacent"]["round_medians"].size(), 1u) << out;
+  EXPECT_EQ(j["logging_overhead_pct_adjacent"]["samples"], 0) << out;
   // Selective logging (log groups of 1, 2, 4 stages): the lost stage 2's
   // whole group replays steps 9 and 10 (G stages, 2 G steps in all), no step
   // lost; the log holds what crosses the group edges (3, 1, 0 boundaries;

@@ -655,6 +655,30 @@ TEST_F(ClusterAgentsTest, TwoFailuresEachRecoveredByTheAgents) {
   ExpectBitIdentical(job, o, dir_.path());
 }
 
+// The store process killed during the recovery, restarted empty: every
+// agent's leader lease is gone with it; the agents elect a leader on the
+// fresh store and it runs the launcher's request. (A leader whose keep-alive
+// saw its old lease expire after it had already won the key again on the
+// fresh store gave the leadership up while keeping the key: nobody led and
+// the launcher waited --recovery-timeout; fixed in RecoveryLeader.)
+TEST_F(ClusterAgentsTest, StoreKilledDuringRecoveryTheAgentsElectALeaderOnTheFreshStore) {
+  Job job = AgentsJob();
+  job.policy = "replicate";
+  job.steps = 60;
+  job.inject = "kill-node:2@step=10,kill-store@recovery=0";
+  job.extra.push_back("--store-down-s");
+  job.extra.push_back("0.3");
+  Outcome o = RunJob(job, dir_.path(), "agentskillstore");
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  ExpectRecoveredByAgents(o);
+  ASSERT_EQ(o.summary["store_restarts"].size(), 1u) << Logs(o);
+  EXPECT_EQ(o.summary["store_restarts"][0]["recovery"].get<int>(), 0) << Logs(o);
+  ExpectRestoredFromMemory(job, o, 1);
+  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({2})) << Logs(o);
+  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << Logs(o);
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
 TEST_F(ClusterAgentsTest, LossBeyondProtectionIsRefusedByTheLeaderWithExit3) {
   Job job = AgentsJob();
   job.policy = "xor";
