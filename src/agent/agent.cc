@@ -371,7 +371,7 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
       // A single-node agent has no cluster plan: its ranks save whole
       // tensors (docs/reft.md section 1).
       if (job_member_ == nullptr) return shm::ToJson(shm::PlanReply{});
-      auto ranges = job_member_->SaveRanges(rank, req.client_parity);
+      auto ranges = job_member_->SaveRanges(rank, req.client_parity, req.step);
       if (!ranges.ok()) return shm::StatusToJson(ranges.status());
       return shm::ToJson(*ranges);
     }

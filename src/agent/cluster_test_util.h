@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -91,10 +92,20 @@ class SlotWriter {
     MEMENTO_CHECK(seg.ok());
     segment_ = std::move(seg).value();
   }
-  void Write(int64_t step, uint64_t salt = 0) {
+  // `parities`: the bytes of the slot's parity entries, by plan parity id
+  // (as the client's copy workers compute them); required when it has any.
+  void Write(int64_t step, uint64_t salt = 0,
+             const std::map<uint32_t, std::vector<uint8_t>>* parities = nullptr) {
     shm::BeginSlotWrite(*segment_, layout_, slot_, step);
     uint8_t* data = shm::SlotData(*segment_);
     for (const shm::SavedTensor& t : layout_.tensors) {
+      if (t.is_parity()) {
+        MEMENTO_CHECK(parities != nullptr && parities->count(t.parity) == 1);
+        const std::vector<uint8_t>& p = parities->at(t.parity);
+        MEMENTO_CHECK(p.size() == t.nbytes);
+        std::memcpy(data + t.offset, p.data(), t.nbytes);
+        continue;
+      }
       auto bytes = TensorBytes(t.meta, rank_, step, salt);
       std::memcpy(data + t.offset, bytes.data() + t.range_offset, t.nbytes);
     }

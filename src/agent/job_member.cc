@@ -213,6 +213,8 @@ void JobMember::OnSeal(int rank, const std::string& manifest) {
   }
   std::vector<TensorMeta> metas;
   for (const auto& t : *tensors) metas.push_back(t.meta);
+  // A new client: its slots hold parity entries only once it asks the plan.
+  red_->SetClientParity(rank, -1, 0);
   bool was_unhealthy = false;
   {
     MutexLock l(&mu_);
@@ -270,6 +272,9 @@ bool JobMember::Dead(int64_t step) {
 }
 
 void JobMember::OnTrainerGone(int rank) {
+  // Versions made so far keep their references; later ones keep the rank's
+  // parities in T1 until its next client asks the plan.
+  red_->SetClientParity(rank, -1, 0);
   {
     MutexLock l(&mu_);
     unhealthy_ = true;
@@ -1197,7 +1202,7 @@ JobMember::AorStats JobMember::aor_stats() {
   return aor_stats_;
 }
 
-Result<shm::PlanReply> JobMember::SaveRanges(int rank, bool client_parity) {
+Result<shm::PlanReply> JobMember::SaveRanges(int rank, bool client_parity, int64_t step) {
   std::shared_ptr<const ClusterPlan> cp;
   bool sharded = false;
   {
@@ -1205,13 +1210,21 @@ Result<shm::PlanReply> JobMember::SaveRanges(int rank, bool client_parity) {
     cp = cluster_plan_;
     sharded = sharded_;
   }
+  // Until this answer says otherwise, the rank's slots hold no parity entry.
+  red_->SetClientParity(rank, -1, 0);
   if (cp == nullptr) {
     return UnavailableError(
         fmt::format("not ready: node {} has no plan yet (waiting for the topology and every rank's "
                     "inventory)",
                     node_));
   }
-  return PlanReplyFor(*cp, rank, sharded, client_parity);
+  Result<shm::PlanReply> reply = PlanReplyFor(*cp, rank, sharded, client_parity);
+  if (reply.ok() && !reply->parities.empty() && step >= 0) {
+    // From `step` on its slots hold the parities the rank produces: the
+    // versions reference them (docs/reft.md section 4).
+    red_->SetClientParity(rank, step, cp->hash);
+  }
+  return reply;
 }
 
 void JobMember::SetPeerPlan() {

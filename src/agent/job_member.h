@@ -162,7 +162,12 @@ class JobMember {
   // rank outside the plan. `client_parity`: the client computes the
   // parities its rank produces (docs/reft.md section 4): they are listed
   // (shm::PlanParity) and their stripe inputs left out of the ranges.
-  Result<shm::PlanReply> SaveRanges(int rank, bool client_parity = false) EXCLUDES(plan_mu_);
+  // `step` (>= 0: the snapshot the client lays out with the answer): an
+  // answer with parities tells the redundancy store that the rank's slots
+  // hold them from that step on, so its versions reference them in T0
+  // (RedundancyStore::SetClientParity); any other answer forgets it.
+  Result<shm::PlanReply> SaveRanges(int rank, bool client_parity = false, int64_t step = -1)
+      EXCLUDES(plan_mu_);
   // The `aor_register` op (docs/reft.md section 5): the AOR replicas `rank`
   // feeds under the plan (its kAor copies: the owners' optimizer shards as
   // ranges of the flat buffer). A dp_shard piece AOR cannot recompute (its

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "agent/assemble.h"
@@ -13,6 +14,7 @@
 #include "agent/peer_protocol.h"
 #include "agent/redundancy_format.h"
 #include "agent/redundancy_shm.h"
+#include "agent/t1_producer.h"
 #include "codec/erasure_code.h"
 #include "common/checksum.h"
 #include "recover/recipe.h"
@@ -179,6 +181,84 @@ class Cluster {
       }
     }
     for (size_t n = 0; n < nodes_.size(); ++n) ASSERT_TRUE(node(n).red->Complete(step)) << n;
+  }
+  // Parity `pid` of `step` by the reference codec over the pieces' bytes.
+  std::vector<uint8_t> ParityBytes(uint32_t pid, int64_t step) const {
+    const topo::Parity& par = plan().parities[pid];
+    const topo::Stripe& st = plan().stripes[par.stripe];
+    auto code = codec::ErasureCode::Create(
+        st.xor_code ? codec::CodeKind::kXor : codec::CodeKind::kRs, st.k, st.f);
+    MEMENTO_CHECK(code.ok());
+    std::vector<std::vector<uint8_t>> blocks(st.k, std::vector<uint8_t>(st.block_bytes, 0));
+    std::vector<const uint8_t*> data;
+    for (int i = 0; i < st.k; ++i) {
+      const topo::StripeBlock& b = st.data[i];
+      const auto piece = PieceBytes(plan(), inv_, b.piece, step);
+      std::memcpy(blocks[i].data(), piece.data() + b.offset, b.length);
+      data.push_back(blocks[i].data());
+    }
+    std::vector<std::vector<uint8_t>> out(st.f, std::vector<uint8_t>(st.block_bytes));
+    std::vector<uint8_t*> outp;
+    for (auto& o : out) outp.push_back(o.data());
+    code->Encode(st.block_bytes, data.data(), outp.data());
+    return out[par.index];
+  }
+  // Every rank writes its slot `slot` at `step` as a client that computes
+  // its rank's parities does (docs/reft.md section 4): its tensors plus one
+  // parity entry per parity it produces, the parity's bytes.
+  void WriteT0WithParities(int64_t step, int slot, uint64_t salt = 0) {
+    for (int r = 0; r < plan().topology.num_ranks(); ++r) {
+      std::vector<shm::SlotEntrySpec> specs = SlotWriter::WholeEntries(inv_[r]);
+      std::map<uint32_t, std::vector<uint8_t>> parities;
+      for (uint32_t pid : plan().ranks[r].parities) {
+        shm::SlotEntrySpec spec;
+        spec.meta = shm::ParityEntryMeta(pid, plan().parities[pid].bytes);
+        spec.parity = pid;
+        specs.push_back(spec);
+        parities[pid] = ParityBytes(pid, step);
+        if (salt != 0) parities[pid][0] ^= 0x5a;  // a rewrite with other bytes
+      }
+      SlotWriter(*node(plan().topology.rank_node[r]).store, specs, r, slot)
+          .Write(step, salt, &parities);
+    }
+  }
+  // Every node's T1 of `step` as the agent's save path makes it: its own
+  // entries by T1Producer::ProduceEntries from its ranks' slots, peer copies
+  // pushed over the network. The producer's error for a node, if any.
+  Status ProduceWithT1Producer(int64_t step) {
+    for (size_t n = 0; n < nodes_.size(); ++n) MEMENTO_RETURN_IF_ERROR(node(n).red->Ensure(step));
+    for (const topo::Copy& cp : plan().copies) {
+      if (cp.kind != topo::CopyKind::kPeer) continue;
+      const auto bytes = PieceBytes(plan(), inv_, cp.piece, step);
+      MEMENTO_RETURN_IF_ERROR(PushCopy(node(cp.node).service->endpoint(), Token(), step, cp.id,
+                                       bytes.data(), bytes.size(), Soon()));
+    }
+    const net::JobToken token = Token();
+    for (size_t n = 0; n < nodes_.size(); ++n) {
+      std::map<int, RankSlotView> views;
+      for (int r = 0; r < plan().topology.num_ranks(); ++r) {
+        if (plan().topology.rank_node[r] != static_cast<int>(n)) continue;
+        for (int slot = 0; slot < shm::kSlotsPerRank; ++slot) {
+          auto seg = node(n).store->SlotSegment(r, slot);
+          if (seg == nullptr) continue;
+          auto info = shm::ReadSlot(*seg);
+          if (!info.ok() || info->state != shm::SlotState::kComplete || info->step != step) {
+            continue;
+          }
+          RankSlotView v;
+          v.rank = r;
+          v.slot = slot;
+          v.segment = std::move(seg);
+          v.info = std::move(*info);
+          views.emplace(r, std::move(v));
+        }
+      }
+      T1Producer producer(&plan(), static_cast<int>(n), node(n).red.get(), &token,
+                          [](int) -> Result<std::string> { return NotFoundError("no network"); });
+      Status st = producer.ProduceEntries(step, views);
+      if (!st.ok()) return Status(st.code(), fmt::format("node {}: {}", n, st.message()));
+    }
+    return Status::Ok();
   }
   recover::NodeInventory InventoryOf(int node_id) {
     auto client = Connect(node_id);
@@ -798,6 +878,24 @@ std::vector<std::tuple<int, std::string, uint32_t>> Reads(const recover::Decisio
   return out;
 }
 
+// The (node, parity id) of every parity a decode of the decision's recipes takes.
+std::vector<std::pair<int, uint32_t>> ParityInputs(const recover::Decision& d) {
+  std::vector<std::pair<int, uint32_t>> out;
+  for (const auto& a : d.assemblies) {
+    for (const auto& part : a.recipe.at("parts")) {
+      if (part.at("op") != "decode") continue;
+      for (const auto& b : part.at("blocks")) {
+        for (const auto& in : b.at("inputs")) {
+          if (in.contains("kind") && in["kind"] == "parity") {
+            out.emplace_back(in["node"].get<int>(), in["id"].get<uint32_t>());
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace resident_test
 
 // ARC copies resident in their producer's T0 slot: no bytes in the version
@@ -992,6 +1090,247 @@ TEST(PeerServiceTest, ResidentEntriesAreAdoptedAndRotInTheirSlotIsFound) {
   st = c.node(0).service->reader().Read(2, req, got.data(), Soon());
   EXPECT_FALSE(st.ok()) << "rotten resident bytes served to a peer";
 }
+
+// ---- parities resident in T0 (docs/reft.md section 4) ----------------------
+
+class ResidentParityTest : public ::testing::TestWithParam<const char*> {};
+
+// A parity the producer's client computed into its slot is referenced, not
+// copied: the version file holds none of its bytes, every read (local,
+// streamed, kPeerRead, after the agent restarts) returns the reference
+// codec's bytes, the inventory lists it, and lost nodes (one under xor, two
+// under rs:2) are rebuilt through it.
+TEST_P(ResidentParityTest, RecoversLostNodesFromT0ResidentParities) {
+  using namespace resident_test;
+  const std::string policy = GetParam();
+  const int n = 4;
+  Cluster c(n, MakeInventory(n, 3000 * 4 * 16, 5000 * 4 * 16), policy, /*resident=*/true);
+  ASSERT_FALSE(c.plan().parities.empty());
+  // Every rank's client writes its parities from step 5 on (the plan op).
+  for (int r = 0; r < n; ++r) {
+    c.node(c.plan().topology.rank_node[r]).red->SetClientParity(r, 5, c.hash());
+  }
+  c.WriteT0WithParities(5, 1);
+  Status st = c.ProduceWithT1Producer(5);
+  ASSERT_TRUE(st.ok()) << st;
+  std::vector<uint64_t> parity_bytes(n, 0);
+  for (const topo::Parity& par : c.plan().parities) {
+    const ByteSource entry{SourceKind::kParity, par.id};
+    Cluster::Node& holder = c.node(par.node);
+    ASSERT_TRUE(holder.red->Complete(5));
+    auto r = holder.red->Resident(5, entry);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->has_value()) << "parity " << par.id << " was copied into T1";
+    EXPECT_EQ((*r)->source.rank, par.producer_rank);
+    EXPECT_EQ((*r)->source.parity, par.id);
+    EXPECT_EQ((*r)->generation, c.SlotGeneration(par.node, par.producer_rank, 5));
+    parity_bytes[par.node] += par.bytes;
+    const auto want = c.ParityBytes(par.id, 5);
+    ReadRequest req{5, entry, 0, want.size()};
+    std::vector<uint8_t> got(want.size());
+    ASSERT_TRUE(holder.red->Read(req, got.data()).ok());
+    EXPECT_EQ(got, want) << "local read of parity " << par.id;
+    const int other = (par.node + 1) % n;
+    std::fill(got.begin(), got.end(), 0);
+    ASSERT_TRUE(c.node(other).service->reader().Read(par.node, req, got.data(), Soon()).ok());
+    EXPECT_EQ(got, want) << "streamed read of parity " << par.id;
+    std::fill(got.begin(), got.end(), 0);
+    auto framed = c.Connect(par.node)->CallInto(kPeerRead, recover::ToJson(req).dump(), got.data(),
+                                                got.size(), Soon());
+    ASSERT_TRUE(framed.ok()) << framed.status();
+    EXPECT_EQ(got, want) << "kPeerRead of parity " << par.id;
+    ReadRequest mid{5, entry, 100, want.size() - 200};
+    std::vector<uint8_t> part(mid.length);
+    ASSERT_TRUE(holder.red->Read(mid, part.data()).ok());
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), want.begin() + 100));
+    EXPECT_EQ(holder.red->EntryBuffer(5, entry).status().code(), StatusCode::kFailedPrecondition);
+  }
+  for (int node = 0; node < n; ++node) {
+    if (parity_bytes[node] == 0) continue;
+    // Headers and the pushed copies of private state only.
+    EXPECT_LT(c.node(node).red->bytes_in_use(), parity_bytes[node]) << "node " << node;
+    const auto inv = c.InventoryOf(node);
+    ASSERT_FALSE(inv.versions.empty());
+    std::vector<uint32_t> want = c.plan().nodes[node].parities;
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(inv.versions[0].parities, want) << "node " << node;
+  }
+  // A restarted agent adopts the version and serves the parities again.
+  const topo::Parity& first = c.plan().parities[0];
+  ASSERT_NO_FATAL_FAILURE(c.ReopenRedundancy(first.node));
+  {
+    const auto want = c.ParityBytes(first.id, 5);
+    std::vector<uint8_t> got(want.size());
+    ASSERT_TRUE(c.node(first.node)
+                    .red->Read({5, {SourceKind::kParity, first.id}, 0, want.size()}, got.data())
+                    .ok());
+    EXPECT_EQ(got, want);
+  }
+  const std::vector<int> lost = policy == "xor" ? std::vector<int>{1} : std::vector<int>{1, 2};
+  for (int node : lost) c.ReplaceNode(node);
+  std::vector<recover::NodeInventory> live;
+  for (int node = 0; node < n; ++node) live.push_back(c.InventoryOf(node));
+  auto d = recover::Decide(c.plan(), live, 5);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(d->from_memory) << d->reason;
+  EXPECT_FALSE(ParityInputs(*d).empty()) << "the lost pieces should be decoded through a parity";
+  for (int node : lost) ASSERT_NO_FATAL_FAILURE(RecoverOn(c, *d, node, 5));
+  for (int node : lost) ExpectRank(c, node, 5);
+}
+
+// A resident parity whose producer's slot was overwritten (a newer step) or
+// rewritten (the same step again, another generation) is not listed and not
+// served; recovery never reads it.
+TEST_P(ResidentParityTest, AStaleResidentParityIsNotListedNorServed) {
+  using namespace resident_test;
+  const std::string policy = GetParam();
+  const int n = 4;
+  for (bool rewrite_same_step : {false, true}) {
+    SCOPED_TRACE(rewrite_same_step ? "slot rewritten at the same step" : "slot overwritten");
+    Cluster c(n, MakeInventory(n), policy, /*resident=*/true);
+    for (int r = 0; r < n; ++r) {
+      c.node(c.plan().topology.rank_node[r]).red->SetClientParity(r, 5, c.hash());
+    }
+    c.WriteT0WithParities(5, 1);
+    Status st = c.ProduceWithT1Producer(5);
+    ASSERT_TRUE(st.ok()) << st;
+    // Every rank rewrites its slot under the references.
+    c.WriteT0WithParities(rewrite_same_step ? 5 : 6, 1, /*salt=*/7);
+    std::vector<uint32_t> stale;
+    for (uint32_t pid : c.plan().nodes[2].parities) stale.push_back(pid);
+    ASSERT_FALSE(stale.empty());
+    for (const auto& v : c.InventoryOf(2).versions) {
+      for (uint32_t pid : stale) {
+        EXPECT_EQ(std::count(v.parities.begin(), v.parities.end(), pid), 0)
+            << "parity " << pid << " listed though its slot no longer holds its bytes";
+      }
+    }
+    for (uint32_t pid : stale) {
+      const uint64_t bytes = c.plan().parities[pid].bytes;
+      std::vector<uint8_t> got(bytes);
+      Status read = c.node(2).red->Read({5, {SourceKind::kParity, pid}, 0, bytes}, got.data());
+      EXPECT_EQ(read.code(), StatusCode::kNotFound) << read;
+      read = c.node(0).service->reader().Read(2, {5, {SourceKind::kParity, pid}, 0, bytes},
+                                              got.data(), Soon());
+      EXPECT_FALSE(read.ok()) << "parity " << pid << " served from a stale slot";
+    }
+    if (rewrite_same_step) continue;  // every rank holds "step 5" of other bytes now
+    // Every slot moved on to step 6: nothing of step 5 is left in memory but
+    // the pushed copies, so recovery of step 5 cannot read the parities.
+    c.ReplaceNode(1);
+    std::vector<recover::NodeInventory> live;
+    for (int node = 0; node < n; ++node) live.push_back(c.InventoryOf(node));
+    auto d = recover::Decide(c.plan(), live, 5);
+    if (d.ok() && d->from_memory) {
+      for (const auto& [node, id] : ParityInputs(*d)) {
+        ADD_FAILURE() << "recipe decodes from stale parity " << id << " on node " << node;
+      }
+    }
+  }
+}
+
+// The versions reference a parity only from the step the client named
+// (the plan op's answer) on; a slot without the parity entry then fails
+// that version and the later ones keep the parity in T1 again; a version
+// before that step keeps it in T1 (the agent encodes it from the slot).
+TEST_P(ResidentParityTest, ParitiesAreResidentOnlyFromTheStepTheClientNamed) {
+  const std::string policy = GetParam();
+  const int n = 4;
+  Cluster c(n, MakeInventory(n), policy, /*resident=*/true);
+  const topo::Parity& par = c.plan().parities[0];
+  const ByteSource entry{SourceKind::kParity, par.id};
+  c.node(par.node).red->SetClientParity(par.producer_rank, 7, c.hash());
+  // Step 6: before the client's step: whole slots, parity encoded into T1.
+  c.WriteT0(6, 0);
+  Status st = c.ProduceWithT1Producer(6);
+  ASSERT_TRUE(st.ok()) << st;
+  auto r6 = c.node(par.node).red->Resident(6, entry);
+  ASSERT_TRUE(r6.ok()) << r6.status();
+  EXPECT_FALSE(r6->has_value());
+  std::vector<uint8_t> got(par.bytes);
+  ASSERT_TRUE(c.node(par.node).red->Read({6, entry, 0, par.bytes}, got.data()).ok());
+  EXPECT_EQ(got, c.ParityBytes(par.id, 6));
+  // A plan hash other than the store's: not resident either.
+  c.node(par.node).red->SetClientParity(par.producer_rank, 7, c.hash() ^ 1);
+  ASSERT_TRUE(c.node(par.node).red->Ensure(8).ok());
+  auto r8 = c.node(par.node).red->Resident(8, entry);
+  ASSERT_TRUE(r8.ok());
+  EXPECT_FALSE(r8->has_value());
+  c.node(par.node).red->SetClientParity(par.producer_rank, 7, c.hash());
+  // Step 7 laid out resident, but the client wrote a whole slot.
+  c.WriteT0(7, 1);
+  st = c.ProduceWithT1Producer(7);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("holds no entry of parity"), std::string::npos) << st;
+  EXPECT_FALSE(c.node(par.node).red->Complete(7));
+  // Forgotten: step 9 keeps the parity in T1 and completes.
+  c.WriteT0(9, 1);
+  st = c.ProduceWithT1Producer(9);
+  ASSERT_TRUE(st.ok()) << st;
+  auto r9 = c.node(par.node).red->Resident(9, entry);
+  ASSERT_TRUE(r9.ok());
+  EXPECT_FALSE(r9->has_value());
+  ASSERT_TRUE(c.node(par.node).red->Read({9, entry, 0, par.bytes}, got.data()).ok());
+  EXPECT_EQ(got, c.ParityBytes(par.id, 9));
+}
+
+// DP 2 (k = 1): each parity equals its stripe's one data block, which a slot
+// without the parity entry holds (whole tensors here): resident in every
+// version without the client saying anything, its zero padding read as
+// zeros, and a lost node is rebuilt through it.
+TEST_P(ResidentParityTest, AParityOfOneBlockIsResidentInThatBlock) {
+  using namespace resident_test;
+  const std::string policy = GetParam();
+  const int n = 2;
+  // W / 2 is not 64-byte aligned: one stripe's block is shorter than its parity.
+  Cluster c(n, MakeInventory(n, 3001 * 4, 5000 * 4), policy, /*resident=*/true);
+  bool padded = false;
+  for (const topo::Stripe& s : c.plan().stripes) {
+    ASSERT_EQ(s.k, 1);
+    padded |= s.data[0].length < s.block_bytes;
+  }
+  EXPECT_TRUE(padded);
+  c.WriteT0(5, 1);
+  Status st = c.ProduceWithT1Producer(5);
+  ASSERT_TRUE(st.ok()) << st;
+  for (const topo::Parity& par : c.plan().parities) {
+    const ByteSource entry{SourceKind::kParity, par.id};
+    Cluster::Node& holder = c.node(par.node);
+    ASSERT_TRUE(holder.red->Complete(5));
+    auto r = holder.red->Resident(5, entry);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->has_value()) << "parity " << par.id << " was copied into T1";
+    EXPECT_FALSE((*r)->source.segments.empty());
+    const auto want = c.ParityBytes(par.id, 5);
+    std::vector<uint8_t> got(want.size());
+    ASSERT_TRUE(holder.red->Read({5, entry, 0, want.size()}, got.data()).ok());
+    EXPECT_EQ(got, want) << "local read of parity " << par.id;
+    std::fill(got.begin(), got.end(), 1);
+    ASSERT_TRUE(c.node((par.node + 1) % n)
+                    .service->reader()
+                    .Read(par.node, {5, entry, 0, want.size()}, got.data(), Soon())
+                    .ok());
+    EXPECT_EQ(got, want) << "streamed read of parity " << par.id;
+    std::vector<uint8_t> tail(100);
+    ASSERT_TRUE(holder.red->Read({5, entry, want.size() - 100, 100}, tail.data()).ok());
+    EXPECT_TRUE(std::equal(tail.begin(), tail.end(), want.end() - 100));
+    EXPECT_LT(holder.red->bytes_in_use(), par.bytes) << "node " << par.node;
+  }
+  c.ReplaceNode(1);
+  std::vector<recover::NodeInventory> live;
+  for (int node = 0; node < n; ++node) live.push_back(c.InventoryOf(node));
+  auto d = recover::Decide(c.plan(), live, 5);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(d->from_memory) << d->reason;
+  EXPECT_FALSE(ParityInputs(*d).empty()) << "rank 1's piece should be decoded through a parity";
+  ASSERT_NO_FATAL_FAILURE(RecoverOn(c, *d, 1, 5));
+  ExpectRank(c, 1, 5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Codes, ResidentParityTest, ::testing::Values("xor", "rs:2"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param) == "xor" ? "xor" : "rs_2";
+                         });
 
 // ---- restore-time assembly (agent/assemble.h, docs/reft.md section 3) -------
 

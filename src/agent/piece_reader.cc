@@ -191,6 +191,11 @@ Status PieceReader::CopyRanges(SlotCache& c, const std::vector<RangeCopy>& copie
   auto* out = static_cast<uint8_t*>(dst);
   const uint8_t* data = c.segment->data() + c.info.data_offset;
   for (const RangeCopy& r : copies) {
+    if (r.zeros) {
+      std::memset(out, 0, r.length);
+      out += r.length;
+      continue;
+    }
     MEMENTO_RETURN_IF_ERROR(VerifyRange(c, r.tensor, r.begin, r.begin + r.length));
     std::memcpy(out, data + r.begin, r.length);
     out += r.length;
@@ -207,6 +212,16 @@ Status PieceReader::EmitRanges(SlotCache& c, const std::vector<RangeCopy>& copie
   const uint8_t* data = c.segment->data() + c.info.data_offset;
   const auto& chunks = c.info.chunks;
   for (const RangeCopy& r : copies) {
+    if (r.zeros) {
+      // Zero padding (a parity's tail): sent from a zero buffer.
+      static const std::vector<uint8_t> kZeros(uint64_t{1} << 16, 0);
+      for (uint64_t left = r.length; left > 0;) {
+        const uint64_t n = std::min<uint64_t>(left, kZeros.size());
+        MEMENTO_RETURN_IF_ERROR(emit(kZeros.data(), n, Checksum(kZeros.data(), n)));
+        left -= n;
+      }
+      continue;
+    }
     const uint64_t end = r.begin + r.length;
     uint64_t at = r.begin;
     // Chunks of this tensor overlapping [begin, end), in data order.
@@ -244,8 +259,67 @@ Status PieceReader::EmitRanges(SlotCache& c, const std::vector<RangeCopy>& copie
   return Status::Ok();
 }
 
+uint64_t PieceReader::RefBytes(const SegmentsRef& ref) {
+  if (ref.parity != shm::kNoParity) return ref.parity_bytes;
+  uint64_t total = 0;
+  for (const topo::Segment& s : *ref.segments) total += s.length;
+  return total;
+}
+
+Result<std::vector<PieceReader::RangeCopy>> PieceReader::MapRef(const SegmentsRef& ref,
+                                                                const SlotCache& c, uint64_t offset,
+                                                                uint64_t length) {
+  if (ref.parity == shm::kNoParity) return MapSegments(*ref.segments, ref.what, c, offset, length);
+  // A parity the producer's client computed into its slot (docs/reft.md
+  // section 4): one entry, found by the plan's parity id.
+  const int entry = shm::FindParityEntry(c.info.tensors, ref.parity);
+  if (entry < 0 && ref.segments != nullptr && !ref.segments->empty()) {
+    // A parity equal to its stripe's only data block: the block's bytes
+    // where the slot holds them, then the zero padding.
+    uint64_t block = 0;
+    for (const topo::Segment& s : *ref.segments) block += s.length;
+    if (block > ref.parity_bytes || offset > ref.parity_bytes ||
+        length > ref.parity_bytes - offset) {
+      return InvalidArgumentError(fmt::format("bytes [{}, +{}) of {}: it has {} bytes", offset,
+                                              length, ref.what, ref.parity_bytes));
+    }
+    std::vector<RangeCopy> copies;
+    if (offset < block) {
+      MEMENTO_ASSIGN_OR_RETURN(copies, MapSegments(*ref.segments, ref.what, c, offset,
+                                                   std::min(length, block - offset)));
+    }
+    const uint64_t zero_from = std::max(offset, block);
+    if (offset + length > zero_from) {
+      RangeCopy z;
+      z.length = offset + length - zero_from;
+      z.zeros = true;
+      copies.push_back(z);
+    }
+    return copies;
+  }
+  if (entry < 0) {
+    return NotFoundError(fmt::format("{}: rank {}'s slot of step {} holds no entry of parity {}",
+                                     ref.what, c.info.rank, c.info.step, ref.parity));
+  }
+  const shm::SavedTensor& t = c.info.tensors[static_cast<size_t>(entry)];
+  if (t.nbytes != ref.parity_bytes) {
+    return NotFoundError(
+        fmt::format("{}: rank {}'s slot of step {} holds parity {} with {} bytes, the entry has {}",
+                    ref.what, c.info.rank, c.info.step, ref.parity, t.nbytes, ref.parity_bytes));
+  }
+  if (offset > t.nbytes || length > t.nbytes - offset) {
+    return InvalidArgumentError(
+        fmt::format("bytes [{}, +{}) of {}: it has {} bytes", offset, length, ref.what, t.nbytes));
+  }
+  std::vector<RangeCopy> copies;
+  if (length > 0) copies.push_back({static_cast<size_t>(entry), t.offset + offset, length});
+  return copies;
+}
+
 Result<std::shared_ptr<PieceReader::SlotCache>> PieceReader::FindRefSlot(const SegmentsRef& ref) {
-  if (ref.segments == nullptr) return InvalidArgumentError(ref.what + ": no segments");
+  if (ref.segments == nullptr && ref.parity == shm::kNoParity) {
+    return InvalidArgumentError(ref.what + ": no segments");
+  }
   auto found = FindSlot(ref.rank, ref.step);
   if (!found.ok()) {
     return Status(found.status().code(), fmt::format("{}: {}", ref.what, found.status().message()));
@@ -264,8 +338,7 @@ Status PieceReader::ReadSegments(const SegmentsRef& ref, uint64_t offset, uint64
                                  void* dst) {
   if (length == 0) return Status::Ok();
   MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindRefSlot(ref));
-  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies,
-                           MapSegments(*ref.segments, ref.what, *c, offset, length));
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies, MapRef(ref, *c, offset, length));
   return CopyRanges(*c, copies, dst, ref.what);
 }
 
@@ -273,19 +346,16 @@ Status PieceReader::ServeSegments(const SegmentsRef& ref, uint64_t offset, uint6
                                   const EmitFn& emit) {
   if (length == 0) return Status::Ok();
   MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindRefSlot(ref));
-  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies,
-                           MapSegments(*ref.segments, ref.what, *c, offset, length));
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies, MapRef(ref, *c, offset, length));
   return EmitRanges(*c, copies, emit, ref.what);
 }
 
 Status PieceReader::CheckSegments(const SegmentsRef& ref, bool verify) {
   MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<SlotCache> c, FindRefSlot(ref));
-  uint64_t total = 0;
-  for (const topo::Segment& s : *ref.segments) total += s.length;
-  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies,
-                           MapSegments(*ref.segments, ref.what, *c, 0, total));
+  MEMENTO_ASSIGN_OR_RETURN(std::vector<RangeCopy> copies, MapRef(ref, *c, 0, RefBytes(ref)));
   if (verify) {
     for (const RangeCopy& r : copies) {
+      if (r.zeros) continue;
       MEMENTO_RETURN_IF_ERROR(VerifyRange(*c, r.tensor, r.begin, r.begin + r.length, true));
     }
   }

@@ -73,7 +73,12 @@ class PieceReader {
                                        uint64_t offset, uint64_t length, void* dst) EXCLUDES(mu_);
 
   // Bytes of a T1 entry resident in T0 (agent/resident.h): the concatenation
-  // of `segments` of `rank`'s slot of `step`, `what` naming it in errors.
+  // of `segments` of `rank`'s slot of `step`, or (`parity` set) the slot's
+  // parity entry of that plan parity (shm::FindParityEntry), which must hold
+  // `parity_bytes` bytes (else NotFound) or, when the slot has no such entry
+  // and `segments` is not empty (a parity equal to its one data block), the
+  // segments followed by zeros up to `parity_bytes`; `what` names it in
+  // errors.
   // `generation` (non-zero) must be the slot's generation: the slot was not
   // rewritten since the entry was made (else NotFound: the bytes are gone,
   // never another version's). The same checks as ReadPiece otherwise.
@@ -82,6 +87,8 @@ class PieceReader {
     int64_t step = -1;
     uint64_t generation = 0;  // 0: any
     const std::vector<topo::Segment>* segments = nullptr;
+    uint32_t parity = shm::kNoParity;
+    uint64_t parity_bytes = 0;
     std::string what;  // "copy 3 (piece sg0/r1)"
   };
   [[nodiscard]] Status ReadSegments(const SegmentsRef& ref, uint64_t offset, uint64_t length,
@@ -115,6 +122,7 @@ class PieceReader {
     size_t tensor = 0;
     uint64_t begin = 0;  // in the data region
     uint64_t length = 0;
+    bool zeros = false;  // `length` zero bytes, not in the slot (a parity's padding)
   };
   Result<std::vector<RangeCopy>> MapPiece(const topo::Plan& plan, uint32_t piece, int64_t step,
                                           const SlotCache& c, uint64_t offset, uint64_t length);
@@ -124,6 +132,11 @@ class PieceReader {
                                                     uint64_t offset, uint64_t length);
   // The slot of a SegmentsRef (generation checked) and its ranges.
   Result<std::shared_ptr<SlotCache>> FindRefSlot(const SegmentsRef& ref) EXCLUDES(mu_);
+  // Bytes [offset, offset + length) of a SegmentsRef as data-region ranges
+  // of `c` (its segments, or its parity entry).
+  static Result<std::vector<RangeCopy>> MapRef(const SegmentsRef& ref, const SlotCache& c,
+                                               uint64_t offset, uint64_t length);
+  static uint64_t RefBytes(const SegmentsRef& ref);
   // Copies ranges of `c` to dst, verifying their chunks, then re-checks the generation.
   Status CopyRanges(SlotCache& c, const std::vector<RangeCopy>& copies, void* dst,
                     const std::string& what) EXCLUDES(mu_);

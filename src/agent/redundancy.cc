@@ -223,13 +223,14 @@ Status ShmRedundancyStore::SetPlan(const topo::Plan& plan) {
     if (id >= plan.copies.size() || plan.copies[id].piece >= plan.pieces.size()) {
       return InvalidArgumentError(fmt::format("redundancy store: plan copy {} out of range", id));
     }
-    planned.push_back({SourceKind::kCopy, id, plan.pieces[plan.copies[id].piece].bytes, nullptr});
+    planned.push_back(
+        {SourceKind::kCopy, id, plan.pieces[plan.copies[id].piece].bytes, nullptr, nullptr});
   }
   for (uint32_t id : np.parities) {
     if (id >= plan.parities.size()) {
       return InvalidArgumentError(fmt::format("redundancy store: plan parity {} out of range", id));
     }
-    planned.push_back({SourceKind::kParity, id, plan.parities[id].bytes, nullptr});
+    planned.push_back({SourceKind::kParity, id, plan.parities[id].bytes, nullptr, nullptr});
   }
   std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const ResidentSource>> resident;
   for (PlannedEntry& p : planned) {
@@ -237,7 +238,8 @@ Status ShmRedundancyStore::SetPlan(const topo::Plan& plan) {
     if (!src.has_value()) continue;
     uint64_t sum = 0;
     for (const topo::Segment& seg : src->segments) sum += seg.length;
-    if (sum != p.bytes || src->rank < 0) {
+    if (src->is_parity() && sum <= src->bytes) sum = src->bytes;  // zeros after the block
+    if (sum != p.bytes || src->bytes != p.bytes || src->rank < 0) {
       return InternalError(
           fmt::format("redundancy store: {} {} resident in rank {}: {} bytes of "
                       "segments for an entry of {}",
@@ -251,7 +253,14 @@ Status ShmRedundancyStore::SetPlan(const topo::Plan& plan) {
   if (resident_t0_) {
     for (PlannedEntry& p : planned) {
       auto it = resident.find({static_cast<uint32_t>(p.kind), p.id});
-      if (it != resident.end()) p.resident = it->second;
+      if (it == resident.end()) continue;
+      // A parity is resident only in the versions its client writes it
+      // into (SetClientParity; decided in Ensure).
+      if (it->second->needs_client_entry()) {
+        p.client_parity = it->second;
+      } else {
+        p.resident = it->second;
+      }
     }
   }
   plan_resident_ = std::move(resident);
@@ -330,6 +339,14 @@ Status ShmRedundancyStore::Ensure(int64_t step) {
     creating_[step] = false;
     planned = planned_;
     plan_hash = plan_hash_;
+    for (PlannedEntry& p : planned) {
+      if (p.client_parity == nullptr) continue;
+      auto it = client_parity_.find(p.client_parity->rank);
+      if (it != client_parity_.end() && it->second.second == plan_hash && it->second.first >= 0 &&
+          step >= it->second.first) {
+        p.resident = p.client_parity;
+      }
+    }
   }
   // Allocating and populating the file can take a while for large entries:
   // done without the lock, so reads and other versions are not held up.
@@ -641,6 +658,10 @@ PieceReader::SegmentsRef ShmRedundancyStore::RefOf(const Version& v, uint32_t in
   ref.step = v.step;
   ref.generation = e.generation;
   ref.segments = &src.segments;
+  if (src.is_parity()) {
+    ref.parity = src.parity;
+    ref.parity_bytes = src.bytes;
+  }
   ref.what = fmt::format("{} (resident in rank {}'s T0 slot)", EntryName(v, index), src.rank);
   return ref;
 }
@@ -852,6 +873,15 @@ void ShmRedundancyStore::DropAbove(int64_t keep_to) {
 void ShmRedundancyStore::SetResidentT0(bool on) {
   MutexLock l(&mu_);
   resident_t0_ = on;
+}
+
+void ShmRedundancyStore::SetClientParity(int rank, int64_t from_step, uint64_t plan_hash) {
+  MutexLock l(&mu_);
+  if (from_step < 0) {
+    client_parity_.erase(rank);
+  } else {
+    client_parity_[rank] = {from_step, plan_hash};
+  }
 }
 
 }  // namespace memento::agent

@@ -75,6 +75,20 @@ class RedundancyStore {
   // the producer rank's T0 slot under the store's root. Off by default (the
   // agent turns it on); a store that cannot resolve them keeps it off.
   virtual void SetResidentT0(bool on) { (void)on; }
+  // Parities resident in T0 (docs/reft.md section 4): `rank`'s client
+  // computes the parities its rank produces under the plan of hash
+  // `plan_hash` into parity entries of its slots, for every snapshot from
+  // step `from_step` on (the plan op's answer). While the store's plan has
+  // that hash, versions of steps >= from_step created afterwards lay out
+  // those parities as resident (with SetResidentT0 on); the producer then
+  // finishes them with FinishResidentEntry. from_step < 0 forgets it (the
+  // rank's client writes whole slots, or nothing is known): later versions
+  // keep its parities in the file.
+  virtual void SetClientParity(int rank, int64_t from_step, uint64_t plan_hash) {
+    (void)rank;
+    (void)from_step;
+    (void)plan_hash;
+  }
 
   // A resident entry of version `step` (not done yet or done): where its bytes
   // lie. nullopt for an entry stored in the file; NotFound for no such entry.

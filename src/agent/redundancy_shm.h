@@ -48,6 +48,7 @@ class ShmRedundancyStore final : public RedundancyStore {
   void DropBelow(int64_t keep_from) override EXCLUDES(mu_);
   void DropAbove(int64_t keep_to) override EXCLUDES(mu_);
   void SetResidentT0(bool on) override EXCLUDES(mu_);
+  void SetClientParity(int rank, int64_t from_step, uint64_t plan_hash) override EXCLUDES(mu_);
   Result<std::optional<ResidentRef>> Resident(int64_t step, recover::ByteSource entry) override
       EXCLUDES(mu_);
   Status FinishResidentEntry(int64_t step, recover::ByteSource entry,
@@ -128,6 +129,9 @@ class ShmRedundancyStore final : public RedundancyStore {
     uint32_t id;
     uint64_t bytes;
     std::shared_ptr<const ResidentSource> resident;  // null: stored in the file
+    // A parity the producer's client may write into its slot: resident in
+    // the versions SetClientParity names (Ensure decides), else stored.
+    std::shared_ptr<const ResidentSource> client_parity;
   };
   // A resident entry's reference for the T0 reader (generation 0 before
   // done); `src` (v.resident[index], taken under mu_) must outlive it.
@@ -152,6 +156,9 @@ class ShmRedundancyStore final : public RedundancyStore {
   PieceReader t0_;  // the node's T0 slots (same root), for resident entries
   Mutex mu_;
   bool resident_t0_ GUARDED_BY(mu_) = false;
+  // SetClientParity: rank -> (first step, plan hash) whose slots hold the
+  // parities that rank produces.
+  std::map<int, std::pair<int64_t, uint64_t>> client_parity_ GUARDED_BY(mu_);
   // The current plan's resident sources, by (kind, id): resolves adopted
   // versions' resident entries.
   std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const ResidentSource>> plan_resident_

@@ -80,20 +80,41 @@ Status T1Producer::ProduceEntries(int64_t step, const std::map<int, RankSlotView
         codec::ErasureCode code,
         codec::ErasureCode::Create(stripe.xor_code ? codec::CodeKind::kXor : codec::CodeKind::kRs,
                                    stripe.k, stripe.f));
-    MEMENTO_ASSIGN_OR_RETURN(uint8_t * out,
-                             red_->EntryBuffer(step, {recover::SourceKind::kParity, pid}));
+    const recover::ByteSource id{recover::SourceKind::kParity, pid};
     // The client computed it (a parity entry of the producer's slot,
-    // docs/reft.md section 4): take its bytes. Otherwise (whole-tensor
-    // slots, clients that leave parity to the agent) encode from the slot's
-    // stripe inputs.
+    // docs/reft.md section 4).
     const int entry = shm::FindParityEntry(view->info.tensors, pid);
+    if (entry >= 0 && view->info.tensors[static_cast<size_t>(entry)].nbytes != stripe.block_bytes) {
+      return DataLossError(
+          fmt::format("rank {} step {}: parity {} holds {} bytes, the plan's is {}", view->rank,
+                      view->info.step, pid, view->info.tensors[static_cast<size_t>(entry)].nbytes,
+                      stripe.block_bytes));
+    }
+    MEMENTO_ASSIGN_OR_RETURN(std::optional<RedundancyStore::ResidentRef> resident,
+                             red_->Resident(step, id));
+    if (resident.has_value()) {
+      // The version references the parity entry of the producer's slot
+      // (its client said it writes one: RedundancyStore::SetClientParity):
+      // nothing is copied.
+      if (entry < 0 && resident->source.needs_client_entry()) {
+        // It did not (a client that fell back to whole tensors after the
+        // plan op): this version cannot be made; later ones keep the
+        // parity in T1.
+        red_->SetClientParity(par.producer_rank, -1, 0);
+        return FailedPreconditionError(fmt::format(
+            "rank {}'s slot of step {} holds no entry of parity {}, which its client said it "
+            "writes; the parities of later versions are kept in T1",
+            view->rank, view->info.step, pid));
+      }
+      MEMENTO_RETURN_IF_ERROR(red_->FinishResidentEntry(step, id, view->info.generation));
+      continue;
+    }
+    MEMENTO_ASSIGN_OR_RETURN(uint8_t * out, red_->EntryBuffer(step, id));
+    // Otherwise take the client's bytes from the slot when it has them, else
+    // (whole-tensor slots, clients that leave parity to the agent) encode
+    // from the slot's stripe inputs.
     if (entry >= 0) {
       const shm::SavedTensor& t = view->info.tensors[static_cast<size_t>(entry)];
-      if (t.nbytes != stripe.block_bytes) {
-        return DataLossError(
-            fmt::format("rank {} step {}: parity {} holds {} bytes, the plan's is {}", view->rank,
-                        view->info.step, pid, t.nbytes, stripe.block_bytes));
-      }
       std::memcpy(out, view->segment->data() + view->info.data_offset + t.offset, t.nbytes);
       MEMENTO_RETURN_IF_ERROR(red_->FinishEntry(step, {recover::SourceKind::kParity, pid}));
       continue;

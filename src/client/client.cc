@@ -298,7 +298,7 @@ class ClientImpl final : public Client, private client::SlotSink {
       return Status::Ok();
     }
     lag_.Taken(step, now);
-    if (!plan_settled_) AskPlan();
+    if (!plan_settled_) AskPlan(step);
     const shm::Segment& seg = *segments_[target];
     shm::BeginSlotWrite(seg, layout_, target, step);
     uint8_t* data = shm::SlotData(seg);
@@ -503,8 +503,10 @@ class ClientImpl final : public Client, private client::SlotSink {
   // has a plan ("not ready", Unavailable) the snapshot writes whole tensors
   // and the next one asks again; any other answer settles the layout until
   // the next Restore(). A whole-tensor slot is always valid (it holds every
-  // range), so every failure here falls back to it.
-  void AskPlan() {
+  // range), so every failure here falls back to it. `step` is the snapshot
+  // laid out with the answer: from it on the slots hold the parity entries
+  // the answer lists, which the agent then references instead of copying.
+  void AskPlan(int64_t step) {
     if (!options_.sharded_snapshots || device_ != nullptr) {
       plan_settled_ = true;  // device tensors: whole slots (device path)
       return;
@@ -514,7 +516,7 @@ class ClientImpl final : public Client, private client::SlotSink {
       UseWholeLayout();
       plan_settled_ = true;
     };
-    auto reply = agent_.Call(shm::PlanRequest(options_.rank, client_parity_),
+    auto reply = agent_.Call(shm::PlanRequest(options_.rank, client_parity_, step),
                              Deadline::AfterSeconds(5), /*reconnect_s=*/0);
     if (!reply.ok()) {
       // "not ready" (or the agent is away): whole tensors this time.

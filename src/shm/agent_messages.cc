@@ -267,9 +267,10 @@ AgentRequest AssembleRequest(int rank, int64_t step) {
   r.step = step;
   return r;
 }
-AgentRequest PlanRequest(int rank, bool client_parity) {
+AgentRequest PlanRequest(int rank, bool client_parity, int64_t step) {
   AgentRequest r = RankRequest(AgentOp::kPlan, rank);
   r.client_parity = client_parity;
+  r.step = step;
   return r;
 }
 
@@ -337,6 +338,7 @@ json AgentRequestToJson(const AgentRequest& r) {
       break;
     case AgentOp::kPlan:
       if (r.client_parity) msg[kParities] = true;
+      if (r.step >= 0) msg[kStep] = r.step;
       break;
     case AgentOp::kAorRegister:
       msg[kOptimizer] = r.optimizer;
@@ -441,6 +443,9 @@ Result<AgentRequest> AgentRequestFromJson(const json& msg) {
     case AgentOp::kPlan: {
       if (msg.contains(kParities)) {
         MEMENTO_ASSIGN_OR_RETURN(r.client_parity, f.Bool(kParities));
+      }
+      if (msg.contains(kStep)) {
+        MEMENTO_ASSIGN_OR_RETURN(r.step, f.Int(kStep, 0, kMaxStep));
       }
       break;
     }

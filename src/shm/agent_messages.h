@@ -61,11 +61,15 @@ struct AgentRequest {
   bool has_manifest = false;  // seal: whether "manifest" was sent
   std::string manifest;       // seal: the rank's tensors (shm::EncodeManifest text)
   int slot = -1;              // complete, verify: in [0, shm::kSlotsPerRank)
-  int64_t step = -1;          // complete, skipped, assemble, aor_capture, aor_checksum: >= 0
+  int64_t step =
+      -1;  // complete, skipped, assemble, aor_capture, aor_checksum: >= 0; plan: optional
   // plan: the client computes the parities its rank produces (docs/reft.md
   // section 4) and wants them listed instead of their stripe inputs
   // ("parities": true; absent from older clients: false).
   bool client_parity = false;
+  // plan (optional, in `step`): the step of the snapshot the client lays out
+  // with the answer; from that step on its slots hold the listed parities
+  // (the agent then keeps them resident in T0). -1: not sent.
   // aor_register (docs/reft.md section 5): the optimizer's Encode() bytes as
   // lower-case hex (non-empty, at most kMaxOptimizerEncodingBytes bytes) and
   // the number of elements of the flat buffer (> 0).
@@ -93,7 +97,8 @@ AgentRequest ListRequest(int rank);
 // The rank's whole state at `step` from its plan pieces (docs/reft.md,
 // section 3), staged by the agent in a whole-tensor slot file.
 AgentRequest AssembleRequest(int rank, int64_t step);
-AgentRequest PlanRequest(int rank, bool client_parity = false);
+// `step`: the snapshot the answer lays out (-1: not sent).
+AgentRequest PlanRequest(int rank, bool client_parity = false, int64_t step = -1);
 // AOR (docs/reft.md section 5): the rank's flat gradient buffer is
 // registered with the optimizer's encoding (raw bytes; hex on the wire);
 // each step's slices are staged and the agent brings its replicas forward;

@@ -50,6 +50,15 @@ TEST(AgentRequestTest, ParsesEveryOpTheClientSends) {
   Status bad_flag = ParseAgentRequest(R"({"op":"plan","rank":2,"parities":1})").status();
   EXPECT_EQ(bad_flag.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad_flag.message().find("'parities'"), std::string::npos) << bad_flag;
+  // "step" (optional): the snapshot the answer lays out.
+  EXPECT_EQ(plan->step, -1);
+  auto with_step = ParseAgentRequest(AgentRequestToJson(PlanRequest(2, true, 17)).dump());
+  ASSERT_TRUE(with_step.ok()) << with_step.status();
+  EXPECT_EQ(with_step->step, 17);
+  EXPECT_EQ(AgentRequestToJson(PlanRequest(2, true)).dump().find("step"), std::string::npos);
+  Status bad_step = ParseAgentRequest(R"({"op":"plan","rank":2,"step":-3})").status();
+  EXPECT_EQ(bad_step.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_step.message().find("'step'"), std::string::npos) << bad_step;
   EXPECT_TRUE(ParseAgentRequest(R"({"op":"ping"})").ok());
   auto top = ParseAgentRequest(R"({"op":"seal","rank":1073741823,"bytes":281474976710656})");
   ASSERT_TRUE(top.ok()) << top.status();

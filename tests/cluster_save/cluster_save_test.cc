@@ -246,9 +246,11 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
 
   // The version files of `step`: every ARC / local_full copy is an entry
   // resident in T0 (docs/reft.md section 4): no bytes in the file, the
-  // producer rank and the generation of its slot of `step` recorded; every
-  // other entry is stored. Returns the number of resident entries.
-  int CheckResidentEntries(int64_t step) {
+  // producer rank and the generation of its slot of `step` recorded; so is
+  // every parity when `parities` (sharded slots: the client wrote the parity
+  // into its slot); every other entry is stored. Returns the number of
+  // resident entries.
+  int CheckResidentEntries(int64_t step, bool parities = false) {
     const topo::Plan plan = ThePlan();
     int resident = 0;
     for (int n = 0; n < kNodes; ++n) {
@@ -265,31 +267,34 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
       for (uint32_t i = 0; i < h->num_entries; ++i) {
         const agent::RedundancyEntry& e = table[i];
         EXPECT_EQ(e.done, 1u) << path << " entry " << i;
-        const bool arc = e.kind == static_cast<uint32_t>(recover::SourceKind::kCopy) &&
-                         (plan.copies[e.id].kind == topo::CopyKind::kArc ||
-                          plan.copies[e.id].kind == topo::CopyKind::kLocalFull);
-        if (!arc) {
+        const bool parity = e.kind == static_cast<uint32_t>(recover::SourceKind::kParity);
+        const bool arc = !parity && (plan.copies[e.id].kind == topo::CopyKind::kArc ||
+                                     plan.copies[e.id].kind == topo::CopyKind::kLocalFull);
+        if (!arc && !(parity && parities)) {
           EXPECT_EQ(e.flags, 0u) << path << " entry " << i;
           stored += e.bytes + 64;
           continue;
         }
         ++resident;
-        const topo::Copy& c = plan.copies[e.id];
-        EXPECT_EQ(e.flags, agent::kEntryResident) << path << " copy " << e.id;
-        EXPECT_EQ(e.offset, static_cast<uint64_t>(c.producer_rank)) << path << " copy " << e.id;
-        EXPECT_EQ(e.bytes, plan.pieces[c.piece].bytes);
+        const int producer =
+            parity ? plan.parities[e.id].producer_rank : plan.copies[e.id].producer_rank;
+        const std::string what = std::string(parity ? " parity " : " copy ") + std::to_string(e.id);
+        EXPECT_EQ(e.flags, agent::kEntryResident) << path << what;
+        EXPECT_EQ(e.offset, static_cast<uint64_t>(producer)) << path << what;
+        EXPECT_EQ(e.bytes,
+                  parity ? plan.parities[e.id].bytes : plan.pieces[plan.copies[e.id].piece].bytes);
         // The generation of the producer's slot that holds the step now.
         uint64_t gen = 0;
         for (int s = 0; s < 2; ++s) {
-          auto slot = shm::Segment::Open(shm::SlotPath(Root(n), c.producer_rank, s), false);
+          auto slot = shm::Segment::Open(shm::SlotPath(Root(n), producer, s), false);
           if (!slot.ok()) continue;
           auto info = shm::ReadSlot(**slot);
           if (info.ok() && info->state == shm::SlotState::kComplete && info->step == step) {
             gen = info->generation;
           }
         }
-        EXPECT_NE(gen, 0u) << "rank " << c.producer_rank << " holds no slot of step " << step;
-        EXPECT_EQ(e.generation, gen) << path << " copy " << e.id;
+        EXPECT_NE(gen, 0u) << "rank " << producer << " holds no slot of step " << step;
+        EXPECT_EQ(e.generation, gen) << path << what;
       }
       EXPECT_EQ(h->format_version, resident > 0 ? agent::kRedundancyFormatVersionResident
                                                 : agent::kRedundancyFormatVersion);
@@ -348,7 +353,13 @@ TEST_P(ClusterSaveTest, VersionsCommitWithTheRedundancyThePlanSays) {
     // ARC copies reference their producer's T0 slot instead of copying it;
     // the bytes read through kPeerRead above are the pieces'.
     EXPECT_EQ(CheckResidentEntries(Committed()), kNodes) << "one ARC copy per node";
+  } else if (sharded_) {
+    // The parities the clients computed into their slots are referenced
+    // there, not copied (docs/reft.md section 4).
+    EXPECT_EQ(CheckResidentEntries(Committed(), /*parities=*/true),
+              static_cast<int>(ThePlan().parities.size()));
   } else {
+    // Whole-tensor slots with k > 1: the agent encodes the parity into T1.
     EXPECT_EQ(CheckResidentEntries(Committed()), 0);
   }
   // Each node's T0 still holds the committed version, intact.
