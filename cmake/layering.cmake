@@ -27,10 +27,10 @@ set(MEMENTO_LAYER_ALLOWED_recover topo codec shm common)
 set(MEMENTO_LAYER_ALLOWED_client snap shm codec common)
 set(MEMENTO_LAYER_ALLOWED_agent recover coord net tier topo model codec shm opt common)
 set(MEMENTO_LAYER_ALLOWED_launch recover coord tier topo model shm net common)
-# Known exceptions (docs/architecture.md): the launcher includes the agent's
-# peer method numbers and the header-only layout of the agent's T1 version
-# files (to measure a node's memory) without linking the agent.
-set(MEMENTO_LAYER_HEADER_EXCEPTIONS "launch:agent/peer_protocol.h" "launch:agent/redundancy_format.h")
+# Single headers a layer may include from a layer it may not use, as
+# "<layer>:<header>": none (the peer method numbers and the T1 file layout the
+# launcher needs live in net/ and shm/, below agent and launch; issue 14).
+set(MEMENTO_LAYER_HEADER_EXCEPTIONS "")
 
 # Libraries of a layer other than memento_<layer> itself.
 set(MEMENTO_LAYER_EXTRA_LIBS_snap memento_has memento_has_bench memento_cuda_engine memento_cuda_copy)

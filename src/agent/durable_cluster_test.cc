@@ -13,9 +13,9 @@
 
 #include "agent/cluster_test_util.h"
 #include "agent/durable.h"
-#include "agent/peer_protocol.h"
 #include "agent/redundancy_shm.h"
 #include "common/test_util.h"
+#include "net/peer_protocol.h"
 #include "shm/shm_test_util.h"
 #include "shm/slot.h"
 #include "tier/reader.h"

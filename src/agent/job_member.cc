@@ -11,7 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/assemble.h"
-#include "agent/peer_protocol.h"
 #include "codec/erasure_code.h"
 #include "common/checksum.h"
 #include "common/clock.h"
@@ -21,6 +20,7 @@
 #include "coord/keys.h"
 #include "fmt/format.h"
 #include "model/auto_plan.h"
+#include "net/peer_protocol.h"
 #include "recover/recipe.h"
 #include "recover/recover.h"
 #include "shm/slot.h"

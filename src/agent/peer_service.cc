@@ -11,10 +11,10 @@
 #include <thread>
 
 #include "agent/durable_cluster.h"
-#include "agent/peer_protocol.h"
 #include "agent/redundancy_shm.h"
 #include "common/checksum.h"
 #include "common/log.h"
+#include "net/peer_protocol.h"
 #include "recover/recipe.h"
 #include "recover/recover.h"
 

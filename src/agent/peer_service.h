@@ -1,4 +1,4 @@
-// The agent's peer service: serves src/agent/peer_protocol.h to other agents
+// The agent's peer service: serves src/net/peer_protocol.h to other agents
 // and the launcher over the authenticated RPC transport (src/net), and the
 // ClusterReader that recovery reads bytes through (recover::ByteReader).
 // docs/cluster.md has the flow; docs/peer_service.md the thread model.

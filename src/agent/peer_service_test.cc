@@ -11,14 +11,14 @@
 
 #include "agent/assemble.h"
 #include "agent/cluster_test_util.h"
-#include "agent/peer_protocol.h"
-#include "agent/redundancy_format.h"
 #include "agent/redundancy_shm.h"
 #include "agent/t1_producer.h"
 #include "codec/erasure_code.h"
 #include "common/checksum.h"
+#include "net/peer_protocol.h"
 #include "recover/recipe.h"
 #include "recover/recover.h"
+#include "shm/redundancy_format.h"
 #include "shm/shm_test_util.h"
 
 namespace memento::agent {

@@ -9,12 +9,12 @@
 #include <chrono>
 #include <cstring>
 
-#include "agent/redundancy_format.h"
 #include "agent/redundancy_shm.h"
 #include "common/checksum.h"
 #include "common/log.h"
 #include "recover/recover.h"
 #include "shm/node_store.h"
+#include "shm/redundancy_format.h"
 
 namespace memento::agent {
 

@@ -18,8 +18,8 @@
 
 #include "agent/piece_reader.h"
 #include "agent/redundancy.h"
-#include "agent/redundancy_format.h"
 #include "common/mutex.h"
+#include "shm/redundancy_format.h"
 #include "shm/segment.h"
 
 namespace memento::agent {

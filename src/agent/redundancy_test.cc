@@ -10,9 +10,9 @@
 #include <random>
 #include <thread>
 
-#include "agent/redundancy_format.h"
 #include "agent/redundancy_shm.h"
 #include "common/test_util.h"
+#include "shm/redundancy_format.h"
 #include "shm/shm_test_util.h"
 
 namespace memento::agent {

@@ -5,13 +5,13 @@
 #include <map>
 #include <thread>
 
-#include "agent/peer_protocol.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/tensor_json.h"
 #include "coord/commit.h"
 #include "coord/keys.h"
 #include "model/auto_plan.h"
+#include "net/peer_protocol.h"
 #include "net/rpc.h"
 #include "net/socket.h"
 

@@ -9,8 +9,8 @@
 #include <memory>
 #include <set>
 
-#include "agent/redundancy_format.h"
 #include "shm/node_store.h"
+#include "shm/redundancy_format.h"
 #include "shm/segment.h"
 #include "shm/slot.h"
 
@@ -19,7 +19,7 @@ namespace memento::launch {
 namespace {
 
 // The sizes of the entries of `root`'s red.<step> that are resident in T0
-// (agent/redundancy_format.h; 0 when the file is gone or not complete).
+// (shm/redundancy_format.h; 0 when the file is gone or not complete).
 uint64_t ResidentEntryBytes(const std::string& root, int64_t step) {
   char name[32];
   std::snprintf(name, sizeof(name), "/red.%020lld", static_cast<long long>(step));

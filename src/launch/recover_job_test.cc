@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "agent/cluster_test_util.h"
-#include "agent/peer_protocol.h"
 #include "agent/peer_service.h"
 #include "agent/redundancy_shm.h"
 #include "codec/erasure_code.h"
@@ -17,6 +16,7 @@
 #include "coord/memory_store.h"
 #include "gtest/gtest.h"
 #include "launch/job_recovery.h"
+#include "net/peer_protocol.h"
 #include "recover/recover.h"
 #include "shm/node_store.h"
 #include "shm/shm_test_util.h"
