@@ -126,7 +126,32 @@ struct RunResult {
   // --cluster: the commit lag the ranks saw (the worst rank's quantiles;
   // null without --cluster).
   nlohmann::json commit_lag;
+  // The agents' own accounting of their CPU by activity, summed over the
+  // agents (the "agent cpu by activity:" line each logs when it stops;
+  // empty when none logged it).
+  nlohmann::json agent_activity;
 };
+
+// Sums the numeric fields of the last "agent cpu by activity: {...}" line of
+// each agent log <dir>/agent<n>.log.
+nlohmann::json AgentActivity(const std::string& dir, int nodes) {
+  nlohmann::json sum = nlohmann::json::object();
+  const std::string key = "agent cpu by activity: ";
+  for (int n = 0; n < nodes; ++n) {
+    std::ifstream in(dir + "/agent" + std::to_string(n) + ".log");
+    std::string line, last;
+    while (std::getline(in, line)) {
+      const size_t pos = line.find(key);
+      if (pos != std::string::npos) last = line.substr(pos + key.size());
+    }
+    auto j = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it->is_number()) sum[it.key()] = sum.value(it.key(), 0.0) + it->get<double>();
+    }
+  }
+  return sum;
+}
 
 // The embedded store, token file and commit coordinator of one --cluster run,
 // with the job's topology published (what `memento launch` sets up).
@@ -293,7 +318,10 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
       }
     }
   }
-  if (on) out.agent_cpu_s = StopBenchAgents(&agents);
+  if (on) {
+    out.agent_cpu_s = StopBenchAgents(&agents);
+    out.agent_activity = AgentActivity(dir, nodes);
+  }
   cleanup();
   if (out.summary.is_null()) {
     return InternalError("no JSON summary in the trainer's output: " + Tail(log));
@@ -335,6 +363,7 @@ int RunOverheadBench(const OverheadArgs& a) {
   std::vector<double> offs, ons, pcts;
   nlohmann::json first;
   nlohmann::json lag_worst;  // --cluster: the worst round's value of each quantile
+  nlohmann::json activity_sum = nlohmann::json::object();  // agents' CPU by activity, all rounds
   Status failed;
   int index = 0;
   for (int r = 0; r < a.rounds && failed.ok(); ++r) {
@@ -366,6 +395,11 @@ int RunOverheadBench(const OverheadArgs& a) {
     sum_copy_cpu += res[1].copy_cpu_s;
     sum_agent_cpu += res[1].agent_cpu_s;
     snap_bytes = res[1].snap_bytes;
+    if (res[1].agent_activity.is_object()) {
+      for (auto it = res[1].agent_activity.begin(); it != res[1].agent_activity.end(); ++it) {
+        activity_sum[it.key()] = activity_sum.value(it.key(), 0.0) + it->get<double>();
+      }
+    }
     if (res[1].commit_lag.is_object()) {
       for (auto it = res[1].commit_lag.begin(); it != res[1].commit_lag.end(); ++it) {
         if (!it->is_number()) continue;
@@ -390,6 +424,7 @@ int RunOverheadBench(const OverheadArgs& a) {
                       {"agent_cpu_s_per_step_on",
                        a.steps > 0 ? res[1].agent_cpu_s / static_cast<double>(a.steps) : 0.0},
                       {"commit_lag_on", res[1].commit_lag},
+                      {"agent_cpu_by_activity_on", res[1].agent_activity},
                       {"wall_s_off", res[0].wall_s},
                       {"wall_s_on", res[1].wall_s},
                       {"loadavg_1m", LoadAverage()}});
@@ -435,6 +470,16 @@ int RunOverheadBench(const OverheadArgs& a) {
       {"cluster", a.cluster},
       {"policy", a.cluster ? a.policy : std::string("none (agents without a store)")},
       {"commit_lag", lag_worst},
+      {"agent_cpu_s_per_step_by_activity",
+       [&] {
+         // Means over rounds, per step (the counts, e.g. "produced", per run).
+         nlohmann::json per = nlohmann::json::object();
+         for (auto it = activity_sum.begin(); it != activity_sum.end(); ++it) {
+           const double mean = it->get<double>() / n;
+           per[it.key()] = it.key() == "produced" ? mean : mean / static_cast<double>(a.steps);
+         }
+         return per;
+       }()},
       {"snap_bytes_per_step", snap_bytes},
       {"copy_priority", a.copy_priority.empty() ? "default" : a.copy_priority},
       {"schedule", a.schedule.empty() ? "default" : a.schedule},

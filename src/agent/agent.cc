@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,6 +13,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "agent/thread_cpu.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "fmt/format.h"
 #include "shm/root_gc.h"
@@ -187,6 +190,26 @@ Status Agent::Serve() {
   verify_cv_.SignalAll();
   for (auto& t : conn_threads_) t.thread.join();
   conn_threads_.clear();
+  {
+    // What the agent's CPU went to (docs/bench_overhead.md, "--cluster"):
+    // one JSON object after this prefix, read by `memento bench overhead`.
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    nlohmann::json cpu = {
+        {"process_cpu_s",
+         static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+             static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6},
+        {"seal_slots_cpu_s", static_cast<double>(seal_alloc_cpu_ns_.load()) * 1e-9},
+        {"scrub_cpu_s", scrubber_ != nullptr ? scrubber_->Stats().cpu_s : 0.0}};
+    if (job_member_ != nullptr) {
+      const JobMemberStats s = job_member_->stats();
+      cpu["t1_produce_cpu_s"] = s.produce_cpu_s;
+      cpu["commit_cpu_s"] = s.commit_cpu_s;
+      cpu["preallocate_cpu_s"] = s.preallocate_cpu_s;
+      cpu["produced"] = s.produced;
+    }
+    MEMENTO_LOG_INFO("agent cpu by activity: {}", cpu.dump());
+  }
   stopped_cleanly_.store(true);
   return Status::Ok();
 }
@@ -318,7 +341,9 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
                                                rank, tensors.status().message())));
         }
       }
+      const double cpu0 = ThreadCpuSeconds();
       auto paths = store_->EnsureSlots(rank, req.bytes);
+      seal_alloc_cpu_ns_.fetch_add(static_cast<int64_t>((ThreadCpuSeconds() - cpu0) * 1e9));
       if (!paths.ok()) {
         MEMENTO_LOG_ERROR("rank {}: {}", rank, paths.status().ToString());
         return shm::StatusToJson(paths.status());

@@ -155,6 +155,9 @@ class Agent {
   std::unique_ptr<JobMember> job_member_;     // reads store_'s slots; reset with durable_
   std::unique_ptr<Scrubber> scrubber_;        // reads store_'s slots; reset first
   std::atomic<bool> stopped_cleanly_{false};  // Serve() returned after Stop()
+  // CPU nanoseconds the connection threads spent allocating slots at Seal
+  // (EnsureSlots: the kernel zeroing and faulting their pages).
+  std::atomic<int64_t> seal_alloc_cpu_ns_{0};
   SnapshotStats snapshot_stats_ GUARDED_BY(mu_);
   std::unique_ptr<MetricsServer> metrics_;  // calls Metrics(); reset before everything else
 };

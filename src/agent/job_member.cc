@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/assemble.h"
+#include "agent/thread_cpu.h"
 #include "codec/erasure_code.h"
 #include "common/checksum.h"
 #include "common/clock.h"
@@ -110,11 +111,16 @@ Result<std::unique_ptr<JobMember>> JobMember::Start(const JobMemberOptions& opti
         .IgnoreError();
   }
   JobMember* self = c.get();
-  MEMENTO_ASSIGN_OR_RETURN(c->follower_,
-                           coord::CommitFollower::Start(
-                               c->store_.get(), job, c->log_.get(),
-                               [self](const coord::CommitId& id) { self->OnCommit(id); },
-                               Deadline::AfterSeconds(options.store_timeout_s)));
+  MEMENTO_ASSIGN_OR_RETURN(c->follower_, coord::CommitFollower::Start(
+                                             c->store_.get(), job, c->log_.get(),
+                                             [self](const coord::CommitId& id) {
+                                               const double cpu0 = ThreadCpuSeconds();
+                                               self->OnCommit(id);
+                                               const double cpu = ThreadCpuSeconds() - cpu0;
+                                               MutexLock l(&self->mu_);
+                                               self->stats_.commit_cpu_s += cpu;
+                                             },
+                                             Deadline::AfterSeconds(options.store_timeout_s)));
 
   c->skip_watcher_ = std::make_unique<coord::Watcher>(
       c->store_.get(), coord::JobKeys(job).SkippedPrefix(), 0, [self](const coord::WatchEvent& ev) {
@@ -586,7 +592,13 @@ void JobMember::Run() {
       continue;
     }
     const TimePoint produce_start = Now();
-    if (Produce(step)) {
+    const double cpu0 = ThreadCpuSeconds();
+    const bool produced = Produce(step);
+    {
+      MutexLock l(&mu_);
+      stats_.produce_cpu_s += ThreadCpuSeconds() - cpu0;
+    }
+    if (produced) {
       {
         MutexLock l(&mu_);
         stats_.produce_s += std::chrono::duration<double>(Now() - produce_start).count();
@@ -831,6 +843,7 @@ bool JobMember::Produce(int64_t step) {
 
 void JobMember::PreallocateSlots() {
   Stopwatch sw;
+  const double cpu0 = ThreadCpuSeconds();
   coord::JobKeys keys(job_);
   auto topo_kv = store_->Get(keys.Topology(), Deadline::AfterSeconds(kStoreCallS));
   if (!topo_kv.ok()) return;  // a job that has not started: the seals allocate
@@ -873,6 +886,7 @@ void JobMember::PreallocateSlots() {
   stats_.preallocated_slots = made;
   stats_.preallocated_bytes = bytes;
   stats_.preallocate_s = s;
+  stats_.preallocate_cpu_s = ThreadCpuSeconds() - cpu0;
 }
 
 Status JobMember::StartPeerService() {

@@ -116,6 +116,12 @@ struct JobMemberStats {
   int preallocated_slots = 0;
   uint64_t preallocated_bytes = 0;
   double preallocate_s = 0;
+  double preallocate_cpu_s = 0;
+  // CPU-seconds of the threads that did it (CLOCK_THREAD_CPUTIME_ID):
+  // T1 production and reporting of each version (member thread, Produce),
+  // following commits (the commit follower's callback).
+  double produce_cpu_s = 0;
+  double commit_cpu_s = 0;
   int64_t last_reported = -1;     // newest step reported COMPLETED
   int64_t restore_target = -1;    // RestoreTarget()
   uint64_t redundancy_bytes = 0;  // the redundancy store's version files (T1 held here)

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <nlohmann/json.hpp>
 
+#include "agent/thread_cpu.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "fmt/format.h"
@@ -81,7 +82,13 @@ bool Scrubber::Pace(uint64_t bytes) {
 void Scrubber::Run() {
   for (uint64_t pass = 1;; ++pass) {
     if (!SleepFor(options_.interval_s)) return;
-    if (!Pass(pass)) return;
+    const double cpu0 = ThreadCpuSeconds();
+    const bool go_on = Pass(pass);
+    {
+      MutexLock l(&mu_);
+      stats_.cpu_s += ThreadCpuSeconds() - cpu0;
+    }
+    if (!go_on) return;
     {
       MutexLock l(&mu_);
       stats_.passes = pass;

@@ -69,6 +69,7 @@ struct ScrubStats {
   uint64_t bytes = 0;            // data bytes hashed, all passes
   uint64_t slots_checked = 0;    // conclusive checks, all passes
   uint64_t slots_rewritten = 0;  // checks a concurrent rewrite made inconclusive
+  double cpu_s = 0;              // the scrub thread's CPU-seconds, all passes
   int64_t last_pass_end_unix_ns = 0;
   // Findings still current: the slot has not been rewritten since.
   std::vector<ScrubFinding> corrupt;

@@ -123,6 +123,19 @@ TEST(BenchOverheadSmoke, ClusterModeReportsTheCommitLag) {
   ASSERT_EQ(j["per_round"].size(), 1u);
   EXPECT_TRUE(j["per_round"][0]["commit_lag_on"].is_object()) << out;
   EXPECT_GE(j["agent_cpu_s_per_step_on"].get<double>(), 0);
+  // The agents' own accounting (each logs "agent cpu by activity" at stop):
+  // they produced T1 versions, and the parts fit inside the process's CPU.
+  const nlohmann::json& act = j["agent_cpu_s_per_step_by_activity"];
+  ASSERT_TRUE(act.is_object()) << out;
+  EXPECT_GT(act.value("produced", 0.0), 0) << out;
+  const double process = act.value("process_cpu_s", 0.0);
+  EXPECT_GT(process, 0) << out;
+  EXPECT_GE(act.value("t1_produce_cpu_s", -1.0), 0) << out;
+  EXPECT_GE(act.value("commit_cpu_s", -1.0), 0) << out;
+  EXPECT_LE(act.value("t1_produce_cpu_s", 0.0) + act.value("commit_cpu_s", 0.0) +
+                act.value("seal_slots_cpu_s", 0.0) + act.value("scrub_cpu_s", 0.0),
+            process * 1.05 + 1e-3)
+      << out;
 }
 
 TEST(BenchOverheadSmoke, MissingTrainerIsAnError) {
