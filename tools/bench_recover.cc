@@ -99,7 +99,7 @@ struct Args {
   // real etcd started here on loopback, coord::EtcdProcess) or an
   // etcd://HOST:PORT[,...] URL of a running one.
   std::string store = "embedded";
-  std::string preallocate = "on";    // the agents' --preallocate-slots
+  std::string preallocate = "on";  // the agents' --preallocate-slots
 };
 
 // The job name; with an external etcd "benchrecover-<pid>", so that the keys
@@ -116,19 +116,29 @@ struct AgentProcess {
 };
 
 Result<AgentProcess> StartAgent(const std::string& job, int node, const std::string& base,
-                                const std::string& store_url, const std::string& token_file, const std::string& preallocate) {
+                                const std::string& store_url, const std::string& token_file,
+                                const std::string& preallocate) {
   AgentProcess a;
   a.root = base + "/node" + std::to_string(node);
   const std::string log = base + "/agent" + std::to_string(node) + ".log";
-  std::vector<std::string> args = {"/proc/self/exe", "agent",
-                                   "--job",          job,
-                                   "--node",         std::to_string(node),
-                                   "--root",         a.root,
-                                   "--store",        store_url,
-                                   "--token-file",   token_file,
-                                   "--listen",       "127.0.0.1:0",
-                                   "--lease-ttl",    "2",
-                                   "--preallocate-slots", preallocate};
+  std::vector<std::string> args = {"/proc/self/exe",
+                                   "agent",
+                                   "--job",
+                                   job,
+                                   "--node",
+                                   std::to_string(node),
+                                   "--root",
+                                   a.root,
+                                   "--store",
+                                   store_url,
+                                   "--token-file",
+                                   token_file,
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--lease-ttl",
+                                   "2",
+                                   "--preallocate-slots",
+                                   preallocate};
   pid_t pid = fork();
   if (pid < 0) return ErrnoError("fork", errno);
   if (pid == 0) {
@@ -328,7 +338,8 @@ Result<nlohmann::json> Run(const Args& a) {
     jt.policy = policy;
     MEMENTO_RETURN_IF_ERROR(launch::PublishTopology(store, job, jt, Deadline::AfterSeconds(10)));
     for (int i = 0; i < a.nodes; ++i) {
-      MEMENTO_ASSIGN_OR_RETURN(AgentProcess p, StartAgent(job, i, base, url, token_file, a.preallocate));
+      MEMENTO_ASSIGN_OR_RETURN(AgentProcess p,
+                               StartAgent(job, i, base, url, token_file, a.preallocate));
       agents.push_back(p);
     }
 
@@ -372,7 +383,8 @@ Result<nlohmann::json> Run(const Args& a) {
     std::error_code ec;
     std::filesystem::remove_all(agents[lost].root, ec);
     Stopwatch join_sw;
-    MEMENTO_ASSIGN_OR_RETURN(agents[lost], StartAgent(job, lost, base, url, token_file, a.preallocate));
+    MEMENTO_ASSIGN_OR_RETURN(agents[lost],
+                             StartAgent(job, lost, base, url, token_file, a.preallocate));
     MEMENTO_RETURN_IF_ERROR(
         WaitEndpoint(store, job, a.nodes, lost, before[lost], Deadline::AfterSeconds(60)).status());
     // What the replacement agent spent before it joined (with
