@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -51,8 +52,10 @@ struct Args {
   int kill_rank = -1;  // -1: a middle stage's rank (pp / 2, dp 0)
   std::string fail_point = "update";
   int rounds = 3;
-  // Selective logging: one more log-replay failure run per group size.
-  std::vector<int> log_groups = {1, 2, 4};
+  // Selective logging: one more log-replay failure run per group size
+  // (--log-groups as given, parsed into log_groups; "" or "none": none).
+  std::string log_groups_text = "1,2,4";
+  std::vector<int> log_groups;
   double run_timeout_s = 600;
   bool keep = false;
 };
@@ -269,6 +272,26 @@ class Bench {
   std::string trainer_, memento_, base_;
   int runs_ = 0;
 };
+
+// "1,2,4" -> {1, 2, 4}; "" or "none" -> {} (no selective-logging runs).
+Result<std::vector<int>> ParseLogGroups(const std::string& text) {
+  std::vector<int> groups;
+  if (text.empty() || text == "none") return groups;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string item = text.substr(begin, end - begin);
+    int g = 0;
+    auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), g);
+    if (item.empty() || ec != std::errc() || ptr != item.data() + item.size()) {
+      return InvalidArgumentError("--log-groups '" + text + "': '" + item +
+                                  "' is not a group size (expected e.g. 1,2,4, or none)");
+    }
+    groups.push_back(g);
+    begin = end + 1;
+  }
+  return groups;
+}
 
 Result<json> RunSwift(const Args& a) {
   if (a.fail_point != "step" && a.fail_point != "update" && a.fail_point != "pipeline") {
@@ -491,17 +514,22 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
       ->capture_default_str();
   cmd->add_option("--rounds", args->rounds, "each round runs every baseline and mode once")
       ->capture_default_str();
-  cmd->add_option("--log-groups", args->log_groups,
+  cmd->add_option("--log-groups", args->log_groups_text,
                   "selective logging: a log-replay failure run (DP 1) per log group size G (the "
-                  "trainer's --log-group-size; each in 1..pp), reported under log_groups; empty "
-                  "(--log-groups '') for none")
-      ->delimiter(',')
+                  "trainer's --log-group-size; each in 1..pp), reported under log_groups; "
+                  "'none' (or '') for none")
       ->capture_default_str();
   cmd->add_flag("--keep", args->keep,
                 "keep the work directory (launcher summaries) and the runs' /dev/shm run dirs "
                 "(node roots, logs)");
   cmd->footer(kExitCodesFooter);
   cmd->callback([args, &ctx] {
+    auto groups = ParseLogGroups(args->log_groups_text);
+    if (!groups.ok()) {
+      ctx.exit_code = ReportStatus(groups.status());
+      return;
+    }
+    args->log_groups = std::move(*groups);
     auto r = RunSwift(*args);
     if (!r.ok()) {
       ctx.exit_code = ReportStatus(r.status());

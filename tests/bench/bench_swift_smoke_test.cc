@@ -83,7 +83,7 @@ TEST(BenchSwiftSmoke, MidStepKill) {
   const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench swift --json --trainer " +
                           MEMENTO_TRAINER_BINARY +
                           " --preset tiny --layers 4 --steps 12 --save-every 4 --kill-step 10"
-                          " --fail-point pipeline --log-groups 1 --rounds 1 2>&1";
+                          " --fail-point pipeline --log-groups none --rounds 1 2>&1";
   auto [rc, out] = RunShell(cmd);
   ASSERT_EQ(rc, 0) << out;
   auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
@@ -95,6 +95,8 @@ TEST(BenchSwiftSmoke, MidStepKill) {
   EXPECT_EQ(j["modes"]["log"]["steps_lost"], 0.0);
   EXPECT_EQ(j["modes"]["log"]["processes_restarted"], 1.0);
   EXPECT_EQ(j["modes"]["log"]["replayed_steps"], 1.0);
+  // --log-groups none: no selective-logging runs.
+  EXPECT_TRUE(j["config"]["log_groups"].empty()) << out;
 }
 
 TEST(BenchSwiftSmoke, RefusesAKillBeforeTheFirstSave) {
@@ -102,6 +104,12 @@ TEST(BenchSwiftSmoke, RefusesAKillBeforeTheFirstSave) {
       RunShell(std::string(MEMENTO_CLI_BINARY) + " bench swift --kill-step 3 --save-every 4 2>&1");
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("--kill-step 3"), std::string::npos) << out;
+}
+
+TEST(BenchSwiftSmoke, RefusesAMalformedLogGroupList) {
+  auto [rc, out] = RunShell(std::string(MEMENTO_CLI_BINARY) + " bench swift --log-groups 1,x 2>&1");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("'x' is not a group size"), std::string::npos) << out;
 }
 
 }  // namespace
