@@ -79,6 +79,7 @@ class Cluster {
     std::atomic<int64_t> last_pushed_step{-1};
   };
   Node& node(int i) { return *nodes_[i]; }
+  int size() const { return static_cast<int>(nodes_.size()); }
   const topo::Plan& plan() const { return plan_->plan; }
   const topo::Inventory& inv() const { return inv_; }
   std::string root(int node_id) const { return nodes_[node_id]->root; }
@@ -896,6 +897,36 @@ std::vector<std::pair<int, uint32_t>> ParityInputs(const recover::Decision& d) {
   return out;
 }
 
+// Every way a T1 entry of step 5 resident in T0 is read returns `want`: the
+// holder's local read, a streamed and a framed (kPeerRead) read from another
+// node, and the part [part_offset, part_offset + part_length); and nothing can
+// be written into it. The buffers are filled with a non-zero byte before each
+// read, so zero padding the entry serves is checked too.
+void ExpectEveryReadServes(Cluster& c, int holder, const ByteSource& entry,
+                           const std::vector<uint8_t>& want, uint64_t part_offset,
+                           uint64_t part_length, const std::string& what) {
+  ReadRequest req{5, entry, 0, want.size()};
+  std::vector<uint8_t> got(want.size(), 0xa5);
+  ASSERT_TRUE(c.node(holder).red->Read(req, got.data()).ok()) << what;
+  EXPECT_EQ(got, want) << "local read of " << what;
+  const int other = (holder + 1) % c.size();
+  std::fill(got.begin(), got.end(), 0xa5);
+  ASSERT_TRUE(c.node(other).service->reader().Read(holder, req, got.data(), Soon()).ok()) << what;
+  EXPECT_EQ(got, want) << "streamed read of " << what;
+  std::fill(got.begin(), got.end(), 0xa5);
+  auto framed = c.Connect(holder)->CallInto(kPeerRead, recover::ToJson(req).dump(), got.data(),
+                                            got.size(), Soon());
+  ASSERT_TRUE(framed.ok()) << framed.status();
+  EXPECT_EQ(got, want) << "kPeerRead of " << what;
+  std::vector<uint8_t> part(part_length, 0xa5);
+  ASSERT_TRUE(c.node(holder).red->Read({5, entry, part_offset, part_length}, part.data()).ok())
+      << what;
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), want.begin() + part_offset)) << what;
+  EXPECT_EQ(c.node(holder).red->EntryBuffer(5, entry).status().code(),
+            StatusCode::kFailedPrecondition)
+      << what;
+}
+
 }  // namespace resident_test
 
 // ARC copies resident in their producer's T0 slot: no bytes in the version
@@ -918,29 +949,9 @@ TEST(PeerServiceTest, RecoversALostNodeFromT0ResidentCopies) {
     EXPECT_EQ((*r)->generation, c.SlotGeneration(cp.node, cp.producer_rank, 5));
     arc_bytes[cp.node] += c.plan().pieces[cp.piece].bytes;
     ++resident;
-    const auto want = CopyBytes(c, cp.id, 5);
-    ReadRequest req{5, {SourceKind::kCopy, cp.id}, 0, want.size()};
-    // Local read (the store), streamed and framed reads from another node.
-    std::vector<uint8_t> got(want.size());
-    ASSERT_TRUE(c.node(cp.node).red->Read(req, got.data()).ok());
-    EXPECT_EQ(got, want) << "local read of copy " << cp.id;
-    const int other = (cp.node + 1) % n;
-    std::fill(got.begin(), got.end(), 0);
-    ASSERT_TRUE(c.node(other).service->reader().Read(cp.node, req, got.data(), Soon()).ok());
-    EXPECT_EQ(got, want) << "streamed read of copy " << cp.id;
-    std::fill(got.begin(), got.end(), 0);
-    auto framed = c.Connect(cp.node)->CallInto(kPeerRead, recover::ToJson(req).dump(), got.data(),
-                                               got.size(), Soon());
-    ASSERT_TRUE(framed.ok()) << framed.status();
-    EXPECT_EQ(got, want) << "kPeerRead of copy " << cp.id;
-    // A part in the middle.
-    ReadRequest mid{5, {SourceKind::kCopy, cp.id}, 1000, 5000};
-    std::vector<uint8_t> part(5000);
-    ASSERT_TRUE(c.node(cp.node).red->Read(mid, part.data()).ok());
-    EXPECT_TRUE(std::equal(part.begin(), part.end(), want.begin() + 1000));
-    // Nothing can be written into it.
-    EXPECT_EQ(c.node(cp.node).red->EntryBuffer(5, {SourceKind::kCopy, cp.id}).status().code(),
-              StatusCode::kFailedPrecondition);
+    ExpectEveryReadServes(c, cp.node, {SourceKind::kCopy, cp.id}, CopyBytes(c, cp.id, 5),
+                          /*part_offset=*/1000, /*part_length=*/5000,
+                          "copy " + std::to_string(cp.id));
   }
   EXPECT_EQ(resident, n) << "one ARC copy per node";
   for (int node = 0; node < n; ++node) {
@@ -1126,24 +1137,8 @@ TEST_P(ResidentParityTest, RecoversLostNodesFromT0ResidentParities) {
     EXPECT_EQ((*r)->generation, c.SlotGeneration(par.node, par.producer_rank, 5));
     parity_bytes[par.node] += par.bytes;
     const auto want = c.ParityBytes(par.id, 5);
-    ReadRequest req{5, entry, 0, want.size()};
-    std::vector<uint8_t> got(want.size());
-    ASSERT_TRUE(holder.red->Read(req, got.data()).ok());
-    EXPECT_EQ(got, want) << "local read of parity " << par.id;
-    const int other = (par.node + 1) % n;
-    std::fill(got.begin(), got.end(), 0);
-    ASSERT_TRUE(c.node(other).service->reader().Read(par.node, req, got.data(), Soon()).ok());
-    EXPECT_EQ(got, want) << "streamed read of parity " << par.id;
-    std::fill(got.begin(), got.end(), 0);
-    auto framed = c.Connect(par.node)->CallInto(kPeerRead, recover::ToJson(req).dump(), got.data(),
-                                                got.size(), Soon());
-    ASSERT_TRUE(framed.ok()) << framed.status();
-    EXPECT_EQ(got, want) << "kPeerRead of parity " << par.id;
-    ReadRequest mid{5, entry, 100, want.size() - 200};
-    std::vector<uint8_t> part(mid.length);
-    ASSERT_TRUE(holder.red->Read(mid, part.data()).ok());
-    EXPECT_TRUE(std::equal(part.begin(), part.end(), want.begin() + 100));
-    EXPECT_EQ(holder.red->EntryBuffer(5, entry).status().code(), StatusCode::kFailedPrecondition);
+    ExpectEveryReadServes(c, par.node, entry, want, /*part_offset=*/100,
+                          /*part_length=*/want.size() - 200, "parity " + std::to_string(par.id));
   }
   for (int node = 0; node < n; ++node) {
     if (parity_bytes[node] == 0) continue;
@@ -1302,18 +1297,9 @@ TEST_P(ResidentParityTest, AParityOfOneBlockIsResidentInThatBlock) {
     ASSERT_TRUE(r->has_value()) << "parity " << par.id << " was copied into T1";
     EXPECT_FALSE((*r)->source.segments.empty());
     const auto want = c.ParityBytes(par.id, 5);
-    std::vector<uint8_t> got(want.size());
-    ASSERT_TRUE(holder.red->Read({5, entry, 0, want.size()}, got.data()).ok());
-    EXPECT_EQ(got, want) << "local read of parity " << par.id;
-    std::fill(got.begin(), got.end(), 1);
-    ASSERT_TRUE(c.node((par.node + 1) % n)
-                    .service->reader()
-                    .Read(par.node, {5, entry, 0, want.size()}, got.data(), Soon())
-                    .ok());
-    EXPECT_EQ(got, want) << "streamed read of parity " << par.id;
-    std::vector<uint8_t> tail(100);
-    ASSERT_TRUE(holder.red->Read({5, entry, want.size() - 100, 100}, tail.data()).ok());
-    EXPECT_TRUE(std::equal(tail.begin(), tail.end(), want.end() - 100));
+    // The tail: zero padding where the data block is shorter than the stripe.
+    ExpectEveryReadServes(c, par.node, entry, want, /*part_offset=*/want.size() - 100,
+                          /*part_length=*/100, "parity " + std::to_string(par.id));
     EXPECT_LT(holder.red->bytes_in_use(), par.bytes) << "node " << par.node;
   }
   c.ReplaceNode(1);
