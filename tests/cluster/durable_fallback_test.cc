@@ -154,6 +154,24 @@ class DurableFallbackTest : public ::testing::Test {
       ExpectRankBitIdentical(job, o, r, dir_.path());
     }
   }
+
+  // Recovery `rec` of nodes 1 and 2 came from the durable tier: a persisted
+  // step S <= the committed C, S - C steps lost, bytes read, a new epoch;
+  // every rank restored S and ends bit-identical, and S+1 .. C commit again.
+  void ExpectRestoredFromTheDurableTier(const FallbackJob& job, const Outcome& o, const json& rec) {
+    EXPECT_EQ(rec["source"], "durable") << Logs(o);
+    EXPECT_EQ(rec["lost_nodes"], json::array({1, 2})) << Logs(o);
+    const int64_t step = rec["step"].get<int64_t>();
+    const int64_t committed = rec["committed"].get<int64_t>();
+    EXPECT_GE(step, job.persist_every) << Logs(o);
+    EXPECT_EQ(step % job.persist_every, 0) << Logs(o);
+    EXPECT_LE(step, committed) << Logs(o);
+    EXPECT_EQ(rec["steps_lost"].get<int64_t>(), committed - step) << Logs(o);
+    EXPECT_GT(rec["read_bytes"].get<uint64_t>(), 0u) << Logs(o);
+    EXPECT_GE(rec["epoch"].get<uint64_t>(), 1u) << Logs(o);
+    ExpectEveryRankRestoredBitIdentical(job, o, rec["attempt"].get<int>(), step);
+    ExpectStepsAfterTheRestoredOneCommitAgain(o, rec);
+  }
 };
 
 TEST_F(DurableFallbackTest, LossBeyondProtectionRecoversFromTheDurableTier) {
@@ -169,22 +187,8 @@ TEST_F(DurableFallbackTest, LossBeyondProtectionRecoversFromTheDurableTier) {
   ASSERT_TRUE(o.summary.is_object()) << Logs(o);
   ASSERT_EQ(o.summary["recoveries"].size(), 1u) << Logs(o);
   const json& rec = o.summary["recoveries"][0];
-  EXPECT_EQ(rec["source"], "durable") << Logs(o);
-  EXPECT_EQ(rec["lost_nodes"], json::array({1, 2})) << Logs(o);
-  const int64_t step = rec["step"].get<int64_t>();
+  ExpectRestoredFromTheDurableTier(job, o, rec);
   const int64_t committed = rec["committed"].get<int64_t>();
-  EXPECT_GE(step, job.persist_every) << Logs(o);
-  EXPECT_EQ(step % job.persist_every, 0) << Logs(o);
-  EXPECT_LE(step, committed) << Logs(o);
-  EXPECT_EQ(rec["steps_lost"].get<int64_t>(), committed - step) << Logs(o);
-  EXPECT_GT(rec["read_bytes"].get<uint64_t>(), 0u) << Logs(o);
-  EXPECT_GE(rec["epoch"].get<uint64_t>(), 1u) << Logs(o);
-
-  // Every rank restarted from the durable step, and ends bit-identical.
-  ExpectEveryRankRestoredBitIdentical(job, o, rec["attempt"].get<int>(), step);
-  // The steps after S that the abandoned history had committed (S+1 .. C)
-  // commit again in the recovery's commit epoch.
-  ExpectStepsAfterTheRestoredOneCommitAgain(o, rec);
 
   // Every persisted cluster version verifies; each stores the replicated
   // tensors once (pieces from several nodes tiling them), and has 4 nodes.
@@ -245,18 +249,7 @@ TEST_F(DurableFallbackTest, TheAgentsLeaderFallsBackToTheDurableTier) {
   ASSERT_EQ(o.summary["recoveries"].size(), 1u) << Logs(o);
   const json& rec = o.summary["recoveries"][0];
   EXPECT_EQ(rec["recovered_by"], "agents") << Logs(o);
-  EXPECT_EQ(rec["source"], "durable") << Logs(o);
-  EXPECT_EQ(rec["lost_nodes"], json::array({1, 2})) << Logs(o);
-  const int64_t step = rec["step"].get<int64_t>();
-  const int64_t committed = rec["committed"].get<int64_t>();
-  EXPECT_GE(step, job.persist_every) << Logs(o);
-  EXPECT_EQ(step % job.persist_every, 0) << Logs(o);
-  EXPECT_LE(step, committed) << Logs(o);
-  EXPECT_EQ(rec["steps_lost"].get<int64_t>(), committed - step) << Logs(o);
-  EXPECT_GT(rec["read_bytes"].get<uint64_t>(), 0u) << Logs(o);
-  EXPECT_GE(rec["epoch"].get<uint64_t>(), 1u) << Logs(o);
-  ExpectEveryRankRestoredBitIdentical(job, o, rec["attempt"].get<int>(), step);
-  ExpectStepsAfterTheRestoredOneCommitAgain(o, rec);
+  ExpectRestoredFromTheDurableTier(job, o, rec);
 }
 
 TEST_F(DurableFallbackTest, WithoutADurableVersionTheLauncherStillRefuses) {
