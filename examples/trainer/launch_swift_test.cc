@@ -291,24 +291,30 @@ TEST_F(LaunchSwiftTest, ZeroOneShardComesFromTheTiers) {
 // (--skip-snapshot-step: rank 3 takes none of step 7, as when the client
 // skips one by the commit word rule; it then dies at a pipeline receive of
 // step 8, so every survivor is at 7): the tiers hold no moment shard of
-// step 7 for it, so the job goes back in process to step 6, which every
-// rank holds: the replacement restores its shard of 6, each survivor its own
-// state of 6. One process restarted, one step lost, bit-identical.
+// step 7 for it, so the job goes back in process to the newest older step
+// every rank holds (6 on a quiet machine; under load the client may also
+// have skipped 6 and 5 by the commit word rule, and it once went back to 4
+// in CI): the replacement restores its shard of that step, each survivor its
+// own state of it. One process restarted, 7 - step steps lost,
+// bit-identical.
 TEST_F(LaunchSwiftTest, ZeroOneMissingShardGoesBackInProcess) {
   const Outcome clean = Run("mclean", {"--zero", "1"}, {"--zero"});
   const Outcome o = Run("missing", {"--zero", "1", "--recovery", "undo"},
                         {"--zero", "--fail-rank", "3", "--fail-at-step", "8", "--fail-point",
                          "pipeline", "--skip-snapshot-step", "7"});
   ExpectSameFinalStates(clean, o);
-  ExpectInProcess(o, "undo", /*back=*/1);
+  const int64_t back = StepsBack(o, "3");
+  EXPECT_GE(back, 1) << ReadFile(o.logs + "/rank3.log");
+  ExpectInProcess(o, "undo", back);
   if (::testing::Test::HasFatalFailure()) return;
   const json& rep = o.summary["recoveries"][0];
-  EXPECT_EQ(rep["step"], 6) << rep.dump();
-  EXPECT_EQ(rep["steps_lost"], 1) << rep.dump();
-  EXPECT_EQ(StepsBack(o, "3"), 1) << ReadFile(o.logs + "/rank3.log");
+  const int64_t step = rep["step"].get<int64_t>();
+  EXPECT_EQ(step, 7 - back) << rep.dump();
+  EXPECT_GE(step, rep["committed"].get<int64_t>()) << rep.dump();  // never below the commit
+  EXPECT_EQ(rep["steps_lost"], back) << rep.dump();
+  const std::string loaded = "loaded its own snapshot of step " + std::to_string(step);
   for (const char* r : {"0", "1", "2"}) {
-    EXPECT_NE(ReadFile(o.logs + "/rank" + r + ".log").find("loaded its own snapshot of step 6"),
-              std::string::npos)
+    EXPECT_NE(ReadFile(o.logs + "/rank" + r + ".log").find(loaded), std::string::npos)
         << "rank " << r << "\n"
         << ReadFile(o.logs + "/rank" + r + ".log");
   }
@@ -384,7 +390,9 @@ TEST_F(LaunchSwiftTest, LogReplaysTheLostStage) {
     std::printf("log replay (%s): %s\n", point.c_str(), rep.dump().c_str());
     EXPECT_EQ(rep["source"], "snapshot+log") << rep.dump();
     const int64_t lost = rep["steps_lost"].get<int64_t>();
-    if (point == "pipeline") EXPECT_EQ(lost, 0) << rep.dump();  // none had completed the step
+    if (point == "pipeline") {
+      EXPECT_EQ(lost, 0) << rep.dump();  // none had completed the step
+    }
     const int64_t replayed = rep["replayed_steps"].get<int64_t>();
     // The agreed step is not a multiple of 3 (unless a survivor undid its
     // step): there are steps since the newest snapshot, at most 2 (3 when
