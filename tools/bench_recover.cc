@@ -293,6 +293,13 @@ Result<nlohmann::json> Run(const Args& a) {
     if (!a.keep) {
       std::error_code ec;
       std::filesystem::remove_all(base, ec);
+    } else {
+      // The slots live in shared memory (RAM): say where, so they are not
+      // forgotten there.
+      std::fprintf(stderr,
+                   "memento bench recover: --keep: the agents' slots and logs stay in %s "
+                   "(shared memory, held until removed: rm -rf %s)\n",
+                   base.c_str(), base.c_str());
     }
   };
   auto result = [&]() -> Result<nlohmann::json> {
