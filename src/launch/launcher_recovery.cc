@@ -56,9 +56,11 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause,
   // report the steps after the restored one in (sent with the restore
   // target; docs/coordination.md, "Epochs"), and once the restored version
   // is loaded everywhere the durable epoch (PublishRecovery).
-  // (--recovery-by agents: the leader chooses it; its status says which.)
+  // (--recovery-by agents: the leader chooses it, above the newest epoch
+  // the launcher saw; its status says which.)
   Committed();
   if (o.recovery_by == "agents") {
+    agents_epoch_floor = std::max({agents_epoch_floor, known_commit.epoch, recovery_epoch});
     recovery_epoch = 0;
   } else if (auto epoch = NextEpoch(*store, o.job, Deadline::AfterSeconds(5),
                                     std::max(known_commit.epoch, recovery_epoch));
@@ -404,13 +406,24 @@ Result<RecoveryStatus> Launcher::State::RecoverByAgents() {
   const Deadline deadline = Deadline::AfterSeconds(o.recovery_timeout_s);
   // corrupt-durable applies before the leader may look at the durable tier.
   ApplyPendingDurableCorruption();
-  MEMENTO_ASSIGN_OR_RETURN(int64_t id, RequestRecovery(*store, o.job, Deadline::AfterSeconds(5)));
+  MEMENTO_ASSIGN_OR_RETURN(
+      int64_t id, RequestRecovery(*store, o.job, Deadline::AfterSeconds(5), agents_epoch_floor));
   std::string last = "no status yet";
   while (true) {
     auto view = ReadRecoveryView(*store, o.job, Deadline::AfterSeconds(5));
     if (view.ok() && view->has_status) {
       const RecoveryStatus& st = view->status;
-      if (st.id >= id && st.final()) return st;
+      if (st.id >= id && st.final()) {
+        // A leader must not restart the history in an epoch the launcher
+        // already saw (its commits would not be above the abandoned ones).
+        if (st.state == "done" && st.restore_step >= 0 && st.epoch <= agents_epoch_floor) {
+          return FailedPreconditionError(
+              "the agents' leader " + st.leader + " finished recovery " + std::to_string(st.id) +
+              " in commit epoch " + std::to_string(st.epoch) + ", not above epoch " +
+              std::to_string(agents_epoch_floor) + " the launcher already saw");
+        }
+        return st;
+      }
       last = "recovery " + std::to_string(st.id) + " " + st.state +
              (st.leader.empty() ? "" : " (leader " + st.leader + ")") +
              (st.message.empty() ? "" : ": " + st.message);

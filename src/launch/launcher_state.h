@@ -107,6 +107,11 @@ struct Launcher::State {
   int64_t attempt_wall_ns = 0;
   // The commit epoch of the recovery in progress (BumpEpoch; 0: none).
   uint64_t recovery_epoch = 0;
+  // --recovery-by agents: the newest epoch the launcher saw (its commits',
+  // the last recovery's), sent with the request (RequestRecovery's
+  // epoch_floor): the leader's epoch is above it even after the store
+  // restarted empty.
+  uint64_t agents_epoch_floor = 0;
   std::optional<TimePoint> store_down_since;    // killed; the fresh one is not started yet
   std::optional<TimePoint> store_restarted_at;  // watching for the commits to come back
   std::vector<StoreRestartReport> store_restarts;

@@ -39,6 +39,9 @@ std::string RecoveryRequestKey(const std::string& job) {
 std::string RecoveryStatusKey(const std::string& job) {
   return coord::JobKeys(job).prefix() + "recovery_status";
 }
+std::string RecoveryEpochFloorKey(const std::string& job) {
+  return coord::JobKeys(job).prefix() + "recovery_epoch_floor";
+}
 
 json RecoveryStatus::ToJson() const {
   json j = {{"id", id},           {"state", state},       {"leader", leader},
@@ -101,7 +104,47 @@ Result<RecoveryView> ReadRecoveryView(coord::Store& store, const std::string& jo
   return v;
 }
 
-Result<int64_t> RequestRecovery(coord::Store& store, const std::string& job, Deadline deadline) {
+namespace {
+// The floor's value; `kv` is the key as read (NotFound: 0).
+Result<uint64_t> ParseEpochFloor(const std::string& job, const Result<coord::KeyValue>& kv) {
+  if (!kv.ok()) {
+    if (kv.status().code() == StatusCode::kNotFound) return uint64_t{0};
+    return kv.status();
+  }
+  char* end = nullptr;
+  const uint64_t floor = std::strtoull(kv->value.c_str(), &end, 10);
+  if (end == kv->value.c_str() || *end != '\0' || kv->value[0] == '-') {
+    return InvalidArgumentError(fmt::format("{} holds '{}', not an epoch",
+                                            RecoveryEpochFloorKey(job), kv->value.substr(0, 40)));
+  }
+  return floor;
+}
+}  // namespace
+
+Result<uint64_t> ReadRecoveryEpochFloor(coord::Store& store, const std::string& job,
+                                        Deadline deadline) {
+  return ParseEpochFloor(job, store.Get(RecoveryEpochFloorKey(job), deadline));
+}
+
+Result<int64_t> RequestRecovery(coord::Store& store, const std::string& job, Deadline deadline,
+                                uint64_t epoch_floor) {
+  // Raised (never lowered) before the request: a leader that sees the
+  // request sees the floor.
+  while (epoch_floor > 0) {
+    auto kv = store.Get(RecoveryEpochFloorKey(job), deadline);
+    MEMENTO_ASSIGN_OR_RETURN(uint64_t current, ParseEpochFloor(job, kv));
+    if (kv.ok() && current >= epoch_floor) break;
+    const std::optional<std::string> expected =
+        kv.ok() ? std::optional<std::string>(kv->value) : std::nullopt;
+    MEMENTO_ASSIGN_OR_RETURN(coord::CasResult cas,
+                             store.CompareAndSwap(RecoveryEpochFloorKey(job), expected,
+                                                  std::to_string(epoch_floor), deadline));
+    if (cas.swapped) break;
+    if (deadline.expired()) {
+      return DeadlineExceededError("raising " + RecoveryEpochFloorKey(job) + " to " +
+                                   std::to_string(epoch_floor));
+    }
+  }
   return store.Add(RecoveryRequestKey(job), 1, deadline);
 }
 
@@ -351,11 +394,18 @@ void RecoveryLeader::RunRecovery(int64_t id, const RecoveryStatus* previous) {
       return;
     }
     if (plan.ok() && committed.ok() && epoch == 0) {
-      auto e = NextEpoch(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
+      // Above the store's epoch, commit/latest's and the floor of whoever
+      // filed a request (the launcher's newest epoch survives a store that
+      // restarted empty).
+      auto floor =
+          ReadRecoveryEpochFloor(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
+      auto e = floor.ok()
+                   ? NextEpoch(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS), *floor)
+                   : Result<uint64_t>(floor.status());
       if (e.ok()) {
         epoch = *e;
       } else {
-        last = e.status().WithContext("bumping the epoch");
+        last = e.status().WithContext("choosing the epoch");
       }
     }
     if (plan.ok() && committed.ok() && epoch > 0) {

@@ -12,6 +12,10 @@
 //                                    raising it to n (`memento recover --trigger`,
 //                                    or the leader itself after a node loss in auto mode)
 //   /memento/<job>/recovery_status   JSON of the newest recovery (RecoveryStatus)
+//   /memento/<job>/recovery_epoch_floor  decimal: the newest commit epoch whoever
+//                                    filed a request had seen (`memento launch`
+//                                    keeps it across a store restarted empty);
+//                                    the leader's new epoch is above it
 //
 // A recovery n is done when recovery_status holds id n in a final state. A
 // leader that dies (or whose node is the lost one) mid-recovery leaves the
@@ -67,6 +71,7 @@ struct RecoveryLeaderOptions {
 std::string RecoveryLeaderKey(const std::string& job);
 std::string RecoveryRequestKey(const std::string& job);
 std::string RecoveryStatusKey(const std::string& job);
+std::string RecoveryEpochFloorKey(const std::string& job);
 
 // recovery_status. state: "waiting" (for every node's agent), "running",
 // "done" (restore_step set: the target every agent now serves), "failed"
@@ -97,9 +102,17 @@ struct RecoveryView {
 };
 [[nodiscard]] Result<RecoveryView> ReadRecoveryView(coord::Store& store, const std::string& job,
                                                     Deadline deadline);
-// Raises recovery_request by one; returns the new request id.
+// Raises recovery_request by one; returns the new request id. With
+// epoch_floor > 0 it first raises recovery_epoch_floor to it (never lowers
+// it): the epoch the leader chooses for this recovery (and any later one) is
+// above every epoch the caller saw, even when the store restarted empty and
+// lost /memento/<job>/epoch (docs/coordination.md, "Epochs").
 [[nodiscard]] Result<int64_t> RequestRecovery(coord::Store& store, const std::string& job,
-                                              Deadline deadline);
+                                              Deadline deadline, uint64_t epoch_floor = 0);
+// recovery_epoch_floor (0 when absent); InvalidArgument naming the key when
+// it is not a number.
+[[nodiscard]] Result<uint64_t> ReadRecoveryEpochFloor(coord::Store& store, const std::string& job,
+                                                      Deadline deadline);
 
 class RecoveryLeader {
  public:

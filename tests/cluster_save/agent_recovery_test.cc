@@ -405,6 +405,57 @@ TEST_F(AgentRecoveryTest, TwoNodesLostACorruptNewestDurableVersionFallsBackToAnO
   DurableFallback(/*corrupt=*/true);
 }
 
+// Whoever files a request may have seen a newer epoch than the store holds
+// (`memento launch --recovery-by agents` keeps its newest one across a store
+// restarted empty, which loses /memento/<job>/epoch): the request raises
+// recovery_epoch_floor and the leader's epoch is above it.
+TEST_F(AgentRecoveryTest, TheLeadersEpochIsAboveTheRequestersFloor) {
+  ASSERT_NO_FATAL_FAILURE(TrainAndCommit());
+  coord::Store& store = *job_store_.store();
+  auto before = coord::ReadLatestCommitId(store, kJob, Deadline::AfterSeconds(5));
+  ASSERT_TRUE(before.ok()) << before.status();
+  const uint64_t floor = before->epoch + 7;
+  auto wait_done = [&](int64_t id) {
+    launch::RecoveryView v;
+    for (Deadline d = Deadline::AfterSeconds(60);; usleep(50000)) {
+      v = View();
+      if (v.has_status && v.status.id == id && v.status.final()) break;
+      if (d.expired()) {
+        ADD_FAILURE() << "recovery " << id << " did not finish: "
+                      << (v.has_status ? v.status.ToJson().dump() : "no status");
+        break;
+      }
+    }
+    return v.status;
+  };
+  auto id = launch::RequestRecovery(store, kJob, Deadline::AfterSeconds(5), floor);
+  ASSERT_TRUE(id.ok()) << id.status();
+  launch::RecoveryStatus st = wait_done(*id);
+  ASSERT_EQ(st.state, "done") << st.ToJson().dump();
+  EXPECT_EQ(st.restore_step, committed_) << st.ToJson().dump();
+  EXPECT_EQ(st.epoch, floor + 1) << st.ToJson().dump();
+  auto latest = coord::ReadLatestCommitId(store, kJob, Deadline::AfterSeconds(5));
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(coord::FormatCommitId(*latest),
+            coord::FormatCommitId(coord::CommitId{floor + 1, committed_}));
+
+  // A lower floor never lowers the key; the next epoch is above the store's.
+  auto id2 = launch::RequestRecovery(store, kJob, Deadline::AfterSeconds(5), 2);
+  ASSERT_TRUE(id2.ok()) << id2.status();
+  EXPECT_EQ(*launch::ReadRecoveryEpochFloor(store, kJob, Deadline::AfterSeconds(5)), floor);
+  st = wait_done(*id2);
+  ASSERT_EQ(st.state, "done") << st.ToJson().dump();
+  EXPECT_EQ(st.epoch, floor + 2) << st.ToJson().dump();
+
+  // A floor that is not a number is refused, naming the key.
+  ASSERT_TRUE(store.Set(launch::RecoveryEpochFloorKey(kJob), "x1", Deadline::AfterSeconds(5)).ok());
+  auto bad = launch::RequestRecovery(store, kJob, Deadline::AfterSeconds(5), 3);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().ToString().find("recovery_epoch_floor holds 'x1', not an epoch"),
+            std::string::npos)
+      << bad.status();
+}
+
 TEST_F(AgentRecoveryTest, RecoverWithoutALeaderSaysSo) {
   // No agent runs: `memento recover` shows that, and --wait times out naming it.
   const std::string out_path = tmp_.path() + "/recover.out";
