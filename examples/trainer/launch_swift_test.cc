@@ -472,6 +472,63 @@ TEST_F(LaunchSwiftTest, LogGroupReplaysTogetherFromTheTiers) {
       << ReadFile(o.logs + "/rank3.log");
 }
 
+// Log replay with DP > 1 (DP 2 x PP 2 on 4 nodes, --recovery log, memento
+// snapshots every 3rd step, the log in shared memory): a rank killed inside
+// its optimizer update, then (another run, ZeRO-1) at a pipeline receive,
+// drawn from the seed. Only it restarts; its DP peer (the other rank of its
+// stage) rolls back to its own T0 snapshot of the same step and both replay
+// together, each with the inputs its own pipeline neighbour logged, the
+// gradient allreduce (and ZeRO-1's all-gather) live between them; the other
+// stage keeps its state. No step lost when there were steps to replay,
+// bytes replayed = steps replayed x the stage's inputs, bit-identical to the
+// failure-free run.
+TEST_F(LaunchSwiftTest, LogReplaysTheLostRankWithItsDataParallelPeer) {
+  for (const std::string point : {"update", "pipeline"}) {
+    const bool zero = point == "pipeline";
+    std::vector<std::string> launch = {"--dp", "2", "--pp", "2"};
+    std::vector<std::string> args = {"--memento-every", "3"};
+    if (zero) {
+      launch.insert(launch.end(), {"--zero", "1"});
+      args.push_back("--zero");
+    }
+    const Outcome clean = Run("dpclean-" + point, launch, args);
+    std::string what;
+    const std::vector<std::string> kill = Kill(point, &what, /*middle_of_4=*/true);
+    SCOPED_TRACE(what + (zero ? " (ZeRO-1)" : ""));
+    launch.insert(launch.end(), {"--recovery", "log"});
+    args.insert(args.end(), {"--pipeline-log-dir", LogDir("dplog-" + point)});
+    args.insert(args.end(), kill.begin(), kill.end());
+    const Outcome o = Run("dplog-" + point, launch, args);
+    ExpectSameFinalStates(clean, o);
+    ExpectInProcess(o, "log");
+    if (::testing::Test::HasFatalFailure()) return;
+    const json& rep = o.summary["recoveries"][0];
+    std::printf("log replay with dp 2 (%s): %s\n", point.c_str(), rep.dump().c_str());
+    std::fflush(stdout);  // (not again from the next Run's fork)
+    EXPECT_EQ(rep["source"], "snapshot+log") << rep.dump();
+    const int64_t replayed = rep["replayed_steps"].get<int64_t>();
+    if (rep["steps_lost"] == 0) {
+      // Both ranks of the lost stage replayed the same steps (at least one:
+      // the agreed step is not a multiple of 3 unless a survivor undid its
+      // step).
+      EXPECT_EQ(rep["replayed_stages"], 2) << rep.dump();
+      EXPECT_GE(replayed, 2) << rep.dump();
+      EXPECT_EQ(replayed % 2, 0) << rep.dump();
+    }
+    // Per replayed step a rank receives 4 micro-batches (1 sequence of 16 x
+    // 32 floats each; stage 0 gradients, stage 1 activations) and the
+    // step's gradient-norm sum.
+    EXPECT_EQ(rep["bytes_replayed"].get<int64_t>(), replayed * (4 * 16 * 32 * 4 + 8)) << rep.dump();
+    // The killed rank's DP peer: rank 1 <-> 0, rank 2 <-> 3.
+    const std::string peer = kill[1] == "1" ? "0" : "3";
+    if (replayed > 0) {
+      EXPECT_NE(ReadFile(o.logs + "/rank" + peer + ".log").find("loaded this stage's snapshot"),
+                std::string::npos)
+          << ReadFile(o.logs + "/rank" + peer + ".log");
+    }
+  }
+}
+
 // `--recovery auto` on DP 1 x PP 4 picks log, but a trainer without memento
 // snapshots and without --save has nothing to replay from: it says so,
 // trains without the log and the job still runs (a failure would restart
@@ -491,9 +548,10 @@ TEST_F(LaunchSwiftTest, RefusesBadRecoveryOptions) {
   Outcome b = Run("bad2", {"--recovery", "undo", "--pp", "4"}, {});  // dp 1
   EXPECT_EQ(b.exit, 2) << b.output;
   EXPECT_NE(b.output.find("--recovery undo needs --dp >= 2"), std::string::npos) << b.output;
-  Outcome c = Run("bad3", {"--recovery", "log"}, {});  // dp 2
+  Outcome c = Run("bad3", {"--recovery", "log", "--dp", "4", "--pp", "1"}, {});  // no pipeline
   EXPECT_EQ(c.exit, 2) << c.output;
-  EXPECT_NE(c.output.find("--recovery log needs --dp 1"), std::string::npos) << c.output;
+  EXPECT_NE(c.output.find("--recovery log needs --tp 1 and --pp >= 2"), std::string::npos)
+      << c.output;
 }
 
 }  // namespace

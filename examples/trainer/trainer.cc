@@ -550,7 +550,11 @@ Result<int64_t> Trainer::RecoverByReplay(const std::function<std::string(int ran
   return ReplayRecovery(
       [&](const std::vector<int>& stages) {
         std::vector<std::string> paths;
-        for (int s : stages) paths.push_back(log_path(options_.comm.topology.Rank(0, 0, s)));
+        // The neighbours in this rank's own pipeline (DP and TP index kept).
+        for (int s : stages) {
+          paths.push_back(
+              log_path(options_.comm.topology.Rank(comm_->dp_rank(), comm_->tp_rank(), s)));
+        }
         return paths;
       },
       replacement, load_snapshot, source);
@@ -579,6 +583,10 @@ Result<int64_t> Trainer::ReplayRecovery(
     }
     return false;
   };
+  // With DP > 1 every DP rank of a replaying stage replays (a lost rank's
+  // DP peers roll back with it): a replayed step's gradient allreduce over
+  // DP needs each peer's own gradient of that step, recomputed live from its
+  // own pipeline neighbours' logs.
   const bool replayer = replacement || group_replays(LogGroup(my_stage));
   bool all_replay = true;
   for (int s = 0; s < t.pp; ++s) all_replay = all_replay && group_replays(LogGroup(s));
@@ -601,10 +609,8 @@ Result<int64_t> Trainer::ReplayRecovery(
   Status mine;
   if (!plog_) {
     mine = FailedPreconditionError("the trainer keeps no pipeline log");
-  } else if (replayer && (t.dp != 1 || t.tp != 1)) {
-    mine = FailedPreconditionError(
-        "log replay needs dp 1 and tp 1 (with DP replicas, recover "
-        "from a replica)");
+  } else if (replayer && t.tp != 1) {
+    mine = FailedPreconditionError("log replay needs tp 1 (tp is " + std::to_string(t.tp) + ")");
   } else if (from_source) {
     // The stage's snapshot of the replayers' common step.
     if (!pick.ok()) {
@@ -623,12 +629,14 @@ Result<int64_t> Trainer::ReplayRecovery(
       }
     }
   } else if (replayer && !replacement) {
-    // A survivor in the lost stage's log group: what it received from the
-    // lost stage was not logged, so it rolls back with it.
+    // A survivor in the lost stage's log group (what it received from the
+    // lost stage was not logged), or a DP peer of a lost rank: it rolls back
+    // with it.
     if (!load_snapshot) {
-      mine = FailedPreconditionError("stage " + std::to_string(my_stage) +
-                                     " is in the log group of a lost stage and has no snapshot "
-                                     "to roll back to");
+      mine = FailedPreconditionError(
+          "stage " + std::to_string(my_stage) +
+          " replays (a lost rank's DP peer, or in a lost stage's log group) and has no snapshot "
+          "to roll back to");
     } else {
       mine = load_snapshot();
       in_update_ = false;

@@ -244,8 +244,11 @@ class Trainer {
   // what it sent before (the receivers' checksums). Returns the step.
   // FailedPrecondition on every rank when any rank cannot (a log entry
   // missing or failing its checksum, a replayed output that differs, an
-  // undo that is not possible, DP or TP > 1: with DP replicas recover from
-  // a replica): the job must fall back to a snapshot.
+  // undo that is not possible, TP > 1): the job must fall back to a
+  // snapshot. With DP > 1 the lost rank's DP peers (the other ranks of its
+  // stage) roll back and replay with it, each from its own snapshot and its
+  // own pipeline neighbours' logs, the DP allreduces live among them; this
+  // needs the rolling-back overload below (`load_snapshot` or `source`).
   Result<int64_t> RecoverByReplay(const std::vector<std::string>& log_paths, bool replacement);
   // The same with selective logging (options().log_group_size > 1): the
   // ranks learn which stages were replaced; every stage in a replaced

@@ -64,12 +64,11 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
     return InvalidArgumentError("--recovery-by '" + o.recovery_by +
                                 "': expected launcher or agents");
   }
-  if (o.recovery == "log" && (o.dp != 1 || o.tp != 1 || o.pp < 2)) {
+  if (o.recovery == "log" && (o.tp != 1 || o.pp < 2)) {
     return InvalidArgumentError(
-        "--recovery log needs --dp 1, --tp 1 and --pp >= 2 (a lost pipeline stage replays its "
-        "neighbours' logged messages); dp is " +
-        std::to_string(o.dp) + ", tp " + std::to_string(o.tp) + ", pp " + std::to_string(o.pp) +
-        " (with dp >= 2 use undo, or auto)");
+        "--recovery log needs --tp 1 and --pp >= 2 (a lost pipeline stage replays its "
+        "neighbours' logged messages); tp is " +
+        std::to_string(o.tp) + ", pp " + std::to_string(o.pp));
   }
   if (!(o.in_process_timeout_s > 0)) {
     return InvalidArgumentError("--in-process-timeout must be > 0");

@@ -78,9 +78,11 @@ struct LaunchOptions {
   //            stay (undo a partial update if needed); the lost pipeline
   //            stage starts again, loads its last snapshot (its node's T0,
   //            or the trainer's --save state) and replays its neighbours'
-  //            logged messages up to the survivors' step. Needs dp 1, tp 1,
-  //            pp > 1. Falls back to restart when it cannot proceed (a log
-  //            entry that fails its checksum, a replay that diverges).
+  //            logged messages up to the survivors' step; with dp > 1 the
+  //            lost rank's DP peers roll back to their snapshots and replay
+  //            with it. Needs tp 1, pp > 1. Falls back to restart when it
+  //            cannot proceed (a log entry that fails its checksum, a replay
+  //            that diverges).
   //   auto     undo where dp > 1, log where dp 1, tp 1 and pp > 1, restart
   //            otherwise
   std::string recovery = "restart";

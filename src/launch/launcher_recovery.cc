@@ -188,7 +188,9 @@ std::string Launcher::State::TryInProcess(const std::string& cause, int rank,
   Say("failure: " + cause);
   Say("in-process recovery (" + mode + "), generation " + std::to_string(rep.generation) +
       ": the survivors stay; rank " + std::to_string(rank) + " starts again, its state from " +
-      (mode == "log" ? "its stage's last snapshot and its neighbours' logged messages"
+      (mode == "log"
+           ? std::string("its stage's last snapshot and its neighbours' logged messages") +
+                 (o.dp > 1 ? " (its stage's DP peers roll back to theirs and replay with it)" : "")
        : o.zero > 0
            ? "a DP replica and its moment shard from node " + std::to_string(node) + "'s T0"
            : std::string("a DP replica")));
