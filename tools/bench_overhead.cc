@@ -16,7 +16,9 @@
 // that each snapshot becomes a committed version only once every node has
 // made its redundancy (T1). The ranks' summaries then carry the commit lag
 // (docs/cluster.md, "Commit lag"): commit_lag_* in the JSON, per round and
-// over the rounds (the worst rank's quantiles).
+// over the rounds (the worst rank's quantiles). --sharded publishes
+// "sharded": true in that topology: each rank snapshots only its plan ranges
+// of replicated state (docs/reft.md section 1).
 //
 // Output (one JSON object): step_s_off, step_s_on, overhead_pct (the means
 // over rounds), overhead_pct_median (the median of the rounds' overheads:
@@ -73,6 +75,7 @@ struct OverheadArgs {
   std::string schedule;        // empty: the trainer's default (auto)
   bool cluster = false;        // on runs as a cluster job (store, commits, T1)
   std::string policy = "xor";  // --cluster: the job's redundancy policy
+  bool sharded = false;        // --cluster: sharded snapshots (memento launch --sharded)
   bool keep = false;
   bool json = true;
 };
@@ -181,6 +184,7 @@ Result<ClusterJob> StartClusterJob(const OverheadArgs& a, const std::string& job
   MEMENTO_ASSIGN_OR_RETURN(jt.topology,
                            topo::Topology::Uniform(a.dp, a.tp, a.pp, zero, a.ranks_per_node));
   MEMENTO_ASSIGN_OR_RETURN(jt.policy, topo::ParsePolicy(a.policy));
+  jt.sharded = a.sharded;
   MEMENTO_RETURN_IF_ERROR(launch::PublishTopology(store, job, jt, Deadline::AfterSeconds(10)));
   std::set<std::string> members;
   for (int i = 0; i < nodes; ++i) members.insert(coord::NodeName(i));
@@ -339,6 +343,11 @@ int RunOverheadBench(const OverheadArgs& a) {
   if (a.dp < 1 || a.pp < 1 || a.tp < 1 || a.ranks_per_node < 1) {
     return ReportStatus(InvalidArgumentError("--dp, --pp, --tp, --ranks-per-node must be >= 1"));
   }
+  if (a.sharded && !a.cluster) {
+    return ReportStatus(
+        InvalidArgumentError("--sharded needs --cluster (sharded snapshots follow the plan the "
+                             "cluster agents compute)"));
+  }
   if (a.cluster) {
     if (auto p = topo::ParsePolicy(a.policy); !p.ok()) {
       return ReportStatus(InvalidArgumentError("--policy: " + p.status().message()));
@@ -469,6 +478,7 @@ int RunOverheadBench(const OverheadArgs& a) {
        a.steps > 0 ? sum_agent_cpu / n / static_cast<double>(a.steps) : 0.0},
       {"cluster", a.cluster},
       {"policy", a.cluster ? a.policy : std::string("none (agents without a store)")},
+      {"sharded", a.sharded},
       {"commit_lag", lag_worst},
       {"agent_cpu_s_per_step_by_activity",
        [&] {
@@ -530,6 +540,9 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--policy", args.policy,
                   "--cluster: the job's redundancy policy (xor, replicate, rs:F, ...)")
       ->default_val(args.policy);
+  cmd->add_flag("--sharded", args.sharded,
+                "--cluster: sharded snapshots, each rank copies only its plan ranges of "
+                "replicated state (as `memento launch --sharded`, docs/reft.md)");
   cmd->add_flag("--keep", args.keep, "keep the run directories (logs, slots) under /dev/shm");
   cmd->add_flag("--json", args.json, "one-line JSON (the only output format)");
   cmd->callback([&ctx] { ctx.exit_code = RunOverheadBench(args); });

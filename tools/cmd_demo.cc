@@ -47,6 +47,9 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--dp", args.dp, "data-parallel size")->capture_default_str();
   cmd->add_option("--pp", args.pp, "pipeline-parallel size")->capture_default_str();
   cmd->add_option("--policy", args.policy, "redundancy policy")->capture_default_str();
+  cmd->add_flag("!--no-sharded", args.sharded,
+                "every rank snapshots its whole state instead of its plan pieces (memento launch "
+                "without --sharded; docs/reft.md)");
   cmd->add_option("--kill-rank", args.kill_rank, "the rank the trainer crash kills")
       ->capture_default_str();
   cmd->add_option("--kill-rank-at", args.kill_rank_at, "step of the trainer crash; 0: none")

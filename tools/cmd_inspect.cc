@@ -14,8 +14,13 @@
 //   --tier memory ROOT...   slots under node roots on this host (rank, slot,
 //                           state, step, intact) and the newest step every
 //                           rank holds intact; --no-verify reads headers only;
-//                           and each root's background scrub report
-//                           (<root>/scrub.json: passes, corrupt versions)
+//                           each root's background scrub report
+//                           (<root>/scrub.json: passes, corrupt versions);
+//                           and per root the bytes of one version held in T0
+//                           and T1 and copied per snapshot, measured as
+//                           `memento launch` does (launch::MeasureNodeMemory);
+//                           with --store and --job at the committed step and
+//                           next to the plan's bytes (REFT's formula)
 //
 // Each tier is one entry of Inspectors().
 #include <algorithm>
@@ -25,15 +30,19 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "agent/memory_tier.h"
 #include "common/clock.h"
 #include "coord/cluster_view.h"
+#include "coord/commit.h"
 #include "coord/keys.h"
 #include "coord/store.h"
 #include "fmt/format.h"
+#include "launch/job_recovery.h"
+#include "launch/node_memory.h"
 #include "tier/env.h"
 #include "tier/format.h"
 #include "tier/reader.h"
@@ -201,12 +210,137 @@ std::string FormatScrub(const std::string& root, const nlohmann::json& r) {
   return out;
 }
 
+// The bytes of one version per root (issue 15, docs/inspect.md "Bytes per
+// node"): measured by launch::MeasureNodeMemory, as `memento launch` measures
+// them for its summary, at the job's committed step when a store is given,
+// else the newest step every rank holds intact; with a store also the
+// plan's bytes (the plan every agent computes: launch::PlanFromStore).
+struct NodeBytes {
+  int64_t step = -1;
+  std::string step_source;  // "committed" | "newest intact"
+  std::optional<memento::topo::Plan> plan;
+  std::string formula;  // REFT's formula for the plan's policy; empty without a plan
+  std::vector<std::pair<std::string, memento::launch::NodeMemory>> roots;  // root -> bytes
+  std::vector<std::pair<std::string, std::string>> unmeasured;             // root -> why
+};
+
+// node<N> at the end of a root's path (the launcher's layout); -1 otherwise.
+int NodeOfRootName(const std::string& root) {
+  std::string base = root;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  base = base.substr(base.rfind('/') + 1);
+  if (base.rfind("node", 0) != 0 || base.size() == 4) return -1;
+  int n = 0;
+  for (size_t i = 4; i < base.size(); ++i) {
+    if (base[i] < '0' || base[i] > '9' || n > 100000) return -1;
+    n = n * 10 + (base[i] - '0');
+  }
+  return n;
+}
+
+memento::Result<NodeBytes> MeasureRoots(const InspectArgs& args,
+                                        const memento::agent::MemoryTierReport& report) {
+  using namespace memento;
+  NodeBytes out;
+  if (report.latest_complete) {
+    out.step = *report.latest_complete;
+    out.step_source = "newest intact";
+  }
+  if (!args.store_url.empty()) {
+    if (Status st = coord::ValidateName("job", args.job); !st.ok()) return st;
+    Deadline deadline = Deadline::AfterSeconds(args.timeout_s);
+    MEMENTO_ASSIGN_OR_RETURN(auto store,
+                             coord::OpenStore(args.store_url, args.token_file, deadline));
+    auto committed = coord::ReadLatestCommit(*store, args.job, deadline);
+    if (!committed.ok()) {
+      return committed.status().WithContext("the committed step of job '" + args.job + "'");
+    }
+    out.step = *committed;
+    out.step_source = "committed";
+    auto plan = launch::PlanFromStore(*store, args.job, deadline);
+    if (!plan.ok()) return plan.status().WithContext("the plan of job '" + args.job + "'");
+    out.plan = std::move(*plan);
+    out.formula = launch::ReftFormula(out.plan->policy);
+  }
+  for (const std::string& root : args.targets) {
+    std::vector<int> ranks;
+    for (const auto& r : report.slots) {
+      if (r.root == root && std::find(ranks.begin(), ranks.end(), r.rank) == ranks.end()) {
+        ranks.push_back(r.rank);
+      }
+    }
+    std::sort(ranks.begin(), ranks.end());
+    int node = NodeOfRootName(root);
+    if (out.plan && !ranks.empty() && static_cast<size_t>(ranks[0]) < out.plan->ranks.size()) {
+      node = out.plan->ranks[static_cast<size_t>(ranks[0])].node;
+    }
+    if (ranks.empty() || out.step < 0) {
+      out.unmeasured.emplace_back(root, ranks.empty() ? "no rank slots" : "no version to measure");
+      continue;
+    }
+    auto m = launch::MeasureNodeMemory(node, root, ranks, out.step);
+    if (!m.ok()) {
+      out.unmeasured.emplace_back(root, m.status().ToString());
+      continue;
+    }
+    if (out.plan) launch::AddPlanBytes(*out.plan, &*m);
+    out.roots.emplace_back(root, *m);
+  }
+  return out;
+}
+
+nlohmann::json NodeBytesJson(const NodeBytes& b) {
+  nlohmann::json nodes = nlohmann::json::array();
+  for (const auto& [root, m] : b.roots) {
+    nlohmann::json j = m.ToJson();
+    j["root"] = root;
+    nodes.push_back(std::move(j));
+  }
+  nlohmann::json unmeasured = nlohmann::json::array();
+  for (const auto& [root, why] : b.unmeasured) {
+    unmeasured.push_back({{"root", root}, {"error", why}});
+  }
+  return {{"step", b.step >= 0 ? nlohmann::json(b.step) : nlohmann::json(nullptr)},
+          {"step_source", b.step_source},
+          {"plan", b.plan.has_value()},
+          {"formula", b.plan ? nlohmann::json(b.formula) : nlohmann::json(nullptr)},
+          {"nodes", nodes},
+          {"unmeasured", unmeasured}};
+}
+
+std::string FormatNodeBytes(const NodeBytes& b) {
+  std::string out;
+  if (b.step < 0) return "bytes per node: no version every rank holds intact\n";
+  out += fmt::format(
+      "bytes per node, step {} ({}; T0 = what the node's ranks copy per snapshot, T1 = the "
+      "redundancy it holds for the others{}):\n",
+      b.step, b.step_source,
+      b.plan ? "; plan = REFT's bytes for the policy, " + b.formula
+             : std::string("; the plan's bytes need --store and --job"));
+  for (const auto& [root, m] : b.roots) {
+    if (b.plan) {
+      out += "  " + m.ToString() + "\n";
+    } else {
+      out += fmt::format(
+          "  node{}: T0 {:.2f} MiB + T1 {:.2f} MiB per version (copied per snapshot {:.2f} MiB); "
+          "resident {:.2f} MiB\n",
+          m.node, m.t0_bytes / 1048576.0, m.t1_bytes / 1048576.0, m.t0_bytes / 1048576.0,
+          m.resident_bytes / 1048576.0);
+    }
+    out += "      " + root + "\n";
+  }
+  for (const auto& [root, why] : b.unmeasured) out += "  " + root + ": not measured: " + why + "\n";
+  return out;
+}
+
 int InspectMemory(const InspectArgs& args) {
   auto report = memento::agent::InspectMemoryTier(args.targets, args.verify);
   if (!report.ok()) return memento::tools::ReportStatus(report.status());
   const auto& latest = report->latest_complete;
   nlohmann::json scrub = nlohmann::json::object();
   for (const std::string& root : args.targets) scrub[root] = ReadScrubReport(root);
+  auto bytes = MeasureRoots(args, *report);
+  if (!bytes.ok()) return memento::tools::ReportStatus(bytes.status());
   if (args.json) {
     nlohmann::json slots = nlohmann::json::array();
     for (const auto& r : report->slots) {
@@ -219,9 +353,13 @@ int InspectMemory(const InspectArgs& args) {
                        {"intact", r.intact},
                        {"error", r.error}});
     }
-    nlohmann::json top{
-        {"tier", "memory"},       {"roots", args.targets}, {"verified_data", args.verify},
-        {"ranks", report->ranks}, {"slots", slots},        {"scrub", scrub}};
+    nlohmann::json top{{"tier", "memory"},
+                       {"roots", args.targets},
+                       {"verified_data", args.verify},
+                       {"ranks", report->ranks},
+                       {"slots", slots},
+                       {"scrub", scrub},
+                       {"memory", NodeBytesJson(*bytes)}};
     top["latest_complete"] = latest ? nlohmann::json(*latest) : nlohmann::json(nullptr);
     memento::tools::PrintJson("memento.inspect.memory/1", std::move(top));
     return 0;
@@ -241,6 +379,7 @@ int InspectMemory(const InspectArgs& args) {
   for (const std::string& root : args.targets) {
     std::fputs(FormatScrub(root, scrub[root]).c_str(), stdout);
   }
+  std::fputs(FormatNodeBytes(*bytes).c_str(), stdout);
   return 0;
 }
 
@@ -406,11 +545,13 @@ const std::map<std::string, std::function<int(const InspectArgs&)>>& Inspectors(
 
 int RunInspect(InspectArgs& args) {
   if (!args.store_url.empty()) {
-    if (!args.targets.empty()) {
+    if (args.targets.empty()) return InspectCluster(args);
+    if (args.tier != "memory") {
       return memento::tools::ReportStatus(memento::InvalidArgumentError(
-          "inspect --store takes no target (got '" + args.targets.front() + "')"));
+          "inspect --store takes targets only with --tier memory (node roots, measured next to "
+          "the job's plan); got '" +
+          args.targets.front() + "' with --tier " + args.tier));
     }
-    return InspectCluster(args);
   }
   if (args.targets.empty()) {
     return memento::tools::ReportStatus(memento::InvalidArgumentError(
@@ -440,7 +581,9 @@ void Setup(CLI::App& app, memento::tools::CommandContext& ctx) {
                   "/dev/shm/memento/JOB/node0)");
   cmd->add_option(
       "--store", args->store_url,
-      "cluster: the coordination store (tcp://HOST:PORT or etcd://HOST:PORT[,...]); needs --job");
+      "cluster: the coordination store (tcp://HOST:PORT or etcd://HOST:PORT[,...]); needs --job. "
+      "With --tier memory ROOT...: each root's bytes at the job's committed step next to the "
+      "plan's (REFT's) bytes");
   cmd->add_option("--job", args->job, "cluster: the job");
   cmd->add_option("--token-file", args->token_file,
                   "cluster: job token file (mode 0600); default: $MEMENTO_JOB_TOKEN");

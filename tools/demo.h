@@ -28,6 +28,7 @@ struct DemoArgs {
   int nodes = 4;
   int dp = 2, pp = 2;
   std::string policy = "xor";
+  bool sharded = true;  // --no-sharded: every rank snapshots its whole state
   int64_t kill_rank_at = 100;
   int kill_rank = 3;
   int64_t kill_node_at = 200;

@@ -32,6 +32,7 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "launch/launcher.h"
+#include "launch/node_memory.h"
 #include "memento/client.h"
 #include "shm/node_store.h"
 #include "shm/protocol.h"
@@ -40,6 +41,7 @@
 #include "tools/command.h"
 #include "tools/demo.h"
 #include "tools/trainer_binary.h"
+#include "topo/plan.h"
 
 namespace memento::tools {
 namespace {
@@ -123,6 +125,9 @@ Result<ClusterRun> RunCluster(const DemoArgs& a, const std::string& name, const 
   o.pp = a.pp;
   o.zero = 1;
   o.policy = a.policy;
+  // REFT's save path (docs/reft.md section 1): each rank snapshots only the
+  // pieces of replicated state the plan gives it (--no-sharded: whole state).
+  o.sharded = a.sharded;
   o.inject = inject;
   o.run_dir = dir + "/run";
   o.keep_run_dir = true;  // measured below, then removed with `dir`
@@ -256,10 +261,12 @@ int RunMultiNodeDemo(const DemoArgs& a, int64_t steps) {
   }
   std::printf(
       "memento demo: %d nodes (one agent and one trainer rank each), DP %d x PP %d with ZeRO-1, "
-      "memento-trainer preset '%s', %lld steps, a snapshot every step, policy %s.\n"
+      "memento-trainer preset '%s', %lld steps, a snapshot every step, policy %s, %s "
+      "snapshots.\n"
       "Run 1 injects %s; run 2 is the same job without failures.\nworking directory: %s\n",
       a.nodes, a.dp, a.pp, a.preset.c_str(), static_cast<long long>(steps), a.policy.c_str(),
-      inject.empty() ? "nothing" : inject.c_str(), work.c_str());
+      a.sharded ? "sharded" : "whole-state", inject.empty() ? "nothing" : inject.c_str(),
+      work.c_str());
   std::fflush(stdout);
   auto finish = [&](int rc) {
     if (a.keep || rc != 0) {
@@ -355,18 +362,21 @@ int RunMultiNodeDemo(const DemoArgs& a, int64_t steps) {
         cl.value("behind_p50", -1.0), cl.value("behind_p90", -1.0), cl.value("behind_max", -1.0),
         static_cast<long long>(cl.value("samples", int64_t{0})));
   }
+  auto policy = topo::ParsePolicy(a.policy);
   std::printf(
-      "bytes protected per node (run 2, end; T0 = the node's ranks' newest version, "
-      "T1 = redundancy it holds for the others; REFT = the plan's bytes for the policy, "
-      "docs/reft.md):\n");
+      "bytes protected per node (run 2, end; %s snapshots; T0 = the node's ranks' newest "
+      "version, T1 = redundancy it holds for the others; REFT = the plan's bytes, the formula "
+      "%s, docs/reft.md):\n",
+      a.sharded ? "sharded" : "whole-state (--no-sharded)",
+      policy.ok() ? launch::ReftFormula(*policy).c_str() : a.policy.c_str());
   for (int i = 0; i < a.nodes; ++i) {
     const launch::NodeMemory m = clean->memory.count(i) ? clean->memory[i] : launch::NodeMemory{};
     const uint64_t reft = m.plan_total_bytes();
     std::printf(
-        "  node%d: T0 %.2f MiB, T1 %.2f MiB; REFT %.2f MiB (own pieces %.2f + copies %.2f + "
-        "parity %.2f), %.2fx\n",
-        i, m.t0_bytes / 1048576.0, m.t1_bytes / 1048576.0, reft / 1048576.0,
-        m.plan_piece_bytes / 1048576.0, m.plan_copy_bytes / 1048576.0,
+        "  node%d: T0 %.2f MiB (copied per snapshot, of %.2f MiB registered), T1 %.2f MiB; "
+        "REFT %.2f MiB (own pieces %.2f + copies %.2f + parity %.2f), %.2fx\n",
+        i, m.t0_bytes / 1048576.0, m.full_bytes / 1048576.0, m.t1_bytes / 1048576.0,
+        reft / 1048576.0, m.plan_piece_bytes / 1048576.0, m.plan_copy_bytes / 1048576.0,
         m.plan_parity_bytes / 1048576.0,
         reft ? static_cast<double>(m.t0_bytes + m.t1_bytes) / reft : 0.0);
   }

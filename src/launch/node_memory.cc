@@ -128,6 +128,29 @@ void AddPlanBytes(const topo::Plan& plan, NodeMemory* m) {
   if (!np.ranks.empty()) m->full_bytes = full;
 }
 
+std::string ReftFormula(const topo::Policy& policy) {
+  const std::string name = topo::PolicyName(policy);
+  if (policy.local_copy == topo::LocalCopy::kFull) {
+    return name + " (local_copy full): W + O_r + P_r and their peer copies";
+  }
+  switch (policy.scheme) {
+    case topo::Scheme::kReplicate:
+      return name + ": 2W/m + O_r + a peer's shard + P_r + a peer copy";
+    case topo::Scheme::kXor:
+      return name + ": W/m + W/(m(m-1)) + O_r + a peer's shard + P_r + a peer copy";
+    case topo::Scheme::kRs:
+      return name + ": W/m + f W/(m k) (k = m - f) + O_r + f peer shards + P_r + f peer copies";
+    case topo::Scheme::kPeer:
+      return name + ": W/m per copy, each piece, shard and private state on " +
+             std::to_string(policy.m) + " nodes (Gemini: copies over the network)";
+    case topo::Scheme::kNone:
+      return name + ": W/m + O_r + P_r (no redundancy)";
+    case topo::Scheme::kAuto:
+      break;
+  }
+  return name + ": the formula of the scheme the plan chose";
+}
+
 nlohmann::json NodeMemory::ToJson() const {
   const uint64_t plan = plan_total_bytes();
   return {{"node", node},

@@ -61,4 +61,11 @@ struct NodeMemory {
 // Fills the plan's bytes of `m->node`, and full_bytes from the plan.
 void AddPlanBytes(const topo::Plan& plan, NodeMemory* m);
 
+// REFT's formula for what one sharding-group member holds per version under
+// `policy` (docs/reft.md, "Notation"; W = the group's replicated bytes, m =
+// its nodes, O_r / P_r = the rank's dp_sharded / private bytes), e.g.
+// "xor: W/m + W/(m(m-1)) + O_r + a peer's shard + P_r + a peer copy". The
+// plan's NodePlan bytes are this formula evaluated (topo_test).
+std::string ReftFormula(const topo::Policy& policy);
+
 }  // namespace memento::launch
