@@ -58,6 +58,10 @@ struct Args {
   std::vector<int> log_groups;
   double run_timeout_s = 600;
   bool keep = false;
+  // One more undo failure run per round with the trainer's
+  // --rebuild-all-groups (modes.undo_all_groups), before or after the undo
+  // run in alternate rounds.
+  bool compare_group_rebuild = false;
 };
 
 struct RunOutput {
@@ -190,15 +194,19 @@ class Bench {
 
   // A run with a kill; the recovery figures from the launcher's report.
   // `log_group`: the trainer's --log-group-size (log mode; 0: not given).
-  Result<json> Failure(const std::string& mode, int dp, int log_group = 0) {
+  // `rebuild_all`: the trainer's --rebuild-all-groups.
+  Result<json> Failure(const std::string& mode, int dp, int log_group = 0,
+                       bool rebuild_all = false) {
     const int kill_rank = a_.kill_rank >= 0 ? a_.kill_rank : (a_.pp / 2) * dp;
     std::vector<std::string> extra = {"--fail-rank",    std::to_string(kill_rank),
                                       "--fail-at-step", std::to_string(a_.kill_step),
                                       "--fail-point",   a_.fail_point};
     if (log_group > 0) extra.insert(extra.end(), {"--log-group-size", std::to_string(log_group)});
+    if (rebuild_all) extra.push_back("--rebuild-all-groups");
     MEMENTO_ASSIGN_OR_RETURN(
         RunOutput out, Run(mode + ".dp" + std::to_string(dp) +
-                               (log_group > 0 ? ".g" + std::to_string(log_group) : std::string()),
+                               (log_group > 0 ? ".g" + std::to_string(log_group) : std::string()) +
+                               (rebuild_all ? ".all" : ""),
                            dp, mode, extra));
     const json& recs = out.summary["recoveries"];
     if (!recs.is_array() || recs.size() != 1) {
@@ -357,11 +365,25 @@ Result<json> RunSwift(const Args& a) {
       }
       log_bytes.push_back(bytes);
       log_s.push_back(secs);
-      const std::vector<std::pair<std::string, int>> runs = {
-          {"restart", a.dp}, {"undo", a.dp}, {"restart", 1}, {"log", 1}};
-      for (const auto& [mode, dp] : runs) {
-        MEMENTO_ASSIGN_OR_RETURN(json f, bench.Failure(mode, dp));
-        const std::string key = dp == 1 && mode == "restart" ? "restart_dp1" : mode;
+      struct FailureRun {
+        std::string mode;
+        int dp;
+        bool rebuild_all;
+      };
+      std::vector<FailureRun> runs = {{"restart", a.dp, false},
+                                      {"undo", a.dp, false},
+                                      {"restart", 1, false},
+                                      {"log", 1, false}};
+      if (a.compare_group_rebuild) {
+        // Next to the undo run: before it in the 1st, 3rd, ... round, after
+        // it in the others.
+        runs.insert(runs.begin() + (round % 2 == 0 ? 1 : 2), FailureRun{"undo", a.dp, true});
+      }
+      for (const auto& [mode, dp, rebuild_all] : runs) {
+        MEMENTO_ASSIGN_OR_RETURN(json f, bench.Failure(mode, dp, 0, rebuild_all));
+        const std::string key = dp == 1 && mode == "restart" ? "restart_dp1"
+                                : rebuild_all                ? "undo_all_groups"
+                                                             : mode;
         resume[key].push_back(f["resume_s"].get<double>());
         lost[key].push_back(f["steps_lost"].get<double>());
         restarted[key].push_back(f["processes_restarted"].get<double>());
@@ -407,6 +429,13 @@ Result<json> RunSwift(const Args& a) {
     j["modes"][key] = m;
   }
   const double restart = Median(resume["restart"]), restart1 = Median(resume["restart_dp1"]);
+  if (resume.count("undo_all_groups")) {
+    // Keeping the quiescent Gloo groups no lost rank is in, against
+    // rebuilding every group (the same undo failure, alternate order).
+    j["undo_vs_undo_all_groups"] = Median(resume["undo_all_groups"]) > 0
+                                       ? Median(resume["undo"]) / Median(resume["undo_all_groups"])
+                                       : 0.0;
+  }
   j["undo_vs_restart"] = restart > 0 ? Median(resume["undo"]) / restart : 0.0;
   j["log_vs_restart_dp1"] = restart1 > 0 ? Median(resume["log"]) / restart1 : 0.0;
   j["undo_vs_restart_regain"] = j["modes"]["restart"]["regain_s"].get<double>() > 0
@@ -462,6 +491,7 @@ Result<json> RunSwift(const Args& a) {
                  {"fail_point", a.fail_point},
                  {"rounds", a.rounds},
                  {"log_groups", a.log_groups},
+                 {"compare_group_rebuild", a.compare_group_rebuild},
                  {"trainer", trainer}};
   j["notes"] =
       "every run is `memento launch` (store, one agent per node, memento snapshots every "
@@ -519,6 +549,11 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
                   "trainer's --log-group-size; each in 1..pp), reported under log_groups; "
                   "'none' (or '') for none")
       ->capture_default_str();
+  cmd->add_flag("--compare-group-rebuild", args->compare_group_rebuild,
+                "one more undo failure run per round whose trainers rebuild every Gloo group "
+                "(--rebuild-all-groups), reported as modes.undo_all_groups, and "
+                "undo_vs_undo_all_groups (resume_s medians); it runs before the undo run in the "
+                "1st, 3rd, ... round, after it in the others");
   cmd->add_flag("--keep", args->keep,
                 "keep the work directory (launcher summaries) and the runs' /dev/shm run dirs "
                 "(node roots, logs)");

@@ -65,6 +65,11 @@ Comm::~Comm() {
 }
 
 Result<std::unique_ptr<Comm>> Comm::Create(const CommOptions& options) {
+  return Reconnect(options, nullptr, Offer{});
+}
+
+Result<std::unique_ptr<Comm>> Comm::Reconnect(const CommOptions& options, std::unique_ptr<Comm> old,
+                                              Offer offer) {
   const Topology& t = options.topology;
   if (t.dp < 1 || t.tp < 1 || t.pp < 1) {
     return InvalidArgumentError("topology sizes must be >= 1");
@@ -87,13 +92,38 @@ Result<std::unique_ptr<Comm>> Comm::Create(const CommOptions& options) {
   }
   Impl& impl = *comm->impl_;
   impl.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
+  const int dp = comm->dp_rank_, tp = comm->tp_rank_, pp = comm->pp_rank_;
+  // The groups offered for keeping; everything else of `old` is closed now
+  // (pending sends abandoned), so peers blocked on this rank fail at once.
+  std::shared_ptr<gloo::Context> offered[3];
+  if (old) {
+    old->AbandonSends();
+    if (offer.dp) offered[0] = std::move(old->impl_->dp);
+    if (offer.tp) offered[1] = std::move(old->impl_->tp);
+    if (offer.pp) offered[2] = std::move(old->impl_->pp);
+    impl.device = old->impl_->device;  // the kept groups' pairs live on it
+    old.reset();
+  }
+  // This rank's DP, TP and PP group: name and index among all groups of the
+  // topology (DP groups, then TP groups, then PP groups).
+  const std::string names[3] = {"dp.pp" + std::to_string(pp) + ".tp" + std::to_string(tp),
+                                "tp.pp" + std::to_string(pp) + ".dp" + std::to_string(dp),
+                                "pp.dp" + std::to_string(dp) + ".tp" + std::to_string(tp)};
+  const int sizes[3] = {t.dp, t.tp, t.pp};
+  const int index[3] = {pp * t.tp + tp, t.pp * t.tp + pp * t.dp + dp,
+                        t.pp * t.tp + t.pp * t.dp + dp * t.tp + tp};
+  const int groups = t.pp * t.tp + t.pp * t.dp + t.dp * t.tp;
+  bool keep[3] = {false, false, false};
   Status st = Guard("gloo rendezvous", [&] {
-    gloo::transport::tcp::attr attr;
-    // Under `memento launch --netns` each node has its own network namespace
-    // (its own loopback): listen on the node's address so peers can connect.
-    const char* node_addr = std::getenv("MEMENTO_NODE_ADDR");
-    attr.hostname = node_addr != nullptr && *node_addr != '\0' ? node_addr : "127.0.0.1";
-    impl.device = gloo::transport::tcp::CreateDevice(attr);
+    if (!impl.device) {
+      gloo::transport::tcp::attr attr;
+      // Under `memento launch --netns` each node has its own network
+      // namespace (its own loopback): listen on the node's address so peers
+      // can connect.
+      const char* node_addr = std::getenv("MEMENTO_NODE_ADDR");
+      attr.hostname = node_addr != nullptr && *node_addr != '\0' ? node_addr : "127.0.0.1";
+      impl.device = gloo::transport::tcp::CreateDevice(attr);
+    }
     gloo::rendezvous::FileStore store(options.rendezvous_dir);
     auto connect = [&](const std::string& name, int rank, int size) {
       gloo::rendezvous::PrefixStore prefixed("run" + options.run_id + "." + name, store);
@@ -102,16 +132,39 @@ Result<std::unique_ptr<Comm>> Comm::Create(const CommOptions& options) {
       ctx->connectFullMesh(prefixed, impl.device);
       return std::static_pointer_cast<gloo::Context>(ctx);
     };
-    const int dp = comm->dp_rank_, tp = comm->tp_rank_, pp = comm->pp_rank_;
     impl.world = connect("world", options.rank, t.world());
-    if (t.dp > 1) {
-      impl.dp = connect("dp.pp" + std::to_string(pp) + ".tp" + std::to_string(tp), dp, t.dp);
+    // The vote: per group, min over the ranks of (offered, step, -step); a
+    // rank outside a group does not lower it.
+    std::vector<double> vote(3 * static_cast<size_t>(groups), 1e18);
+    for (int g = 0; g < 3; ++g) {
+      const size_t i = static_cast<size_t>(index[g]);
+      vote[i] = offered[g] ? 1.0 : 0.0;
+      vote[groups + i] = static_cast<double>(offer.step);
+      vote[2 * groups + i] = -static_cast<double>(offer.step);
     }
-    if (t.tp > 1) {
-      impl.tp = connect("tp.pp" + std::to_string(pp) + ".dp" + std::to_string(dp), tp, t.tp);
+    gloo::AllreduceOptions opts(impl.world);
+    opts.setOutput(vote.data(), vote.size());
+    opts.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::min<double>));
+    opts.setTag(9);
+    opts.setTimeout(impl.timeout);
+    gloo::allreduce(opts);
+    for (int g = 0; g < 3; ++g) {
+      const size_t i = static_cast<size_t>(index[g]);
+      keep[g] =
+          sizes[g] > 1 && offered[g] && vote[i] >= 1.0 && vote[groups + i] == -vote[2 * groups + i];
+      if (!keep[g]) offered[g].reset();  // every member votes the same way
     }
-    if (t.pp > 1) {
-      impl.pp = connect("pp.dp" + std::to_string(dp) + ".tp" + std::to_string(tp), pp, t.pp);
+    std::shared_ptr<gloo::Context>* slot[3] = {&impl.dp, &impl.tp, &impl.pp};
+    const int ranks[3] = {dp, tp, pp};
+    for (int g = 0; g < 3; ++g) {
+      if (sizes[g] <= 1) continue;
+      if (keep[g]) {
+        *slot[g] = std::move(offered[g]);
+        comm->kept_.push_back(names[g]);
+      } else {
+        *slot[g] = connect(names[g], ranks[g], sizes[g]);
+      }
     }
   });
   if (!st.ok()) return st;

@@ -44,8 +44,30 @@ struct CommOptions {
 
 class Comm {
  public:
+  // Connects the world group, then this rank's DP, TP and PP groups. Every
+  // rank of a job calls Create or Reconnect under the same run id: both
+  // agree over the world group on which groups are kept (below).
   static Result<std::unique_ptr<Comm>> Create(const CommOptions& options);
   ~Comm();
+
+  // In-process reconnection (docs/swift.md): replaces `old` by a Comm under
+  // the new run id of `options`. Of `old`'s groups, those `offer` names are
+  // offered for keeping; the others (and the world group, which holds the
+  // lost rank) are closed first, so that a peer blocked in one fails at
+  // once. Then the world group is connected anew and its ranks vote: a DP,
+  // TP or PP group is kept iff every member offers it at the same `step` (a
+  // replacement, a Create, offers none), and only the groups not kept are
+  // connected again. The caller offers only groups it knows quiescent: no
+  // operation on them failed or is pending, no peer can be blocked in one.
+  struct Offer {
+    bool dp = false, tp = false, pp = false;
+    int64_t step = -1;  // the step the groups were quiescent after
+  };
+  static Result<std::unique_ptr<Comm>> Reconnect(const CommOptions& options,
+                                                 std::unique_ptr<Comm> old, Offer offer);
+  // The groups this Comm took over from the one it replaced (e.g.
+  // "pp.dp0.tp0"); empty when it connected all of them.
+  const std::vector<std::string>& kept_groups() const { return kept_; }
 
   const Topology& topology() const { return options_.topology; }
   int rank() const { return options_.rank; }
@@ -90,6 +112,7 @@ class Comm {
   CommOptions options_;
   int dp_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0;
   std::unique_ptr<Impl> impl_;
+  std::vector<std::string> kept_;
 };
 
 }  // namespace memento::trainer

@@ -186,6 +186,24 @@ class LaunchSwiftTest : public ::testing::Test {
     EXPECT_NE(o.output.find("(" + mode + ", in process)"), std::string::npos) << o.Report();
   }
 
+  // DP 2 x PP 2 without ZeRO-1, rank `killed` lost: the other pipeline's two
+  // ranks both completed their pipeline schedule of the step and failed in
+  // the DP allreduce (the lost rank is in one DP group; the other DP group
+  // is closed by the survivor whose pipeline traffic with the lost rank
+  // failed), so their PP group is kept, not rebuilt; that survivor, the lost
+  // rank's pipeline neighbour, keeps none (its PP group holds the lost rank,
+  // its DP group was closed by itself).
+  void ExpectOnlyTheLostRanksGroupsRebuilt(const Outcome& o, int killed) {
+    const int other = 1 - killed % 2;  // the other pipeline's DP index
+    const std::string kept = "kept Gloo group(s): pp.dp" + std::to_string(other) + ".tp0";
+    for (int r : {other, 2 + other}) {
+      const std::string log = ReadFile(o.logs + "/rank" + std::to_string(r) + ".log");
+      EXPECT_NE(log.find(kept), std::string::npos) << "rank " << r << "\n" << log;
+    }
+    const std::string peer = ReadFile(o.logs + "/rank" + std::to_string(killed ^ 2) + ".log");
+    EXPECT_NE(peer.find("kept Gloo group(s): none"), std::string::npos) << peer;
+  }
+
   // How many steps a ZeRO-1 undo went back past the survivors' step (the
   // replacement's log says so when its moment shard of that step was not in
   // the tiers; 0 when it was).
@@ -247,6 +265,7 @@ TEST_F(LaunchSwiftTest, UndoReplacesOnlyTheLostRank) {
     const Outcome o = Run("undo-" + point, {"--recovery", "undo"}, kill);
     ExpectSameFinalStates(clean, o);
     ExpectInProcess(o);
+    ExpectOnlyTheLostRanksGroupsRebuilt(o, std::stoi(kill[1]));
   }
   const Outcome node = Run("node", {"--recovery", "undo", "--inject", "kill-node:2@step=5"}, {});
   ExpectSameFinalStates(clean, node);

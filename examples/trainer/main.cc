@@ -489,6 +489,10 @@ int Main(int argc, char** argv) {
                  "its last --save-every state, or without --save under memento from its newest "
                  "memento snapshot in its node's T0)")
       ->capture_default_str();
+  app.add_flag("--rebuild-all-groups", o.rebuild_all_groups,
+               "benchmarking, with --recovery undo|log: an in-process recovery rebuilds every "
+               "Gloo group, also the quiescent ones no lost rank is in (which it keeps by "
+               "default; docs/swift.md)");
   app.add_option("--pipeline-log-dir", o.pipeline_log_dir,
                  "with --recovery log: keep the pipeline log in this directory, one file per "
                  "completed step written by a background thread, instead of in the rank's memory "
@@ -974,6 +978,14 @@ int Main(int argc, char** argv) {
       if (st.ok()) {
         generation = ReadGeneration(o.comm.rendezvous_dir);
         st = trainer->Reconnect(base_run_id + "-g" + std::to_string(generation));
+        if (st.ok()) {
+          std::string kept;
+          for (const std::string& g : trainer->comm().kept_groups()) kept += " " + g;
+          std::fprintf(stderr,
+                       "memento-trainer rank %d: reconnected (generation %d); kept Gloo "
+                       "group(s):%s\n",
+                       rank, generation, kept.empty() ? " none" : kept.c_str());
+        }
       }
       if (st.ok()) {
         // (Selective logging: a survivor in the lost stage's log group rolls

@@ -223,6 +223,7 @@ Result<StepResult> Trainer::Step() {
   Stopwatch total;
   StepResult r;
   r.step = state_.step + 1;
+  schedule_done_step_ = -1;
   Phase(TrainPhase::kCompute);
   DataCursor next = state_.cursor;
   corpus_.NextBatch(&next, options_.global_batch, comm_->dp_rank() * local_batch_, local_batch_,
@@ -237,8 +238,15 @@ Result<StepResult> Trainer::Step() {
 
   Phase(TrainPhase::kCommunicate);
   Stopwatch comm_watch;
-  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceDp(grads_.data(), stage_->num_params()));
-  if (stage_->geometry().last()) MEMENTO_RETURN_IF_ERROR(comm_->AllreduceDp(&loss_sum, 1));
+  Status dp_st = comm_->AllreduceDp(grads_.data(), stage_->num_params());
+  if (dp_st.ok() && stage_->geometry().last()) dp_st = comm_->AllreduceDp(&loss_sum, 1);
+  if (!dp_st.ok()) {
+    // Failed after this rank's whole pipeline schedule (its TP and PP
+    // traffic of the step received and sent): Reconnect offers to keep
+    // those groups.
+    schedule_done_step_ = r.step;
+    return dp_st;
+  }
   r.comm_seconds += comm_watch.Seconds();
   Phase(TrainPhase::kCompute);
 
@@ -703,11 +711,22 @@ Result<int64_t> Trainer::ReplayRecovery(
 }
 
 Status Trainer::Reconnect(const std::string& run_id) {
-  if (comm_) comm_->AbandonSends();
-  comm_.reset();  // closes the pairs: peers blocked on this rank fail now
   CommOptions c = options_.comm;
   c.run_id = run_id;
-  MEMENTO_ASSIGN_OR_RETURN(comm_, Comm::Create(c));
+  // Only a rank whose step failed in the DP allreduce, after its pipeline
+  // schedule completed, knows its PP and TP groups quiescent: no operation
+  // on them failed or is pending, and no peer can wait in one (the
+  // gradient-norm allreduce of the step, which a peer needs before any later
+  // pipeline message, is still ahead of this rank). Everything else is
+  // closed at once by Comm::Reconnect (peers blocked on this rank fail now)
+  // and rebuilt, like every group a lost rank is in.
+  Comm::Offer offer;
+  if (schedule_done_step_ >= 0 && !options_.rebuild_all_groups) {
+    offer.tp = offer.pp = true;
+    offer.step = schedule_done_step_;
+  }
+  schedule_done_step_ = -1;
+  MEMENTO_ASSIGN_OR_RETURN(comm_, Comm::Reconnect(c, std::move(comm_), offer));
   options_.comm.run_id = run_id;
   return Status::Ok();
 }

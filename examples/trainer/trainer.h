@@ -133,6 +133,10 @@ struct TrainerOptions {
   // back to its snapshot and replays together (live messages inside the
   // group, logged ones across its edges). 1: every stage its own group.
   int log_group_size = 1;
+  // Benchmarking (`memento bench swift`, resume_s against the old way):
+  // Reconnect rebuilds every Gloo group instead of keeping the quiescent
+  // ones that no lost rank is in.
+  bool rebuild_all_groups = false;
 };
 
 struct StepResult {
@@ -217,7 +221,10 @@ class Trainer {
   // In-process recovery: drops the process groups (pending sends are
   // abandoned, so peers blocked on this rank fail at once) and connects new
   // ones under run id `run_id` (every rank of the job passes the same, new
-  // id). The training state is kept.
+  // id). The training state is kept. A group no lost rank is in is kept
+  // instead when every member knows it quiescent (its step failed in the DP
+  // allreduce, after its whole pipeline schedule; Comm::Reconnect's vote):
+  // comm().kept_groups() names them.
   [[nodiscard]] Status Reconnect(const std::string& run_id);
 
   // ---- logging-based recovery (SWIFT 2.2, docs/swift.md); needs
@@ -346,6 +353,7 @@ class Trainer {
   const PipelineLog* replay_ = nullptr;      // during RecoverByReplay: the inputs
   bool replay_all_ = false;  // every rank replays: the gradient norm is computed live
   int64_t replayed_steps_ = 0;
+  int64_t schedule_done_step_ = -1;  // the step failed after its schedule
   uint64_t replayed_bytes_ = 0;
   Result<int64_t> ReplayRecovery(
       const std::function<std::vector<std::string>(const std::vector<int>& stages)>& paths,

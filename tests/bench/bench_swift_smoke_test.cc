@@ -79,11 +79,14 @@ TEST(BenchSwiftSmoke, EveryModeRecoversAndReports) {
 // Killed mid-step (at its first pipeline receive of step 10): no rank had
 // completed step 10, so a restart from the committed 8 loses step 9, undo and
 // log lose nothing, and the log replacement replays step 9 only.
+// --compare-group-rebuild: one more undo run whose trainers rebuild every
+// Gloo group, reported as undo_all_groups, the same recovery otherwise.
 TEST(BenchSwiftSmoke, MidStepKill) {
   const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench swift --json --trainer " +
                           MEMENTO_TRAINER_BINARY +
                           " --preset tiny --layers 4 --steps 12 --save-every 4 --kill-step 10"
-                          " --fail-point pipeline --log-groups none --rounds 1 2>&1";
+                          " --fail-point pipeline --log-groups none --rounds 1"
+                          " --compare-group-rebuild 2>&1";
   auto [rc, out] = RunShell(cmd);
   ASSERT_EQ(rc, 0) << out;
   auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
@@ -95,6 +98,10 @@ TEST(BenchSwiftSmoke, MidStepKill) {
   EXPECT_EQ(j["modes"]["log"]["steps_lost"], 0.0);
   EXPECT_EQ(j["modes"]["log"]["processes_restarted"], 1.0);
   EXPECT_EQ(j["modes"]["log"]["replayed_steps"], 1.0);
+  EXPECT_EQ(j["modes"]["undo_all_groups"]["steps_lost"], 0.0) << out;
+  EXPECT_EQ(j["modes"]["undo_all_groups"]["processes_restarted"], 1.0) << out;
+  EXPECT_GT(j["undo_vs_undo_all_groups"].get<double>(), 0.0) << out;
+  EXPECT_EQ(j["config"]["compare_group_rebuild"], true) << out;
   // --log-groups none: no selective-logging runs.
   EXPECT_TRUE(j["config"]["log_groups"].empty()) << out;
 }
