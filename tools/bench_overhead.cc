@@ -25,6 +25,7 @@
 // robust to one disturbed round on a shared machine), preset, params,
 // topology, the load average, and every round's values.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -76,6 +77,10 @@ struct OverheadArgs {
   bool cluster = false;        // on runs as a cluster job (store, commits, T1)
   std::string policy = "xor";  // --cluster: the job's redundancy policy
   bool sharded = false;        // --cluster: sharded snapshots (memento launch --sharded)
+  // "memento": off = no memento, on = memento. "aor": both sides are
+  // memento cluster runs, off = the trainer's --no-aor, on = AOR (the
+  // trainer's default under ZeRO-1 with DP > 1).
+  std::string compare = "memento";
   bool keep = false;
   bool json = true;
 };
@@ -133,6 +138,9 @@ struct RunResult {
   // agents (the "agent cpu by activity:" line each logs when it stops;
   // empty when none logged it).
   nlohmann::json agent_activity;
+  // The trainer's AOR time per call, the mean over the ranks that fed
+  // replicas (the "aor" object of their snapshot summaries; null: none).
+  nlohmann::json aor;
 };
 
 // Sums the numeric fields of the last "agent cpu by activity: {...}" line of
@@ -196,9 +204,11 @@ Result<ClusterJob> StartClusterJob(const OverheadArgs& a, const std::string& job
   return c;
 }
 
-// One trainer run (all ranks via --launch), with agents when `on`.
+// One trainer run (all ranks via --launch), with agents when `on`; with
+// --compare aor, `aor` says whether the trainer feeds AOR replicas.
 Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
-                          const std::string& self, const std::string& base, int index, bool on) {
+                          const std::string& self, const std::string& base, int index, bool on,
+                          bool aor) {
   const int world = a.dp * a.pp * a.tp;
   const int nodes = (world + a.ranks_per_node - 1) / a.ranks_per_node;
   const std::string dir = base + "/run" + std::to_string(index);
@@ -267,6 +277,7 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
       argv.push_back("--memento-schedule");
       argv.push_back(a.schedule);
     }
+    if (!aor) argv.push_back("--no-aor");
   }
   const std::string log = dir + "/trainer.log";
   Stopwatch wall;
@@ -287,6 +298,7 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
   std::ifstream in(log);
   std::string line;
   int rank_summaries = 0;
+  int aor_ranks = 0;
   while (std::getline(in, line)) {
     for (const char* key : {"{\"params\"", "{\"rank_summary\""}) {
       size_t pos = line.find(key);
@@ -303,6 +315,13 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
         const double snaps = static_cast<double>(snap["snapshots"].get<int64_t>());
         out.copy_cpu_s += snap.value("copy_cpu_s", 0.0) / snaps;
         out.snap_bytes += snap.value("bytes", 0.0) / snaps;
+      }
+      if (snap.is_object() && snap.contains("aor") && snap["aor"].is_object()) {
+        ++aor_ranks;
+        if (out.aor.is_null()) out.aor = nlohmann::json::object();
+        for (auto it = snap["aor"].begin(); it != snap["aor"].end(); ++it) {
+          if (it->is_number()) out.aor[it.key()] = out.aor.value(it.key(), 0.0) + it->get<double>();
+        }
       }
       if (snap.is_object() && snap.contains("commit_lag") && snap["commit_lag"].is_object()) {
         const nlohmann::json& lag = snap["commit_lag"];
@@ -321,6 +340,12 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
         }
       }
     }
+  }
+  if (aor_ranks > 0) {
+    for (auto it = out.aor.begin(); it != out.aor.end(); ++it) {
+      *it = it->get<double>() / aor_ranks;
+    }
+    out.aor["ranks"] = aor_ranks;
   }
   if (on) {
     out.agent_cpu_s = StopBenchAgents(&agents);
@@ -348,6 +373,16 @@ int RunOverheadBench(const OverheadArgs& a) {
         InvalidArgumentError("--sharded needs --cluster (sharded snapshots follow the plan the "
                              "cluster agents compute)"));
   }
+  const bool compare_aor = a.compare == "aor";
+  if (!compare_aor && a.compare != "memento") {
+    return ReportStatus(
+        InvalidArgumentError("--compare: '" + a.compare + "' is not one of memento, aor"));
+  }
+  if (compare_aor && (!a.cluster || a.no_zero || a.dp < 2)) {
+    return ReportStatus(InvalidArgumentError(
+        "--compare aor needs --cluster, ZeRO-1 (no --no-zero) and --dp >= 2: AOR replicates "
+        "ZeRO-1 optimizer shards between the nodes of a cluster job"));
+  }
   if (a.cluster) {
     if (auto p = topo::ParsePolicy(a.policy); !p.ok()) {
       return ReportStatus(InvalidArgumentError("--policy: " + p.status().message()));
@@ -367,7 +402,7 @@ int RunOverheadBench(const OverheadArgs& a) {
   Stopwatch total;
   const double load_start = LoadAverage();
   nlohmann::json rounds = nlohmann::json::array();
-  double sum_off = 0, sum_on = 0, sum_fence = 0, sum_snap = 0;
+  double sum_off = 0, sum_on = 0, sum_fence = 0, sum_snap = 0, sum_fence_off = 0, sum_snap_off = 0;
   double sum_cpu_off = 0, sum_cpu_on = 0, sum_copy_cpu = 0, sum_agent_cpu = 0, snap_bytes = 0;
   std::vector<double> offs, ons, pcts;
   nlohmann::json first;
@@ -381,14 +416,29 @@ int RunOverheadBench(const OverheadArgs& a) {
     RunResult res[2];  // [0] off, [1] on
     for (int k = 0; k < 2 && failed.ok(); ++k) {
       const bool on = (k == 0) == on_first;
-      auto run = RunOnce(a, *trainer, self, base, index++, on);
+      // --compare aor: both sides run memento; `on` is AOR on.
+      auto run = RunOnce(a, *trainer, self, base, index++, on || compare_aor, on || !compare_aor);
       if (!run.ok()) {
         failed = run.status();
         break;
       }
       res[on ? 1 : 0] = *run;
-      std::fprintf(stderr, "bench overhead: round %d memento %s: mean_step_s %.6f\n", r,
-                   on ? "on " : "off", run->summary["mean_step_s"].get<double>());
+      std::fprintf(stderr,
+                   "bench overhead: round %d %s %s: mean_step_s %.6f, hooks: fence %.3f ms + "
+                   "snapshot %.3f ms%s (load %.1f)\n",
+                   r, compare_aor ? "aor" : "memento", on ? "on " : "off",
+                   run->summary["mean_step_s"].get<double>(),
+                   run->summary.value("mean_fence_s", 0.0) * 1e3,
+                   run->summary.value("mean_snapshot_s", 0.0) * 1e3,
+                   run->aor.is_object()
+                       ? fmt::format("; aor per call: capture {:.3f} ms, checksum {:.3f} ms, "
+                                     "report {:.3f} ms",
+                                     run->aor.value("capture_s", 0.0) * 1e3,
+                                     run->aor.value("checksum_s", 0.0) * 1e3,
+                                     run->aor.value("report_s", 0.0) * 1e3)
+                             .c_str()
+                       : "",
+                   LoadAverage());
     }
     if (!failed.ok()) break;
     if (first.is_null()) first = res[0].summary;
@@ -419,6 +469,8 @@ int RunOverheadBench(const OverheadArgs& a) {
       }
     }
     sum_fence += res[1].summary.value("mean_fence_s", 0.0);
+    sum_fence_off += res[0].summary.value("mean_fence_s", 0.0);
+    sum_snap_off += res[0].summary.value("mean_snapshot_s", 0.0);
     sum_snap += res[1].summary.value("mean_snapshot_s", 0.0);
     rounds.push_back({{"order", on_first ? "on,off" : "off,on"},
                       {"step_s_off", off},
@@ -426,6 +478,9 @@ int RunOverheadBench(const OverheadArgs& a) {
                       {"overhead_pct", off > 0 ? (on - off) / off * 100 : 0.0},
                       {"fence_s_on", res[1].summary.value("mean_fence_s", 0.0)},
                       {"snapshot_s_on", res[1].summary.value("mean_snapshot_s", 0.0)},
+                      {"fence_s_off", res[0].summary.value("mean_fence_s", 0.0)},
+                      {"snapshot_s_off", res[0].summary.value("mean_snapshot_s", 0.0)},
+                      {"aor_per_call_on", res[1].aor},
                       {"cpu_s_per_step_off", res[0].cpu_s},
                       {"cpu_s_per_step_on", res[1].cpu_s},
                       {"copy_cpu_s_on", res[1].copy_cpu_s},
@@ -497,6 +552,9 @@ int RunOverheadBench(const OverheadArgs& a) {
       {"loadavg_1m_end", LoadAverage()},
       {"fence_s_on", sum_fence / n},
       {"snapshot_s_on", sum_snap / n},
+      {"fence_s_off", sum_fence_off / n},
+      {"snapshot_s_off", sum_snap_off / n},
+      {"compare", a.compare},
       {"per_round", rounds},
       {"wall_s", total.Seconds()},
       {"trainer", *trainer}};
@@ -543,6 +601,11 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--sharded", args.sharded,
                 "--cluster: sharded snapshots, each rank copies only its plan ranges of "
                 "replicated state (as `memento launch --sharded`, docs/reft.md)");
+  cmd->add_option("--compare", args.compare,
+                  "memento: off runs without memento, on runs with it; aor: both with memento "
+                  "(needs --cluster, ZeRO-1, --dp >= 2), off runs the trainer with --no-aor (the "
+                  "optimizer shards' copies cross the network), on feeds the host AOR replicas")
+      ->default_val(args.compare);
   cmd->add_flag("--keep", args.keep, "keep the run directories (logs, slots) under /dev/shm");
   cmd->add_flag("--json", args.json, "one-line JSON (the only output format)");
   cmd->callback([&ctx] { ctx.exit_code = RunOverheadBench(args); });

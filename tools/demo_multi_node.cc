@@ -139,12 +139,13 @@ Result<ClusterRun> RunCluster(const DemoArgs& a, const std::string& name, const 
                // Not "{rank}": the launcher substitutes that; the trainer
                // appends ".rank<k>".
                "--digest-file", out + "/digest", "--json", "--comm-timeout", "30",
-               // AOR's gradient capture blocks the trainer while the agent
-               // runs the host optimizer step (docs/reft.md section 5): about
-               // 7 ms of this demo's 84 ms step, measured with `memento demo`
-               // on the 2-core VM (10.5% against 0.2% without). Off here until
-               // the capture is asynchronous; the optimizer shards are then
-               // protected by network copies, as before AOR.
+               // AOR costs the training thread about 2 ms of this demo's
+               // 290 ms step, but on the 2-core VM the agents' AOR work takes
+               // the trainers' CPU: +19-22% step time, alternated rounds
+               // (`memento bench overhead --cluster --compare aor`,
+               // docs/reft.md section 5 "Limits"). Off here until that is
+               // within ~1%; the optimizer shards are then protected by
+               // network copies, as before AOR.
                "--no-aor"};
   MEMENTO_ASSIGN_OR_RETURN(auto launcher, launch::Launcher::Create(o));
   // The reporting rank: dp 0, tp 0, last pipeline stage.

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "memento/client.h"
 #include "opt/optimizer.h"
 
@@ -85,7 +86,14 @@ class MementoHooks : public TrainerHooks {
       // The gradient is final (all-reduced, clipped); the parameters are
       // still those of step - 1.
       const float lr = aor_trainer_->optimizer().LearningRate(step) * aor_lr_scale_;
+      Stopwatch w;
       Status aor = client_->CaptureGradients(step, lr);
+      // The first call registers with the agent: not timed, as the
+      // trainer's mean step leaves out its first step.
+      if (aor_.capture_calls++ > 0) {
+        ++aor_.captures;
+        aor_.capture_s += w.Seconds();
+      }
       // The replicas are redundancy, never a reason to stop training.
       if (!aor.ok())
         std::fprintf(stderr, "memento: aor capture of step %" PRId64 ": %s\n", step,
@@ -97,8 +105,16 @@ class MementoHooks : public TrainerHooks {
     if (aor_trainer_ != nullptr && step > held_through_) {
       Trainer* t = aor_trainer_;
       const size_t lo = t->optimizer_offset(), n = t->optimizer_numel();
-      Status aor = client_->ReportShardChecksum(
-          step, opt::ShardChecksum(lo, n, t->params() + lo, {t->adam_m(), t->adam_v()}));
+      Stopwatch w;
+      const uint64_t sum = opt::ShardChecksum(lo, n, t->params() + lo, {t->adam_m(), t->adam_v()});
+      const double checksum_s = w.Seconds();
+      w.Reset();
+      Status aor = client_->ReportShardChecksum(step, sum);
+      if (aor_.report_calls++ > 0) {
+        ++aor_.reports;
+        aor_.checksum_s += checksum_s;
+        aor_.report_s += w.Seconds();
+      }
       if (!aor.ok())
         std::fprintf(stderr, "memento: aor checksum of step %" PRId64 ": %s\n", step,
                      aor.ToString().c_str());
@@ -217,6 +233,18 @@ class MementoHooks : public TrainerHooks {
           Quantile(tally_.behind_steps, 1.0));
       out += buf;
     }
+    if (aor_trainer_ != nullptr) {
+      // What AOR costs this rank's training thread, per call (the host
+      // step itself runs in the agent; docs/reft.md section 5).
+      std::snprintf(buf, sizeof(buf),
+                    ", \"aor\": {\"captures\": %" PRId64
+                    ", \"capture_s\": %.6f, \"reports\": %" PRId64
+                    ", \"checksum_s\": %.6f, \"report_s\": %.6f}",
+                    aor_.captures, aor_.captures > 0 ? aor_.capture_s / aor_.captures : 0.0,
+                    aor_.reports, aor_.reports > 0 ? aor_.checksum_s / aor_.reports : 0.0,
+                    aor_.reports > 0 ? aor_.report_s / aor_.reports : 0.0);
+      out += buf;
+    }
     return out + "}";
   }
 
@@ -243,6 +271,12 @@ class MementoHooks : public TrainerHooks {
   int64_t skip_step_ = -1;
   const int64_t every_;
   Trainer* const aor_trainer_;  // null: no AOR
+  // Time the training thread spends on AOR (sums; SummaryJson: means).
+  struct {
+    int64_t capture_calls = 0, report_calls = 0;
+    int64_t captures = 0, reports = 0;  // timed: all calls but the first
+    double capture_s = 0, checksum_s = 0, report_s = 0;
+  } aor_;
   const float aor_lr_scale_;
 };
 

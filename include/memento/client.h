@@ -279,22 +279,30 @@ class Client {
   // AOR, each step after the gradient is final (all-reduce, clipping) and
   // before the optimizer step `step` changes the parameters: copies the
   // gradient and parameter slices of the ranges this rank feeds into the
-  // node's staging file and has the agent bring its replicas forward (a
-  // synchronous call: the host optimizer step runs on the agent while the
-  // trainer waits). `lr`: the learning rate of this step; NaN: the
+  // node's staging file (hashing each block as it is copied) and rings the
+  // file's doorbell; no request is made and nothing is waited for (but a
+  // slot two steps back the agent has not read yet: at most 2 s, then the
+  // step's capture is skipped with Unavailable saying so). The agent's
+  // watcher of the file queues it and its AOR thread runs the host
+  // optimizer step off the training path (docs/reft.md section 5). `lr`:
+  // the learning rate of this step; NaN: the
   // optimizer's own schedule. OK and nothing copied when the rank feeds no
   // replica (single node, DP 1, ZeRO off) or the agent has no plan yet.
   // FailedPrecondition before Seal() or without RegisterGradients;
   // InvalidArgument for step < 1 or an infinite lr; the agent's error
-  // otherwise (a replica that fails its check is not an error: the agent
-  // logs it and seeds the replica again).
+  // when registering (a slot the agent refuses, or a replica that fails its
+  // check, is not an error of the call: the agent logs and counts it, and
+  // the replica is seeded again).
   virtual Status CaptureGradients(int64_t step, float lr) = 0;
 
   // AOR, after the optimizer step `step`: this rank's own
   // opt::ShardChecksum of its shard (params slice and state slices after the
-  // step). The agent publishes it; every replica of the shard is checked
-  // against it before its node reports the step COMPLETED. InvalidArgument
-  // for step < 1; FailedPrecondition before Seal().
+  // step). Written into the staging file's checksum ring (no request; a
+  // rank that feeds no replica, so has no staging file, sends a request);
+  // the agent publishes it, at the latest before its node reports the step;
+  // every replica of the shard is checked against it before the replica's
+  // node reports the step COMPLETED. InvalidArgument for step < 1;
+  // FailedPrecondition before Seal().
   virtual Status ReportShardChecksum(int64_t step, uint64_t checksum) = 0;
 
   // Reports the trainer's current phase (HAS scheduling; any thread). With

@@ -117,7 +117,16 @@ Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options,
                                           const opt::AorReplica& rep) {
       if (jm != nullptr) jm->OnAorAdvanced(r, step, rep);
     };
-    agent->aor_ = std::make_unique<AorHolder>(agent->root_, std::move(seed), std::move(advanced));
+    // The ranks' own shard checksums, read from their staging files by the
+    // holder's watchers: published to the store off the training path.
+    AorHolder::OnChecksum sums = nullptr;
+    if (jm != nullptr) {
+      sums = [jm](int rank, int64_t step, uint64_t sum) {
+        return jm->OnShardChecksum(rank, step, sum);
+      };
+    }
+    agent->aor_ = std::make_unique<AorHolder>(agent->root_, std::move(seed), std::move(advanced),
+                                              std::move(sums));
     if (jm != nullptr) jm->SetAorHolder(agent->aor_.get());
   }
   if (pipe2(agent->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return ErrnoError("pipe", errno);

@@ -1,11 +1,13 @@
 #include "agent/aor_holder.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -139,17 +141,33 @@ Result<std::unique_ptr<opt::AorReplica>> ReadAorFile(
   return r;
 }
 
-AorHolder::AorHolder(std::string root, SeedSource seed, OnAdvanced on_advanced)
-    : root_(std::move(root)), seed_(std::move(seed)), on_advanced_(std::move(on_advanced)) {}
+AorHolder::AorHolder(std::string root, SeedSource seed, OnAdvanced on_advanced,
+                     OnChecksum on_checksum)
+    : root_(std::move(root)),
+      seed_(std::move(seed)),
+      on_advanced_(std::move(on_advanced)),
+      on_checksum_(std::move(on_checksum)) {}
 
 AorHolder::~AorHolder() { StopThread(); }
 
+void AorHolder::StopWatcher(std::unique_ptr<Watcher> w) {
+  if (w == nullptr) return;
+  w->stop.store(true);
+  // Woken without a ring (the client's doorbell count is left as it is).
+  syscall(SYS_futex, &shm::StageHeader(w->stage->data())->doorbell, FUTEX_WAKE, 1, nullptr, nullptr,
+          0);
+  if (w->thread.joinable()) w->thread.join();
+}
+
 void AorHolder::StopThread() {
+  std::map<int, std::unique_ptr<Watcher>> watchers;
   {
     MutexLock l(&q_mu_);
     stop_ = true;
+    watchers.swap(watchers_);
   }
   q_cv_.SignalAll();
+  for (auto& [rank, w] : watchers) StopWatcher(std::move(w));
   if (worker_.joinable()) worker_.join();
 }
 
@@ -201,9 +219,31 @@ Result<shm::AorRegisterReply> AorHolder::Register(int rank, std::string_view enc
     }
   }
   f.ranges = std::move(ranges);
+  std::unique_ptr<Watcher> old;
   {
     MutexLock q(&q_mu_);
     stages_[rank] = f.stage;
+    queued_seq_.erase(rank);
+    auto w = watchers_.find(rank);
+    if (w != watchers_.end()) {
+      old = std::move(w->second);
+      watchers_.erase(w);
+    }
+  }
+  StopWatcher(std::move(old));  // it watched the file this one replaced
+  {
+    MutexLock p(&sum_mu_);
+    published_.erase(rank);
+  }
+  if (f.stage != nullptr) {
+    MutexLock q(&q_mu_);
+    if (!stop_) {
+      auto w = std::make_unique<Watcher>();
+      w->stage = f.stage;
+      Watcher* raw = w.get();
+      w->thread = std::thread([this, rank, raw] { Watch(rank, raw); });
+      watchers_[rank] = std::move(w);
+    }
   }
   MutexLock l(&mu_);
   for (const AorRange& r : f.ranges) {
@@ -279,6 +319,98 @@ std::string SlotProblem(const AorStageSlot* slot, uint32_t state, int64_t step) 
 
 }  // namespace
 
+bool AorHolder::EnqueueLocked(int rank, const AorStageSlot* slot, int64_t step, float lr) {
+  uint32_t& last = queued_seq_[rank][shm::StageSlotOf(step)];
+  if (slot->seq == last) return false;  // this write of the slot is queued already
+  last = slot->seq;
+  ++submitted_;
+  queue_.push_back(Queued{rank, step, lr});
+  pending_.insert(step);
+  if (!worker_.joinable()) worker_ = std::thread([this] { Worker(); });
+  q_cv_.SignalAll();
+  return true;
+}
+
+void AorHolder::ScanLocked(int rank, const shm::Segment& stage) {
+  if (stop_) return;
+  // The older step first: the replica advances in step order.
+  const AorStageSlot* ready[shm::kAorStageSlots];
+  int n = 0;
+  for (int k = 0; k < shm::kAorStageSlots; ++k) {
+    const AorStageSlot* slot = shm::StageSlot(stage.data(), k);
+    if (shm::StageState(slot) == kStageReady && slot->step >= 1) ready[n++] = slot;
+  }
+  if (n == 2 && ready[1]->step < ready[0]->step) std::swap(ready[0], ready[1]);
+  for (int i = 0; i < n; ++i) {
+    // lr from the slot (NaN: the optimizer's schedule); Capture checks the
+    // state and the step again when it takes it.
+    if (EnqueueLocked(rank, ready[i], ready[i]->step, ready[i]->lr)) ++rang_;
+  }
+}
+
+void AorHolder::PublishRing(int rank, const shm::Segment& stage) {
+  if (!on_checksum_) return;
+  MutexLock p(&sum_mu_);
+  std::vector<std::pair<int64_t, uint64_t>> fresh;
+  auto& done = published_[rank];
+  for (int k = 0; k < shm::kAorSumRing; ++k) {
+    int64_t step = 0;
+    uint64_t sum = 0;
+    if (!shm::ReadStageSum(stage.data(), k, &step, &sum) || step < 1) continue;
+    auto it = done.find(k);
+    if (it != done.end() && it->second == std::make_pair(step, sum)) continue;
+    done[k] = {step, sum};
+    fresh.emplace_back(step, sum);
+  }
+  std::sort(fresh.begin(), fresh.end());
+  for (const auto& [step, sum] : fresh) {
+    Status st = on_checksum_(rank, step, sum);
+    ++sums_published_;
+    if (!st.ok()) {
+      MEMENTO_LOG_WARN("aor: publishing rank {}'s shard checksum of step {}: {}", rank, step,
+                       st.ToString());
+    }
+  }
+}
+
+void AorHolder::Watch(int rank, Watcher* w) {
+  // Below the trainers, as the AOR thread: a ring must not preempt the
+  // trainer that rang (the node's step path publishes the checksums itself
+  // when this thread lags: PublishChecksums).
+  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+  uint8_t* base = w->stage->data();
+  // Only a ring makes it look: a slot nobody rang for is the business of
+  // whoever wrote it (Submit, Capture, WaitCaptured's scan). From the
+  // doorbell's value at Register (0), not at this thread's start: rings
+  // before it ran are not missed.
+  uint32_t seen = 0;
+  while (!w->stop.load()) {
+    // Returns at once when the doorbell moved since `seen` (no wake is
+    // missed); the timeout only bounds how long a stop waits.
+    shm::WaitStageDoorbell(base, seen, 200);
+    if (w->stop.load()) break;
+    const uint32_t now = shm::StageDoorbell(base);
+    if (now == seen) continue;
+    seen = now;
+    {
+      MutexLock q(&q_mu_);
+      ScanLocked(rank, *w->stage);
+    }
+    PublishRing(rank, *w->stage);
+  }
+}
+
+void AorHolder::PublishChecksums() {
+  std::vector<std::pair<int, std::shared_ptr<shm::Segment>>> stages;
+  {
+    MutexLock q(&q_mu_);
+    for (const auto& [rank, seg] : stages_) {
+      if (seg != nullptr) stages.emplace_back(rank, seg);
+    }
+  }
+  for (const auto& [rank, seg] : stages) PublishRing(rank, *seg);
+}
+
 Status AorHolder::Submit(int rank, int64_t step, float lr) {
   MutexLock q(&q_mu_);
   auto it = stages_.find(rank);
@@ -297,16 +429,15 @@ Status AorHolder::Submit(int rank, int64_t step, float lr) {
                     stage.path(), shm::StageSlotOf(step), SlotProblem(slot, state, step)));
   }
   if (stop_) return UnavailableError("the agent's AOR thread is stopping");
-  ++submitted_;
-  queue_.push_back(Queued{rank, step, lr});
-  pending_.insert(step);
-  if (!worker_.joinable()) worker_ = std::thread([this] { Worker(); });
-  q_cv_.SignalAll();
+  EnqueueLocked(rank, slot, step, lr);  // false: its watcher queued it first
   return Status::Ok();
 }
 
 bool AorHolder::WaitCaptured(int64_t step, Deadline deadline) {
   MutexLock q(&q_mu_);
+  for (const auto& [rank, seg] : stages_) {
+    if (seg != nullptr) ScanLocked(rank, *seg);
+  }
   while (!pending_.empty() && *pending_.begin() <= step) {
     if (stop_ || deadline.expired()) return false;
     q_cv_.WaitUntil(&q, std::min(deadline.when(), Now() + std::chrono::milliseconds(50)));
@@ -377,10 +508,10 @@ Status AorHolder::Capture(int rank, int64_t step, float lr) {
   const uint64_t total = shm::StageHeader(f.stage->data())->total_count;
   const uint64_t written = slot->data_checksum;
   taken_.resize(2 * total);
-  std::memcpy(taken_.data(), shm::StageData(f.stage->data(), k), 2 * total * sizeof(float));
+  const uint64_t sum =
+      CopyAndChecksum(taken_.data(), shm::StageData(f.stage->data(), k), 2 * total * sizeof(float));
   __atomic_store_n(&slot->state, kStageDone, __ATOMIC_RELEASE);
   const float* data = taken_.data();
-  const uint64_t sum = Checksum(data, 2 * total * sizeof(float));
   if (sum != written) {
     ++stats_.stage_refused;
     return DataLossError(fmt::format(
@@ -477,9 +608,14 @@ AorHolder::Stats AorHolder::stats() {
     MutexLock l(&mu_);
     s = stats_;
   }
-  MutexLock q(&q_mu_);
-  s.submitted = submitted_;
-  s.stage_refused += submit_refused_;
+  {
+    MutexLock q(&q_mu_);
+    s.submitted = submitted_;
+    s.rang = rang_;
+    s.stage_refused += submit_refused_;
+  }
+  MutexLock p(&sum_mu_);
+  s.sums_published = sums_published_;
   return s;
 }
 

@@ -8,8 +8,13 @@
 // client maps. Each step, after the all-reduce and clipping and before its
 // optimizer step t, the client copies the ranges' gradient slices and
 // pre-update parameter slices into the staging file's slot of t (double
-// buffered) and says `aor_capture` (t, lr). The agent answers at once
-// (Submit) and its AOR thread then (Capture), off the training path, takes
+// buffered) and rings the file's doorbell (shm/aor_stage.h): no request, so
+// the trainer never waits for the agent. The file's watcher thread (one per
+// staging file, woken by the doorbell) queues each new ready slot once (by
+// its sequence number; an older client's `aor_capture` goes through Submit
+// to the same queue) and publishes the rank's own shard checksums from the
+// file's ring (OnChecksum: the cluster writes them to the store). The AOR
+// thread then (Capture), off the training path, takes
 // the slot (refused when torn, overwritten early or not hashing right:
 // counted in Stats::stage_refused) and, for each range:
 //
@@ -32,10 +37,12 @@
 // replica is seeded again.
 //
 // Thread safety: every public method is thread-safe (mu_ guards the
-// replicas, q_mu_ the AOR thread's queue; q_mu_ is never held while taking
-// mu_).
+// replicas, q_mu_ the AOR thread's queue and the watchers; q_mu_ is never
+// held while taking mu_; sum_mu_ serialises the checksum publications and
+// is never held while taking q_mu_ or mu_).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -115,8 +122,14 @@ class AorHolder {
   // held: keep it short): the cluster writes the T1 entry from it.
   using OnAdvanced =
       std::function<void(const AorRange& range, int64_t step, const opt::AorReplica& replica)>;
+  // A local rank's own ShardChecksum of `step`, read from its staging
+  // file's ring (in step order; a rollback's recomputed step again): the
+  // cluster publishes it (JobMember::OnShardChecksum). Called with no lock
+  // of the holder held but sum_mu_, so calls never overlap.
+  using OnChecksum = std::function<Status(int rank, int64_t step, uint64_t checksum)>;
 
-  AorHolder(std::string root, SeedSource seed, OnAdvanced on_advanced = nullptr);
+  AorHolder(std::string root, SeedSource seed, OnAdvanced on_advanced = nullptr,
+            OnChecksum on_checksum = nullptr);
   ~AorHolder();
 
   // aor_register of `rank`: `ranges` (this rank's, from the plan; may be
@@ -132,14 +145,21 @@ class AorHolder {
   // AOR thread and returns; the host step runs there (Capture), not while
   // the trainer waits.
   [[nodiscard]] Status Submit(int rank, int64_t step, float lr) EXCLUDES(mu_, q_mu_);
-  // Stops the AOR thread (the captures still queued are dropped; one in
-  // progress finishes) and joins it; Submit answers Unavailable from then
-  // on. The agent calls it before its JobMember goes (the thread calls into
+  // Stops the AOR thread and the watchers (the captures still queued are
+  // dropped; one in progress finishes) and joins them; Submit answers
+  // Unavailable from then on. The agent calls it before its JobMember goes (the thread calls into
   // it); the destructor too.
   void StopThread() EXCLUDES(q_mu_);
-  // Waits until every capture submitted of a step <= `step` has been
-  // processed by the AOR thread; false at the deadline (or when stopped).
+  // Waits until every capture of a step <= `step` has been processed by
+  // the AOR thread: first queues the staging files' ready slots that no
+  // watcher queued yet (the doorbell rang, the watcher has not run), then
+  // waits for the queue; false at the deadline (or when stopped).
   bool WaitCaptured(int64_t step, Deadline deadline) EXCLUDES(q_mu_);
+  // Publishes (OnChecksum) every valid checksum in the staging files'
+  // rings not published yet, now, in the caller's thread: the node's step
+  // path calls it so that it never reports step t complete before its
+  // ranks' checksums up to t are published, even when a watcher lags.
+  void PublishChecksums() EXCLUDES(q_mu_, sum_mu_);
   // Processes the capture now (the AOR thread; tests): takes the slot of
   // `step` (Ready -> Reading -> Done), copies its slices out, checks them.
   // FailedPrecondition when the rank did not register or the slot is not
@@ -171,6 +191,8 @@ class AorHolder {
     int64_t seeded = 0;
     int64_t refused = 0;         // divergences caught
     int64_t submitted = 0;       // captures queued for the AOR thread
+    int64_t rang = 0;            // of which found by a doorbell or a scan (no request)
+    int64_t sums_published = 0;  // own shard checksums published from the rings
     int64_t stage_refused = 0;   // stage slots not used (torn, overwritten, bad hash)
     int64_t capture_errors = 0;  // queued captures that failed (logged)
   };
@@ -198,6 +220,7 @@ class AorHolder {
   const std::string root_;
   const SeedSource seed_;
   const OnAdvanced on_advanced_;
+  const OnChecksum on_checksum_;
   Mutex mu_;
   std::map<int, Feeder> feeders_ GUARDED_BY(mu_);  // holder rank ->
   std::map<int, Held> replicas_ GUARDED_BY(mu_);   // owner rank ->
@@ -211,6 +234,26 @@ class AorHolder {
     float lr;
   };
   void Worker() EXCLUDES(q_mu_);
+  // Queues the slot of `step` of `rank` unless its sequence number was
+  // queued already (false then).
+  bool EnqueueLocked(int rank, const shm::AorStageSlot* slot, int64_t step, float lr)
+      REQUIRES(q_mu_);
+  // Queues the ready slots of `rank`'s staging file not queued yet.
+  void ScanLocked(int rank, const shm::Segment& stage) REQUIRES(q_mu_);
+  // Publishes the new valid entries of the ring of `rank`'s staging file.
+  void PublishRing(int rank, const shm::Segment& stage) EXCLUDES(sum_mu_);
+  // A staging file's watcher: waits on its doorbell, scans, publishes.
+  struct Watcher {
+    std::shared_ptr<shm::Segment> stage;
+    std::atomic<bool> stop{false};
+    std::thread thread;
+  };
+  void Watch(int rank, Watcher* w) EXCLUDES(q_mu_, sum_mu_);
+  static void StopWatcher(std::unique_ptr<Watcher> w);
+  Mutex sum_mu_;
+  // rank -> ring entry -> the (step, checksum) published from it.
+  std::map<int, std::map<int, std::pair<int64_t, uint64_t>>> published_ GUARDED_BY(sum_mu_);
+  int64_t sums_published_ GUARDED_BY(sum_mu_) = 0;
   Mutex q_mu_;
   CondVar q_cv_;
   std::deque<Queued> queue_ GUARDED_BY(q_mu_);
@@ -218,6 +261,10 @@ class AorHolder {
   // Submit checks without waiting for a host step in progress (mu_).
   std::map<int, std::shared_ptr<shm::Segment>> stages_ GUARDED_BY(q_mu_);
   int64_t submitted_ GUARDED_BY(q_mu_) = 0;
+  int64_t rang_ GUARDED_BY(q_mu_) = 0;
+  // rank -> stage slot -> the sequence number last queued from it.
+  std::map<int, std::map<int, uint32_t>> queued_seq_ GUARDED_BY(q_mu_);
+  std::map<int, std::unique_ptr<Watcher>> watchers_ GUARDED_BY(q_mu_);
   int64_t submit_refused_ GUARDED_BY(q_mu_) = 0;
   std::multiset<int64_t> pending_ GUARDED_BY(q_mu_);  // queued or in flight
   bool stop_ GUARDED_BY(q_mu_) = false;

@@ -465,5 +465,94 @@ TEST(AorHolderTest, ATrainerKilledMidCaptureLeavesATornStageTheAgentRefuses) {
   EXPECT_EQ(h.stats().seeded, 1);
 }
 
+// What the client does since the capture and the checksum need no request
+// (shm/aor_stage.h): it stages each step and rings the doorbell, and leaves
+// its own shard checksum in the file's ring. The file's watcher finds every
+// step without a Submit (the replica equals the owner byte for byte) and
+// publishes the checksums in step order, each once; WaitCaptured and
+// PublishChecksums (the node's step path) do it themselves when the watcher
+// has not run yet. A torn ring entry is never published; a rollback's
+// recomputed step is published again.
+TEST(AorHolderTest, CapturesAndChecksumsNeedNoRequestTheDoorbellWakesTheAgent) {
+  ScratchDir dir("aor-holder");
+  Pair p(TestSeed("AorHolderTest"));
+  Mutex mu;
+  std::vector<std::pair<int64_t, uint64_t>> published;
+  AorHolder h(dir.path(), p.Seeds(), nullptr, [&](int rank, int64_t step, uint64_t sum) {
+    EXPECT_EQ(rank, 0);
+    MutexLock l(&mu);
+    published.emplace_back(step, sum);
+    return Status::Ok();
+  });
+  ASSERT_TRUE(h.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
+  auto seg = shm::Segment::Open(h.StagePath(0), /*writable=*/true);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  uint8_t* base = (*seg)->data();
+  // Rank 0's own checksum of step t (any value: the holder only relays it).
+  auto own = [](int64_t t) { return 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(t); };
+  for (int i = 0; i < 12; ++i) {
+    p.NextGradient();
+    const int64_t t = p.step + 1;
+    ASSERT_TRUE(Stage(h.StagePath(0), p, t, p.optimizer->LearningRate(t)).ok());
+    shm::RingStageDoorbell(base);
+    p.OwnerStep();
+    shm::WriteStageSum(base, t, own(t));
+    shm::RingStageDoorbell(base);
+  }
+  ASSERT_TRUE(h.WaitCaptured(p.step, Deadline::AfterSeconds(60)));
+  ExpectEqualsOwner(h, p);
+  for (int64_t s = p.step - 11; s <= p.step; ++s) {
+    auto sum = h.ChecksumOf(1, s);
+    ASSERT_TRUE(sum.ok()) << sum.status();
+    EXPECT_EQ(*sum, p.sums.at(s)) << "step " << s;
+  }
+  h.PublishChecksums();
+  {
+    MutexLock l(&mu);
+    // The ring keeps the last kAorSumRing steps: a watcher that ran late
+    // published from there on; in step order, each once.
+    ASSERT_FALSE(published.empty());
+    for (size_t k = 1; k < published.size(); ++k) {
+      EXPECT_GT(published[k].first, published[k - 1].first);
+    }
+    std::map<int64_t, uint64_t> got(published.begin(), published.end());
+    for (int64_t s = p.step - shm::kAorSumRing + 1; s <= p.step; ++s) {
+      ASSERT_EQ(got.count(s), 1u) << "step " << s << " not published";
+      EXPECT_EQ(got[s], own(s)) << "step " << s;
+    }
+    published.clear();
+  }
+  AorHolder::Stats stats = h.stats();
+  EXPECT_EQ(stats.submitted, 12);
+  EXPECT_EQ(stats.rang, 12);  // every capture found without a request
+  EXPECT_EQ(stats.advanced, 12);
+  EXPECT_EQ(stats.stage_refused, 0);
+  EXPECT_EQ(stats.capture_errors, 0);
+  EXPECT_GE(stats.sums_published, shm::kAorSumRing);
+
+  // A writer killed mid-entry: step 13's checksum without its check.
+  shm::AorSumEntry* e = &shm::StageHeader(base)->sums[13 % shm::kAorSumRing];
+  e->check = 0;
+  e->step = 13;
+  e->checksum = own(13);
+  h.PublishChecksums();
+  e->check = shm::SumCheck(13, own(13)) ^ 2;  // or torn between its fields
+  h.PublishChecksums();
+  {
+    MutexLock l(&mu);
+    EXPECT_TRUE(published.empty())
+        << "a torn ring entry was published (step " << published.front().first << ")";
+  }
+  // A rollback: step 10 recomputed to other bytes is published again.
+  shm::WriteStageSum(base, 10, own(10) + 1);
+  h.PublishChecksums();
+  {
+    MutexLock l(&mu);
+    ASSERT_EQ(published.size(), 1u);
+    EXPECT_EQ(published[0].first, 10);
+    EXPECT_EQ(published[0].second, own(10) + 1);
+  }
+}
+
 }  // namespace
 }  // namespace memento::agent

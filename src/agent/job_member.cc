@@ -994,6 +994,10 @@ constexpr size_t kAorSumsKept = 8;
 }  // namespace
 
 Status JobMember::OnShardChecksum(int rank, int64_t step, uint64_t checksum) {
+  // One publication at a time: two overlapping ones (the staging file's
+  // watcher and an `aor_checksum` request) could otherwise store an older
+  // set after a newer one.
+  MutexLock p(&aor_sum_mu_);
   nlohmann::json j = nlohmann::json::object();
   {
     MutexLock l(&aor_mu_);
@@ -1125,6 +1129,10 @@ void JobMember::OnAorAdvanced(const AorRange& range, int64_t step, const opt::Ao
 Status JobMember::CheckAorCopies(int64_t step) {
   if (aor_ == nullptr) return Status::Ok();
   coord::JobKeys keys(job_);
+  // This node's ranks' own checksums up to `step` are in their staging
+  // files' rings before their snapshots of `step`: published now if a
+  // watcher has not yet, so the holders of their replicas find them.
+  aor_->PublishChecksums();
   // The captures are advanced in the AOR thread: the ones of `step` and
   // before first (a replica that has not computed `step` by the deadline is
   // not confirmed at it; a copy it did not make was pushed).

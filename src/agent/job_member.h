@@ -186,7 +186,9 @@ class JobMember {
   // The `aor_checksum` op: local rank `rank`'s own ShardChecksum after
   // `step`, published at aor/sum/<rank> (the recent steps) for the nodes
   // that hold replicas of its shard.
-  Status OnShardChecksum(int rank, int64_t step, uint64_t checksum) EXCLUDES(aor_mu_);
+  // Also called by the AOR holder's watchers (AorHolder::OnChecksum) with
+  // the checksums the ranks left in their staging files.
+  Status OnShardChecksum(int rank, int64_t step, uint64_t checksum) EXCLUDES(aor_mu_, aor_sum_mu_);
   // AorHolder::SeedSource: the owner's shard at `step` from the network copy
   // its node pushed (this node's T1 entry of the kAor copy) and its
   // published checksum; Unavailable while either is missing. A replica that
@@ -341,6 +343,7 @@ class JobMember {
   void ForgetAorHeld() EXCLUDES(aor_mu_);
   AorHolder* aor_ = nullptr;
   Mutex aor_mu_;
+  Mutex aor_sum_mu_;  // serialises OnShardChecksum's publications (taken before aor_mu_)
   std::map<int, std::map<int64_t, uint64_t>> own_sums_ GUARDED_BY(aor_mu_);  // local ranks
   std::map<uint32_t, int64_t> aor_confirmed_ GUARDED_BY(aor_mu_);  // copy -> step first confirmed
   std::map<uint32_t, std::set<int64_t>> aor_entries_ GUARDED_BY(aor_mu_);  // made from the replica

@@ -31,6 +31,7 @@
 #include "client/restore.h"
 #include "client/slot_prefault.h"
 #include "client/testing_hooks.h"
+#include "common/checksum.h"
 #include "common/log.h"
 #include "fmt/format.h"
 #include "shm/agent_messages.h"
@@ -237,6 +238,9 @@ class ClientImpl final : public Client, private client::SlotSink {
       while (shm::StageBusy(shm::StageState(slot))) {
         if (wait.expired()) {
           ++aor_busy_skips_;
+          // An agent that no longer watches the file (restarted) gets a new
+          // registration at the next capture.
+          aor_registered_ = false;
           return UnavailableError(fmt::format(
               "AOR capture of step {} skipped ({} so far): the agent has not read step {} from "
               "the same stage slot after {} s; the replicas are seeded again from their owners' "
@@ -247,24 +251,26 @@ class ClientImpl final : public Client, private client::SlotSink {
       }
     }
     float* d = shm::BeginStage(base, step);
+    // One pass: each block is hashed right after it is copied, from cache.
+    aor_sum_.Reset();
+    auto copy = [this](float* to, const float* from, uint64_t count) {
+      constexpr uint64_t kBlock = 16 * 1024;  // floats: 64 KiB
+      for (uint64_t off = 0; off < count; off += kBlock) {
+        const uint64_t n = std::min(kBlock, count - off);
+        std::memcpy(to + off, from + off, n * sizeof(float));
+        aor_sum_.Update(to + off, n * sizeof(float));
+      }
+    };
     for (const shm::AorRangeEntry& r : aor_.ranges) {
-      std::memcpy(d, grads_.grads + r.offset, r.count * sizeof(float));
-      std::memcpy(d + r.count, params_ + r.offset, r.count * sizeof(float));
+      copy(d, grads_.grads + r.offset, r.count);
+      copy(d + r.count, params_ + r.offset, r.count);
       d += 2 * r.count;
     }
-    shm::FinishStage(base, step, lr);
-    // The agent queues it and answers at once; its AOR thread runs the host
-    // step while this trainer goes on.
-    Status st =
-        agent_.Call(shm::AorCaptureRequest(options_.rank, step, lr), Deadline::AfterSeconds(10))
-            .status();
-    if (!st.ok()) {
-      // Not queued: the slot is free again (unless the agent took it after all).
-      uint32_t ready = shm::kStageReady;
-      __atomic_compare_exchange_n(&slot->state, &ready, shm::kStageEmpty, false, __ATOMIC_ACQ_REL,
-                                  __ATOMIC_ACQUIRE);
-    }
-    return st;
+    shm::FinishStage(base, step, lr, aor_sum_.Digest());
+    // No request: the file's watcher in the agent wakes up, queues the slot
+    // and its AOR thread runs the host step while this trainer goes on.
+    shm::RingStageDoorbell(base);
+    return Status::Ok();
   }
 
   Status ReportShardChecksum(int64_t step, uint64_t checksum) override {
@@ -272,6 +278,15 @@ class ClientImpl final : public Client, private client::SlotSink {
     if (step < 1) {
       return InvalidArgumentError(fmt::format("ReportShardChecksum: step {} < 1", step));
     }
+    if (aor_registered_ && aor_stage_ != nullptr) {
+      // Into the staging file's ring, no request: the agent publishes it
+      // (its watcher, or at the latest before its node reports the step).
+      shm::WriteStageSum(aor_stage_->data(), step, checksum);
+      shm::RingStageDoorbell(aor_stage_->data());
+      return Status::Ok();
+    }
+    // No staging file (this rank feeds no replica): a request, which the
+    // agent answers after publishing.
     return agent_
         .Call(shm::AorChecksumRequest(options_.rank, step, checksum), Deadline::AfterSeconds(10))
         .status();
@@ -478,6 +493,7 @@ class ClientImpl final : public Client, private client::SlotSink {
       }
       total += e.count;
     }
+    aor_stage_.reset();  // an earlier registration's
     if (!r.ranges.empty()) {
       MEMENTO_ASSIGN_OR_RETURN(aor_stage_, shm::Segment::Open(r.path, /*writable=*/true));
       const uint64_t need = shm::StageFileBytes(total);
@@ -683,6 +699,7 @@ class ClientImpl final : public Client, private client::SlotSink {
   bool aor_registered_ = false;
   shm::AorRegisterReply aor_;
   std::unique_ptr<shm::Segment> aor_stage_;
+  StreamingChecksum aor_sum_;  // of the slices a capture stages
   // How long a capture waits for the agent to have read the slot it reuses
   // (two steps back) before it skips the step.
   static constexpr double kAorStageWaitS = 2.0;

@@ -4,16 +4,19 @@
 // (agent/aor_holder.h) to bring them forward off the training path. Created
 // by the agent at aor_register, mapped read-write by the client.
 //
-// Layout (fixed, little-endian): AorStageHeader (64 bytes), then
+// Layout (fixed, little-endian): AorStageHeader (256 bytes: the ranges'
+// sizes, the doorbell word and the ring of the rank's own shard checksums),
+// then
 // kAorStageSlots slots, each an AorStageSlot (64 bytes) followed by, for
 // each range of the aor_register reply in its order, `count` fp32 gradients
 // and `count` fp32 parameters. Step s uses slot s % kAorStageSlots (double
 // buffering: the client stages s+1 while the agent still reads s).
 //
 // A slot's state word is the hand-off:
-//   client:  Empty/Done -> Writing, writes the slices, step, lr and the
-//            xxHash3 of the data, -> Ready (release), then sends aor_capture
-//            (the agent answers at once and advances in its own thread);
+//   client:  Empty/Done -> Writing, writes the slices, step, lr, a new
+//            sequence number and the xxHash3 of the data, -> Ready
+//            (release), then rings the doorbell (RingStageDoorbell: no
+//            request, no reply: the trainer does not wait for the agent);
 //   agent:   Ready -> Reading (compare-and-swap), copies the slices out,
 //            checks the step and the hash, -> Done.
 // A client never writes a slot that is Ready or Reading (the agent has not
@@ -24,32 +27,65 @@
 // bytes do not hash right is refused too; the replica then stays at its last
 // step and is seeded again from the owner's copy, never advanced from it.
 //
-// Thread safety: one writer (the rank's trainer thread), one reader (the
-// agent's AOR thread); the state word is the only shared synchronisation.
+// The doorbell (a futex word in the header) is what the agent's watcher of
+// the file waits on: the client increments it and wakes the watcher after
+// each capture and each shard checksum. An older client's `aor_capture`
+// request still works (the agent queues a slot once, by its sequence
+// number, whichever way it learns of it).
+//
+// The checksum ring (kAorSumRing entries, step s in entry s % kAorSumRing):
+// the rank's own ShardChecksum of each step (ReportShardChecksum), which the
+// agent publishes to the job's store for the replicas of this rank's shard
+// to be checked against. An entry is valid when its `check` is SumCheck of
+// its step and checksum: a torn entry (a trainer killed while writing it)
+// is never published.
+//
+// Thread safety: one writer (the rank's trainer thread), readers in the
+// agent (the file's watcher, the AOR thread, the node's step path); the
+// state words, the doorbell and the entries' checks are the only shared
+// synchronisation.
 #pragma once
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 
 #include "common/checksum.h"
 
 namespace memento::shm {
 
-inline constexpr char kAorStageMagic[8] = {'M', 'E', 'M', 'A', 'O', 'R', 'S', '2'};
+inline constexpr char kAorStageMagic[8] = {'M', 'E', 'M', 'A', 'O', 'R', 'S', '3'};
 inline constexpr int kAorStageSlots = 2;
+inline constexpr int kAorSumRing = 8;
+
+// One of the rank's own shard checksums (ReportShardChecksum).
+struct AorSumEntry {
+  int64_t step;
+  uint64_t checksum;
+  uint64_t check;  // SumCheck(step, checksum); anything else: not (yet) valid
+};
+static_assert(sizeof(AorSumEntry) == 24);
 
 struct AorStageHeader {
   char magic[8];
   uint32_t num_ranges;
   uint32_t slots;        // kAorStageSlots
   uint64_t total_count;  // sum of the ranges' counts
-  uint64_t pad[5];
+  uint32_t doorbell;     // futex word: incremented by the client, waited on by the agent
+  uint32_t reserved;
+  uint64_t pad[4];
+  AorSumEntry sums[kAorSumRing];
 };
-static_assert(sizeof(AorStageHeader) == 64);
+static_assert(sizeof(AorStageHeader) == 256);
 
 struct AorStageSlot {
   uint32_t state;  // kStage* below
-  uint32_t reserved;
+  uint32_t seq;    // the client's capture count when it wrote the slot
+
   int64_t step;  // the optimizer step the slices feed
   float lr;      // NaN: the optimizer's schedule
   uint32_t reserved2;
@@ -112,15 +148,67 @@ inline float* BeginStage(uint8_t* base, int64_t step) {
   __atomic_store_n(&s->state, kStageWriting, __ATOMIC_RELEASE);
   return StageData(base, StageSlotOf(step));
 }
-// After the data is written: step, lr, checksum, then ready.
-inline void FinishStage(uint8_t* base, int64_t step, float lr) {
+// After the data is written: step, lr, checksum (`data_checksum`: the
+// xxHash3 of the slot's data, which the writer computed while copying it),
+// then ready.
+inline void FinishStage(uint8_t* base, int64_t step, float lr, uint64_t data_checksum) {
   const int k = StageSlotOf(step);
   AorStageSlot* s = StageSlot(base, k);
   s->step = step;
   s->lr = lr;
-  s->data_checksum =
-      Checksum(StageData(base, k), 2 * StageHeader(base)->total_count * sizeof(float));
+  s->data_checksum = data_checksum;
+  s->seq = s->seq + 2;  // never 0, and new for each write of this slot
   __atomic_store_n(&s->state, kStageReady, __ATOMIC_RELEASE);
+}
+inline void FinishStage(uint8_t* base, int64_t step, float lr) {
+  const int k = StageSlotOf(step);
+  FinishStage(base, step, lr,
+              Checksum(StageData(base, k), 2 * StageHeader(base)->total_count * sizeof(float)));
+}
+
+// The doorbell: the agent's watcher of the file wakes up (a futex wake on
+// the shared mapping; no reply is waited for).
+inline uint32_t StageDoorbell(const uint8_t* base) {
+  return __atomic_load_n(&reinterpret_cast<const AorStageHeader*>(base)->doorbell,
+                         __ATOMIC_ACQUIRE);
+}
+inline void RingStageDoorbell(uint8_t* base) {
+  uint32_t* word = &StageHeader(base)->doorbell;
+  __atomic_add_fetch(word, 1, __ATOMIC_ACQ_REL);
+  syscall(SYS_futex, word, FUTEX_WAKE, 1, nullptr, nullptr, 0);
+}
+// Waits until the doorbell differs from `seen` or `timeout_ms` passed
+// (the agent's watcher).
+inline void WaitStageDoorbell(uint8_t* base, uint32_t seen, int timeout_ms) {
+  timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+  syscall(SYS_futex, &StageHeader(base)->doorbell, FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+inline uint64_t SumCheck(int64_t step, uint64_t checksum) {
+  const uint64_t v[2] = {static_cast<uint64_t>(step), checksum};
+  return Checksum(v, sizeof(v)) | 1;  // never 0 (a fresh file's entries)
+}
+// The client: the rank's own checksum of `step` into its ring entry.
+inline void WriteStageSum(uint8_t* base, int64_t step, uint64_t checksum) {
+  AorSumEntry* e = &StageHeader(base)->sums[step % kAorSumRing];
+  __atomic_store_n(&e->check, 0, __ATOMIC_RELEASE);
+  __atomic_store_n(&e->step, step, __ATOMIC_RELEASE);
+  __atomic_store_n(&e->checksum, checksum, __ATOMIC_RELEASE);
+  __atomic_store_n(&e->check, SumCheck(step, checksum), __ATOMIC_RELEASE);
+}
+// The agent: entry k when it is valid (false: never written, being
+// written or torn).
+inline bool ReadStageSum(const uint8_t* base, int k, int64_t* step, uint64_t* checksum) {
+  const AorSumEntry* e = &reinterpret_cast<const AorStageHeader*>(base)->sums[k];
+  const uint64_t check = __atomic_load_n(&e->check, __ATOMIC_ACQUIRE);
+  const int64_t s = __atomic_load_n(&e->step, __ATOMIC_ACQUIRE);
+  const uint64_t c = __atomic_load_n(&e->checksum, __ATOMIC_ACQUIRE);
+  if (check == 0 || check != SumCheck(s, c) ||
+      __atomic_load_n(&e->check, __ATOMIC_ACQUIRE) != check)
+    return false;
+  *step = s;
+  *checksum = c;
+  return true;
 }
 
 }  // namespace memento::shm

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -158,6 +159,50 @@ TEST(BenchOverheadSmoke, FailingTrainerIsReportedAndCleanedUp) {
   EXPECT_FALSE(dir.empty());
   EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
   std::filesystem::remove(err);
+}
+
+// --compare aor: both sides are memento cluster runs, the off side with
+// the trainer's --no-aor. The on side's ranks report what AOR cost their
+// training thread per call; the off side reports none. Shape only, no
+// timing. Without --cluster the comparison is refused, saying why.
+TEST(BenchOverheadSmoke, CompareAorRunsBothSidesWithMementoAndReportsAorPerCall) {
+  const std::string err = StderrFile("memento-bench-smoke");
+  const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench overhead --json --trainer " +
+                          MEMENTO_TRAINER_BINARY +
+                          " --preset tiny --steps 6 --rounds 1 --dp 2 --pp 2 --batch 4"
+                          " --micro-batches 2 --run-timeout 60 --cluster --compare aor 2>" +
+                          err;
+  auto [rc, out] = RunShell(cmd);
+  ASSERT_EQ(rc, 0) << out;
+  std::ifstream in(err);
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(err);
+  auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["compare"], "aor");
+  ASSERT_EQ(j["per_round"].size(), 1u);
+  const nlohmann::json& r = j["per_round"][0];
+  // Both sides snapshotted (memento on): their hooks ran.
+  EXPECT_GT(r["fence_s_off"].get<double>() + r["snapshot_s_off"].get<double>(), 0) << out;
+  EXPECT_GT(r["fence_s_on"].get<double>() + r["snapshot_s_on"].get<double>(), 0) << out;
+  const nlohmann::json& aor = r["aor_per_call_on"];
+  ASSERT_TRUE(aor.is_object()) << out;
+  EXPECT_EQ(aor["ranks"], 4) << out;  // DP 2 x PP 2: every rank feeds its DP peer's replica
+  // Steps 2 to 6 on every rank (the first call is not timed).
+  EXPECT_EQ(aor["captures"].get<double>(), 5) << out;
+  EXPECT_EQ(aor["reports"].get<double>(), 5) << out;
+  EXPECT_GE(aor["capture_s"].get<double>(), 0) << out;
+  EXPECT_GE(aor["checksum_s"].get<double>(), 0) << out;
+  EXPECT_GE(aor["report_s"].get<double>(), 0) << out;
+  // The round's lines: one per side, the on side with AOR's times.
+  EXPECT_NE(log.find("round 0 aor off"), std::string::npos) << log;
+  EXPECT_NE(log.find("round 0 aor on"), std::string::npos) << log;
+  EXPECT_NE(log.find("aor per call: capture"), std::string::npos) << log;
+
+  auto [rc2, out2] = RunShell(std::string(MEMENTO_CLI_BINARY) +
+                              " bench overhead --json --preset tiny --compare aor 2>&1");
+  EXPECT_NE(rc2, 0) << out2;
+  EXPECT_NE(out2.find("--compare aor needs --cluster"), std::string::npos) << out2;
 }
 
 }  // namespace
