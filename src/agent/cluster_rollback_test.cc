@@ -1,8 +1,8 @@
 // JobMember::SetRestoreTarget (kPeerSetRestoreTarget) against a real agent
 // cluster mode in this process: a real embedded store over authenticated TCP,
 // a real node store and commit word in shared memory. The job goes back to
-// the restored step, so the skips, the hold and the skip records of later
-// steps belong to the failed attempt and must not keep the new attempt's
+// the restored step, so the skips, the hold, the trainers' claims and the
+// skip records of later steps belong to the failed attempt and must not keep the new attempt's
 // steps from committing (chaos campaign seed 0x5f3f57eb lost 5 steps because
 // every step between the restored one and the next failure had a stale skip).
 #include <stdlib.h>
@@ -75,6 +75,10 @@ TEST(ClusterRollback, RestoreTargetForgetsTheFailedAttemptsLaterSteps) {
   ASSERT_TRUE(word_seg.ok()) << word_seg.status();
   auto* word = reinterpret_cast<shm::CommitWord*>((*word_seg)->data());
   shm::StoreWord(&word->hold, 14);
+  // Rank 0 overwrote its slot of step 13 to write 15 (a claim stays after the
+  // write); rank 1 last overwrote step 8's slot.
+  shm::StoreWord(&word->claim[0], 13);
+  shm::StoreWord(&word->claim[1], 8);
 
   // The recovery restores step 10.
   c.SetRestoreTarget(10);
@@ -85,6 +89,11 @@ TEST(ClusterRollback, RestoreTargetForgetsTheFailedAttemptsLaterSteps) {
   EXPECT_TRUE(c.Dead(9));
   // The hold of step 14 would make the trainers skip snapshots into its slot.
   EXPECT_EQ(shm::LoadWord(&word->hold), -1);
+  // So would the claim of step 13: the new attempt's step 13 would be
+  // abandoned as "rank 0 is overwriting its slot of it" (agent_recovery_test
+  // saw no step after the restored one commit). The older claim stays.
+  EXPECT_EQ(shm::LoadWord(&word->claim[0]), -1);
+  EXPECT_EQ(shm::LoadWord(&word->claim[1]), 8);
   // This node's skip record of the later step is gone from the store (an
   // agent restarted later would read it again); the older one and the other
   // node's (deleted by that node's own agent) are left.

@@ -30,6 +30,17 @@ bool CommitHold::Claimed(int rank, int64_t step) const {
   return rank < shm::kCommitWordMaxRanks && shm::LoadWord(&word_->claim[rank]) == step;
 }
 
+void CommitHold::ForgetClaimsAbove(int64_t step) {
+  for (int r = 0; r < shm::kCommitWordMaxRanks; ++r) {
+    int64_t claim = shm::LoadWord(&word_->claim[r]);
+    // A claim that changes meanwhile is a live client's: left as it is.
+    if (claim > step) {
+      __atomic_compare_exchange_n(&word_->claim[r], &claim, int64_t{-1}, false, __ATOMIC_SEQ_CST,
+                                  __ATOMIC_SEQ_CST);
+    }
+  }
+}
+
 void CommitHold::Commit(int64_t step) {
   shm::StoreWord(&word_->committed, step);
   int64_t hold = shm::LoadWord(&word_->hold);

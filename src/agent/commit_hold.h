@@ -36,6 +36,12 @@ class CommitHold {
   int64_t held() const;
   // Rank `rank` claimed its slot of `step` to overwrite it.
   bool Claimed(int rank, int64_t step) const;
+  // A recovery took the job back to `step` (its trainers are stopped): the
+  // claims of later steps are the failed attempt's. A client leaves its
+  // claim in place after it overwrote the slot, so without this the new
+  // attempt's step of the same number would be abandoned as "being
+  // overwritten" and never commit.
+  void ForgetClaimsAbove(int64_t step);
   // `step` committed: the trainers keep it from now on; a hold on it or an
   // older step is released.
   void Commit(int64_t step);

@@ -324,6 +324,10 @@ void JobMember::SetRestoreTarget(int64_t step, uint64_t epoch) {
   // targets its slot until the hold times out.
   const int64_t hold = hold_->held();
   if (hold > step) hold_->Release(hold);
+  // So would a trainer's claim of a later step (it claimed that step's slot
+  // to overwrite it in the failed attempt): the new attempt's step of that
+  // number would be abandoned as being overwritten, and never commit.
+  hold_->ForgetClaimsAbove(step);
   // T1 entries of later steps (made here or pushed by peers) would refuse
   // the new attempt's entries of the same step ("already finished").
   red_->DropAbove(step);
