@@ -44,6 +44,10 @@ struct Job {
   // keep a short job from committing at all).
   int warmup_ms = 500;
   int max_restarts = 3;
+  // The workload's --pace-commits: each step it wrote commits (or is let go)
+  // before the next, so a loaded machine does not turn the job's steps into
+  // skips (a kill "at step N" that never fires, no version after a recovery).
+  bool pace_commits = false;
   std::vector<std::string> extra;  // more launch flags
   int world() const { return nodes * ranks_per_node; }
   int dp_size() const { return dp > 0 ? dp : world() / (tp * pp); }
@@ -157,6 +161,7 @@ inline std::vector<std::string> LaunchArgv(const Job& job, const std::string& di
         std::string("--warmup-ms"), std::to_string(job.warmup_ms), std::string("--out"), out_dir}) {
     argv.push_back(a);
   }
+  if (job.pace_commits) argv.push_back("--pace-commits");
   return argv;
 }
 

@@ -35,6 +35,9 @@ struct ShardedJob : Job {
   ShardedJob() {
     steps = 24;
     extra = {"--sharded"};
+    // 24 steps of 15 ms: under load the whole job could end while step 4
+    // waited for its commit (steps 5-24 skipped, the kill at 10 never fired).
+    pace_commits = true;
   }
 };
 

@@ -24,6 +24,12 @@
 // <out>/rank<r>.restores.
 //
 // --reference: no memento; prints the digest of state(--steps) and exits.
+// --pace-commits: after each snapshot it wrote, wait until its agent's commit
+// word says that step committed or was let go uncommitted, or another rank
+// marked it skipped in the rendezvous directory (at most 30 s;
+// tests/shm/commit_pace.h): on a loaded machine the steps still become
+// versions one after the other instead of being skipped while an early one
+// waits for its commit.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -39,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "../shm/commit_pace.h"
 #include "common/checksum.h"
 #include "memento/client.h"
 
@@ -186,6 +193,7 @@ int main(int argc, char** argv) {
   int warmup_ms = 0;
   std::string out;
   bool reference = false;
+  bool pace_commits = false;
   Layout l;
   l.rank = EnvInt("MEMENTO_RANK", 0);
   l.world = EnvInt("MEMENTO_WORLD_SIZE", 1);
@@ -206,6 +214,9 @@ int main(int argc, char** argv) {
   app.add_option("--pp", l.pp, "PP size (default $MEMENTO_PP)");
   app.add_option("--zero", l.zero, "ZeRO stage (default $MEMENTO_ZERO): 1 adds the dp_sharded opt");
   app.add_flag("--reference", reference, "No memento: print the digest of state(--steps)");
+  app.add_flag("--pace-commits", pace_commits,
+               "After each snapshot written, wait (at most 30 s) until it committed, its agent "
+               "let it go or another rank skipped it");
   CLI11_PARSE(app, argc, argv);
   l.world = l.dp * l.tp * l.pp;
   if (n < 64) Fail("--elements must be >= 64");
@@ -288,9 +299,20 @@ int main(int argc, char** argv) {
     if (memento::Status st = c.Fence(memento::Deadline::AfterSeconds(60)); !st.ok()) {
       Fail("fence before step " + std::to_string(step) + ": " + st.ToString());
     }
+    if (pace_commits && step > start && !c.LastSnapshotStats().skipped) {
+      const auto end =
+          memento::testing::WaitForCommitOrRelease(opts.agent_dir, step - 1, rendezvous, 30);
+      if (end != memento::testing::PaceEnd::kCommitted) {
+        std::printf("rank %d: step %lld did not commit (pace end %d)\n", l.rank,
+                    static_cast<long long>(step - 1), static_cast<int>(end));
+      }
+    }
     s.Update(step);
     if (memento::Status st = c.Snapshot(step); !st.ok()) {
       Fail("snapshot " + std::to_string(step) + ": " + st.ToString());
+    }
+    if (pace_commits && c.LastSnapshotStats().step == step && c.LastSnapshotStats().skipped) {
+      memento::testing::MarkSkipped(rendezvous, step);
     }
     if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
     Barrier(rendezvous, step, l.rank, l.world);

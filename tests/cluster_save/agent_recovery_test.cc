@@ -107,10 +107,26 @@ class AgentRecoveryTest : public ::testing::Test {
   pid_t StartTrainer(int rank, int64_t steps) {
     const std::string barrier = tmp_.path() + "/barrier";
     mkdir(barrier.c_str(), 0700);
-    return Spawn({CLUSTER_TRAINER_BIN, "--job", kJob, "--dir", Root(rank), "--rank",
-                  std::to_string(rank), "--world", std::to_string(kNodes), "--bytes",
-                  std::to_string(256 << 10), "--steps", std::to_string(steps), "--step-sleep",
-                  "0.05", "--progress", ProgressPath(rank), "--barrier", barrier},
+    return Spawn({CLUSTER_TRAINER_BIN,
+                  "--job",
+                  kJob,
+                  "--dir",
+                  Root(rank),
+                  "--rank",
+                  std::to_string(rank),
+                  "--world",
+                  std::to_string(kNodes),
+                  "--bytes",
+                  std::to_string(256 << 10),
+                  "--steps",
+                  std::to_string(steps),
+                  "--step-sleep",
+                  "0.05",
+                  "--progress",
+                  ProgressPath(rank),
+                  "--barrier",
+                  barrier,
+                  "--pace-commits"},
                  Log("trainer" + std::to_string(rank)));
   }
 

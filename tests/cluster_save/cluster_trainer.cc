@@ -11,6 +11,11 @@
 //   K <step>            snapshot <step> was skipped (cluster mode)
 //   E <message>         an error; exits 1
 //   X done
+// --pace-commits: after each snapshot it wrote, wait until the agent's commit
+// word says that step committed or was let go uncommitted, or another rank
+// marked it skipped in --barrier (at most 30 s; ../shm/commit_pace.h), so
+// that on a loaded machine the steps still become versions one after the
+// other instead of being skipped.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "../shm/commit_pace.h"
 #include "client/testing_hooks.h"
 #include "common/checksum.h"
 #include "common/log.h"
@@ -109,6 +115,7 @@ int main(int argc, char** argv) {
   size_t bytes = 1 << 20;
   int64_t steps = 10;
   double step_sleep_s = 0;
+  bool pace_commits = false;
   app.add_option("--job", job)->required();
   app.add_option("--dir", dir)->required();
   app.add_option("--rank", rank);
@@ -118,6 +125,7 @@ int main(int argc, char** argv) {
   app.add_option("--step-sleep", step_sleep_s);
   app.add_option("--progress", progress)->required();
   app.add_option("--barrier", barrier);
+  app.add_flag("--pace-commits", pace_commits);
   CLI11_PARSE(app, argc, argv);
   memento::InitLogging("trainer rank" + std::to_string(rank));
   // The tests slow this trainer's chunk copies down through its environment
@@ -170,13 +178,25 @@ int main(int argc, char** argv) {
     st = client->Fence();
     if (!st.ok()) Fail(st.ToString());
     if (pending >= 0) {
-      Emit(fmt::format("{} {}", client->LastSnapshotStats().skipped ? "K" : "C", pending));
+      const bool skipped = client->LastSnapshotStats().skipped;
+      Emit(fmt::format("{} {}", skipped ? "K" : "C", pending));
+      if (pace_commits && !skipped) {
+        const auto end = memento::testing::WaitForCommitOrRelease(dir, pending, barrier, 30);
+        if (end != memento::testing::PaceEnd::kCommitted) {
+          std::fprintf(stderr, "cluster_trainer: step %lld did not commit (pace end %d)\n",
+                       static_cast<long long>(pending), static_cast<int>(end));
+        }
+      }
     }
     Barrier(barrier, rank, world, model.cursor.step + 1);
     model.Step();
     Emit(fmt::format("S {}", model.cursor.step));
     st = client->Snapshot(model.cursor.step);
     if (!st.ok()) Fail(st.ToString());
+    if (pace_commits && client->LastSnapshotStats().step == model.cursor.step &&
+        client->LastSnapshotStats().skipped) {
+      memento::testing::MarkSkipped(barrier, model.cursor.step);
+    }
     pending = model.cursor.step;
     Emit(fmt::format("D {} {}", model.cursor.step, model.Digest()));
     if (step_sleep_s > 0) usleep(static_cast<useconds_t>(step_sleep_s * 1e6));
