@@ -115,7 +115,9 @@ void Setup(CLI::App &app, CommandContext &ctx) {
                   "Failures to inject: kill-rank:R@step=N, kill-agent:I@step=N, "
                   "kill-node:I@step=N, corrupt-rank:R@step=N, corrupt-durable@step=N, "
                   "kill-store@step=N, kill-store@recovery=K, kill-agent:I@recovery=K, "
-                  "kill-node:I@recovery=K (during recovery K, 0-based), comma-separated");
+                  "kill-node:I@recovery=K (during recovery K, 0-based; I may be 'leader' with "
+                  "--recovery-by agents: the agents' recovery leader, killed while it waits for "
+                  "a lost node's replacement), comma-separated");
   cmd->add_flag("--store-process", o.store_process,
                 "Run the coordination store as a child process (`memento store`); "
                 "kill-store implies it");

@@ -31,7 +31,8 @@ std::string Injection::ToString() const {
                                                     ? "@recovery=" + std::to_string(recovery)
                                                     : "@step=" + std::to_string(step));
   }
-  return std::string(InjectKindName(kind)) + ":" + std::to_string(target) +
+  return std::string(InjectKindName(kind)) + ":" +
+         (target == kLeader ? std::string("leader") : std::to_string(target)) +
          (recovery >= 0 ? "@recovery=" + std::to_string(recovery)
                         : "@step=" + std::to_string(step));
 }
@@ -119,11 +120,18 @@ Result<Injection> ParseOne(std::string_view entry, int world_size, int num_nodes
     return InvalidArgumentError("injection " + quoted + ": unknown kind '" + std::string(kind) +
                                 "'" + form);
   }
-  if (!ParseNumber(target, &inj.target) || inj.target < 0) {
+  const bool rank = inj.kind == InjectKind::kKillRank || inj.kind == InjectKind::kCorruptRank;
+  if (target == "leader") {
+    if (rank || when.substr(0, 9) != "recovery=") {
+      return InvalidArgumentError("injection " + quoted +
+                                  ": target 'leader' is only for kill-agent and kill-node "
+                                  "during a recovery (kill-agent:leader@recovery=K)");
+    }
+    inj.target = Injection::kLeader;
+  } else if (!ParseNumber(target, &inj.target) || inj.target < 0) {
     return InvalidArgumentError("injection " + quoted + ": target '" + std::string(target) +
                                 "' is not a non-negative integer");
   }
-  const bool rank = inj.kind == InjectKind::kKillRank || inj.kind == InjectKind::kCorruptRank;
   const int limit = rank ? world_size : num_nodes;
   if (inj.target >= limit) {
     return InvalidArgumentError("injection " + quoted + ": " + (rank ? "rank " : "node ") +

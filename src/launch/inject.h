@@ -26,6 +26,14 @@
 //                         the recovery starts over with node I's agent
 //                         restarted on its root (kill-agent) or replaced on an
 //                         empty one (kill-node: its data is one more loss)
+//   kill-agent:leader@recovery=K, kill-node:leader@recovery=K
+//                         `memento launch --recovery-by agents` only: the
+//                         node whose agent leads the agents' recoveries.
+//                         When recovery K waits for a lost node's
+//                         replacement, the launcher files the request first
+//                         and kills the leader while it waits (the leader
+//                         lost mid-recovery: another agent takes the request
+//                         over); otherwise the node leading at that point
 //                         (kill-rank and corrupt-rank take only '@step=N': no
 //                         trainer runs during a recovery)
 //
@@ -59,9 +67,12 @@ enum class InjectKind : uint8_t {
 std::string_view InjectKindName(InjectKind kind);
 
 struct Injection {
+  // target of kill-agent|kill-node:leader@recovery=K.
+  static constexpr int kLeader = -1;
   InjectKind kind = InjectKind::kKillRank;
-  int target =
-      0;  // rank (kill-rank, corrupt-rank) or node index; 0 for kill-store, corrupt-durable
+  // rank (kill-rank, corrupt-rank) or node index (kLeader: the recovery
+  // leader's node, resolved when it fires); 0 for kill-store, corrupt-durable
+  int target = 0;
   int64_t step = 0;  // fires when the job reaches this step (when recovery < 0)
   // kill-store, kill-agent, kill-node: fires during recovery number
   // `recovery` instead (0-based).

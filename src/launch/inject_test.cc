@@ -70,6 +70,18 @@ TEST(ParseInjections, AgentAndNodeKillsDuringARecovery) {
   EXPECT_EQ((*r)[1].ToString(), "kill-node:3@recovery=0");
 }
 
+TEST(ParseInjections, TheRecoveryLeadersNode) {
+  auto r = ParseInjections("kill-agent:leader@recovery=0,kill-node:leader@recovery=2", 8, 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_EQ((*r)[0].kind, InjectKind::kKillAgent);
+  EXPECT_EQ((*r)[0].target, Injection::kLeader);
+  EXPECT_EQ((*r)[0].recovery, 0);
+  EXPECT_EQ((*r)[0].ToString(), "kill-agent:leader@recovery=0");
+  EXPECT_EQ((*r)[1].kind, InjectKind::kKillNode);
+  EXPECT_EQ((*r)[1].ToString(), "kill-node:leader@recovery=2");
+}
+
 TEST(ParseInjections, BadInputNamesTheEntry) {
   struct Case {
     const char* text;
@@ -103,6 +115,9 @@ TEST(ParseInjections, BadInputNamesTheEntry) {
       {"kill-node:1@recovery=x", "recovery 'x'"},
       {"kill-agent:1@recovery=-2", "recovery '-2'"},
       {"kill-node:4@recovery=0", "node 4 does not exist"},
+      {"kill-node:leader@step=3", "target 'leader' is only for kill-agent and kill-node during"},
+      {"kill-rank:leader@recovery=0", "target 'leader' is only for kill-agent and kill-node"},
+      {"kill-agent:Leader@recovery=0", "target 'Leader'"},
   };
   for (const Case& c : cases) {
     auto r = ParseInjections(c.text, 8, 4);

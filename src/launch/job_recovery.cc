@@ -179,6 +179,40 @@ Result<JobRecovery> RecoverJob(coord::Store& store, const topo::Plan& plan,
     }
     for (auto& t : threads) t.join();
   }
+  // An agent restarted on its root lists the redundancy it adopted before it
+  // has loaded the plan again (plan_hash 0 until then): Decide would ignore
+  // that redundancy as made under another plan. Ask such a node again until
+  // it has the plan (a recovery started the moment its endpoint appeared,
+  // e.g. by the agents' leader; at most 20 s, then as it answers).
+  {
+    const std::string body = json{{"verify", options.verify}}.dump();
+    auto waiting_for_plan = [](const Result<recover::NodeInventory>& a) {
+      if (!a.ok() || a->plan_hash != 0) return false;
+      for (const recover::VersionHolding& v : a->versions) {
+        if (!v.copies.empty() || !v.parities.empty()) return true;
+      }
+      return false;
+    };
+    const Deadline plan_wait = Deadline::AfterSeconds(20);
+    for (int i = 0; i < n; ++i) {
+      auto& a = answers[static_cast<size_t>(i)];
+      if (!waiting_for_plan(a)) continue;
+      MEMENTO_LOG_INFO("recovery: node {}'s agent has not loaded the plan yet; asking again", i);
+      while (waiting_for_plan(a) && !deadline.expired() && !plan_wait.expired()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        auto reply = CallPeer(endpoints[static_cast<size_t>(i)], token, agent::kPeerInventory, body,
+                              deadline);
+        if (!reply.ok()) {
+          a = reply.status();
+          break;
+        }
+        json j = json::parse(*reply, nullptr, false);
+        a = j.is_discarded() ? Result<recover::NodeInventory>(
+                                   InvalidArgumentError("inventory reply is not JSON"))
+                             : recover::NodeInventoryFromJson(j);
+      }
+    }
+  }
   out.committed = options.committed;
   for (int i = 0; i < n; ++i) {
     auto& a = answers[static_cast<size_t>(i)];

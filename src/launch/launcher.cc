@@ -96,6 +96,12 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
   }
   if (!(o.store_down_s >= 0)) return InvalidArgumentError("--store-down-s must be >= 0");
   for (const Injection& i : *inj) {
+    if (i.target == Injection::kLeader && o.recovery_by != "agents") {
+      return InvalidArgumentError("injection " + i.ToString() +
+                                  ": the recovery leader is the agents' (--recovery-by agents); "
+                                  "with --recovery-by " +
+                                  o.recovery_by + " no agent leads");
+    }
     if (i.kind != InjectKind::kKillStore) continue;
     if (!o.store_url.empty()) {
       return InvalidArgumentError("injection " + i.ToString() + ": the store " + o.store_url +

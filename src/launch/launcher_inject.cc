@@ -141,12 +141,94 @@ Result<std::string> Launcher::State::FireRecoveryInjections(int recovery) {
     }
     // kill-agent / kill-node: the agent is dead (reaped) when this returns,
     // so the recovery's round fails and the next one restarts or replaces it.
-    KillAgentOrNode(inj);
-    (void)agents[static_cast<size_t>(inj.target)].Wait(Deadline::AfterSeconds(10));
+    Injection kill = inj;
+    if (kill.target == Injection::kLeader) {
+      auto leader = store->Get(RecoveryLeaderKey(o.job), Deadline::AfterSeconds(5));
+      auto node = leader.ok() ? coord::ParseNodeName(leader->value) : Result<int>(leader.status());
+      if (!node.ok() || *node < 0 || *node >= o.nodes) {
+        Say(inj.ToString() + ": no recovery leader elected (" + node.status().ToString() +
+            "); nothing killed");
+        continue;
+      }
+      kill.target = *node;
+      Say(inj.ToString() + ": node " + std::to_string(kill.target) + " leads");
+    }
+    KillAgentOrNode(kill);
+    (void)agents[static_cast<size_t>(kill.target)].Wait(Deadline::AfterSeconds(10));
     killed += (killed.empty() ? "" : ", ") + inj.ToString();
   }
   if (killed.empty()) return killed;
   return "injected " + killed;
+}
+
+Status Launcher::State::KillLeaderMidRecovery(int recovery) {
+  size_t k = 0;
+  while (k < injections.size() && (fired[k] || injections[k].recovery != recovery ||
+                                   injections[k].target != Injection::kLeader)) {
+    ++k;
+  }
+  if (k == injections.size() || StoreDown() || !plan.has_value()) return Status::Ok();
+  const std::string down = DeadAgents();
+  const int64_t committed = Committed();
+  if (down.empty() || committed < 0) return Status::Ok();
+  const Injection& inj = injections[k];
+  // A dead leader would hold the key until its lease expires.
+  auto key = store->Get(RecoveryLeaderKey(o.job), Deadline::AfterSeconds(5));
+  if (key.ok() && key->lease != 0) {
+    auto node = coord::ParseNodeName(key->value);
+    if (node.ok() && *node >= 0 && *node < o.nodes &&
+        !agents[static_cast<size_t>(*node)].running()) {
+      store->RevokeLease(key->lease, Deadline::AfterSeconds(5)).IgnoreError();
+    }
+  }
+  // The dead agents' endpoints go now (as StartAgent would drop them), so
+  // the leader waits for their agents instead of failing inventory rounds.
+  coord::JobKeys keys(o.job);
+  for (int i = 0; i < o.nodes; ++i) {
+    if (agents[static_cast<size_t>(i)].running()) continue;
+    auto kv = store->Get(keys.Node(coord::NodeName(i)), Deadline::AfterSeconds(5));
+    if (kv.ok() && kv->lease != 0) {
+      store->RevokeLease(kv->lease, Deadline::AfterSeconds(5)).IgnoreError();
+    }
+  }
+  // What RecoverByAgents does before its request.
+  ApplyPendingCorruptions(committed);
+  ApplyPendingDurableCorruption();
+  MEMENTO_ASSIGN_OR_RETURN(
+      filed_request, RequestRecovery(*store, o.job, Deadline::AfterSeconds(5), agents_epoch_floor));
+  Say("recovery " + std::to_string(recovery) + " asked of the agents' recovery leader (request " +
+      std::to_string(filed_request) + ", the agents of node(s)" + down + " still down)");
+  const Deadline deadline = Deadline::AfterSeconds(o.recovery_timeout_s);
+  for (;;) {
+    auto view = ReadRecoveryView(*store, o.job, Deadline::AfterSeconds(5));
+    if (view.ok() && view->has_status && view->status.id == filed_request) {
+      const RecoveryStatus& st = view->status;
+      if (st.final()) {
+        Say(inj.ToString() + ": request " + std::to_string(filed_request) + " ended (" + st.state +
+            ") before the leader could be killed; nothing killed");
+        fired[k] = true;
+        return Status::Ok();
+      }
+      auto node = coord::ParseNodeName(st.leader);
+      if (node.ok() && *node >= 0 && *node < o.nodes &&
+          agents[static_cast<size_t>(*node)].running()) {
+        fired[k] = true;
+        Injection kill = inj;
+        kill.target = *node;
+        Say("injecting " + inj.ToString() + ": " + st.leader + ", the leader of request " +
+            std::to_string(filed_request) + " (" + st.state + ")");
+        KillAgentOrNode(kill);
+        (void)agents[static_cast<size_t>(kill.target)].Wait(Deadline::AfterSeconds(10));
+        return Status::Ok();
+      }
+    }
+    if (deadline.expired()) {
+      return DeadlineExceededError("no recovery leader took up request " +
+                                   std::to_string(filed_request) + " within --recovery-timeout " +
+                                   Seconds3(o.recovery_timeout_s) + " s (" + inj.ToString() + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 void Launcher::State::ApplyPendingCorruptions(int64_t committed) {

@@ -329,8 +329,16 @@ std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(
   // when an agent turns out dead during the recovery, it is restarted on
   // its root and the recovery starts over (at most kRecoveryRounds times).
   constexpr int kRecoveryRounds = 3;
+  filed_request = 0;
   for (int round = 0;; ++round) {
     std::string failed;
+    if (o.recovery_by == "agents") {
+      // kill-*:leader@recovery=N: the leader lost while it waits for the
+      // agents still down here.
+      if (Status st = KillLeaderMidRecovery(rep->n); !st.ok()) {
+        return JobEnd{false, 1, st.ToString()};
+      }
+    }
     for (int i = 0; i < o.nodes && failed.empty(); ++i) {
       Subprocess& a = agents[static_cast<size_t>(i)];
       if (a.running()) continue;  // reaps one that died unnoticed
@@ -366,7 +374,12 @@ std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(
       if (o.recovery_by == "agents") {
         // The agents' leader runs it (the same path as under torchrun or
         // Slurm); the launcher only waits for its outcome.
-        Say("recovery " + std::to_string(rep->n) + " asked of the agents' recovery leader");
+        Say(filed_request == 0
+                ? "recovery " + std::to_string(rep->n) + " asked of the agents' recovery leader"
+                : "recovery " + std::to_string(rep->n) +
+                      ": waiting for the agents' recovery leader to finish "
+                      "request " +
+                      std::to_string(filed_request));
         auto outcome = RecoverByAgents();
         if (outcome.ok()) {
           if (DeadAgents().empty()) {
@@ -408,8 +421,12 @@ Result<RecoveryStatus> Launcher::State::RecoverByAgents() {
   const Deadline deadline = Deadline::AfterSeconds(o.recovery_timeout_s);
   // corrupt-durable applies before the leader may look at the durable tier.
   ApplyPendingDurableCorruption();
-  MEMENTO_ASSIGN_OR_RETURN(
-      int64_t id, RequestRecovery(*store, o.job, Deadline::AfterSeconds(5), agents_epoch_floor));
+  int64_t id = filed_request;
+  filed_request = 0;
+  if (id == 0) {
+    MEMENTO_ASSIGN_OR_RETURN(
+        id, RequestRecovery(*store, o.job, Deadline::AfterSeconds(5), agents_epoch_floor));
+  }
   std::string last = "no status yet";
   while (true) {
     auto view = ReadRecoveryView(*store, o.job, Deadline::AfterSeconds(5));

@@ -233,7 +233,17 @@ struct Launcher::State {
   // is restarted before this returns), kill-agent and kill-node. Returns
   // what was killed ("injected kill-node:1@recovery=0"; empty: nothing), so
   // the caller restarts that recovery's round.
+  // (kill-agent|kill-node:leader@recovery=N not fired before: the node
+  // whose agent leads at this point.)
   Result<std::string> FireRecoveryInjections(int recovery);
+  // --recovery-by agents, kill-agent|kill-node:leader@recovery=N while an
+  // agent of recovery N is still down (the lost node's, before it is
+  // replaced): files the request (filed_request), waits until the leader
+  // took it up (its status "waiting": it waits for that agent) and kills
+  // the leader's node; the next leader takes the request over. Nothing
+  // when no such injection is due or no agent is down (then
+  // FireRecoveryInjections fires it).
+  Status KillLeaderMidRecovery(int recovery);
   // corrupt-rank: applied to `committed` once the trainers are stopped.
   void ApplyPendingCorruptions(int64_t committed);
   // corrupt-durable: applied when a recovery falls back to the durable tier.
@@ -265,7 +275,9 @@ struct Launcher::State {
   // --recovery-by agents: raises recovery_request and waits for the leader's
   // final recovery_status of that request (or a newer one). Unavailable when
   // an agent died meanwhile, DeadlineExceeded past --recovery-timeout.
+  // Waits on filed_request instead when KillLeaderMidRecovery filed it.
   Result<RecoveryStatus> RecoverByAgents();
+  int64_t filed_request = 0;  // the request of the recovery in progress (0: none yet)
   // Fills the report from the leader's final status; the job's end when it
   // failed (exit 3 when nothing can be restored, as the launcher's own path).
   std::optional<JobEnd> TakeAgentsOutcome(const RecoveryStatus& s, RecoveryReport* rep);

@@ -592,6 +592,18 @@ TEST_F(ClusterTest, NetnsGlooTrainerNodeLossBitIdentical) {
 // MEMENTO_CLUSTER_AGENTS=1 and filters on ClusterAgentsTest); skipped in
 // cluster_cluster_test.
 class ClusterAgentsTest : public ::testing::Test {
+ public:
+  // Every recovery of the summary ran by the agents' leader.
+  static void ExpectRecoveredByAgents(const Outcome& o) {
+    ASSERT_TRUE(o.summary.is_object()) << Logs(o);
+    ASSERT_GE(o.summary["recoveries"].size(), 1u) << Logs(o);
+    for (const json& rec : o.summary["recoveries"]) {
+      EXPECT_EQ(rec["recovered_by"], "agents") << rec.dump() << "\n" << Logs(o);
+      EXPECT_EQ(rec["leader"].get<std::string>().rfind("node", 0), 0u) << rec.dump();
+    }
+    EXPECT_NE(o.output.find("asked of the agents' recovery leader"), std::string::npos) << Logs(o);
+  }
+
  protected:
   void SetUp() override {
     if (Chaos()) GTEST_SKIP() << "MEMENTO_CHAOS: only the chaos test runs";
@@ -603,16 +615,6 @@ class ClusterAgentsTest : public ::testing::Test {
     Job job;
     job.extra = {"--recovery-by", "agents"};
     return job;
-  }
-  // Every recovery of the summary ran by the agents' leader.
-  static void ExpectRecoveredByAgents(const Outcome& o) {
-    ASSERT_TRUE(o.summary.is_object()) << Logs(o);
-    ASSERT_GE(o.summary["recoveries"].size(), 1u) << Logs(o);
-    for (const json& rec : o.summary["recoveries"]) {
-      EXPECT_EQ(rec["recovered_by"], "agents") << rec.dump() << "\n" << Logs(o);
-      EXPECT_EQ(rec["leader"].get<std::string>().rfind("node", 0), 0u) << rec.dump();
-    }
-    EXPECT_NE(o.output.find("asked of the agents' recovery leader"), std::string::npos) << Logs(o);
   }
   testing::ScratchDir dir_{"cluster-agents"};
 };
@@ -676,6 +678,60 @@ TEST_F(ClusterAgentsTest, StoreKilledDuringRecoveryTheAgentsElectALeaderOnTheFre
   ExpectRestoredFromMemory(job, o, 1);
   EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({2})) << Logs(o);
   EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << Logs(o);
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
+// kill-agent|kill-node:leader@recovery=0: node 1 is lost; the launcher files
+// the request before it replaces node 1, so the leader takes it up and waits
+// for node 1's agent ("waiting"); then the leader's node is killed. Another
+// agent wins the lease, finds the request unfinished and takes it over
+// ("takeover"); the job ends bit-identical. Returns the killed leader.
+std::string ExpectLeaderKilledAndTakenOver(const Job& job, const Outcome& o) {
+  const std::string marker = "injecting " + job.inject.substr(job.inject.find(',') + 1) + ": ";
+  const size_t at = o.output.find(marker);
+  if (at == std::string::npos) {
+    ADD_FAILURE() << "no '" << marker << "' line\n" << Logs(o);
+    return "";
+  }
+  const std::string killed = o.output.substr(
+      at + marker.size(), o.output.find(',', at + marker.size()) - at - marker.size());
+  EXPECT_NE(o.output.find(killed + ", the leader of request 1 (waiting)"), std::string::npos)
+      << Logs(o);
+  ClusterAgentsTest::ExpectRecoveredByAgents(o);
+  EXPECT_EQ(o.summary["recoveries"].size(), 1u) << Logs(o);
+  const json& rec = o.summary["recoveries"][0];
+  EXPECT_EQ(rec["takeover"], true) << rec.dump() << "\n" << Logs(o);
+  EXPECT_NE(rec["leader"], killed) << rec.dump() << "\n" << Logs(o);
+  EXPECT_EQ(rec["source"], "memory") << Logs(o);
+  EXPECT_GT(rec["rebuilt_bytes"].get<uint64_t>(), 0u) << Logs(o);
+  return killed;
+}
+
+TEST_F(ClusterAgentsTest, LeadersAgentKilledMidRecoveryAnotherAgentTakesItOver) {
+  Job job = AgentsJob();
+  job.policy = "replicate";
+  job.inject = "kill-node:1@step=10,kill-agent:leader@recovery=0";
+  Outcome o = RunJob(job, dir_.path(), "agentsleaderagent");
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  ExpectLeaderKilledAndTakenOver(job, o);
+  ExpectRestoredFromMemory(job, o, 1);
+  EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({1})) << Logs(o);
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
+// The leader's whole node lost too: two nodes lost, which rs:2 protects.
+TEST_F(ClusterAgentsTest, LeadersNodeLostMidRecoveryAnotherAgentRebuildsBoth) {
+  Job job = AgentsJob();
+  job.policy = "rs:2";
+  job.inject = "kill-node:1@step=10,kill-node:leader@recovery=0";
+  Outcome o = RunJob(job, dir_.path(), "agentsleadernode");
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  const std::string killed = ExpectLeaderKilledAndTakenOver(job, o);
+  ExpectRestoredFromMemory(job, o, 1);
+  std::set<int> lost;
+  for (const json& n : o.summary["recoveries"][0]["lost_nodes"]) lost.insert(n.get<int>());
+  EXPECT_EQ(lost.count(1), 1u) << Logs(o);
+  EXPECT_EQ(lost.size(), 2u) << "node 1 and the leader's (" << killed << ")\n" << Logs(o);
   ExpectBitIdentical(job, o, dir_.path());
 }
 
