@@ -55,6 +55,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -107,6 +108,28 @@ struct Args {
 std::string JobName(const Args& a) {
   return a.store.rfind("etcd://", 0) == 0 ? "benchrecover-" + std::to_string(getpid())
                                           : std::string("benchrecover");
+}
+
+// MEMENTO_BENCH_PERF_CTL=CTL[,ACK]: the control (and ack) FIFOs of a
+// `perf record -D -1 --control fifo:CTL,ACK` started around the bench
+// (docs/benchmarks.md, "Profiling the recovery window"): "enable" is written
+// right before the recovery (step 5) and "disable" right after, so the
+// profile holds the recovery window only. Unset: nothing.
+void PerfControl(const char* cmd) {
+  const char* env = std::getenv("MEMENTO_BENCH_PERF_CTL");
+  if (env == nullptr || *env == '\0') return;
+  std::string spec(env);
+  std::string ctl = spec, ack;
+  if (size_t comma = spec.find(','); comma != std::string::npos) {
+    ctl = spec.substr(0, comma);
+    ack = spec.substr(comma + 1);
+  }
+  std::ofstream(ctl) << cmd << std::endl;
+  if (!ack.empty()) {
+    std::ifstream in(ack);
+    std::string line;
+    std::getline(in, line);  // "ack": perf has applied it
+  }
 }
 
 // One `memento agent` process in cluster mode.
@@ -412,12 +435,14 @@ Result<nlohmann::json> Run(const Args& a) {
     const double cpu0 = CpuSecondsOf(pids);
     std::vector<double> cpu0_each;
     for (pid_t pid : pids) cpu0_each.push_back(CpuSecondsOf({pid}));
+    PerfControl("enable");
     Stopwatch sw;
-    MEMENTO_ASSIGN_OR_RETURN(
-        launch::JobRecovery rec,
-        launch::RecoverJob(store, plan, token, ro, Deadline::AfterSeconds(300)));
+    Result<launch::JobRecovery> recovered =
+        launch::RecoverJob(store, plan, token, ro, Deadline::AfterSeconds(300));
     const double recover_s = sw.Seconds();
     const double recover_cpu_s = CpuSecondsOf(pids) - cpu0;
+    PerfControl("disable");
+    MEMENTO_ASSIGN_OR_RETURN(launch::JobRecovery rec, std::move(recovered));
     // Per process: the bench (the launcher's orchestration), then agent
     // 0, 1, ... (agent `lost` rebuilds, the others serve).
     nlohmann::json cpu_each = nlohmann::json::array();

@@ -104,6 +104,33 @@ struct RankJob {
   std::map<uint64_t, size_t> chunk_at;  // data offset -> chunk index
   std::vector<uint64_t> known_checksum;
   std::vector<uint8_t> known;  // 1: known_checksum holds the chunk's checksum
+  // Checksums a decode unit computed right after writing the whole chunk
+  // (one writer per chunk: the only unit whose output covers it).
+  std::vector<uint64_t> decoded_checksum;
+  std::vector<uint8_t> decoded;  // 1: decoded_checksum holds the chunk's checksum
+
+  // The slot data offset of piece byte `off` and the end (in piece bytes) of
+  // the extent holding it; false when no extent holds it.
+  bool SlotOf(uint32_t piece, uint64_t off, uint64_t* slot, uint64_t* extent_end) const {
+    for (const Extent& e : extents.at(piece)) {
+      if (off >= e.piece_offset && off < e.piece_offset + e.length) {
+        *slot = e.slot_offset + (off - e.piece_offset);
+        *extent_end = e.piece_offset + e.length;
+        return true;
+      }
+    }
+    return false;
+  }
+  // The first chunk boundary (a chunk's start or end) after slot offset `at`;
+  // UINT64_MAX when none.
+  uint64_t NextChunkBoundary(uint64_t at) const {
+    auto it = chunk_at.upper_bound(at);
+    if (it != chunk_at.begin()) {
+      const shm::ChunkEntry& c = layout.chunks[std::prev(it)->second];
+      if (at < c.offset + c.length) return c.offset + c.length;
+    }
+    return it == chunk_at.end() ? UINT64_MAX : it->first;
+  }
 };
 
 // One unit of parallel work: a window of a whole-piece read, or a window of
@@ -523,6 +550,8 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     }
     job->known_checksum.assign(job->layout.chunks.size(), 0);
     job->known.assign(job->layout.chunks.size(), 0);
+    job->decoded_checksum.assign(job->layout.chunks.size(), 0);
+    job->decoded.assign(job->layout.chunks.size(), 0);
   }
 
   // Units of work over every rank: reads and decodes in windows. A piece
@@ -555,8 +584,20 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
       }
       for (size_t b = 0; b < part.blocks.size(); ++b) {
         const uint64_t len = part.blocks[b].length;
-        for (uint64_t w = 0; w < len; w += options.window_bytes) {
-          units.push_back(Unit{j, p, b, w, std::min(options.window_bytes, len - w)});
+        const uint64_t base = part.blocks[b].offset;
+        for (uint64_t w = 0; w < len;) {
+          uint64_t end = w + std::min(options.window_bytes, len - w);
+          uint64_t slot = 0, extent_end = 0;
+          if (todo[j]->SlotOf(part.piece, base + w, &slot, &extent_end)) {
+            // End the window at the next chunk boundary when it falls
+            // inside: then the following windows each cover whole chunks.
+            const uint64_t boundary = todo[j]->NextChunkBoundary(slot);
+            if (boundary != UINT64_MAX && base + w + (boundary - slot) <= extent_end) {
+              end = std::min(end, w + (boundary - slot));
+            }
+          }
+          units.push_back(Unit{j, p, b, w, end - w});
+          w = end;
         }
       }
     }
@@ -812,13 +853,28 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
     Stopwatch sw;
     dec.Decode(u.length, in.data(), &outp);
     w.decode_s += sw.Seconds();
-    if (direct) return Status::Ok();
     sw.Reset();
-    Status s =
-        for_each_extent(b.offset + u.begin, u.length, [&](uint64_t rel, uint8_t* dst, uint64_t n) {
-          std::memcpy(dst, outp + rel, n);
-          return Status::Ok();
-        });
+    Status s = Status::Ok();
+    if (!direct) {
+      s = for_each_extent(b.offset + u.begin, u.length,
+                          [&](uint64_t rel, uint8_t* dst, uint64_t n) {
+                            std::memcpy(dst, outp + rel, n);
+                            return Status::Ok();
+                          });
+    }
+    if (s.ok()) {
+      // The whole chunks this unit wrote, hashed while they are in cache.
+      s = for_each_extent(b.offset + u.begin, u.length, [&](uint64_t, uint8_t* dst, uint64_t n) {
+        const uint64_t lo = dst - job.data, hi = lo + n;
+        for (auto c = job.chunk_at.lower_bound(lo); c != job.chunk_at.end() && c->first < hi; ++c) {
+          const shm::ChunkEntry& ch = job.layout.chunks[c->second];
+          if (ch.offset + ch.length > hi) break;
+          job.decoded_checksum[c->second] = Checksum(job.data + ch.offset, ch.length);
+          job.decoded[c->second] = 1;
+        }
+        return Status::Ok();
+      });
+    }
     w.write_s += sw.Seconds();
     return s;
   });
@@ -856,12 +912,18 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   Stopwatch sw;
   std::vector<std::pair<RankJob*, size_t>> chunks;
   uint64_t reused = 0;
+  uint64_t at_decode = 0;
   for (RankJob* job : todo) {
     shm::ChunkEntry* table = shm::SlotTable(*job->segment);
     for (size_t c = 0; c < job->layout.chunks.size(); ++c) {
       if (job->known[c]) {
         table[c].checksum = job->known_checksum[c];
         ++reused;
+        continue;
+      }
+      if (job->decoded[c]) {
+        table[c].checksum = job->decoded_checksum[c];
+        ++at_decode;
         continue;
       }
       chunks.emplace_back(job, c);
@@ -909,10 +971,11 @@ Result<AssemblyStats> ExecuteAssembliesWithOptions(
   for (const WorkerStats& w : ws) local_bytes += w.local_bytes;
   MEMENTO_LOG_INFO(
       "recover: step {}: {} bytes read, {} decode input bytes taken from this node's slots, "
-      "{} of {} chunk checksums from arrival digests; wall s: slots {:.3f}, fetch+decode {:.3f}, "
-      "local copies + checksums {:.3f}, complete+verify {:.3f}",
-      step, stats.read_bytes, local_bytes, reused, reused + chunks.size(), slots_s, fetch_s,
-      checksum_s, phase.Seconds());
+      "{} of {} chunk checksums from arrival digests, {} hashed by the decode units, {} after; "
+      "wall s: slots {:.3f}, fetch+decode {:.3f}, local copies + checksums {:.3f}, "
+      "complete+verify {:.3f}",
+      step, stats.read_bytes, local_bytes, reused, reused + at_decode + chunks.size(), at_decode,
+      chunks.size(), slots_s, fetch_s, checksum_s, phase.Seconds());
   return stats;
 }
 

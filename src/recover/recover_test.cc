@@ -1039,12 +1039,19 @@ TEST(ExecuteTest, ADecodedChunkCorruptedBeforeCompleteIsCaught) {
   auto d = Decide(f.plan, live, 10);
   ASSERT_TRUE(d.ok() && d->from_memory) << d->reason;
   ASSERT_TRUE(UsesDecode(*d));
-  for (bool corrupt : {false, true}) {
+  // Decoded chunks hashed after the fetch phase (chunks larger than a decode
+  // window), and hashed by the decode units right after decoding (64-byte
+  // chunks: windows end at chunk boundaries and cover whole chunks).
+  const std::vector<std::pair<uint64_t, bool>> cases = {
+      {1024, false}, {1024, true}, {64, false}, {64, true}};
+  for (const auto& [chunk, corrupt] : cases) {
+    SCOPED_TRACE(::testing::Message() << "chunk " << chunk << (corrupt ? ", corrupted" : ""));
     testing::ScratchDir dir("recover-test");
     auto store = OpenStore(dir.path(), 1);
     MemoryReader inner(f.plan, *f.cluster, live);
     DigestReader reader(inner, /*lie=*/false);
     ExecuteOptions o = SmallWindows();
+    o.chunk_bytes = chunk;
     int hooked = 0;
     o.before_complete = [&](int rank, const shm::Segment& seg) {
       ++hooked;
