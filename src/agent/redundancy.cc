@@ -101,7 +101,18 @@ std::string ShmRedundancyStore::EntryName(const Version& v, uint32_t index) {
                      recover::SourceKindName(static_cast<SourceKind>(e.kind)), e.id, v.step);
 }
 
+ShmRedundancyStore::~ShmRedundancyStore() {
+  MutexLock l(&mu_);
+  if (spare_ != nullptr && unlink(SparePath().c_str()) != 0 && errno != ENOENT) {
+    MEMENTO_LOG_WARN("redundancy store: unlink {}: {}", SparePath(), std::strerror(errno));
+  }
+}
+
 Status ShmRedundancyStore::Adopt() {
+  // A spare file left by an agent that stopped holds no version.
+  if (unlink(SparePath().c_str()) != 0 && errno != ENOENT) {
+    return ErrnoError("unlink " + SparePath(), errno);
+  }
   DIR* dir = opendir(root_.c_str());
   if (dir == nullptr) return ErrnoError("opendir " + root_, errno);
   std::vector<std::pair<int64_t, std::string>> files;
@@ -302,6 +313,21 @@ Status ShmRedundancyStore::SetPlan(const topo::Plan& plan) {
 }
 
 void ShmRedundancyStore::Remove(const std::shared_ptr<Version>& v) {
+  // Nobody else holds the version (no reader, no pinned writer) and no spare
+  // is kept yet: keep its file and mapping as the spare for the next version
+  // (renamed away from its step's name first, and marked not complete before
+  // that, so that neither a reader nor a restarted agent's Adopt takes its old
+  // bytes for a version).
+  if (v.use_count() == 1 && v->segment != nullptr && spare_ == nullptr && !spare_taken_ &&
+      v->segment->size() >= kRedundancyHeaderBytes) {
+    StoreState(HeaderOf(*v->segment), RedundancyState::kWriting);
+    if (rename(v->path.c_str(), SparePath().c_str()) == 0) {
+      spare_ = std::move(v->segment);
+      return;
+    }
+    MEMENTO_LOG_WARN("redundancy store: rename {} to {}: {}", v->path, SparePath(),
+                     std::strerror(errno));
+  }
   // Unlink only: readers holding the version keep its mapping until they let go.
   if (unlink(v->path.c_str()) != 0 && errno != ENOENT) {
     MEMENTO_LOG_WARN("redundancy store: unlink {}: {}", v->path, std::strerror(errno));
@@ -317,6 +343,7 @@ uint64_t ShmRedundancyStore::bytes_in_use() {
   MutexLock l(&mu_);
   uint64_t n = 0;
   for (const auto& [step, v] : versions_) n += v->segment ? v->segment->size() : 0;
+  if (spare_ != nullptr) n += spare_->size();
   return n;
 }
 
@@ -325,6 +352,7 @@ Status ShmRedundancyStore::Ensure(int64_t step) {
   std::vector<PlannedEntry> planned;
   uint64_t plan_hash = 0;
   RoomCheck room;
+  std::unique_ptr<shm::Segment> spare;
   {
     MutexLock l(&mu_);
     room = room_check_;
@@ -337,6 +365,10 @@ Status ShmRedundancyStore::Ensure(int64_t step) {
           fmt::format("redundancy store: no plan set, cannot create version {}", step));
     }
     creating_[step] = false;
+    if (spare_ != nullptr) {
+      spare = std::move(spare_);
+      spare_taken_ = true;
+    }
     planned = planned_;
     plan_hash = plan_hash_;
     for (PlannedEntry& p : planned) {
@@ -350,8 +382,11 @@ Status ShmRedundancyStore::Ensure(int64_t step) {
   }
   // Allocating and populating the file can take a while for large entries:
   // done without the lock, so reads and other versions are not held up.
-  Result<std::shared_ptr<Version>> made = CreateVersion(step, planned, plan_hash, room);
+  const bool took_spare = spare != nullptr;
+  Result<std::shared_ptr<Version>> made =
+      CreateVersion(step, planned, plan_hash, room, std::move(spare));
   MutexLock l(&mu_);
+  if (took_spare) spare_taken_ = false;
   const bool superseded = creating_[step];
   creating_.erase(step);
   created_cv_.SignalAll();
@@ -370,7 +405,7 @@ Status ShmRedundancyStore::Ensure(int64_t step) {
 
 Result<std::shared_ptr<ShmRedundancyStore::Version>> ShmRedundancyStore::CreateVersion(
     int64_t step, const std::vector<PlannedEntry>& planned, uint64_t plan_hash,
-    const RoomCheck& room) {
+    const RoomCheck& room, std::unique_ptr<shm::Segment> spare) {
   const uint64_t n = planned.size();
   const uint64_t data_offset =
       shm::AlignUp(kRedundancyHeaderBytes + n * sizeof(RedundancyEntry), kRedundancyDataAlignment);
@@ -390,14 +425,36 @@ Result<std::shared_ptr<ShmRedundancyStore::Version>> ShmRedundancyStore::CreateV
   }
   const uint64_t total = shm::AlignUp(end, kRedundancyDataAlignment);
   const std::string path = RedundancyVersionPath(root_, step);
-  if (room) MEMENTO_RETURN_IF_ERROR(room(total, fmt::format("redundancy version {}", step)));
   // A leftover file of this step is not ours (Adopt removed torn ones and we
   // do not hold this step): start from an empty file.
   if (unlink(path.c_str()) != 0 && errno != ENOENT) {
     return ErrnoError("unlink " + path, errno);
   }
-  MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<shm::Segment> segment,
-                           shm::Segment::CreateOrGrow(path, total));
+  std::unique_ptr<shm::Segment> segment;
+  if (spare != nullptr && spare->size() == total) {
+    // The spare of a dropped version has exactly this size: its pages are
+    // reused (already allocated, zeroed once, mapped and populated). Its
+    // header says "writing" since it was dropped, and every entry's bytes
+    // are written and checked again before the version is complete. Its
+    // bytes were counted in bytes_in_use(): no room check.
+    if (rename(SparePath().c_str(), path.c_str()) == 0) {
+      segment = std::move(spare);
+    } else {
+      MEMENTO_LOG_WARN("redundancy store: rename {} to {}: {}", SparePath(), path,
+                       std::strerror(errno));
+    }
+  }
+  if (spare != nullptr) {
+    // Not of this size (another plan): its pages go back to the kernel.
+    if (unlink(SparePath().c_str()) != 0 && errno != ENOENT) {
+      MEMENTO_LOG_WARN("redundancy store: unlink {}: {}", SparePath(), std::strerror(errno));
+    }
+    spare.reset();
+  }
+  if (segment == nullptr) {
+    if (room) MEMENTO_RETURN_IF_ERROR(room(total, fmt::format("redundancy version {}", step)));
+    MEMENTO_ASSIGN_OR_RETURN(segment, shm::Segment::CreateOrGrow(path, total));
+  }
   RedundancyHeader* h = HeaderOf(*segment);
   StoreState(h, RedundancyState::kWriting);  // first
   h->magic = kRedundancyMagic;

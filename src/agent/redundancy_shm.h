@@ -34,6 +34,7 @@ class ShmRedundancyStore final : public RedundancyStore {
  public:
   [[nodiscard]] static Result<std::unique_ptr<ShmRedundancyStore>> OpenShm(const std::string& root,
                                                                            int node);
+  ~ShmRedundancyStore() override;
 
   Status SetPlan(const topo::Plan& plan) override EXCLUDES(mu_);
   Status Ensure(int64_t step) override EXCLUDES(mu_);
@@ -144,12 +145,16 @@ class ShmRedundancyStore final : public RedundancyStore {
   // Creates, lays out and maps the file of a new version (no lock held).
   Result<std::shared_ptr<Version>> CreateVersion(int64_t step,
                                                  const std::vector<PlannedEntry>& planned,
-                                                 uint64_t plan_hash, const RoomCheck& room);
+                                                 uint64_t plan_hash, const RoomCheck& room,
+                                                 std::unique_ptr<shm::Segment> spare);
   Status FinishEntryImpl(int64_t step, recover::ByteSource entry, const uint64_t* expected)
       EXCLUDES(mu_);
   // Seals the table and header and flips the state to complete.
   static void Seal(Version& v);
   void Remove(const std::shared_ptr<Version>& v) REQUIRES(mu_);
+  // The file a dropped version's pages are kept in for the next version
+  // (docs/benchmarks.md "Agent CPU per step").
+  std::string SparePath() const { return root_ + "/red.spare"; }
 
   const std::string root_;
   const int node_;
@@ -173,6 +178,14 @@ class ShmRedundancyStore final : public RedundancyStore {
   // plan or a DropBelow past them arrived meanwhile (then they are discarded).
   std::map<int64_t, bool> creating_ GUARDED_BY(mu_);
   CondVar created_cv_;  // signalled when a creation ends
+  // A dropped version's file (renamed to SparePath(), marked not complete)
+  // and its mapping, kept so that the next version of the same size reuses
+  // its pages instead of the kernel freeing them and zeroing new ones every
+  // step. Counted in bytes_in_use(); at most one.
+  std::unique_ptr<shm::Segment> spare_ GUARDED_BY(mu_);
+  // A creation took the spare out (its file is still at SparePath() until it
+  // is renamed to the new version's name): no other file goes there meanwhile.
+  bool spare_taken_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace memento::agent

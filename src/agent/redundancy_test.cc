@@ -13,6 +13,7 @@
 #include "agent/redundancy_shm.h"
 #include "common/test_util.h"
 #include "shm/redundancy_format.h"
+#include "shm/segment.h"
 #include "shm/shm_test_util.h"
 
 namespace memento::agent {
@@ -364,6 +365,58 @@ TEST_F(RedundancyTest, DropBelow) {
   EXPECT_TRUE(shm_store->Versions().empty());
   std::memset(pinned->data, 0x33, pinned->bytes);
   EXPECT_EQ((*store)->FinishEntry(5, e).code(), StatusCode::kNotFound);
+}
+
+// A dropped version nobody holds keeps its file as the spare (renamed, not
+// a version), and the next version of the same size takes its pages: no
+// freeing and zeroing of a version's memory every step. The spare is counted
+// in bytes_in_use, never adopted, and removed when the store closes or opens.
+TEST_F(RedundancyTest, DroppedVersionIsReusedForTheNextOne) {
+  const topo::Plan plan = MakeTestPlan("xor");
+  const std::string spare = root() + "/red.spare";
+  {
+    auto store = RedundancyStore::Open(root(), 1);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SetPlan(plan).ok());
+    WriteVersion(**store, plan, 1, 1);
+    WriteVersion(**store, plan, 1, 2);
+    const uint64_t two = (*store)->bytes_in_use();
+    ASSERT_GT(two, 0u);
+    (*store)->DropBelow(2);
+    EXPECT_NE(access(RedundancyVersionPath(root(), 1).c_str(), F_OK), 0);
+    EXPECT_EQ(access(spare.c_str(), F_OK), 0) << "the dropped version's file is not kept";
+    EXPECT_EQ((*store)->bytes_in_use(), two) << "the spare's memory is not counted";
+    EXPECT_EQ((*store)->CompleteVersions(), std::vector<int64_t>{2});
+    // Version 3 takes the spare: it starts not complete, old bytes or not.
+    ASSERT_TRUE((*store)->Ensure(3).ok());
+    EXPECT_NE(access(spare.c_str(), F_OK), 0) << "the spare was not reused";
+    EXPECT_EQ((*store)->bytes_in_use(), two);
+    EXPECT_FALSE((*store)->Complete(3));
+    const auto entries = EntriesOf(plan, 1);
+    std::vector<uint8_t> buf(8);
+    EXPECT_EQ((*store)->Read({3, entries[0], 0, 8}, buf.data()).code(), StatusCode::kNotFound)
+        << "an entry of the reused file is served before it is written";
+    for (ByteSource e : entries) WriteEntry(**store, plan, 3, e);
+    EXPECT_EQ((*store)->CompleteVersions(), (std::vector<int64_t>{3, 2}));
+    for (ByteSource e : entries) {
+      const uint64_t n = BytesOf(plan, e);
+      std::vector<uint8_t> got(n);
+      ASSERT_TRUE((*store)->Read({3, e, 0, n}, got.data()).ok());
+      EXPECT_EQ(got, Content(3, e, n));
+    }
+    (*store)->DropBelow(3);  // version 2 becomes the spare
+    EXPECT_EQ(access(spare.c_str(), F_OK), 0);
+  }
+  EXPECT_NE(access(spare.c_str(), F_OK), 0) << "closing the store left its spare";
+  // A spare left by an agent that died is removed, never adopted.
+  {
+    auto seg = shm::Segment::CreateOrGrow(spare, 4096);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+  }
+  auto store = RedundancyStore::Open(root(), 1);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->CompleteVersions(), std::vector<int64_t>{3});
+  EXPECT_NE(access(spare.c_str(), F_OK), 0);
 }
 
 TEST_F(RedundancyTest, SetPlanWithAnotherPlanDropsVersions) {
