@@ -127,7 +127,12 @@ Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options,
     }
     agent->aor_ = std::make_unique<AorHolder>(agent->root_, std::move(seed), std::move(advanced),
                                               std::move(sums));
-    if (jm != nullptr) jm->SetAorHolder(agent->aor_.get());
+    if (jm != nullptr) {
+      jm->SetAorHolder(agent->aor_.get());
+      // The replicas count in the node's --budget (docs/node_store.md).
+      agent->aor_->SetRoomCheck(
+          [jm](uint64_t more, const std::string& why) { return jm->CheckNodeRoom(more, why); });
+    }
   }
   if (pipe2(agent->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return ErrnoError("pipe", errno);
   agent->verifier_ = std::thread([a = agent.get()] { a->VerifierLoop(); });

@@ -178,6 +178,29 @@ std::string AorHolder::ReplicaPath(int owner) const {
   return fmt::format("{}/aor.{}", root_, owner);
 }
 
+void AorHolder::SetRoomCheck(RoomCheck check) {
+  MutexLock l(&mu_);
+  room_ = std::move(check);
+}
+
+uint64_t AorHolder::RegistrationBytes(const std::vector<AorRange>& ranges, int num_state) {
+  if (ranges.empty()) return 0;
+  uint64_t total = 0, replicas = 0;
+  for (const AorRange& r : ranges) {
+    total += r.count;
+    const uint64_t state = uint64_t(num_state) * r.count * sizeof(float);
+    replicas += 2 * (sizeof(AorFileHeader) + state) + state + r.count * sizeof(float);
+  }
+  return shm::StageFileBytes(total) + replicas;
+}
+
+uint64_t AorHolder::bytes_in_use() {
+  MutexLock l(&mu_);
+  uint64_t n = 0;
+  for (const auto& [rank, bytes] : charged_) n += bytes;
+  return n;
+}
+
 Result<shm::AorRegisterReply> AorHolder::Register(int rank, std::string_view encoding,
                                                   uint64_t numel, std::vector<AorRange> ranges) {
   auto decoded = opt::DecodeOptimizer(encoding);
@@ -198,6 +221,33 @@ Result<shm::AorRegisterReply> AorHolder::Register(int rank, std::string_view enc
           rank, r.owner, r.offset, r.count, numel));
     }
     total += r.count;
+  }
+  // The budget: this registration replaces the rank's earlier one.
+  const uint64_t need = RegistrationBytes(ranges, f.optimizer->num_state());
+  RoomCheck room;
+  uint64_t had = 0;
+  {
+    MutexLock l(&mu_);
+    room = room_;
+    if (auto it = charged_.find(rank); it != charged_.end()) had = it->second;
+  }
+  // Asked without mu_: the check reads bytes_in_use().
+  if (room && need > had) {
+    Status st = room(need - had, fmt::format("the AOR replicas rank {} feeds ({} of them: "
+                                             "staging file, replica files and state)",
+                                             rank, ranges.size()));
+    if (!st.ok()) {
+      MEMENTO_LOG_WARN("aor: {}; rank {} feeds no replica, their copies stay network copies",
+                       st.ToString(), rank);
+      ranges.clear();
+      total = 0;
+      MutexLock l(&mu_);
+      ++stats_.budget_refused;
+    }
+  }
+  {
+    MutexLock l(&mu_);
+    charged_[rank] = RegistrationBytes(ranges, f.optimizer->num_state());
   }
   shm::AorRegisterReply reply;
   for (const AorRange& r : ranges) reply.ranges.push_back({r.owner, r.offset, r.count});

@@ -122,6 +122,10 @@ class AorHolder {
   // held: keep it short): the cluster writes the T1 entry from it.
   using OnAdvanced =
       std::function<void(const AorRange& range, int64_t step, const opt::AorReplica& replica)>;
+  // Whether `more` bytes for `why` fit the node's budget (--budget; the
+  // cluster's JobMember::CheckNodeRoom): ResourceExhausted saying what is
+  // in use when not.
+  using RoomCheck = std::function<Status(uint64_t more, const std::string& why)>;
   // A local rank's own ShardChecksum of `step`, read from its staging
   // file's ring (in step order; a rollback's recomputed step again): the
   // cluster publishes it (JobMember::OnShardChecksum). Called with no lock
@@ -132,9 +136,20 @@ class AorHolder {
             OnChecksum on_checksum = nullptr);
   ~AorHolder();
 
+  // Before the first Register: the budget check (none: no limit).
+  void SetRoomCheck(RoomCheck check) EXCLUDES(mu_);
   // aor_register of `rank`: `ranges` (this rank's, from the plan; may be
   // empty) are checked against `numel`; the optimizer is decoded. Creates
-  // the staging file. InvalidArgument naming what is wrong.
+  // the staging file. InvalidArgument naming what is wrong. When the room
+  // check refuses the bytes the registration needs (RegistrationBytes), the
+  // rank is registered with no ranges (logged, counted in budget_refused):
+  // its replicas are not kept and their copies stay network copies.
+  // What a registration of `ranges` holds on the node: the staging file,
+  // and per replica its file twice (it is rewritten under a temporary name
+  // and renamed) plus its state and scratch in the agent's memory.
+  static uint64_t RegistrationBytes(const std::vector<AorRange>& ranges, int num_state);
+  // The bytes the registrations hold now (what the budget counts for AOR).
+  uint64_t bytes_in_use() EXCLUDES(mu_);
   [[nodiscard]] Result<shm::AorRegisterReply> Register(int rank, std::string_view encoding,
                                                        uint64_t numel, std::vector<AorRange> ranges)
       EXCLUDES(mu_);
@@ -193,6 +208,7 @@ class AorHolder {
     int64_t submitted = 0;       // captures queued for the AOR thread
     int64_t rang = 0;            // of which found by a doorbell or a scan (no request)
     int64_t sums_published = 0;  // own shard checksums published from the rings
+    int64_t budget_refused = 0;  // registrations whose replicas did not fit the budget
     int64_t stage_refused = 0;   // stage slots not used (torn, overwritten, bad hash)
     int64_t capture_errors = 0;  // queued captures that failed (logged)
   };
@@ -224,6 +240,8 @@ class AorHolder {
   Mutex mu_;
   std::map<int, Feeder> feeders_ GUARDED_BY(mu_);  // holder rank ->
   std::map<int, Held> replicas_ GUARDED_BY(mu_);   // owner rank ->
+  RoomCheck room_ GUARDED_BY(mu_);
+  std::map<int, uint64_t> charged_ GUARDED_BY(mu_);  // holder rank -> RegistrationBytes
   Stats stats_ GUARDED_BY(mu_);
   std::vector<float> taken_ GUARDED_BY(mu_);  // the slot's slices, copied out
 

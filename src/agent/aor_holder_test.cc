@@ -465,6 +465,64 @@ TEST(AorHolderTest, ATrainerKilledMidCaptureLeavesATornStageTheAgentRefuses) {
   EXPECT_EQ(h.stats().seeded, 1);
 }
 
+// The node's --budget counts the AOR registrations (staging file, replica
+// files, state): one that fits is charged RegistrationBytes, once however
+// often the rank registers again; one that does not fit is registered
+// without ranges (no staging file, no replica: the copies stay network
+// copies), counted and logged, and holds nothing. Real room checks with
+// the numbers, no stand-in for the holder.
+TEST(AorHolderTest, ReplicasCountInTheNodeBudgetAndOnesThatDoNotFitAreNotKept) {
+  ScratchDir dir("aor-holder");
+  Pair p(TestSeed("AorHolderTest"));
+  const uint64_t need = AorHolder::RegistrationBytes({OwnerRange(p)}, 2);
+  // The staging file, the replica file twice, the state and its scratch.
+  EXPECT_EQ(need, shm::StageFileBytes(p.shard) + 2 * (sizeof(AorFileHeader) + 2 * p.shard * 4) +
+                      2 * p.shard * 4 + p.shard * 4);
+  uint64_t budget = need, asked = 0;
+  std::string why;
+  AorHolder h(dir.path(), p.Seeds());
+  h.SetRoomCheck([&](uint64_t more, const std::string& w) -> Status {
+    asked += more;
+    why = w;
+    const uint64_t used = h.bytes_in_use();
+    if (used + more <= budget) return Status::Ok();
+    return ResourceExhaustedError("node memory budget exhausted: " + w);
+  });
+  auto reply = h.Register(0, p.encoding, p.n, {OwnerRange(p)});
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->ranges.size(), 1u);
+  EXPECT_EQ(h.bytes_in_use(), need);
+  EXPECT_EQ(asked, need);
+  EXPECT_NE(why.find("rank 0"), std::string::npos) << why;
+  TrainStep(h, p);
+  ExpectEqualsOwner(h, p);
+  // Registering again (a restarted trainer) is not charged twice.
+  reply = h.Register(0, p.encoding, p.n, {OwnerRange(p)});
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->ranges.size(), 1u);
+  EXPECT_EQ(h.bytes_in_use(), need);
+  EXPECT_EQ(h.stats().budget_refused, 0);
+
+  // One byte short: no replica, no staging file, nothing held.
+  ScratchDir dir2("aor-holder");
+  budget = need - 1;
+  AorHolder h2(dir2.path(), p.Seeds());
+  h2.SetRoomCheck([&](uint64_t more, const std::string& w) -> Status {
+    if (h2.bytes_in_use() + more <= budget) return Status::Ok();
+    return ResourceExhaustedError("node memory budget exhausted: " + w);
+  });
+  reply = h2.Register(0, p.encoding, p.n, {OwnerRange(p)});
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_TRUE(reply->ranges.empty());
+  EXPECT_TRUE(reply->path.empty());
+  EXPECT_NE(access(h2.StagePath(0).c_str(), F_OK), 0) << "a staging file outside the budget";
+  EXPECT_EQ(h2.bytes_in_use(), 0u);
+  EXPECT_EQ(h2.stats().budget_refused, 1);
+  EXPECT_EQ(h2.Replica(1), nullptr);
+  EXPECT_TRUE(h2.Capture(0, 1, 1e-3f).ok());  // a rank that feeds nothing: nothing to do
+  EXPECT_EQ(h2.stats().advanced, 0);
+}
+
 // What the client does since the capture and the checksum need no request
 // (shm/aor_stage.h): it stages each step and rings the doorbell, and leaves
 // its own shard checksum in the file's ring. The file's watcher finds every

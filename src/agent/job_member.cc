@@ -73,22 +73,13 @@ Result<std::unique_ptr<JobMember>> JobMember::Start(const JobMemberOptions& opti
   MEMENTO_ASSIGN_OR_RETURN(c->red_, RedundancyStore::Open(root, node));
   c->red_->SetResidentT0(options.t1_resident);
   if (store != nullptr && store->options().budget_bytes > 0) {
-    // The node's budget covers its slots and its redundancy: a version that
-    // does not fit is refused (its step is abandoned, unprotected; the
-    // launcher reports it, docs/launch.md "Unprotected steps").
-    shm::NodeStore* ns = store;
-    RedundancyStore* red = c->red_.get();
-    c->red_->SetRoomCheck([ns, red](uint64_t more, const std::string& why) -> Status {
-      const uint64_t slots = ns->allocated_bytes();
-      const uint64_t held = red->bytes_in_use();
-      const uint64_t budget = ns->options().budget_bytes;
-      if (slots + held + more <= budget) return Status::Ok();
-      return ResourceExhaustedError(fmt::format(
-          "node memory budget exhausted: {} needs {} more but the budget is {} with {} in use "
-          "({} slots, {} redundancy); raise the agent's --budget to at least {} bytes",
-          why, HumanBytes(more), HumanBytes(budget), HumanBytes(slots + held), HumanBytes(slots),
-          HumanBytes(held), slots + held + more));
-    });
+    // The node's budget covers its slots, its redundancy and the AOR
+    // replicas: a version that does not fit is refused (its step is
+    // abandoned, unprotected; the launcher reports it, docs/launch.md
+    // "Unprotected steps").
+    JobMember* jm = c.get();
+    c->red_->SetRoomCheck(
+        [jm](uint64_t more, const std::string& why) { return jm->CheckNodeRoom(more, why); });
   }
   // Before the join: a launcher (or the agents' leader) starts a recovery
   // as soon as this node's endpoint is in the membership.
@@ -992,6 +983,23 @@ Result<std::vector<AorRange>> JobMember::AorRanges(int rank, int num_state) {
 namespace {
 constexpr size_t kAorSumsKept = 8;
 }  // namespace
+
+Status JobMember::CheckNodeRoom(uint64_t more, const std::string& why) {
+  if (node_store_ == nullptr || node_store_->options().budget_bytes == 0) return Status::Ok();
+  const uint64_t slots = node_store_->allocated_bytes();
+  const uint64_t held = red_->bytes_in_use();
+  AorHolder* aor = aor_budget_.load();
+  const uint64_t aor_bytes = aor != nullptr ? aor->bytes_in_use() : 0;
+  const uint64_t budget = node_store_->options().budget_bytes;
+  const uint64_t used = slots + held + aor_bytes;
+  if (used + more <= budget) return Status::Ok();
+  return ResourceExhaustedError(fmt::format(
+      "node memory budget exhausted: {} needs {} more but the budget is {} with {} in use "
+      "({} slots, {} redundancy, {} aor replicas); raise the agent's --budget to at least {} "
+      "bytes",
+      why, HumanBytes(more), HumanBytes(budget), HumanBytes(used), HumanBytes(slots),
+      HumanBytes(held), HumanBytes(aor_bytes), used + more));
+}
 
 Status JobMember::OnShardChecksum(int rank, int64_t step, uint64_t checksum) {
   // One publication at a time: two overlapping ones (the staging file's

@@ -182,7 +182,14 @@ class JobMember {
   // plan is known.
   Result<std::vector<AorRange>> AorRanges(int rank, int num_state) EXCLUDES(plan_mu_);
   // The agent's AOR holder (owned by the agent; outlives this member).
-  void SetAorHolder(AorHolder* holder) { aor_ = holder; }
+  void SetAorHolder(AorHolder* holder) {
+    aor_ = holder;
+    aor_budget_.store(holder);
+  }
+  // Whether `more` bytes for `why` fit the node's --budget, which covers
+  // the slots, the redundancy held and the AOR files and replicas
+  // (AorHolder::bytes_in_use); OK when there is no budget.
+  Status CheckNodeRoom(uint64_t more, const std::string& why);
   // The `aor_checksum` op: local rank `rank`'s own ShardChecksum after
   // `step`, published at aor/sum/<rank> (the recent steps) for the nodes
   // that hold replicas of its shard.
@@ -342,6 +349,7 @@ class JobMember {
   // confirmed again.
   void ForgetAorHeld() EXCLUDES(aor_mu_);
   AorHolder* aor_ = nullptr;
+  std::atomic<AorHolder*> aor_budget_{nullptr};  // aor_, for the budget check's threads
   Mutex aor_mu_;
   Mutex aor_sum_mu_;  // serialises OnShardChecksum's publications (taken before aor_mu_)
   std::map<int, std::map<int64_t, uint64_t>> own_sums_ GUARDED_BY(aor_mu_);  // local ranks
