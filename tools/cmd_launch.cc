@@ -104,11 +104,13 @@ void Setup(CLI::App &app, CommandContext &ctx) {
   cmd->add_option("--network-budget", o.network_budget,
                   "--policy auto: bytes a node receives from peers per snapshot (0: unlimited)")
       ->transform(ByteSize());
-  cmd->add_flag("--sharded", o.sharded,
-                "Sharded snapshots (docs/reft.md): each rank's T0 slot holds only the byte "
-                "ranges the plan gives it (its pieces, and what its memory produces copies and "
-                "parity from) instead of its whole state; published in the job topology, so "
-                "trainers need no flag (docs/reft.md says what of it runs)");
+  o.sharded = true;  // REFT's save path is the default (docs/reft.md section 1)
+  cmd->add_flag("--sharded,!--no-sharded", o.sharded,
+                "Sharded snapshots, the default (docs/reft.md): each rank's T0 slot holds only "
+                "the byte ranges the plan gives it (its pieces, and what its memory produces "
+                "copies and parity from) instead of its whole state; published in the job "
+                "topology, so trainers need no flag. --no-sharded: every rank's slot holds its "
+                "whole state");
   cmd->add_option("--durable-dir", o.durable_dir,
                   "Agents stream committed versions to this directory (the durable tier)");
   cmd->add_option("--inject", o.inject,

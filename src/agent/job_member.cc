@@ -160,6 +160,13 @@ Result<std::unique_ptr<JobMember>> JobMember::Start(const JobMemberOptions& opti
       if (seg == nullptr) continue;
       auto info = shm::ReadSlot(*seg);
       if (!info.ok() || info->state != shm::SlotState::kComplete) continue;
+      // A slot of pieces (sharded snapshots) names only the tensors it holds
+      // ranges of, not the rank's inventory: published as one, it would keep
+      // every agent from planning (replicated state differing across DP
+      // ranks) until the rank sealed again, and this node's peers could not
+      // read its pieces for a restore meanwhile. The store keeps the
+      // inventory the rank's seal published; its next seal republishes it.
+      if (shm::HasRangeEntries(info->tensors)) continue;
       std::vector<TensorMeta> metas;
       for (const auto& t : info->tensors) metas.push_back(t.meta);
       MutexLock l(&c->mu_);
