@@ -53,6 +53,7 @@
 #include "tools/bench_agents.h"
 #include "tools/bench_stats.h"
 #include "tools/command.h"
+#include "tools/environment.h"
 #include "tools/json_output.h"
 #include "tools/trainer_binary.h"
 #include "topo/plan.h"
@@ -355,7 +356,7 @@ int RunOverheadBench(const OverheadArgs& a) {
   }
   // Logs (the --cluster coordinator's commits) go to stderr: stdout is the
   // one JSON object.
-  InitLogging("bench");
+  InitLogging("bench", LogOptionsFromEnvironment());
   auto trainer = FindTrainer(a.trainer);
   if (!trainer.ok()) return ReportStatus(trainer.status());
   const std::string self = SelfExe();

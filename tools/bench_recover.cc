@@ -79,6 +79,7 @@
 #include "tools/bench_node.h"
 #include "tools/bench_stats.h"
 #include "tools/command.h"
+#include "tools/environment.h"
 #include "tools/json_output.h"
 #include "topo/plan.h"
 
@@ -227,7 +228,7 @@ Result<nlohmann::json> Run(const Args& a) {
   MEMENTO_ASSIGN_OR_RETURN(topo::Policy policy, topo::ParsePolicy(a.policy));
   // Logs (also of the forked trainers' clients) go to stderr: stdout is the
   // one JSON object.
-  InitLogging("bench");
+  InitLogging("bench", LogOptionsFromEnvironment());
   if (a.data_path != "stream" && a.data_path != "legacy") {
     return InvalidArgumentError("--data-path must be 'stream' or 'legacy', not '" + a.data_path +
                                 "'");
@@ -319,7 +320,8 @@ Result<nlohmann::json> Run(const Args& a) {
       url = "tcp://127.0.0.1:" + std::to_string(server->port());
     } else {
       if (a.store == "etcd") {
-        auto started = coord::EtcdProcess::Start(base, Deadline::AfterSeconds(30));
+        auto started = coord::EtcdProcess::Start(base, Deadline::AfterSeconds(30),
+                                                 EtcdBinaryFromEnvironment());
         if (!started.ok()) return started.status().WithContext("--store etcd: starting etcd");
         etcd = std::move(*started);
         url = etcd->url();

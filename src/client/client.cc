@@ -39,6 +39,7 @@
 #include "shm/segment.h"
 #include "shm/slot.h"
 #include "snap/copy_engine.h"
+#include "snap/copy_kernel.h"
 
 namespace memento {
 
@@ -61,10 +62,8 @@ class ClientImpl final : public Client, private client::SlotSink {
       : options_(std::move(options)),
         agent_(options_, dir),
         holds_(dir, options_.rank),
-        idle_priority_(options_.copy_priority == CopyPriority::kIdle) {
-    const char* where = std::getenv("MEMENTO_PARITY_IN");
-    client_parity_ = options_.client_parity && !(where != nullptr && std::string(where) == "agent");
-  }
+        idle_priority_(options_.copy_priority == CopyPriority::kIdle),
+        client_parity_(options_.client_parity) {}
 
   // Waits for the snapshot in flight (the copy of registered memory must end
   // before the caller may free it), then stops every thread of the client.
@@ -673,7 +672,7 @@ class ClientImpl final : public Client, private client::SlotSink {
   std::vector<std::unique_ptr<client::ParityProducer>> parities_;
   // Ask the agent for the parities this rank produces and compute them in
   // the copy workers (ClientOptions::client_parity; the environment's
-  // MEMENTO_PARITY_IN=agent turns it off, for measurements).
+  // MEMENTO_PARITY_IN=agent turns it off in Connect, for measurements).
   bool client_parity_ = true;
   bool plan_settled_ = false;  // AskPlan has an answer (until a Restore)
   // AOR (RegisterGradients): the buffer, the params tensor's data, the
@@ -755,12 +754,34 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   }
   // Validates the job id the same way slots do.
   MEMENTO_RETURN_IF_ERROR(shm::ComputeSlotLayout(options.job_id, 0, {}, 1).status());
+  // The client's edge: the environment variables a trainer's user sets
+  // become settings here, and nothing below reads the environment
+  // (docs/architecture.md, "Settings and test hooks").
+  ClientOptions resolved = options;
+  if (const char* env = std::getenv("MEMENTO_PARITY_IN"); env != nullptr && *env) {
+    if (std::string_view(env) == "agent") {
+      resolved.client_parity = false;
+    } else if (std::string_view(env) != "client") {
+      return InvalidArgumentError(
+          fmt::format("MEMENTO_PARITY_IN='{}' is not one of: client, agent", env));
+    }
+  }
+  if (!options.copy_kernel.empty()) {
+    MEMENTO_RETURN_IF_ERROR(snap::SelectCopyKernel(options.copy_kernel));
+  } else if (const char* env = std::getenv("MEMENTO_COPY_KERNEL"); env != nullptr && *env) {
+    // A performance setting of the whole job: a node whose CPU lacks the
+    // kernel keeps its default rather than failing the job.
+    if (Status st = snap::SelectCopyKernelUnlessChosen(env); !st.ok()) {
+      MEMENTO_LOG_WARN("MEMENTO_COPY_KERNEL: {}; using {}", st.message(),
+                       snap::ActiveCopyKernel().name);
+    }
+  }
   std::string dir = options.agent_dir;
   if (dir.empty()) {
     const char* env = std::getenv("MEMENTO_RUN_DIR");
     dir = env && *env ? env : shm::DefaultNodeRoot(options.job_id, options.node);
   }
-  auto client = std::make_unique<ClientImpl>(options, dir);
+  auto client = std::make_unique<ClientImpl>(std::move(resolved), dir);
   MEMENTO_RETURN_IF_ERROR(client->ConnectNow(Deadline::AfterSeconds(options.connect_timeout_s)));
   return std::unique_ptr<Client>(std::move(client));
 }
