@@ -306,14 +306,7 @@ Result<nlohmann::json> Run(const Args& a) {
   auto result = [&]() -> Result<nlohmann::json> {
     MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Generate());
     const std::string token_file = base + "/job.token";
-    {
-      int fd = open(token_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (fd < 0) return ErrnoError("create " + token_file, errno);
-      const std::string& s = token.secret();
-      const bool ok = write(fd, s.data(), s.size()) == static_cast<ssize_t>(s.size());
-      close(fd);
-      if (!ok) return ErrnoError("write " + token_file, errno);
-    }
+    MEMENTO_RETURN_IF_ERROR(token.WriteFile(token_file));
     std::string url;
     if (a.store == "embedded") {
       MEMENTO_ASSIGN_OR_RETURN(server, coord::EmbeddedStoreServer::Start("127.0.0.1", 0, token));
