@@ -121,8 +121,8 @@ void Setup(CLI::App& app, CommandContext& ctx) {
       ->transform(ByteSize())
       ->default_val(args.chunk);
   cmd->add_option("--kernel", args.kernel,
-                  "Copy kernel: avx2 | avx512 | sse2 | avx2-twopass | portable (default: the "
-                  "CPU's best)");
+                  "Copy kernel: avx2 | avx512 | sse2 | avx2-twopass | portable (default: "
+                  "MEMENTO_COPY_KERNEL, else the CPU's best)");
   cmd->add_flag("--json", args.json, "One-line JSON");
   cmd->callback([&ctx] { ctx.exit_code = RunSnapshotBench(args); });
 }
