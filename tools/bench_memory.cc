@@ -37,6 +37,7 @@
 #include "common/log.h"
 #include "launch/launcher.h"
 #include "tools/command.h"
+#include "tools/environment.h"
 #include "tools/json_output.h"
 #include "tools/trainer_binary.h"
 
@@ -149,7 +150,7 @@ Result<nlohmann::json> RunCase(const MemoryBenchOptions& o, const Case& c, int z
 }
 
 Result<nlohmann::json> Measure(const MemoryBenchOptions& o) {
-  InitLogging("bench");
+  InitLogging("bench", LogOptionsFromEnvironment());
   if (o.steps < 1) return InvalidArgumentError("--steps must be >= 1");
   std::vector<Case> cases;
   for (const std::string& t : o.cases) {

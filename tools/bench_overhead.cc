@@ -54,6 +54,7 @@
 #include "tools/bench_agents.h"
 #include "tools/bench_stats.h"
 #include "tools/command.h"
+#include "tools/environment.h"
 #include "tools/json_output.h"
 #include "tools/trainer_binary.h"
 #include "topo/plan.h"
@@ -177,14 +178,7 @@ Result<ClusterJob> StartClusterJob(const OverheadArgs& a, const std::string& job
   ClusterJob c;
   MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Generate());
   const std::string token_file = dir + "/job.token";
-  {
-    int fd = open(token_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (fd < 0) return ErrnoError("create " + token_file, errno);
-    const std::string& s = token.secret();
-    const bool ok = write(fd, s.data(), s.size()) == static_cast<ssize_t>(s.size());
-    close(fd);
-    if (!ok) return ErrnoError("write " + token_file, errno);
-  }
+  MEMENTO_RETURN_IF_ERROR(token.WriteFile(token_file));
   MEMENTO_ASSIGN_OR_RETURN(c.server, coord::EmbeddedStoreServer::Start("127.0.0.1", 0, token));
   coord::Store& store = c.server->store();
   launch::JobTopology jt;
@@ -390,7 +384,7 @@ int RunOverheadBench(const OverheadArgs& a) {
   }
   // Logs (the --cluster coordinator's commits) go to stderr: stdout is the
   // one JSON object.
-  InitLogging("bench");
+  InitLogging("bench", LogOptionsFromEnvironment());
   auto trainer = FindTrainer(a.trainer);
   if (!trainer.ok()) return ReportStatus(trainer.status());
   const std::string self = SelfExe();

@@ -34,6 +34,7 @@
 #include "net/throughput.h"
 #include "shm/node_store.h"
 #include "tools/command.h"
+#include "tools/environment.h"
 #include "tools/json_output.h"
 
 namespace memento::tools {
@@ -70,7 +71,7 @@ TensorMeta Meta(std::string name, DType dtype, int64_t numel, StateClass cls) {
 
 Status Run(const Args& a) {
   // Logs on stderr, warnings only: stdout carries the one JSON object.
-  InitLogging("bench");
+  InitLogging("bench", LogOptionsFromEnvironment());
   spdlog::set_level(spdlog::level::warn);
   if (a.bytes < 1 || a.chunk < 1 || a.threads < 1 || a.repeat < 1) {
     return InvalidArgumentError("--bytes, --chunk, --threads and --repeat must be >= 1");

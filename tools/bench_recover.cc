@@ -80,6 +80,7 @@
 #include "tools/bench_node.h"
 #include "tools/bench_stats.h"
 #include "tools/command.h"
+#include "tools/environment.h"
 #include "tools/json_output.h"
 #include "topo/plan.h"
 
@@ -250,7 +251,7 @@ Result<nlohmann::json> Run(const Args& a) {
   MEMENTO_ASSIGN_OR_RETURN(topo::Policy policy, topo::ParsePolicy(a.policy));
   // Logs (also of the forked trainers' clients) go to stderr: stdout is the
   // one JSON object.
-  InitLogging("bench");
+  InitLogging("bench", LogOptionsFromEnvironment());
   if (a.data_path != "stream" && a.data_path != "legacy") {
     return InvalidArgumentError("--data-path must be 'stream' or 'legacy', not '" + a.data_path +
                                 "'");
@@ -328,21 +329,15 @@ Result<nlohmann::json> Run(const Args& a) {
   auto result = [&]() -> Result<nlohmann::json> {
     MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Generate());
     const std::string token_file = base + "/job.token";
-    {
-      int fd = open(token_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (fd < 0) return ErrnoError("create " + token_file, errno);
-      const std::string& s = token.secret();
-      const bool ok = write(fd, s.data(), s.size()) == static_cast<ssize_t>(s.size());
-      close(fd);
-      if (!ok) return ErrnoError("write " + token_file, errno);
-    }
+    MEMENTO_RETURN_IF_ERROR(token.WriteFile(token_file));
     std::string url;
     if (a.store == "embedded") {
       MEMENTO_ASSIGN_OR_RETURN(server, coord::EmbeddedStoreServer::Start("127.0.0.1", 0, token));
       url = "tcp://127.0.0.1:" + std::to_string(server->port());
     } else {
       if (a.store == "etcd") {
-        auto started = coord::EtcdProcess::Start(base, Deadline::AfterSeconds(30));
+        auto started = coord::EtcdProcess::Start(base, Deadline::AfterSeconds(30),
+                                                 EtcdBinaryFromEnvironment());
         if (!started.ok()) return started.status().WithContext("--store etcd: starting etcd");
         etcd = std::move(*started);
         url = etcd->url();

@@ -27,6 +27,7 @@
 #include "shm/segment.h"
 #include "tools/bench_node.h"
 #include "tools/command.h"
+#include "tools/environment.h"
 #include "tools/json_output.h"
 
 namespace memento::tools {
@@ -53,12 +54,12 @@ Faults FaultsNow(int who = RUSAGE_SELF) {
 }
 
 int RunRestoreBench(const RestoreBenchArgs& a) {
-  InitLogging("bench");
+  InitLogging("bench", LogOptionsFromEnvironment());
   spdlog::set_level(spdlog::level::warn);
   if (a.huge_pages != "on" && a.huge_pages != "off") {
     return ReportStatus(InvalidArgumentError("--huge-pages must be on or off"));
   }
-  setenv("MEMENTO_SHM_HUGE_PAGES", a.huge_pages.c_str(), 1);  // read by the in-process agent
+  shm::SetHugePagesWanted(a.huge_pages == "on");  // for the in-process agent
   auto node = BenchNode::Start();
   if (!node.ok()) return ReportStatus(node.status());
   WarmBuffer src_buf(a.size, 0), dst_buf(a.size, 0);

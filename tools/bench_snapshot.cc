@@ -23,6 +23,7 @@
 #include "snap/copy_kernel.h"
 #include "tools/bench_node.h"
 #include "tools/command.h"
+#include "tools/environment.h"
 #include "tools/json_output.h"
 
 namespace memento::tools {
@@ -51,7 +52,7 @@ double KernelSeconds(uint8_t* dst, const uint8_t* src, uint64_t n, uint64_t chun
 }
 
 int RunSnapshotBench(const SnapshotBenchArgs& a) {
-  InitLogging("bench");
+  InitLogging("bench", LogOptionsFromEnvironment());
   spdlog::set_level(spdlog::level::warn);
   if (!a.kernel.empty()) {
     Status st = snap::SelectCopyKernel(a.kernel);
@@ -120,8 +121,8 @@ void Setup(CLI::App& app, CommandContext& ctx) {
       ->transform(ByteSize())
       ->default_val(args.chunk);
   cmd->add_option("--kernel", args.kernel,
-                  "Copy kernel: avx2 | avx512 | sse2 | avx2-twopass | portable (default: the "
-                  "CPU's best)");
+                  "Copy kernel: avx2 | avx512 | sse2 | avx2-twopass | portable (default: "
+                  "MEMENTO_COPY_KERNEL, else the CPU's best)");
   cmd->add_flag("--json", args.json, "One-line JSON");
   cmd->callback([&ctx] { ctx.exit_code = RunSnapshotBench(args); });
 }

@@ -38,6 +38,7 @@
 #include "coord/store.h"
 #include "net/job_token.h"
 #include "tools/command.h"
+#include "tools/environment.h"
 #include "tools/json_output.h"
 
 namespace memento::tools {
@@ -192,10 +193,9 @@ Result<nlohmann::json> Measure(const Opener& open, const Args& a, const std::str
 
 Status Run(const Args& a) {
   // The coordinator's info lines (every commit) would mix with the JSON.
-  if (std::getenv("MEMENTO_LOG_LEVEL") == nullptr) {
-    setenv("MEMENTO_LOG_LEVEL", "warn", 1);
-    InitLogging("bench");
-    unsetenv("MEMENTO_LOG_LEVEL");
+  if (LogOptions log = LogOptionsFromEnvironment(); log.level.empty()) {
+    log.level = "warn";
+    InitLogging("bench", log);
   }
   if (a.nodes < 1 || a.ops < 1 || a.rounds < 1 || a.threads < 1) {
     return InvalidArgumentError("--nodes, --ops, --rounds and --threads must be >= 1");
@@ -227,7 +227,8 @@ Status Run(const Args& a) {
     std::string tmpl = base + "/memento-bench-etcd-XXXXXX";
     if (mkdtemp(tmpl.data()) == nullptr) return ErrnoError("mkdtemp " + tmpl, errno);
     dir = tmpl;
-    auto started = coord::EtcdProcess::Start(dir, Deadline::AfterSeconds(30));
+    auto started =
+        coord::EtcdProcess::Start(dir, Deadline::AfterSeconds(30), EtcdBinaryFromEnvironment());
     if (started.ok()) {
       etcd = std::move(*started);
       url = etcd->url();

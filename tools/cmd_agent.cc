@@ -14,6 +14,7 @@
 #include "fmt/format.h"
 #include "launch/recovery_leader.h"
 #include "tools/command.h"
+#include "tools/environment.h"
 
 namespace memento::tools {
 namespace {
@@ -60,7 +61,7 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
              const std::string& durable_io, const std::string& recovery_leader,
              double recovery_timeout_s) {
   agent::AgentOptions options = base;
-  InitLogging("agent node" + std::to_string(options.node));
+  InitLogging("agent node" + std::to_string(options.node), LogOptionsFromEnvironment());
   {
     auto engine = tier::ParseIoEngine(durable_io);
     if (!engine.ok()) return ReportStatus(engine.status());

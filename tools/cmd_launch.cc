@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "launch/launcher.h"
 #include "tools/command.h"
+#include "tools/environment.h"
 #include "tools/json_output.h"
 
 namespace memento::tools {
@@ -27,7 +28,7 @@ void OnSignal(int) {
 }
 
 int RunLaunch(const launch::LaunchOptions &options, const std::string &summary_json, bool json) {
-  InitLogging("launch");
+  InitLogging("launch", LogOptionsFromEnvironment());
   if ((options.host_budget || options.copy_budget || options.network_budget) &&
       options.policy != "auto") {
     return ReportStatus(InvalidArgumentError(

@@ -27,6 +27,7 @@
 #include "fmt/format.h"
 #include "net/socket.h"
 #include "tools/command.h"
+#include "tools/environment.h"
 #include "tools/json_output.h"
 
 namespace memento::tools {
@@ -55,7 +56,7 @@ std::set<std::string> SplitNodes(const std::string& s) {
 }
 
 Status RunStore(const StoreArgs& a) {
-  InitLogging("store");
+  InitLogging("store", LogOptionsFromEnvironment());
   if (a.limits.max_request_bytes < (uint64_t{1} << 20)) {
     return InvalidArgumentError(
         fmt::format("--max-request {} is below 1 MiB", a.limits.max_request_bytes));

@@ -40,6 +40,7 @@
 #include "shm/slot_format.h"
 #include "tools/command.h"
 #include "tools/demo.h"
+#include "tools/environment.h"
 #include "tools/trainer_binary.h"
 #include "topo/plan.h"
 
@@ -243,10 +244,9 @@ std::vector<int64_t> StepsHit(const ClusterRun& run) {
 int RunMultiNodeDemo(const DemoArgs& a, int64_t steps) {
   // The store and the coordinator run in this process: their info lines
   // (every commit) would drown the report. Children keep the default level.
-  const bool quiet_log = std::getenv("MEMENTO_LOG_LEVEL") == nullptr;
-  if (quiet_log) setenv("MEMENTO_LOG_LEVEL", "warn", 1);
-  InitLogging("demo");
-  if (quiet_log) unsetenv("MEMENTO_LOG_LEVEL");
+  LogOptions log = LogOptionsFromEnvironment();
+  if (log.level.empty()) log.level = "warn";
+  InitLogging("demo", log);
   Stopwatch total;
   char tmpl[] = "/dev/shm/memento-demo-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return ReportStatus(ErrnoError("mkdtemp", errno));

@@ -16,6 +16,7 @@
 #include "memento/client.h"
 #include "tools/command.h"
 #include "tools/demo.h"
+#include "tools/environment.h"
 
 namespace memento::tools {
 namespace {
@@ -31,7 +32,7 @@ void Emit(const std::string& line) {
 }  // namespace
 
 int RunDemoTrainer(const DemoArgs& a) {
-  InitLogging("trainer rank0");
+  InitLogging("trainer rank0", LogOptionsFromEnvironment());
   g_progress = open(a.progress.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (g_progress < 0) return ReportStatus(ErrnoError("open " + a.progress, errno));
   auto fail = [](const Status& st) {

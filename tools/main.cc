@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "memento/config.h"
 #include "tools/command.h"
+#include "tools/environment.h"
 
 namespace memento::tools {
 namespace {
@@ -70,6 +71,12 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < all.size(); ++i) {
     for (CLI::App* sub : all[i]->get_subcommands({})) all.push_back(sub);
     if (all[i]->get_footer().empty()) all[i]->footer(kExitCodesFooter);
+  }
+  // The process-wide settings from the environment, before any command runs
+  // (tools/environment.h).
+  if (memento::Status st = ApplyEnvironment(); !st.ok()) {
+    std::fprintf(stderr, "memento: %s\n", st.ToString().c_str());
+    return 2;
   }
   try {
     app.parse(argc, argv);

@@ -116,8 +116,16 @@ struct ClientOptions {
   // registered memory as the snapshot runs, and the slot holds only the
   // parity bytes, not the stripe inputs (docs/reft.md section 4). false (or
   // MEMENTO_PARITY_IN=agent in the environment): the slot holds the inputs
-  // and the agent encodes the parity afterwards.
+  // and the agent encodes the parity afterwards. Connect also takes
+  // MEMENTO_PARITY_IN=client (the default) and refuses any other value.
   bool client_parity = true;
+  // The copy kernel of this process (docs/node_store.md, "Kernels":
+  // avx512, avx2, sse2, avx2-twopass, portable). Empty: the one named by
+  // MEMENTO_COPY_KERNEL when set and no kernel was chosen in this process
+  // yet (a name this CPU cannot run is logged and the default kept), else
+  // the widest the CPU runs. Connect fails with InvalidArgument naming the
+  // kernels this CPU has when it cannot run the one named here.
+  std::string copy_kernel;
 };
 
 // AOR (REFT 4.2, Eq. 4; docs/client_api.md "AOR", docs/reft.md section 5):

@@ -15,12 +15,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
 
 #include "client/agent_channel.h"
+#include "client/client_options.h"
 #include "client/commit_lag.h"
 #include "client/device_path.h"
 #include "client/eager_path.h"
@@ -62,10 +62,8 @@ class ClientImpl final : public Client, private client::SlotSink {
       : options_(std::move(options)),
         agent_(options_, dir),
         holds_(dir, options_.rank),
-        idle_priority_(options_.copy_priority == CopyPriority::kIdle) {
-    const char* where = std::getenv("MEMENTO_PARITY_IN");
-    client_parity_ = options_.client_parity && !(where != nullptr && std::string(where) == "agent");
-  }
+        idle_priority_(options_.copy_priority == CopyPriority::kIdle),
+        client_parity_(options_.client_parity) {}
 
   // Waits for the snapshot in flight (the copy of registered memory must end
   // before the caller may free it), then stops every thread of the client.
@@ -689,7 +687,7 @@ class ClientImpl final : public Client, private client::SlotSink {
   std::vector<std::unique_ptr<client::ParityProducer>> parities_;
   // Ask the agent for the parities this rank produces and compute them in
   // the copy workers (ClientOptions::client_parity; the environment's
-  // MEMENTO_PARITY_IN=agent turns it off, for measurements).
+  // MEMENTO_PARITY_IN=agent turns it off in Connect, for measurements).
   bool client_parity_ = true;
   bool plan_settled_ = false;  // AskPlan has an answer (until a Restore)
   // AOR (RegisterGradients): the buffer, the params tensor's data, the
@@ -735,87 +733,12 @@ class ClientImpl final : public Client, private client::SlotSink {
 
 }  // namespace
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
-  if (options.rank < 0 || options.world_size < 1 || options.rank >= options.world_size) {
-    return InvalidArgumentError(
-        fmt::format("rank {} must be in [0, world_size {})", options.rank, options.world_size));
-  }
-  if (options.chunk_bytes == 0 || options.chunk_bytes % (64 << 10) != 0) {
-    return InvalidArgumentError(
-        fmt::format("chunk_bytes {} must be a positive multiple of 64 KiB", options.chunk_bytes));
-  }
-  if (options.copy_threads < 1 || options.copy_threads > 64) {
-    return InvalidArgumentError(
-        fmt::format("copy_threads {} must be in [1, 64]", options.copy_threads));
-  }
-  if (CopyPriorityName(options.copy_priority).empty()) {
-    return InvalidArgumentError(fmt::format("copy_priority {} is not one of: idle, normal",
-                                            static_cast<int>(options.copy_priority)));
-  }
-  if (ScheduleName(options.schedule).empty()) {
-    return InvalidArgumentError(fmt::format("schedule {} is not one of: auto, eager, has",
-                                            static_cast<int>(options.schedule)));
-  }
-  const HasTuning& has = options.has;
-  if (has.pipeline_stages < 0 ||
-      (has.pipeline_stages > 0 &&
-       (has.pipeline_stage < 0 || has.pipeline_stage >= has.pipeline_stages ||
-        has.pipeline_microbatches < 1 || !(has.pipeline_fwd_s >= 0) ||
-        !(has.pipeline_bwd_s >= 0)))) {
-    return InvalidArgumentError(fmt::format(
-        "pipeline schedule (stages {}, stage {}, microbatches {}, fwd {} s, bwd {} s) needs "
-        "0 <= stage < stages, microbatches >= 1 and non-negative times",
-        has.pipeline_stages, has.pipeline_stage, has.pipeline_microbatches, has.pipeline_fwd_s,
-        has.pipeline_bwd_s));
-  }
-  if (!(has.compute_max_rate >= 0)) {
-    return InvalidArgumentError("has.compute_max_rate must be >= 0");
-  }
-  // Validates the job id the same way slots do.
-  MEMENTO_RETURN_IF_ERROR(shm::ComputeSlotLayout(options.job_id, 0, {}, 1).status());
-  std::string dir = options.agent_dir;
-  if (dir.empty()) {
-    const char* env = std::getenv("MEMENTO_RUN_DIR");
-    dir = env && *env ? env : shm::DefaultNodeRoot(options.job_id, options.node);
-  }
-  auto client = std::make_unique<ClientImpl>(options, dir);
+  MEMENTO_RETURN_IF_ERROR(client::ValidateClientOptions(options));
+  MEMENTO_ASSIGN_OR_RETURN(client::ResolvedClientOptions resolved,
+                           client::ResolveClientOptions(options));
+  auto client = std::make_unique<ClientImpl>(std::move(resolved.options), resolved.agent_dir);
   MEMENTO_RETURN_IF_ERROR(client->ConnectNow(Deadline::AfterSeconds(options.connect_timeout_s)));
   return std::unique_ptr<Client>(std::move(client));
-}
-
-std::string_view CopyPriorityName(CopyPriority priority) {
-  switch (priority) {
-    case CopyPriority::kIdle:
-      return "idle";
-    case CopyPriority::kNormal:
-      return "normal";
-  }
-  return "";
-}
-
-Result<CopyPriority> ParseCopyPriority(std::string_view name) {
-  for (CopyPriority p : {CopyPriority::kIdle, CopyPriority::kNormal}) {
-    if (name == CopyPriorityName(p)) return p;
-  }
-  return InvalidArgumentError(fmt::format("copy_priority '{}' is not one of: idle, normal", name));
-}
-
-std::string_view ScheduleName(Schedule schedule) {
-  switch (schedule) {
-    case Schedule::kAuto:
-      return "auto";
-    case Schedule::kEager:
-      return "eager";
-    case Schedule::kHas:
-      return "has";
-  }
-  return "";
-}
-
-Result<Schedule> ParseSchedule(std::string_view name) {
-  for (Schedule s : {Schedule::kAuto, Schedule::kEager, Schedule::kHas}) {
-    if (name == ScheduleName(s)) return s;
-  }
-  return InvalidArgumentError(fmt::format("schedule '{}' is not one of: auto, eager, has", name));
 }
 
 }  // namespace memento

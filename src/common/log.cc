@@ -4,8 +4,8 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -15,7 +15,7 @@
 namespace memento {
 namespace {
 
-// MEMENTO_LOG_FORMAT=json: one JSON object per line (docs/operating.md,
+// The json format (MEMENTO_LOG_FORMAT=json): one JSON object per line (docs/operating.md,
 // "Structured logs"). nlohmann::json escapes the message; bytes that are not
 // UTF-8 are replaced rather than dropping the line.
 class JsonFormatter final : public spdlog::formatter {
@@ -56,33 +56,31 @@ class JsonFormatter final : public spdlog::formatter {
   const std::string process_;
 };
 
+std::atomic<bool> json_logging{false};
+
 }  // namespace
 
-bool JsonLogging() {
-  const char* env = std::getenv("MEMENTO_LOG_FORMAT");
-  return env != nullptr && std::string(env) == "json";
-}
+bool JsonLogging() { return json_logging.load(std::memory_order_relaxed); }
 
-void InitLogging(const std::string& process_tag) {
+void InitLogging(const std::string& process_tag, const LogOptions& options) {
   auto logger = spdlog::stderr_logger_mt("memento-" + process_tag + "-" +
                                          std::to_string(reinterpret_cast<uintptr_t>(&process_tag)));
-  const char* format = std::getenv("MEMENTO_LOG_FORMAT");
-  const std::string fmt_name = format == nullptr ? "" : format;
+  const std::string& fmt_name = options.format;
+  json_logging.store(fmt_name == "json", std::memory_order_relaxed);
   if (fmt_name == "json") {
     logger->set_formatter(std::make_unique<JsonFormatter>(process_tag));
   } else {
     logger->set_pattern("%H:%M:%S.%e %^%L%$ [" + process_tag + "] %v");
   }
   spdlog::level::level_enum level = spdlog::level::info;
-  if (const char* env = std::getenv("MEMENTO_LOG_LEVEL")) {
-    level = spdlog::level::from_str(env);
-  }
+  if (!options.level.empty()) level = spdlog::level::from_str(options.level);
   logger->set_level(level);
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);
   if (!fmt_name.empty() && fmt_name != "json" && fmt_name != "text") {
-    MEMENTO_LOG_WARN("MEMENTO_LOG_FORMAT='{}' is not a log format (json or text): logging text",
-                     fmt_name);
+    MEMENTO_LOG_WARN(
+        "log format '{}' (MEMENTO_LOG_FORMAT) is not a log format (json or text): logging text",
+        fmt_name);
   }
 }
 

@@ -1,8 +1,9 @@
 // Logging: a thin layer over spdlog so that every part of memento logs the same
-// way. Level from MEMENTO_LOG_LEVEL (trace, debug, info, warn, error; default
-// info). Output goes to stderr with time, level, process tag and message;
-// with MEMENTO_LOG_FORMAT=json one JSON object per line instead ("time",
-// "level", "process", "pid", "thread", "source" when known, "msg";
+// way. Level and format come from LogOptions, which the process's edge fills
+// (the `memento` command from MEMENTO_LOG_LEVEL and MEMENTO_LOG_FORMAT:
+// tools/environment.h). Output goes to stderr with time, level, process tag
+// and message; with the json format one JSON object per line instead
+// ("time", "level", "process", "pid", "thread", "source" when known, "msg";
 // docs/operating.md, "Structured logs").
 //
 //   MEMENTO_LOG_INFO("agent: adopted slot {} of rank {} at step {}", slot, rank, step);
@@ -14,12 +15,21 @@
 
 namespace memento {
 
+struct LogOptions {
+  // "json": one JSON object per line; "text" or empty: text lines. Any other
+  // value logs text and a warning naming it.
+  std::string format;
+  // A spdlog level name (trace, debug, info, warn, err, critical, off);
+  // empty: info.
+  std::string level;
+};
+
 // Names this process in every log line ("agent node0", "trainer rank3").
 // Call once early in main(); safe to call again.
-void InitLogging(const std::string& process_tag);
+void InitLogging(const std::string& process_tag, const LogOptions& options = {});
 
-// Whether MEMENTO_LOG_FORMAT=json: tools that print status lines of their own
-// on stdout print them as JSON objects too.
+// Whether the last InitLogging chose the json format: tools that print status
+// lines of their own on stdout print them as JSON objects too.
 bool JsonLogging();
 
 }  // namespace memento

@@ -1,4 +1,5 @@
-// MEMENTO_LOG_FORMAT=json: every line a process logs is one JSON object
+// LogOptions::format "json" (MEMENTO_LOG_FORMAT=json for the `memento`
+// command, tools/environment.h): every line a process logs is one JSON object
 // (docs/operating.md, "Structured logs"). The logging runs in a forked child
 // whose stderr is a pipe, as an agent's would be.
 #include "common/log.h"
@@ -7,7 +8,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -22,8 +22,9 @@ std::string LogInChild(const char* format) {
   if (pid == 0) {
     dup2(fds[1], 2);
     close(fds[0]);
-    if (format != nullptr) setenv("MEMENTO_LOG_FORMAT", format, 1);
-    InitLogging("agent node7");
+    LogOptions options;
+    if (format != nullptr) options.format = format;
+    InitLogging("agent node7", options);
     MEMENTO_LOG_INFO("plain message {}", 42);
     MEMENTO_LOG_WARN("quotes \" backslash \\ newline\nand tab\t");
     MEMENTO_LOG_ERROR("not utf-8: {}", std::string("\xff\xfe"));
@@ -74,7 +75,7 @@ TEST(LogTest, TextFormatStaysTheDefault) {
 
 TEST(LogTest, AnUnknownFormatIsNamedAndTextIsUsed) {
   const std::string out = LogInChild("yaml");
-  EXPECT_NE(out.find("MEMENTO_LOG_FORMAT='yaml' is not a log format (json or text)"),
+  EXPECT_NE(out.find("'yaml' (MEMENTO_LOG_FORMAT) is not a log format (json or text)"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("plain message 42"), std::string::npos) << out;

@@ -36,13 +36,13 @@ Result<int> FreePort() {
 
 }  // namespace
 
-Result<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(const std::string& dir, Deadline deadline) {
-  const char* bin = std::getenv("MEMENTO_ETCD_BIN");
-  Result<std::string> path = FindExecutable(bin && *bin ? bin : "etcd");
+Result<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(const std::string& dir, Deadline deadline,
+                                                        const std::string& binary) {
+  Result<std::string> path = FindExecutable(binary.empty() ? "etcd" : binary);
   if (!path.ok()) {
     return NotFoundError(
         fmt::format("no etcd server binary ({}); install it with scripts/setup.sh (Debian package "
-                    "etcd-server) or set MEMENTO_ETCD_BIN",
+                    "etcd-server) or name one (MEMENTO_ETCD_BIN for `memento bench`)",
                     path.status().message()));
   }
   std::unique_ptr<EtcdProcess> p(new EtcdProcess());

@@ -26,11 +26,13 @@ namespace memento::coord {
 
 class EtcdProcess {
  public:
-  // NotFound when no `etcd` binary is on PATH (or at $MEMENTO_ETCD_BIN).
-  // Unavailable when it does not answer before the deadline (the message
-  // carries the tail of its log).
+  // Runs `binary` (a path, or a name looked up on PATH; empty: `etcd`), as
+  // the caller's user named it (`memento bench`: MEMENTO_ETCD_BIN). NotFound
+  // when there is no such binary. Unavailable when it does not answer
+  // before the deadline (the message carries the tail of its log).
   [[nodiscard]] static Result<std::unique_ptr<EtcdProcess>> Start(const std::string& dir,
-                                                                  Deadline deadline);
+                                                                  Deadline deadline,
+                                                                  const std::string& binary = "");
   ~EtcdProcess();
 
   // "etcd://127.0.0.1:<client port>".

@@ -148,22 +148,6 @@ std::string Seconds3(double s) {
   return b;
 }
 
-namespace {
-
-Status WriteTokenFile(const std::string& path, const net::JobToken& token) {
-  unlink(path.c_str());
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoError("create token file " + path, errno);
-  const std::string s = token.secret() + "\n";
-  ssize_t w = write(fd, s.data(), s.size());
-  int err = errno;
-  close(fd);
-  if (w != static_cast<ssize_t>(s.size())) return ErrnoError("write token file " + path, err);
-  return Status::Ok();
-}
-
-}  // namespace
-
 // ---- the supervisor -------------------------------------------------------------
 
 Status Launcher::State::SetUp(Deadline setup, StoreMode* store_mode) {
@@ -183,7 +167,7 @@ Status Launcher::State::SetUp(Deadline setup, StoreMode* store_mode) {
   logs = o.run_dir + "/logs";
   MEMENTO_RETURN_IF_ERROR(MakeDirs(logs));
   token_path = o.run_dir + "/job.token";
-  MEMENTO_RETURN_IF_ERROR(WriteTokenFile(token_path, token));
+  MEMENTO_RETURN_IF_ERROR(token.WriteFile(token_path));
   if (o.netns) {
     MEMENTO_ASSIGN_OR_RETURN(network, NodeNetwork::Create(o.nodes));
     if (!o.quiet) Say("network namespaces: " + network->Describe());

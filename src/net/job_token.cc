@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 
 #include "net/socket.h"
@@ -70,6 +71,34 @@ Result<JobToken> JobToken::FromEnv() {
 
 Result<JobToken> JobToken::Load(const std::string& path) {
   return path.empty() ? FromEnv() : FromFile(path);
+}
+
+Status JobToken::WriteFile(const std::string& path) const {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
+  ::unlink(tmp.c_str());  // a leftover of a process that had this pid
+  Fd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) return ErrnoError(fmt::format("create job token file {}", tmp), errno);
+  auto fail = [&](const std::string& what, int err) {
+    ::unlink(tmp.c_str());
+    return ErrnoError(fmt::format("{} job token file {}", what, tmp), err);
+  };
+  const std::string s = secret_ + "\n";
+  size_t done = 0;
+  while (done < s.size()) {
+    ssize_t n = write(fd.get(), s.data() + done, s.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail("write", n < 0 ? errno : EIO);
+    done += static_cast<size_t>(n);
+  }
+  // The umask may have narrowed 0600, never widened it; make it exact.
+  if (fchmod(fd.get(), 0600) != 0) return fail("chmod", errno);
+  if (fsync(fd.get()) != 0) return fail("fsync", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError(fmt::format("rename {} to job token file {}", tmp, path), err);
+  }
+  return Status::Ok();
 }
 
 Result<JobToken> JobToken::Generate() {

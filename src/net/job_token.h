@@ -31,6 +31,14 @@ class JobToken {
   // The secret; only for HMAC keys and for writing a token file.
   const std::string& secret() const { return secret_; }
 
+  // Writes the secret and a newline to `path` as FromFile reads it: mode
+  // 0600, through a temporary file in the same directory that is fsynced
+  // and renamed over `path`, so a reader sees the old file or the whole new
+  // one, and a file already there (whatever its mode, or a symbolic link)
+  // is replaced, never written through. Errors name the path; nothing is
+  // left behind on failure.
+  [[nodiscard]] Status WriteFile(const std::string& path) const;
+
  private:
   explicit JobToken(std::string s) : secret_(std::move(s)) {}
   std::string secret_;

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -122,6 +123,52 @@ TEST(JobTokenTest, FileModeIsChecked) {
   EXPECT_EQ(short_token.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(short_token.status().message().find("short"), std::string::npos);
   EXPECT_EQ(JobToken::FromFile(dir.path() + "/missing").status().code(), StatusCode::kNotFound);
+}
+
+// WriteFile (the launcher's and the benchmarks' token file): mode 0600 even
+// over a looser file, readable by FromFile, written through a renamed
+// temporary (none left behind), a symbolic link replaced, not followed;
+// an error names the path.
+TEST(JobTokenTest, WriteFileIsAtomicAndPrivate) {
+  testing::ScratchDir dir("net-token-write");
+  const std::string path = dir.path() + "/job.token";
+  {
+    std::ofstream f(path);
+    f << "an older token that is long enough\n";
+  }
+  ASSERT_EQ(chmod(path.c_str(), 0644), 0);
+  const JobToken token = Token("written-token-0123456789");
+  ASSERT_TRUE(token.WriteFile(path).ok());
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  auto back = JobToken::FromFile(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->secret(), "written-token-0123456789");
+  EXPECT_EQ(testing::ReadAll(path), "written-token-0123456789\n");
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    names.push_back(e.path().filename().string());
+  }
+  EXPECT_EQ(names, std::vector<std::string>{"job.token"});
+
+  // A symbolic link at the path is replaced; its target keeps its bytes.
+  const std::string target = dir.path() + "/target";
+  {
+    std::ofstream f(target);
+    f << "target";
+  }
+  const std::string link = dir.path() + "/link.token";
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  ASSERT_TRUE(token.WriteFile(link).ok());
+  EXPECT_EQ(testing::ReadAll(target), "target");
+  ASSERT_EQ(lstat(link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+
+  Status missing = token.WriteFile(dir.path() + "/no-such-dir/job.token");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("no-such-dir/job.token"), std::string::npos) << missing;
+  EXPECT_EQ(missing.message().find("written-token"), std::string::npos) << missing;
 }
 
 TEST(JobTokenTest, EnvAndGenerate) {

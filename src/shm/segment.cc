@@ -54,10 +54,15 @@ void PopulateWritable(uint8_t* p, size_t n) {
   if (n > 0 && madvise(p, n, MADV_POPULATE_WRITE) != 0) TouchPages(p, n);
 }
 
-bool HugePagesWanted() {
-  const char* v = std::getenv("MEMENTO_SHM_HUGE_PAGES");
-  return v == nullptr || (std::strcmp(v, "off") != 0 && std::strcmp(v, "0") != 0);
-}
+namespace {
+
+std::atomic<bool> huge_pages_wanted{true};
+
+}  // namespace
+
+bool HugePagesWanted() { return huge_pages_wanted.load(std::memory_order_relaxed); }
+
+void SetHugePagesWanted(bool wanted) { huge_pages_wanted.store(wanted, std::memory_order_relaxed); }
 
 namespace {
 

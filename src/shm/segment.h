@@ -14,8 +14,8 @@
 // paging, where the first access to every page of a new mapping exits to
 // the hypervisor, that is what a restart costs. Best effort: where the
 // kernel refuses (shmem_enabled=deny, no contiguous memory) the pages stay
-// 4 KiB and everything works as before. MEMENTO_SHM_HUGE_PAGES=off turns
-// the collapse off (comparisons).
+// 4 KiB and everything works as before. SetHugePagesWanted(false) (the
+// agent's MEMENTO_SHM_HUGE_PAGES=off) turns the collapse off (comparisons).
 //
 // Thread safety: a Segment is immutable after creation except Grow(), which
 // requires exclusive access. The mapped bytes are shared with other processes
@@ -81,9 +81,12 @@ void TouchPages(uint8_t* p, size_t n);
 // pages writable in the guest kernel. Best effort.
 void PopulateWritable(uint8_t* p, size_t n);
 
-// Whether MEMENTO_SHM_HUGE_PAGES allows the collapse into huge pages (unset
-// or anything but "off"/"0").
+// Whether new segments are collapsed into huge pages: true unless
+// SetHugePagesWanted(false). A process-wide setting, set once by the
+// process's edge (`memento` from MEMENTO_SHM_HUGE_PAGES=off or 0,
+// tools/environment.cc) or by a test, before segments are made.
 bool HugePagesWanted();
+void SetHugePagesWanted(bool wanted);
 
 // The pages this process maps from files whose path starts with
 // `path_prefix` (from /proc/self/smaps): resident bytes and the part of them

@@ -78,9 +78,9 @@ TEST(SegmentTest, HugePagesWhereTheKernelGivesThem) {
   // Turned off, and with a tmpfs and a kernel that do not make huge pages on
   // their own: none.
   if (TmpfsHugeOption(dir.path()) == "never" && ShmemThpSetting() != "force") {
-    setenv("MEMENTO_SHM_HUGE_PAGES", "off", 1);
+    SetHugePagesWanted(false);
     auto off = Segment::CreateOrGrow(dir.path() + "/off", n);
-    unsetenv("MEMENTO_SHM_HUGE_PAGES");
+    SetHugePagesWanted(true);
     ASSERT_TRUE(off.ok()) << off.status();
     EXPECT_EQ(MappedPagesOf(dir.path() + "/off").huge_bytes, 0u);
     EXPECT_EQ(MappedPagesOf(dir.path() + "/off").rss_bytes, n);

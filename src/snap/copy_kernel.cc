@@ -81,7 +81,7 @@ std::vector<CopyKernel> Detect() {
 #if defined(__x86_64__)
   // The widest first: with AVX-512 each stripe is one register and one
   // full-line streaming store (measured faster than AVX2 on the development
-  // VM, docs/node_store.md); $MEMENTO_COPY_KERNEL=avx2 where 512-bit code
+  // VM, docs/node_store.md); MEMENTO_COPY_KERNEL=avx2 where 512-bit code
   // lowers the clock of the cores the trainer runs on.
 #if defined(MEMENTO_SNAP_HAVE_AVX512)
   if (__builtin_cpu_supports("avx512f")) {
@@ -114,11 +114,11 @@ const CopyKernel* Find(std::string_view name) {
 
 std::atomic<const CopyKernel*> active{nullptr};
 
-const CopyKernel* Initial() {
-  if (const char* env = std::getenv("MEMENTO_COPY_KERNEL"); env != nullptr && *env) {
-    if (const CopyKernel* k = Find(env)) return k;
-  }
-  return &Kernels().front();
+Status NotAvailable(std::string_view name) {
+  std::string names;
+  for (const CopyKernel& c : Kernels()) names += std::string(names.empty() ? "" : ", ") + c.name;
+  return InvalidArgumentError(
+      fmt::format("copy kernel '{}' is not available on this CPU (available: {})", name, names));
 }
 
 }  // namespace
@@ -128,7 +128,7 @@ std::vector<CopyKernel> AvailableCopyKernels() { return Kernels(); }
 const CopyKernel& ActiveCopyKernel() {
   const CopyKernel* k = active.load(std::memory_order_acquire);
   if (k == nullptr) {
-    const CopyKernel* init = Initial();
+    const CopyKernel* init = &Kernels().front();
     active.compare_exchange_strong(k, init, std::memory_order_acq_rel);
     k = active.load(std::memory_order_acquire);
   }
@@ -137,13 +137,16 @@ const CopyKernel& ActiveCopyKernel() {
 
 Status SelectCopyKernel(std::string_view name) {
   const CopyKernel* k = Find(name);
-  if (k == nullptr) {
-    std::string names;
-    for (const CopyKernel& c : Kernels()) names += std::string(names.empty() ? "" : ", ") + c.name;
-    return InvalidArgumentError(
-        fmt::format("copy kernel '{}' is not available on this CPU (available: {})", name, names));
-  }
+  if (k == nullptr) return NotAvailable(name);
   active.store(k, std::memory_order_release);
+  return Status::Ok();
+}
+
+Status SelectCopyKernelUnlessChosen(std::string_view name) {
+  const CopyKernel* k = Find(name);
+  if (k == nullptr) return NotAvailable(name);
+  const CopyKernel* none = nullptr;
+  active.compare_exchange_strong(none, k, std::memory_order_acq_rel);
   return Status::Ok();
 }
 

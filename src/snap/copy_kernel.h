@@ -41,13 +41,20 @@ struct CopyKernel {
 std::vector<CopyKernel> AvailableCopyKernels();
 
 // The kernel behind CopyAndChecksumStreaming and FastChecksum: the one
-// selected last, else the one named by $MEMENTO_COPY_KERNEL at first use,
-// else the default (the widest vector set the CPU has: avx512, avx2, sse2).
+// selected last, else the default (the widest vector set the CPU has:
+// avx512, avx2, sse2).
 const CopyKernel& ActiveCopyKernel();
 
 // Makes `name` the active kernel for the whole process (benchmarks,
 // comparisons). InvalidArgument naming the available ones when this CPU
 // cannot run it. Not for use while copies run.
 [[nodiscard]] Status SelectCopyKernel(std::string_view name);
+
+// SelectCopyKernel, unless a kernel was selected or used already in this
+// process: a process's edge passes the kernel its user named
+// (MEMENTO_COPY_KERNEL, read by `memento` in tools/environment.cc and by
+// Client::Connect), and an explicit choice made before (a benchmark's
+// --kernel) stands. InvalidArgument as SelectCopyKernel.
+[[nodiscard]] Status SelectCopyKernelUnlessChosen(std::string_view name);
 
 }  // namespace memento::snap

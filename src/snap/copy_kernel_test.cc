@@ -142,5 +142,19 @@ TEST(CopyKernelSelectTest, DefaultIsFirstAndUnknownNamesAreRefused) {
   EXPECT_EQ(before, ActiveCopyKernel().name);
 }
 
+// The kernel a process's edge takes from MEMENTO_COPY_KERNEL
+// (SelectCopyKernelUnlessChosen) does not override one chosen before (a
+// benchmark's --kernel): Client::Connect runs after it.
+TEST(CopyKernelTest, TheEdgesChoiceDoesNotOverrideAnEarlierOne) {
+  const std::string before = ActiveCopyKernel().name;  // chosen by first use
+  ASSERT_TRUE(SelectCopyKernel("portable").ok());
+  ASSERT_TRUE(SelectCopyKernelUnlessChosen(AvailableCopyKernels().front().name).ok());
+  EXPECT_STREQ(ActiveCopyKernel().name, "portable");
+  Status st = SelectCopyKernelUnlessChosen("no-such-kernel");
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  EXPECT_STREQ(ActiveCopyKernel().name, "portable");
+  ASSERT_TRUE(SelectCopyKernel(before).ok());
+}
+
 }  // namespace
 }  // namespace memento::snap

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -493,15 +494,14 @@ Env* Env::Posix(IoEngine engine) {
   return envs[static_cast<int>(engine)];
 }
 
-Env* Env::Default() {
-  static Env* const env = [] {
-    const char* name = std::getenv("MEMENTO_DURABLE_IO");
-    if (name == nullptr || *name == '\0') return Posix(IoEngine::kAuto);
-    auto engine = ParseIoEngine(name);
-    MEMENTO_CHECK(engine.ok());  // a test or operator typo: fail fast
-    return Posix(*engine);
-  }();
-  return env;
+namespace {
+std::atomic<IoEngine> default_engine{IoEngine::kAuto};
+}  // namespace
+
+Env* Env::Default() { return Posix(default_engine.load(std::memory_order_relaxed)); }
+
+void Env::SetDefaultIoEngine(IoEngine engine) {
+  default_engine.store(engine, std::memory_order_relaxed);
 }
 
 }  // namespace memento::tier

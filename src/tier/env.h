@@ -110,9 +110,13 @@ class Env {
  public:
   virtual ~Env() = default;
 
-  // The process-wide POSIX Env (never deleted): Posix(kAuto), or the engine
-  // named by $MEMENTO_DURABLE_IO (auto, uring, pwrite) when it is set.
+  // The process-wide POSIX Env (never deleted): Posix() of the engine
+  // SetDefaultIoEngine chose last, kAuto until then.
   static Env* Default();
+  // The engine of Default() from now on: set by the process's edge
+  // (`memento` from MEMENTO_DURABLE_IO=auto|uring|pwrite,
+  // tools/environment.cc) or by a test.
+  static void SetDefaultIoEngine(IoEngine engine);
   // The process-wide POSIX Env whose direct data files are written with
   // `engine` (never deleted). Buffered files always use pwrite.
   static Env* Posix(IoEngine engine);

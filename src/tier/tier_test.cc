@@ -2,6 +2,8 @@
 // verify, retention and discovery.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -18,6 +20,20 @@
 
 namespace memento::tier {
 namespace {
+
+// MEMENTO_DURABLE_IO=auto|uring|pwrite runs every test on that engine
+// (docs/durable_tier.md); the library itself does not read the variable.
+[[maybe_unused]] const bool kEngineFromEnvironment = [] {
+  const char* name = std::getenv("MEMENTO_DURABLE_IO");
+  if (name == nullptr || *name == '\0') return false;
+  Result<IoEngine> engine = ParseIoEngine(name);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "tier_test: %s\n", engine.status().ToString().c_str());
+    std::abort();
+  }
+  Env::SetDefaultIoEngine(*engine);
+  return true;
+}();
 
 using memento::testing::ScratchDir;
 

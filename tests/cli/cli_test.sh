@@ -119,4 +119,17 @@ assert j["schema"] == "memento.launch/1", j
 assert j["exit_code"] == 0, j
 PY
 grep -q "^\[launch\] " "$work/err" || fail "launch --json: no progress lines on stderr: $(cat "$work/err")"
+# 6. The environment variables memento reads at its edge (tools/environment.h):
+# a value a variable does not take exits 2 naming it; a copy kernel named
+# there is the one the process copies with (the library reads neither).
+MEMENTO_DURABLE_IO=bogus run plan layout --dp 4 --policy xor --json
+[ "$rc" = 2 ] || fail "MEMENTO_DURABLE_IO=bogus exited $rc, expected 2"
+grep -q "MEMENTO_DURABLE_IO" "$work/err" || fail "MEMENTO_DURABLE_IO=bogus is not named: $(cat "$work/err")"
+MEMENTO_COPY_KERNEL=portable run bench snapshot --size 8M --reps 1 --json
+[ "$rc" = 0 ] || fail "MEMENTO_COPY_KERNEL=portable bench snapshot exited $rc: $(tail -5 "$work/err")"
+python3 - "$work/out" <<'PY' || fail "MEMENTO_COPY_KERNEL=portable: $(cat "$work/out")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["kernel"] == "portable", j
+PY
 echo "tools_cli_test: PASS"

@@ -55,6 +55,27 @@ class ClientAgentTest : public ::testing::Test {
   std::string root_;
 };
 
+// Client::Connect is the client's edge (docs/architecture.md, "Settings and
+// test hooks"): a setting its user names wrongly, in the environment or in
+// ClientOptions, is refused naming it before any agent is asked.
+TEST_F(ClientAgentTest, ConnectRefusesAnUnknownParityPlaceOrCopyKernel) {
+  ASSERT_EQ(setenv("MEMENTO_PARITY_IN", "sideways", 1), 0);
+  auto env = Client::Connect(Options());
+  unsetenv("MEMENTO_PARITY_IN");
+  ASSERT_FALSE(env.ok());
+  EXPECT_EQ(env.status().code(), StatusCode::kInvalidArgument) << env.status();
+  EXPECT_NE(env.status().message().find("MEMENTO_PARITY_IN='sideways'"), std::string::npos)
+      << env.status();
+  ClientOptions o = Options();
+  o.copy_kernel = "no-such-kernel";
+  auto kernel = Client::Connect(o);
+  ASSERT_FALSE(kernel.ok());
+  EXPECT_EQ(kernel.status().code(), StatusCode::kInvalidArgument) << kernel.status();
+  EXPECT_NE(kernel.status().message().find("copy kernel 'no-such-kernel' is not available"),
+            std::string::npos)
+      << kernel.status();
+}
+
 TEST_F(ClientAgentTest, SnapshotRestoreRoundTrip) {
   AgentThread agent({"job1", 0, root_, 0});
   uint64_t seed = memento::testing::TestSeed("ClientAgentTest.SnapshotRestoreRoundTrip");
@@ -115,7 +136,7 @@ TEST_F(ClientAgentTest, FirstSnapshotAfterARestartDoesNotFaultOnTheTrainingThrea
   AgentThread agent({"job1", 0, root_, 0});
   const size_t n = size_t{32} << 20;
   for (int rank : {0, 1}) {
-    setenv("MEMENTO_SHM_HUGE_PAGES", rank == 0 ? "off" : "on", 1);  // read when slots are made
+    shm::SetHugePagesWanted(rank != 0);  // the in-process agent makes the slots
     std::vector<uint8_t> a(n), b(n, 0);
     for (size_t i = 0; i < n; ++i) a[i] = static_cast<uint8_t>(i * 7 + rank);
     TensorMeta m{"w", DType::kUInt8, {static_cast<int64_t>(n)}, StateClass::kReplicated};
@@ -127,7 +148,7 @@ TEST_F(ClientAgentTest, FirstSnapshotAfterARestartDoesNotFaultOnTheTrainingThrea
       ASSERT_TRUE((*c)->Snapshot(1).ok());
       ASSERT_TRUE((*c)->Fence().ok());
     }
-    unsetenv("MEMENTO_SHM_HUGE_PAGES");
+    shm::SetHugePagesWanted(true);
     auto c = Client::Connect(Options(rank));
     ASSERT_TRUE(c.ok()) << c.status();
     ASSERT_TRUE((*c)->RegisterTensor(m, b.data()).ok());
