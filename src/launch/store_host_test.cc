@@ -2,11 +2,9 @@
 // store` child process that is SIGKILLed and restarted empty on its address.
 #include "launch/store_host.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
-#include <fstream>
 
 #include "common/test_util.h"
 #include "coord/commit.h"
@@ -22,10 +20,7 @@ class StoreHostTest : public ::testing::Test {
     ASSERT_TRUE(token.ok());
     token_ = std::make_unique<net::JobToken>(std::move(*token));
     token_path_ = dir_.path() + "/job.token";
-    std::ofstream f(token_path_);
-    f << token_->secret() << "\n";
-    f.close();
-    ASSERT_EQ(chmod(token_path_.c_str(), 0600), 0);
+    ASSERT_TRUE(token_->WriteFile(token_path_).ok());  // mode 0600
   }
 
   StoreHostOptions ProcessOptions() const {

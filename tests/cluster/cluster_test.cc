@@ -378,10 +378,8 @@ TEST_F(ClusterTest, ExternalStoreRestartedEmptyByItsOwner) {
   {
     auto token = net::JobToken::Generate();
     ASSERT_TRUE(token.ok());
-    std::ofstream f(token_path);
-    f << token->secret() << "\n";
+    ASSERT_TRUE(token->WriteFile(token_path).ok());  // mode 0600
   }
-  ASSERT_EQ(chmod(token_path.c_str(), 0600), 0);
   const std::string port_file = dir + "/store.port";
   auto start_store = [&](int port) -> Result<Subprocess> {
     unlink(port_file.c_str());

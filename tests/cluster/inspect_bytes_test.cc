@@ -8,10 +8,8 @@
 // committed version), the slots must hold pieces (less than the registered
 // state) and the plan's bytes must be met within 5%.
 
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -58,11 +56,7 @@ class InspectBytesTest : public ::testing::Test {
     auto token = net::JobToken::Generate();
     ASSERT_TRUE(token.ok());
     token_file_ = dir_.path() + "/job.token";
-    {
-      std::ofstream f(token_file_);
-      f << token->secret() << "\n";
-    }
-    ASSERT_EQ(chmod(token_file_.c_str(), 0600), 0);
+    ASSERT_TRUE(token->WriteFile(token_file_).ok());  // mode 0600
     auto server = coord::EmbeddedStoreServer::Start("127.0.0.1", 0, *token);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
