@@ -86,21 +86,21 @@ TEST(AgentRequestTest, ErrorsNameTheFieldAndTheValue) {
 // Every request the client builds comes back from the agent's parser as it
 // was built, through the bytes that cross the socket.
 TEST(AgentRequestTest, EveryRequestRoundTripsThroughTheWire) {
-  const std::vector<AgentRequest> requests = {
-      HelloRequest("job-1", 7, 16),
-      SealRequest(3, 1 << 20, "[]"),
-      CompleteRequest(2, 1, 41),
-      SkippedRequest(2, 0),
-      TargetRequest(5),
-      VerifyRequest(5, 0),
-      ListRequest(kMaxRank),
-      AssembleRequest(3, 17),
-      PlanRequest(4),
-      AorRegisterRequest(2, std::string("\x00\xffab", 4), 99),
-      AorCaptureRequest(2, 5, 1.5e-4f),
-      AorCaptureRequest(2, 6, std::nanf("")),
-      AorChecksumRequest(2, 5, ~uint64_t{0}),
-      AgentRequest{}};
+  const std::string encoding = {'\x00', '\xff', 'a', 'b'};  // an optimizer's, with a NUL
+  const std::vector<AgentRequest> requests = {HelloRequest("job-1", 7, 16),
+                                              SealRequest(3, 1 << 20, "[]"),
+                                              CompleteRequest(2, 1, 41),
+                                              SkippedRequest(2, 0),
+                                              TargetRequest(5),
+                                              VerifyRequest(5, 0),
+                                              ListRequest(kMaxRank),
+                                              AssembleRequest(3, 17),
+                                              PlanRequest(4),
+                                              AorRegisterRequest(2, encoding, 99),
+                                              AorCaptureRequest(2, 5, 1.5e-4f),
+                                              AorCaptureRequest(2, 6, std::nanf("")),
+                                              AorChecksumRequest(2, 5, ~uint64_t{0}),
+                                              AgentRequest{}};
   for (const AgentRequest& sent : requests) {
     auto got = ParseAgentRequest(AgentRequestToJson(sent).dump());
     ASSERT_TRUE(got.ok()) << AgentOpName(sent.op) << ": " << got.status();
@@ -121,8 +121,7 @@ TEST(AgentRequestTest, EveryRequestRoundTripsThroughTheWire) {
     EXPECT_EQ(got->checksum, sent.checksum);
   }
   EXPECT_EQ(HelloRequest("j", 0, 1).protocol, kProtocolVersion);
-  EXPECT_EQ(OptimizerEncoding(AorRegisterRequest(0, std::string("\x00\xffab", 4), 1)),
-            std::string("\x00\xffab", 4));
+  EXPECT_EQ(OptimizerEncoding(AorRegisterRequest(0, encoding, 1)), encoding);
   EXPECT_EQ(static_cast<float>(AorCaptureRequest(0, 1, 1.5e-4f).lr), 1.5e-4f);
 }
 

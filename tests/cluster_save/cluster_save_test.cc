@@ -399,7 +399,9 @@ TEST_P(ClusterSaveTest, VersionsCommitWithTheRedundancyThePlanSays) {
         const auto& e = info->tensors[i];
         EXPECT_EQ(e.meta.name, (*want)[i].tensor) << "rank " << r << " entry " << i;
         EXPECT_EQ(e.range_offset, (*want)[i].offset) << "rank " << r << " entry " << i;
-        if ((*want)[i].length > 0) EXPECT_EQ(e.nbytes, (*want)[i].length);
+        if ((*want)[i].length > 0) {
+          EXPECT_EQ(e.nbytes, (*want)[i].length);
+        }
         held += e.nbytes;
       }
       for (size_t j = 0; j < parities.size(); ++j) {

@@ -61,9 +61,9 @@ TEST(DemoClusterTest, NodeLossThroughARealEtcdEndsBitIdentical) {
                           (*etcd)->url();
   auto [rc, out] = RunShell(cmd);
   EXPECT_EQ(rc, 0) << out;
-  for (const std::string want : {"store " + (*etcd)->url() + " (external)",
-                                 std::string("1. node 1 lost"), std::string("node(s) lost: 1"),
-                                 std::string("RESULT: the final parameters ARE bit-identical")}) {
+  for (const std::string& want : {"store " + (*etcd)->url() + " (external)",
+                                  std::string("1. node 1 lost"), std::string("node(s) lost: 1"),
+                                  std::string("RESULT: the final parameters ARE bit-identical")}) {
     EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in\n" << out;
   }
   // The job's keys are in etcd: the launcher and the agents wrote there.

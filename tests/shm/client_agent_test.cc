@@ -174,7 +174,9 @@ TEST_F(ClientAgentTest, FirstSnapshotAfterARestartDoesNotFaultOnTheTrainingThrea
     for (size_t i = 0; i < (*seg)->size(); i += 4096) sum += (*seg)->data()[i];
     EXPECT_GE(ThreadMinorFaults() - f0, static_cast<long>(n / shm::kHugePageBytes)) << sum;
     // (4 KiB pages: one read fault maps 16 of them, the kernel's fault-around.)
-    if (rank == 0) EXPECT_GE(ThreadMinorFaults() - f0, static_cast<long>(n / (64 << 10)));
+    if (rank == 0) {
+      EXPECT_GE(ThreadMinorFaults() - f0, static_cast<long>(n / (64 << 10)));
+    }
     c->reset();
     // And step 2 restores exactly.
     std::vector<uint8_t> d(n, 0);
