@@ -1,4 +1,4 @@
-// `memento bench memory [--sharded] [--cases dp4,dp2pp2] [--zero 0,1] [--policies
+// `memento bench memory [--no-sharded] [--cases dp4,dp2pp2] [--zero 0,1] [--policies
 // replicate,xor,rs:2] [--preset small] [--steps 5] [--json]`: host memory and
 // copy volume per node of the save path that runs, next to REFT's formula
 // (issue 15, docs/reft.md section 6).
@@ -53,7 +53,7 @@ struct MemoryBenchOptions {
   std::string trainer;
   std::string run_dir;  // empty: /dev/shm/memento-bench-memory-<pid>
   bool json = true;
-  bool sharded = false;  // memento launch --sharded (docs/reft.md)
+  bool sharded = true;  // memento launch's default; --no-sharded: whole slots (docs/reft.md)
 };
 
 struct Case {
@@ -209,9 +209,9 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
   cmd->add_option("--trainer", o->trainer, "memento-trainer binary (default: next to memento)");
   cmd->add_option("--run-dir", o->run_dir,
                   "where the node roots go (default /dev/shm/memento-bench-memory-<pid>)");
-  cmd->add_flag("--sharded", o->sharded,
-                "run every case with sharded snapshots (memento launch --sharded, "
-                "docs/reft.md)");
+  cmd->add_flag("--sharded,!--no-sharded", o->sharded,
+                "sharded snapshots in every case, the default as in memento launch "
+                "(docs/reft.md); --no-sharded: every rank's slot holds its whole state");
   cmd->add_flag("--json", o->json, "print JSON (always on)");
   cmd->callback([o, &ctx] {
     Result<nlohmann::json> j = Measure(*o);

@@ -3,8 +3,9 @@
 // on any save path: the T1 bytes every node holds are the plan's copies and
 // parities (plus the redundancy files' headers), the T0 bytes copied per step
 // lie between the plan's pieces (REFT) and the ranks' whole state, and the
-// plan's pieces are about 1/m of the replicated state; with --sharded the
-// T0 bytes are the plan's ranges. No timing is checked.
+// plan's pieces are about 1/m of the replicated state (run with whole slots,
+// --no-sharded); sharded (the default) the T0 bytes are the plan's ranges.
+// No timing is checked.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -22,7 +23,7 @@ TEST(BenchMemorySmoke, ReportsHostBytesAgainstThePlan) {
   const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench memory --json --trainer " +
                           MEMENTO_TRAINER_BINARY +
                           " --preset tiny --steps 6 --cases dp4 --zero 0,1"
-                          " --policies replicate,xor 2>" +
+                          " --policies replicate,xor --no-sharded 2>" +
                           err;
   auto [rc, out] = RunShell(cmd);
   ASSERT_EQ(rc, 0) << out << "\n(stderr in " << err << ")";
