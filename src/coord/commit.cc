@@ -474,6 +474,16 @@ uint64_t CommitCoordinator::epoch() {
   return tracker_.epoch();
 }
 
+Status CommitCoordinator::RepublishCommitted(Deadline deadline) {
+  CommitId id;
+  {
+    MutexLock l(&mu_);
+    id = CommitId{tracker_.epoch(), tracker_.committed()};
+  }
+  if (id.step < 0) return Status::Ok();
+  return PublishCommit(*store_, job_, id.step, WallNanos(), deadline, id.epoch).status();
+}
+
 void CommitCoordinator::Commit(int64_t step, uint64_t epoch, std::vector<int64_t> superseded) {
   int64_t now = WallNanos();
   Deadline d = Deadline::AfterSeconds(10);

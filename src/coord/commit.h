@@ -193,6 +193,11 @@ class CommitCoordinator {
   void SetMembers(std::set<std::string> members) EXCLUDES(mu_);
   int64_t committed() EXCLUDES(mu_);
   uint64_t epoch() EXCLUDES(mu_);
+  // Publishes the newest commit again (a store restarted empty: it may have
+  // been published on the lost store before any member saw it, and this
+  // coordinator does not count that step's reports again). Never lowers
+  // commit/latest; nothing to do before the first commit.
+  [[nodiscard]] Status RepublishCommitted(Deadline deadline) EXCLUDES(mu_);
 
  private:
   CommitCoordinator(Store* store, std::string job, std::set<std::string> members,

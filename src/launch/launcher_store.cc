@@ -25,19 +25,13 @@ Status Launcher::State::RepublishLauncherKeys(Deadline deadline) {
   for (const auto& [n, text] : recovery_records) {
     MEMENTO_RETURN_IF_ERROR(store->Set(keys.Recovery(n), text, deadline).status());
   }
-  // The coordinator's newest commit: it may have published it on the lost
-  // store before any agent saw it. The agents republish only the commits
-  // they saw, and the coordinator does not count that step's reports again,
-  // so without this every node would hold that step until its hold timeout
-  // and skip the steps after it (fresh-clone CI, ClusterTest
-  // StoreKilledMidRunThenNodeLoss: step 10 committed 1 ms before the kill,
-  // the agents republished 9, nothing committed after). Never lowers
-  // commit/latest.
-  if (coordinator != nullptr && coordinator->committed() >= 0) {
-    MEMENTO_RETURN_IF_ERROR(coord::PublishCommit(*store, o.job, coordinator->committed(),
-                                                 WallNanos(), deadline, coordinator->epoch())
-                                .status());
-  }
+  // The coordinator's newest commit: the agents republish only the commits
+  // they saw, so without it every node would hold a step committed just
+  // before the loss until its hold timeout and skip the steps after it
+  // (fresh-clone CI, ClusterTest StoreKilledMidRunThenNodeLoss: step 10
+  // committed 1 ms before the kill, the agents republished 9, nothing
+  // committed after).
+  if (coordinator != nullptr) MEMENTO_RETURN_IF_ERROR(coordinator->RepublishCommitted(deadline));
   return PublishTopology(*store, o.job, topology, deadline);
 }
 
