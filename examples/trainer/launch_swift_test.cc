@@ -204,6 +204,58 @@ class LaunchSwiftTest : public ::testing::Test {
     EXPECT_NE(peer.find("kept Gloo group(s): none"), std::string::npos) << peer;
   }
 
+  // A kill just before collective `point` (--fail-point grad-allreduce,
+  // grad-norm or all-gather), rank 0..3 and step 4..7 drawn from the seed.
+  std::vector<std::string> KillBefore(const std::string& point, const std::string& topo,
+                                      std::string* what) {
+    const uint64_t seed =
+        memento::testing::TestSeed(("launch_swift_collective_" + topo + "_" + point).c_str());
+    std::mt19937_64 rng(seed);
+    const int rank = static_cast<int>(rng() % 4);
+    const int step = 4 + static_cast<int>(rng() % 4);
+    *what = "seed " + std::to_string(seed) + " (" + topo + "): rank " + std::to_string(rank) +
+            " killed before the " + point + " of step " + std::to_string(step);
+    std::printf("%s\n", what->c_str());
+    std::fflush(stdout);
+    return {"--fail-rank",        std::to_string(rank), "--fail-at-step",
+            std::to_string(step), "--fail-point",       point};
+  }
+
+  // Every survivor of a 4-rank job (dp x tp x pp) says it kept exactly the
+  // groups of size > 1 that the lost rank `killed` is not in, in the
+  // order dp, tp, pp (Comm::Reconnect's names); with `none_kept`, none.
+  void ExpectKeptGroups(const Outcome& o, int dp, int tp, int pp, int killed, bool none_kept) {
+    auto coords = [&](int r, int* p, int* d, int* t) {
+      *t = r % tp;
+      *d = (r / tp) % dp;
+      *p = r / (tp * dp);
+    };
+    int kp, kd, kt;
+    coords(killed, &kp, &kd, &kt);
+    for (int r = 0; r < dp * tp * pp; ++r) {
+      if (r == killed) continue;
+      int p, d, t;
+      coords(r, &p, &d, &t);
+      std::string want;
+      if (!none_kept) {
+        if (dp > 1 && !(p == kp && t == kt)) {
+          want += " dp.pp" + std::to_string(p) + ".tp" + std::to_string(t);
+        }
+        if (tp > 1 && !(p == kp && d == kd)) {
+          want += " tp.pp" + std::to_string(p) + ".dp" + std::to_string(d);
+        }
+        if (pp > 1 && !(d == kd && t == kt)) {
+          want += " pp.dp" + std::to_string(d) + ".tp" + std::to_string(t);
+        }
+      }
+      if (want.empty()) want = " none";
+      const std::string log = ReadFile(o.logs + "/rank" + std::to_string(r) + ".log");
+      EXPECT_NE(log.find("kept Gloo group(s):" + want + "\n"), std::string::npos)
+          << "rank " << r << " should keep:" << want << "\n"
+          << log;
+    }
+  }
+
   // How many steps a ZeRO-1 undo went back past the survivors' step (the
   // replacement's log says so when its moment shard of that step was not in
   // the tiers; 0 when it was).
@@ -274,6 +326,75 @@ TEST_F(LaunchSwiftTest, UndoReplacesOnlyTheLostRank) {
   ExpectReport(*rep, "restart", 4, "a node or agent is lost");
   EXPECT_NE(node.output.find("in-process recovery not possible"), std::string::npos)
       << node.Report();
+}
+
+// A rank lost just before a collective after the pipeline schedule: in the
+// DP gradient allreduce (its DP peers fail there, every other rank in the
+// gradient-norm allreduce) or in the gradient-norm allreduce (every
+// survivor fails there). No survivor had begun its update: nothing is
+// undone, no step lost. Every group the lost rank is not in is kept (DP
+// groups too: a rank that failed in the gradient-norm allreduce offers its
+// DP group), and only the lost rank's groups are rebuilt; bit-identical.
+TEST_F(LaunchSwiftTest, UndoKeepsEveryGroupTheLostRankIsNotIn) {
+  const Outcome clean = Run("cclean", {}, {});
+  for (const std::string point : {"grad-allreduce", "grad-norm"}) {
+    std::string what;
+    const std::vector<std::string> kill = KillBefore(point, "dp2pp2", &what);
+    SCOPED_TRACE(what);
+    const Outcome o = Run("c-" + point, {"--recovery", "undo"}, kill);
+    ExpectSameFinalStates(clean, o);
+    ExpectInProcess(o);
+    const json* rep = OneRecovery(o);
+    if (rep != nullptr) {
+      EXPECT_EQ((*rep)["steps_lost"], 0) << rep->dump();
+    }
+    ExpectKeptGroups(o, 2, 1, 2, std::stoi(kill[1]), /*none_kept=*/false);
+  }
+}
+
+// Tensor parallelism: DP 2 x TP 2 (pp 1) under --recovery undo, a rank lost
+// before its DP gradient allreduce or its gradient-norm allreduce (drawn
+// from the seed). The lost rank's TP peer and DP peer get their state
+// unchanged, the replacement its state from its DP replica (each TP slice
+// from its own); the surviving TP group and DP group are kept;
+// bit-identical, no step lost.
+TEST_F(LaunchSwiftTest, UndoWithTensorParallelism) {
+  const std::vector<std::string> topo = {"--dp", "2", "--tp", "2", "--pp", "1"};
+  const Outcome clean = Run("tclean", topo, {});
+  const uint64_t seed = memento::testing::TestSeed("launch_swift_tp_point");
+  const std::string point = seed % 2 == 0 ? "grad-allreduce" : "grad-norm";
+  std::string what;
+  const std::vector<std::string> kill = KillBefore(point, "dp2tp2", &what);
+  SCOPED_TRACE(what);
+  std::vector<std::string> launch = topo;
+  launch.insert(launch.end(), {"--recovery", "undo"});
+  const Outcome o = Run("tundo", launch, kill);
+  ExpectSameFinalStates(clean, o);
+  ExpectInProcess(o);
+  const json* rep = OneRecovery(o);
+  if (rep != nullptr) {
+    EXPECT_EQ((*rep)["steps_lost"], 0) << rep->dump();
+  }
+  ExpectKeptGroups(o, 2, 2, 1, std::stoi(kill[1]), /*none_kept=*/false);
+}
+
+// ZeRO-1, a rank lost just before its parameter all-gather: its DP peer
+// fails in the all-gather; the other stage's ranks completed theirs and
+// fail in the next step's schedule. A group can be offered by neither (after
+// the gradient norm a peer may already wait on this rank in the next
+// step's pipeline or TP traffic), so every group is rebuilt; the recovery
+// stays in process and bit-identical (the survivors undo the step).
+TEST_F(LaunchSwiftTest, ZeroOneKillInTheAllGatherRebuildsEveryGroup) {
+  const Outcome clean = Run("gclean", {"--zero", "1"}, {"--zero"});
+  std::string what;
+  std::vector<std::string> args = {"--zero"};
+  const std::vector<std::string> kill = KillBefore("all-gather", "dp2pp2", &what);
+  SCOPED_TRACE(what);
+  args.insert(args.end(), kill.begin(), kill.end());
+  const Outcome o = Run("gundo", {"--zero", "1", "--recovery", "undo"}, args);
+  ExpectSameFinalStates(clean, o);
+  ExpectInProcess(o, "undo", StepsBack(o, kill[1]));
+  ExpectKeptGroups(o, 2, 1, 2, std::stoi(kill[1]), /*none_kept=*/true);
 }
 
 // ZeRO-1: the lost moment shard has no DP replica; the replacement loads it

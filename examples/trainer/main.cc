@@ -324,18 +324,36 @@ Status CorruptNewestLogFile(const std::string& path) {
 // Fault injection inside a step: --fail-point update kills the rank before
 // chunk `chunk` of step `step`'s optimizer update is written; --fail-point
 // pipeline at its `chunk`-th pipeline receive of that step (forward or
-// backward, while the other stages are mid-schedule).
+// backward, while the other stages are mid-schedule); --fail-point
+// grad-allreduce, grad-norm or all-gather just before it enters that
+// collective of the step (StepCollective; all-gather needs ZeRO-1).
 class KillInsideStep : public TrainerHooks {
  public:
+  enum class Where { kUpdate, kPipeline, kCollective };
   // `trainer` outlives the hooks (Main owns both; the hooks are set on it).
-  KillInsideStep(const Trainer* trainer, int64_t step, int chunk, bool pipeline)
+  // `collective`: with Where::kCollective, which one.
+  KillInsideStep(const Trainer* trainer, int64_t step, int chunk, Where where,
+                 StepCollective collective = StepCollective::kGradAllreduce)
       : trainer_(trainer),
         rank_(trainer->rank()),
         step_(step),
         chunk_(chunk),
-        pipeline_(pipeline) {}
+        pipeline_(where == Where::kPipeline),
+        update_(where == Where::kUpdate),
+        collective_(collective) {}
   // Hooks that run behind these (memento's), or null.
   void set_inner(TrainerHooks* inner) { inner_ = inner; }
+  void BeforeCollective(int64_t step, StepCollective which) override {
+    if (inner_ != nullptr) inner_->BeforeCollective(step, which);
+    if (pipeline_ || update_ || step != step_ || which != collective_) return;
+    static const char* const kNames[] = {"gradient allreduce", "gradient-norm allreduce",
+                                         "parameter all-gather"};
+    std::fprintf(stderr,
+                 "memento-trainer rank %d: killing myself before the %s of step %" PRId64 "\n",
+                 rank_, kNames[static_cast<int>(which)], step);
+    std::fflush(nullptr);
+    raise(SIGKILL);
+  }
   void OnPhase(TrainPhase phase) override {
     if (inner_ != nullptr) inner_->OnPhase(phase);
     if (!pipeline_ || phase != TrainPhase::kIdle || trainer_->state().step + 1 != step_ ||
@@ -364,7 +382,7 @@ class KillInsideStep : public TrainerHooks {
   }
   Status OnOptimizerChunk(int64_t step, uint64_t offset, uint64_t count) override {
     if (inner_ != nullptr) MEMENTO_RETURN_IF_ERROR(inner_->OnOptimizerChunk(step, offset, count));
-    if (pipeline_ || step != step_ || seen_++ != chunk_) return Status::Ok();
+    if (!update_ || step != step_ || seen_++ != chunk_) return Status::Ok();
     std::fprintf(stderr,
                  "memento-trainer rank %d: killing myself inside the update of step %" PRId64
                  " (chunk %d, elements %" PRIu64 "+%" PRIu64 ")\n",
@@ -379,7 +397,8 @@ class KillInsideStep : public TrainerHooks {
   int rank_;
   int64_t step_;
   int chunk_;
-  bool pipeline_;
+  bool pipeline_, update_;
+  StepCollective collective_;
   int seen_ = 0, idle_ = 0;
   TrainerHooks* inner_ = nullptr;
 };
@@ -462,7 +481,10 @@ int Main(int argc, char** argv) {
                  "optimizer update of that step, before chunk --fail-chunk) | pipeline (at "
                  "receive --fail-chunk of that step's pipeline schedule; needs --pp > 1) | "
                  "save (after the step, once the other ranks saved it, before its own "
-                 "--save-every save: the job holds saves of different steps)")
+                 "--save-every save: the job holds saves of different steps) | grad-allreduce, "
+                 "grad-norm, all-gather (just before that collective of the step: the DP "
+                 "gradient allreduce, the world's gradient-norm allreduce, ZeRO-1's parameter "
+                 "all-gather; all-gather needs --zero)")
       ->capture_default_str();
   int wedge_rank = -1;
   app.add_option("--wedge-rank", wedge_rank,
@@ -656,11 +678,20 @@ int Main(int argc, char** argv) {
                  recovery.c_str());
     return 2;
   }
+  const bool fail_in_collective =
+      fail_point == "grad-allreduce" || fail_point == "grad-norm" || fail_point == "all-gather";
   if (fail_point != "step" && fail_point != "update" && fail_point != "pipeline" &&
-      fail_point != "save") {
+      fail_point != "save" && !fail_in_collective) {
     std::fprintf(stderr,
-                 "memento-trainer: --fail-point '%s': expected step, update, pipeline or save\n",
+                 "memento-trainer: --fail-point '%s': expected step, update, pipeline, save, "
+                 "grad-allreduce, grad-norm or all-gather\n",
                  fail_point.c_str());
+    return 2;
+  }
+  if (fail_point == "all-gather" && !o.zero1) {
+    std::fprintf(stderr,
+                 "memento-trainer: --fail-point all-gather needs --zero (only ZeRO-1 all-gathers "
+                 "the parameters)\n");
     return 2;
   }
   if (o.log_group_size < 1 || o.log_group_size > o.comm.topology.pp) {
@@ -727,10 +758,17 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Trainer> trainer = std::move(*created);
   const int rank = o.comm.rank;
   std::unique_ptr<KillInsideStep> fault_hooks;
-  if ((fail_point == "update" || fail_point == "pipeline") && fail_at_step > 0 &&
-      rank == fail_rank && generation == 0 && attempt == 0) {
-    fault_hooks = std::make_unique<KillInsideStep>(trainer.get(), fail_at_step, fail_chunk,
-                                                   fail_point == "pipeline");
+  if ((fail_point == "update" || fail_point == "pipeline" || fail_in_collective) &&
+      fail_at_step > 0 && rank == fail_rank && generation == 0 && attempt == 0) {
+    using Where = KillInsideStep::Where;
+    const Where where = fail_in_collective         ? Where::kCollective
+                        : fail_point == "pipeline" ? Where::kPipeline
+                                                   : Where::kUpdate;
+    const StepCollective which = fail_point == "grad-norm"    ? StepCollective::kGradNormAllreduce
+                                 : fail_point == "all-gather" ? StepCollective::kParamAllgather
+                                                              : StepCollective::kGradAllreduce;
+    fault_hooks =
+        std::make_unique<KillInsideStep>(trainer.get(), fail_at_step, fail_chunk, where, which);
     trainer->SetHooks(fault_hooks.get());
   }
   // The stages' logs: files in the rendezvous dir, or with --pipeline-log-dir

@@ -223,7 +223,8 @@ Result<StepResult> Trainer::Step() {
   Stopwatch total;
   StepResult r;
   r.step = state_.step + 1;
-  schedule_done_step_ = -1;
+  quiescent_step_ = -1;
+  quiescent_dp_ = false;
   Phase(TrainPhase::kCompute);
   DataCursor next = state_.cursor;
   corpus_.NextBatch(&next, options_.global_batch, comm_->dp_rank() * local_batch_, local_batch_,
@@ -237,6 +238,7 @@ Result<StepResult> Trainer::Step() {
       RunSchedule(r.step, tokens_.data(), &loss_sum, &r.idle_seconds, &r.comm_seconds));
 
   Phase(TrainPhase::kCommunicate);
+  if (hooks_ != nullptr) hooks_->BeforeCollective(r.step, StepCollective::kGradAllreduce);
   Stopwatch comm_watch;
   Status dp_st = comm_->AllreduceDp(grads_.data(), stage_->num_params());
   if (dp_st.ok() && stage_->geometry().last()) dp_st = comm_->AllreduceDp(&loss_sum, 1);
@@ -244,7 +246,7 @@ Result<StepResult> Trainer::Step() {
     // Failed after this rank's whole pipeline schedule (its TP and PP
     // traffic of the step received and sent): Reconnect offers to keep
     // those groups.
-    schedule_done_step_ = r.step;
+    quiescent_step_ = r.step;
     return dp_st;
   }
   r.comm_seconds += comm_watch.Seconds();
@@ -278,6 +280,7 @@ Result<StepResult> Trainer::Step() {
           undo_log_->RecordBuffer(0, hi, params_.size() - hi, params_.data() + hi));
     }
     Phase(TrainPhase::kCommunicate);
+    if (hooks_ != nullptr) hooks_->BeforeCollective(r.step, StepCollective::kParamAllgather);
     comm_watch.Reset();
     MEMENTO_RETURN_IF_ERROR(comm_->AllgatherDp(params_.data(), m_.size()));
     r.comm_seconds += comm_watch.Seconds();
@@ -713,19 +716,30 @@ Result<int64_t> Trainer::ReplayRecovery(
 Status Trainer::Reconnect(const std::string& run_id) {
   CommOptions c = options_.comm;
   c.run_id = run_id;
-  // Only a rank whose step failed in the DP allreduce, after its pipeline
-  // schedule completed, knows its PP and TP groups quiescent: no operation
-  // on them failed or is pending, and no peer can wait in one (the
-  // gradient-norm allreduce of the step, which a peer needs before any later
-  // pipeline message, is still ahead of this rank). Everything else is
-  // closed at once by Comm::Reconnect (peers blocked on this rank fail now)
-  // and rebuilt, like every group a lost rank is in.
+  // A rank offers to keep only groups it knows quiescent: no operation on
+  // them failed or is pending, and no peer can wait in one. A step that
+  // failed in the DP gradient allreduce, after this rank's pipeline
+  // schedule, left its PP and TP groups so: every message of the schedule
+  // went through, and no peer can be in a later pipeline or TP operation,
+  // since the step's gradient-norm allreduce over the world, which each
+  // needs first, still lacks this rank's part. A step that failed in that
+  // gradient-norm allreduce left its DP group so too (its gradient
+  // allreduce completed here, hence every member's part of it is sent; the
+  // next DP operation, ZeRO-1's all-gather or the next step's allreduce,
+  // comes after the gradient norm). A failure anywhere else (inside the
+  // schedule, in ZeRO-1's all-gather: after the gradient norm a peer of
+  // another DP group may already be in the next step's schedule, waiting
+  // on this rank) offers nothing. Everything not offered is closed at once
+  // by Comm::Reconnect (peers blocked on this rank fail now) and rebuilt,
+  // like every group a lost rank is in.
   Comm::Offer offer;
-  if (schedule_done_step_ >= 0 && !options_.rebuild_all_groups) {
+  if (quiescent_step_ >= 0 && !options_.rebuild_all_groups) {
     offer.tp = offer.pp = true;
-    offer.step = schedule_done_step_;
+    offer.dp = quiescent_dp_;
+    offer.step = quiescent_step_;
   }
-  schedule_done_step_ = -1;
+  quiescent_step_ = -1;
+  quiescent_dp_ = false;
   MEMENTO_ASSIGN_OR_RETURN(comm_, Comm::Reconnect(c, std::move(comm_), offer));
   options_.comm.run_id = run_id;
   return Status::Ok();
@@ -762,7 +776,15 @@ Result<double> Trainer::GradNorm(int64_t step) {
     MEMENTO_RETURN_IF_ERROR(ReplayInput(key, &sumsq, sizeof(sumsq)));
   } else {
     Phase(TrainPhase::kCommunicate);
-    MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorld(&sumsq, 1));
+    if (hooks_ != nullptr) hooks_->BeforeCollective(step, StepCollective::kGradNormAllreduce);
+    Status st = comm_->AllreduceWorld(&sumsq, 1);
+    if (!st.ok()) {
+      // Failed after this rank's schedule and its DP allreduce: Reconnect
+      // offers to keep its PP, TP and DP groups (docs/swift.md).
+      quiescent_step_ = step;
+      quiescent_dp_ = true;
+      return st;
+    }
     Phase(TrainPhase::kCompute);
   }
   LogSent(key, &sumsq, sizeof(sumsq));

@@ -54,12 +54,24 @@ using opt::LearningRate;
 
 enum class TrainPhase : uint8_t { kCompute = 0, kIdle = 1, kCommunicate = 2 };
 
+// The collectives of a step after its pipeline schedule, in order: the DP
+// gradient allreduce, the world's gradient-norm allreduce, ZeRO-1's
+// parameter all-gather (TrainerHooks::BeforeCollective).
+enum class StepCollective : uint8_t {
+  kGradAllreduce = 0,
+  kGradNormAllreduce = 1,
+  kParamAllgather = 2
+};
+
 // Callbacks into an integration (memento, tracing). Called on the trainer
 // thread. A failing hook fails the step.
 class TrainerHooks {
  public:
   virtual ~TrainerHooks() = default;
   virtual void OnPhase(TrainPhase phase) {}
+  // Called just before this rank enters collective `which` of step `step`
+  // (not while a replay reads the gradient norm from a log).
+  virtual void BeforeCollective(int64_t step, StepCollective which) {}
   [[nodiscard]] virtual Status BeforeOptimizerStep(int64_t step) { return Status::Ok(); }
   [[nodiscard]] virtual Status AfterOptimizerStep(int64_t step) { return Status::Ok(); }
   // Called before the optimizer writes elements [offset, offset + count) of
@@ -222,9 +234,12 @@ class Trainer {
   // abandoned, so peers blocked on this rank fail at once) and connects new
   // ones under run id `run_id` (every rank of the job passes the same, new
   // id). The training state is kept. A group no lost rank is in is kept
-  // instead when every member knows it quiescent (its step failed in the DP
-  // allreduce, after its whole pipeline schedule; Comm::Reconnect's vote):
-  // comm().kept_groups() names them.
+  // instead when every member knows it quiescent (Comm::Reconnect's vote):
+  // a step that failed in the DP gradient allreduce, after its whole
+  // pipeline schedule, offers the PP and TP groups; one that failed in the
+  // gradient-norm allreduce, after the DP allreduce too, also the DP group
+  // (docs/swift.md "Which Gloo groups are rebuilt"). comm().kept_groups()
+  // names them.
   [[nodiscard]] Status Reconnect(const std::string& run_id);
 
   // ---- logging-based recovery (SWIFT 2.2, docs/swift.md); needs
@@ -353,7 +368,11 @@ class Trainer {
   const PipelineLog* replay_ = nullptr;      // during RecoverByReplay: the inputs
   bool replay_all_ = false;  // every rank replays: the gradient norm is computed live
   int64_t replayed_steps_ = 0;
-  int64_t schedule_done_step_ = -1;  // the step failed after its schedule
+  // The groups the last failed step left quiescent (offered by Reconnect):
+  // -1 when none; else the step, whose schedule (PP, TP) completed, and
+  // with quiescent_dp_ its DP gradient allreduce too.
+  int64_t quiescent_step_ = -1;
+  bool quiescent_dp_ = false;
   uint64_t replayed_bytes_ = 0;
   Result<int64_t> ReplayRecovery(
       const std::function<std::vector<std::string>(const std::vector<int>& stages)>& paths,

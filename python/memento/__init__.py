@@ -4,7 +4,8 @@
     client = memento.Client.connect("job", rank=0, world_size=1)
 
 The C++ client (include/memento/client.h) is the extension ``memento._memento``;
-``memento.torch`` builds a state_dict checkpointer for PyTorch on it, and
+``memento.torch`` builds a state_dict checkpointer for PyTorch on it,
+``memento.swift`` has SWIFT's update-undo and pipeline message log, and
 ``memento.load_durable`` reads a version that the durable tier wrote
 (``memento export``). See docs/python.md.
 

@@ -21,7 +21,7 @@ TEST(BenchSwiftSmoke, EveryModeRecoversAndReports) {
   const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench swift --json --trainer " +
                           MEMENTO_TRAINER_BINARY +
                           " --preset tiny --layers 4 --steps 12 --save-every 4 --kill-step 10"
-                          " --rounds 1 2>&1";
+                          " --overhead-steps 12 --overhead-save-every 4 --rounds 1 2>&1";
   auto [rc, out] = RunShell(cmd);
   ASSERT_EQ(rc, 0) << out;
   auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
@@ -57,6 +57,7 @@ TEST(BenchSwiftSmoke, EveryModeRecoversAndReports) {
   // no odd step whose neighbours are clear of a snapshot or its fence.)
   EXPECT_EQ(j["logging_overhead_pct_adjacent"]["round_medians"].size(), 1u) << out;
   EXPECT_EQ(j["logging_overhead_pct_adjacent"]["samples"], 0) << out;
+  EXPECT_EQ(j["logging_overhead_pct_adjacent"]["goal_below_2pct"], "no samples") << out;
   // Selective logging (log groups of 1, 2, 4 stages): the lost stage 2's
   // whole group replays steps 9 and 10 (G stages, 2 G steps in all), no step
   // lost; the log holds what crosses the group edges (3, 1, 0 boundaries;
@@ -82,11 +83,11 @@ TEST(BenchSwiftSmoke, EveryModeRecoversAndReports) {
 // --compare-group-rebuild: one more undo run whose trainers rebuild every
 // Gloo group, reported as undo_all_groups, the same recovery otherwise.
 TEST(BenchSwiftSmoke, MidStepKill) {
-  const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench swift --json --trainer " +
-                          MEMENTO_TRAINER_BINARY +
-                          " --preset tiny --layers 4 --steps 12 --save-every 4 --kill-step 10"
-                          " --fail-point pipeline --log-groups none --rounds 1"
-                          " --compare-group-rebuild 2>&1";
+  const std::string cmd =
+      std::string(MEMENTO_CLI_BINARY) + " bench swift --json --trainer " + MEMENTO_TRAINER_BINARY +
+      " --preset tiny --layers 4 --steps 12 --save-every 4 --kill-step 10"
+      " --fail-point pipeline --log-groups none --rounds 1"
+      " --overhead-steps 12 --overhead-save-every 4 --compare-group-rebuild 2>&1";
   auto [rc, out] = RunShell(cmd);
   ASSERT_EQ(rc, 0) << out;
   auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
@@ -104,6 +105,31 @@ TEST(BenchSwiftSmoke, MidStepKill) {
   EXPECT_EQ(j["config"]["compare_group_rebuild"], true) << out;
   // --log-groups none: no selective-logging runs.
   EXPECT_TRUE(j["config"]["log_groups"].empty()) << out;
+}
+
+// --overhead-only: only the runs that log the odd steps (2 rounds of 16
+// steps, a snapshot at 16): odd steps 3..13 each against their neighbours,
+// 6 per round, pooled; a verdict on the 2 % goal from the interval.
+TEST(BenchSwiftSmoke, OverheadOnly) {
+  const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench swift --json --trainer " +
+                          MEMENTO_TRAINER_BINARY +
+                          " --preset tiny --layers 4 --overhead-only --overhead-steps 16"
+                          " --overhead-save-every 16 --rounds 2 2>&1";
+  auto [rc, out] = RunShell(cmd);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_FALSE(j.contains("modes")) << out;
+  const auto& m = j["logging_overhead_pct_adjacent"];
+  EXPECT_EQ(m["round_medians"].size(), 2u) << out;
+  EXPECT_EQ(m["samples"], 12) << out;
+  EXPECT_LE(m["ci95_low"].get<double>(), m["median"].get<double>()) << out;
+  EXPECT_GE(m["ci95_high"].get<double>(), m["median"].get<double>()) << out;
+  const std::string goal = m["goal_below_2pct"];
+  EXPECT_TRUE(goal.rfind("met", 0) == 0 || goal.rfind("missed", 0) == 0 ||
+              goal.rfind("not shown", 0) == 0)
+      << out;
+  EXPECT_EQ(j["config"]["overhead_steps"], 16) << out;
 }
 
 TEST(BenchSwiftSmoke, RefusesAKillBeforeTheFirstSave) {
