@@ -97,8 +97,13 @@ class StoreClient : public Store {
   Status RevokeLease(LeaseId lease, Deadline deadline) override;
 
  private:
+  // `reply_grace` > 0: a method that blocks on the server until `deadline`
+  // (Wait, WatchPoll). The server gets `deadline`; the connection and the
+  // reply get `reply_grace` more, so that a wait that ran to its end still
+  // delivers its answer (WatchPoll: an empty batch, OK) on a loaded machine.
+  // Retries on fresh connections stop at `deadline`.
   Result<std::string> Call(StoreMethod method, const std::string& body, Deadline deadline,
-                           bool idempotent) EXCLUDES(mu_);
+                           bool idempotent, Duration reply_grace = Duration::zero()) EXCLUDES(mu_);
   const std::string host_;
   const int port_;
   const net::JobToken token_;

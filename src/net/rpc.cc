@@ -286,10 +286,23 @@ Result<size_t> RpcClient::CallStreamInto(uint32_t method, std::string_view reque
 
 Result<std::string> RpcClient::CallParts(uint32_t method, const ConstBuffer* parts,
                                          size_t num_parts, Deadline deadline) {
+  return CallPartsUntil(method, parts, num_parts, deadline, deadline);
+}
+
+Result<std::string> RpcClient::CallBlocking(uint32_t method, std::string_view request,
+                                            Deadline wait_until, Deadline reply_by) {
+  ConstBuffer b{request.data(), request.size()};
+  return CallPartsUntil(method, &b, 1, wait_until, reply_by);
+}
+
+Result<std::string> RpcClient::CallPartsUntil(uint32_t method, const ConstBuffer* parts,
+                                              size_t num_parts, Deadline wait_until,
+                                              Deadline reply_by) {
   MutexLock l(&mu_);
   if (!broken_.ok()) return broken_;
   uint64_t id = next_id_++;
-  RpcRequestHeader req{id, method, TimeoutMs(deadline)};
+  const Deadline deadline = reply_by;  // the transport's: sending and receiving
+  RpcRequestHeader req{id, method, TimeoutMs(wait_until)};
   std::vector<ConstBuffer> all;
   all.reserve(num_parts + 1);
   all.push_back({&req, sizeof(req)});

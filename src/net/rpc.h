@@ -106,6 +106,15 @@ class RpcClient {
   // The same with the request body given as caller buffers (sent without copy).
   [[nodiscard]] Result<std::string> CallParts(uint32_t method, const ConstBuffer* parts,
                                               size_t num_parts, Deadline deadline) EXCLUDES(mu_);
+  // For a method that blocks on the server until its deadline (the store's
+  // Wait and WatchPoll): the request carries `wait_until`, and the client
+  // waits for the reply until `reply_by` (later). With one deadline for
+  // both, the reply of a wait that ran to its end competes with the
+  // client's own timeout, and on a loaded machine the client often gives up
+  // first (DeadlineExceeded instead of the method's answer).
+  [[nodiscard]] Result<std::string> CallBlocking(uint32_t method, std::string_view request,
+                                                 Deadline wait_until, Deadline reply_by)
+      EXCLUDES(mu_);
   // Receives the reply body straight into dst[0..capacity) (e.g. a slot being
   // rebuilt) and returns its length. A reply larger than `capacity` is
   // InvalidArgument and breaks the client. Error statuses from the method
@@ -152,6 +161,9 @@ class RpcClient {
   // Sends the request frame; breaks the client on failure.
   Status SendRequest(uint64_t id, uint32_t method, const ConstBuffer* parts, size_t num_parts,
                      Deadline deadline) REQUIRES(mu_);
+  // CallParts with the request's deadline and the reply's apart (CallBlocking).
+  Result<std::string> CallPartsUntil(uint32_t method, const ConstBuffer* parts, size_t num_parts,
+                                     Deadline wait_until, Deadline reply_by) EXCLUDES(mu_);
   // Marks the stream unusable (a late or partial reply may be in it).
   Status Break(Status why) REQUIRES(mu_);
 
