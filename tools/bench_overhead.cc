@@ -18,7 +18,11 @@
 // (docs/cluster.md, "Commit lag"): commit_lag_* in the JSON, per round and
 // over the rounds (the worst rank's quantiles). --sharded publishes
 // "sharded": true in that topology: each rank snapshots only its plan ranges
-// of replicated state (docs/reft.md section 1).
+// of replicated state (docs/reft.md section 1). --compare sharded runs the
+// same cluster job on both sides, whole-tensor slots ("off") against
+// sharded ones ("on"), and reports each side's bytes copied per step, copy
+// CPU and hook times next to the step times (issue 15: the per-step
+// snapshot cost before and after sharding).
 //
 // Output (one JSON object): step_s_off, step_s_on, overhead_pct (the means
 // over rounds), overhead_pct_median (the median of the rounds' overheads:
@@ -80,7 +84,8 @@ struct OverheadArgs {
   bool sharded = false;        // --cluster: sharded snapshots (memento launch --sharded)
   // "memento": off = no memento, on = memento. "aor": both sides are
   // memento cluster runs, off = the trainer's --no-aor, on = AOR (the
-  // trainer's default under ZeRO-1 with DP > 1).
+  // trainer's default under ZeRO-1 with DP > 1). "sharded": both sides are
+  // memento cluster runs, off = whole-tensor slots, on = sharded slots.
   std::string compare = "memento";
   bool keep = false;
   bool json = true;
@@ -174,7 +179,7 @@ struct ClusterJob {
 };
 
 Result<ClusterJob> StartClusterJob(const OverheadArgs& a, const std::string& job,
-                                   const std::string& dir, int nodes) {
+                                   const std::string& dir, int nodes, bool sharded) {
   ClusterJob c;
   MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Generate());
   const std::string token_file = dir + "/job.token";
@@ -186,7 +191,7 @@ Result<ClusterJob> StartClusterJob(const OverheadArgs& a, const std::string& job
   MEMENTO_ASSIGN_OR_RETURN(jt.topology,
                            topo::Topology::Uniform(a.dp, a.tp, a.pp, zero, a.ranks_per_node));
   MEMENTO_ASSIGN_OR_RETURN(jt.policy, topo::ParsePolicy(a.policy));
-  jt.sharded = a.sharded;
+  jt.sharded = sharded;
   MEMENTO_RETURN_IF_ERROR(launch::PublishTopology(store, job, jt, Deadline::AfterSeconds(10)));
   std::set<std::string> members;
   for (int i = 0; i < nodes; ++i) members.insert(coord::NodeName(i));
@@ -199,10 +204,11 @@ Result<ClusterJob> StartClusterJob(const OverheadArgs& a, const std::string& job
 }
 
 // One trainer run (all ranks via --launch), with agents when `on`; with
-// --compare aor, `aor` says whether the trainer feeds AOR replicas.
+// --compare aor, `aor` says whether the trainer feeds AOR replicas;
+// `sharded`: the cluster job's slots are sharded.
 Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
                           const std::string& self, const std::string& base, int index, bool on,
-                          bool aor) {
+                          bool aor, bool sharded) {
   const int world = a.dp * a.pp * a.tp;
   const int nodes = (world + a.ranks_per_node - 1) / a.ranks_per_node;
   const std::string dir = base + "/run" + std::to_string(index);
@@ -222,7 +228,7 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
     }
   };
   if (on && a.cluster) {
-    auto c = StartClusterJob(a, job, dir, nodes);
+    auto c = StartClusterJob(a, job, dir, nodes, sharded);
     if (!c.ok()) {
       cleanup();
       return c.status();
@@ -368,9 +374,19 @@ int RunOverheadBench(const OverheadArgs& a) {
                              "cluster agents compute)"));
   }
   const bool compare_aor = a.compare == "aor";
-  if (!compare_aor && a.compare != "memento") {
+  const bool compare_sharded = a.compare == "sharded";
+  if (!compare_aor && !compare_sharded && a.compare != "memento") {
     return ReportStatus(
-        InvalidArgumentError("--compare: '" + a.compare + "' is not one of memento, aor"));
+        InvalidArgumentError("--compare: '" + a.compare + "' is not one of memento, aor, sharded"));
+  }
+  if (compare_sharded && !a.cluster) {
+    return ReportStatus(InvalidArgumentError(
+        "--compare sharded needs --cluster (sharded snapshots follow the plan the cluster "
+        "agents compute)"));
+  }
+  if (compare_sharded && a.sharded) {
+    return ReportStatus(InvalidArgumentError(
+        "--compare sharded runs both sides (whole and sharded): leave out --sharded"));
   }
   if (compare_aor && (!a.cluster || a.no_zero || a.dp < 2)) {
     return ReportStatus(InvalidArgumentError(
@@ -398,6 +414,7 @@ int RunOverheadBench(const OverheadArgs& a) {
   nlohmann::json rounds = nlohmann::json::array();
   double sum_off = 0, sum_on = 0, sum_fence = 0, sum_snap = 0, sum_fence_off = 0, sum_snap_off = 0;
   double sum_cpu_off = 0, sum_cpu_on = 0, sum_copy_cpu = 0, sum_agent_cpu = 0, snap_bytes = 0;
+  double sum_copy_cpu_off = 0, sum_agent_cpu_off = 0, snap_bytes_off = 0;
   std::vector<double> offs, ons, pcts;
   nlohmann::json first;
   nlohmann::json lag_worst;  // --cluster: the worst round's value of each quantile
@@ -410,8 +427,11 @@ int RunOverheadBench(const OverheadArgs& a) {
     RunResult res[2];  // [0] off, [1] on
     for (int k = 0; k < 2 && failed.ok(); ++k) {
       const bool on = (k == 0) == on_first;
-      // --compare aor: both sides run memento; `on` is AOR on.
-      auto run = RunOnce(a, *trainer, self, base, index++, on || compare_aor, on || !compare_aor);
+      // --compare aor / sharded: both sides run memento; `on` is AOR on,
+      // or sharded slots.
+      const bool both = compare_aor || compare_sharded;
+      auto run = RunOnce(a, *trainer, self, base, index++, on || both, on || !compare_aor,
+                         compare_sharded ? on : a.sharded);
       if (!run.ok()) {
         failed = run.status();
         break;
@@ -419,9 +439,9 @@ int RunOverheadBench(const OverheadArgs& a) {
       res[on ? 1 : 0] = *run;
       std::fprintf(stderr,
                    "bench overhead: round %d %s %s: mean_step_s %.6f, hooks: fence %.3f ms + "
-                   "snapshot %.3f ms%s (load %.1f)\n",
-                   r, compare_aor ? "aor" : "memento", on ? "on " : "off",
-                   run->summary["mean_step_s"].get<double>(),
+                   "snapshot %.3f ms%s%s (load %.1f)\n",
+                   r, compare_aor ? "aor" : (compare_sharded ? "sharded" : "memento"),
+                   on ? "on " : "off", run->summary["mean_step_s"].get<double>(),
                    run->summary.value("mean_fence_s", 0.0) * 1e3,
                    run->summary.value("mean_snapshot_s", 0.0) * 1e3,
                    run->aor.is_object()
@@ -432,6 +452,11 @@ int RunOverheadBench(const OverheadArgs& a) {
                                      run->aor.value("report_s", 0.0) * 1e3)
                              .c_str()
                        : "",
+                   compare_sharded ? fmt::format("; snapshot bytes/step (all ranks) {:.0f}, copy "
+                                                 "cpu/step (all ranks) {:.3f} ms",
+                                                 run->snap_bytes, run->copy_cpu_s * 1e3)
+                                         .c_str()
+                                   : "",
                    LoadAverage());
     }
     if (!failed.ok()) break;
@@ -448,6 +473,9 @@ int RunOverheadBench(const OverheadArgs& a) {
     sum_copy_cpu += res[1].copy_cpu_s;
     sum_agent_cpu += res[1].agent_cpu_s;
     snap_bytes = res[1].snap_bytes;
+    sum_copy_cpu_off += res[0].copy_cpu_s;
+    sum_agent_cpu_off += res[0].agent_cpu_s;
+    snap_bytes_off = res[0].snap_bytes;
     if (res[1].agent_activity.is_object()) {
       for (auto it = res[1].agent_activity.begin(); it != res[1].agent_activity.end(); ++it) {
         activity_sum[it.key()] = activity_sum.value(it.key(), 0.0) + it->get<double>();
@@ -478,7 +506,11 @@ int RunOverheadBench(const OverheadArgs& a) {
                       {"cpu_s_per_step_off", res[0].cpu_s},
                       {"cpu_s_per_step_on", res[1].cpu_s},
                       {"copy_cpu_s_on", res[1].copy_cpu_s},
+                      {"copy_cpu_s_off", res[0].copy_cpu_s},
+                      {"snap_bytes_per_step_on", res[1].snap_bytes},
+                      {"snap_bytes_per_step_off", res[0].snap_bytes},
                       {"agent_cpu_s_on", res[1].agent_cpu_s},
+                      {"agent_cpu_s_off", res[0].agent_cpu_s},
                       {"agent_cpu_s_per_step_on",
                        a.steps > 0 ? res[1].agent_cpu_s / static_cast<double>(a.steps) : 0.0},
                       {"commit_lag_on", res[1].commit_lag},
@@ -527,7 +559,7 @@ int RunOverheadBench(const OverheadArgs& a) {
        a.steps > 0 ? sum_agent_cpu / n / static_cast<double>(a.steps) : 0.0},
       {"cluster", a.cluster},
       {"policy", a.cluster ? a.policy : std::string("none (agents without a store)")},
-      {"sharded", a.sharded},
+      {"sharded", a.sharded},  // --compare sharded: off whole, on sharded
       {"commit_lag", lag_worst},
       {"agent_cpu_s_per_step_by_activity",
        [&] {
@@ -540,6 +572,9 @@ int RunOverheadBench(const OverheadArgs& a) {
          return per;
        }()},
       {"snap_bytes_per_step", snap_bytes},
+      {"snap_bytes_per_step_off", snap_bytes_off},
+      {"copy_cpu_s_off", sum_copy_cpu_off / n},
+      {"agent_cpu_s_off", sum_agent_cpu_off / n},
       {"copy_priority", a.copy_priority.empty() ? "default" : a.copy_priority},
       {"schedule", a.schedule.empty() ? "default" : a.schedule},
       {"loadavg_1m_start", load_start},
@@ -598,7 +633,9 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--compare", args.compare,
                   "memento: off runs without memento, on runs with it; aor: both with memento "
                   "(needs --cluster, ZeRO-1, --dp >= 2), off runs the trainer with --no-aor (the "
-                  "optimizer shards' copies cross the network), on feeds the host AOR replicas")
+                  "optimizer shards' copies cross the network), on feeds the host AOR replicas; "
+                  "sharded: both with memento (needs --cluster), off with whole-tensor slots, on "
+                  "with sharded slots (each side's bytes and copy CPU per step reported)")
       ->default_val(args.compare);
   cmd->add_flag("--keep", args.keep, "keep the run directories (logs, slots) under /dev/shm");
   cmd->add_flag("--json", args.json, "one-line JSON (the only output format)");

@@ -12,6 +12,17 @@
 //          framed, authenticated transport alone (net::MeasureFramedTcp).
 //
 // Prints one JSON object (gigabits per second, best of R runs each).
+//
+// `--aor-rs N`: what AOR costs where the trainer reduce-scatters its
+// gradients (issue 15; docs/reft.md section 5): a holder then lacks its
+// peer's gradient slice, which must travel before the host AdamW step can
+// bring the replica of the peer's optimizer shard (N fp32 elements, two
+// moments: 8N bytes) forward. Measured in the same run, best of R each:
+//   copy     the network copy AOR replaces: PushCopy of the 8N-byte shard
+//   aor_rs   PushCopy of the 4N-byte gradient slice over the same transport,
+//            then opt::AorReplica::Advance of the N elements (the host
+//            AdamW, the kernel the agent runs)
+// with the per-element and per-byte figures of each.
 #include <ftw.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -32,6 +43,8 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "net/throughput.h"
+#include "opt/adamw.h"
+#include "opt/aor.h"
 #include "shm/node_store.h"
 #include "tools/command.h"
 #include "tools/environment.h"
@@ -45,6 +58,7 @@ struct Args {
   double chunk = 16 << 20;
   int threads = 4;
   int repeat = 3;
+  double aor_rs_elems = 0;  // --aor-rs: elements of the optimizer shard (0: off)
 };
 
 // Removes a directory tree (best effort) when it goes out of scope.
@@ -69,6 +83,124 @@ TensorMeta Meta(std::string name, DType dtype, int64_t numel, StateClass cls) {
   return t;
 }
 
+// --aor-rs: see the file comment.
+Status RunAorRs(const Args& a) {
+  const uint64_t count = static_cast<uint64_t>(a.aor_rs_elems);
+  const uint64_t grad_bytes = count * sizeof(float), shard_bytes = 2 * grad_bytes;
+  MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, net::JobToken::Generate());
+  // dp=2 on two nodes: rank 0's private state is the gradient slice (its
+  // peer copy on node 1 is where the slice travels), rank 1's the optimizer
+  // shard (its copy on node 0: the network copy AOR replaces).
+  MEMENTO_ASSIGN_OR_RETURN(topo::Topology topology, topo::Topology::Uniform(2, 1, 1, 0, 1));
+  topo::Inventory inv(2);
+  for (int r = 0; r < 2; ++r) {
+    inv[r].push_back(Meta("w", DType::kFloat32, 1024, StateClass::kReplicated));
+    inv[r].push_back(Meta(r == 0 ? "grad_slice" : "opt_shard", DType::kFloat32,
+                          static_cast<int64_t>(r == 0 ? count : 2 * count), StateClass::kPrivate));
+  }
+  MEMENTO_ASSIGN_OR_RETURN(topo::Policy policy, topo::ParsePolicy("xor"));
+  MEMENTO_ASSIGN_OR_RETURN(topo::Plan plan, topo::MakePlan(topology, inv, policy));
+  uint32_t grad_copy = topo::kNoId, shard_copy = topo::kNoId;
+  for (const topo::Copy& c : plan.copies) {
+    const topo::Piece& piece = plan.pieces[c.piece];
+    if (c.node == 1 && piece.rank == 0 && piece.bytes == grad_bytes) grad_copy = c.id;
+    if (c.node == 0 && piece.rank == 1 && piece.bytes == shard_bytes) shard_copy = c.id;
+  }
+  if (grad_copy == topo::kNoId || shard_copy == topo::kNoId) {
+    return InternalError("bench peer --aor-rs: the plan has no copies of the private state");
+  }
+  auto cluster_plan = agent::MakeClusterPlan(plan, inv);
+  std::string tmpl = "/dev/shm/memento-bench-peer-XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) return ErrnoError("mkdtemp " + tmpl, errno);
+  TempTree tree{tmpl};
+  struct Node {
+    std::unique_ptr<shm::NodeStore> store;
+    std::unique_ptr<agent::ShmRedundancyStore> red;
+    std::unique_ptr<agent::PeerService> service;
+  };
+  std::vector<Node> nodes(2);
+  for (int n = 0; n < 2; ++n) {
+    const std::string root = tmpl + "/node" + std::to_string(n);
+    MEMENTO_ASSIGN_OR_RETURN(nodes[n].store, shm::NodeStore::Open({root, "bench", n, 0}));
+    MEMENTO_ASSIGN_OR_RETURN(nodes[n].red, agent::ShmRedundancyStore::OpenShm(root, n));
+    MEMENTO_RETURN_IF_ERROR(nodes[n].red->SetPlan(plan));
+    agent::PeerServiceOptions o;
+    o.job = "bench";
+    o.node = n;
+    o.store = nodes[n].store.get();
+    o.redundancy = nodes[n].red.get();
+    o.plan = [cluster_plan]() -> Result<std::shared_ptr<const agent::ClusterPlan>> {
+      return cluster_plan;
+    };
+    o.endpoint_of = [&nodes](int peer) -> Result<std::string> {
+      if (peer < 0 || peer > 1 || !nodes[peer].service) return NotFoundError("no such node");
+      return nodes[peer].service->endpoint();
+    };
+    MEMENTO_ASSIGN_OR_RETURN(nodes[n].service, agent::PeerService::Start(std::move(o), token));
+  }
+  // The shard (params, exp_avg, exp_avg_sq) and a gradient, warm.
+  std::vector<float> params(count), m(count), v(count), grads(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    params[i] = 0.01f * static_cast<float>(static_cast<int>(i % 2001) - 1000) / 1000.0f;
+    m[i] = 1e-4f * static_cast<float>(i % 7);
+    v[i] = 1e-6f * static_cast<float>(1 + i % 5);
+    grads[i] = 1e-3f * static_cast<float>(static_cast<int>(i % 97) - 48);
+  }
+  std::vector<float> shard(2 * count);
+  std::memcpy(shard.data(), m.data(), grad_bytes);
+  std::memcpy(shard.data() + count, v.data(), grad_bytes);
+  opt::AdamWConfig config;
+  MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<opt::AdamW> adamw,
+                           opt::AdamW::Create(config, {opt::ParamGroup{0, count, 0.1f}}));
+  std::shared_ptr<const opt::Optimizer> optimizer(std::move(adamw));
+  MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<opt::AorReplica> replica,
+                           opt::AorReplica::Create(optimizer, 0, count));
+  MEMENTO_RETURN_IF_ERROR(
+      replica->Seed(0, params.data(), {m.data(), v.data()},
+                    opt::ShardChecksum(0, count, params.data(), {m.data(), v.data()})));
+  double best_copy = 1e9, best_grad = 1e9, best_step = 1e9, best_total = 1e9;
+  for (int r = 0; r < a.repeat; ++r) {
+    const int64_t step = r + 1;
+    Stopwatch copy_watch;
+    MEMENTO_RETURN_IF_ERROR(agent::PushCopy(nodes[0].service->endpoint(), token, step, shard_copy,
+                                            shard.data(), shard_bytes,
+                                            Deadline::AfterSeconds(600)));
+    best_copy = std::min(best_copy, copy_watch.Seconds());
+    Stopwatch grad_watch;
+    MEMENTO_RETURN_IF_ERROR(agent::PushCopy(nodes[1].service->endpoint(), token, step, grad_copy,
+                                            grads.data(), grad_bytes, Deadline::AfterSeconds(600)));
+    const double grad_s = grad_watch.Seconds();
+    Stopwatch step_watch;
+    MEMENTO_RETURN_IF_ERROR(
+        replica->Advance(step, optimizer->LearningRate(step), grads.data(), params.data()));
+    const double step_s = step_watch.Seconds();
+    best_grad = std::min(best_grad, grad_s);
+    best_step = std::min(best_step, step_s);
+    best_total = std::min(best_total, grad_s + step_s);
+    for (auto& n : nodes) n.red->DropBelow(step + 1);
+  }
+  for (auto& n : nodes) n.service->Stop();
+  nlohmann::json j;
+  j["bench"] = "peer";
+  j["mode"] = "aor-rs";
+  j["shard_elems"] = count;
+  j["repeat"] = a.repeat;
+  j["copy_bytes"] = shard_bytes;
+  j["copy_s"] = best_copy;
+  j["copy_gbps"] = Gbps(shard_bytes, best_copy);
+  j["aor_rs_network_bytes"] = grad_bytes;
+  j["aor_rs_grad_push_s"] = best_grad;
+  j["aor_rs_grad_push_gbps"] = Gbps(grad_bytes, best_grad);
+  j["aor_rs_host_step_s"] = best_step;
+  j["aor_rs_host_step_ns_per_elem"] = best_step / static_cast<double>(count) * 1e9;
+  j["aor_rs_s"] = best_total;
+  j["copy_ns_per_shard_byte"] = best_copy / static_cast<double>(shard_bytes) * 1e9;
+  j["aor_rs_ns_per_shard_byte"] = best_total / static_cast<double>(shard_bytes) * 1e9;
+  j["aor_rs_vs_copy"] = best_copy > 0 ? best_total / best_copy : 0.0;
+  memento::tools::PrintJson("memento.bench.peer/1", std::move(j));
+  return Status::Ok();
+}
+
 Status Run(const Args& a) {
   // Logs on stderr, warnings only: stdout carries the one JSON object.
   InitLogging("bench", LogOptionsFromEnvironment());
@@ -76,6 +208,10 @@ Status Run(const Args& a) {
   if (a.bytes < 1 || a.chunk < 1 || a.threads < 1 || a.repeat < 1) {
     return InvalidArgumentError("--bytes, --chunk, --threads and --repeat must be >= 1");
   }
+  if (a.aor_rs_elems < 0 || a.aor_rs_elems > double{uint64_t{1} << 31}) {
+    return InvalidArgumentError("--aor-rs: elements of the optimizer shard, 1 to 2^31");
+  }
+  if (a.aor_rs_elems >= 1) return RunAorRs(a);
   const uint64_t bytes = static_cast<uint64_t>(a.bytes);
   const uint64_t chunk =
       std::min<uint64_t>(static_cast<uint64_t>(a.chunk), agent::kMaxPeerReadBytes);
@@ -216,6 +352,11 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
       ->transform(ByteSize());
   cmd->add_option("--threads", args->threads, "read requests in flight (default 4)");
   cmd->add_option("--repeat", args->repeat, "runs; the best is reported (default 3)");
+  cmd->add_option("--aor-rs", args->aor_rs_elems,
+                  "elements N of a ZeRO-1 AdamW shard: compare the network copy of the shard "
+                  "(8N bytes) with AOR under a reduce-scatter (the peer's 4N-byte gradient slice "
+                  "pushed, then the host AdamW step of N elements); suffixes K, M, G")
+      ->transform(ByteSize());
   cmd->callback([args, &ctx] { ctx.exit_code = ReportStatus(Run(*args)); });
 }
 

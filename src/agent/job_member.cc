@@ -903,6 +903,7 @@ Status JobMember::StartPeerService() {
   po.redundancy = red_.get();
   po.max_request_bytes = options_.peer_max_request_bytes;
   po.max_buffered_bytes = options_.peer_max_buffered_bytes;
+  po.plan_wait_s = options_.plan_wait_s;
   po.legacy_reads = options_.recover_legacy_reads;
   po.staged_receive = options_.recover_staged_receive;
   po.plan = [this]() -> Result<std::shared_ptr<const ClusterPlan>> {
@@ -1276,17 +1277,24 @@ void JobMember::SetPeerPlan() {
 }
 
 Result<shm::AssembleReply> JobMember::Assemble(int rank, int64_t step) {
-  std::shared_ptr<const ClusterPlan> cp;
-  {
-    MutexLock l(&plan_mu_);
-    cp = cluster_plan_;
-  }
-  if (cp == nullptr || peer_ == nullptr) {
-    return FailedPreconditionError(fmt::format(
-        "node {} has no plan yet (waiting for the topology and every rank's inventory)", node_));
-  }
-  return AssembleRank(*cp, job_, rank, step, peer_->reader(), *node_store_,
-                      Deadline::AfterSeconds(300));
+  const Deadline deadline = Deadline::AfterSeconds(300);
+  // Right after this agent restarted, its plan comes back once it has read
+  // the topology and the ranks' inventories again: waited for (bounded), as
+  // the peers' piece requests wait for it (WaitForPlan).
+  MEMENTO_ASSIGN_OR_RETURN(
+      std::shared_ptr<const ClusterPlan> cp,
+      WaitForPlan(
+          [this]() -> Result<std::shared_ptr<const ClusterPlan>> {
+            MutexLock l(&plan_mu_);
+            if (cluster_plan_ == nullptr || peer_ == nullptr) {
+              return FailedPreconditionError(fmt::format(
+                  "node {} has no plan yet (waiting for the topology and every rank's inventory)",
+                  node_));
+            }
+            return cluster_plan_;
+          },
+          options_.plan_wait_s, deadline));
+  return AssembleRank(*cp, job_, rank, step, peer_->reader(), *node_store_, deadline);
 }
 
 void JobMember::StopPeerService() {

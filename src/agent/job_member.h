@@ -79,6 +79,10 @@ struct JobMemberOptions {
   // The peer service's recovery data path variants (PeerServiceOptions).
   bool recover_legacy_reads = false;
   bool recover_staged_receive = false;
+  // How long a peer's request for one of this node's T0 pieces, and a
+  // local rank's `assemble`, wait for the plan when this agent has none yet
+  // (it restarted and is reading the topology and inventories again).
+  double plan_wait_s = kDefaultPlanWaitS;
   // T1 entries whose bytes already lie in a local rank's T0 slot (ARC and
   // local_full copies) reference that slot instead of copying the bytes
   // (docs/reft.md section 4). `memento agent` takes it from MEMENTO_T1_RESIDENT

@@ -32,6 +32,25 @@ std::shared_ptr<const ClusterPlan> MakeClusterPlan(topo::Plan plan, topo::Invent
   return cp;
 }
 
+Result<std::shared_ptr<const ClusterPlan>> WaitForPlan(const PlanSource& source, double wait_s,
+                                                       Deadline deadline) {
+  const TimePoint start = Now();
+  TimePoint until = start + std::chrono::duration_cast<Duration>(
+                                std::chrono::duration<double>(std::max(0.0, wait_s)));
+  if (!deadline.infinite()) until = std::min(until, deadline.when() - deadline.remaining() / 10);
+  for (;;) {
+    Result<std::shared_ptr<const ClusterPlan>> plan = source();
+    if (plan.ok() || plan.status().code() != StatusCode::kFailedPrecondition) return plan;
+    if (Now() >= until) {
+      if (wait_s <= 0) return plan;
+      const double waited = std::chrono::duration<double>(Now() - start).count();
+      return FailedPreconditionError(
+          fmt::format("{} (waited {:.1f} s for it)", plan.status().message(), waited));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 namespace {
 
 Result<nlohmann::json> ParseJson(std::string_view body, const char* what) {
@@ -439,16 +458,17 @@ void PeerService::RegisterMethods() {
     }
     return recover::ToJson(Inventory(verify)).dump();
   });
-  rpc_.RegisterParts(kPeerRead,
-                     [this](std::string_view body, Deadline, const net::RpcServer::ReplyFn& reply) {
-                       return HandleRead(body, reply);
-                     });
-  rpc_.RegisterStream(kPeerReadStream,
-                      [this](std::string_view body, Deadline, const net::RpcServer::DataFn& data,
-                             const net::RpcServer::ReplyFn& reply) -> Status {
-                        MEMENTO_RETURN_IF_ERROR(HandleReadStream(body, data));
-                        return reply(nullptr, 0);
-                      });
+  rpc_.RegisterParts(kPeerRead, [this](std::string_view body, Deadline deadline,
+                                       const net::RpcServer::ReplyFn& reply) {
+    return HandleRead(body, deadline, reply);
+  });
+  rpc_.RegisterStream(
+      kPeerReadStream,
+      [this](std::string_view body, Deadline deadline, const net::RpcServer::DataFn& data,
+             const net::RpcServer::ReplyFn& reply) -> Status {
+        MEMENTO_RETURN_IF_ERROR(HandleReadStream(body, deadline, data));
+        return reply(nullptr, 0);
+      });
   rpc_.Register(kPeerPush, [this](std::string_view body, Deadline) { return HandlePush(body); });
   rpc_.Register(kPeerRecover, [this](std::string_view body, Deadline deadline) {
     return HandleRecover(body, deadline);
@@ -459,7 +479,8 @@ void PeerService::RegisterMethods() {
                 [this](std::string_view body, Deadline) { return HandleLoadDurable(body); });
 }
 
-Status PeerService::HandleRead(std::string_view body, const net::RpcServer::ReplyFn& reply) {
+Status PeerService::HandleRead(std::string_view body, Deadline deadline,
+                               const net::RpcServer::ReplyFn& reply) {
   MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body, "read request"));
   MEMENTO_ASSIGN_OR_RETURN(ReadRequest req, recover::ReadRequestFromJson(j));
   if (req.length > kMaxPeerReadBytes) {
@@ -468,7 +489,9 @@ Status PeerService::HandleRead(std::string_view body, const net::RpcServer::Repl
   }
   if (req.source.kind == SourceKind::kPiece) {
     // T0 slots can be overwritten by a trainer: copy, re-check, then send.
-    MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan, options_.plan());
+    // A restarted agent may not have its plan back yet: waited for.
+    MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan,
+                             WaitForPlan(options_.plan, options_.plan_wait_s, deadline));
     // Not zero-filled: ReadPiece writes every byte before it is sent.
     std::unique_ptr<uint8_t[]> buf(new uint8_t[std::max<uint64_t>(req.length, 1)]);
     MEMENTO_RETURN_IF_ERROR(
@@ -488,13 +511,16 @@ Status PeerService::HandleRead(std::string_view body, const net::RpcServer::Repl
   return reply(&part, 1);
 }
 
-Status PeerService::HandleReadStream(std::string_view body, const net::RpcServer::DataFn& data) {
+Status PeerService::HandleReadStream(std::string_view body, Deadline deadline,
+                                     const net::RpcServer::DataFn& data) {
   MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body, "read request"));
   MEMENTO_ASSIGN_OR_RETURN(ReadRequest req, recover::ReadRequestFromJson(j));
   if (req.source.kind == SourceKind::kPiece) {
     // Straight from the T0 slot, chunk by chunk with the table's checksums;
     // ServePiece re-checks the generation after the last byte went out.
-    MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan, options_.plan());
+    // A restarted agent may not have its plan back yet: waited for.
+    MEMENTO_ASSIGN_OR_RETURN(std::shared_ptr<const ClusterPlan> plan,
+                             WaitForPlan(options_.plan, options_.plan_wait_s, deadline));
     return pieces_->ServePiece(plan->plan, req.source.id, req.step, req.offset, req.length,
                                [&](const uint8_t* p, uint64_t n, uint64_t digest) {
                                  net::ConstBuffer part{p, n};

@@ -54,6 +54,19 @@ std::shared_ptr<const ClusterPlan> MakeClusterPlan(topo::Plan plan, topo::Invent
 
 // Returns the current plan, or FailedPrecondition "no plan yet".
 using PlanSource = std::function<Result<std::shared_ptr<const ClusterPlan>>()>;
+
+// The plan from `source`, waiting while it answers FailedPrecondition (an
+// agent that just restarted has no plan until it has read the topology and
+// the ranks' inventories again) for at most `wait_s` seconds and never past
+// `deadline` less a margin of a tenth of the time left (so that a caller
+// that waits with the same deadline receives the answer). Any other error
+// is returned at once; after the wait, FailedPrecondition saying how long it
+// waited. docs/reft.md section 1, "Restore after an agent restart".
+Result<std::shared_ptr<const ClusterPlan>> WaitForPlan(const PlanSource& source, double wait_s,
+                                                       Deadline deadline);
+// How long a piece request (kPeerRead / kPeerReadStream of a T0 piece) and
+// an `assemble` wait for a plan by default.
+inline constexpr double kDefaultPlanWaitS = 30;
 // "host:port" of node `node`'s peer service; NotFound / Unavailable when unknown.
 using EndpointSource = std::function<Result<std::string>(int node)>;
 
@@ -158,8 +171,11 @@ struct PeerServiceOptions {
   shm::NodeStore* store = nullptr;        // this node's T0; not owned, outlives the service
   RedundancyStore* redundancy = nullptr;  // this node's T1; not owned, outlives the service
   PlanSource plan;                        // required
-  EndpointSource endpoint_of;             // other nodes' peer services (recovery reads)
-  std::function<int64_t()> committed;     // newest committed step, -1 none; may be empty
+  // A request for a T0 piece that arrives before this node has a plan (its
+  // agent restarted a moment ago) waits this long for it (WaitForPlan).
+  double plan_wait_s = kDefaultPlanWaitS;
+  EndpointSource endpoint_of;          // other nodes' peer services (recovery reads)
+  std::function<int64_t()> committed;  // newest committed step, -1 none; may be empty
   // kPeerSetRestoreTarget (and kPeerLoadDurable): the step and the epoch the
   // job's history restarts in (0: none given); FailedPrecondition to the
   // caller when empty.
@@ -233,8 +249,9 @@ class PeerService {
  private:
   PeerService(PeerServiceOptions options, net::JobToken token);
   void RegisterMethods();
-  Status HandleRead(std::string_view body, const net::RpcServer::ReplyFn& reply);
-  Status HandleReadStream(std::string_view body, const net::RpcServer::DataFn& data);
+  Status HandleRead(std::string_view body, Deadline deadline, const net::RpcServer::ReplyFn& reply);
+  Status HandleReadStream(std::string_view body, Deadline deadline,
+                          const net::RpcServer::DataFn& data);
   Result<std::string> HandlePush(std::string_view body);
   Result<std::string> HandleRecover(std::string_view body, Deadline deadline);
   Result<std::string> HandleSetRestoreTarget(std::string_view body);

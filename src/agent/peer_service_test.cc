@@ -77,6 +77,11 @@ class Cluster {
     std::atomic<int64_t> committed{-1};
     std::atomic<int> pushes_finished{0};
     std::atomic<int64_t> last_pushed_step{-1};
+    // False: the service answers "no plan yet" (an agent that restarted and
+    // has not read the topology and inventories again); counted.
+    std::atomic<bool> has_plan{true};
+    std::atomic<int> no_plan_answers{0};
+    double plan_wait_s = kDefaultPlanWaitS;
   };
   Node& node(int i) { return *nodes_[i]; }
   int size() const { return static_cast<int>(nodes_.size()); }
@@ -298,7 +303,14 @@ class Cluster {
     o.node = node;
     o.store = nd->store.get();
     o.redundancy = nd->red.get();
-    o.plan = [this]() -> Result<std::shared_ptr<const ClusterPlan>> { return plan_; };
+    o.plan = [this, nd, node]() -> Result<std::shared_ptr<const ClusterPlan>> {
+      if (!nd->has_plan.load()) {
+        nd->no_plan_answers.fetch_add(1);
+        return FailedPreconditionError("node " + std::to_string(node) + " has no plan yet");
+      }
+      return plan_;
+    };
+    o.plan_wait_s = nd->plan_wait_s;
     o.endpoint_of = [this](int peer) -> Result<std::string> {
       if (peer < 0 || peer >= static_cast<int>(nodes_.size()) || !nodes_[peer]->service) {
         return NotFoundError("no node " + std::to_string(peer));
@@ -1477,6 +1489,58 @@ TEST(AssembleTest, StagesEveryRankFromSlotsOfPieces) {
         << missing.status();
     EXPECT_NE(access(shm::AssembledSlotPath(c.root(0), 0).c_str(), F_OK), 0);
   }
+}
+
+// Sharded restore right after an agent restarted: its new peer service
+// answers before the agent has read its plan again. The survivors' requests
+// for its pieces wait (bounded) for that plan instead of failing the
+// restore; a plan that does not come in time fails the request saying so.
+TEST(AssembleTest, PieceRequestsWaitForARestartedAgentsPlan) {
+  using namespace assemble_test;
+  const int n = 4;
+  Cluster c(n, MakeInventory(n), "xor");
+  for (int r = 0; r < n; ++r) {
+    SlotWriter(*c.node(c.plan().ranks[r].node).store,
+               PieceEntries(c.plan(), c.inv(), r, c.plan().ranks[r].pieces), r, 0)
+        .Write(7);
+  }
+  const int restarted = c.plan().ranks[2].node;
+  ASSERT_NE(restarted, c.plan().ranks[0].node);
+  // Node 2's agent restarts: its plan comes back only after a survivor asked
+  // for one of its pieces (so the request surely came first).
+  c.node(restarted).has_plan = false;
+  c.RestartService(restarted);
+  std::thread replan([&] {
+    const Deadline d = Deadline::AfterSeconds(60);
+    while (c.node(restarted).no_plan_answers.load() == 0 && !d.expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    c.node(restarted).has_plan = true;
+  });
+  const auto cp = MakeClusterPlan(c.plan(), c.inv());
+  const int node0 = c.plan().ranks[0].node;
+  auto staged =
+      AssembleRank(*cp, kJob, 0, 7, c.node(node0).service->reader(), *c.node(node0).store, Soon());
+  replan.join();
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_GE(c.node(restarted).no_plan_answers.load(), 1);
+  ExpectStagedSlot(c, staged->path, 0, 7);
+  ASSERT_EQ(unlink(staged->path.c_str()), 0);
+  // A plan that does not come back within the wait: the request fails,
+  // naming the node and the wait, and nothing is staged.
+  c.node(restarted).has_plan = false;
+  c.node(restarted).plan_wait_s = 0.3;
+  c.RestartService(restarted);
+  auto late =
+      AssembleRank(*cp, kJob, 0, 7, c.node(node0).service->reader(), *c.node(node0).store, Soon());
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), StatusCode::kFailedPrecondition) << late.status();
+  EXPECT_NE(late.status().message().find("node " + std::to_string(restarted) + " has no plan yet"),
+            std::string::npos)
+      << late.status();
+  EXPECT_NE(late.status().message().find("waited"), std::string::npos) << late.status();
+  EXPECT_NE(access(shm::AssembledSlotPath(c.root(node0), 0).c_str(), F_OK), 0);
 }
 
 // A node lost while every slot holds only its rank's pieces: recovery

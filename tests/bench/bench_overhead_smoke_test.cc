@@ -205,4 +205,54 @@ TEST(BenchOverheadSmoke, CompareAorRunsBothSidesWithMementoAndReportsAorPerCall)
   EXPECT_NE(out2.find("--compare aor needs --cluster"), std::string::npos) << out2;
 }
 
+// --compare sharded: both sides are the same memento cluster job, off with
+// whole-tensor slots, on with sharded slots. DP 4 under xor: a rank copies
+// its quarter of the replicated state plus its parity (W/4 + W/12 = W/3),
+// so the on side copies well under half the bytes of the off side (bytes
+// are exact, not timed). Without --cluster, or with --sharded too, the
+// comparison is refused, saying why.
+TEST(BenchOverheadSmoke, CompareShardedRunsWholeAndShardedSlotsAndReportsBothSidesBytes) {
+  const std::string err = StderrFile("memento-bench-smoke");
+  const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench overhead --json --trainer " +
+                          MEMENTO_TRAINER_BINARY +
+                          " --preset tiny --steps 4 --rounds 1 --dp 4 --pp 1 --no-zero --batch 4"
+                          " --run-timeout 60 --cluster --policy xor --compare sharded 2>" +
+                          err;
+  auto [rc, out] = RunShell(cmd);
+  std::ifstream in(err);
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(rc, 0) << out << log;
+  std::filesystem::remove(err);
+  auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["compare"], "sharded");
+  ASSERT_EQ(j["per_round"].size(), 1u);
+  const nlohmann::json& r = j["per_round"][0];
+  // Both sides snapshotted every step.
+  const double whole = r["snap_bytes_per_step_off"].get<double>();
+  const double sharded = r["snap_bytes_per_step_on"].get<double>();
+  EXPECT_GT(sharded, 0) << out;
+  EXPECT_LT(sharded * 2, whole) << out;
+  EXPECT_EQ(j["snap_bytes_per_step_off"].get<double>(), whole) << out;
+  EXPECT_EQ(j["snap_bytes_per_step"].get<double>(), sharded) << out;
+  EXPECT_GT(r["copy_cpu_s_off"].get<double>(), 0) << out;
+  EXPECT_GT(r["copy_cpu_s_on"].get<double>(), 0) << out;
+  EXPECT_GT(r["fence_s_off"].get<double>() + r["snapshot_s_off"].get<double>(), 0) << out;
+  EXPECT_GT(r["fence_s_on"].get<double>() + r["snapshot_s_on"].get<double>(), 0) << out;
+  // One line per side, with the bytes.
+  EXPECT_NE(log.find("round 0 sharded off"), std::string::npos) << log;
+  EXPECT_NE(log.find("round 0 sharded on"), std::string::npos) << log;
+  EXPECT_NE(log.find("snapshot bytes/step (all ranks)"), std::string::npos) << log;
+
+  auto [rc2, out2] = RunShell(std::string(MEMENTO_CLI_BINARY) +
+                              " bench overhead --json --preset tiny --compare sharded 2>&1");
+  EXPECT_NE(rc2, 0) << out2;
+  EXPECT_NE(out2.find("--compare sharded needs --cluster"), std::string::npos) << out2;
+  auto [rc3, out3] =
+      RunShell(std::string(MEMENTO_CLI_BINARY) +
+               " bench overhead --json --preset tiny --cluster --sharded --compare sharded 2>&1");
+  EXPECT_NE(rc3, 0) << out3;
+  EXPECT_NE(out3.find("leave out --sharded"), std::string::npos) << out3;
+}
+
 }  // namespace

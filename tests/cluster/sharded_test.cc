@@ -84,6 +84,27 @@ TEST_F(ShardedTest, KillRankUnderXorDp4) {
   ExpectBitIdentical(job, o, dir_.path());
 }
 
+// An agent killed and restarted on its root (its node's memory intact) right
+// before the restore: the survivors' assemblies ask the restarted agent for
+// its pieces, and its own rank's assembly runs on it, while it may still be
+// reading the topology and the inventories again; both wait (bounded) for
+// its plan (agent::WaitForPlan) instead of failing the restore with "no plan
+// yet". Every rank restores through the assembly, bit-identical.
+TEST_F(ShardedTest, AgentRestartedRightBeforeTheRestoreUnderXorDp4) {
+  ShardedJob job;
+  job.inject = "kill-agent:2@step=10";
+  Outcome o = RunJob(job, dir_.path(), "shagent");
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  EXPECT_NE(o.output.find("restarting the agent of node 2 on its root"), std::string::npos)
+      << Logs(o);
+  ExpectOneRecoveryFromMemory(job, o);
+  EXPECT_TRUE(o.summary["recoveries"][0]["lost_nodes"].empty()) << Logs(o);
+  for (int r = 0; r < job.world(); ++r) {
+    EXPECT_TRUE(RestoredFromPieces(o, r)) << "rank " << r << "\n" << Logs(o);
+  }
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
 // A node lost: its rank's slot is rebuilt (whole) from the survivors' pieces
 // and the ARC copies; the survivors restore through the assembly, reading
 // the lost rank's piece from the rebuilt slot.
