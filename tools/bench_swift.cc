@@ -62,12 +62,14 @@ struct Args {
   // --rebuild-all-groups (modes.undo_all_groups), before or after the undo
   // run in alternate rounds.
   bool compare_group_rebuild = false;
-  // The --log-odd-steps run (logging_overhead_pct_adjacent): its own length
-  // and snapshot interval, long enough by default that the 95% interval of
-  // the median is narrower than its distance from 2% on a quiet machine.
-  int overhead_steps = 240;
-  int overhead_save_every = 60;
-  bool overhead_only = false;  // only the --log-odd-steps runs
+  // The run that logs one step in 4 (logging_overhead_pct_adjacent): its
+  // own length and snapshot interval, ~115 logged steps per round.
+  int overhead_steps = 480;
+  int overhead_save_every = 120;
+  bool overhead_only = false;  // only those runs
+  // Per round also a control run: the same, logging no step in the windows
+  // (--log-one-step-in 1000000000: only step 1), the same estimator on it.
+  bool overhead_control = true;
 };
 
 struct RunOutput {
@@ -251,29 +253,43 @@ class Bench {
     return j;
   }
 
-  // Logging's overhead from one --log-odd-steps run: for each logged (odd)
-  // step s whose neighbours s - 1 and s + 1 ran without the log, in percent
-  // of their mean: 100 (t_s - (t_{s-1} + t_{s+1}) / 2) / ((t_{s-1} + t_{s+1}) / 2).
-  // Adjacent steps share the machine's load, so the difference does not
-  // measure the machine. Triples that touch a memento snapshot step (a
+  // Logging's overhead from one run that logs one step in kLogPeriod (4):
+  // steps L (L % 4 == 1, logged), L + 1 (after it: the log's background
+  // write of step L runs during it), L + 2 and L + 3 (clean). Per logged
+  // step, with c the mean of the clean steps around it (L - 2, L - 1,
+  // L + 2, L + 3), in percent of c:
+  //   in_step = 100 (t_L - c) / c, after = 100 (t_{L+1} - c) / c,
+  //   total = in_step + after: what logging one step costs, in percent of
+  //   a step (the overhead when every step is logged).
+  // Nearby steps share the machine's load, so the differences do not
+  // measure the machine. Windows that touch a memento snapshot step (a
   // multiple of `every`) or the step after it (its fence) are left out.
-  static std::vector<double> OddStepOverheads(const RunOutput& out, int every) {
-    std::vector<double> pct;
+  static constexpr int kLogPeriod = 4;
+  struct Overheads {
+    std::vector<double> total, in_step, after;
+  };
+  static Overheads LoggedStepOverheads(const RunOutput& out, int every) {
+    Overheads o;
     for (const json& j : out.lines) {
       if (!j.contains("step_s") || !j.contains("steps")) continue;
       const std::vector<double> t = j["step_s"].get<std::vector<double>>();
       const int64_t last = j["steps"].get<int64_t>();
       const int64_t first = last - static_cast<int64_t>(t.size()) + 1;  // step of t[0]
+      auto at = [&](int64_t s) { return t[s - first]; };
       auto near_snapshot = [&](int64_t s) { return s % every == 0 || (s - 1) % every == 0; };
-      for (int64_t s = first + 1; s + 1 <= last; ++s) {
-        if (s % 2 == 0 || near_snapshot(s - 1) || near_snapshot(s) || near_snapshot(s + 1)) {
-          continue;
-        }
-        const double around = (t[s - 1 - first] + t[s + 1 - first]) / 2;
-        if (around > 0) pct.push_back(100.0 * (t[s - first] - around) / around);
+      for (int64_t l = first + 2; l + 3 <= last; ++l) {
+        if (l % kLogPeriod != 1) continue;
+        bool clear = true;
+        for (int64_t s = l - 2; s <= l + 3; ++s) clear = clear && !near_snapshot(s);
+        if (!clear) continue;
+        const double c = (at(l - 2) + at(l - 1) + at(l + 2) + at(l + 3)) / 4;
+        if (c <= 0) continue;
+        o.in_step.push_back(100.0 * (at(l) - c) / c);
+        o.after.push_back(100.0 * (at(l + 1) - c) / c);
+        o.total.push_back(o.in_step.back() + o.after.back());
       }
     }
-    return pct;
+    return o;
   }
 
   static double MedianStep(const RunOutput& out) {
@@ -352,17 +368,29 @@ Result<json> RunSwift(const Args& a) {
   // replayed, bytes replayed, log bytes per step.
   std::map<int, std::map<std::string, std::vector<double>>> groups;
   std::vector<double> step_dp, step_dp1, step_dp1_log, overhead, log_bytes, log_s;
-  std::vector<double> odd_pct, odd_round_median;  // --log-odd-steps runs
+  // The runs that log one step in Bench::kLogPeriod.
+  Bench::Overheads odd_all, control_all;
+  std::vector<double> odd_round_median, control_round_median;
   Stopwatch wall;
   Status failed;
   for (int round = 0; round < a.rounds && failed.ok(); ++round) {
     auto odd_run = [&]() -> Status {
-      MEMENTO_ASSIGN_OR_RETURN(
-          RunOutput odd, bench.Run("logging.odd", 1, "log", {"--log-odd-steps"}, a.overhead_steps,
-                                   a.overhead_save_every));
-      const std::vector<double> pct = Bench::OddStepOverheads(odd, a.overhead_save_every);
-      odd_pct.insert(odd_pct.end(), pct.begin(), pct.end());
-      odd_round_median.push_back(Median(pct));
+      // The control before the logging run in odd rounds, after it in even.
+      const bool control_first = a.overhead_control && round % 2 == 1;
+      for (int k = 0; k < (a.overhead_control ? 2 : 1); ++k) {
+        const bool control = a.overhead_control && (k == 0) == control_first;
+        const std::string period = control ? "1000000000" : std::to_string(Bench::kLogPeriod);
+        MEMENTO_ASSIGN_OR_RETURN(
+            RunOutput out,
+            bench.Run(control ? "logging.control" : "logging.period", 1, "log",
+                      {"--log-one-step-in", period}, a.overhead_steps, a.overhead_save_every));
+        const Bench::Overheads o = Bench::LoggedStepOverheads(out, a.overhead_save_every);
+        Bench::Overheads& all = control ? control_all : odd_all;
+        all.total.insert(all.total.end(), o.total.begin(), o.total.end());
+        all.in_step.insert(all.in_step.end(), o.in_step.begin(), o.in_step.end());
+        all.after.insert(all.after.end(), o.after.begin(), o.after.end());
+        (control ? control_round_median : odd_round_median).push_back(Median(o.total));
+      }
       return Status::Ok();
     };
     if (a.overhead_only) {
@@ -430,12 +458,15 @@ Result<json> RunSwift(const Args& a) {
   // distribution-free 95% interval for it (order statistics n/2 -+
   // 0.98 sqrt(n)); the goal (< 2 % of a step) is met when the whole
   // interval lies below 2, missed when it lies above.
-  json adjacent;
-  {
-    std::vector<double> v = odd_pct;
+  auto pooled = [](const Bench::Overheads& o, const std::vector<double>& round_medians) {
+    std::vector<double> v = o.total;
     std::sort(v.begin(), v.end());
-    json& m = adjacent;
-    m = {{"median", Median(v)}, {"samples", v.size()}, {"round_medians", odd_round_median}};
+    json m = {{"median", Median(v)},
+              {"samples", v.size()},
+              {"round_medians", round_medians},
+              {"in_step_median", Median(o.in_step)},
+              {"after_median", Median(o.after)},
+              {"log_one_step_in", Bench::kLogPeriod}};
     std::string goal = "no samples";
     if (!v.empty()) {
       const double n = static_cast<double>(v.size()), h = 0.98 * std::sqrt(n);
@@ -449,6 +480,18 @@ Result<json> RunSwift(const Args& a) {
                           "machine)";
     }
     m["goal_below_2pct"] = goal;
+    return m;
+  };
+  json adjacent = pooled(odd_all, odd_round_median);
+  if (a.overhead_control) {
+    // The same windows with nothing logged: what the estimator gives for
+    // no logging at all (0 if the steps have no period-4 pattern of their
+    // own).
+    json c = pooled(control_all, control_round_median);
+    c.erase("goal_below_2pct");
+    c.erase("log_one_step_in");
+    adjacent["control"] = c;
+    adjacent["median_minus_control"] = adjacent["median"].get<double>() - c["median"].get<double>();
   }
   const json overhead_config = {{"preset", a.preset},
                                 {"layers", a.layers},
@@ -457,6 +500,7 @@ Result<json> RunSwift(const Args& a) {
                                 {"micro_batches", a.micro_batches},
                                 {"overhead_steps", a.overhead_steps},
                                 {"overhead_save_every", a.overhead_save_every},
+                                {"overhead_control", a.overhead_control},
                                 {"rounds", a.rounds}};
   if (a.overhead_only) {
     json o;
@@ -467,10 +511,12 @@ Result<json> RunSwift(const Args& a) {
     o["config"]["trainer"] = trainer;
     o["notes"] =
         "--overhead-only: per round one dp 1 run (memento launch, pipeline log in shared memory) "
-        "whose trainer logs only the odd steps (--log-odd-steps); each logged step's time "
-        "against the mean of its two unlogged neighbours, in percent, pooled over rounds: median "
-        "and a distribution-free 95% interval of the median; triples touching a snapshot step or "
-        "its fence left out; all nodes are processes on this machine";
+        "whose trainer logs one step in 4 (--log-one-step-in 4); per logged step L, with c the "
+        "mean time of the clean steps L-2, L-1, L+2, L+3: in_step 100 (t_L - c) / c, after "
+        "100 (t_{L+1} - c) / c (the log's background write of L runs during L+1), total = their "
+        "sum (the overhead if every step is logged), pooled over rounds: median and a "
+        "distribution-free 95% interval of the median; windows touching a snapshot step or its "
+        "fence left out; all nodes are processes on this machine";
     o["wall_s"] = wall.Seconds();
     return o;
   }
@@ -559,10 +605,12 @@ Result<json> RunSwift(const Args& a) {
       "steps_lost x the baseline's median step time; bytes_replayed: logged payload the log "
       "replacement replayed; logging_overhead_pct: median step time with the pipeline log "
       "against without (dp 1, no failure, separate runs: it also measures the machine); "
-      "logging_overhead_pct_adjacent: one more dp 1 run per round that logs only the odd "
-      "steps (--log-odd-steps; overhead_steps long, snapshots every overhead_save_every), each "
-      "logged step's time against the mean of its unlogged neighbours, pooled over rounds "
-      "(median, 95% interval of the median, goal_below_2pct), snapshot steps left out; "
+      "logging_overhead_pct_adjacent: one more dp 1 run per round that logs one step in 4 "
+      "(--log-one-step-in 4; overhead_steps long, snapshots every overhead_save_every): per "
+      "logged step, its time and the next step's (which the log's background write may slow) "
+      "above the mean of the 4 clean steps around them, in percent of a step, pooled over rounds "
+      "(median, 95% interval of the median, goal_below_2pct; in_step_median, after_median), "
+      "snapshot steps left out; "
       "log_bytes_per_step summed over ranks; log_groups: "
       "per log group size G (selective logging), the log-replay failure run's resume_s, "
       "stages and steps replayed (summed over stages), bytes replayed and the log bytes per "
@@ -613,13 +661,17 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
                 "undo_vs_undo_all_groups (resume_s medians); it runs before the undo run in the "
                 "1st, 3rd, ... round, after it in the others");
   cmd->add_option("--overhead-steps", args->overhead_steps,
-                  "steps of the run per round that logs only the odd steps "
+                  "steps of the run per round that logs one step in 4 "
                   "(logging_overhead_pct_adjacent)")
       ->capture_default_str();
   cmd->add_option("--overhead-save-every", args->overhead_save_every,
                   "memento's snapshot interval in that run (steps next to a snapshot are left "
                   "out of the comparison)")
       ->capture_default_str();
+  cmd->add_flag("--overhead-control,!--no-overhead-control", args->overhead_control,
+                "per round also a control run that logs no step in the compared windows, "
+                "reported as logging_overhead_pct_adjacent.control (the estimator's zero; on by "
+                "default)");
   cmd->add_flag("--overhead-only", args->overhead_only,
                 "run only the logging-overhead runs (--rounds of them) and report "
                 "logging_overhead_pct_adjacent");

@@ -520,10 +520,17 @@ int Main(int argc, char** argv) {
                  "completed step written by a background thread, instead of in the rank's memory "
                  "(a tmpfs directory such as /dev/shm/NAME: shared memory that outlives a killed "
                  "rank; created if missing, not removed at the end)");
-  app.add_flag("--log-odd-steps", o.pipeline_log_odd_steps,
+  bool log_odd_steps = false;
+  app.add_flag("--log-odd-steps", log_odd_steps,
                "benchmarking, with --recovery log: log only the odd steps' pipeline messages, so "
                "that logging's overhead shows against the adjacent unlogged steps of the same "
-               "run (`memento bench swift`); such a log cannot replay an even step");
+               "run; such a log cannot replay an even step (= --log-one-step-in 2)");
+  int log_period = 0;
+  app.add_option("--log-one-step-in", log_period,
+                 "benchmarking, with --recovery log: log only the pipeline messages of steps s "
+                 "with s % N == 1 (`memento bench swift` uses 4: a logged step, the step after "
+                 "it, which the log's background write may slow, and two clean steps); such a "
+                 "log cannot replay another step");
   app.add_option("--log-group-size", o.log_group_size,
                  "with --recovery log: selective logging, stages in log groups of G consecutive "
                  "stages, only messages between groups logged; a lost stage's whole group rolls "
@@ -717,10 +724,21 @@ int Main(int argc, char** argv) {
     recovery = "none";
     o.pipeline_log_dir.clear();
   }
-  if (o.pipeline_log_odd_steps && recovery != "log") {
-    std::fprintf(stderr, "memento-trainer: --log-odd-steps needs --recovery log\n");
+  if ((log_odd_steps || log_period != 0) && recovery != "log") {
+    std::fprintf(stderr, "memento-trainer: %s needs --recovery log\n",
+                 log_odd_steps ? "--log-odd-steps" : "--log-one-step-in");
     return 2;
   }
+  if (log_odd_steps && log_period != 0 && log_period != 2) {
+    std::fprintf(stderr, "memento-trainer: --log-odd-steps and --log-one-step-in %d disagree\n",
+                 log_period);
+    return 2;
+  }
+  if (app.count("--log-one-step-in") > 0 && log_period < 1) {
+    std::fprintf(stderr, "memento-trainer: --log-one-step-in %d must be >= 1\n", log_period);
+    return 2;
+  }
+  o.pipeline_log_period = log_odd_steps ? 2 : std::max(log_period, 1);
   if (!o.pipeline_log_dir.empty() && recovery != "log") {
     std::fprintf(stderr, "memento-trainer: --pipeline-log-dir needs --recovery log\n");
     return 2;

@@ -507,8 +507,13 @@ Result<int64_t> Trainer::RecoverByUndo(bool replacement,
   return agreed;
 }
 
+bool Trainer::LoggedStep(int64_t step) const {
+  const int n = options_.pipeline_log_period;
+  return n <= 1 || step % n == 1;
+}
+
 void Trainer::LogSent(const MessageKey& key, const void* data, size_t bytes) {
-  if (!plog_ || (options_.pipeline_log_odd_steps && key.step % 2 == 0)) return;
+  if (!plog_ || !LoggedStep(key.step)) return;
   Stopwatch w;
   plog_->AppendSent(key, data, bytes);
   log_seconds_ += w.Seconds();
@@ -516,7 +521,7 @@ void Trainer::LogSent(const MessageKey& key, const void* data, size_t bytes) {
 }
 
 void Trainer::LogReceived(const MessageKey& key, const void* data, size_t bytes) {
-  if (!plog_ || (options_.pipeline_log_odd_steps && key.step % 2 == 0)) return;
+  if (!plog_ || !LoggedStep(key.step)) return;
   Stopwatch w;
   plog_->RecordReceived(key, data, bytes);
   log_seconds_ += w.Seconds();

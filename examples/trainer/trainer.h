@@ -136,9 +136,10 @@ struct TrainerOptions {
   // node's shared memory, which outlives a crashed rank). Empty: in memory.
   std::string pipeline_log_dir;
   // Benchmarking only (`memento bench swift`, logging's overhead from
-  // adjacent steps): with pipeline_log, log the odd steps' messages only.
-  // Such a log cannot replay an even step.
-  bool pipeline_log_odd_steps = false;
+  // adjacent steps): with pipeline_log and a period N > 1, log only the
+  // messages of steps s with s % N == 1 (N = 2: the odd steps). Such a log
+  // cannot replay another step.
+  int pipeline_log_period = 1;
   // Selective logging (SWIFT 2.2): consecutive stages form log groups of
   // this many stages (stage s is in group s / log_group_size); only
   // messages between groups are logged. A lost stage's whole group rolls
@@ -342,6 +343,8 @@ class Trainer {
   Status RunSchedule(int64_t step, const int32_t* tokens, double* loss_sum, double* idle_s,
                      double* comm_s);
   // Pipeline log of a sent / received message (no-op without the log).
+  // Whether step `step`'s messages are logged (pipeline_log_period).
+  bool LoggedStep(int64_t step) const;
   void LogSent(const MessageKey& key, const void* data, size_t bytes);
   void LogReceived(const MessageKey& key, const void* data, size_t bytes);
   // Replay: the logged input `key` into `data`, and the check of a

@@ -53,8 +53,9 @@ TEST(BenchSwiftSmoke, EveryModeRecoversAndReports) {
   // 3 boundaries, 2 directions, plus one 8-byte gradient norm per rank.
   EXPECT_EQ(j["log_bytes_per_step"], 4.0 * 2048 * 3 * 2 + 4 * 8);
   EXPECT_TRUE(std::isfinite(j["logging_overhead_pct"].get<double>()));
-  // The --log-odd-steps run: one per round. (Snapshots every 4 steps leave
-  // no odd step whose neighbours are clear of a snapshot or its fence.)
+  // The run that logs one step in 4: one per round. (Snapshots every 4
+  // steps leave no logged step whose window is clear of a snapshot or its
+  // fence.)
   EXPECT_EQ(j["logging_overhead_pct_adjacent"]["round_medians"].size(), 1u) << out;
   EXPECT_EQ(j["logging_overhead_pct_adjacent"]["samples"], 0) << out;
   EXPECT_EQ(j["logging_overhead_pct_adjacent"]["goal_below_2pct"], "no samples") << out;
@@ -107,9 +108,11 @@ TEST(BenchSwiftSmoke, MidStepKill) {
   EXPECT_TRUE(j["config"]["log_groups"].empty()) << out;
 }
 
-// --overhead-only: only the runs that log the odd steps (2 rounds of 16
-// steps, a snapshot at 16): odd steps 3..13 each against their neighbours,
-// 6 per round, pooled; a verdict on the 2 % goal from the interval.
+// --overhead-only: only the runs that log one step in 4 (2 rounds of 16
+// steps, a snapshot at 16): logged steps 5 and 9 each with the step after
+// it against the clean steps around them (13's window touches the snapshot
+// at 16), pooled; an interval around the median, a verdict on the 2 % goal;
+// a control run per round that logs none of those steps.
 TEST(BenchSwiftSmoke, OverheadOnly) {
   const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " bench swift --json --trainer " +
                           MEMENTO_TRAINER_BINARY +
@@ -122,7 +125,14 @@ TEST(BenchSwiftSmoke, OverheadOnly) {
   EXPECT_FALSE(j.contains("modes")) << out;
   const auto& m = j["logging_overhead_pct_adjacent"];
   EXPECT_EQ(m["round_medians"].size(), 2u) << out;
-  EXPECT_EQ(m["samples"], 12) << out;
+  EXPECT_EQ(m["samples"], 4) << out;
+  EXPECT_EQ(m["log_one_step_in"], 4) << out;
+  EXPECT_TRUE(m.contains("in_step_median") && m.contains("after_median")) << out;
+  // The control runs (one per round, nothing logged in the windows): the
+  // same windows, the same count.
+  EXPECT_EQ(m["control"]["samples"], 4) << out;
+  EXPECT_EQ(m["control"]["round_medians"].size(), 2u) << out;
+  EXPECT_TRUE(m.contains("median_minus_control")) << out;
   EXPECT_LE(m["ci95_low"].get<double>(), m["median"].get<double>()) << out;
   EXPECT_GE(m["ci95_high"].get<double>(), m["median"].get<double>()) << out;
   const std::string goal = m["goal_below_2pct"];
