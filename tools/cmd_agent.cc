@@ -59,7 +59,7 @@ Status RecoverPathFromEnvironment(agent::JobMemberOptions* o) {
 int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
              const std::string& budget, const std::string& bandwidth, const std::string& scrub_rate,
              const std::string& durable_io, const std::string& recovery_leader,
-             double recovery_timeout_s) {
+             double recovery_timeout_s, bool coordinate_commits) {
   agent::AgentOptions options = base;
   InitLogging("agent node" + std::to_string(options.node), LogOptionsFromEnvironment());
   {
@@ -106,6 +106,11 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
     return ReportStatus(
         InvalidArgumentError("--recovery-leader " + recovery_leader + " needs --store"));
   }
+  if (coordinate_commits && *leader_mode == launch::RecoveryLeaderMode::kOff) {
+    return ReportStatus(InvalidArgumentError(
+        "--coordinate-commits needs --recovery-leader request or auto (the recovery leader "
+        "coordinates the commits)"));
+  }
   // The recovery data path variants (`memento bench recover --data-path,
   // --receive` sets them for the agents it starts): read here and nowhere
   // else in the library.
@@ -124,6 +129,7 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
   lo.lease_ttl_s = options.cluster.lease_ttl_s;
   lo.recovery_timeout_s = recovery_timeout_s;
   lo.durable_dir = durable.dir;
+  lo.coordinate_commits = coordinate_commits;
   auto leader = launch::RecoveryLeader::Start(lo);
   if (!leader.ok()) return ReportStatus(leader.status());
   g_agent = agent->get();
@@ -270,9 +276,15 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--recovery-timeout", recovery_timeout_s,
                   "Leader: longest wait (s) for every node's agent and for the recovery")
       ->default_val(300);
+  static bool coordinate_commits = false;
+  cmd->add_flag("--coordinate-commits", coordinate_commits,
+                "With --recovery-leader: the recovery leader also runs the job's commit "
+                "coordinator while it leads (a successor takes it over), so no `memento store "
+                "--job --nodes` is needed; not with `memento launch`, which coordinates its "
+                "own. docs/coordination.md \"Who coordinates the commits\"");
   cmd->callback([&ctx] {
     ctx.exit_code = RunAgent(options, durable, budget, bandwidth, scrub_rate, durable_io,
-                             recovery_leader, recovery_timeout_s);
+                             recovery_leader, recovery_timeout_s, coordinate_commits);
   });
 }
 

@@ -154,12 +154,14 @@ void Setup(CLI::App &app, CommandContext &ctx) {
       ->default_val("restart");
   cmd->add_option("--recovery-by", o.recovery_by,
                   "Who runs a whole-job recovery (a lost node or agent, --recovery restart): "
-                  "launcher (this process runs inventory, decide, rebuild, restore target and "
-                  "the durable fallback) or agents (the agents elect a recovery leader, "
-                  "--recovery-leader request, and run it as under torchrun or Slurm; the "
-                  "launcher only restarts processes, asks for the recovery and waits for the "
-                  "leader's outcome). docs/launch.md \"Who recovers\"")
-      ->default_val("launcher");
+                  "agents (default: the agents elect a recovery leader, --recovery-leader "
+                  "request, and it runs inventory, decide, rebuild, restore target and the "
+                  "durable fallback as under torchrun or Slurm; the launcher only restarts "
+                  "processes, asks for the recovery and waits for the leader's outcome) or "
+                  "launcher (this process runs them itself). The commit coordinator and the "
+                  "in-process (--recovery undo|log) recoveries stay the launcher's either way. "
+                  "docs/launch.md \"Who recovers\"")
+      ->default_val("agents");
   cmd->add_option("--in-process-timeout", o.in_process_timeout_s,
                   "--recovery undo|log|auto: seconds from a failure until every rank reported its "
                   "in-process recovery; past it (a survivor wedged) the whole job restarts")

@@ -115,7 +115,7 @@ struct LaunchOptions {
   //             path as under torchrun or Slurm: the launcher only (re)places
   //             the processes, raises /memento/<job>/recovery_request and
   //             waits for the leader's recovery_status (restore step, source)
-  std::string recovery_by = "launcher";
+  std::string recovery_by = "agents";
   // Progress lines on stdout (failures and recoveries are always printed).
   bool quiet = false;
   // The coordination store (launch/store_host.h): in this process (default),

@@ -468,6 +468,18 @@ std::optional<JobEnd> Launcher::State::TakeAgentsOutcome(const RecoveryStatus& s
   rep->recovered_by = "agents";
   rep->leader = s.leader;
   rep->takeover = s.takeover;
+  // The durable versions the leader passed over, said as FallBackToDurableTier
+  // says them ("step N <why>").
+  rep->durable_skipped = s.durable_skipped;
+  for (const std::string& skipped : s.durable_skipped) {
+    const size_t space = skipped.rfind("step ", 0) == 0 ? skipped.find(' ', 5) : std::string::npos;
+    if (space == std::string::npos) {
+      Say("durable tier: " + skipped);
+      continue;
+    }
+    Say("durable version " + skipped.substr(5, space - 5) +
+        " skipped: " + skipped.substr(space + 1) + " (the agents' leader)");
+  }
   if (s.state != "done") {
     // As EndWithNothingRestored: exit 3 when neither memory nor the durable
     // tier holds a version to restore, 1 for any other failure.

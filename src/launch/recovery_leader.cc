@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "coord/commit.h"
 #include "coord/keys.h"
@@ -48,6 +49,7 @@ json RecoveryStatus::ToJson() const {
             {"trigger", trigger}, {"takeover", takeover}, {"restore_step", restore_step},
             {"epoch", epoch},     {"source", source},     {"message", message}};
   if (!recovery.is_null()) j["recovery"] = recovery;
+  if (!durable_skipped.empty()) j["durable_skipped"] = durable_skipped;
   return j;
 }
 
@@ -71,6 +73,11 @@ Result<RecoveryStatus> RecoveryStatus::FromJson(const std::string& text) {
   s.source = j.value("source", "");
   s.message = j.value("message", "");
   if (j.contains("recovery")) s.recovery = j["recovery"];
+  if (j.contains("durable_skipped") && j["durable_skipped"].is_array()) {
+    for (const json& e : j["durable_skipped"]) {
+      if (e.is_string()) s.durable_skipped.push_back(e.get<std::string>());
+    }
+  }
   return s;
 }
 
@@ -174,6 +181,10 @@ RecoveryLeader::~RecoveryLeader() {
   cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
   if (keepalive_.joinable()) keepalive_.join();
+  {
+    MutexLock l(&coord_mu_);
+    coordinator_.reset();
+  }
   const coord::LeaseId lease = lease_.load();
   if (lease != 0) {
     // Steps down at once: another agent need not wait for the lease to expire.
@@ -296,9 +307,47 @@ void RecoveryLeader::WatchMembership() {
   MEMENTO_LOG_INFO("recovery leader: {} lost; recovery {} requested", names, *id);
 }
 
+bool RecoveryLeader::coordinating() {
+  MutexLock l(&coord_mu_);
+  return coordinator_ != nullptr;
+}
+
+void RecoveryLeader::CoordinateCommits() {
+  MutexLock l(&coord_mu_);
+  if (!leading_.load()) {
+    if (coordinator_ != nullptr) {
+      coordinated_ =
+          std::max(coordinated_, coord::CommitId{coordinator_->epoch(), coordinator_->committed()});
+      coordinator_.reset();
+      MEMENTO_LOG_INFO("commit coordinator: {} no longer leads; stopped", name_);
+    }
+    return;
+  }
+  if (coordinator_ != nullptr) return;
+  auto topology = ReadTopology(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
+  if (!topology.ok()) return;  // not published yet: the next poll looks again
+  std::set<std::string> members;
+  for (int n = 0; n < topology->topology.num_nodes(); ++n) members.insert(coord::NodeName(n));
+  if (coordinated_.step >= 0) {
+    auto moved = coord::PublishCommit(*store_, options_.job, coordinated_.step, WallNanos(),
+                                      Deadline::AfterSeconds(kStoreCallS), coordinated_.epoch);
+    if (!moved.ok()) return;
+  }
+  auto c = coord::CommitCoordinator::Start(store_.get(), options_.job, std::move(members),
+                                           Deadline::AfterSeconds(kStoreCallS));
+  if (!c.ok()) {
+    MEMENTO_LOG_WARN("commit coordinator: cannot start: {}", c.status().ToString());
+    return;
+  }
+  coordinator_ = std::move(*c);
+  MEMENTO_LOG_INFO("commit coordinator: {} coordinates the commits of job {} ({} node(s))", name_,
+                   options_.job, topology->topology.num_nodes());
+}
+
 void RecoveryLeader::Run() {
   while (SleepFor(std::chrono::duration_cast<std::chrono::milliseconds>(kPoll))) {
     Campaign();
+    if (options_.coordinate_commits) CoordinateCommits();
     if (!leading_.load()) continue;
     if (options_.mode == RecoveryLeaderMode::kAuto) WatchMembership();
     auto view = ReadRecoveryView(*store_, options_.job, Deadline::AfterSeconds(kStoreCallS));
@@ -429,38 +478,70 @@ void RecoveryLeader::RunRecovery(int64_t id, const RecoveryStatus* previous) {
         return;
       }
       if (rec.ok()) {
-        // Memory cannot rebuild any committed version: the durable tier.
+        // Memory cannot rebuild any committed version: the durable tier,
+        // newest complete version first; one that fails verification or
+        // loading is skipped and named (as `memento launch
+        // --recovery-by launcher` does: FallBackToDurableTier).
         std::string why = "memory cannot rebuild any committed version: " + rec->decision.reason;
         if (options_.durable_dir.empty()) return fail(why + " (no --durable-dir to fall back to)");
-        auto versions = tier::ListVersions(tier::Env::Default(), options_.durable_dir);
-        if (!versions.ok()) return fail(why + "; " + versions.status().ToString());
-        for (auto it = versions->rbegin(); it != versions->rend(); ++it) {
+        st.durable_skipped.clear();
+        std::vector<tier::VersionSummary> list;
+        if (auto versions = tier::ListVersions(tier::Env::Default(), options_.durable_dir);
+            versions.ok()) {
+          list = std::move(*versions);
+        } else {
+          st.durable_skipped.push_back("cannot list " + options_.durable_dir + ": " +
+                                       versions.status().ToString());
+        }
+        for (auto it = list.rbegin(); it != list.rend(); ++it) {
           if (!it->complete) continue;
           tier::VersionCheck check =
               tier::VerifyVersion(tier::Env::Default(), options_.durable_dir, it->step);
+          std::string skipped;
           if (!check.ok) {
-            why += fmt::format("; durable step {} fails verification", it->step);
-            continue;  // the next older complete one
+            skipped = "fails verification: " +
+                      (check.problems.empty() ? std::string("?") : check.problems[0]);
+            if (check.problems.size() > 1) {
+              skipped += fmt::format(" (and {} more)", check.problems.size() - 1);
+            }
+          } else {
+            auto load = LoadDurableOnEveryNode(*store_, *token_, options_.job, num_nodes,
+                                               options_.durable_dir, it->step, deadline, epoch);
+            if (load.ok()) {
+              if (Status s = start_epoch(it->step); !s.ok()) {
+                return fail(why + "; cannot start commit epoch: " + s.ToString());
+              }
+              st.state = "done";
+              st.source = "durable";
+              st.restore_step = it->step;
+              st.epoch = epoch;
+              st.message = why;
+              if (!st.durable_skipped.empty()) {
+                st.message += "; newer durable version(s) skipped: ";
+                for (size_t k = 0; k < st.durable_skipped.size(); ++k) {
+                  st.message += (k ? "; " : "") + st.durable_skipped[k];
+                }
+              }
+              st.recovery = load->ToJson();
+              Publish(st);
+              return;
+            }
+            skipped = "loading it failed: " + load.status().ToString();
           }
-          auto load = LoadDurableOnEveryNode(*store_, *token_, options_.job, num_nodes,
-                                             options_.durable_dir, it->step, deadline, epoch);
-          if (!load.ok()) {
-            why += fmt::format("; loading durable step {}: {}", it->step, load.status().ToString());
-            continue;
-          }
-          if (Status s = start_epoch(it->step); !s.ok()) {
-            return fail(why + "; cannot start commit epoch: " + s.ToString());
-          }
-          st.state = "done";
-          st.source = "durable";
-          st.restore_step = it->step;
-          st.epoch = epoch;
-          st.message = why;
-          st.recovery = load->ToJson();
-          Publish(st);
-          return;
+          MEMENTO_LOG_WARN("recovery {}: durable version {} skipped: {}; trying an older one", id,
+                           it->step, skipped);
+          st.durable_skipped.push_back(fmt::format("step {} {}", it->step, skipped));
         }
-        return fail(why + "; no durable version in " + options_.durable_dir + " loads");
+        if (st.durable_skipped.empty()) {
+          return fail(why + "; the durable tier " + options_.durable_dir +
+                      " holds no complete version");
+        }
+        why += "; the durable tier " + options_.durable_dir +
+               " holds no version that verifies and loads:";
+        for (size_t k = 0; k < st.durable_skipped.size(); ++k) {
+          why += (k ? "; " : " ") + st.durable_skipped[k];
+        }
+        return fail(why);
       }
       last = rec.status();
     } else if (!plan.ok() || !committed.ok()) {

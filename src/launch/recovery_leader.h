@@ -40,8 +40,10 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/mutex.h"
+#include "coord/commit.h"
 #include "coord/store.h"
 #include "memento/deadline.h"
 #include "memento/status.h"
@@ -65,6 +67,11 @@ struct RecoveryLeaderOptions {
   // Durable fallback when memory cannot rebuild any committed version: the
   // newest complete version here that verifies (empty: none).
   std::string durable_dir;
+  // The leader also runs the job's commit coordinator (coord::CommitCoordinator
+  // over nodes 0 .. N-1 of the published topology) for as long as it leads;
+  // a successor starts its own. For jobs without `memento store --job
+  // --nodes` or `memento launch` to coordinate the commits.
+  bool coordinate_commits = false;
 };
 
 // The store keys (coord::JobKeys' job prefix).
@@ -87,6 +94,10 @@ struct RecoveryStatus {
   std::string source;  // "memory", "durable", "none"
   std::string message;
   nlohmann::json recovery;  // JobRecovery::ToJson / DurableLoad::ToJson (done)
+  // Durable fallback: newer complete versions passed over, each "step N
+  // <why>" (fails verification: ..., loading it failed: ...), as the
+  // launcher's RecoveryReport::durable_skipped.
+  std::vector<std::string> durable_skipped;
   bool final() const { return state == "done" || state == "failed"; }
   nlohmann::json ToJson() const;
   static Result<RecoveryStatus> FromJson(const std::string& text);
@@ -125,6 +136,8 @@ class RecoveryLeader {
   RecoveryLeader& operator=(const RecoveryLeader&) = delete;
 
   bool leading() const { return leading_.load(); }
+  // coordinate_commits: whether this agent's commit coordinator runs now.
+  bool coordinating() EXCLUDES(coord_mu_);
 
  private:
   RecoveryLeader() = default;
@@ -141,6 +154,9 @@ class RecoveryLeader {
   bool StillLeader();
   void Publish(const RecoveryStatus& st);
   bool Stopping();
+  // coordinate_commits: starts the coordinator when leading and none runs
+  // (the topology names the members), stops it when no longer leading.
+  void CoordinateCommits() EXCLUDES(coord_mu_);
 
   RecoveryLeaderOptions options_;
   std::string name_;
@@ -151,6 +167,13 @@ class RecoveryLeader {
   std::set<std::string> members_;  // leader: node names present at the last look
   bool members_known_ = false;
   std::string pending_trigger_;  // leader: why it filed the newest request
+
+  Mutex coord_mu_;
+  std::unique_ptr<coord::CommitCoordinator> coordinator_ GUARDED_BY(coord_mu_);
+  // The newest commit this agent's coordinators published: republished when
+  // it leads again (a store restarted empty may have lost it before any
+  // agent saw it; PublishCommit never lowers commit/latest).
+  coord::CommitId coordinated_ GUARDED_BY(coord_mu_);
 
   Mutex mu_;
   CondVar cv_;

@@ -12,7 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -154,6 +156,15 @@ inline std::vector<std::string> LaunchArgv(const Job& job, const std::string& di
     argv.push_back(job.inject);
   }
   for (const auto& e : job.extra) argv.push_back(e);
+  // MEMENTO_TEST_RECOVERY_BY=launcher|agents: who runs the whole-job
+  // recoveries, unless the job names it (cluster_launcher_recovery_test runs
+  // cluster cases with the launcher's own recovery; agents is the default).
+  if (const char* by = std::getenv("MEMENTO_TEST_RECOVERY_BY");
+      by != nullptr && *by != '\0' &&
+      std::find(job.extra.begin(), job.extra.end(), "--recovery-by") == job.extra.end()) {
+    argv.push_back("--recovery-by");
+    argv.push_back(by);
+  }
   for (const char* a : {"--", WORKLOAD_BIN}) argv.push_back(a);
   for (const std::string& a :
        {std::string("--steps"), std::to_string(job.steps), std::string("--elements"),

@@ -61,7 +61,8 @@ using memento::testing::ReadAll;
 class AgentRecoveryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_NO_FATAL_FAILURE(job_store_.Start(tmp_.path(), "127.0.0.1", kJob, kSecret, kNodes));
+    ASSERT_NO_FATAL_FAILURE(
+        job_store_.Start(tmp_.path(), "127.0.0.1", kJob, kSecret, kNodes, store_coordinates_));
     ASSERT_NO_FATAL_FAILURE(job_store_.SetUniformTopology(kNodes, "replicate"));
     agents_.assign(kNodes, -1);
   }
@@ -199,10 +200,11 @@ class AgentRecoveryTest : public ::testing::Test {
   // committed state bit-identically.
   void ExpectTrainersRestoreCommitted() { ExpectTrainersRestore(committed_); }
   // The same for `step`: each rank's digest of it from the first run.
-  void ExpectTrainersRestore(int64_t step) {
+  // The trainers run up to `steps`.
+  void ExpectTrainersRestore(int64_t step, int64_t steps = kSteps) {
     for (int r = 0; r < kNodes; ++r) {
       unlink(ProgressPath(r).c_str());
-      trainers_[r] = StartTrainer(r, kSteps);
+      trainers_[r] = StartTrainer(r, steps);
     }
     for (int r = 0; r < kNodes; ++r) {
       int st = WaitExit(trainers_[r], 60);
@@ -240,6 +242,7 @@ class AgentRecoveryTest : public ::testing::Test {
   cluster_save_testing::JobStore job_store_;
   std::vector<pid_t> agents_;
   std::vector<std::string> agent_extra_;  // more `memento agent` arguments
+  bool store_coordinates_ = true;         // a commit coordinator runs beside the store
   std::vector<pid_t> trainers_;
   Progress before_[kNodes];
   int64_t committed_ = -1;  // the step the job committed last (TrainAndCommit)
@@ -390,10 +393,17 @@ void AgentRecoveryTest::DurableFallback(bool corrupt) {
   EXPECT_EQ(st["leader"], leader) << j.dump();
   const std::string message = st.value("message", "");
   EXPECT_NE(message.find("memory cannot rebuild"), std::string::npos) << message;
-  EXPECT_EQ(message.find("durable step " + std::to_string(newest) + " fails verification") !=
-                std::string::npos,
+  // The skipped version is named (as by `memento launch --recovery-by
+  // launcher`): "step N fails verification: <file and what>".
+  const std::string skipped = "step " + std::to_string(newest) + " fails verification: ";
+  EXPECT_EQ(message.find("newer durable version(s) skipped: " + skipped) != std::string::npos,
             corrupt)
       << message;
+  ASSERT_EQ(st.contains("durable_skipped"), corrupt) << j.dump();
+  if (corrupt) {
+    ASSERT_EQ(st["durable_skipped"].size(), 1u) << j.dump();
+    EXPECT_EQ(st["durable_skipped"][0].get<std::string>().rfind(skipped, 0), 0u) << j.dump();
+  }
   EXPECT_GT(st["recovery"].value("read_bytes", uint64_t{0}), 0u) << j.dump();
   // Every agent serves the durable step as its restore target; the trainers
   // restore it bit-identically (the lost nodes' ranks from the durable tier).
@@ -470,6 +480,64 @@ TEST_F(AgentRecoveryTest, TheLeadersEpochIsAboveTheRequestersFloor) {
   EXPECT_NE(bad.status().ToString().find("recovery_epoch_floor holds 'x1', not an epoch"),
             std::string::npos)
       << bad.status();
+}
+
+// `memento agent --coordinate-commits` (docs/coordination.md, "Who
+// coordinates the commits"): no coordinator runs beside the store; the
+// recovery leader runs the commit rule while it leads. Its node is lost: a
+// successor wins the lease, rebuilds the node and coordinates the commits of
+// the steps trained after the restore.
+class AgentCommitCoordinatorTest : public AgentRecoveryTest {
+ protected:
+  void SetUp() override {
+    store_coordinates_ = false;
+    agent_extra_ = {"--coordinate-commits"};
+    AgentRecoveryTest::SetUp();
+  }
+};
+
+TEST_F(AgentCommitCoordinatorTest, TheLeaderCoordinatesTheCommitsASuccessorTakesThemOver) {
+  // Every step commits (TrainAndCommit waits for commit/latest): only the
+  // leader's coordinator can have published them.
+  ASSERT_NO_FATAL_FAILURE(TrainAndCommit());
+  const std::string leader = Leader();
+  ASSERT_FALSE(leader.empty()) << "no recovery leader was elected";
+  auto leader_node = coord::ParseNodeName(leader);
+  ASSERT_TRUE(leader_node.ok());
+  const int lost = *leader_node;
+  const uint64_t want = SlotDigest(lost, committed_);
+  ASSERT_NE(want, 0u);
+  ASSERT_NO_FATAL_FAILURE(LoseNode(lost));
+  std::string successor;
+  for (Deadline d = Deadline::AfterSeconds(20);; usleep(50000)) {
+    successor = Leader();
+    if (!successor.empty() && successor != leader) break;
+    ASSERT_FALSE(d.expired()) << "no agent took over the leadership from " << leader;
+  }
+  for (Deadline d = Deadline::AfterSeconds(20); View().requested < 1; usleep(50000)) {
+    ASSERT_FALSE(d.expired()) << "the successor did not request a recovery for " << leader;
+  }
+  ASSERT_NO_FATAL_FAILURE(StartAgent(lost));  // the replacement, on an empty root
+  nlohmann::json j = RecoverWait();
+  ASSERT_TRUE(j.contains("status")) << j.dump();
+  const nlohmann::json& st = j["status"];
+  EXPECT_EQ(st["state"], "done") << j.dump();
+  EXPECT_EQ(st["leader"], successor) << j.dump();
+  EXPECT_EQ(st["restore_step"], committed_) << j.dump();
+  const uint64_t epoch = st.value("epoch", uint64_t{0});
+  EXPECT_GT(epoch, 0u) << j.dump();
+  EXPECT_EQ(SlotDigest(lost, committed_), want) << "the rebuilt slot differs from the lost one";
+  // The trainers restore the committed state and train kSteps more; the
+  // successor's coordinator commits those steps in the recovery's epoch.
+  ASSERT_NO_FATAL_FAILURE(ExpectTrainersRestore(committed_, committed_ + kSteps));
+  coord::CommitId latest;
+  for (Deadline d = Deadline::AfterSeconds(30);; usleep(50000)) {
+    auto id = coord::ReadLatestCommitId(*job_store_.store(), kJob, Deadline::AfterSeconds(5));
+    if (id.ok()) latest = *id;
+    if (latest.epoch == epoch && latest.step > committed_) break;
+    ASSERT_FALSE(d.expired()) << "no step after " << committed_ << " committed in epoch " << epoch
+                              << "; commit/latest " << coord::FormatCommitId(latest);
+  }
 }
 
 TEST_F(AgentRecoveryTest, RecoverWithoutALeaderSaysSo) {

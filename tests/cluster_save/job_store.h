@@ -38,10 +38,12 @@ class JobStore {
  public:
   // Writes `secret` to `dir`/token (mode 0600), starts the store on `address`
   // (a free port) with that token, and the commit coordinator of job `job`
-  // whose members are nodes 0 .. nodes-1. A failure fails the test (call
-  // under ASSERT_NO_FATAL_FAILURE).
+  // whose members are nodes 0 .. nodes-1 (none when !coordinator: the
+  // agents' recovery leader coordinates, `memento agent
+  // --coordinate-commits`). A failure fails the test (call under
+  // ASSERT_NO_FATAL_FAILURE).
   void Start(const std::string& dir, const std::string& address, const std::string& job,
-             const std::string& secret, int nodes) {
+             const std::string& secret, int nodes, bool coordinator = true) {
     job_ = job;
     token_file_ = dir + "/token";
     {
@@ -55,6 +57,7 @@ class JobStore {
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     url_ = "tcp://" + address + ":" + std::to_string(server_->port());
+    if (!coordinator) return;
     std::set<std::string> members;
     for (int n = 0; n < nodes; ++n) members.insert(coord::NodeName(n));
     auto coordinator =
