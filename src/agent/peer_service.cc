@@ -38,16 +38,22 @@ Result<std::shared_ptr<const ClusterPlan>> WaitForPlan(const PlanSource& source,
   TimePoint until = start + std::chrono::duration_cast<Duration>(
                                 std::chrono::duration<double>(std::max(0.0, wait_s)));
   if (!deadline.infinite()) until = std::min(until, deadline.when() - deadline.remaining() / 10);
+  bool waited = false;
   for (;;) {
     Result<std::shared_ptr<const ClusterPlan>> plan = source();
+    if (plan.ok() && waited) {
+      MEMENTO_LOG_INFO("waited {:.3f} s for this node's plan (its agent had just started)",
+                       std::chrono::duration<double>(Now() - start).count());
+    }
     if (plan.ok() || plan.status().code() != StatusCode::kFailedPrecondition) return plan;
     if (Now() >= until) {
       if (wait_s <= 0) return plan;
-      const double waited = std::chrono::duration<double>(Now() - start).count();
+      const double waited_s = std::chrono::duration<double>(Now() - start).count();
       return FailedPreconditionError(
-          fmt::format("{} (waited {:.1f} s for it)", plan.status().message(), waited));
+          fmt::format("{} (waited {:.1f} s for it)", plan.status().message(), waited_s));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    waited = true;
   }
 }
 
