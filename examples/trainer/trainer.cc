@@ -579,14 +579,6 @@ Result<int64_t> Trainer::RecoverByReplay(const std::function<std::string(int ran
 Result<int64_t> Trainer::ReplayRecovery(
     const std::function<std::vector<std::string>(const std::vector<int>& stages)>& paths,
     bool replacement, const std::function<Status()>& load_snapshot, const SnapshotSource* source) {
-  // The last step every survivor completed. A survivor can be one step
-  // behind the others (the failure hit its gradient-norm allreduce after
-  // the others had left it) or half into an update: survivors ahead of
-  // the agreed step undo theirs (SWIFT: "if necessary, the surviving
-  // workers will undo the update"; needs TrainerOptions::undo_log).
-  double step = replacement ? 1e18 : static_cast<double>(state_.step);
-  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&step, 1));
-  const int64_t target = static_cast<int64_t>(step);
   const Topology& t = options_.comm.topology;
   // Which stages were replaced, and so which log groups replay.
   std::vector<double> replaced(t.world(), 0.0);
@@ -606,6 +598,23 @@ Result<int64_t> Trainer::ReplayRecovery(
   const bool replayer = replacement || group_replays(LogGroup(my_stage));
   bool all_replay = true;
   for (int s = 0; s < t.pp; ++s) all_replay = all_replay && group_replays(LogGroup(s));
+  // The target: the last step every survivor that keeps its state
+  // completed (the replayers roll back to a snapshot and replay up to it
+  // anyway, so a replayer half into an update, e.g. a lost rank's DP peer
+  // that failed in ZeRO-1's all-gather, does not hold the others back).
+  // When every stage replays: the last step every survivor completed. A
+  // survivor can be one step behind the others (the failure hit its
+  // gradient-norm allreduce after the others had left it) or half into an
+  // update: survivors ahead of the target undo theirs (SWIFT: "if
+  // necessary, the surviving workers will undo the update"; needs
+  // TrainerOptions::undo_log).
+  double step = replayer ? 1e18 : static_cast<double>(state_.step);
+  MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&step, 1));
+  if (step >= 1e18) {  // (every rank computes the same minimum)
+    step = replacement ? 1e18 : static_cast<double>(state_.step);
+    MEMENTO_RETURN_IF_ERROR(comm_->AllreduceWorldMin(&step, 1));
+  }
+  const int64_t target = static_cast<int64_t>(step);
   // Replayers that load their snapshot from `source` agree on one step: the
   // oldest of their newest snapshots at or before the target (-1: one has
   // none).
