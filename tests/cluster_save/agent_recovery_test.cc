@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "../shm/proc_util.h"
 #include "common/check.h"
@@ -31,6 +32,7 @@
 #include "coord/embedded_store.h"
 #include "coord/keys.h"
 #include "job_store.h"
+#include "launch/job_recovery.h"
 #include "launch/recovery_leader.h"
 #include "shm/node_store.h"
 #include "shm/root_gc.h"
@@ -237,6 +239,30 @@ class AgentRecoveryTest : public ::testing::Test {
 
   void DurableFallback(bool corrupt);
 
+  // The agents' and trainers' lines about durable versions, commits and
+  // skips (what to read when the durable tier holds fewer versions than
+  // expected).
+  std::string DurableLines() {
+    std::string out;
+    for (int n = 0; n < kNodes; ++n) {
+      for (int i = 1; i <= 16; ++i) {
+        const std::string text =
+            ReadAll(Log("agent" + std::to_string(n) + "." + std::to_string(i)));
+        std::istringstream lines(text);
+        for (std::string line; std::getline(lines, line);) {
+          if (line.find("durable") != std::string::npos ||
+              line.find("abandon") != std::string::npos || line.find("skip") != std::string::npos) {
+            out += line + "\n";
+          }
+        }
+      }
+    }
+    for (int r = 0; r < kNodes; ++r) {
+      out += "progress" + std::to_string(r) + ":\n" + ReadAll(ProgressPath(r));
+    }
+    return out;
+  }
+
   memento::testing::ScratchDir tmp_{"agent-recovery"};
   shm::testing::ShmScratchDir shm_{"agent-recovery"};
   cluster_save_testing::JobStore job_store_;
@@ -344,7 +370,8 @@ void AgentRecoveryTest::DurableFallback(bool corrupt) {
     }
     if (complete.size() >= 2 && stable.Seconds() > 3) break;
     ASSERT_FALSE(d.expired()) << "fewer than two complete durable versions: "
-                              << ::testing::PrintToString(complete);
+                              << ::testing::PrintToString(complete) << "\n"
+                              << DurableLines();
   }
   const int64_t newest = complete.back();
   const int64_t older = complete[complete.size() - 2];
@@ -382,6 +409,20 @@ void AgentRecoveryTest::DurableFallback(bool corrupt) {
   for (int n : lost) ASSERT_NO_FATAL_FAILURE(LoseNode(n));
   for (Deadline d = Deadline::AfterSeconds(20); View().requested < 1; usleep(50000)) {
     ASSERT_FALSE(d.expired()) << "the leader did not request a recovery for the lost nodes";
+  }
+  // Both losses are seen before the replacements start: every lost node's
+  // killed agent is gone from the store (its lease expired). Otherwise, on a
+  // loaded machine, the leader can find the first replacement and the second
+  // lost node's stale entry, start, and then meet that node without an agent
+  // while it loads the durable version (failed at load 25: "node 2 has no
+  // live agent in the store", the newest version skipped, restore_step 2 of
+  // 4).
+  for (Deadline d = Deadline::AfterSeconds(20);; usleep(50000)) {
+    auto eps = launch::ReadEndpoints(*job_store_.store(), kJob, kNodes, Deadline::AfterSeconds(5));
+    bool gone = eps.ok();
+    for (int n : lost) gone = gone && (*eps)[static_cast<size_t>(n)].empty();
+    if (gone) break;
+    ASSERT_FALSE(d.expired()) << "a lost node's killed agent is still live in the store";
   }
   for (int n : lost) ASSERT_NO_FATAL_FAILURE(StartAgent(n));  // empty roots
   nlohmann::json j = RecoverWait();
