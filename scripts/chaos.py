@@ -460,6 +460,9 @@ def main():
     ap.add_argument("--max-gap-s", type=float, default=0,
                     help="fail a run whose largest commit gap is longer (default: only shown)")
     ap.add_argument("--run-timeout-s", type=int, default=300, help="per run (default 300)")
+    ap.add_argument("--max-wall-s", type=float, default=0,
+                    help="start no run after this many seconds, then print the summary (a "
+                         "campaign that must end by a deadline; default: no limit)")
     ap.add_argument("--work-dir", default="",
                     help="where runs keep their logs (default: a fresh directory in $TMPDIR)")
     ap.add_argument("--keep", action="store_true", help="keep the logs of passing runs too")
@@ -487,7 +490,11 @@ def main():
     failing = []
     fired_total = 0
     k = 0
+    started = time.monotonic()
     while True:
+        if args.max_wall_s > 0 and time.monotonic() - started > args.max_wall_s:
+            log("chaos: --max-wall-s %.0f reached; no more runs" % args.max_wall_s)
+            break
         if seeds is not None:
             if k >= len(seeds):
                 break
