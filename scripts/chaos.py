@@ -216,6 +216,10 @@ class Campaign:
                "--summary-json", os.path.join(work, "summary.json")]
         if run.inject or run.transfer:
             cmd += ["--inject", run.inject_text()]
+        if run.transfer:
+            # @transfer=K hooks the launcher's own rebuild (RecoverOptions::on_transfer); the
+            # other runs use the default, the agents' recovery leader.
+            cmd += ["--recovery-by", "launcher"]
         if run.persist_every > 0:
             cmd += ["--durable-dir", os.path.join(work, "durable"),
                     "--agent-arg=--persist-every=%d" % run.persist_every]
@@ -421,7 +425,8 @@ class Campaign:
                 "recoveries %d, lost<=%d, lag<=%d steps/%.2f s, gap %.2f s/%d steps, identical %s, "
                 "%.1f s%s" %
                 (run.seed, run.scenario, run.policy, run.nodes, run.steps, run.step_ms,
-                 " persist_every=%d" % run.persist_every if run.persist_every else "",
+                 (" persist_every=%d" % run.persist_every if run.persist_every else "") +
+                 (" recovery_by=launcher" if run.transfer else ""),
                  run.inject_text(), code, "0|3" if ambiguous else want, len(recoveries), max_lost,
                  max_lag_steps, max_lag_s, gap_s, gap_steps, identical, wall,
                  "" if not problems else
