@@ -77,6 +77,7 @@ CommitHistory::~CommitHistory() { skip_watcher_.reset(); }
 void CommitHistory::SetAttempt(int attempt) {
   MutexLock l(&mu_);
   attempt_ = attempt;
+  attempt_began_ = Now();
 }
 
 void CommitHistory::OnCommit(int64_t step, const std::vector<int64_t>& superseded) {
@@ -85,6 +86,15 @@ void CommitHistory::OnCommit(int64_t step, const std::vector<int64_t>& supersede
   superseded_.insert(superseded.begin(), superseded.end());
   // Passed over in an abandoned history, committed in a later one.
   superseded_.erase(step);
+}
+
+double CommitHistory::QuietSeconds() {
+  MutexLock l(&mu_);
+  TimePoint since = attempt_began_;
+  if (!commits_.empty() && commits_.back().attempt == attempt_) {
+    since = std::max(since, commits_.back().at);
+  }
+  return SecondsBetween(since, Now());
 }
 
 bool CommitHistory::IsUnprotectedReason(const std::string& reason) {

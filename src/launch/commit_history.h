@@ -75,6 +75,13 @@ class CommitHistory {
 
   CommitHistorySummary Summary() EXCLUDES(mu_);
 
+  // How long the current attempt has gone without a commit: seconds since
+  // its newest commit, or since it began (SetAttempt; the launcher's start
+  // for the first) when it has none yet. At an injected failure, how far
+  // commits lagged behind the job in time (`[launch] injecting ... (job at
+  // step N; committed K, commits quiet for T s)`, scripts/chaos.py).
+  double QuietSeconds() EXCLUDES(mu_);
+
  private:
   struct Commit {
     int64_t step;
@@ -83,6 +90,7 @@ class CommitHistory {
   };
   Mutex mu_;
   int attempt_ GUARDED_BY(mu_) = 0;
+  TimePoint attempt_began_ GUARDED_BY(mu_) = Now();
   std::vector<Commit> commits_ GUARDED_BY(mu_);
   std::set<int64_t> superseded_ GUARDED_BY(mu_);
   std::set<std::pair<int64_t, std::string>> skipped_ GUARDED_BY(mu_);

@@ -33,8 +33,9 @@ std::string Injection::ToString() const {
   }
   return std::string(InjectKindName(kind)) + ":" +
          (target == kLeader ? std::string("leader") : std::to_string(target)) +
-         (recovery >= 0 ? "@recovery=" + std::to_string(recovery)
-                        : "@step=" + std::to_string(step));
+         (recovery < 0  ? "@step=" + std::to_string(step)
+          : in_transfer ? "@transfer=" + std::to_string(recovery)
+                        : "@recovery=" + std::to_string(recovery));
 }
 
 namespace {
@@ -57,7 +58,8 @@ Result<Injection> ParseOne(std::string_view entry, int world_size, int num_nodes
   const std::string form =
       " (expected kill-rank:R@step=N, kill-agent:I@step=N, kill-node:I@step=N, "
       "corrupt-rank:R@step=N, corrupt-durable@step=N, kill-store@step=N; "
-      "kill-agent, kill-node and kill-store also @recovery=K)";
+      "kill-agent, kill-node and kill-store also @recovery=K; kill-agent and kill-node also "
+      "@transfer=K)";
   size_t at = entry.find('@');
   if (at != std::string_view::npos && entry.substr(0, at) == "corrupt-durable") {
     // The durable tier has no target: corrupt-durable@step=N.
@@ -138,16 +140,20 @@ Result<Injection> ParseOne(std::string_view entry, int world_size, int num_nodes
                                 std::to_string(inj.target) + " does not exist (the job has " +
                                 std::to_string(limit) + (rank ? " ranks)" : " nodes)"));
   }
-  if (when.substr(0, 9) == "recovery=") {
+  const bool in_recovery = when.substr(0, 9) == "recovery=";
+  const bool in_transfer = when.substr(0, 9) == "transfer=";
+  if (in_recovery || in_transfer) {
     if (inj.kind == InjectKind::kKillRank || inj.kind == InjectKind::kCorruptRank) {
       return InvalidArgumentError("injection " + quoted + ": " +
                                   std::string(InjectKindName(inj.kind)) +
                                   " takes only '@step=N' (no trainer runs during a recovery)");
     }
     if (!ParseNumber(when.substr(9), &inj.recovery) || inj.recovery < 0) {
-      return InvalidArgumentError("injection " + quoted + ": recovery '" +
+      return InvalidArgumentError("injection " + quoted + ": " +
+                                  (in_transfer ? "transfer" : "recovery") + " '" +
                                   std::string(when.substr(9)) + "' is not a non-negative integer");
     }
+    inj.in_transfer = in_transfer;
     return inj;
   }
   if (when.substr(0, 5) != "step=") {

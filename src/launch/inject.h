@@ -36,6 +36,14 @@
 //                         over); otherwise the node leading at that point
 //                         (kill-rank and corrupt-rank take only '@step=N': no
 //                         trainer runs during a recovery)
+//   kill-agent:I@transfer=K, kill-node:I@transfer=K
+//                         the same kills while recovery K moves bytes: the
+//                         launcher fires them right after it sent the rebuild
+//                         requests (kPeerRecover) to the rebuilding agents,
+//                         while their transfers from the peers run (not with
+//                         --recovery-by agents). A recovery that rebuilds
+//                         nothing (no node's data lost) moves no bytes: the
+//                         injection does not fire, and the launcher says so
 //
 // Several injections are separated by commas. "The job reaches step N" means
 // the newest committed step, or the step a node last signalled, is >= N.
@@ -77,7 +85,11 @@ struct Injection {
   // kill-store, kill-agent, kill-node: fires during recovery number
   // `recovery` instead (0-based).
   int recovery = -1;
-  std::string ToString() const;  // "kill-rank:3@step=40", "kill-node:1@recovery=0"
+  // kill-agent, kill-node @transfer=K: during recovery `recovery`, while its
+  // rebuild moves bytes (instead of before its inventory).
+  bool in_transfer = false;
+  // "kill-rank:3@step=40", "kill-node:1@recovery=0", "kill-agent:2@transfer=0"
+  std::string ToString() const;
 };
 
 // Parses a comma-separated list (empty text: no injection). InvalidArgument

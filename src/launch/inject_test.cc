@@ -70,6 +70,25 @@ TEST(ParseInjections, AgentAndNodeKillsDuringARecovery) {
   EXPECT_EQ((*r)[1].ToString(), "kill-node:3@recovery=0");
 }
 
+// @transfer=K: the same kills while recovery K's rebuild moves bytes.
+TEST(ParseInjections, AgentAndNodeKillsWhileARecoveryMovesBytes) {
+  auto r = ParseInjections("kill-agent:2@transfer=0,kill-node:1@transfer=3,kill-node:1@recovery=3",
+                           8, 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 3u);
+  EXPECT_EQ((*r)[0].kind, InjectKind::kKillAgent);
+  EXPECT_EQ((*r)[0].target, 2);
+  EXPECT_EQ((*r)[0].recovery, 0);
+  EXPECT_TRUE((*r)[0].in_transfer);
+  EXPECT_EQ((*r)[0].ToString(), "kill-agent:2@transfer=0");
+  EXPECT_EQ((*r)[1].kind, InjectKind::kKillNode);
+  EXPECT_EQ((*r)[1].recovery, 3);
+  EXPECT_TRUE((*r)[1].in_transfer);
+  EXPECT_EQ((*r)[1].ToString(), "kill-node:1@transfer=3");
+  EXPECT_FALSE((*r)[2].in_transfer);
+  EXPECT_EQ((*r)[2].ToString(), "kill-node:1@recovery=3");
+}
+
 TEST(ParseInjections, TheRecoveryLeadersNode) {
   auto r = ParseInjections("kill-agent:leader@recovery=0,kill-node:leader@recovery=2", 8, 4);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -118,6 +137,13 @@ TEST(ParseInjections, BadInputNamesTheEntry) {
       {"kill-node:leader@step=3", "target 'leader' is only for kill-agent and kill-node during"},
       {"kill-rank:leader@recovery=0", "target 'leader' is only for kill-agent and kill-node"},
       {"kill-agent:Leader@recovery=0", "target 'Leader'"},
+      {"kill-rank:1@transfer=0", "kill-rank takes only '@step=N'"},
+      {"corrupt-rank:1@transfer=0", "corrupt-rank takes only '@step=N'"},
+      {"kill-agent:1@transfer=x", "transfer 'x'"},
+      {"kill-node:1@transfer=-1", "transfer '-1'"},
+      {"kill-node:5@transfer=0", "node 5 does not exist"},
+      {"kill-agent:leader@transfer=0", "target 'leader' is only for kill-agent and kill-node"},
+      {"kill-store@transfer=0", "expected '@step=N' or '@recovery=K' after kill-store"},
   };
   for (const Case& c : cases) {
     auto r = ParseInjections(c.text, 8, 4);

@@ -286,6 +286,7 @@ Result<JobRecovery> RecoverJob(coord::Store& store, const topo::Plan& plan,
         }
       });
     }
+    if (options.on_transfer && !threads.empty()) options.on_transfer();
     for (auto& t : threads) t.join();
     for (size_t k = 0; k < order.size(); ++k) {
       if (!replies[k].ok()) {

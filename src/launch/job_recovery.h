@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -91,6 +92,11 @@ struct RecoverOptions {
   // that epoch (coord::CommitId). The caller then publishes the restored
   // step as the epoch's first commit (StartCommitEpoch).
   uint64_t epoch = 0;
+  // Called on the caller's thread right after the rebuild requests
+  // (kPeerRecover) went out, while the agents' transfers run; not called
+  // when nothing is rebuilt. `memento launch --inject ...@transfer=K` kills
+  // there (launch/inject.h).
+  std::function<void()> on_transfer;
 };
 
 // Recovery steps 2-5 of docs/cluster.md against the live agents. Returns OK

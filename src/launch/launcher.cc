@@ -102,6 +102,12 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
                                   "with --recovery-by " +
                                   o.recovery_by + " no agent leads");
     }
+    if (i.in_transfer && o.recovery_by == "agents") {
+      return InvalidArgumentError("injection " + i.ToString() +
+                                  ": '@transfer=K' fires while the launcher's own recovery "
+                                  "moves bytes; with --recovery-by agents the agents' leader "
+                                  "runs it (use kill-agent|kill-node:leader@recovery=K)");
+    }
     if (i.kind != InjectKind::kKillStore) continue;
     if (!o.store_url.empty()) {
       return InvalidArgumentError("injection " + i.ToString() + ": the store " + o.store_url +

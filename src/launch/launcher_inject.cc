@@ -70,6 +70,9 @@ Result<std::string> CorruptNewestDurable(const std::string& dir) {
 
 void Launcher::State::FireInjections() {
   const int64_t reached = ReachedStep();
+  // Taken once, before the first kill of this round: several injections at
+  // one step fire together, and each kill waits for its processes to die.
+  std::string lag;
   for (size_t k = 0; k < injections.size(); ++k) {
     const Injection& inj = injections[k];
     if (fired[k] || inj.recovery >= 0 || reached < inj.step) continue;
@@ -79,7 +82,14 @@ void Launcher::State::FireInjections() {
     if (StoreDown() || store_restarted_at.has_value()) continue;
     fired[k] = true;
     injected_at = Now();
-    Say("injecting " + inj.ToString() + " (job at step " + std::to_string(reached) + ")");
+    // With the newest commit and how long commits have been quiet: how far
+    // they lagged behind the job when it failed (scripts/chaos.py bounds the
+    // steps lost below that commit and the lag apart).
+    if (lag.empty()) {
+      lag = "; committed " + std::to_string(Committed()) + ", commits quiet for " +
+            Seconds3(commit_history.QuietSeconds()) + " s";
+    }
+    Say("injecting " + inj.ToString() + " (job at step " + std::to_string(reached) + lag + ")");
     if (inj.kind == InjectKind::kKillStore) {
       // Not a failure of the training: nothing to recover, nothing to time.
       injected_at.reset();
@@ -130,7 +140,7 @@ Result<std::string> Launcher::State::FireRecoveryInjections(int recovery) {
   std::string killed;
   for (size_t k = 0; k < injections.size(); ++k) {
     const Injection& inj = injections[k];
-    if (fired[k] || inj.recovery != recovery) continue;
+    if (fired[k] || inj.recovery != recovery || inj.in_transfer) continue;
     fired[k] = true;
     Say("injecting " + inj.ToString());
     if (inj.kind == InjectKind::kKillStore) {
@@ -159,6 +169,23 @@ Result<std::string> Launcher::State::FireRecoveryInjections(int recovery) {
   }
   if (killed.empty()) return killed;
   return "injected " + killed;
+}
+
+void Launcher::State::FireTransferInjections(int recovery, bool moved) {
+  for (size_t k = 0; k < injections.size(); ++k) {
+    const Injection& inj = injections[k];
+    if (fired[k] || inj.recovery != recovery || !inj.in_transfer) continue;
+    fired[k] = true;
+    if (!moved) {
+      Say(inj.ToString() + " did not fire: recovery " + std::to_string(recovery) +
+          " moved no bytes (nothing to rebuild from memory)");
+      continue;
+    }
+    Say("injecting " + inj.ToString() + " (recovery " + std::to_string(recovery) +
+        "'s rebuild is moving bytes)");
+    KillAgentOrNode(inj);
+    (void)agents[static_cast<size_t>(inj.target)].Wait(Deadline::AfterSeconds(10));
+  }
 }
 
 Status Launcher::State::KillLeaderMidRecovery(int recovery) {

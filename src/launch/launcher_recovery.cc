@@ -398,7 +398,10 @@ std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(
       ro.num_nodes = o.nodes;
       ro.committed = rep->committed;
       ro.epoch = recovery_epoch;
+      const int n = rep->n;
+      ro.on_transfer = [this, n] { FireTransferInjections(n); };
       auto rec = RecoverJob(*store, *plan, token, ro, Deadline::AfterSeconds(o.recovery_timeout_s));
+      if (rec.ok() && rec->nodes.empty()) FireTransferInjections(n, /*moved=*/false);
       if (rec.ok()) {
         // An agent that died meanwhile would fail the restarted trainers.
         if (DeadAgents().empty()) {

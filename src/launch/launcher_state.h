@@ -236,6 +236,12 @@ struct Launcher::State {
   // (kill-agent|kill-node:leader@recovery=N not fired before: the node
   // whose agent leads at this point.)
   Result<std::string> FireRecoveryInjections(int recovery);
+  // kill-agent|kill-node:I@transfer=N of recovery `recovery`, while its
+  // rebuild moves bytes (RecoverOptions::on_transfer): the agent is dead
+  // (reaped) when this returns, so the round fails and the next one
+  // restarts or replaces it. With `moved` false (the recovery rebuilt
+  // nothing) they do not fire; the launcher says so.
+  void FireTransferInjections(int recovery, bool moved = true);
   // --recovery-by agents, kill-agent|kill-node:leader@recovery=N while an
   // agent of recovery N is still down (the lost node's, before it is
   // replaced): files the request (filed_request), waits until the leader

@@ -612,6 +612,11 @@ class ClusterAgentsTest : public ::testing::Test {
   static Job AgentsJob() {
     Job job;
     job.extra = {"--recovery-by", "agents"};
+    // Each injection fires at a step the job reached (a COMPLETED snapshot):
+    // unpaced, a loaded machine could leave step 2 waiting for its commit
+    // while every later snapshot was skipped, and the kill at step 10 never
+    // fired (StoreKilledDuringRecovery... at load ~27). tests/shm/commit_pace.h.
+    job.pace_commits = true;
     return job;
   }
   testing::ScratchDir dir_{"cluster-agents"};
