@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -27,28 +28,55 @@ using shm::kStageDone;
 using shm::kStageReading;
 using shm::kStageReady;
 
-constexpr uint32_t kAorFileVersion = 1;
+constexpr uint32_t kAorFileVersion = 2;
 constexpr size_t kKeptChecksums = 16;
-
-Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      return ResourceExhaustedError(fmt::format("writing {}: {}", path, std::strerror(errno)));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return Status::Ok();
-}
 
 std::string Hex(uint64_t x) { return fmt::format("{:016x}", x); }
 
 }  // namespace
 
-Status WriteAorFile(const std::string& path, const AorRange& range, uint64_t optimizer_hash,
+namespace {
+
+AorFileHeader* FileHeader(uint8_t* base, int area) {
+  return reinterpret_cast<AorFileHeader*>(base + area * sizeof(AorFileHeader));
+}
+
+}  // namespace
+
+Result<std::shared_ptr<shm::Segment>> CreateAorFile(const std::string& path, const AorRange& range,
+                                                    int num_state) {
+  unlink(path.c_str());  // an old one of another size or content
+  MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<shm::Segment> seg,
+                           shm::Segment::CreateOrGrow(path, AorFileBytes(range.count, num_state)));
+  std::memset(seg->data(), 0, kAorFileHeaders);  // no step yet
+  return std::shared_ptr<shm::Segment>(std::move(seg));
+}
+
+opt::AorReplica::Areas AorFileAreas(const std::shared_ptr<shm::Segment>& file, uint64_t count,
+                                    int num_state, int current) {
+  opt::AorReplica::Areas a;
+  auto* state = reinterpret_cast<float*>(file->data() + kAorFileHeaders);
+  a.area[0] = state;
+  a.area[1] = state + uint64_t(num_state) * count;
+  a.current = current;
+  a.keep = file;
+  return a;
+}
+
+void MarkAorAreaWriting(shm::Segment& file, int area) {
+  AorFileHeader h{};
+  std::memcpy(h.magic, kAorFileMagic, sizeof(h.magic));
+  h.version = kAorFileVersion;
+  h.writing = 1;
+  h.area = static_cast<uint32_t>(area);
+  h.step = -1;
+  h.header_checksum = Checksum(&h, offsetof(AorFileHeader, header_checksum));
+  std::memcpy(FileHeader(file.data(), area), &h, sizeof(h));
+  // The mark is in the mapping before the first byte of the area changes.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void PublishAorArea(shm::Segment& file, const AorRange& range, uint64_t optimizer_hash,
                     const opt::AorReplica& replica) {
   AorFileHeader h{};
   std::memcpy(h.magic, kAorFileMagic, sizeof(h.magic));
@@ -67,78 +95,86 @@ Status WriteAorFile(const std::string& path, const AorRange& range, uint64_t opt
   h.state_hash = s.state_hash;
   h.params_hash = s.params_hash;
   h.diverged = s.diverged ? 1 : 0;
+  h.writing = 0;
+  h.area = static_cast<uint32_t>(replica.current_area());
   h.header_checksum = Checksum(&h, offsetof(AorFileHeader, header_checksum));
-  const std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return ResourceExhaustedError(fmt::format("creating {}: {}", tmp, std::strerror(errno)));
-  }
-  Status st = WriteAll(fd, &h, sizeof(h), tmp);
-  for (int k = 0; st.ok() && k < replica.num_state(); ++k) {
-    st = WriteAll(fd, replica.state(k), replica.count() * sizeof(float), tmp);
-  }
-  close(fd);
-  if (st.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
-    st = InternalError(fmt::format("renaming {} to {}: {}", tmp, path, std::strerror(errno)));
-  }
-  if (!st.ok()) unlink(tmp.c_str());
-  return st;
+  // The area is complete before its header says so.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::memcpy(FileHeader(file.data(), replica.current_area()), &h, sizeof(h));
 }
 
-Result<std::unique_ptr<opt::AorReplica>> ReadAorFile(
-    const std::string& path, const AorRange& range, std::shared_ptr<const opt::Optimizer> optimizer,
-    uint64_t optimizer_hash) {
-  MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<shm::Segment> seg,
-                           shm::Segment::Open(path, /*writable=*/false));
+Result<AdoptedAor> ReadAorFile(const std::string& path, const AorRange& range,
+                               std::shared_ptr<const opt::Optimizer> optimizer,
+                               uint64_t optimizer_hash) {
+  MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<shm::Segment> opened,
+                           shm::Segment::Open(path, /*writable=*/true));
+  std::shared_ptr<shm::Segment> seg(std::move(opened));
   const std::string what = fmt::format("aor replica file {}", path);
-  if (seg->size() < sizeof(AorFileHeader)) {
-    return DataLossError(fmt::format("{}: {} bytes, shorter than its {}-byte header", what,
-                                     seg->size(), sizeof(AorFileHeader)));
+  const int ns = optimizer->num_state();
+  if (seg->size() < AorFileBytes(range.count, ns)) {
+    return DataLossError(fmt::format("{}: {} bytes, {} expected for rank {}'s shard of {} elements",
+                                     what, seg->size(), AorFileBytes(range.count, ns), range.owner,
+                                     range.count));
   }
-  AorFileHeader h;
-  std::memcpy(&h, seg->data(), sizeof(h));
-  if (std::memcmp(h.magic, kAorFileMagic, sizeof(h.magic)) != 0) {
-    return DataLossError(what + ": not a replica file (bad magic)");
+  // Each header's verdict; the newest intact step wins.
+  Status why[2];
+  AorFileHeader hs[2];
+  for (int k = 0; k < 2; ++k) {
+    AorFileHeader& h = hs[k];
+    std::memcpy(&h, FileHeader(seg->data(), k), sizeof(h));
+    const std::string which = fmt::format("{} header {}", what, k);
+    if (std::memcmp(h.magic, kAorFileMagic, sizeof(h.magic)) != 0) {
+      why[k] = DataLossError(which + ": not a replica file header (bad magic or never written)");
+      continue;
+    }
+    const uint64_t hc = Checksum(&h, offsetof(AorFileHeader, header_checksum));
+    if (hc != h.header_checksum) {
+      why[k] = DataLossError(fmt::format("{}: torn header (it hashes to {}, written as {})", which,
+                                         Hex(hc), Hex(h.header_checksum)));
+      continue;
+    }
+    if (h.version != kAorFileVersion) {
+      why[k] = InvalidArgumentError(
+          fmt::format("{}: version {} (this agent reads {})", which, h.version, kAorFileVersion));
+      continue;
+    }
+    if (h.writing != 0 || h.area != static_cast<uint32_t>(k)) {
+      why[k] =
+          DataLossError(which + ": its area was being written (a step its writer did not finish)");
+      continue;
+    }
+    if (h.owner != range.owner || h.offset != range.offset || h.count != range.count) {
+      why[k] = InvalidArgumentError(
+          fmt::format("{}: holds rank {}'s shard [{}, +{}), the plan wants rank {}'s [{}, +{})",
+                      which, h.owner, h.offset, h.count, range.owner, range.offset, range.count));
+      continue;
+    }
+    if (h.optimizer_hash != optimizer_hash || h.num_state != static_cast<uint32_t>(ns)) {
+      why[k] = InvalidArgumentError(which + ": computed by another optimizer configuration");
+      continue;
+    }
   }
-  const uint64_t hc = Checksum(&h, offsetof(AorFileHeader, header_checksum));
-  if (hc != h.header_checksum) {
-    return DataLossError(fmt::format("{}: torn header (it hashes to {}, written as {})", what,
-                                     Hex(hc), Hex(h.header_checksum)));
+  int order[2] = {0, 1};
+  if (why[0].ok() && why[1].ok() && hs[1].step > hs[0].step) std::swap(order[0], order[1]);
+  for (int k : order) {
+    if (!why[k].ok()) continue;
+    const AorFileHeader& h = hs[k];
+    opt::AorReplica::Saved s;
+    s.step = h.step;
+    s.seed_step = h.seed_step;
+    s.seed_checksum = h.seed_checksum;
+    s.checksum = h.checksum;
+    s.state_hash = h.state_hash;
+    s.params_hash = h.params_hash;
+    s.diverged = h.diverged != 0;
+    auto r =
+        opt::AorReplica::Adopt(optimizer, h.offset, h.count, s, AorFileAreas(seg, h.count, ns, k));
+    if (r.ok()) return AdoptedAor{seg, std::move(*r)};
+    why[k] = r.status().WithContext(fmt::format("{} area {}", what, k));
   }
-  if (h.version != kAorFileVersion) {
-    return InvalidArgumentError(
-        fmt::format("{}: version {} (this agent reads {})", what, h.version, kAorFileVersion));
-  }
-  if (h.owner != range.owner || h.offset != range.offset || h.count != range.count) {
-    return InvalidArgumentError(
-        fmt::format("{}: holds rank {}'s shard [{}, +{}), the plan wants rank {}'s [{}, +{})", what,
-                    h.owner, h.offset, h.count, range.owner, range.offset, range.count));
-  }
-  if (h.optimizer_hash != optimizer_hash ||
-      h.num_state != static_cast<uint32_t>(optimizer->num_state())) {
-    return InvalidArgumentError(what + ": computed by another optimizer configuration");
-  }
-  const uint64_t state_bytes = uint64_t{h.num_state} * h.count * sizeof(float);
-  if (seg->size() < sizeof(h) + state_bytes) {
-    return DataLossError(fmt::format("{}: {} bytes, the header says {}", what, seg->size(),
-                                     sizeof(h) + state_bytes));
-  }
-  // The slices, copied out to aligned memory.
-  std::vector<float> state(static_cast<size_t>(h.num_state * h.count));
-  std::memcpy(state.data(), seg->data() + sizeof(h), state_bytes);
-  std::vector<const float*> slices;
-  for (uint32_t k = 0; k < h.num_state; ++k) slices.push_back(state.data() + k * h.count);
-  opt::AorReplica::Saved s;
-  s.step = h.step;
-  s.seed_step = h.seed_step;
-  s.seed_checksum = h.seed_checksum;
-  s.checksum = h.checksum;
-  s.state_hash = h.state_hash;
-  s.params_hash = h.params_hash;
-  s.diverged = h.diverged != 0;
-  auto r = opt::AorReplica::Adopt(std::move(optimizer), h.offset, h.count, s, slices);
-  if (!r.ok()) return r.status().WithContext(what);
-  return r;
+  // Neither: say why for both.
+  const Status& first = !why[0].ok() ? why[0] : why[1];
+  return Status(first.code(), why[0].message() + "; " + why[1].message());
 }
 
 AorHolder::AorHolder(std::string root, SeedSource seed, OnAdvanced on_advanced,
@@ -188,8 +224,7 @@ uint64_t AorHolder::RegistrationBytes(const std::vector<AorRange>& ranges, int n
   uint64_t total = 0, replicas = 0;
   for (const AorRange& r : ranges) {
     total += r.count;
-    const uint64_t state = uint64_t(num_state) * r.count * sizeof(float);
-    replicas += 2 * (sizeof(AorFileHeader) + state) + state + r.count * sizeof(float);
+    replicas += AorFileBytes(r.count, num_state);
   }
   return shm::StageFileBytes(total) + replicas;
 }
@@ -310,8 +345,9 @@ Result<shm::AorRegisterReply> AorHolder::Register(int rank, std::string_view enc
       auto adopted = ReadAorFile(ReplicaPath(r.owner), r, f.optimizer, f.optimizer_hash);
       if (adopted.ok()) {
         MEMENTO_LOG_INFO("aor: adopted the replica of rank {} at step {} from {}", r.owner,
-                         (*adopted)->step(), ReplicaPath(r.owner));
-        rep.r = std::move(*adopted);
+                         adopted->replica->step(), ReplicaPath(r.owner));
+        rep.file = std::move(adopted->file);
+        rep.r = std::move(adopted->replica);
         rep.checksums[rep.r->step()] = rep.r->checksum();
       } else {
         MEMENTO_LOG_WARN("aor: {}; the replica is seeded again", adopted.status().ToString());
@@ -336,13 +372,20 @@ Status AorHolder::SeedLocked(Held& rep, const Feeder& f, int64_t step, const flo
                     "expected",
                     rep.range.owner, step, sb.state.size(), uint64_t(ns) * rep.range.count));
   }
-  if (rep.r == nullptr) {
+  if (rep.r == nullptr || rep.file == nullptr) {
+    // A new file: its state areas are the replica's memory from now on.
+    rep.r.reset();
+    rep.file.reset();
+    MEMENTO_ASSIGN_OR_RETURN(rep.file, CreateAorFile(ReplicaPath(rep.range.owner), rep.range, ns));
     MEMENTO_ASSIGN_OR_RETURN(
-        rep.r, opt::AorReplica::Create(f.optimizer, rep.range.offset, rep.range.count));
+        rep.r, opt::AorReplica::Create(f.optimizer, rep.range.offset, rep.range.count,
+                                       AorFileAreas(rep.file, rep.range.count, ns, 0)));
   }
   std::vector<const float*> slices;
   for (int k = 0; k < ns; ++k) slices.push_back(sb.state.data() + k * rep.range.count);
+  MarkAorAreaWriting(*rep.file, rep.r->spare_area());
   MEMENTO_RETURN_IF_ERROR(rep.r->Seed(step, params, slices, sb.owner_checksum));
+  PublishAorArea(*rep.file, rep.range, f.optimizer_hash, *rep.r);
   ++rep.seeds;
   ++stats_.seeded;
   // Not recorded in `checksums`: a seed is the owner's bytes, checking it
@@ -350,6 +393,14 @@ Status AorHolder::SeedLocked(Held& rep, const Feeder& f, int64_t step, const flo
   rep.checksums.clear();
   MEMENTO_LOG_INFO("aor: the replica of rank {} seeded from its shard of step {} (seed {})",
                    rep.range.owner, step, rep.seeds);
+  return Status::Ok();
+}
+
+Status AorHolder::AdvanceLocked(Held& rep, const Feeder& f, int64_t step, float lr,
+                                const float* grads, const float* params) {
+  MarkAorAreaWriting(*rep.file, rep.r->spare_area());
+  MEMENTO_RETURN_IF_ERROR(rep.r->Advance(step, lr, grads, params));
+  PublishAorArea(*rep.file, rep.range, f.optimizer_hash, *rep.r);
   return Status::Ok();
 }
 
@@ -555,49 +606,97 @@ Status AorHolder::Capture(int rank, int64_t step, float lr) {
         fmt::format("'aor_capture' of rank {} step {}: the staging file {} slot {} {}; not used",
                     rank, step, f.stage->path(), k, why));
   }
-  const uint64_t total = shm::StageHeader(f.stage->data())->total_count;
   const uint64_t written = slot->data_checksum;
-  taken_.resize(2 * total);
-  const uint64_t sum =
-      CopyAndChecksum(taken_.data(), shm::StageData(f.stage->data(), k), 2 * total * sizeof(float));
-  __atomic_store_n(&slot->state, kStageDone, __ATOMIC_RELEASE);
-  const float* data = taken_.data();
-  if (sum != written) {
-    ++stats_.stage_refused;
-    return DataLossError(fmt::format(
-        "'aor_capture' of rank {} step {}: the staged slices hash to {}, the client wrote {}; not "
-        "used",
-        rank, step, Hex(sum), Hex(written)));
-  }
+  const float* data = shm::StageData(f.stage->data(), k);
   if (std::isnan(lr)) lr = f.optimizer->LearningRate(step);
+  // One pass per range straight from the slot (Reading: the client leaves
+  // it alone until Done): the slices' hashes and, for a replica at t-1, the
+  // host step into its spare area with the result's checksums. Nothing
+  // becomes the replica's before the slices are known to be the client's.
+  const size_t nr = f.ranges.size();
+  slice_hashes_.assign(2 * nr, 0);
+  prepared_.assign(nr, 0);
   uint64_t pos = 0;
-  for (const AorRange& range : f.ranges) {
+  for (size_t i = 0; i < nr; ++i) {
+    const AorRange& range = f.ranges[i];
     const float* grads = data + pos;
     const float* params = data + pos + range.count;
     pos += 2 * range.count;
     Held& rep = replicas_[range.owner];
     rep.range = range;
-    if (rep.r != nullptr && !rep.r->diverged() && rep.r->step() == step - 1) {
-      Status st = rep.r->ConfirmParams(step - 1, params);
-      if (!st.ok()) {
-        ++stats_.refused;
-        MEMENTO_LOG_ERROR("aor: {}; the replica is refused and seeded again", st.ToString());
-      }
-    }
-    if (rep.r == nullptr || rep.r->diverged() || rep.r->step() != step - 1) {
-      Status st = SeedLocked(rep, f, step - 1, params);
-      if (!st.ok()) {
-        if (st.code() == StatusCode::kNotFound || st.code() == StatusCode::kUnavailable) {
-          MEMENTO_LOG_DEBUG("aor: replica of rank {} not seeded at step {}: {}", range.owner,
-                            step - 1, st.ToString());
-        } else {
-          MEMENTO_LOG_WARN("aor: replica of rank {} not seeded at step {}: {}", range.owner,
-                           step - 1, st.ToString());
-        }
+    if (rep.r != nullptr && rep.file != nullptr && !rep.r->diverged() &&
+        rep.r->step() == step - 1) {
+      MarkAorAreaWriting(*rep.file, rep.r->spare_area());
+      auto in = rep.r->Prepare(step, lr, grads, params);
+      if (in.ok()) {
+        slice_hashes_[2 * i] = in->grads_hash;
+        slice_hashes_[2 * i + 1] = in->params_hash;
+        prepared_[i] = 1;
         continue;
       }
+      MEMENTO_LOG_ERROR("aor: replica of rank {}: {}", range.owner, in.status().ToString());
     }
-    Status st = rep.r->Advance(step, lr, grads, params);
+    slice_hashes_[2 * i] = Checksum(grads, range.count * sizeof(float));
+    slice_hashes_[2 * i + 1] = Checksum(params, range.count * sizeof(float));
+  }
+  const uint64_t sum = shm::StageDataChecksum(slice_hashes_.data(), slice_hashes_.size());
+  if (sum != written) {
+    __atomic_store_n(&slot->state, kStageDone, __ATOMIC_RELEASE);
+    ++stats_.stage_refused;
+    return DataLossError(fmt::format(
+        "'aor_capture' of rank {} step {}: the staged slices hash to {}, the client wrote {}; not "
+        "used (the replicas stay at their step)",
+        rank, step, Hex(sum), Hex(written)));
+  }
+  // The prepared steps: the local check, then commit. A replica that is
+  // new, at another step or refused is seeded after the slot is released
+  // (the seed may wait on the owner's copy): its slices are copied out.
+  pos = 0;
+  seed_slices_.clear();
+  for (size_t i = 0; i < nr; ++i) {
+    const AorRange& range = f.ranges[i];
+    const float* staged = data + pos;
+    pos += 2 * range.count;
+    Held& rep = replicas_[range.owner];
+    if (prepared_[i]) {
+      // The staged parameters are the owner's of t-1.
+      Status st = rep.r->ConfirmParamsHash(step - 1, slice_hashes_[2 * i + 1]);
+      if (st.ok()) st = rep.r->Commit();
+      if (st.ok()) {
+        PublishAorArea(*rep.file, rep.range, f.optimizer_hash, *rep.r);
+        ++stats_.advanced;
+        rep.checksums[step] = rep.r->checksum();
+        while (rep.checksums.size() > kKeptChecksums) rep.checksums.erase(rep.checksums.begin());
+        prepared_[i] = 2;  // advanced to `step` by this capture
+        continue;
+      }
+      ++stats_.refused;
+      MEMENTO_LOG_ERROR("aor: {}; the replica is refused and seeded again", st.ToString());
+      prepared_[i] = 0;
+    }
+    seed_slices_.insert(seed_slices_.end(), staged, staged + 2 * range.count);
+  }
+  __atomic_store_n(&slot->state, kStageDone, __ATOMIC_RELEASE);
+  pos = 0;
+  for (size_t i = 0; i < nr; ++i) {
+    if (prepared_[i] == 2) continue;
+    const AorRange& range = f.ranges[i];
+    const float* grads = seed_slices_.data() + pos;
+    const float* params = grads + range.count;
+    pos += 2 * range.count;
+    Held& rep = replicas_[range.owner];
+    Status st = SeedLocked(rep, f, step - 1, params);
+    if (!st.ok()) {
+      if (st.code() == StatusCode::kNotFound || st.code() == StatusCode::kUnavailable) {
+        MEMENTO_LOG_DEBUG("aor: replica of rank {} not seeded at step {}: {}", range.owner,
+                          step - 1, st.ToString());
+      } else {
+        MEMENTO_LOG_WARN("aor: replica of rank {} not seeded at step {}: {}", range.owner, step - 1,
+                         st.ToString());
+      }
+      continue;
+    }
+    st = AdvanceLocked(rep, f, step, lr, grads, params);
     if (!st.ok()) {
       MEMENTO_LOG_ERROR("aor: replica of rank {}: {}", range.owner, st.ToString());
       continue;
@@ -605,9 +704,12 @@ Status AorHolder::Capture(int rank, int64_t step, float lr) {
     ++stats_.advanced;
     rep.checksums[step] = rep.r->checksum();
     while (rep.checksums.size() > kKeptChecksums) rep.checksums.erase(rep.checksums.begin());
-    st = WriteAorFile(ReplicaPath(range.owner), range, f.optimizer_hash, *rep.r);
-    if (!st.ok()) MEMENTO_LOG_WARN("aor: {}", st.ToString());
-    if (on_advanced_) on_advanced_(range, step, *rep.r);
+    prepared_[i] = 2;
+  }
+  if (on_advanced_) {
+    for (size_t i = 0; i < nr; ++i) {
+      if (prepared_[i] == 2) on_advanced_(f.ranges[i], step, *replicas_[f.ranges[i].owner].r);
+    }
   }
   return Status::Ok();
 }
@@ -648,6 +750,7 @@ void AorHolder::Refuse(int owner, const std::string& why) {
   ++stats_.refused;
   MEMENTO_LOG_ERROR("aor: the replica of rank {} is refused ({}); it is seeded again", owner, why);
   it->second.r.reset();
+  it->second.file.reset();
   it->second.checksums.clear();
   unlink(ReplicaPath(owner).c_str());
 }

@@ -18,23 +18,24 @@
 // the slot (refused when torn, overwritten early or not hashing right:
 // counted in Stats::stage_refused) and, for each range:
 //
-//   - when its replica holds step t-1: ConfirmParams(t-1) against the staged
-//     parameters (they are the owner's updated slice of t-1, which the
-//     all-gather brought: the local check), then Advance(t);
+//   - when its replica holds step t-1: Prepare(t) from the staged slices
+//     (one pass: their hashes, the host step into the replica's spare area,
+//     the result's checksums), then the local check ConfirmParams(t-1)
+//     against the staged parameters' hash (they are the owner's updated
+//     slice of t-1, which the all-gather brought) and Commit(t);
 //   - otherwise (new, restored to another step, diverged): seeds it from the
 //     owner's shard at t-1 (SeedSource: in the cluster the network copy the
 //     owner's node pushed, with the owner's checksum), then Advance(t);
-//   - writes the replica to <root>/aor.<owner> (below), so it outlives the
-//     trainer (and the agent: a new agent adopts the file).
+//   - the replica's state lives in <root>/aor.<owner> (below), mapped and
+//     updated in place, so it outlives the trainer (and the agent: a new
+//     agent adopts the file).
 //
 // Nothing crosses the network for a replica that stays current.
 //
 // Staging file layout: shm/aor_stage.h.
-// Replica file layout: AorFileHeader (128 bytes), then the optimizer's
-// num_state() state slices (fp32, `count` each). The header ends with the
-// xxHash3 of the bytes before it; the state hashes to state_hash. A file
-// whose header or state does not check is refused (never adopted) and the
-// replica is seeded again.
+// Replica file layout: below (AorFileBytes): two headers, two state areas,
+// updated in place. A file with no intact, complete step is refused (never
+// adopted) and the replica is seeded again.
 //
 // Thread safety: every public method is thread-safe (mu_ guards the
 // replicas, q_mu_ the AOR thread's queue and the watchers; q_mu_ is never
@@ -64,11 +65,12 @@
 
 namespace memento::agent {
 
-inline constexpr char kAorFileMagic[8] = {'M', 'E', 'M', 'A', 'O', 'R', 'R', '1'};
+inline constexpr char kAorFileMagic[8] = {'M', 'E', 'M', 'A', 'O', 'R', 'R', '2'};
 
+// One of the replica file's two headers: header k describes state area k.
 struct AorFileHeader {
   char magic[8];
-  uint32_t version;  // 1
+  uint32_t version;  // 2
   uint32_t num_state;
   int32_t owner;
   int32_t holder;
@@ -82,8 +84,10 @@ struct AorFileHeader {
   uint64_t state_hash;
   uint64_t params_hash;
   uint32_t diverged;
+  uint32_t writing;  // 1: its area is being overwritten (a step in progress): never adopted
+  uint32_t area;     // the area it describes (0 or 1)
   uint32_t reserved;
-  uint64_t pad[2];
+  uint64_t pad;
   uint64_t header_checksum;  // xxHash3 of the 120 bytes before it
 };
 static_assert(sizeof(AorFileHeader) == 128);
@@ -97,15 +101,46 @@ struct AorRange {
   uint64_t count = 0;
 };
 
-// <root>/aor.<owner>: written whole to a temporary name, then renamed.
-[[nodiscard]] Status WriteAorFile(const std::string& path, const AorRange& range,
-                                  uint64_t optimizer_hash, const opt::AorReplica& replica);
-// Adopts a replica file: InvalidArgument / DataLoss naming what is wrong
-// (size, magic, version, header checksum: "torn header"; another owner,
-// range or optimizer; state that does not hash to the header's).
-[[nodiscard]] Result<std::unique_ptr<opt::AorReplica>> ReadAorFile(
-    const std::string& path, const AorRange& range, std::shared_ptr<const opt::Optimizer> optimizer,
-    uint64_t optimizer_hash);
+// <root>/aor.<owner>, updated in place (mapped): two headers (128 bytes
+// each), then two state areas of num_state * count floats (the replica's
+// double buffer, opt::AorReplica::Areas). A step is computed into the area
+// the replica does not hold: its header is first marked `writing`, the area
+// is written, and the header is then rewritten with the new step. The other
+// area and its header hold the previous step, intact, all along; so an
+// agent that dies mid-step leaves a file whose newest step is the previous
+// one, never a half-written one (agent_aor_test
+// AHalfWrittenStepIsNeverAdoptedThePreviousOneIs).
+inline constexpr uint64_t kAorFileHeaders = 2 * sizeof(AorFileHeader);
+inline uint64_t AorFileBytes(uint64_t count, int num_state) {
+  return kAorFileHeaders + 2 * uint64_t(num_state) * count * sizeof(float);
+}
+// Creates (replacing any old one) and maps the file for `range`; both
+// headers invalid until a step is published.
+[[nodiscard]] Result<std::shared_ptr<shm::Segment>> CreateAorFile(const std::string& path,
+                                                                  const AorRange& range,
+                                                                  int num_state);
+// The replica's areas in the mapped file (current: the one it holds).
+opt::AorReplica::Areas AorFileAreas(const std::shared_ptr<shm::Segment>& file, uint64_t count,
+                                    int num_state, int current);
+// Marks area `area`'s header being written (before the area is touched).
+void MarkAorAreaWriting(shm::Segment& file, int area);
+// Writes the header of the replica's current area (after its step is
+// complete).
+void PublishAorArea(shm::Segment& file, const AorRange& range, uint64_t optimizer_hash,
+                    const opt::AorReplica& replica);
+
+// Adopts a replica file: the newest step whose header checks, is not being
+// written and whose area hashes to it. InvalidArgument / DataLoss naming
+// what is wrong with each header otherwise (size, magic, version, header
+// checksum: "torn header"; "being written"; another owner, range or
+// optimizer; state that does not hash to the header's).
+struct AdoptedAor {
+  std::shared_ptr<shm::Segment> file;
+  std::unique_ptr<opt::AorReplica> replica;
+};
+[[nodiscard]] Result<AdoptedAor> ReadAorFile(const std::string& path, const AorRange& range,
+                                             std::shared_ptr<const opt::Optimizer> optimizer,
+                                             uint64_t optimizer_hash);
 
 class AorHolder {
  public:
@@ -145,8 +180,8 @@ class AorHolder {
   // rank is registered with no ranges (logged, counted in budget_refused):
   // its replicas are not kept and their copies stay network copies.
   // What a registration of `ranges` holds on the node: the staging file,
-  // and per replica its file twice (it is rewritten under a temporary name
-  // and renamed) plus its state and scratch in the agent's memory.
+  // and per replica its file (two headers and two state areas; the state
+  // lives there, mapped, not in the agent's heap).
   static uint64_t RegistrationBytes(const std::vector<AorRange>& ranges, int num_state);
   // The bytes the registrations hold now (what the budget counts for AOR).
   uint64_t bytes_in_use() EXCLUDES(mu_);
@@ -176,8 +211,11 @@ class AorHolder {
   // ranks' checksums up to t are published, even when a watcher lags.
   void PublishChecksums() EXCLUDES(q_mu_, sum_mu_);
   // Processes the capture now (the AOR thread; tests): takes the slot of
-  // `step` (Ready -> Reading -> Done), copies its slices out, checks them.
-  // FailedPrecondition when the rank did not register or the slot is not
+  // `step` (Ready -> Reading; the client does not write a slot in that
+  // state), runs each replica's host step straight from the slot's slices
+  // in one pass that also hashes them (opt::AorReplica::Prepare), checks
+  // the hashes against the client's, and only then commits the steps and
+  // marks the slot Done. FailedPrecondition when the rank did not register or the slot is not
   // ready with `step` (torn: left Writing by a killed trainer; overwritten
   // early: it holds another step); DataLoss when the slices do not hash to
   // the client's checksum. Each such refusal counts in stage_refused and
@@ -220,6 +258,7 @@ class AorHolder {
  private:
   struct Held {
     AorRange range;
+    std::shared_ptr<shm::Segment> file;  // <root>/aor.<owner>, the replica's areas
     std::unique_ptr<opt::AorReplica> r;
     std::map<int64_t, uint64_t> checksums;  // step -> checksum (recent)
     int64_t seeds = 0;
@@ -232,6 +271,9 @@ class AorHolder {
     std::shared_ptr<shm::Segment> stage;
   };
   Status SeedLocked(Held& rep, const Feeder& f, int64_t step, const float* params) REQUIRES(mu_);
+  // Advance (Prepare + Commit) with the file's headers kept right.
+  Status AdvanceLocked(Held& rep, const Feeder& f, int64_t step, float lr, const float* grads,
+                       const float* params) REQUIRES(mu_);
 
   const std::string root_;
   const SeedSource seed_;
@@ -243,7 +285,10 @@ class AorHolder {
   RoomCheck room_ GUARDED_BY(mu_);
   std::map<int, uint64_t> charged_ GUARDED_BY(mu_);  // holder rank -> RegistrationBytes
   Stats stats_ GUARDED_BY(mu_);
-  std::vector<float> taken_ GUARDED_BY(mu_);  // the slot's slices, copied out
+  // Capture's per-range work, reused (no allocation per step).
+  std::vector<uint64_t> slice_hashes_ GUARDED_BY(mu_);
+  std::vector<int> prepared_ GUARDED_BY(mu_);
+  std::vector<float> seed_slices_ GUARDED_BY(mu_);  // slices of the replicas to seed, copied out
 
   // The AOR thread and its queue.
   struct Queued {

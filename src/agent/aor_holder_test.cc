@@ -102,7 +102,8 @@ Status Stage(const std::string& path, const Pair& p, int64_t step, float lr, boo
   float* d = shm::BeginStage(seg->data(), step);
   std::memcpy(d, p.grads.data() + p.shard, p.shard * sizeof(float));
   std::memcpy(d + p.shard, p.params.data() + p.shard, p.shard * sizeof(float));
-  shm::FinishStage(seg->data(), step, lr);
+  const uint64_t counts[1] = {p.shard};
+  shm::FinishStage(seg->data(), step, lr, counts, 1);
   return Status::Ok();
 }
 
@@ -160,6 +161,11 @@ TEST(AorHolderTest, BringsTheOwnersShardForwardBitExactAndItsFileSurvives) {
   EXPECT_EQ(again.stats().seeded, 0);
 }
 
+// The replica file holds two steps (the current one and the one before, in
+// two areas with a header each): a torn header of the newest step makes the
+// previous one adopted, never the torn one; with both headers torn, or both
+// areas changed, the file is refused; a holder that finds a bad file seeds
+// the replica again.
 TEST(AorHolderTest, ATornHeaderOrChangedStateIsRefused) {
   ScratchDir dir("aor-holder");
   Pair p(TestSeed("AorHolderTest"));
@@ -167,11 +173,14 @@ TEST(AorHolderTest, ATornHeaderOrChangedStateIsRefused) {
   ASSERT_TRUE(h.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
   for (int i = 0; i < 3; ++i) TrainStep(h, p);
   const std::string path = h.ReplicaPath(1);
-  auto ok =
-      ReadAorFile(path, OwnerRange(p), p.optimizer, Checksum(p.encoding.data(), p.encoding.size()));
-  ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ((*ok)->step(), 3);
-
+  const uint64_t ohash = Checksum(p.encoding.data(), p.encoding.size());
+  int cur = -1;
+  {
+    auto ok = ReadAorFile(path, OwnerRange(p), p.optimizer, ohash);
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    EXPECT_EQ(ok->replica->step(), 3);
+    cur = ok->replica->current_area();
+  }
   auto flip = [&](off_t at) {
     int fd = open(path.c_str(), O_RDWR);
     ASSERT_GE(fd, 0);
@@ -181,14 +190,27 @@ TEST(AorHolderTest, ATornHeaderOrChangedStateIsRefused) {
     ASSERT_EQ(pwrite(fd, &b, 1, at), 1);
     close(fd);
   };
-  const uint64_t ohash = Checksum(p.encoding.data(), p.encoding.size());
-  flip(offsetof(AorFileHeader, step));  // torn header: the step half-written
+  const off_t step_at[2] = {offsetof(AorFileHeader, step),
+                            sizeof(AorFileHeader) + offsetof(AorFileHeader, step)};
+  flip(step_at[cur]);  // torn header of step 3: the step half-written
+  {
+    auto prev = ReadAorFile(path, OwnerRange(p), p.optimizer, ohash);
+    ASSERT_TRUE(prev.ok()) << prev.status();
+    EXPECT_EQ(prev->replica->step(), 2);
+    EXPECT_EQ(
+        std::memcmp(prev->replica->state(0), p.history.at(2).data(), 2 * p.shard * sizeof(float)),
+        0);
+  }
+  flip(step_at[1 - cur]);  // both torn
   auto torn = ReadAorFile(path, OwnerRange(p), p.optimizer, ohash);
   ASSERT_FALSE(torn.ok());
   EXPECT_EQ(torn.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(torn.status().message().find("torn header"), std::string::npos) << torn.status();
-  flip(offsetof(AorFileHeader, step));
-  flip(sizeof(AorFileHeader) + 40);  // a state byte
+  flip(step_at[0]);
+  flip(step_at[1]);
+  const off_t area_bytes = 2 * p.shard * sizeof(float);
+  flip(kAorFileHeaders + 40);               // a state byte of area 0
+  flip(kAorFileHeaders + area_bytes + 40);  // and of area 1
   auto changed = ReadAorFile(path, OwnerRange(p), p.optimizer, ohash);
   ASSERT_FALSE(changed.ok());
   EXPECT_EQ(changed.status().code(), StatusCode::kDataLoss) << changed.status();
@@ -209,6 +231,85 @@ TEST(AorHolderTest, ATornHeaderOrChangedStateIsRefused) {
   TrainStep(again, p);
   ExpectEqualsOwner(again, p);
   EXPECT_EQ(again.stats().seeded, 1);
+}
+
+// The replica file is updated in place: an agent killed in the middle of a
+// step (a real process: it marks the spare area's header, overwrites half
+// of that area as the host step does, and is killed) leaves a file whose
+// half-written step is never adopted: the previous step is, byte for byte,
+// and a new holder goes on from it without a seed. A file whose areas are
+// both unusable is refused, never trusted.
+TEST(AorHolderTest, AHalfWrittenStepIsNeverAdoptedThePreviousOneIs) {
+  ScratchDir dir("aor-holder");
+  Pair p(TestSeed("AorHolderTest"));
+  int spare = -1;
+  {
+    AorHolder h(dir.path(), p.Seeds());
+    ASSERT_TRUE(h.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
+    for (int i = 0; i < 4; ++i) TrainStep(h, p);
+    auto view = h.Replica(1);
+    ASSERT_NE(view, nullptr);
+    ASSERT_EQ(view->saved.step, 4);
+  }
+  const std::string path = dir.path() + "/aor.1";
+  const uint64_t ohash = Checksum(p.encoding.data(), p.encoding.size());
+  {
+    auto ok = ReadAorFile(path, OwnerRange(p), p.optimizer, ohash);
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    spare = ok->replica->spare_area();
+  }
+  // The agent of step 5, killed mid-step.
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto seg = shm::Segment::Open(path, /*writable=*/true);
+    if (!seg.ok()) _exit(3);
+    MarkAorAreaWriting(**seg, spare);
+    float* area = reinterpret_cast<float*>((*seg)->data() + kAorFileHeaders) + spare * 2 * p.shard;
+    for (uint64_t i = 0; i < p.shard; ++i) area[i] = 12345.0f;  // half of the area
+    raise(SIGKILL);
+    _exit(4);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  auto adopted = ReadAorFile(path, OwnerRange(p), p.optimizer, ohash);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ(adopted->replica->step(), 4) << "the half-written step was adopted";
+  EXPECT_EQ(
+      std::memcmp(adopted->replica->state(0), p.history.at(4).data(), 2 * p.shard * sizeof(float)),
+      0);
+  adopted = AdoptedAor{};
+  // A new agent goes on from step 4 without a seed, bit-exact.
+  {
+    AorHolder again(dir.path(), [](const AorRange&, int64_t) -> Result<AorHolder::SeedBytes> {
+      return UnavailableError("no seed: the adopted file must do");
+    });
+    ASSERT_TRUE(again.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
+    ExpectEqualsOwner(again, p);
+    for (int i = 0; i < 3; ++i) {
+      TrainStep(again, p);
+      ExpectEqualsOwner(again, p);
+    }
+    EXPECT_EQ(again.stats().seeded, 0);
+  }
+  // The step being written was the newest and the other area is changed
+  // too: nothing is adopted.
+  {
+    auto ok = ReadAorFile(path, OwnerRange(p), p.optimizer, ohash);
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    auto seg = shm::Segment::Open(path, /*writable=*/true);
+    ASSERT_TRUE(seg.ok());
+    MarkAorAreaWriting(**seg, ok->replica->spare_area());
+    float* cur = reinterpret_cast<float*>((*seg)->data() + kAorFileHeaders) +
+                 ok->replica->current_area() * 2 * p.shard;
+    cur[7] += 1.0f;
+  }
+  auto none = ReadAorFile(path, OwnerRange(p), p.optimizer, ohash);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kDataLoss) << none.status();
+  EXPECT_NE(none.status().message().find("being written"), std::string::npos) << none.status();
+  EXPECT_NE(none.status().message().find("hashes to"), std::string::npos) << none.status();
 }
 
 TEST(AorHolderTest, ALearningRateTheOwnerDidNotUseIsCaughtAndTheReplicaSeededAgain) {
@@ -287,7 +388,7 @@ TEST(AorHolderTest, MalformedRegistrationsAndCapturesAreRefusedClearly) {
 // The capture is asynchronous: Submit (the agent's answer to aor_capture)
 // returns while the AOR thread is still busy with the step before (here held
 // inside its seed); the trainer stages the next step in the other slot, and
-// the slot of step t+2 stays busy until the thread has copied step t out, so
+// the slot of step t+2 stays busy until the thread has read step t, so
 // a capture never overwrites slices the agent has not read. Every step is
 // then brought forward bit-exactly.
 TEST(AorHolderTest, CapturesAreAdvancedInTheAgentsThreadWhileTheTrainerGoesOn) {
@@ -322,8 +423,8 @@ TEST(AorHolderTest, CapturesAreAdvancedInTheAgentsThreadWhileTheTrainerGoesOn) {
   // (The thread holds the replicas' lock in the seed: no stats() here.)
   EXPECT_FALSE(h.WaitCaptured(2, Deadline::AfterSeconds(0.05)));
   {
-    // Step 3's slot is step 1's, which the thread copied out before its
-    // host step: free. Step 4's is step 2's, not read yet: busy, not to be
+    // Step 3's slot is step 1's, which the thread copied out before the
+    // seed its replica needed: free. Step 4's is step 2's, not read yet: busy, not to be
     // written.
     auto seg = shm::Segment::Open(h.StagePath(0), false);
     ASSERT_TRUE(seg.ok());
@@ -397,7 +498,7 @@ TEST(AorHolderTest, AStageOverwrittenEarlyIsRefusedAndReported) {
     auto file = ReadAorFile(h.ReplicaPath(1), OwnerRange(p), p.optimizer,
                             Checksum(p.encoding.data(), p.encoding.size()));
     ASSERT_TRUE(file.ok()) << file.status();
-    EXPECT_EQ((*file)->step(), 2);
+    EXPECT_EQ(file->replica->step(), 2);
   }
   // Step 4 cannot follow step 2: seeded at step 3 from the owner, then right.
   ASSERT_TRUE(h.Capture(0, 4, p.optimizer->LearningRate(4)).ok());
@@ -455,7 +556,7 @@ TEST(AorHolderTest, ATrainerKilledMidCaptureLeavesATornStageTheAgentRefuses) {
   auto file = ReadAorFile(h.ReplicaPath(1), OwnerRange(p), p.optimizer,
                           Checksum(p.encoding.data(), p.encoding.size()));
   ASSERT_TRUE(file.ok()) << file.status();
-  EXPECT_EQ((*file)->step(), 3);
+  EXPECT_EQ(file->replica->step(), 3);
   // The replacement trainer stages step 4 whole; the replica goes on.
   ASSERT_TRUE(Stage(stage, p, 4, p.optimizer->LearningRate(4)).ok());
   ASSERT_TRUE(h.Submit(0, 4, p.optimizer->LearningRate(4)).ok());
@@ -475,9 +576,9 @@ TEST(AorHolderTest, ReplicasCountInTheNodeBudgetAndOnesThatDoNotFitAreNotKept) {
   ScratchDir dir("aor-holder");
   Pair p(TestSeed("AorHolderTest"));
   const uint64_t need = AorHolder::RegistrationBytes({OwnerRange(p)}, 2);
-  // The staging file, the replica file twice, the state and its scratch.
-  EXPECT_EQ(need, shm::StageFileBytes(p.shard) + 2 * (sizeof(AorFileHeader) + 2 * p.shard * 4) +
-                      2 * p.shard * 4 + p.shard * 4);
+  // The staging file and the replica file (two headers, two state areas;
+  // the state lives there, nowhere else).
+  EXPECT_EQ(need, shm::StageFileBytes(p.shard) + 2 * sizeof(AorFileHeader) + 2 * 2 * p.shard * 4);
   uint64_t budget = need, asked = 0;
   std::string why;
   AorHolder h(dir.path(), p.Seeds());

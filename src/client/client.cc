@@ -249,22 +249,26 @@ class ClientImpl final : public Client, private client::SlotSink {
       }
     }
     float* d = shm::BeginStage(base, step);
-    // One pass: each block is hashed right after it is copied, from cache.
-    aor_sum_.Reset();
+    // One pass: each block is hashed right after it is copied, from cache;
+    // one hash per slice (shm::StageDataChecksum).
+    aor_slice_sums_.clear();
     auto copy = [this](float* to, const float* from, uint64_t count) {
       constexpr uint64_t kBlock = 16 * 1024;  // floats: 64 KiB
+      aor_sum_.Reset();
       for (uint64_t off = 0; off < count; off += kBlock) {
         const uint64_t n = std::min(kBlock, count - off);
         std::memcpy(to + off, from + off, n * sizeof(float));
         aor_sum_.Update(to + off, n * sizeof(float));
       }
+      aor_slice_sums_.push_back(aor_sum_.Digest());
     };
     for (const shm::AorRangeEntry& r : aor_.ranges) {
       copy(d, grads_.grads + r.offset, r.count);
       copy(d + r.count, params_ + r.offset, r.count);
       d += 2 * r.count;
     }
-    shm::FinishStage(base, step, lr, aor_sum_.Digest());
+    shm::FinishStage(base, step, lr,
+                     shm::StageDataChecksum(aor_slice_sums_.data(), aor_slice_sums_.size()));
     // No request: the file's watcher in the agent wakes up, queues the slot
     // and its AOR thread runs the host step while this trainer goes on.
     shm::RingStageDoorbell(base);
@@ -697,7 +701,8 @@ class ClientImpl final : public Client, private client::SlotSink {
   bool aor_registered_ = false;
   shm::AorRegisterReply aor_;
   std::unique_ptr<shm::Segment> aor_stage_;
-  StreamingChecksum aor_sum_;  // of the slices a capture stages
+  StreamingChecksum aor_sum_;             // of the slice a capture stages
+  std::vector<uint64_t> aor_slice_sums_;  // its slices' hashes (capacity kept)
   // How long a capture waits for the agent to have read the slot it reuses
   // (two steps back) before it skips the step.
   static constexpr double kAorStageWaitS = 2.0;

@@ -26,6 +26,13 @@
 // snapshot); recovery calls CheckForRestore(), which refuses a replica that
 // does not match the owner's checksum.
 //
+// The state is double buffered (Areas below): a step is computed into the
+// spare area in one fused, chunked pass (Prepare: the optimizer, the
+// checksums of its outputs and the hashes of its inputs together) and
+// becomes current at Commit, so a holder that dies mid-step leaves the
+// previous step intact, and a holder that finds the inputs did not hash
+// right drops the step without touching the replica.
+//
 // Thread safety: none; one holder thread uses a replica.
 #pragma once
 
@@ -34,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "common/checksum.h"
 #include "memento/status.h"
 #include "opt/optimizer.h"
 
@@ -41,18 +49,33 @@ namespace memento::opt {
 
 class AorReplica {
  public:
+  // Where the state lives: two areas of num_state() * count floats each,
+  // the state slices back to back: the one holding step() (`current`) and
+  // the spare a new step is computed into. A step (Seed, Advance) becomes
+  // current only once it is complete, so the current area is never
+  // half-updated. `keep` keeps external memory alive (the agent's mapped
+  // replica file, agent/aor_holder.h); Create without areas allocates them.
+  struct Areas {
+    float* area[2] = {nullptr, nullptr};
+    int current = 0;
+    std::shared_ptr<void> keep;
+  };
+
   // A replica of [offset, offset + count) under `optimizer` (immutable,
   // shared with whoever else uses it). InvalidArgument on a null optimizer,
-  // count 0 or an overflowing range.
+  // count 0, an overflowing range or a null area.
   [[nodiscard]] static Result<std::unique_ptr<AorReplica>> Create(
       std::shared_ptr<const Optimizer> optimizer, uint64_t offset, uint64_t count);
+  [[nodiscard]] static Result<std::unique_ptr<AorReplica>> Create(
+      std::shared_ptr<const Optimizer> optimizer, uint64_t offset, uint64_t count, Areas areas);
 
   // Sets the replica to the owner's shard after step `step` (0 = the
   // initial state): `params` (the shard's parameter slice) and `state`
   // (num_state() slices), `count` elements each; `owner_checksum` is
   // ShardChecksum(offset, count, params, state) as the owner computed it.
-  // DataLoss (nothing changed) when the bytes do not hash to it;
-  // InvalidArgument on a wrong number of slices or a null one.
+  // The bytes are copied into the spare area and hashed in the same pass.
+  // DataLoss (the current area and step unchanged) when they do not hash to
+  // it; InvalidArgument on a wrong number of slices or a null one.
   [[nodiscard]] Status Seed(int64_t step, const float* params,
                             const std::vector<const float*>& state, uint64_t owner_checksum);
 
@@ -62,7 +85,31 @@ class AorReplica {
   // of the parameters before the update. Neither is written.
   // FailedPrecondition when the replica is not seeded, is diverged (a failed
   // Confirm), or `step` is not step() + 1; InvalidArgument on null pointers.
+  // Prepare() then Commit().
   [[nodiscard]] Status Advance(int64_t step, float lr, const float* grads, const float* params);
+
+  // The host step in one pass, chunk by chunk (kChunk elements, so every
+  // buffer's chunk stays in cache): reads each chunk of `grads` and `params`
+  // once, hashes them, runs the optimizer on the chunk into the spare area
+  // (the state copied from the current area first; the updated parameters
+  // into a chunk of scratch) and hashes the results, so the checksum, the
+  // state hash and the params hash need no further pass. Returns the
+  // hashes of the inputs as read (xxHash3 of the `count` gradients and of
+  // the `count` parameters: the caller checks them against what the writer
+  // of the inputs hashed, and ConfirmParamsHash(step - 1, params_hash)).
+  // The replica is unchanged (step(), state(), checksums) until Commit();
+  // errors as Advance's.
+  struct Inputs {
+    uint64_t grads_hash = 0;
+    uint64_t params_hash = 0;
+  };
+  [[nodiscard]] Result<Inputs> Prepare(int64_t step, float lr, const float* grads,
+                                       const float* params);
+  // The prepared step becomes the replica's (the spare area becomes
+  // current). FailedPrecondition when nothing is prepared (or a Seed came
+  // in between).
+  [[nodiscard]] Status Commit();
+  static constexpr uint64_t kChunk = 8192;  // elements: 32 KiB per buffer
 
   // The owner's checksum of its shard after `step` (ShardChecksum of its
   // params and state slices). OK when it equals the replica's; otherwise
@@ -76,6 +123,9 @@ class AorReplica {
   // OK when the replica computed the same parameters; otherwise DataLoss and
   // the replica is diverged, as for Confirm.
   [[nodiscard]] Status ConfirmParams(int64_t step, const float* params);
+  // The same from the xxHash3 of those parameters (Prepare's params_hash of
+  // the next step).
+  [[nodiscard]] Status ConfirmParamsHash(int64_t step, uint64_t params_hash);
 
   // Recovery: OK when the replica is at `step`, not diverged, its bytes
   // still hash to the checksum computed when they were written (no
@@ -97,14 +147,14 @@ class AorReplica {
     bool diverged = false;
   };
   Saved saved() const;
-  // A replica rebuilt from saved() and its state slices (num_state() of
-  // them, `count` elements each). DataLoss (naming both values) when the
-  // slices do not hash to saved.state_hash: bytes torn or changed since they
-  // were written. InvalidArgument for Create's reasons, a wrong number of
-  // slices or a null one, a step < 0.
+  // A replica rebuilt from saved() and its state in `areas` (the current
+  // area's; the memory is used in place, not copied). DataLoss (naming both
+  // values) when the current area does not hash to saved.state_hash: bytes
+  // torn or changed since they were written. InvalidArgument for Create's
+  // reasons, a step < 0.
   [[nodiscard]] static Result<std::unique_ptr<AorReplica>> Adopt(
       std::shared_ptr<const Optimizer> optimizer, uint64_t offset, uint64_t count,
-      const Saved& saved, const std::vector<const float*>& state);
+      const Saved& saved, Areas areas);
 
   uint64_t offset() const { return offset_; }
   uint64_t count() const { return count_; }
@@ -117,20 +167,38 @@ class AorReplica {
   // last Seed/Advance: what the owner's checksum of step() must be.
   uint64_t checksum() const { return checksum_; }
   bool diverged() const { return diverged_; }
-  // State slice k (num_state() of them), `count` elements.
-  const float* state(int k) const { return state_[k].data(); }
-  int num_state() const { return static_cast<int>(state_.size()); }
+  // State slice k (num_state() of them), `count` elements, of the current
+  // area.
+  const float* state(int k) const { return area_[current_] + k * count_; }
+  int num_state() const { return num_state_; }
+  // The area holding step() (0 or 1) and the one the next step goes to.
+  int current_area() const { return current_; }
+  int spare_area() const { return 1 - current_; }
 
  private:
-  AorReplica(std::shared_ptr<const Optimizer> optimizer, uint64_t offset, uint64_t count);
+  AorReplica(std::shared_ptr<const Optimizer> optimizer, uint64_t offset, uint64_t count,
+             Areas areas);
   uint64_t StateHash() const;
-  uint64_t ParamsHash(const float* params) const;
   std::string Name() const;
 
   std::shared_ptr<const Optimizer> optimizer_;
   uint64_t offset_, count_;
-  std::vector<std::vector<float>> state_;
-  std::vector<float> scratch_params_;  // the update writes params; not kept
+  int num_state_;
+  std::vector<float> owned_;  // the areas when not external
+  float* area_[2];
+  std::shared_ptr<void> keep_;
+  int current_ = 0;
+  // The fused pass's working set, allocated once: a chunk of updated
+  // parameters, the shard handed to the optimizer, one hash stream per
+  // buffer (grads, params in, params out, each state slice).
+  std::vector<float> scratch_params_;
+  Shard chunk_;
+  std::vector<std::unique_ptr<StreamingChecksum>> streams_;
+  // What Prepare computed, for Commit.
+  bool prepared_ = false;
+  int64_t prepared_step_ = -1;
+  uint64_t prepared_checksum_ = 0, prepared_state_hash_ = 0, prepared_params_hash_ = 0;
+
   int64_t step_ = -1;
   int64_t seed_step_ = -1;
   uint64_t seed_checksum_ = 0;

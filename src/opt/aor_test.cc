@@ -156,6 +156,66 @@ TEST(AorReplicaTest, BitExactWithTheOwnersOverManySteps) {
 // Seeded from a snapshot mid-training (a replica made after a restart or a
 // membership change), unconfirmed for several steps, and checked only at
 // recovery: still byte-identical.
+// The host step runs in chunks of kChunk elements (one pass: inputs hashed,
+// optimizer, outputs hashed): a shard of several chunks plus a tail equals
+// the owner's byte for byte; Prepare returns the inputs' hashes and changes
+// nothing until Commit (a step dropped because its inputs did not check
+// leaves the replica at its step, with its bytes); external areas are used
+// in place.
+TEST(AorReplicaTest, ChunkedStepIsBitExactAndNothingChangesBeforeCommit) {
+  Rng rng(TestSeed("AorReplicaTest"));
+  Zero1Group g(2, 2 * (2 * AorReplica::kChunk + 37), &rng);
+  ASSERT_GT(g.shard, 2 * AorReplica::kChunk);
+  std::vector<float> mem(4 * g.shard + 8, -1.0f);  // two areas of m || v, external
+  AorReplica::Areas areas;
+  areas.area[0] = mem.data();
+  areas.area[1] = mem.data() + 2 * g.shard;
+  auto rep = AorReplica::Create(g.optimizer, g.shard, g.shard, areas);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  ASSERT_TRUE(
+      (*rep)->Seed(0, g.OwnerParams(1), {g.m[1].data(), g.v[1].data()}, g.OwnerChecksum(1)).ok());
+  EXPECT_EQ((*rep)->current_area(), 1);  // seeded into the spare
+  for (int s = 1; s <= 5; ++s) {
+    g.NextGradient(&rng);
+    const float lr = g.optimizer->LearningRate(s);
+    const uint64_t before = (*rep)->checksum();
+    const int area = (*rep)->current_area();
+    std::vector<float> held((*rep)->state(0), (*rep)->state(0) + 2 * g.shard);
+    auto in = (*rep)->Prepare(s, lr, g.grads.data() + g.shard, g.OwnerParams(1));
+    ASSERT_TRUE(in.ok()) << in.status();
+    EXPECT_EQ(in->grads_hash, Checksum(g.grads.data() + g.shard, g.shard * sizeof(float)));
+    EXPECT_EQ(in->params_hash, Checksum(g.OwnerParams(1), g.shard * sizeof(float)));
+    // Not committed yet: the replica is where it was, bytes included.
+    EXPECT_EQ((*rep)->step(), s - 1);
+    EXPECT_EQ((*rep)->checksum(), before);
+    EXPECT_EQ((*rep)->current_area(), area);
+    EXPECT_EQ(std::memcmp((*rep)->state(0), held.data(), held.size() * sizeof(float)), 0);
+    if (s == 3) {
+      // Dropped (as when the staged inputs do not hash right), then again.
+      in = (*rep)->Prepare(s, lr, g.grads.data() + g.shard, g.OwnerParams(1));
+      ASSERT_TRUE(in.ok());
+    }
+    ASSERT_TRUE((*rep)->Commit().ok());
+    EXPECT_EQ((*rep)->Commit().code(), StatusCode::kFailedPrecondition);
+    g.OwnersStep();
+    EXPECT_EQ((*rep)->step(), s);
+    EXPECT_EQ((*rep)->checksum(), g.OwnerChecksum(1)) << "step " << s;
+    ASSERT_EQ(std::memcmp((*rep)->state(0), g.m[1].data(), g.shard * sizeof(float)), 0);
+    ASSERT_EQ(std::memcmp((*rep)->state(1), g.v[1].data(), g.shard * sizeof(float)), 0);
+    EXPECT_TRUE((*rep)->ConfirmParams(s, g.OwnerParams(1)).ok());
+    EXPECT_TRUE((*rep)->CheckForRestore(s, g.OwnerChecksum(1)).ok());
+  }
+  // The state lives in the areas given, nowhere else.
+  EXPECT_TRUE((*rep)->state(0) == areas.area[0] || (*rep)->state(0) == areas.area[1]);
+  EXPECT_EQ(mem[4 * g.shard], -1.0f);  // nothing written past the areas
+  // Adopted from the same memory: the same replica, no copy.
+  auto again = AorReplica::Adopt(g.optimizer, g.shard, g.shard, (*rep)->saved(),
+                                 {{areas.area[0], areas.area[1]}, (*rep)->current_area(), nullptr});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->state(0), (*rep)->state(0));
+  EXPECT_TRUE((*again)->CheckForRestore(5, g.OwnerChecksum(1)).ok());
+}
+
 TEST(AorReplicaTest, SeededMidTrainingAndCheckedOnlyAtRecovery) {
   Rng rng(TestSeed("AorReplicaTest"));
   Zero1Group g(2, 4096, &rng);

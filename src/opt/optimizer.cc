@@ -130,14 +130,37 @@ Status CheckShard(const Shard& shard, int num_state, bool need_grads) {
   return Status::Ok();
 }
 
+uint64_t ShardChecksumOfHashes(uint64_t offset, uint64_t count, const uint64_t* params_hash,
+                               const uint64_t* state_hashes, int num_state) {
+  // offset, count, params included, params hash, then the state hashes.
+  constexpr int kInline = 16;
+  uint64_t inline_words[kInline];
+  std::vector<uint64_t> heap;
+  const size_t n = 4 + static_cast<size_t>(num_state);
+  uint64_t* w = inline_words;
+  if (n > kInline) {
+    heap.resize(n);
+    w = heap.data();
+  }
+  w[0] = offset;
+  w[1] = count;
+  w[2] = params_hash != nullptr ? 1 : 0;
+  w[3] = params_hash != nullptr ? *params_hash : 0;
+  for (int k = 0; k < num_state; ++k) w[4 + k] = state_hashes[k];
+  return Checksum(w, n * sizeof(uint64_t));
+}
+
 uint64_t ShardChecksum(uint64_t offset, uint64_t count, const float* params,
                        const std::vector<const float*>& state) {
-  const uint64_t range[2] = {offset, count};
-  uint64_t h = Checksum(range, sizeof(range));
   const size_t bytes = count * sizeof(float);
-  if (params != nullptr) h = ChecksumWithSeed(params, bytes, h);
-  for (const float* s : state) h = ChecksumWithSeed(s, bytes, h);
-  return h;
+  std::vector<uint64_t> hashes(state.size());
+  for (size_t k = 0; k < state.size(); ++k) hashes[k] = Checksum(state[k], bytes);
+  if (params == nullptr) {
+    return ShardChecksumOfHashes(offset, count, nullptr, hashes.data(),
+                                 static_cast<int>(hashes.size()));
+  }
+  const uint64_t ph = Checksum(params, bytes);
+  return ShardChecksumOfHashes(offset, count, &ph, hashes.data(), static_cast<int>(hashes.size()));
 }
 
 uint64_t ShardChecksum(const Shard& shard) {

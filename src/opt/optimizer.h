@@ -123,16 +123,23 @@ Result<std::unique_ptr<Optimizer>> DecodeOptimizer(std::string_view bytes);
 // what is wrong.
 Status CheckShard(const Shard& shard, int num_state, bool need_grads);
 
-// xxHash3 of a shard's state: the params slice (when params is not null)
-// then every state buffer's slice, chained, seeded with (offset, count) so
-// equal bytes at another range do not match. Gradients are not included.
-// A replica computed on the host carries the checksum of the shard it
-// stands for; recovery compares them (issue 15, AOR).
+// A shard's checksum: xxHash3 of (offset, count, whether params are
+// included, H(params slice), H(state slice 0), ...), where H is the plain
+// xxHash3 of a slice's bytes, so equal bytes at another range do not match
+// and every slice's hash can be computed in the same pass that writes it
+// (AorReplica's fused host step). Gradients are not included. A replica
+// computed on the host carries the checksum of the shard it stands for;
+// recovery compares them (issue 15, AOR).
 uint64_t ShardChecksum(const Shard& shard);
 
 // The same over raw slices (for callers without a Shard, e.g. shared-memory
 // replicas): params may be null; `state` holds the state slices.
 uint64_t ShardChecksum(uint64_t offset, uint64_t count, const float* params,
                        const std::vector<const float*>& state);
+
+// The same from the slices' hashes (H above): `params_hash` null when the
+// params are not included; `num_state` state hashes.
+uint64_t ShardChecksumOfHashes(uint64_t offset, uint64_t count, const uint64_t* params_hash,
+                               const uint64_t* state_hashes, int num_state);
 
 }  // namespace memento::opt

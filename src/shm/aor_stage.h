@@ -17,8 +17,9 @@
 //            sequence number and the xxHash3 of the data, -> Ready
 //            (release), then rings the doorbell (RingStageDoorbell: no
 //            request, no reply: the trainer does not wait for the agent);
-//   agent:   Ready -> Reading (compare-and-swap), copies the slices out,
-//            checks the step and the hash, -> Done.
+//   agent:   Ready -> Reading (compare-and-swap), runs the host step from
+//            the slices (hashing them in the same pass), checks the step
+//            and the hash, -> Done.
 // A client never writes a slot that is Ready or Reading (the agent has not
 // read it yet): it waits for Done, and past its deadline skips that step's
 // capture and says so (AorStageBusy). A trainer killed mid-capture leaves
@@ -58,7 +59,7 @@
 
 namespace memento::shm {
 
-inline constexpr char kAorStageMagic[8] = {'M', 'E', 'M', 'A', 'O', 'R', 'S', '3'};
+inline constexpr char kAorStageMagic[8] = {'M', 'E', 'M', 'A', 'O', 'R', 'S', '4'};
 inline constexpr int kAorStageSlots = 2;
 inline constexpr int kAorSumRing = 8;
 
@@ -89,7 +90,7 @@ struct AorStageSlot {
   int64_t step;  // the optimizer step the slices feed
   float lr;      // NaN: the optimizer's schedule
   uint32_t reserved2;
-  uint64_t data_checksum;  // xxHash3 of the data (2 * total_count floats)
+  uint64_t data_checksum;  // StageDataChecksum of the data's slices
   uint64_t pad[4];
 };
 static_assert(sizeof(AorStageSlot) == 64);
@@ -148,9 +149,17 @@ inline float* BeginStage(uint8_t* base, int64_t step) {
   __atomic_store_n(&s->state, kStageWriting, __ATOMIC_RELEASE);
   return StageData(base, StageSlotOf(step));
 }
-// After the data is written: step, lr, checksum (`data_checksum`: the
-// xxHash3 of the slot's data, which the writer computed while copying it),
-// then ready.
+// A slot's `data_checksum`: the xxHash3 of its slices' xxHash3s, in the
+// slot's order (per range: the gradients, then the parameters), so the
+// agent can hash each slice in the pass that reads it for the host step
+// (the two slices of a range side by side, chunk by chunk).
+inline uint64_t StageDataChecksum(const uint64_t* slice_hashes, size_t n) {
+  return Checksum(slice_hashes, n * sizeof(uint64_t));
+}
+
+// After the data is written: step, lr, checksum (`data_checksum`:
+// StageDataChecksum of the slices, which the writer computed while copying
+// them), then ready.
 inline void FinishStage(uint8_t* base, int64_t step, float lr, uint64_t data_checksum) {
   const int k = StageSlotOf(step);
   AorStageSlot* s = StageSlot(base, k);
@@ -160,10 +169,20 @@ inline void FinishStage(uint8_t* base, int64_t step, float lr, uint64_t data_che
   s->seq = s->seq + 2;  // never 0, and new for each write of this slot
   __atomic_store_n(&s->state, kStageReady, __ATOMIC_RELEASE);
 }
-inline void FinishStage(uint8_t* base, int64_t step, float lr) {
+// The same, hashing the slot's data now: `counts` are the ranges' sizes in
+// the aor_register reply's order (tests; the client hashes as it copies).
+inline void FinishStage(uint8_t* base, int64_t step, float lr, const uint64_t* counts,
+                        size_t num_ranges) {
   const int k = StageSlotOf(step);
-  FinishStage(base, step, lr,
-              Checksum(StageData(base, k), 2 * StageHeader(base)->total_count * sizeof(float)));
+  const float* d = StageData(base, k);
+  uint64_t hashes[64];
+  size_t n = 0;
+  for (size_t r = 0; r < num_ranges && n + 2 <= 64; ++r) {
+    hashes[n++] = Checksum(d, counts[r] * sizeof(float));
+    hashes[n++] = Checksum(d + counts[r], counts[r] * sizeof(float));
+    d += 2 * counts[r];
+  }
+  FinishStage(base, step, lr, StageDataChecksum(hashes, n));
 }
 
 // The doorbell: the agent's watcher of the file wakes up (a futex wake on
