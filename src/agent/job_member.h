@@ -244,6 +244,9 @@ class JobMember {
   bool Dead(int64_t step) EXCLUDES(mu_);
 
  private:
+  // The deadline of one call to the coordination store.
+  static constexpr double kStoreCallS = 10.0;
+
   JobMember() = default;
   static int64_t SteadyNowNs();
   void Run();

@@ -277,10 +277,13 @@ LaunchSummary Launcher::State::Finish(JobEnd end) {
   return summary;
 }
 
-Result<LaunchSummary> Launcher::Run() {
-  const LaunchOptions& o = options_;
-  // An external embedded store was started with the job's token; etcd has its
-  // own authentication, so the agents' token is generated as for a hosted store.
+namespace {
+
+// The job's token: the one named (--token-file, MEMENTO_JOB_TOKEN), which an
+// external embedded store was started with; else a fresh one (etcd has its
+// own authentication, so the agents' token is generated as for a hosted
+// store).
+Result<net::JobToken> JobTokenFor(const LaunchOptions& o) {
   const bool store_has_token = !o.store_url.empty() && o.store_url.rfind("etcd://", 0) != 0;
   Result<net::JobToken> token = (!o.token_file.empty() || store_has_token)
                                     ? net::JobToken::Load(o.token_file)
@@ -291,68 +294,86 @@ Result<LaunchSummary> Launcher::Run() {
                                           : "the job token of the store " + o.store_url +
                                                 " (--token-file or MEMENTO_JOB_TOKEN)");
   }
-  State s(o, injections_, std::move(*token));
-  // The agents' start counts from here (the store's start included).
-  const Deadline setup = Deadline::AfterSeconds(o.agent_start_timeout_s);
-  StoreMode store_mode = StoreMode::kInProcess;
-  MEMENTO_RETURN_IF_ERROR(s.SetUp(setup, &store_mode));
-  if (!o.quiet) {
-    s.Say("job " + o.job + ": " + std::to_string(o.nodes) + " node(s) x " +
-          std::to_string(o.ranks_per_node) + " rank(s), dp " + std::to_string(o.dp) + " tp " +
-          std::to_string(o.tp) + " pp " + std::to_string(o.pp) + " zero " + std::to_string(o.zero) +
-          ", policy " + o.policy + "; store " + s.store_url + " (" +
-          std::string(StoreModeName(store_mode)) + "); run dir " + o.run_dir);
-    for (const Injection& inj : injections_) s.Say("will inject " + inj.ToString());
-  }
+  return token;
+}
 
-  // Everything below ends through Finish, which stops the children.
+}  // namespace
+
+void Launcher::State::Announce(StoreMode store_mode) const {
+  if (o.quiet) return;
+  Say("job " + o.job + ": " + std::to_string(o.nodes) + " node(s) x " +
+      std::to_string(o.ranks_per_node) + " rank(s), dp " + std::to_string(o.dp) + " tp " +
+      std::to_string(o.tp) + " pp " + std::to_string(o.pp) + " zero " + std::to_string(o.zero) +
+      ", policy " + o.policy + "; store " + store_url + " (" +
+      std::string(StoreModeName(store_mode)) + "); run dir " + o.run_dir);
+  for (const Injection& inj : injections) Say("will inject " + inj.ToString());
+}
+
+Status Launcher::State::StartNodes(Deadline setup) {
   for (int i = 0; i < o.nodes; ++i) {
-    Status st = s.StartAgent(i, /*fresh_root=*/false);
-    if (!st.ok()) return s.Finish({false, 1, st.ToString()});
+    MEMENTO_RETURN_IF_ERROR(StartAgent(i, /*fresh_root=*/false));
   }
-  if (Status st = s.WaitAgentsReady(setup); !st.ok()) return s.Finish({false, 1, st.ToString()});
-  if (!o.quiet) s.Say("agents ready; starting " + std::to_string(s.world) + " trainer(s)");
-  if (Status st = s.StartTrainers(); !st.ok()) return s.Finish({false, 1, st.ToString()});
+  MEMENTO_RETURN_IF_ERROR(WaitAgentsReady(setup));
+  if (!o.quiet) Say("agents ready; starting " + std::to_string(world) + " trainer(s)");
+  return StartTrainers();
+}
 
+std::optional<JobEnd> Launcher::State::OnFailure(const std::string& cause, int failed_rank,
+                                                 const ExitStatus& failed_status) {
+  // --recovery undo|auto: a lost rank is replaced in process when it can
+  // be; otherwise (and for lost nodes and agents) the whole job restarts.
+  const std::string fallback = TryInProcess(cause, failed_rank, failed_status);
+  if (fallback.empty()) return std::nullopt;
+  return Recover(cause, fallback == "restart" ? "" : fallback);
+}
+
+JobEnd Launcher::State::Supervise(const std::atomic<bool>& stop_requested) {
   while (true) {
-    if (stop_requested_.load()) return s.Finish({false, 130, "stopped by a signal"});
+    if (stop_requested.load()) return {false, 130, "stopped by a signal"};
     // The store: restart a killed one when its down time is over; notice one
     // that died or forgot the job. Nothing below waits on a store that is down.
-    if (Status st = s.RestartStoreIfDue(); !st.ok()) return s.Finish({false, 1, st.ToString()});
-    if (Status st = s.CheckStore(); !st.ok()) return s.Finish({false, 1, st.ToString()});
-    if (!s.StoreDown()) s.MaybePublishPlan();
+    if (Status st = RestartStoreIfDue(); !st.ok()) return {false, 1, st.ToString()};
+    if (Status st = CheckStore(); !st.ok()) return {false, 1, st.ToString()};
+    if (!StoreDown()) MaybePublishPlan();
 
     // Steps whose redundancy could not be written ran unprotected: loud, and
     // with --require-protection the end of the job.
-    if (auto end = s.CheckProtection()) return s.Finish(std::move(*end));
+    if (auto end = CheckProtection()) return std::move(*end);
 
-    if (!injections_.empty() && !s.StoreDown()) s.FireInjections();
+    if (!injections.empty() && !StoreDown()) FireInjections();
 
     bool all_done = false;
     int failed_rank = -1;
     ExitStatus failed_status;
-    const std::string cause = s.PollChildren(&all_done, &failed_rank, &failed_status);
+    const std::string cause = PollChildren(&all_done, &failed_rank, &failed_status);
     if (cause.empty() && all_done) {
-      if (!o.quiet) s.Say("every trainer finished");
-      return s.Finish({true, 0, "every trainer exited 0"});
+      if (!o.quiet) Say("every trainer finished");
+      return {true, 0, "every trainer exited 0"};
     }
     if (!cause.empty()) {
-      // --recovery undo|auto: a lost rank is replaced in process when it can
-      // be; otherwise (and for lost nodes and agents) the whole job restarts.
-      const std::string fallback = s.TryInProcess(cause, failed_rank, failed_status);
-      if (fallback.empty()) continue;
-      if (auto end = s.Recover(cause, fallback == "restart" ? "" : fallback)) {
-        return s.Finish(std::move(*end));
-      }
+      if (auto end = OnFailure(cause, failed_rank, failed_status)) return std::move(*end);
       continue;
     }
-    if (const std::string stuck = s.WatchRecoveries(); !stuck.empty()) {
-      if (auto end = s.Recover(stuck)) return s.Finish(std::move(*end));
+    if (const std::string stuck = WatchRecoveries(); !stuck.empty()) {
+      if (auto end = Recover(stuck)) return std::move(*end);
       continue;
     }
-    s.ReportProgress();
+    ReportProgress();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+Result<LaunchSummary> Launcher::Run() {
+  MEMENTO_ASSIGN_OR_RETURN(net::JobToken token, JobTokenFor(options_));
+  State s(options_, injections_, std::move(token));
+  // The agents' start counts from here (the store's start included).
+  const Deadline setup = Deadline::AfterSeconds(options_.agent_start_timeout_s);
+  StoreMode store_mode = StoreMode::kInProcess;
+  MEMENTO_RETURN_IF_ERROR(s.SetUp(setup, &store_mode));
+  s.Announce(store_mode);
+  // Everything below ends through Finish, which stops the children.
+  if (Status st = s.StartNodes(setup); !st.ok()) return s.Finish({false, 1, st.ToString()});
+  return s.Finish(s.Supervise(stop_requested_));
 }
 
 }  // namespace memento::launch

@@ -1,7 +1,8 @@
 // Internal to the launcher (src/launch/launcher*.cc), not for other layers:
 // the state of the supervisor behind Launcher::Run and its steps, one file per
 // seam:
-//   launcher.cc            the options, the setup, the supervisor loop, the end
+//   launcher.cc            the options, Run's steps (setup, start, the
+//                          supervisor loop, the end)
 //   launcher_store.cc      the store: the commit coordinator, the plan hash,
 //                          the store's loss and restart (kill-store)
 //   launcher_processes.cc  starting, watching and stopping agents and trainers
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -180,9 +182,25 @@ struct Launcher::State {
   }
 
   // ---- launcher.cc ----
+  // Launcher::Run's steps: SetUp, Announce, StartNodes, Supervise (which
+  // calls OnFailure for each failure), Finish.
   // The run dir, the token file, the network namespaces, the store, the
   // topology and the commit coordinator, by `setup`. Fills `store_mode`.
   Status SetUp(Deadline setup, StoreMode* store_mode);
+  // The job's first lines (unless quiet): its shape, store, run dir and
+  // the injections.
+  void Announce(StoreMode store_mode) const;
+  // Every node's agent, by `setup` ready, then every trainer.
+  Status StartNodes(Deadline setup);
+  // The supervisor loop: the store, protection, injections, the children's
+  // failures and recoveries, progress; until the job ends (every trainer
+  // exited 0, a failure it cannot recover from, or `stop_requested`).
+  JobEnd Supervise(const std::atomic<bool>& stop_requested);
+  // A failed child (`cause`; a trainer's rank and status, else -1): the
+  // in-process recovery when it can run, else the whole-job recovery.
+  // Returns the job's end, or nothing when the job goes on.
+  std::optional<JobEnd> OnFailure(const std::string& cause, int failed_rank,
+                                  const ExitStatus& failed_status);
   // Steps whose redundancy could not be written: warns; the job's end with
   // --require-protection.
   std::optional<JobEnd> CheckProtection();

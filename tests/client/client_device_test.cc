@@ -25,6 +25,7 @@ namespace memento {
 namespace {
 
 using testing::AgentThread;
+using testing::LocalAgent;
 
 int VisibleDevices() {
 #if MEMENTO_HAVE_CUDA
@@ -53,7 +54,7 @@ class ClientDeviceTest : public ::testing::Test {
 
 TEST_F(ClientDeviceTest, RefusesDeviceTensorNamingItWithoutCudaOrDevice) {
   if (VisibleDevices() > 0) GTEST_SKIP() << "a CUDA device is visible: the GPU cases run instead";
-  AgentThread agent({"jobd", 0, root_, 0});
+  AgentThread agent(LocalAgent("jobd", root_));
   auto c = Client::Connect(Options(Schedule::kEager));
   ASSERT_TRUE(c.ok()) << c.status();
   float fake[4] = {};
@@ -112,7 +113,7 @@ class ClientDeviceRoundTrip : public ClientDeviceTest,
 
 TEST_P(ClientDeviceRoundTrip, SnapshotsAndRestoresBitIdentically) {
   if (VisibleDevices() == 0) GTEST_SKIP() << "no CUDA device visible";
-  AgentThread agent({"jobd", 0, root_, 0});
+  AgentThread agent(LocalAgent("jobd", root_));
   auto engine = cuda::CudaCopyEngine::Create({});
   ASSERT_TRUE(engine.ok()) << engine.status();
   const size_t bytes = (size_t{3} << 20) + 4096;  // several chunks and a short tail
@@ -159,7 +160,7 @@ INSTANTIATE_TEST_SUITE_P(Schedules, ClientDeviceRoundTrip,
 TEST_F(ClientDeviceTest, RefusesADeviceThatDoesNotExist) {
   const int n = VisibleDevices();
   if (n == 0) GTEST_SKIP() << "no CUDA device visible";
-  AgentThread agent({"jobd", 0, root_, 0});
+  AgentThread agent(LocalAgent("jobd", root_));
   auto c = Client::Connect(Options(Schedule::kEager));
   ASSERT_TRUE(c.ok()) << c.status();
   float fake[4];

@@ -24,6 +24,7 @@ namespace memento {
 namespace {
 
 using testing::AgentThread;
+using testing::LocalAgent;
 using testing::State;
 
 // Threads of this process running as SCHED_IDLE, except the client's slot
@@ -110,7 +111,7 @@ class ClientHasTest : public ::testing::Test {
 };
 
 TEST_F(ClientHasTest, RejectsUnknownSchedule) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   auto lazy = ParseSchedule("lazy");
   EXPECT_EQ(lazy.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(lazy.status().message().find("'lazy'"), std::string::npos) << lazy.status();
@@ -127,7 +128,7 @@ TEST_F(ClientHasTest, RejectsUnknownSchedule) {
 // Phases flip on another thread while snapshots run; every version restores
 // bit-identically in a fresh client, and the per-layer bytes add up.
 TEST_F(ClientHasTest, RoundTripBitIdenticalWithPhasesFromAnotherThread) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   uint64_t seed = memento::testing::TestSeed("ClientHasTest.RoundTrip");
   State s;
   auto c = Sealed(s, Options());
@@ -171,7 +172,7 @@ TEST_F(ClientHasTest, RoundTripBitIdenticalWithPhasesFromAnotherThread) {
 // A long idle window (reported before the snapshot begins and held until the
 // version is committed) carries the whole copy: layer 1.
 TEST_F(ClientHasTest, IdleWindowCarriesTheCopy) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   uint64_t seed = memento::testing::TestSeed("ClientHasTest.Idle");
   State s;
   auto c = Sealed(s, Options());
@@ -203,7 +204,7 @@ TEST_F(ClientHasTest, IdleWindowCarriesTheCopy) {
 // trainer reports an idle phase, the next snapshot runs under HAS and the
 // idle window carries it. Both versions restore bit-identically.
 TEST_F(ClientHasTest, AutoSwitchesToHasOnceIdlePhasesAreReported) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   uint64_t seed = memento::testing::TestSeed("ClientHasTest.Auto");
   State s;
   auto c = Sealed(s, Options(Schedule::kAuto));
@@ -239,7 +240,7 @@ TEST_F(ClientHasTest, AutoSwitchesToHasOnceIdlePhasesAreReported) {
 // the token bucket's initial burst may go, the rest waits for Fence(). No
 // byte is counted as idle, and the slot is complete and exact all the same.
 TEST_F(ClientHasTest, WithoutIdleWindowsTheFenceCopiesTheRest) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   uint64_t seed = memento::testing::TestSeed("ClientHasTest.Fence");
   State s;
   ClientOptions o = Options();
@@ -275,7 +276,7 @@ TEST_F(ClientHasTest, WithoutIdleWindowsTheFenceCopiesTheRest) {
 // them. Bit-identical restore either way.
 TEST_F(ClientHasTest, HasWorkersRunAtIdlePriorityUntilTheFence) {
   if (!CanLiftIdleThreads()) GTEST_SKIP() << "no CAP_SYS_NICE / RLIMIT_NICE: workers stay normal";
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   const uint64_t seed = memento::testing::TestSeed("ClientHasTest.Priority");
   State s;
   ASSERT_EQ(IdleThreads(), 0);
@@ -313,7 +314,7 @@ TEST_F(ClientHasTest, HasWorkersRunAtIdlePriorityUntilTheFence) {
 }
 
 TEST_F(ClientHasTest, FenceDeadlineCanBeRetried) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   State s;
   ClientOptions o = Options();
   o.has.compute_max_rate = 1;

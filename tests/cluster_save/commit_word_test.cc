@@ -19,6 +19,7 @@ namespace memento {
 namespace {
 
 using testing::AgentThread;
+using testing::LocalAgent;
 using testing::State;
 
 class CommitWordTest : public ::testing::Test {
@@ -58,7 +59,7 @@ class CommitWordTest : public ::testing::Test {
 };
 
 TEST_F(CommitWordTest, NeverOverwritesTheCommittedVersionAndSkipsHeldOnes) {
-  AgentThread agent({"jobc", 0, root_, 0});
+  AgentThread agent(LocalAgent("jobc", root_));
   State s(20000);
   auto c = Client::Connect(Options());
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -126,7 +127,7 @@ TEST_F(CommitWordTest, WithoutTheWordTheSingleNodeRuleHolds) {
     MakeWord(5);
     word_seg_.reset();
   }
-  AgentThread agent({"jobc", 0, root_, 0});
+  AgentThread agent(LocalAgent("jobc", root_));
   State s(20000);
   auto c = Client::Connect(Options());
   ASSERT_TRUE(c.ok());
@@ -148,7 +149,7 @@ TEST_F(CommitWordTest, WithoutTheWordTheSingleNodeRuleHolds) {
 // while the durable stream holds it the snapshot is skipped (and the claim
 // withdrawn), until the hold is released or its deadline passes.
 TEST_F(CommitWordTest, DurableHoldSkipsUntilReleasedOrExpired) {
-  AgentThread agent({"jobc", 0, root_, 0});
+  AgentThread agent(LocalAgent("jobc", root_));
   State s(20000);
   auto c = Client::Connect(Options());
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -190,7 +191,7 @@ TEST_F(CommitWordTest, DurableHoldSkipsUntilReleasedOrExpired) {
 // Single-node mode (no commit word): the agent's durable.word holds a slot;
 // the single-node rule (overwrite the older slot) skips while it is held.
 TEST_F(CommitWordTest, DurableWordHoldsInSingleNodeMode) {
-  AgentThread agent({"jobc", 0, root_, 0});
+  AgentThread agent(LocalAgent("jobc", root_));
   State s(20000);
   auto c = Client::Connect(Options());
   ASSERT_TRUE(c.ok()) << c.status().ToString();

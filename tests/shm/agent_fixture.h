@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -16,6 +17,18 @@
 #include "memento/client.h"
 
 namespace memento::testing {
+
+// The options of a node-local agent of `job` on `root` (node 0, no cluster;
+// `budget_bytes` 0: no budget). Fields set by name: the others keep their
+// defaults (a positional {"job", 0, root, 0} left the later ones unset).
+inline agent::AgentOptions LocalAgent(const std::string& job, const std::string& root,
+                                      uint64_t budget_bytes = 0) {
+  agent::AgentOptions o;
+  o.job_id = job;
+  o.root = root;
+  o.budget_bytes = budget_bytes;
+  return o;
+}
 
 class AgentThread {
  public:

@@ -28,6 +28,7 @@ namespace memento {
 namespace {
 
 using testing::AgentThread;
+using testing::LocalAgent;
 using testing::State;
 
 class ClientAgentTest : public ::testing::Test {
@@ -77,7 +78,7 @@ TEST_F(ClientAgentTest, ConnectRefusesAnUnknownParityPlaceOrCopyKernel) {
 }
 
 TEST_F(ClientAgentTest, SnapshotRestoreRoundTrip) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   uint64_t seed = memento::testing::TestSeed("ClientAgentTest.SnapshotRestoreRoundTrip");
   State s;
   auto c = Sealed(s);
@@ -133,7 +134,7 @@ long ThreadMinorFaults() {
 // thread, with 4 KiB slot pages (rank 0) and with huge pages (rank 1), and
 // the copy is exact.
 TEST_F(ClientAgentTest, FirstSnapshotAfterARestartDoesNotFaultOnTheTrainingThread) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   const size_t n = size_t{32} << 20;
   for (int rank : {0, 1}) {
     shm::SetHugePagesWanted(rank != 0);  // the in-process agent makes the slots
@@ -192,7 +193,7 @@ TEST_F(ClientAgentTest, FirstSnapshotAfterARestartDoesNotFaultOnTheTrainingThrea
 }
 
 TEST_F(ClientAgentTest, MismatchListsEveryDifferenceAndWritesNothing) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   State s;
   s.Fill(1);
   auto c = Sealed(s);
@@ -232,7 +233,7 @@ TEST_F(ClientAgentTest, MismatchListsEveryDifferenceAndWritesNothing) {
 }
 
 TEST_F(ClientAgentTest, CorruptedSlotFallsBackThenDataLoss) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   uint64_t seed = memento::testing::TestSeed("ClientAgentTest.Corrupted");
   State s;
   auto c = Sealed(s);
@@ -306,7 +307,7 @@ bool SameBytes(const State& a, const State& b) {
 // registered tensors; the older version then overwrites every byte, so the
 // result is that version bit-exact.
 TEST_F(ClientAgentTest, AFlippedByteInTheLastChunkFallsBackToTheOlderVersionBitExact) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   uint64_t seed = memento::testing::TestSeed("ClientAgentTest.FlippedLastChunk");
   State s;
   auto c = Sealed(s);
@@ -341,7 +342,7 @@ TEST_F(ClientAgentTest, AFlippedByteInTheLastChunkFallsBackToTheOlderVersionBitE
 // registered element then holds its value before the call or that of one of
 // the versions tried (chunks of them), never anything else.
 TEST_F(ClientAgentTest, NoIntactVersionFailsAndSaysTheTensorsArePartlyOverwritten) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   uint64_t seed = memento::testing::TestSeed("ClientAgentTest.NoIntactVersion");
   State s;
   auto c = Sealed(s);
@@ -412,7 +413,7 @@ TEST_F(ClientAgentTest, NoIntactVersionFailsAndSaysTheTensorsArePartlyOverwritte
 // takes the older whole version, and Restore(step) of the sharded one fails
 // with that reason, writing no registered byte.
 TEST_F(ClientAgentTest, ASlotOfPiecesIsRestoredThroughTheAgentsAssembly) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   uint64_t seed = memento::testing::TestSeed("ClientAgentTest.SlotOfPieces");
   State s;
   auto c = Sealed(s);
@@ -487,7 +488,7 @@ TEST_F(ClientAgentTest, ASlotOfPiecesIsRestoredThroughTheAgentsAssembly) {
 // step. The motivating case: a rank killed in the middle of Snapshot(3) holds
 // a torn slot and step 2 only, so the job must restart every rank at step 2.
 TEST_F(ClientAgentTest, RestoreExactStep) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   uint64_t seed = memento::testing::TestSeed("ClientAgentTest.RestoreExactStep");
   State s;
   auto c = Sealed(s);
@@ -582,7 +583,7 @@ TEST_F(ClientAgentTest, ClearErrorsForBadSetups) {
   EXPECT_EQ(c.status().code(), StatusCode::kNotFound) << c.status();
   EXPECT_NE(c.status().message().find("unknown job"), std::string::npos) << c.status();
   {
-    AgentThread agent({"job1", 0, root_, 1 << 20});  // 1 MiB budget
+    AgentThread agent(LocalAgent("job1", root_, 1 << 20));  // 1 MiB budget
     // An agent of another job at this directory.
     ClientOptions other = o;
     other.job_id = "job2";
@@ -598,7 +599,7 @@ TEST_F(ClientAgentTest, ClearErrorsForBadSetups) {
     EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st;
     EXPECT_NE(st.message().find("--budget"), std::string::npos) << st;
     // A second agent on the same root is refused.
-    auto second = agent::Agent::Start({"job1", 0, root_, 0});
+    auto second = agent::Agent::Start(LocalAgent("job1", root_));
     EXPECT_EQ(second.status().code(), StatusCode::kAlreadyExists) << second.status();
   }
   // The agent is gone and its socket file stays: stale.
@@ -608,7 +609,10 @@ TEST_F(ClientAgentTest, ClearErrorsForBadSetups) {
   EXPECT_NE(c.status().message().find("stale"), std::string::npos) << c.status();
   // An agent whose budget the shared-memory filesystem cannot hold refuses to
   // start, saying how much is needed and how to raise it.
-  auto huge = agent::Agent::Start({"job1", 1, dir_.path() + "/job1/node1", uint64_t{1} << 60});
+  agent::AgentOptions huge_options =
+      LocalAgent("job1", dir_.path() + "/job1/node1", uint64_t{1} << 60);
+  huge_options.node = 1;
+  auto huge = agent::Agent::Start(huge_options);
   EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted) << huge.status();
   EXPECT_NE(huge.status().message().find("--shm-size"), std::string::npos) << huge.status();
   // Bad options.
@@ -631,7 +635,7 @@ TEST_F(ClientAgentTest, ClearErrorsForBadSetups) {
 // waits. Either way the version is exact. The workers are slowed down (a
 // sleep after every chunk) so that the fence always finds chunks left.
 TEST_F(ClientAgentTest, IdlePriorityFenceCopiesWhatIsLeft) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   uint64_t seed = memento::testing::TestSeed("ClientAgentTest.IdlePriorityFenceCopiesWhatIsLeft");
   memento::client::testing_hooks::SetCopyDelayUs(20000);
   for (CopyPriority priority : {CopyPriority::kIdle, CopyPriority::kNormal}) {
@@ -667,7 +671,7 @@ TEST_F(ClientAgentTest, IdlePriorityFenceCopiesWhatIsLeft) {
 }
 
 TEST_F(ClientAgentTest, OneLiveTrainerPerRank) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   auto first = Client::Connect(Options(1));
   ASSERT_TRUE(first.ok()) << first.status();
   // Another process claiming rank 1 while the first is alive is refused.
@@ -696,7 +700,7 @@ TEST_F(ClientAgentTest, OneLiveTrainerPerRank) {
 
 TEST_F(ClientAgentTest, ClientOfAnotherUidIsRefused) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another uid";
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   // Open the directory and socket so that only the agent's SO_PEERCRED check
   // stands between the other uid and the agent.
   ASSERT_EQ(chmod(root_.c_str(), 0755), 0);
@@ -724,7 +728,7 @@ TEST_F(ClientAgentTest, ClientOfAnotherUidIsRefused) {
 }
 
 TEST_F(ClientAgentTest, MalformedRequestsGetErrorsAndTheAgentLivesOn) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   auto fd = shm::ConnectUnix(shm::AgentSocketPath(root_));
   ASSERT_TRUE(fd.ok());
   Deadline d = Deadline::AfterSeconds(5);
@@ -756,7 +760,7 @@ TEST_F(ClientAgentTest, MalformedRequestsGetErrorsAndTheAgentLivesOn) {
 }
 
 TEST_F(ClientAgentTest, RegistrationRules) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   auto c = Client::Connect(Options());
   ASSERT_TRUE(c.ok());
   float x[4];
@@ -779,7 +783,7 @@ TEST_F(ClientAgentTest, RegistrationRules) {
 // encoding the agent cannot decode fails Seal(); on a single node (no plan,
 // no replicas) capturing copies nothing and succeeds.
 TEST_F(ClientAgentTest, GradientRegistrationRules) {
-  AgentThread agent({"job1", 0, root_, 0});
+  AgentThread agent(LocalAgent("job1", root_));
   std::vector<float> params(64, 0.5f), grads(64, 0.25f);
   auto adam = opt::AdamW::Create(opt::AdamWConfig{}, {{0, 64, 0.1f}});
   ASSERT_TRUE(adam.ok());
