@@ -503,6 +503,10 @@ Result<nlohmann::json> Run(const Args& a) {
     j["effective_gbps"] = eff;
     j["cores"] = static_cast<int>(std::thread::hardware_concurrency());
     j["verified"] = true;
+    // The survivors' deferred verification (docs/recovery.md, "The
+    // survivors' verification"): bytes the agents hashed for it, bytes their
+    // receivers checked instead, whether the leader had to decide again.
+    j["verification"] = rec.ToJson()["verification"];
     j["reason"] = rec.decision.reason;
     return j;
   }();

@@ -26,7 +26,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "agent/piece_reader.h"
@@ -256,6 +258,11 @@ class PeerService {
   Result<std::string> HandleRecover(std::string_view body, Deadline deadline);
   Result<std::string> HandleSetRestoreTarget(std::string_view body);
   Result<std::string> HandleLoadDurable(std::string_view body);
+  // kPeerVerifyKept: the survivors' deferred verification of a recovery.
+  Result<std::string> HandleVerifyKept(std::string_view body) EXCLUDES(kept_run_mu_);
+  struct KeptSession;
+  // Ends (joins) the session's background pass, if any.
+  void EndKeptSession() REQUIRES(kept_run_mu_);
 
   const PeerServiceOptions options_;
   const net::JobToken token_;
@@ -264,6 +271,15 @@ class PeerService {
   recover::ExecuteOptions exec_options_;  // kPeerRecover; set at Start
   Mutex stats_mu_;
   PeerServiceStats stats_ GUARDED_BY(stats_mu_);
+  // kPeerVerifyKept: one session at a time (begin .. finish), serialised by
+  // kept_run_mu_; kept_mu_ guards what the serving threads record (the whole
+  // chunks streamed with their table checksum while a session of that step
+  // is open: (rank, slot generation, chunk index)).
+  Mutex kept_run_mu_;
+  std::unique_ptr<KeptSession> kept_ GUARDED_BY(kept_run_mu_);
+  Mutex kept_mu_;
+  int64_t kept_step_ GUARDED_BY(kept_mu_) = -1;  // -1: no session records
+  std::set<std::tuple<int, uint64_t, size_t>> sent_whole_ GUARDED_BY(kept_mu_);
   net::RpcServer rpc_;
 };
 

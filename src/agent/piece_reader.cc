@@ -207,8 +207,18 @@ Status PieceReader::CopyRanges(SlotCache& c, const std::vector<RangeCopy>& copie
   return Status::Ok();
 }
 
+void PieceReader::SetWholeChunkObserver(WholeChunkFn fn) {
+  MutexLock l(&mu_);
+  on_whole_chunk_ = fn ? std::make_shared<const WholeChunkFn>(std::move(fn)) : nullptr;
+}
+
 Status PieceReader::EmitRanges(SlotCache& c, const std::vector<RangeCopy>& copies,
                                const EmitFn& emit, const std::string& what) {
+  std::shared_ptr<const WholeChunkFn> on_whole;
+  {
+    MutexLock l(&mu_);
+    on_whole = on_whole_chunk_;
+  }
   const uint8_t* data = c.segment->data() + c.info.data_offset;
   const auto& chunks = c.info.chunks;
   for (const RangeCopy& r : copies) {
@@ -242,13 +252,15 @@ Status PieceReader::EmitRanges(SlotCache& c, const std::vector<RangeCopy>& copie
       const shm::ChunkEntry& ch = chunks[*it];
       const uint64_t hi = std::min(end, ch.offset + ch.length);
       uint64_t digest;
-      if (at == ch.offset && hi == ch.offset + ch.length) {
+      const bool whole = at == ch.offset && hi == ch.offset + ch.length;
+      if (whole) {
         digest = ch.checksum;  // checked by the receiver against the bytes it gets
       } else {
         MEMENTO_RETURN_IF_ERROR(VerifyRange(c, r.tensor, at, hi));
         digest = Checksum(data + at, hi - at);
       }
       MEMENTO_RETURN_IF_ERROR(emit(data + at, hi - at, digest));
+      if (whole && on_whole != nullptr) (*on_whole)(c.info.rank, c.info.step, c.generation, *it);
       at = hi;
     }
   }

@@ -101,6 +101,16 @@ class PieceReader {
   // lie in is hashed now. NotFound / DataLoss / Aborted as ReadSegments.
   [[nodiscard]] Status CheckSegments(const SegmentsRef& ref, bool verify) EXCLUDES(mu_);
 
+  // Called by ServePiece / ServeSegments after each whole chunk they emitted
+  // with the table's checksum as its digest (the receiver checks those bytes
+  // against it, so the sender need not): the slot's rank, step, generation
+  // and the chunk's index in its table. The recovery's deferred verification
+  // (PeerService, kPeerVerifyKept) counts such chunks as checked. Runs on
+  // the serving thread; null (the default) for none.
+  using WholeChunkFn =
+      std::function<void(int rank, int64_t step, uint64_t generation, size_t chunk)>;
+  void SetWholeChunkObserver(WholeChunkFn fn) EXCLUDES(mu_);
+
  private:
   struct SlotCache {
     std::shared_ptr<shm::Segment> segment;
@@ -148,6 +158,7 @@ class PieceReader {
   const std::string job_id_;
   Mutex mu_;
   std::map<std::pair<int, int>, std::shared_ptr<SlotCache>> slots_ GUARDED_BY(mu_);
+  std::shared_ptr<const WholeChunkFn> on_whole_chunk_ GUARDED_BY(mu_);
 };
 
 // Which of `ranks` hold version `step` in T0 on this node: slot complete at

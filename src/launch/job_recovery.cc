@@ -1,5 +1,7 @@
 #include "launch/job_recovery.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -116,7 +118,13 @@ json JobRecovery::ToJson() const {
           {"write_s", write_s},
           {"rebuild_s", rebuild_s},
           {"total_s", total_s},
-          {"rebuilt_bytes", rebuilt_bytes}};
+          {"rebuilt_bytes", rebuilt_bytes},
+          {"verification",
+           {{"deferred", deferred_verify},
+            {"hashed_bytes", verify_hashed_bytes},
+            {"checked_by_receivers_bytes", verify_checked_by_receivers_bytes},
+            {"redecided", redecided},
+            {"first_attempt", first_attempt}}}};
 }
 
 namespace {
@@ -141,11 +149,36 @@ double NumberOr(const json& j, const char* key, double def) {
 
 }  // namespace
 
-Result<JobRecovery> RecoverJob(coord::Store& store, const topo::Plan& plan,
-                               const net::JobToken& token, const RecoverOptions& options,
-                               Deadline deadline) {
+namespace {
+
+// kPeerVerifyKept `phase` of `step` on every node in `nodes`, in parallel;
+// the replies by node (in `nodes` order).
+std::vector<Result<std::string>> VerifyKeptOnNodes(const std::vector<std::string>& endpoints,
+                                                   const std::vector<int>& nodes,
+                                                   const net::JobToken& token, int64_t step,
+                                                   const char* phase, Deadline deadline) {
+  std::vector<Result<std::string>> replies(nodes.size(), UnavailableError("not asked"));
+  const std::string body = json{{"step", step}, {"phase", phase}}.dump();
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    threads.emplace_back([&, k] {
+      replies[k] = CallPeer(endpoints[static_cast<size_t>(nodes[k])], token, agent::kPeerVerifyKept,
+                            body, deadline);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return replies;
+}
+
+// One recovery attempt. `deferred`: the inventories do not hash, the agents
+// verify alongside the rebuild (RecoverOptions::deferred_verify); a failure
+// of one of those checks sets *check_failed.
+Result<JobRecovery> RecoverJobOnce(coord::Store& store, const topo::Plan& plan,
+                                   const net::JobToken& token, const RecoverOptions& options,
+                                   Deadline deadline, bool deferred, bool* check_failed) {
   Stopwatch total;
   JobRecovery out;
+  out.deferred_verify = deferred;
   const int n = options.num_nodes;
   MEMENTO_ASSIGN_OR_RETURN(std::vector<std::string> endpoints,
                            ReadEndpoints(store, options.job, n, deadline));
@@ -153,8 +186,9 @@ Result<JobRecovery> RecoverJob(coord::Store& store, const topo::Plan& plan,
   // 2. Inventory from every agent, in parallel.
   std::vector<Result<recover::NodeInventory>> answers(static_cast<size_t>(n),
                                                       UnavailableError("not asked"));
+  const bool inventory_verify = options.verify && !deferred;
   {
-    const std::string body = json{{"verify", options.verify}}.dump();
+    const std::string body = json{{"verify", inventory_verify}}.dump();
     std::vector<std::thread> threads;
     for (int i = 0; i < n; ++i) {
       if (endpoints[static_cast<size_t>(i)].empty()) {
@@ -185,7 +219,7 @@ Result<JobRecovery> RecoverJob(coord::Store& store, const topo::Plan& plan,
   // it has the plan (a recovery started the moment its endpoint appeared,
   // e.g. by the agents' leader; at most 20 s, then as it answers).
   {
-    const std::string body = json{{"verify", options.verify}}.dump();
+    const std::string body = json{{"verify", inventory_verify}}.dump();
     auto waiting_for_plan = [](const Result<recover::NodeInventory>& a) {
       if (!a.ok() || a->plan_hash != 0) return false;
       for (const recover::VersionHolding& v : a->versions) {
@@ -247,6 +281,23 @@ Result<JobRecovery> RecoverJob(coord::Store& store, const topo::Plan& plan,
     return out;
   }
 
+  // 3b. Deferred verification: every node that answered starts hashing what
+  // nobody else checks, alongside the rebuild.
+  std::vector<int> verifiers;
+  if (deferred) {
+    for (const recover::NodeInventory& inv : out.inventories) verifiers.push_back(inv.node);
+    auto began =
+        VerifyKeptOnNodes(endpoints, verifiers, token, out.decision.step, "begin", deadline);
+    for (size_t k = 0; k < verifiers.size(); ++k) {
+      if (!began[k].ok()) {
+        *check_failed = true;
+        return began[k].status().WithContext("deferred verification on node " +
+                                             std::to_string(verifiers[k]));
+      }
+    }
+  }
+  Status rebuild_status;
+
   // 4. Execute: kPeerRecover to every node with assemblies, in parallel.
   const uint64_t plan_hash = recover::PlanHash(plan);
   std::map<int, std::vector<recover::RankAssembly>> by_node;
@@ -290,7 +341,11 @@ Result<JobRecovery> RecoverJob(coord::Store& store, const topo::Plan& plan,
     for (auto& t : threads) t.join();
     for (size_t k = 0; k < order.size(); ++k) {
       if (!replies[k].ok()) {
-        return replies[k].status().WithContext("recovery on node " + std::to_string(order[k]));
+        if (rebuild_status.ok()) {
+          rebuild_status =
+              replies[k].status().WithContext("recovery on node " + std::to_string(order[k]));
+        }
+        continue;
       }
       json j = json::parse(*replies[k], nullptr, false);
       NodeRecoveryStats s;
@@ -313,6 +368,55 @@ Result<JobRecovery> RecoverJob(coord::Store& store, const topo::Plan& plan,
     }
   }
   out.rebuild_s = rebuild.Seconds();
+  if (deferred) {
+    // Every node's check must pass before the target is set.
+    auto finished =
+        VerifyKeptOnNodes(endpoints, verifiers, token, out.decision.step, "finish", deadline);
+    Status verify_status;
+    for (size_t k = 0; k < verifiers.size(); ++k) {
+      if (!finished[k].ok()) {
+        if (verify_status.ok()) {
+          verify_status = finished[k].status().WithContext("deferred verification on node " +
+                                                           std::to_string(verifiers[k]));
+        }
+        continue;
+      }
+      json j = json::parse(*finished[k], nullptr, false);
+      if (!j.is_discarded() && j.is_object()) {
+        out.verify_hashed_bytes += j.value("hashed_bytes", uint64_t{0});
+        out.verify_checked_by_receivers_bytes += j.value("trusted_bytes", uint64_t{0});
+      }
+    }
+    // A byte that failed its checksum on the way (the rebuilding agent's
+    // check of what it received) or at rest (a node's own check).
+    const StatusCode rc = rebuild_status.code();
+    if (!verify_status.ok() || rc == StatusCode::kDataLoss || rc == StatusCode::kAborted) {
+      if (!verify_status.ok() && !rebuild_status.ok()) {
+        MEMENTO_LOG_WARN("recovery: the rebuild failed too: {}", rebuild_status.ToString());
+      }
+      // What was rebuilt may have been decoded from a bad input (a parity
+      // sent before its node's check found it corrupt), with checksums
+      // computed from the bad bytes: torn on every rebuilding node before
+      // the next decision can count on it.
+      for (const auto& [node, list] : by_node) {
+        if (node < 0 || node >= n || endpoints[static_cast<size_t>(node)].empty()) continue;
+        std::vector<int> ranks;
+        for (const recover::RankAssembly& a : list) ranks.push_back(a.rank);
+        auto d = CallPeer(
+            endpoints[static_cast<size_t>(node)], token, agent::kPeerVerifyKept,
+            json{{"step", out.decision.step}, {"phase", "discard"}, {"ranks", ranks}}.dump(),
+            deadline);
+        if (!d.ok()) {
+          return d.status().WithContext(
+              fmt::format("discarding the slots rebuilt on node {} after a failed check ({})", node,
+                          (verify_status.ok() ? rebuild_status : verify_status).ToString()));
+        }
+      }
+      *check_failed = true;
+      return verify_status.ok() ? rebuild_status : verify_status;
+    }
+  }
+  if (!rebuild_status.ok()) return rebuild_status;
 
   // 5. Target: every agent answers its trainers' restore query with this step.
   json target_j = {{"step", out.decision.step}};
@@ -326,6 +430,33 @@ Result<JobRecovery> RecoverJob(coord::Store& store, const topo::Plan& plan,
   }
   out.total_s = total.Seconds();
   return out;
+}
+
+}  // namespace
+
+Result<JobRecovery> RecoverJob(coord::Store& store, const topo::Plan& plan,
+                               const net::JobToken& token, const RecoverOptions& options,
+                               Deadline deadline) {
+  if (!options.verify || !options.deferred_verify) {
+    return RecoverJobOnce(store, plan, token, options, deadline, /*deferred=*/false, nullptr);
+  }
+  Stopwatch total;
+  bool check_failed = false;
+  Result<JobRecovery> first =
+      RecoverJobOnce(store, plan, token, options, deadline, /*deferred=*/true, &check_failed);
+  if (first.ok() || !check_failed || deadline.expired()) return first;
+  // Nothing was set: no restore target, and a slot being rebuilt stays
+  // incomplete. Decide again on inventories that hash every slot and entry
+  // (the failed one is left out, or was recorded corrupt by its node).
+  MEMENTO_LOG_WARN("recovery: {}; deciding again on inventories verified now",
+                   first.status().ToString());
+  Result<JobRecovery> again =
+      RecoverJobOnce(store, plan, token, options, deadline, /*deferred=*/false, nullptr);
+  if (!again.ok()) return again;
+  again->redecided = true;
+  again->first_attempt = first.status().ToString();
+  again->total_s = total.Seconds();
+  return again;
 }
 
 json DurableLoad::ToJson() const {

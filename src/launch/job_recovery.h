@@ -76,6 +76,18 @@ struct JobRecovery {
   double rebuild_s = 0;
   double total_s = 0;
   uint64_t rebuilt_bytes = 0;
+  // The survivors' deferred verification (RecoverOptions::deferred_verify):
+  // whether this recovery decided on inventories without hashing and
+  // verified alongside the rebuild, the bytes the agents hashed for it, and
+  // the bytes of whole chunks they streamed that their receivers checked
+  // instead. `redecided`: a check failed there, and the recovery decided
+  // again on inventories that hash everything (`first_attempt` says why);
+  // the figures are then the second attempt's.
+  bool deferred_verify = false;
+  uint64_t verify_hashed_bytes = 0;
+  uint64_t verify_checked_by_receivers_bytes = 0;
+  bool redecided = false;
+  std::string first_attempt;
   nlohmann::json ToJson() const;
 };
 
@@ -85,8 +97,20 @@ struct RecoverOptions {
   // The newest committed step known to the caller (the store's commit/latest);
   // the agents' CommitLogs may raise it.
   int64_t committed = -1;
-  // Checksum every slot and redundancy entry before listing it (docs/cluster.md).
+  // Checksum every slot and redundancy entry the recovery relies on before
+  // the restore target is set (docs/cluster.md).
   bool verify = true;
+  // With `verify`: decide on inventories that do not hash (a slot or entry
+  // an earlier verification found corrupt is still left out), and verify
+  // alongside the rebuild instead (kPeerVerifyKept): each agent hashes what
+  // it keeps and what it serves other than whole chunks streamed with their
+  // table checksum (their receiver checks those); the restore target is set
+  // only when every check passed. When one fails (a survivor's byte, a
+  // chunk the rebuilding agent received), the recovery decides again within
+  // this call on inventories with `verify: true`, which leave the bad slot or
+  // entry out (docs/recovery.md, "The survivors' verification"). false: the
+  // inventories hash everything before the decision.
+  bool deferred_verify = true;
   // The recovery's new commit epoch (BumpEpoch; 0: none): sent with the
   // restore target, so every agent reports the steps trained after it in
   // that epoch (coord::CommitId). The caller then publishes the restored

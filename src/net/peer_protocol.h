@@ -53,6 +53,22 @@ enum PeerMethod : uint32_t {
   // agent that has not computed the plan (retry); NotFound when the version
   // is not complete or lacks a tensor of a rank.
   kPeerLoadDurable = 0x4d450006,
+  // The survivors' deferred verification of a recovery (docs/recovery.md,
+  // "The survivors' verification"). {"step", "phase": "begin"} -> "{}":
+  // starts hashing, on threads of the service, every chunk of this node's
+  // complete T0 slots of `step` that lies outside the pieces this node
+  // serves, and every redundancy entry of `step`; from then on the whole
+  // chunks this node streams with their table checksum (kPeerReadStream) are
+  // counted as checked by their receiver. {"step", "phase": "finish"} ->
+  // {"hashed_bytes", "trusted_bytes", "slots"}: waits for that pass, then
+  // hashes the chunks of the served pieces that were not streamed whole;
+  // DataLoss naming the slot and chunk (or the entry) when anything fails its
+  // checksum, Aborted when a slot was rewritten meanwhile, FailedPrecondition
+  // when no "begin" of `step` came before. {"step", "phase": "discard",
+  // "ranks": [...]} -> {"discarded": [...]}: the complete slots of `step` of
+  // those ranks (just rebuilt here from inputs a failed check no longer
+  // vouches for) are left torn (kWriting, a new generation).
+  kPeerVerifyKept = 0x4d450007,
 };
 
 }  // namespace memento::agent
