@@ -83,6 +83,51 @@ TensorMeta Meta(std::string name, DType dtype, int64_t numel, StateClass cls) {
   return t;
 }
 
+// Two nodes' stores, redundancy stores and peer services under a fresh
+// /dev/shm directory, serving `plan`; the services stop before the directory
+// is removed (members are destroyed in reverse order).
+struct TwoNodes {
+  struct Node {
+    std::unique_ptr<shm::NodeStore> store;
+    std::unique_ptr<agent::ShmRedundancyStore> red;
+    std::unique_ptr<agent::PeerService> service;
+  };
+  TempTree tree;
+  std::vector<Node> nodes;
+};
+
+Result<std::unique_ptr<TwoNodes>> StartTwoNodes(
+    const topo::Plan& plan, std::shared_ptr<const agent::ClusterPlan> cluster_plan,
+    const net::JobToken& token, size_t connections_per_peer) {
+  std::string tmpl = "/dev/shm/memento-bench-peer-XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) return ErrnoError("mkdtemp " + tmpl, errno);
+  auto two = std::make_unique<TwoNodes>();
+  two->tree.path = tmpl;
+  std::vector<TwoNodes::Node>& nodes = two->nodes;
+  nodes.resize(2);
+  for (int n = 0; n < 2; ++n) {
+    const std::string root = tmpl + "/node" + std::to_string(n);
+    MEMENTO_ASSIGN_OR_RETURN(nodes[n].store, shm::NodeStore::Open({root, "bench", n, 0}));
+    MEMENTO_ASSIGN_OR_RETURN(nodes[n].red, agent::ShmRedundancyStore::OpenShm(root, n));
+    MEMENTO_RETURN_IF_ERROR(nodes[n].red->SetPlan(plan));
+    agent::PeerServiceOptions o;
+    o.job = "bench";
+    o.node = n;
+    o.store = nodes[n].store.get();
+    o.redundancy = nodes[n].red.get();
+    o.plan = [cluster_plan]() -> Result<std::shared_ptr<const agent::ClusterPlan>> {
+      return cluster_plan;
+    };
+    o.endpoint_of = [&nodes](int peer) -> Result<std::string> {
+      if (peer < 0 || peer > 1 || !nodes[peer].service) return NotFoundError("no such node");
+      return nodes[peer].service->endpoint();
+    };
+    o.connections_per_peer = connections_per_peer;
+    MEMENTO_ASSIGN_OR_RETURN(nodes[n].service, agent::PeerService::Start(std::move(o), token));
+  }
+  return two;
+}
+
 // --aor-rs: see the file comment.
 Status RunAorRs(const Args& a) {
   const uint64_t count = static_cast<uint64_t>(a.aor_rs_elems);
@@ -110,34 +155,10 @@ Status RunAorRs(const Args& a) {
     return InternalError("bench peer --aor-rs: the plan has no copies of the private state");
   }
   auto cluster_plan = agent::MakeClusterPlan(plan, inv);
-  std::string tmpl = "/dev/shm/memento-bench-peer-XXXXXX";
-  if (mkdtemp(tmpl.data()) == nullptr) return ErrnoError("mkdtemp " + tmpl, errno);
-  TempTree tree{tmpl};
-  struct Node {
-    std::unique_ptr<shm::NodeStore> store;
-    std::unique_ptr<agent::ShmRedundancyStore> red;
-    std::unique_ptr<agent::PeerService> service;
-  };
-  std::vector<Node> nodes(2);
-  for (int n = 0; n < 2; ++n) {
-    const std::string root = tmpl + "/node" + std::to_string(n);
-    MEMENTO_ASSIGN_OR_RETURN(nodes[n].store, shm::NodeStore::Open({root, "bench", n, 0}));
-    MEMENTO_ASSIGN_OR_RETURN(nodes[n].red, agent::ShmRedundancyStore::OpenShm(root, n));
-    MEMENTO_RETURN_IF_ERROR(nodes[n].red->SetPlan(plan));
-    agent::PeerServiceOptions o;
-    o.job = "bench";
-    o.node = n;
-    o.store = nodes[n].store.get();
-    o.redundancy = nodes[n].red.get();
-    o.plan = [cluster_plan]() -> Result<std::shared_ptr<const agent::ClusterPlan>> {
-      return cluster_plan;
-    };
-    o.endpoint_of = [&nodes](int peer) -> Result<std::string> {
-      if (peer < 0 || peer > 1 || !nodes[peer].service) return NotFoundError("no such node");
-      return nodes[peer].service->endpoint();
-    };
-    MEMENTO_ASSIGN_OR_RETURN(nodes[n].service, agent::PeerService::Start(std::move(o), token));
-  }
+  MEMENTO_ASSIGN_OR_RETURN(
+      std::unique_ptr<TwoNodes> two,
+      StartTwoNodes(plan, cluster_plan, token, agent::PeerServiceOptions{}.connections_per_peer));
+  std::vector<TwoNodes::Node>& nodes = two->nodes;
   // The shard (params, exp_avg, exp_avg_sq) and a gradient, warm.
   std::vector<float> params(count), m(count), v(count), grads(count);
   for (uint64_t i = 0; i < count; ++i) {
@@ -236,35 +257,10 @@ Status Run(const Args& a) {
   const uint32_t copy_id = copy->id;
   auto cluster_plan = agent::MakeClusterPlan(plan, inv);
 
-  std::string tmpl = "/dev/shm/memento-bench-peer-XXXXXX";
-  if (mkdtemp(tmpl.data()) == nullptr) return ErrnoError("mkdtemp " + tmpl, errno);
-  TempTree tree{tmpl};
-  struct Node {
-    std::unique_ptr<shm::NodeStore> store;
-    std::unique_ptr<agent::ShmRedundancyStore> red;
-    std::unique_ptr<agent::PeerService> service;
-  };
-  std::vector<Node> nodes(2);
-  for (int n = 0; n < 2; ++n) {
-    const std::string root = tmpl + "/node" + std::to_string(n);
-    MEMENTO_ASSIGN_OR_RETURN(nodes[n].store, shm::NodeStore::Open({root, "bench", n, 0}));
-    MEMENTO_ASSIGN_OR_RETURN(nodes[n].red, agent::ShmRedundancyStore::OpenShm(root, n));
-    MEMENTO_RETURN_IF_ERROR(nodes[n].red->SetPlan(plan));
-    agent::PeerServiceOptions o;
-    o.job = "bench";
-    o.node = n;
-    o.store = nodes[n].store.get();
-    o.redundancy = nodes[n].red.get();
-    o.plan = [cluster_plan]() -> Result<std::shared_ptr<const agent::ClusterPlan>> {
-      return cluster_plan;
-    };
-    o.endpoint_of = [&nodes](int peer) -> Result<std::string> {
-      if (peer < 0 || peer > 1 || !nodes[peer].service) return NotFoundError("no such node");
-      return nodes[peer].service->endpoint();
-    };
-    o.connections_per_peer = static_cast<size_t>(a.threads);
-    MEMENTO_ASSIGN_OR_RETURN(nodes[n].service, agent::PeerService::Start(std::move(o), token));
-  }
+  MEMENTO_ASSIGN_OR_RETURN(
+      std::unique_ptr<TwoNodes> two,
+      StartTwoNodes(plan, cluster_plan, token, static_cast<size_t>(a.threads)));
+  std::vector<TwoNodes::Node>& nodes = two->nodes;
 
   // The source bytes (warm), and a destination buffer (pre-faulted).
   std::vector<uint8_t> src(bytes), dst(bytes);
