@@ -218,8 +218,10 @@ class Campaign:
             cmd += ["--inject", run.inject_text()]
         if run.transfer:
             # @transfer=K hooks the launcher's own rebuild (RecoverOptions::on_transfer); the
-            # other runs use the default, the agents' recovery leader.
+            # other runs use the default, the agents' recovery leader (or --recovery-by).
             cmd += ["--recovery-by", "launcher"]
+        elif self.args.recovery_by:
+            cmd += ["--recovery-by", self.args.recovery_by]
         if run.persist_every > 0:
             cmd += ["--durable-dir", os.path.join(work, "durable"),
                     "--agent-arg=--persist-every=%d" % run.persist_every]
@@ -471,6 +473,9 @@ def main():
     ap.add_argument("--work-dir", default="",
                     help="where runs keep their logs (default: a fresh directory in $TMPDIR)")
     ap.add_argument("--keep", action="store_true", help="keep the logs of passing runs too")
+    ap.add_argument("--recovery-by", choices=["agents", "launcher"], default="",
+                    help="memento launch --recovery-by for runs without a transfer kill (those "
+                         "always use the launcher's); default: launch's default (agents)")
     args = ap.parse_args()
     if args.runs < 1 and not args.run_seed and args.failures < 1:
         ap.error("--runs must be >= 1")

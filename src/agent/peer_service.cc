@@ -450,6 +450,31 @@ recover::NodeInventory PeerService::Inventory(bool verify) {
     v.step = step;
     v.copies = std::move(h.copies);
     v.parities = std::move(h.parities);
+    if (shm_red != nullptr) {
+      // An entry resident in a T0 slot is listed only while that slot holds
+      // the step (listed in v.ranks, checked above): a slot that failed its
+      // check is rebuilt by the same decision, which overwrites the entry's
+      // bytes (two corrupted ranks in one failure under rs:2, issue 21).
+      const auto where = shm_red->ResidentRanks(step);
+      auto unusable = [&](recover::SourceKind kind, uint32_t id) {
+        auto f = where.find({kind, id});
+        if (f == where.end()) return false;
+        if (std::find(v.ranks.begin(), v.ranks.end(), f->second) != v.ranks.end()) return false;
+        MEMENTO_LOG_INFO(
+            "peer inventory: {} {} of step {} not listed: rank {}'s T0 slot of that "
+            "step is not whole",
+            recover::SourceKindName(kind), id, step, f->second);
+        return true;
+      };
+      v.copies.erase(
+          std::remove_if(v.copies.begin(), v.copies.end(),
+                         [&](uint32_t id) { return unusable(recover::SourceKind::kCopy, id); }),
+          v.copies.end());
+      v.parities.erase(
+          std::remove_if(v.parities.begin(), v.parities.end(),
+                         [&](uint32_t id) { return unusable(recover::SourceKind::kParity, id); }),
+          v.parities.end());
+    }
     if (options_.aor_copies) {
       for (uint32_t c : options_.aor_copies(step)) {
         if (std::find(v.copies.begin(), v.copies.end(), c) != v.copies.end()) {

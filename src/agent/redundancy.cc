@@ -707,6 +707,21 @@ recover::VersionHolding ShmRedundancyStore::Holding(int64_t step, bool verify) {
   return out;
 }
 
+std::map<std::pair<recover::SourceKind, uint32_t>, int> ShmRedundancyStore::ResidentRanks(
+    int64_t step) {
+  std::map<std::pair<recover::SourceKind, uint32_t>, int> out;
+  MutexLock l(&mu_);
+  auto it = versions_.find(step);
+  if (it == versions_.end()) return out;
+  const Version& v = *it->second;
+  const RedundancyEntry* table = TableOf(*v.segment);
+  for (uint32_t i = 0; i < v.resident.size(); ++i) {
+    if (!IsResident(table[i]) || v.resident[i] == nullptr) continue;
+    out[{static_cast<recover::SourceKind>(table[i].kind), table[i].id}] = v.resident[i]->rank;
+  }
+  return out;
+}
+
 PieceReader::SegmentsRef ShmRedundancyStore::RefOf(const Version& v, uint32_t index,
                                                    const ResidentSource& src) {
   const RedundancyEntry& e = TableOf(*v.segment)[index];

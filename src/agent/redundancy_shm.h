@@ -99,6 +99,10 @@ class ShmRedundancyStore final : public RedundancyStore {
       EXCLUDES(mu_);
   // PlanHash of the plan set with SetPlan; 0 before.
   uint64_t plan_hash() EXCLUDES(mu_);
+  // The rank whose T0 slot holds each resident entry of version `step`, keyed
+  // by (kind, id): such an entry is only as usable as that slot (a slot that
+  // fails its check is rebuilt, which overwrites the entry's bytes).
+  std::map<std::pair<recover::SourceKind, uint32_t>, int> ResidentRanks(int64_t step) EXCLUDES(mu_);
   int node() const { return node_; }
   const std::string& root() const { return root_; }
 

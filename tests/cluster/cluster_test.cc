@@ -234,6 +234,30 @@ TEST_F(ClusterTest, CorruptedSlotOnASurvivorIsDetectedAndRebuilt) {
   ExpectBitIdentical(job, o, dir_.path());
 }
 
+// Issue 21 (chaos seeds 0x1b941f43, 0xb0afb81e): two ranks' committed slots
+// corrupted at rest, then rank 3 dies, under rs:2. A parity resident in a
+// corrupted rank's T0 slot must not count as available: that slot is rebuilt
+// by the same decision, which overwrites the parity's bytes. Before the fix
+// the re-decision after the failed deferred check planned to read such a
+// parity and the job ended with exit 1 ("rank 0 has no complete T0 slot of
+// step N"); rs:2 rebuilds all three ranks from the survivor's redundancy.
+TEST_F(ClusterTest, TwoCorruptedRanksInOneFailureUnderRs2) {
+  Job job;
+  job.policy = "rs:2";
+  job.zero = 1;
+  job.elements = 65536;
+  job.steps = 50;
+  job.step_ms = 25;
+  job.inject = "corrupt-rank:2@step=16,corrupt-rank:0@step=26,kill-rank:3@step=32";
+  Outcome o = RunJob(job, dir_.path(), "corrupt2");
+  SKIP_IF_UNSUPPORTED(o);
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  EXPECT_EQ(o.output.find("no complete T0 slot"), std::string::npos) << Logs(o);
+  ExpectRestoredFromMemory(job, o, 1);
+  EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << Logs(o);
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
 // Issue 21: the restarted agent of node 0 adopts (and verifies) its slots;
 // then rank 0's committed slot is corrupted at rest, before the inventory.
 // The recovery's verified inventory must verify now, not trust adoption's
