@@ -60,6 +60,7 @@ AorReplica::AorReplica(std::shared_ptr<const Optimizer> optimizer, uint64_t offs
     area_[1] = areas.area[1];
   }
   chunk_.state.resize(num_state_);
+  state_hashes_.resize(num_state_);
   for (int k = 0; k < 3 + num_state_; ++k) {
     streams_.push_back(std::make_unique<StreamingChecksum>());
   }
@@ -70,15 +71,10 @@ std::string AorReplica::Name() const {
 }
 
 uint64_t AorReplica::StateHash() const {
-  uint64_t h[16];
-  std::vector<uint64_t> more;
-  uint64_t* hs = h;
-  if (num_state_ > 16) {
-    more.resize(num_state_);
-    hs = more.data();
-  }
-  for (int k = 0; k < num_state_; ++k) hs[k] = Checksum(state(k), count_ * sizeof(float));
-  return ShardChecksumOfHashes(offset_, count_, nullptr, hs, num_state_);
+  // Off the per-step path (adoption, CheckForRestore): a plain vector.
+  std::vector<uint64_t> hashes(num_state_);
+  for (int k = 0; k < num_state_; ++k) hashes[k] = Checksum(state(k), count_ * sizeof(float));
+  return ShardChecksumOfHashes(offset_, count_, nullptr, hashes.data(), num_state_);
 }
 
 AorReplica::Saved AorReplica::saved() const {
@@ -196,13 +192,7 @@ Result<AorReplica::Inputs> AorReplica::Prepare(int64_t step, float lr, const flo
     streams_[2]->Update(scratch_params_.data(), bytes);
     for (int k = 0; k < num_state_; ++k) streams_[3 + k]->Update(chunk_.state[k], bytes);
   }
-  uint64_t h[16];
-  std::vector<uint64_t> more;
-  uint64_t* hs = h;
-  if (num_state_ > 16) {
-    more.resize(num_state_);
-    hs = more.data();
-  }
+  uint64_t* hs = state_hashes_.data();
   for (int k = 0; k < num_state_; ++k) hs[k] = streams_[3 + k]->Digest();
   prepared_params_hash_ = streams_[2]->Digest();
   prepared_checksum_ =

@@ -190,10 +190,12 @@ class AorReplica {
   int current_ = 0;
   // The fused pass's working set, allocated once: a chunk of updated
   // parameters, the shard handed to the optimizer, one hash stream per
-  // buffer (grads, params in, params out, each state slice).
+  // buffer (grads, params in, params out, each state slice), and the state
+  // slices' digests.
   std::vector<float> scratch_params_;
   Shard chunk_;
   std::vector<std::unique_ptr<StreamingChecksum>> streams_;
+  std::vector<uint64_t> state_hashes_;
   // What Prepare computed, for Commit.
   bool prepared_ = false;
   int64_t prepared_step_ = -1;
