@@ -137,6 +137,10 @@ struct RunResult {
   double copy_cpu_s = 0;
   double agent_cpu_s = 0;  // the agents' CPU-seconds for the whole run (on)
   double snap_bytes = 0;   // bytes snapshotted per step, all ranks (on)
+  // The newest snapshot's bytes, all ranks: the steady layout. A sharded
+  // client writes whole tensors until the cluster's plan exists, so the
+  // per-step mean above depends on how soon the plan came (load).
+  double snap_bytes_last = 0;
   // --cluster: the commit lag the ranks saw (the worst rank's quantiles;
   // null without --cluster).
   nlohmann::json commit_lag;
@@ -315,6 +319,7 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
         const double snaps = static_cast<double>(snap["snapshots"].get<int64_t>());
         out.copy_cpu_s += snap.value("copy_cpu_s", 0.0) / snaps;
         out.snap_bytes += snap.value("bytes", 0.0) / snaps;
+        out.snap_bytes_last += snap.value("last_bytes", 0.0);
       }
       if (snap.is_object() && snap.contains("aor") && snap["aor"].is_object()) {
         ++aor_ranks;
@@ -415,6 +420,7 @@ int RunOverheadBench(const OverheadArgs& a) {
   double sum_off = 0, sum_on = 0, sum_fence = 0, sum_snap = 0, sum_fence_off = 0, sum_snap_off = 0;
   double sum_cpu_off = 0, sum_cpu_on = 0, sum_copy_cpu = 0, sum_agent_cpu = 0, snap_bytes = 0;
   double sum_copy_cpu_off = 0, sum_agent_cpu_off = 0, snap_bytes_off = 0;
+  double snap_bytes_last = 0, snap_bytes_last_off = 0;
   std::vector<double> offs, ons, pcts;
   nlohmann::json first;
   nlohmann::json lag_worst;  // --cluster: the worst round's value of each quantile
@@ -452,11 +458,13 @@ int RunOverheadBench(const OverheadArgs& a) {
                                      run->aor.value("report_s", 0.0) * 1e3)
                              .c_str()
                        : "",
-                   compare_sharded ? fmt::format("; snapshot bytes/step (all ranks) {:.0f}, copy "
-                                                 "cpu/step (all ranks) {:.3f} ms",
-                                                 run->snap_bytes, run->copy_cpu_s * 1e3)
-                                         .c_str()
-                                   : "",
+                   compare_sharded
+                       ? fmt::format("; snapshot bytes/step (all ranks) {:.0f} (newest "
+                                     "snapshot {:.0f}), copy cpu/step (all ranks) "
+                                     "{:.3f} ms",
+                                     run->snap_bytes, run->snap_bytes_last, run->copy_cpu_s * 1e3)
+                             .c_str()
+                       : "",
                    LoadAverage());
     }
     if (!failed.ok()) break;
@@ -473,6 +481,8 @@ int RunOverheadBench(const OverheadArgs& a) {
     sum_copy_cpu += res[1].copy_cpu_s;
     sum_agent_cpu += res[1].agent_cpu_s;
     snap_bytes = res[1].snap_bytes;
+    snap_bytes_last = res[1].snap_bytes_last;
+    snap_bytes_last_off = res[0].snap_bytes_last;
     sum_copy_cpu_off += res[0].copy_cpu_s;
     sum_agent_cpu_off += res[0].agent_cpu_s;
     snap_bytes_off = res[0].snap_bytes;
@@ -509,6 +519,8 @@ int RunOverheadBench(const OverheadArgs& a) {
                       {"copy_cpu_s_off", res[0].copy_cpu_s},
                       {"snap_bytes_per_step_on", res[1].snap_bytes},
                       {"snap_bytes_per_step_off", res[0].snap_bytes},
+                      {"snap_bytes_last_on", res[1].snap_bytes_last},
+                      {"snap_bytes_last_off", res[0].snap_bytes_last},
                       {"agent_cpu_s_on", res[1].agent_cpu_s},
                       {"agent_cpu_s_off", res[0].agent_cpu_s},
                       {"agent_cpu_s_per_step_off",
@@ -575,6 +587,8 @@ int RunOverheadBench(const OverheadArgs& a) {
        }()},
       {"snap_bytes_per_step", snap_bytes},
       {"snap_bytes_per_step_off", snap_bytes_off},
+      {"snap_bytes_last", snap_bytes_last},
+      {"snap_bytes_last_off", snap_bytes_last_off},
       {"copy_cpu_s_off", sum_copy_cpu_off / n},
       {"agent_cpu_s_off", sum_agent_cpu_off / n},
       {"agent_cpu_s_per_step_off",

@@ -18,6 +18,10 @@ namespace {
 struct SnapshotTally {
   int64_t snapshots = 0, skipped = 0, last_step = -1;
   uint64_t bytes = 0, bytes_idle = 0, bytes_compute = 0, bytes_communicate = 0, bytes_fence = 0;
+  // The newest snapshot's bytes: the steady layout (a sharded client's
+  // first snapshots are whole until the cluster's plan exists, so the
+  // mean over the run depends on how soon the plan came).
+  uint64_t last_bytes = 0;
   double fence_wait_s = 0, copy_s = 0, copy_cpu_s = 0;
   // Cluster mode: every Snapshot()'s distance to the newest commit, and
   // the lag of each version seen committed (SnapshotStats).
@@ -37,6 +41,7 @@ struct SnapshotTally {
     }
     ++snapshots;
     bytes += s.bytes;
+    last_bytes = s.bytes;
     bytes_idle += s.bytes_idle;
     bytes_compute += s.bytes_compute;
     bytes_communicate += s.bytes_communicate;
@@ -209,14 +214,14 @@ class MementoHooks : public TrainerHooks {
     char buf[704];
     std::snprintf(buf, sizeof(buf),
                   "{\"mode\": \"%s\", \"schedule\": \"%s\", \"ok\": %s, \"snapshots\": %" PRId64
-                  ", \"skipped\": %" PRId64 ", \"bytes\": %" PRIu64 ", \"bytes_idle\": %" PRIu64
-                  ", \"bytes_compute\": %" PRIu64 ", \"bytes_communicate\": %" PRIu64
-                  ", \"bytes_fence\": %" PRIu64
+                  ", \"skipped\": %" PRId64 ", \"bytes\": %" PRIu64 ", \"last_bytes\": %" PRIu64
+                  ", \"bytes_idle\": %" PRIu64 ", \"bytes_compute\": %" PRIu64
+                  ", \"bytes_communicate\": %" PRIu64 ", \"bytes_fence\": %" PRIu64
                   ", \"fence_wait_s\": %.6f, \"copy_s\": %.6f, \"copy_cpu_s\": %.6f",
                   mode_.c_str(), schedule_.c_str(), st.ok() ? "true" : "false", tally_.snapshots,
-                  tally_.skipped, tally_.bytes, tally_.bytes_idle, tally_.bytes_compute,
-                  tally_.bytes_communicate, tally_.bytes_fence, tally_.fence_wait_s, tally_.copy_s,
-                  tally_.copy_cpu_s);
+                  tally_.skipped, tally_.bytes, tally_.last_bytes, tally_.bytes_idle,
+                  tally_.bytes_compute, tally_.bytes_communicate, tally_.bytes_fence,
+                  tally_.fence_wait_s, tally_.copy_s, tally_.copy_cpu_s);
     std::string out = buf;
     // Cluster mode only (docs/cluster.md, "Commit lag").
     if (!tally_.behind_steps.empty()) {
