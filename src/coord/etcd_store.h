@@ -24,6 +24,8 @@
 // store's is FailedPrecondition, as for the embedded store.
 //
 // Thread safety: safe to call from many threads (a pool of HTTP connections).
+//
+// Implementation: etcd_store.cc and the files listed in etcd_internal.h.
 #pragma once
 
 #include <atomic>
