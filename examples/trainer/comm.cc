@@ -9,6 +9,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
 
 #include <cctype>
 #include <chrono>
@@ -202,6 +203,36 @@ Status Comm::AllreduceWorldMin(double* data, size_t count) {
     opts.setTag(7);
     opts.setTimeout(impl_->timeout);
     gloo::allreduce(opts);
+  });
+}
+
+Status Comm::CommitWorld(int send_to) {
+  if (!impl_->world) return Status::Ok();
+  return Guard("world commit", [&] {
+    // A slot of its own (Gloo's collectives use prefixes 0x01..0x08).
+    const uint64_t slot = static_cast<uint64_t>(gloo::Slot::build(0x4d, 1));
+    const int n = options_.topology.world(), me = options_.rank;
+    uint8_t token = 1;
+    std::vector<uint8_t> in(static_cast<size_t>(n), 0);
+    auto out = impl_->world->createUnboundBuffer(&token, 1);
+    auto got = impl_->world->createUnboundBuffer(in.data(), in.size());
+    for (int r = 0; r < n; ++r) {
+      if (r != me) got->recv(r, slot, static_cast<size_t>(r), 1);
+    }
+    int sent = 0;
+    for (int r = 0; r < n && (send_to < 0 || sent < send_to); ++r) {
+      if (r == me) continue;
+      out->send(r, slot);
+      ++sent;
+    }
+    for (int i = 0; i < sent; ++i) {
+      if (!out->waitSend(impl_->timeout)) throw std::runtime_error("commit send aborted");
+    }
+    // (Under fault injection too: a process that dies with unread data
+    // resets its connections, and a peer may then lose the token it sent.)
+    for (int i = 0; i < n - 1; ++i) {
+      if (!got->waitRecv(impl_->timeout)) throw std::runtime_error("commit recv aborted");
+    }
   });
 }
 

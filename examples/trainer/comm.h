@@ -80,6 +80,14 @@ class Comm {
   [[nodiscard]] Status AllreduceDp(double* data, size_t count);
   [[nodiscard]] Status AllreduceTp(float* data, size_t count);
   [[nodiscard]] Status AllreduceWorld(double* data, size_t count);
+  // The commit round after the gradient-norm sum (docs/swift.md, "A rank
+  // lost inside the gradient-norm sum"): every rank sends a token to every
+  // other rank of the world, then waits for all of theirs. No rank leaves it
+  // before every rank has entered it, so a rank that fails before sending
+  // its token knows no rank passed. Fault injection: with `send_to` >= 0
+  // the token goes only to the first `send_to` other ranks (in rank order);
+  // the call still receives every other rank's token before it returns.
+  [[nodiscard]] Status CommitWorld(int send_to = -1);
   // In-place minimum over the world (update-undo: the last step every rank
   // completed).
   [[nodiscard]] Status AllreduceWorldMin(double* data, size_t count);

@@ -397,6 +397,50 @@ TEST_F(LaunchSwiftTest, ZeroOneKillInTheAllGatherRebuildsEveryGroup) {
   ExpectKeptGroups(o, 2, 1, 2, std::stoi(kill[1]), /*none_kept=*/true);
 }
 
+// A rank lost INSIDE the gradient-norm sum, after its part went out
+// (--fail-point grad-norm-commit: the sum done, its commit token sent to
+// only the first K other ranks; rank, step 4..7 and K 1..2 drawn from the
+// seed). The ranks that got its token pass the gradient norm, complete the
+// step and go on into the next one, where one may wait on a survivor that
+// did not pass (its pipeline neighbour, its DP peer). Such a survivor failed
+// inside the commit round and cannot know whether anybody passed, so it
+// offers no group ("kept Gloo group(s): none"): every group it is in is
+// closed at once and a peer waiting on it fails now. Before that rule it
+// offered its groups, a peer waited on it until --comm-timeout (30 s), and
+// the launcher, whose --in-process-timeout (20 s here) comes first,
+// restarted the whole job, which ExpectInProcess rejects. The survivors
+// agree on the step before (those that passed undo theirs): at most one
+// step lost, bit-identical.
+TEST_F(LaunchSwiftTest, UndoAfterARankLostInsideTheGradientNorm) {
+  const Outcome clean = Run("iclean", {}, {});
+  const uint64_t seed = memento::testing::TestSeed("launch_swift_inside_grad_norm");
+  std::mt19937_64 rng(seed);
+  const int killed = static_cast<int>(rng() % 4);
+  const int step = 4 + static_cast<int>(rng() % 4);
+  const int reached = 1 + static_cast<int>(rng() % 2);
+  const std::string what = "seed " + std::to_string(seed) + ": rank " + std::to_string(killed) +
+                           " killed inside the gradient norm of step " + std::to_string(step) +
+                           ", its commit token sent to " + std::to_string(reached) + " rank(s)";
+  std::printf("%s\n", what.c_str());
+  std::fflush(stdout);
+  SCOPED_TRACE(what);
+  const Outcome o =
+      Run("inside", {"--recovery", "undo", "--in-process-timeout", "20"},
+          {"--fail-rank", std::to_string(killed), "--fail-at-step", std::to_string(step),
+           "--fail-point", "grad-norm-commit", "--fail-chunk", std::to_string(reached)});
+  ExpectSameFinalStates(clean, o);
+  ExpectInProcess(o);
+  // The survivors the token did not reach (rank order, the killed rank
+  // skipped) failed inside the commit round: they keep no group.
+  int seen = 0;
+  for (int r = 0; r < 4; ++r) {
+    if (r == killed || seen++ < reached) continue;
+    const std::string log = ReadFile(o.logs + "/rank" + std::to_string(r) + ".log");
+    EXPECT_NE(log.find("kept Gloo group(s): none\n"), std::string::npos) << "rank " << r << "\n"
+                                                                         << log;
+  }
+}
+
 // The same kill (ZeRO-1, just before the all-gather) under --recovery log:
 // the lost rank restarts from its T0 snapshot, its DP peer (failed in the
 // all-gather, half into its update) rolls back to its own and both replay

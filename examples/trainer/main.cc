@@ -326,10 +326,13 @@ Status CorruptNewestLogFile(const std::string& path) {
 // pipeline at its `chunk`-th pipeline receive of that step (forward or
 // backward, while the other stages are mid-schedule); --fail-point
 // grad-allreduce, grad-norm or all-gather just before it enters that
-// collective of the step (StepCollective; all-gather needs ZeRO-1).
+// collective of the step (StepCollective; all-gather needs ZeRO-1);
+// --fail-point grad-norm-commit inside the gradient norm: after the sum, its
+// commit token sent to the first `chunk` other ranks only (some survivors
+// pass the gradient norm, the others do not).
 class KillInsideStep : public TrainerHooks {
  public:
-  enum class Where { kUpdate, kPipeline, kCollective };
+  enum class Where { kUpdate, kPipeline, kCollective, kCommit };
   // `trainer` outlives the hooks (Main owns both; the hooks are set on it).
   // `collective`: with Where::kCollective, which one.
   KillInsideStep(const Trainer* trainer, int64_t step, int chunk, Where where,
@@ -340,17 +343,34 @@ class KillInsideStep : public TrainerHooks {
         chunk_(chunk),
         pipeline_(where == Where::kPipeline),
         update_(where == Where::kUpdate),
+        commit_(where == Where::kCommit),
         collective_(collective) {}
   // Hooks that run behind these (memento's), or null.
   void set_inner(TrainerHooks* inner) { inner_ = inner; }
   void BeforeCollective(int64_t step, StepCollective which) override {
     if (inner_ != nullptr) inner_->BeforeCollective(step, which);
-    if (pipeline_ || update_ || step != step_ || which != collective_) return;
+    if (pipeline_ || update_ || commit_ || step != step_ || which != collective_) return;
     static const char* const kNames[] = {"gradient allreduce", "gradient-norm allreduce",
                                          "parameter all-gather"};
     std::fprintf(stderr,
                  "memento-trainer rank %d: killing myself before the %s of step %" PRId64 "\n",
                  rank_, kNames[static_cast<int>(which)], step);
+    std::fflush(nullptr);
+    raise(SIGKILL);
+  }
+  int PartialCommit(int64_t step) override {
+    if (commit_ && step == step_) return chunk_;
+    return inner_ != nullptr ? inner_->PartialCommit(step) : -1;
+  }
+  void AfterPartialCommit(int64_t step) override {
+    if (!commit_ || step != step_) {
+      if (inner_ != nullptr) inner_->AfterPartialCommit(step);
+      return;
+    }
+    std::fprintf(stderr,
+                 "memento-trainer rank %d: killing myself inside the gradient norm of step %" PRId64
+                 ", its commit token sent to %d rank(s)\n",
+                 rank_, step, chunk_);
     std::fflush(nullptr);
     raise(SIGKILL);
   }
@@ -397,7 +417,7 @@ class KillInsideStep : public TrainerHooks {
   int rank_;
   int64_t step_;
   int chunk_;
-  bool pipeline_, update_;
+  bool pipeline_, update_, commit_;
   StepCollective collective_;
   int seen_ = 0, idle_ = 0;
   TrainerHooks* inner_ = nullptr;
@@ -484,7 +504,9 @@ int Main(int argc, char** argv) {
                  "--save-every save: the job holds saves of different steps) | grad-allreduce, "
                  "grad-norm, all-gather (just before that collective of the step: the DP "
                  "gradient allreduce, the world's gradient-norm allreduce, ZeRO-1's parameter "
-                 "all-gather; all-gather needs --zero)")
+                 "all-gather; all-gather needs --zero) | grad-norm-commit (inside the gradient "
+                 "norm: after the sum, its commit token sent to only the first --fail-chunk other "
+                 "ranks, so that some ranks pass the gradient norm and the others do not)")
       ->capture_default_str();
   int wedge_rank = -1;
   app.add_option("--wedge-rank", wedge_rank,
@@ -501,7 +523,8 @@ int Main(int argc, char** argv) {
                  "failure (attempt 0), flips one byte of its newest pipeline log file before it "
                  "recovers; a replacement that reads it must report the checksum and fall back");
   app.add_option("--fail-chunk", fail_chunk,
-                 "with --fail-point update: the chunk; pipeline: the receive (0-based)")
+                 "with --fail-point update: the chunk; pipeline: the receive (0-based); "
+                 "grad-norm-commit: how many other ranks get its commit token")
       ->capture_default_str();
   app.add_option("--recovery", recovery,
                  "with --launch, what a failed rank triggers (docs/swift.md): none (stop) | "
@@ -687,12 +710,20 @@ int Main(int argc, char** argv) {
   }
   const bool fail_in_collective =
       fail_point == "grad-allreduce" || fail_point == "grad-norm" || fail_point == "all-gather";
+  const bool fail_in_commit = fail_point == "grad-norm-commit";
   if (fail_point != "step" && fail_point != "update" && fail_point != "pipeline" &&
-      fail_point != "save" && !fail_in_collective) {
+      fail_point != "save" && !fail_in_collective && !fail_in_commit) {
     std::fprintf(stderr,
                  "memento-trainer: --fail-point '%s': expected step, update, pipeline, save, "
-                 "grad-allreduce, grad-norm or all-gather\n",
+                 "grad-allreduce, grad-norm, grad-norm-commit or all-gather\n",
                  fail_point.c_str());
+    return 2;
+  }
+  if (fail_in_commit && (fail_chunk < 0 || fail_chunk > w - 1)) {
+    std::fprintf(stderr,
+                 "memento-trainer: --fail-point grad-norm-commit: --fail-chunk %d (the ranks its "
+                 "commit token reaches) must be in 0..%d (the other ranks)\n",
+                 fail_chunk, w - 1);
     return 2;
   }
   if (fail_point == "all-gather" && !o.zero1) {
@@ -776,10 +807,12 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Trainer> trainer = std::move(*created);
   const int rank = o.comm.rank;
   std::unique_ptr<KillInsideStep> fault_hooks;
-  if ((fail_point == "update" || fail_point == "pipeline" || fail_in_collective) &&
+  if ((fail_point == "update" || fail_point == "pipeline" || fail_in_collective ||
+       fail_in_commit) &&
       fail_at_step > 0 && rank == fail_rank && generation == 0 && attempt == 0) {
     using Where = KillInsideStep::Where;
     const Where where = fail_in_collective         ? Where::kCollective
+                        : fail_in_commit           ? Where::kCommit
                         : fail_point == "pipeline" ? Where::kPipeline
                                                    : Where::kUpdate;
     const StepCollective which = fail_point == "grad-norm"    ? StepCollective::kGradNormAllreduce

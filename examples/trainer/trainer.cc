@@ -737,13 +737,14 @@ Status Trainer::Reconnect(const std::string& run_id) {
   // went through, and no peer can be in a later pipeline or TP operation,
   // since the step's gradient-norm allreduce over the world, which each
   // needs first, still lacks this rank's part. A step that failed in that
-  // gradient-norm allreduce left its DP group so too (its gradient
+  // gradient-norm allreduce (before its commit token went out, so nobody
+  // passed the gradient norm) left its DP group so too (its gradient
   // allreduce completed here, hence every member's part of it is sent; the
   // next DP operation, ZeRO-1's all-gather or the next step's allreduce,
   // comes after the gradient norm). A failure anywhere else (inside the
-  // schedule, in ZeRO-1's all-gather: after the gradient norm a peer of
-  // another DP group may already be in the next step's schedule, waiting
-  // on this rank) offers nothing. Everything not offered is closed at once
+  // schedule, in the gradient norm's commit round, in ZeRO-1's all-gather:
+  // after the gradient norm a peer of another DP group may already be in
+  // the next step's schedule, waiting on this rank) offers nothing. Everything not offered is closed at once
   // by Comm::Reconnect (peers blocked on this rank fail now) and rebuilt,
   // like every group a lost rank is in.
   Comm::Offer offer;
@@ -793,12 +794,31 @@ Result<double> Trainer::GradNorm(int64_t step) {
     if (hooks_ != nullptr) hooks_->BeforeCollective(step, StepCollective::kGradNormAllreduce);
     Status st = comm_->AllreduceWorld(&sumsq, 1);
     if (!st.ok()) {
-      // Failed after this rank's schedule and its DP allreduce: Reconnect
-      // offers to keep its PP, TP and DP groups (docs/swift.md).
+      // Failed after this rank's schedule and its DP allreduce, before its
+      // commit token went out, so no rank can have passed the gradient norm
+      // (below): Reconnect offers to keep its PP, TP and DP groups
+      // (docs/swift.md).
       quiescent_step_ = step;
       quiescent_dp_ = true;
       return st;
     }
+    // The commit round. A lost rank whose part of the sum went out may let
+    // some peers complete the allreduce and not others; without this round
+    // such a peer would go on into the next step (or ZeRO-1's all-gather)
+    // and wait on a rank that failed here and kept its groups open. No rank
+    // passes the round before every rank entered it: a failure before this
+    // rank's token went out (above) proves that nobody passed. A failure in
+    // the round does not (a peer may have all tokens), so it offers nothing:
+    // every group is closed at once, freeing a peer that waits on this rank.
+    const int partial = hooks_ != nullptr ? hooks_->PartialCommit(step) : -1;
+    st = comm_->CommitWorld(partial);
+    if (partial >= 0) {
+      hooks_->AfterPartialCommit(step);
+      return UnavailableError("fault injection: left the commit round of step " +
+                              std::to_string(step) + " after " + std::to_string(partial) +
+                              " token(s)");
+    }
+    MEMENTO_RETURN_IF_ERROR(st);
     Phase(TrainPhase::kCompute);
   }
   LogSent(key, &sumsq, sizeof(sumsq));

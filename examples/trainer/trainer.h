@@ -55,8 +55,9 @@ using opt::LearningRate;
 enum class TrainPhase : uint8_t { kCompute = 0, kIdle = 1, kCommunicate = 2 };
 
 // The collectives of a step after its pipeline schedule, in order: the DP
-// gradient allreduce, the world's gradient-norm allreduce, ZeRO-1's
-// parameter all-gather (TrainerHooks::BeforeCollective).
+// gradient allreduce, the world's gradient-norm allreduce (and its commit
+// round, Comm::CommitWorld), ZeRO-1's parameter all-gather
+// (TrainerHooks::BeforeCollective).
 enum class StepCollective : uint8_t {
   kGradAllreduce = 0,
   kGradNormAllreduce = 1,
@@ -72,6 +73,13 @@ class TrainerHooks {
   // Called just before this rank enters collective `which` of step `step`
   // (not while a replay reads the gradient norm from a log).
   virtual void BeforeCollective(int64_t step, StepCollective which) {}
+  // Fault injection inside the commit round of step `step`'s gradient norm
+  // (a rank lost after its part of the collective went out): a value >= 0
+  // sends this rank's token only to that many other ranks (in rank order),
+  // then calls AfterPartialCommit (which is expected to end the process)
+  // and fails the step. -1 (the default): the normal round.
+  virtual int PartialCommit(int64_t step) { return -1; }
+  virtual void AfterPartialCommit(int64_t step) {}
   [[nodiscard]] virtual Status BeforeOptimizerStep(int64_t step) { return Status::Ok(); }
   [[nodiscard]] virtual Status AfterOptimizerStep(int64_t step) { return Status::Ok(); }
   // Called before the optimizer writes elements [offset, offset + count) of
