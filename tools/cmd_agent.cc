@@ -59,7 +59,7 @@ Status RecoverPathFromEnvironment(agent::JobMemberOptions* o) {
 int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
              const std::string& budget, const std::string& bandwidth, const std::string& scrub_rate,
              const std::string& durable_io, const std::string& recovery_leader,
-             double recovery_timeout_s, bool coordinate_commits) {
+             double recovery_timeout_s, double agent_wait_s, bool coordinate_commits) {
   agent::AgentOptions options = base;
   InitLogging("agent node" + std::to_string(options.node), LogOptionsFromEnvironment());
   {
@@ -128,6 +128,7 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
   lo.mode = *leader_mode;
   lo.lease_ttl_s = options.cluster.lease_ttl_s;
   lo.recovery_timeout_s = recovery_timeout_s;
+  lo.agent_wait_s = agent_wait_s;
   lo.durable_dir = durable.dir;
   lo.coordinate_commits = coordinate_commits;
   auto leader = launch::RecoveryLeader::Start(lo);
@@ -276,6 +277,14 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--recovery-timeout", recovery_timeout_s,
                   "Leader: longest wait (s) for every node's agent and for the recovery")
       ->default_val(300);
+  static double agent_wait_s = 60;
+  cmd->add_option("--agent-wait", agent_wait_s,
+                  "Leader, durable-tier fallback: longest wait (s) for a node's agent that is "
+                  "missing while a version loads (a replacement host still starting) before the "
+                  "recovery fails naming that node; progress is logged every 5 s. "
+                  "docs/recovery.md")
+      ->default_val(60)
+      ->check(CLI::NonNegativeNumber);
   static bool coordinate_commits = false;
   cmd->add_flag("--coordinate-commits", coordinate_commits,
                 "With --recovery-leader: the recovery leader also runs the job's commit "
@@ -284,7 +293,7 @@ void Setup(CLI::App& app, CommandContext& ctx) {
                 "own. docs/coordination.md \"Who coordinates the commits\"");
   cmd->callback([&ctx] {
     ctx.exit_code = RunAgent(options, durable, budget, bandwidth, scrub_rate, durable_io,
-                             recovery_leader, recovery_timeout_s, coordinate_commits);
+                             recovery_leader, recovery_timeout_s, agent_wait_s, coordinate_commits);
   });
 }
 

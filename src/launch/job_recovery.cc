@@ -483,7 +483,8 @@ json DurableLoad::ToJson() const {
 Result<DurableLoad> LoadDurableOnEveryNode(coord::Store& store, const net::JobToken& token,
                                            const std::string& job, int num_nodes,
                                            const std::string& dir, int64_t step, Deadline deadline,
-                                           uint64_t epoch) {
+                                           uint64_t epoch, double agent_wait_s,
+                                           std::vector<int>* missing) {
   Stopwatch total;
   DurableLoad out;
   out.step = step;
@@ -495,28 +496,89 @@ Result<DurableLoad> LoadDurableOnEveryNode(coord::Store& store, const net::JobTo
   const std::string body = body_j.dump();
   std::vector<Result<std::string>> replies(static_cast<size_t>(num_nodes),
                                            UnavailableError("not asked"));
+  std::vector<char> gone(static_cast<size_t>(num_nodes), 0);  // waited for in vain
   std::vector<std::thread> threads;
   for (int i = 0; i < num_nodes; ++i) {
-    if (endpoints[static_cast<size_t>(i)].empty()) {
-      replies[static_cast<size_t>(i)] =
-          UnavailableError("node " + std::to_string(i) + " has no live agent in the store");
-      continue;
-    }
     threads.emplace_back([&, i] {
-      Stopwatch waited;
-      while (true) {
-        replies[static_cast<size_t>(i)] = CallPeer(endpoints[static_cast<size_t>(i)], token,
-                                                   agent::kPeerLoadDurable, body, deadline);
-        const Result<std::string>& r = replies[static_cast<size_t>(i)];
-        if (r.ok() || r.status().code() != StatusCode::kFailedPrecondition || deadline.expired() ||
-            waited.Seconds() > 15) {
-          break;
+      const size_t k = static_cast<size_t>(i);
+      std::string endpoint = endpoints[k];
+      Stopwatch unplanned;  // FailedPrecondition (no plan yet) retries of this agent
+      Stopwatch missing_for, said;
+      bool waiting = false;
+      for (;;) {
+        Status absent = Status::Ok();  // why the agent counts as missing
+        if (endpoint.empty()) {
+          absent =
+              UnavailableError("node " + std::to_string(i) + " has no live agent in the store");
+        } else {
+          // A stale entry's address may accept and never answer: connecting
+          // is bounded apart from the load itself.
+          const Deadline connect_by(std::min(deadline.when(), Deadline::AfterSeconds(10).when()));
+          auto client = ConnectPeer(endpoint, token, connect_by);
+          if (!client.ok() && client.status().code() != StatusCode::kUnavailable &&
+              client.status().code() != StatusCode::kDeadlineExceeded) {
+            replies[k] = client.status();  // e.g. the token refused: no missing agent
+            return;
+          }
+          if (!client.ok()) {
+            absent = client.status();
+          } else {
+            replies[k] = (*client)->Call(agent::kPeerLoadDurable, body, deadline);
+            const Result<std::string>& r = replies[k];
+            if (r.ok()) return;
+            if (r.status().code() == StatusCode::kFailedPrecondition && !deadline.expired() &&
+                unplanned.Seconds() <= 15) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(20));
+              continue;
+            }
+            if (r.status().code() != StatusCode::kUnavailable) return;
+            absent = r.status();  // lost mid-call
+          }
         }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (!waiting) {
+          waiting = true;
+          missing_for.Reset();
+          said.Reset();
+          if (agent_wait_s > 0) {
+            MEMENTO_LOG_WARN(
+                "loading durable version {}: waiting up to {} s for node {}'s agent to register "
+                "({})",
+                step, agent_wait_s, i, absent.ToString());
+          }
+        } else if (said.Seconds() >= 5) {
+          said.Reset();
+          MEMENTO_LOG_INFO(
+              "loading durable version {}: still waiting for node {}'s agent ({:.0f} s "
+              "of {} s; {})",
+              step, i, missing_for.Seconds(), agent_wait_s, absent.ToString());
+        }
+        if (missing_for.Seconds() >= agent_wait_s || deadline.expired()) {
+          replies[k] = agent_wait_s > 0 ? UnavailableError(fmt::format(
+                                              "node {}'s agent did not come back within {} s: {}",
+                                              i, agent_wait_s, absent.ToString()))
+                                        : Result<std::string>(absent);
+          gone[k] = 1;
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        auto now = ReadEndpoints(store, job, num_nodes, Deadline::AfterSeconds(5));
+        if (now.ok() && (*now)[k] != endpoint) {
+          endpoint = (*now)[k];
+          unplanned.Reset();
+          if (!endpoint.empty()) {
+            MEMENTO_LOG_INFO("loading durable version {}: node {}'s agent registered at {}", step,
+                             i, endpoint);
+          }
+        }
       }
     });
   }
   for (auto& t : threads) t.join();
+  if (missing != nullptr) {
+    for (int i = 0; i < num_nodes; ++i) {
+      if (gone[static_cast<size_t>(i)]) missing->push_back(i);
+    }
+  }
   for (int i = 0; i < num_nodes; ++i) {
     const Result<std::string>& r = replies[static_cast<size_t>(i)];
     if (!r.ok()) {

@@ -160,11 +160,19 @@ struct DurableLoad {
 // slots of `step` for its ranks from the durable version and makes `step`
 // its restore target. Errors name the node (the first failure).
 // `epoch` as RecoverOptions::epoch.
-[[nodiscard]] Result<DurableLoad> LoadDurableOnEveryNode(coord::Store& store,
-                                                         const net::JobToken& token,
-                                                         const std::string& job, int num_nodes,
-                                                         const std::string& dir, int64_t step,
-                                                         Deadline deadline, uint64_t epoch = 0);
+//
+// A node whose agent is missing (no live entry in the store, a stale entry
+// that refuses connections, or the connection lost mid-call) is waited for:
+// the store is read again until an agent registers for it (a replacement
+// host), for up to `agent_wait_s` (and `deadline`), logging every 5 s which
+// node it waits for. Past that the error is Unavailable, "node N's agent did
+// not come back within W s: <last error>", and the node is appended to
+// `*missing` (when given): no version can load without it.
+// agent_wait_s 0: one try per node, no wait.
+[[nodiscard]] Result<DurableLoad> LoadDurableOnEveryNode(
+    coord::Store& store, const net::JobToken& token, const std::string& job, int num_nodes,
+    const std::string& dir, int64_t step, Deadline deadline, uint64_t epoch = 0,
+    double agent_wait_s = 0, std::vector<int>* missing = nullptr);
 
 // /memento/<job>/epoch: the job's history counter (decimal, absent = 0).
 // Every recovery raises it; agents write their durable parts with the

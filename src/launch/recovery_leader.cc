@@ -505,8 +505,19 @@ void RecoveryLeader::RunRecovery(int64_t id, const RecoveryStatus* previous) {
               skipped += fmt::format(" (and {} more)", check.problems.size() - 1);
             }
           } else {
+            std::vector<int> missing;
             auto load = LoadDurableOnEveryNode(*store_, *token_, options_.job, num_nodes,
-                                               options_.durable_dir, it->step, deadline, epoch);
+                                               options_.durable_dir, it->step, deadline, epoch,
+                                               options_.agent_wait_s, &missing);
+            if (!load.ok() && !missing.empty()) {
+              // Not the version's fault: an older one needs the same agents.
+              std::string nodes;
+              for (int n : missing) nodes += (nodes.empty() ? "" : ", ") + coord::NodeName(n);
+              return fail(fmt::format(
+                  "{}; loading durable version {} waited {} s for the agent of {} in vain "
+                  "(--agent-wait; no older version tried, each needs every node's agent): {}",
+                  why, it->step, options_.agent_wait_s, nodes, load.status().ToString()));
+            }
             if (load.ok()) {
               if (Status s = start_epoch(it->step); !s.ok()) {
                 return fail(why + "; cannot start commit epoch: " + s.ToString());

@@ -67,6 +67,12 @@ struct RecoveryLeaderOptions {
   // Durable fallback when memory cannot rebuild any committed version: the
   // newest complete version here that verifies (empty: none).
   std::string durable_dir;
+  // Durable fallback: a node whose agent is missing while a version loads
+  // (a killed agent's entry had not expired when the recovery began; its
+  // replacement starts late) is waited for, up to this long (s), before the
+  // recovery fails naming it. No older version is tried instead: every
+  // version needs every node's agent (LoadDurableOnEveryNode).
+  double agent_wait_s = 60.0;
   // The leader also runs the job's commit coordinator (coord::CommitCoordinator
   // over nodes 0 .. N-1 of the published topology) for as long as it leads;
   // a successor starts its own. For jobs without `memento store --job

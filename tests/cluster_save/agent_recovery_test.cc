@@ -67,6 +67,7 @@ class AgentRecoveryTest : public ::testing::Test {
         job_store_.Start(tmp_.path(), "127.0.0.1", kJob, kSecret, kNodes, store_coordinates_));
     ASSERT_NO_FATAL_FAILURE(job_store_.SetUniformTopology(kNodes, "replicate"));
     agents_.assign(kNodes, -1);
+    agent_logs_.assign(kNodes, "");
   }
   void TearDown() override {
     cluster_save_testing::StopTrainersAndAgents(trainers_, agents_);
@@ -80,6 +81,7 @@ class AgentRecoveryTest : public ::testing::Test {
   void StartAgent(int n) {
     static int incarnation = 0;
     const std::string log = Log("agent" + std::to_string(n) + "." + std::to_string(++incarnation));
+    agent_logs_[n] = log;
     std::vector<std::string> args = {MEMENTO_BIN,
                                      "agent",
                                      "--job",
@@ -97,7 +99,7 @@ class AgentRecoveryTest : public ::testing::Test {
                                      "--hold-timeout",
                                      "5",
                                      "--lease-ttl",
-                                     "1",
+                                     lease_ttl_,
                                      "--recovery-leader",
                                      "auto",
                                      "--recovery-timeout",
@@ -238,6 +240,9 @@ class AgentRecoveryTest : public ::testing::Test {
   }
 
   void DurableFallback(bool corrupt);
+  // Waits until `durable` holds at least two complete versions and they stop
+  // changing; their steps, oldest first.
+  void WaitCompleteDurableVersions(const std::string& durable, std::vector<int64_t>* complete);
 
   // The agents' and trainers' lines about durable versions, commits and
   // skips (what to read when the durable tier holds fewer versions than
@@ -267,7 +272,9 @@ class AgentRecoveryTest : public ::testing::Test {
   shm::testing::ShmScratchDir shm_{"agent-recovery"};
   cluster_save_testing::JobStore job_store_;
   std::vector<pid_t> agents_;
+  std::vector<std::string> agent_logs_;   // each node's newest agent's log
   std::vector<std::string> agent_extra_;  // more `memento agent` arguments
+  std::string lease_ttl_ = "1";           // the agents' --lease-ttl (s)
   bool store_coordinates_ = true;         // a commit coordinator runs beside the store
   std::vector<pid_t> trainers_;
   Progress before_[kNodes];
@@ -346,10 +353,8 @@ TEST_F(AgentRecoveryTest, LeaderKilledMidRecoveryAnotherAgentFinishesIt) {
 // the trainers restore it bit-identically. With `corrupt`, the newest
 // version has a flipped byte: the leader skips it (naming it) and loads the
 // next older complete one.
-void AgentRecoveryTest::DurableFallback(bool corrupt) {
-  const std::string durable = tmp_.path() + "/durable";
-  agent_extra_ = {"--durable-dir", durable, "--persist-every", "2", "--keep-last", "5"};
-  ASSERT_NO_FATAL_FAILURE(TrainAndCommit());
+void AgentRecoveryTest::WaitCompleteDurableVersions(const std::string& durable,
+                                                    std::vector<int64_t>* complete_out) {
   // The committed even steps are persisted (the trainers skip snapshots
   // rather than overwrite a slot being persisted; a step that some rank
   // skipped never commits and is not persisted): every commit is in, so
@@ -373,6 +378,15 @@ void AgentRecoveryTest::DurableFallback(bool corrupt) {
                               << ::testing::PrintToString(complete) << "\n"
                               << DurableLines();
   }
+  *complete_out = complete;
+}
+
+void AgentRecoveryTest::DurableFallback(bool corrupt) {
+  const std::string durable = tmp_.path() + "/durable";
+  agent_extra_ = {"--durable-dir", durable, "--persist-every", "2", "--keep-last", "5"};
+  ASSERT_NO_FATAL_FAILURE(TrainAndCommit());
+  std::vector<int64_t> complete;
+  ASSERT_NO_FATAL_FAILURE(WaitCompleteDurableVersions(durable, &complete));
   const int64_t newest = complete.back();
   const int64_t older = complete[complete.size() - 2];
   const int64_t want = corrupt ? older : newest;
@@ -470,6 +484,68 @@ TEST_F(AgentRecoveryTest, TwoNodesLostTheLeaderRestoresTheNewestDurableVersion) 
 
 TEST_F(AgentRecoveryTest, TwoNodesLostACorruptNewestDurableVersionFallsBackToAnOlderOne) {
   DurableFallback(/*corrupt=*/true);
+}
+
+// A node's agent is missing while the durable version loads (docs/recovery.md,
+// "Recovery run by the agents"): two nodes are lost, but the agents' leases
+// outlive them (--lease-ttl 30), so the second lost node's stale entry still
+// looks live when the recovery begins; only one replacement has started.
+// The inventory finds that node unreachable, memory cannot rebuild, and the
+// durable load meets no agent there. The leader waits for it (it logs which
+// node it waits for) instead of skipping the version; the late replacement
+// starts once that line is logged, and the NEWEST durable version is
+// restored, bit-identical. Before the wait the leader skipped every version
+// ("node 2 has no live agent") and restored an older one or none.
+TEST_F(AgentRecoveryTest, DurableLoadWaitsForALateReplacementAgent) {
+  const std::string durable = tmp_.path() + "/durable";
+  agent_extra_ = {"--durable-dir", durable, "--persist-every", "2", "--keep-last", "5"};
+  lease_ttl_ = "30";
+  ASSERT_NO_FATAL_FAILURE(TrainAndCommit());
+  std::vector<int64_t> complete;
+  ASSERT_NO_FATAL_FAILURE(WaitCompleteDurableVersions(durable, &complete));
+  const int64_t newest = complete.back();
+  const std::string leader = Leader();
+  ASSERT_FALSE(leader.empty()) << "no recovery leader was elected";
+  auto leader_node = coord::ParseNodeName(leader);
+  ASSERT_TRUE(leader_node.ok());
+  const int early = (*leader_node + 1) % kNodes;
+  const int late = (*leader_node + 2) % kNodes;
+  const std::string leader_log = agent_logs_[*leader_node];
+  ASSERT_NO_FATAL_FAILURE(LoseNode(early));
+  ASSERT_NO_FATAL_FAILURE(LoseNode(late));
+  ASSERT_NO_FATAL_FAILURE(StartAgent(early));  // on an empty root
+  // The killed agent's entry is still there (its lease outlives it): what
+  // the recovery meets when it begins before that lease expires.
+  {
+    auto eps = launch::ReadEndpoints(*job_store_.store(), kJob, kNodes, Deadline::AfterSeconds(5));
+    ASSERT_TRUE(eps.ok()) << eps.status();
+    ASSERT_FALSE((*eps)[static_cast<size_t>(late)].empty())
+        << "node " << late << "'s killed agent left the store before the recovery began";
+  }
+  // An operator's trigger (`memento recover --trigger`): no key vanished.
+  auto id = launch::RequestRecovery(*job_store_.store(), kJob, Deadline::AfterSeconds(5));
+  ASSERT_TRUE(id.ok()) << id.status();
+  const std::string waits = "waiting up to 60 s for node " + std::to_string(late) + "'s agent";
+  for (Deadline d = Deadline::AfterSeconds(60);
+       ReadAll(leader_log).find(waits) == std::string::npos; usleep(50000)) {
+    ASSERT_FALSE(d.expired()) << "the leader did not wait for node " << late << "'s agent; "
+                              << (View().has_status ? View().status.ToJson().dump() : "no status")
+                              << "\n"
+                              << ReadAll(leader_log);
+  }
+  ASSERT_NO_FATAL_FAILURE(StartAgent(late));  // the late replacement, on an empty root
+  nlohmann::json j = RecoverWait();
+  ASSERT_TRUE(j.contains("status")) << j.dump();
+  const nlohmann::json& st = j["status"];
+  EXPECT_EQ(st["state"], "done") << j.dump() << "\n" << ReadAll(leader_log);
+  EXPECT_EQ(st["id"], *id) << j.dump();
+  EXPECT_EQ(st["source"], "durable") << j.dump();
+  EXPECT_EQ(st["restore_step"], newest) << j.dump();
+  EXPECT_FALSE(st.contains("durable_skipped")) << j.dump();
+  EXPECT_NE(ReadAll(leader_log).find("node " + std::to_string(late) + "'s agent registered at"),
+            std::string::npos)
+      << ReadAll(leader_log);
+  ASSERT_NO_FATAL_FAILURE(ExpectTrainersRestore(newest));
 }
 
 // Whoever files a request may have seen a newer epoch than the store holds
