@@ -145,10 +145,10 @@ void Setup(CLI::App &app, CommandContext &ctx) {
                   "pipeline stage starts again, loads its last snapshot (its node's T0, or the "
                   "trainer's --save state) and replays the messages its neighbours logged; with "
                   "--dp >= 2 the lost rank's DP peers roll back to their own snapshots and replay "
-                  "with it; needs --tp 1 --pp >= 2; a log entry failing its checksum or a replay "
-                  "that "
-                  "diverges falls back to restart), auto (undo where dp >= 2, log where dp 1 "
-                  "and pp >= 2, else restart). A lost node or agent always "
+                  "with it, with --tp >= 2 its TP peers too; needs --pp >= 2; a log entry failing "
+                  "its checksum or a replay that diverges falls back to restart), auto (undo "
+                  "where dp >= 2, log where dp 1 and pp >= 2, else restart). A lost node or "
+                  "agent always "
                   "restarts. The trainer must speak the protocol of docs/swift.md "
                   "(memento-trainer does). docs/launch.md")
       ->default_val("restart");

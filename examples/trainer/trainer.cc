@@ -85,14 +85,21 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o, Traine
   Trainer* self = tr.get();
   // Through self->comm_: Reconnect() replaces the Comm.
   tr->stage_->tp_allreduce = [self](float* data, size_t count) {
+    // A failed TP allreduce has no way back into Stage: the failure is kept
+    // and the stage's later TP allreduces of the micro-batch are skipped;
+    // what it computes from then on is never used (RunSchedule returns the
+    // failure right after the Forward or Backward, before anything is sent;
+    // the update is not reached; the step's buffers are reset by the next).
+    // So a TP peer lost mid-step fails the step, like a lost pipeline peer,
+    // and the rank can recover in process.
+    if (!self->tp_status_.ok()) return;
     self->Phase(TrainPhase::kCommunicate);
     Stopwatch w;
     Status st = self->comm_->AllreduceTp(data, count);
     self->tp_comm_seconds_ += w.Seconds();
-    // A failed TP allreduce has no way back into Stage: the run is broken.
     if (!st.ok()) {
-      std::fprintf(stderr, "memento-trainer: %s\n", st.ToString().c_str());
-      std::_Exit(3);
+      self->tp_status_ = st;
+      return;
     }
     self->Phase(TrainPhase::kCompute);
   };
@@ -188,6 +195,7 @@ Status Trainer::RunSchedule(int64_t step, const int32_t* tokens, double* loss_su
     if (!g.first())
       MEMENTO_RETURN_IF_ERROR(input(stage - 1, stage_->input(slot), mb, MessageKind::kActivation));
     *loss_sum += stage_->Forward(slot, params_.data(), tokens + tokens_per_mb * mb);
+    MEMENTO_RETURN_IF_ERROR(TakeTpStatus());
     if (!g.last())
       MEMENTO_RETURN_IF_ERROR(
           output(stage + 1, stage_->output(slot), mb, MessageKind::kActivation));
@@ -200,6 +208,7 @@ Status Trainer::RunSchedule(int64_t step, const int32_t* tokens, double* loss_su
     float* dinput = g.first() ? nullptr : dinput_[mb].data();
     stage_->Backward(slot, params_.data(), grads_.data(), dout_.data(), dinput,
                      tokens + tokens_per_mb * mb, scale);
+    MEMENTO_RETURN_IF_ERROR(TakeTpStatus());
     if (!g.first()) MEMENTO_RETURN_IF_ERROR(output(stage - 1, dinput, mb, MessageKind::kGradient));
     return Status::Ok();
   };
@@ -507,6 +516,13 @@ Result<int64_t> Trainer::RecoverByUndo(bool replacement,
   return agreed;
 }
 
+Status Trainer::TakeTpStatus() {
+  Status st = std::move(tp_status_);
+  tp_status_ = Status::Ok();
+  if (!st.ok()) Phase(TrainPhase::kCompute);
+  return st;
+}
+
 bool Trainer::LoggedStep(int64_t step) const {
   const int n = options_.pipeline_log_period;
   return n <= 1 || step % n == 1;
@@ -591,10 +607,11 @@ Result<int64_t> Trainer::ReplayRecovery(
     }
     return false;
   };
-  // With DP > 1 every DP rank of a replaying stage replays (a lost rank's
-  // DP peers roll back with it): a replayed step's gradient allreduce over
-  // DP needs each peer's own gradient of that step, recomputed live from its
-  // own pipeline neighbours' logs.
+  // With DP > 1 or TP > 1 every rank of a replaying stage replays (a lost
+  // rank's DP and TP peers roll back with it): a replayed step's gradient
+  // allreduce over DP needs each peer's own gradient of that step, and its
+  // layers' TP allreduces each TP peer's partial sums of it, recomputed live
+  // from each rank's own pipeline neighbours' logs (same DP and TP index).
   const bool replayer = replacement || group_replays(LogGroup(my_stage));
   bool all_replay = true;
   for (int s = 0; s < t.pp; ++s) all_replay = all_replay && group_replays(LogGroup(s));
@@ -634,8 +651,6 @@ Result<int64_t> Trainer::ReplayRecovery(
   Status mine;
   if (!plog_) {
     mine = FailedPreconditionError("the trainer keeps no pipeline log");
-  } else if (replayer && t.tp != 1) {
-    mine = FailedPreconditionError("log replay needs tp 1 (tp is " + std::to_string(t.tp) + ")");
   } else if (from_source) {
     // The stage's snapshot of the replayers' common step.
     if (!pick.ok()) {
@@ -744,9 +759,9 @@ Status Trainer::Reconnect(const std::string& run_id) {
   // comes after the gradient norm). A failure anywhere else (inside the
   // schedule, in the gradient norm's commit round, in ZeRO-1's all-gather:
   // after the gradient norm a peer of another DP group may already be in
-  // the next step's schedule, waiting on this rank) offers nothing. Everything not offered is closed at once
-  // by Comm::Reconnect (peers blocked on this rank fail now) and rebuilt,
-  // like every group a lost rank is in.
+  // the next step's schedule, waiting on this rank) offers nothing. Everything not offered is
+  // closed at once by Comm::Reconnect (peers blocked on this rank fail now) and rebuilt, like every
+  // group a lost rank is in.
   Comm::Offer offer;
   if (quiescent_step_ >= 0 && !options_.rebuild_all_groups) {
     offer.tp = offer.pp = true;

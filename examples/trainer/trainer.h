@@ -393,6 +393,10 @@ class Trainer {
   std::vector<float> params_, grads_, m_, v_;
   size_t opt_offset_ = 0;
   double tp_comm_seconds_ = 0.0;  // this step's TP allreduces
+  // A TP allreduce that failed inside the stage's computation (Create's
+  // tp_allreduce); TakeTpStatus returns and clears it.
+  Status tp_status_;
+  [[nodiscard]] Status TakeTpStatus();
   TrainState state_;
 
   std::vector<int32_t> tokens_;

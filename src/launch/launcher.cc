@@ -23,7 +23,7 @@ std::string InProcessMode(const LaunchOptions& o) {
   if (o.recovery == "undo" || o.recovery == "log") return o.recovery;
   if (o.recovery != "auto") return "";
   if (o.dp >= 2) return "undo";
-  if (o.tp == 1 && o.pp >= 2) return "log";
+  if (o.pp >= 2) return "log";
   return "";
 }
 
@@ -64,11 +64,11 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
     return InvalidArgumentError("--recovery-by '" + o.recovery_by +
                                 "': expected launcher or agents");
   }
-  if (o.recovery == "log" && (o.tp != 1 || o.pp < 2)) {
+  if (o.recovery == "log" && o.pp < 2) {
     return InvalidArgumentError(
-        "--recovery log needs --tp 1 and --pp >= 2 (a lost pipeline stage replays its "
-        "neighbours' logged messages); tp is " +
-        std::to_string(o.tp) + ", pp " + std::to_string(o.pp));
+        "--recovery log needs --pp >= 2 (a lost pipeline stage replays its neighbours' logged "
+        "messages); pp is " +
+        std::to_string(o.pp));
   }
   if (!(o.in_process_timeout_s > 0)) {
     return InvalidArgumentError("--in-process-timeout must be > 0");
