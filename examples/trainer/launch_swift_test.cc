@@ -451,6 +451,37 @@ TEST_F(LaunchSwiftTest, UndoAfterARankLostInsideTheGradientNorm) {
   }
 }
 
+// The same kill inside the gradient norm under --recovery log (DP 1 x PP
+// 4, a middle stage lost, step 4..7 and K 1..2 drawn from the seed): the
+// survivors that passed undo their step, the others keep their state and
+// keep no group; the lost stage replays from its T0 snapshot; bit-identical.
+TEST_F(LaunchSwiftTest, LogAfterARankLostInsideTheGradientNorm) {
+  const Outcome clean = RunLog("ilclean", {}, /*recovery=*/false);
+  const uint64_t seed = memento::testing::TestSeed("launch_swift_log_inside_grad_norm");
+  std::mt19937_64 rng(seed);
+  const int killed = 1 + static_cast<int>(rng() % 2);
+  const int step = 4 + static_cast<int>(rng() % 4);
+  const int reached = 1 + static_cast<int>(rng() % 2);
+  const std::string what = "seed " + std::to_string(seed) + ": rank " + std::to_string(killed) +
+                           " killed inside the gradient norm of step " + std::to_string(step) +
+                           ", its commit token sent to " + std::to_string(reached) + " rank(s)";
+  std::printf("%s\n", what.c_str());
+  std::fflush(stdout);
+  SCOPED_TRACE(what);
+  const Outcome o =
+      RunLog("ilog", {"--fail-rank", std::to_string(killed), "--fail-at-step", std::to_string(step),
+                      "--fail-point", "grad-norm-commit", "--fail-chunk", std::to_string(reached)});
+  ExpectSameFinalStates(clean, o);
+  ExpectInProcess(o, "log");
+  int seen = 0;
+  for (int r = 0; r < 4; ++r) {
+    if (r == killed || seen++ < reached) continue;
+    const std::string log = ReadFile(o.logs + "/rank" + std::to_string(r) + ".log");
+    EXPECT_NE(log.find("kept Gloo group(s): none\n"), std::string::npos) << "rank " << r << "\n"
+                                                                         << log;
+  }
+}
+
 // The same kill (ZeRO-1, just before the all-gather) under --recovery log:
 // the lost rank restarts from its T0 snapshot, its DP peer (failed in the
 // all-gather, half into its update) rolls back to its own and both replay

@@ -807,14 +807,20 @@ Result<double> Trainer::GradNorm(int64_t step) {
   } else {
     Phase(TrainPhase::kCommunicate);
     if (hooks_ != nullptr) hooks_->BeforeCollective(step, StepCollective::kGradNormAllreduce);
+    // The commit round (below) only where groups may be kept: with the
+    // undo log (the in-process recovery modes), unless every group is
+    // rebuilt anyway.
+    const bool commit = options_.undo_log && !options_.rebuild_all_groups;
     Status st = comm_->AllreduceWorld(&sumsq, 1);
     if (!st.ok()) {
       // Failed after this rank's schedule and its DP allreduce, before its
       // commit token went out, so no rank can have passed the gradient norm
       // (below): Reconnect offers to keep its PP, TP and DP groups
-      // (docs/swift.md).
-      quiescent_step_ = step;
-      quiescent_dp_ = true;
+      // (docs/swift.md). Without the round a peer may have passed: nothing.
+      if (commit) {
+        quiescent_step_ = step;
+        quiescent_dp_ = true;
+      }
       return st;
     }
     // The commit round. A lost rank whose part of the sum went out may let
@@ -826,7 +832,7 @@ Result<double> Trainer::GradNorm(int64_t step) {
     // the round does not (a peer may have all tokens), so it offers nothing:
     // every group is closed at once, freeing a peer that waits on this rank.
     const int partial = hooks_ != nullptr ? hooks_->PartialCommit(step) : -1;
-    st = comm_->CommitWorld(partial);
+    if (commit) st = comm_->CommitWorld(partial);
     if (partial >= 0) {
       hooks_->AfterPartialCommit(step);
       return UnavailableError("fault injection: left the commit round of step " +
