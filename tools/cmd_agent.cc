@@ -289,8 +289,9 @@ void Setup(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--coordinate-commits", coordinate_commits,
                 "With --recovery-leader: the recovery leader also runs the job's commit "
                 "coordinator while it leads (a successor takes it over), so no `memento store "
-                "--job --nodes` is needed; not with `memento launch`, which coordinates its "
-                "own. docs/coordination.md \"Who coordinates the commits\"");
+                "--job --nodes` is needed (`memento launch --coordinate-commits` passes it to its "
+                "agents and runs no coordinator of its own). docs/coordination.md \"Who "
+                "coordinates the commits\"");
   cmd->callback([&ctx] {
     ctx.exit_code = RunAgent(options, durable, budget, bandwidth, scrub_rate, durable_io,
                              recovery_leader, recovery_timeout_s, agent_wait_s, coordinate_commits);

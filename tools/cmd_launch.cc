@@ -158,10 +158,18 @@ void Setup(CLI::App &app, CommandContext &ctx) {
                   "request, and it runs inventory, decide, rebuild, restore target and the "
                   "durable fallback as under torchrun or Slurm; the launcher only restarts "
                   "processes, asks for the recovery and waits for the leader's outcome) or "
-                  "launcher (this process runs them itself). The commit coordinator and the "
+                  "launcher (this process runs them itself). The commit coordinator (unless "
+                  "--coordinate-commits) and the "
                   "in-process (--recovery undo|log) recoveries stay the launcher's either way. "
                   "docs/launch.md \"Who recovers\"")
       ->default_val("agents");
+  cmd->add_flag("--coordinate-commits", o.coordinate_commits,
+                "With --recovery-by agents: the agents' recovery leader coordinates the commits "
+                "(every agent runs with --coordinate-commits; a successor takes them over) "
+                "instead of this launcher, as in a job without `memento launch`. The report's "
+                "commit history then follows commit/latest (commits.coordinator \"agents\"; "
+                "passed-over steps are not known). docs/coordination.md \"Who coordinates the "
+                "commits\"");
   cmd->add_option("--in-process-timeout", o.in_process_timeout_s,
                   "--recovery undo|log|auto: seconds from a failure until every rank reported its "
                   "in-process recovery; past it (a survivor wedged) the whole job restarts")

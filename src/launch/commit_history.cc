@@ -33,7 +33,8 @@ json CommitHistorySummary::ToJson() const {
           {"by_attempt", by_attempt_j},
           {"skipped", skips},
           {"unprotected_steps", unprotected_steps},
-          {"unprotected_reason", unprotected_reason}};
+          {"unprotected_reason", unprotected_reason},
+          {"coordinator", coordinator}};
 }
 
 std::string CommitHistorySummary::ToString() const {
@@ -72,7 +73,10 @@ std::string CommitHistorySummary::ToString() const {
   return s;
 }
 
-CommitHistory::~CommitHistory() { skip_watcher_.reset(); }
+CommitHistory::~CommitHistory() {
+  commit_watcher_.reset();
+  skip_watcher_.reset();
+}
 
 void CommitHistory::SetAttempt(int attempt) {
   MutexLock l(&mu_);
@@ -132,6 +136,24 @@ void CommitHistory::WatchSkips(coord::Store* store, const std::string& job) {
         if (slash == std::string::npos) return;
         auto step = coord::ParseStep(rest.substr(0, slash));
         if (step.ok()) OnSkip(*step, rest.substr(slash + 1), ev.kv.value);
+      });
+}
+
+void CommitHistory::WatchCommits(coord::Store* store, const std::string& job) {
+  commit_watcher_.reset();
+  last_seen_.reset();
+  if (store == nullptr) return;
+  const std::string key = coord::JobKeys(job).CommitLatest();
+  commit_watcher_ =
+      std::make_unique<coord::Watcher>(store, key, 0, [this, key](const coord::WatchEvent& ev) {
+        if (ev.type != coord::WatchEvent::Type::kPut || ev.kv.key != key) return;
+        auto id = coord::ParseCommitId(ev.kv.value);
+        if (!id.ok()) return;
+        // Republished (a store restarted empty) or older: seen already.
+        if (last_seen_.has_value() && !(*last_seen_ < *id)) return;
+        const bool epoch_start = last_seen_.has_value() && id->epoch != last_seen_->epoch;
+        last_seen_ = *id;
+        if (!epoch_start) OnCommit(id->step, {});
       });
 }
 

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -22,6 +23,7 @@
 
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "coord/commit.h"
 #include "coord/store.h"
 
 namespace memento::launch {
@@ -47,6 +49,12 @@ struct CommitHistorySummary {
   // ran unprotected. The first such reason, with its step and node.
   int64_t unprotected_steps = 0;
   std::string unprotected_reason;
+  // Whose commit coordinator published the commits: "launcher" (its own,
+  // with the passed-over steps) or "agents" (`memento launch
+  // --coordinate-commits`: the agents' recovery leader's; the launcher
+  // follows commit/latest and does not see which steps were passed over, so
+  // `uncommitted` stays empty).
+  std::string coordinator = "launcher";
   nlohmann::json ToJson() const;
   std::string ToString() const;  // one line
 };
@@ -72,6 +80,12 @@ class CommitHistory {
   // nullptr stops it). Agents delete old skip records, so they are collected
   // as they appear.
   void WatchSkips(coord::Store* store, const std::string& job) EXCLUDES(mu_);
+  // Follows commit/latest instead of a coordinator's callback (nullptr
+  // stops it): each commit above the last one seen is recorded, with no
+  // passed-over steps; the first commit of a newer epoch (the recovery's
+  // restored step, StartCommitEpoch) is not a commit of the trainers' and is
+  // only remembered, as the launcher's own coordinator does not report it.
+  void WatchCommits(coord::Store* store, const std::string& job) EXCLUDES(mu_);
 
   CommitHistorySummary Summary() EXCLUDES(mu_);
 
@@ -100,6 +114,9 @@ class CommitHistory {
   // Not guarded: replaced only by WatchSkips (the launcher's thread); its
   // callback takes mu_.
   std::unique_ptr<coord::Watcher> skip_watcher_;
+  // The same for WatchCommits; last_seen_ is its callback's only.
+  std::unique_ptr<coord::Watcher> commit_watcher_;
+  std::optional<coord::CommitId> last_seen_;
 };
 
 }  // namespace memento::launch

@@ -64,6 +64,12 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
     return InvalidArgumentError("--recovery-by '" + o.recovery_by +
                                 "': expected launcher or agents");
   }
+  if (o.coordinate_commits && o.recovery_by != "agents") {
+    return InvalidArgumentError(
+        "--coordinate-commits needs --recovery-by agents (the agents' recovery leader "
+        "coordinates the commits); with --recovery-by " +
+        o.recovery_by + " the launcher coordinates them");
+  }
   if (o.recovery == "log" && o.pp < 2) {
     return InvalidArgumentError(
         "--recovery log needs --pp >= 2 (a lost pipeline stage replays its neighbours' logged "
@@ -202,7 +208,12 @@ Status Launcher::State::SetUp(Deadline setup, StoreMode* store_mode) {
     }
   }
   MEMENTO_RETURN_IF_ERROR(PublishTopology(*store, o.job, topology, setup));
-  MEMENTO_RETURN_IF_ERROR(StartCoordinator(setup));
+  if (o.coordinate_commits) {
+    // The agents' leader coordinates (--coordinate-commits on every agent).
+    commit_history.WatchCommits(store, o.job);
+  } else {
+    MEMENTO_RETURN_IF_ERROR(StartCoordinator(setup));
+  }
   commit_history.WatchSkips(store, o.job);
   return Status::Ok();
 }
@@ -259,8 +270,10 @@ LaunchSummary Launcher::State::Finish(JobEnd end) {
   }
   summary.store_restarts = store_restarts;
   coordinator.reset();
+  commit_history.WatchCommits(nullptr, o.job);
   commit_history.WatchSkips(nullptr, o.job);
   summary.commits = commit_history.Summary();
+  summary.commits.coordinator = o.coordinate_commits ? "agents" : "launcher";
   store_host->Stop();
   if (!o.keep_run_dir) {
     for (int i = 0; i < o.nodes; ++i) RemoveAll(Root(i));

@@ -116,6 +116,11 @@ struct LaunchOptions {
   //             the processes, raises /memento/<job>/recovery_request and
   //             waits for the leader's recovery_status (restore step, source)
   std::string recovery_by = "agents";
+  // With recovery_by "agents": the agents' recovery leader coordinates the
+  // commits (`memento agent --coordinate-commits`; a successor takes them
+  // over) and the launcher runs no coordinator of its own; its commit
+  // history follows commit/latest (CommitHistory::WatchCommits).
+  bool coordinate_commits = false;
   // Progress lines on stdout (failures and recoveries are always printed).
   bool quiet = false;
   // The coordination store (launch/store_host.h): in this process (default),

@@ -82,6 +82,7 @@ Status Launcher::State::StartAgent(int node, bool fresh_root) {
           std::string("--recovery-timeout"), std::to_string(o.recovery_timeout_s)}) {
       so.argv.push_back(a);
     }
+    if (o.coordinate_commits) so.argv.push_back("--coordinate-commits");
   }
   for (const auto& a : o.agent_args) so.argv.push_back(a);
   so.argv = InNode(node, std::move(so.argv));

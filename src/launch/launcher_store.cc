@@ -193,6 +193,9 @@ void Launcher::State::MaybePublishPlan() {
 }
 
 Status Launcher::State::RestartCommitRule() {
+  // The agents' leader's coordinator goes on: the recovery's new epoch makes
+  // it ignore the failed attempt's reports, and its cleaner deletes them.
+  if (o.coordinate_commits) return Status::Ok();
   coord::JobKeys keys(o.job);
   auto list = store->List(keys.CompletedPrefix(), Deadline::AfterSeconds(5));
   coordinator.reset();

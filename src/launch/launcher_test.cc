@@ -162,6 +162,15 @@ TEST(Launcher, BadOptions) {
   o.inject = "";
   o.job = "bad/job";
   EXPECT_EQ(Launcher::Create(o).status().code(), StatusCode::kInvalidArgument);
+  o.job = "";
+  // The agents' leader coordinates the commits only where it recovers.
+  o.coordinate_commits = true;
+  o.recovery_by = "launcher";
+  r = Launcher::Create(o);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("--coordinate-commits needs --recovery-by agents"),
+            std::string::npos)
+      << r.status();
 }
 
 TEST(Launcher, StoreOptions) {

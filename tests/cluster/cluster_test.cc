@@ -746,6 +746,47 @@ TEST_F(ClusterAgentsTest, LeadersAgentKilledMidRecoveryAnotherAgentTakesItOver) 
   ExpectBitIdentical(job, o, dir_.path());
 }
 
+// `memento launch --coordinate-commits` (docs/launch.md, "Who coordinates the
+// commits"): the launcher runs no commit coordinator; every agent runs with
+// --coordinate-commits and the recovery leader's coordinator commits. Node 1
+// is lost and the leader's agent killed while it waits for the replacement:
+// the successor takes over the recovery and the commits, and the steps
+// trained after the restore commit (the launcher's in-process store runs no
+// coordinator either: only the agents' can have committed them).
+TEST_F(ClusterAgentsTest, CoordinateCommitsTheLeaderCommitsASuccessorTakesOver) {
+  Job job = AgentsJob();
+  job.policy = "replicate";
+  job.inject = "kill-node:1@step=10,kill-agent:leader@recovery=0";
+  job.extra.push_back("--coordinate-commits");
+  Outcome o = RunJob(job, dir_.path(), "agentscoordinate");
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  const std::string killed = ExpectLeaderKilledAndTakenOver(job, o);
+  ExpectRestoredFromMemory(job, o, 1);
+  const json& commits = o.summary["commits"];
+  EXPECT_EQ(commits["coordinator"], "agents") << commits.dump();
+  // Steps committed after the restore, in the recovery's attempt.
+  const int attempt = o.summary["recoveries"][0]["attempt"].get<int>();
+  const int64_t restored = o.summary["recoveries"][0]["step"].get<int64_t>();
+  bool after = false;
+  for (const json& a : commits["by_attempt"]) {
+    if (a["attempt"].get<int>() != attempt) continue;
+    for (const json& st : a["steps"]) after |= st.get<int64_t>() > restored;
+  }
+  EXPECT_TRUE(after) << "no step after " << restored << " committed in attempt " << attempt << ": "
+                     << commits.dump() << "\n"
+                     << Logs(o);
+  EXPECT_EQ(o.summary["committed"].get<int64_t>(), commits["last"].get<int64_t>())
+      << commits.dump();
+  // Two agents coordinated: the first leader and its successor.
+  int coordinated = 0;
+  for (int n = 0; n < job.nodes; ++n) {
+    const std::string log = ReadAll(dir_.path() + "/run/logs/agent" + std::to_string(n) + ".log");
+    if (log.find("coordinates the commits of job") != std::string::npos) ++coordinated;
+  }
+  EXPECT_GE(coordinated, 2) << "killed leader " << killed << "\n" << Logs(o);
+  ExpectBitIdentical(job, o, dir_.path());
+}
+
 // The leader's whole node lost too: two nodes lost, which rs:2 protects.
 TEST_F(ClusterAgentsTest, LeadersNodeLostMidRecoveryAnotherAgentRebuildsBoth) {
   Job job = AgentsJob();

@@ -240,6 +240,16 @@ class AgentRecoveryTest : public ::testing::Test {
   }
 
   void DurableFallback(bool corrupt);
+  // Two nodes lost whose agents' leases outlive them (--lease-ttl 30), the
+  // first one's replacement started, a recovery requested; `extra`: more
+  // agent flags.
+  struct LateReplacement {
+    int late = -1;           // the node without an agent
+    std::string leader_log;  // the leader's agent's log
+    int64_t newest = -1;     // the newest complete durable version
+    int64_t id = 0;          // the recovery request
+  };
+  void LoseTwoNodesOneReplacementLate(const std::vector<std::string>& extra, LateReplacement* out);
   // Waits until `durable` holds at least two complete versions and they stop
   // changing; their steps, oldest first.
   void WaitCompleteDurableVersions(const std::string& durable, std::vector<int64_t>* complete);
@@ -496,35 +506,45 @@ TEST_F(AgentRecoveryTest, TwoNodesLostACorruptNewestDurableVersionFallsBackToAnO
 // starts once that line is logged, and the NEWEST durable version is
 // restored, bit-identical. Before the wait the leader skipped every version
 // ("node 2 has no live agent") and restored an older one or none.
-TEST_F(AgentRecoveryTest, DurableLoadWaitsForALateReplacementAgent) {
+void AgentRecoveryTest::LoseTwoNodesOneReplacementLate(const std::vector<std::string>& extra,
+                                                       LateReplacement* out) {
   const std::string durable = tmp_.path() + "/durable";
   agent_extra_ = {"--durable-dir", durable, "--persist-every", "2", "--keep-last", "5"};
+  agent_extra_.insert(agent_extra_.end(), extra.begin(), extra.end());
   lease_ttl_ = "30";
   ASSERT_NO_FATAL_FAILURE(TrainAndCommit());
   std::vector<int64_t> complete;
   ASSERT_NO_FATAL_FAILURE(WaitCompleteDurableVersions(durable, &complete));
-  const int64_t newest = complete.back();
+  out->newest = complete.back();
   const std::string leader = Leader();
   ASSERT_FALSE(leader.empty()) << "no recovery leader was elected";
   auto leader_node = coord::ParseNodeName(leader);
   ASSERT_TRUE(leader_node.ok());
   const int early = (*leader_node + 1) % kNodes;
-  const int late = (*leader_node + 2) % kNodes;
-  const std::string leader_log = agent_logs_[*leader_node];
+  out->late = (*leader_node + 2) % kNodes;
+  out->leader_log = agent_logs_[*leader_node];
   ASSERT_NO_FATAL_FAILURE(LoseNode(early));
-  ASSERT_NO_FATAL_FAILURE(LoseNode(late));
+  ASSERT_NO_FATAL_FAILURE(LoseNode(out->late));
   ASSERT_NO_FATAL_FAILURE(StartAgent(early));  // on an empty root
   // The killed agent's entry is still there (its lease outlives it): what
   // the recovery meets when it begins before that lease expires.
   {
     auto eps = launch::ReadEndpoints(*job_store_.store(), kJob, kNodes, Deadline::AfterSeconds(5));
     ASSERT_TRUE(eps.ok()) << eps.status();
-    ASSERT_FALSE((*eps)[static_cast<size_t>(late)].empty())
-        << "node " << late << "'s killed agent left the store before the recovery began";
+    ASSERT_FALSE((*eps)[static_cast<size_t>(out->late)].empty())
+        << "node " << out->late << "'s killed agent left the store before the recovery began";
   }
   // An operator's trigger (`memento recover --trigger`): no key vanished.
   auto id = launch::RequestRecovery(*job_store_.store(), kJob, Deadline::AfterSeconds(5));
   ASSERT_TRUE(id.ok()) << id.status();
+  out->id = *id;
+}
+
+TEST_F(AgentRecoveryTest, DurableLoadWaitsForALateReplacementAgent) {
+  LateReplacement lr;
+  ASSERT_NO_FATAL_FAILURE(LoseTwoNodesOneReplacementLate({}, &lr));
+  const int late = lr.late;
+  const std::string& leader_log = lr.leader_log;
   const std::string waits = "waiting up to 60 s for node " + std::to_string(late) + "'s agent";
   for (Deadline d = Deadline::AfterSeconds(60);
        ReadAll(leader_log).find(waits) == std::string::npos; usleep(50000)) {
@@ -538,14 +558,46 @@ TEST_F(AgentRecoveryTest, DurableLoadWaitsForALateReplacementAgent) {
   ASSERT_TRUE(j.contains("status")) << j.dump();
   const nlohmann::json& st = j["status"];
   EXPECT_EQ(st["state"], "done") << j.dump() << "\n" << ReadAll(leader_log);
-  EXPECT_EQ(st["id"], *id) << j.dump();
+  EXPECT_EQ(st["id"], lr.id) << j.dump();
   EXPECT_EQ(st["source"], "durable") << j.dump();
-  EXPECT_EQ(st["restore_step"], newest) << j.dump();
+  EXPECT_EQ(st["restore_step"], lr.newest) << j.dump();
   EXPECT_FALSE(st.contains("durable_skipped")) << j.dump();
   EXPECT_NE(ReadAll(leader_log).find("node " + std::to_string(late) + "'s agent registered at"),
             std::string::npos)
       << ReadAll(leader_log);
-  ASSERT_NO_FATAL_FAILURE(ExpectTrainersRestore(newest));
+  ASSERT_NO_FATAL_FAILURE(ExpectTrainersRestore(lr.newest));
+}
+
+// The same, but the replacement never comes: past `--agent-wait` the
+// recovery fails, naming the node whose agent it waited for, and tries no
+// older version (each needs that node's agent too).
+TEST_F(AgentRecoveryTest, DurableLoadGivesUpNamingTheAgentItWaitedFor) {
+  LateReplacement lr;
+  ASSERT_NO_FATAL_FAILURE(LoseTwoNodesOneReplacementLate({"--agent-wait", "1.5"}, &lr));
+  launch::RecoveryView v;
+  for (Deadline d = Deadline::AfterSeconds(60);; usleep(50000)) {
+    v = View();
+    if (v.has_status && v.status.id == lr.id && v.status.final()) break;
+    ASSERT_FALSE(d.expired()) << "recovery " << lr.id << " did not end: "
+                              << (v.has_status ? v.status.ToJson().dump() : "no status") << "\n"
+                              << ReadAll(lr.leader_log);
+  }
+  const std::string node = coord::NodeName(lr.late);
+  EXPECT_EQ(v.status.state, "failed") << v.status.ToJson().dump();
+  EXPECT_NE(v.status.message.find("loading durable version " + std::to_string(lr.newest) +
+                                  " waited 1.5 s for the agent of " + node + " in vain"),
+            std::string::npos)
+      << v.status.message;
+  EXPECT_NE(v.status.message.find("no older version tried"), std::string::npos) << v.status.message;
+  EXPECT_NE(v.status.message.find("node " + std::to_string(lr.late) +
+                                  "'s agent did not come back within 1.5 s"),
+            std::string::npos)
+      << v.status.message;
+  EXPECT_TRUE(v.status.durable_skipped.empty()) << v.status.ToJson().dump();
+  EXPECT_NE(ReadAll(lr.leader_log)
+                .find("waiting up to 1.5 s for node " + std::to_string(lr.late) + "'s agent"),
+            std::string::npos)
+      << ReadAll(lr.leader_log);
 }
 
 // Whoever files a request may have seen a newer epoch than the store holds
