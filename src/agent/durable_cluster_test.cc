@@ -166,7 +166,7 @@ class DurableClusterTest : public ::testing::Test {
     MEMENTO_RETURN_IF_ERROR(hp.status());
     MEMENTO_ASSIGN_OR_RETURN(auto client,
                              net::RpcClient::Connect(hp->host, hp->port, Token(), Soon()));
-    return client->Call(kPeerLoadDurable, body, Soon());
+    return client->Call(net::kPeerLoadDurable, body, Soon());
   }
 
   // The complete slot of `rank` at `step` in `store`, verified, and each of

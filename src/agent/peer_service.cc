@@ -233,7 +233,7 @@ Status ClusterReader::ReadRemote(int node, const ReadRequest& req, void* dst, De
     // One request, the bytes streamed back straight into dst (digest frames,
     // each checked against the source's checksum as it arrives).
     Result<size_t> n =
-        client->CallStreamInto(kPeerReadStream, body, dst, req.length, deadline, on_data);
+        client->CallStreamInto(net::kPeerReadStream, body, dst, req.length, deadline, on_data);
     const bool broken = client->broken();
     Release(node, std::move(client));
     if (!n.ok()) {
@@ -279,7 +279,7 @@ Status ClusterReader::ReadRemoteLegacy(int node, const ReadRequest& req, void* d
     bool pooled = false;
     MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<net::RpcClient> client,
                              Acquire(node, deadline, &pooled));
-    Result<size_t> n = client->CallInto(kPeerRead, body, into, capacity, deadline);
+    Result<size_t> n = client->CallInto(net::kPeerRead, body, into, capacity, deadline);
     const bool broken = client->broken();
     Release(node, std::move(client));
     if (!n.ok()) {
@@ -321,7 +321,7 @@ Status PushCopy(net::RpcClient& client, int64_t step, uint32_t copy_id, const vo
     std::memcpy(prefix.data() + 4, text.data(), text.size());
     net::ConstBuffer parts[2] = {{prefix.data(), prefix.size()}, {p + offset, n}};
     MEMENTO_ASSIGN_OR_RETURN(std::string reply,
-                             client.CallParts(kPeerPush, parts, n > 0 ? 2 : 1, deadline));
+                             client.CallParts(net::kPeerPush, parts, n > 0 ? 2 : 1, deadline));
     (void)reply;
     offset += n;
   } while (offset < len);
@@ -488,39 +488,41 @@ recover::NodeInventory PeerService::Inventory(bool verify) {
 }
 
 void PeerService::RegisterMethods() {
-  rpc_.Register(kPeerInventory, [this](std::string_view body, Deadline) -> Result<std::string> {
-    bool verify = false;
-    if (!body.empty()) {
-      MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body, "inventory request"));
-      if (j.contains("verify")) {
-        if (!j["verify"].is_boolean()) {
-          return InvalidArgumentError("inventory request: 'verify' must be a boolean");
+  rpc_.Register(
+      net::kPeerInventory, [this](std::string_view body, Deadline) -> Result<std::string> {
+        bool verify = false;
+        if (!body.empty()) {
+          MEMENTO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(body, "inventory request"));
+          if (j.contains("verify")) {
+            if (!j["verify"].is_boolean()) {
+              return InvalidArgumentError("inventory request: 'verify' must be a boolean");
+            }
+            verify = j["verify"].get<bool>();
+          }
         }
-        verify = j["verify"].get<bool>();
-      }
-    }
-    return recover::ToJson(Inventory(verify)).dump();
-  });
-  rpc_.RegisterParts(kPeerRead, [this](std::string_view body, Deadline deadline,
-                                       const net::RpcServer::ReplyFn& reply) {
+        return recover::ToJson(Inventory(verify)).dump();
+      });
+  rpc_.RegisterParts(net::kPeerRead, [this](std::string_view body, Deadline deadline,
+                                            const net::RpcServer::ReplyFn& reply) {
     return HandleRead(body, deadline, reply);
   });
   rpc_.RegisterStream(
-      kPeerReadStream,
+      net::kPeerReadStream,
       [this](std::string_view body, Deadline deadline, const net::RpcServer::DataFn& data,
              const net::RpcServer::ReplyFn& reply) -> Status {
         MEMENTO_RETURN_IF_ERROR(HandleReadStream(body, deadline, data));
         return reply(nullptr, 0);
       });
-  rpc_.Register(kPeerPush, [this](std::string_view body, Deadline) { return HandlePush(body); });
-  rpc_.Register(kPeerRecover, [this](std::string_view body, Deadline deadline) {
+  rpc_.Register(net::kPeerPush,
+                [this](std::string_view body, Deadline) { return HandlePush(body); });
+  rpc_.Register(net::kPeerRecover, [this](std::string_view body, Deadline deadline) {
     return HandleRecover(body, deadline);
   });
-  rpc_.Register(kPeerSetRestoreTarget,
+  rpc_.Register(net::kPeerSetRestoreTarget,
                 [this](std::string_view body, Deadline) { return HandleSetRestoreTarget(body); });
-  rpc_.Register(kPeerLoadDurable,
+  rpc_.Register(net::kPeerLoadDurable,
                 [this](std::string_view body, Deadline) { return HandleLoadDurable(body); });
-  rpc_.Register(kPeerVerifyKept,
+  rpc_.Register(net::kPeerVerifyKept,
                 [this](std::string_view body, Deadline) { return HandleVerifyKept(body); });
 }
 

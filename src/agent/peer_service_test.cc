@@ -268,7 +268,7 @@ class Cluster {
   }
   recover::NodeInventory InventoryOf(int node_id) {
     auto client = Connect(node_id);
-    auto reply = client->Call(kPeerInventory, R"({"verify": true})", Soon());
+    auto reply = client->Call(net::kPeerInventory, R"({"verify": true})", Soon());
     EXPECT_TRUE(reply.ok()) << reply.status();
     auto inv = recover::NodeInventoryFromJson(nlohmann::json::parse(*reply));
     EXPECT_TRUE(inv.ok()) << inv.status();
@@ -374,7 +374,8 @@ TEST(PeerServiceTest, InventoryListsT0AndRedundancyNewestFirst) {
   }
   auto client = c.Connect(1);
   for (bool verify : {false, true}) {
-    auto reply = client->Call(kPeerInventory, nlohmann::json{{"verify", verify}}.dump(), Soon());
+    auto reply =
+        client->Call(net::kPeerInventory, nlohmann::json{{"verify", verify}}.dump(), Soon());
     ASSERT_TRUE(reply.ok()) << reply.status();
     auto inv = recover::NodeInventoryFromJson(nlohmann::json::parse(*reply));
     ASSERT_TRUE(inv.ok()) << inv.status();
@@ -392,8 +393,8 @@ TEST(PeerServiceTest, InventoryListsT0AndRedundancyNewestFirst) {
     EXPECT_TRUE(inv->versions[1].parities.empty());
   }
   // An empty body means verify=false; a bad one is InvalidArgument.
-  EXPECT_TRUE(client->Call(kPeerInventory, "", Soon()).ok());
-  EXPECT_EQ(client->Call(kPeerInventory, "{\"verify\": 3}", Soon()).status().code(),
+  EXPECT_TRUE(client->Call(net::kPeerInventory, "", Soon()).ok());
+  EXPECT_EQ(client->Call(net::kPeerInventory, "{\"verify\": 3}", Soon()).status().code(),
             StatusCode::kInvalidArgument);
 }
 
@@ -467,7 +468,7 @@ TEST(PeerServiceTest, PushCopyInSeveralPartsThenReadIt) {
     std::string_view part(reinterpret_cast<const char*>(bytes.data()) + cuts[i],
                           cuts[i + 1] - cuts[i]);
     nlohmann::json head = {{"step", 3}, {"copy", copy->id}, {"offset", cuts[i]}, {"total", total}};
-    auto r = client->Call(kPeerPush, PushBody(head, part), Soon());
+    auto r = client->Call(net::kPeerPush, PushBody(head, part), Soon());
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(*r, "{}");
     const auto held = c.node(copy->node).red->Holding(3, true).copies;
@@ -596,7 +597,7 @@ TEST(PeerServiceTest, UnauthenticatedPeerIsRefused) {
       hp->host, hp->port, Token("another-jobs-secret-abcdefghijklmnop"), Deadline::AfterSeconds(5));
   if (bad.ok()) {
     // The handshake may only fail on the first call.
-    EXPECT_FALSE((*bad)->Call(kPeerInventory, "{}", Deadline::AfterSeconds(5)).ok());
+    EXPECT_FALSE((*bad)->Call(net::kPeerInventory, "{}", Deadline::AfterSeconds(5)).ok());
   }
   // A reader holding the wrong token cannot read either.
   ClusterReaderOptions ro;
@@ -627,43 +628,46 @@ TEST(PeerServiceTest, MalformedRequestsAreInvalidArgument) {
   auto code = [&](uint32_t method, const std::string& body) {
     return client->Call(method, body, Soon()).status().code();
   };
-  EXPECT_EQ(code(kPeerRead, "garbage"), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(kPeerRead, "[1,2]"), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(kPeerRead, R"({"step":1,"kind":"piece","id":0})"), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(kPeerRead, R"({"step":1,"kind":"blob","id":0,"offset":0,"length":1})"),
+  EXPECT_EQ(code(net::kPeerRead, "garbage"), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(net::kPeerRead, "[1,2]"), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(net::kPeerRead, R"({"step":1,"kind":"piece","id":0})"),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(kPeerRead, R"({"step":1,"kind":"piece","id":0,"offset":0,"length":1000000000})"),
+  EXPECT_EQ(code(net::kPeerRead, R"({"step":1,"kind":"blob","id":0,"offset":0,"length":1})"),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(kPeerRead, R"({"step":1,"kind":"piece","id":99999,"offset":0,"length":1})"),
+  EXPECT_EQ(
+      code(net::kPeerRead, R"({"step":1,"kind":"piece","id":0,"offset":0,"length":1000000000})"),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(net::kPeerRead, R"({"step":1,"kind":"piece","id":99999,"offset":0,"length":1})"),
             StatusCode::kInvalidArgument);
   // Push: short body, header longer than the body, bad JSON, missing fields,
   // wrong total, a copy not held by this node, an unknown id, bytes past the end.
-  EXPECT_EQ(code(kPeerPush, "ab"), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(kPeerPush, std::string("\xff\x00\x00\x00{}", 6)), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(kPeerPush, PushBody("not json", "")), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(kPeerPush, PushBody({{"step", 1}, {"copy", copy->id}}, "")),
+  EXPECT_EQ(code(net::kPeerPush, "ab"), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(net::kPeerPush, std::string("\xff\x00\x00\x00{}", 6)),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(net::kPeerPush, PushBody("not json", "")), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(net::kPeerPush, PushBody({{"step", 1}, {"copy", copy->id}}, "")),
             StatusCode::kInvalidArgument);
   const uint64_t total = c.plan().pieces[copy->piece].bytes;
   EXPECT_EQ(
-      code(kPeerPush,
+      code(net::kPeerPush,
            PushBody({{"step", 1}, {"copy", copy->id}, {"offset", 0}, {"total", total + 1}}, "x")),
       StatusCode::kInvalidArgument);
   EXPECT_EQ(
-      code(kPeerPush,
+      code(net::kPeerPush,
            PushBody({{"step", -1}, {"copy", copy->id}, {"offset", 0}, {"total", total}}, "x")),
       StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(kPeerPush,
+  EXPECT_EQ(code(net::kPeerPush,
                  PushBody({{"step", 1}, {"copy", 9999}, {"offset", 0}, {"total", total}}, "x")),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(
-      code(kPeerPush,
+      code(net::kPeerPush,
            PushBody({{"step", 1}, {"copy", copy->id}, {"offset", total - 1}, {"total", total}},
                     "xy")),
       StatusCode::kInvalidArgument);
   for (const topo::Copy& other : c.plan().copies) {
     if (other.node != copy->node) {
       Status s = client
-                     ->Call(kPeerPush,
+                     ->Call(net::kPeerPush,
                             PushBody({{"step", 1},
                                       {"copy", other.id},
                                       {"offset", 0},
@@ -678,43 +682,43 @@ TEST(PeerServiceTest, MalformedRequestsAreInvalidArgument) {
   }
   // A checksum that does not match the bytes (a lost part) is DataLoss.
   std::string payload(total, 'z');
-  EXPECT_EQ(code(kPeerPush, PushBody({{"step", 1},
-                                      {"copy", copy->id},
-                                      {"offset", 0},
-                                      {"total", total},
-                                      {"xxh3", Checksum(payload.data(), payload.size()) + 1}},
-                                     payload)),
+  EXPECT_EQ(code(net::kPeerPush, PushBody({{"step", 1},
+                                           {"copy", copy->id},
+                                           {"offset", 0},
+                                           {"total", total},
+                                           {"xxh3", Checksum(payload.data(), payload.size()) + 1}},
+                                          payload)),
             StatusCode::kDataLoss);
   // The entry was left unfinished: the right bytes still go in.
-  EXPECT_EQ(code(kPeerPush, PushBody({{"step", 1},
-                                      {"copy", copy->id},
-                                      {"offset", 0},
-                                      {"total", total},
-                                      {"xxh3", Checksum(payload.data(), payload.size())}},
-                                     payload)),
+  EXPECT_EQ(code(net::kPeerPush, PushBody({{"step", 1},
+                                           {"copy", copy->id},
+                                           {"offset", 0},
+                                           {"total", total},
+                                           {"xxh3", Checksum(payload.data(), payload.size())}},
+                                          payload)),
             StatusCode::kOk);
   EXPECT_EQ(c.node(copy->node).red->Holding(1, true).copies, std::vector<uint32_t>{copy->id});
   // Recover / restore target.
-  EXPECT_EQ(code(kPeerRecover, "{}"), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(kPeerRecover, nlohmann::json{{"step", 1},
-                                              {"plan_hash", c.hash() + 1},
-                                              {"assemblies", nlohmann::json::array()}}
-                                   .dump()),
+  EXPECT_EQ(code(net::kPeerRecover, "{}"), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(net::kPeerRecover, nlohmann::json{{"step", 1},
+                                                   {"plan_hash", c.hash() + 1},
+                                                   {"assemblies", nlohmann::json::array()}}
+                                        .dump()),
             StatusCode::kFailedPrecondition);
-  EXPECT_EQ(code(kPeerSetRestoreTarget, "{\"step\": \"x\"}"), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(net::kPeerSetRestoreTarget, "{\"step\": \"x\"}"), StatusCode::kInvalidArgument);
   // The commit epoch, when given, is a non-negative integer.
-  EXPECT_EQ(code(kPeerSetRestoreTarget, "{\"step\": 6, \"epoch\": -1}"),
+  EXPECT_EQ(code(net::kPeerSetRestoreTarget, "{\"step\": 6, \"epoch\": -1}"),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(kPeerSetRestoreTarget, "{\"step\": 6, \"epoch\": \"2\"}"),
+  EXPECT_EQ(code(net::kPeerSetRestoreTarget, "{\"step\": 6, \"epoch\": \"2\"}"),
             StatusCode::kInvalidArgument);
-  ASSERT_TRUE(client->Call(kPeerSetRestoreTarget, "{\"step\": 6}", Soon()).ok());
+  ASSERT_TRUE(client->Call(net::kPeerSetRestoreTarget, "{\"step\": 6}", Soon()).ok());
   EXPECT_EQ(c.node(copy->node).restore_target.load(), 6);
-  ASSERT_TRUE(client->Call(kPeerSetRestoreTarget, "{\"step\": 5, \"epoch\": 2}", Soon()).ok());
+  ASSERT_TRUE(client->Call(net::kPeerSetRestoreTarget, "{\"step\": 5, \"epoch\": 2}", Soon()).ok());
   EXPECT_EQ(c.node(copy->node).restore_target.load(), 5);
   // Unknown method.
   EXPECT_EQ(code(0x4d45ffff, "{}"), StatusCode::kInvalidArgument);
   // The connection still works after all that.
-  EXPECT_TRUE(client->Call(kPeerInventory, "{}", Soon()).ok());
+  EXPECT_TRUE(client->Call(net::kPeerInventory, "{}", Soon()).ok());
 }
 
 TEST(PeerServiceTest, ReadOfACorruptedEntryIsDataLoss) {
@@ -820,12 +824,12 @@ TEST(PeerServiceTest, RecoversALostNodeThroughThePeerProtocol) {
     auto client = c.Connect(1);
     // A caller acting on another plan is refused before anything is written.
     auto stale = client->Call(
-        kPeerRecover,
+        net::kPeerRecover,
         nlohmann::json{{"step", 5}, {"plan_hash", c.hash() ^ 1}, {"assemblies", assemblies}}.dump(),
         Soon());
     EXPECT_EQ(stale.status().code(), StatusCode::kFailedPrecondition);
     auto reply = client->Call(
-        kPeerRecover,
+        net::kPeerRecover,
         nlohmann::json{{"step", 5}, {"plan_hash", c.hash()}, {"assemblies", assemblies}}.dump(),
         Soon());
     ASSERT_TRUE(reply.ok()) << reply.status();
@@ -859,7 +863,7 @@ void RecoverOn(Cluster& c, const recover::Decision& d, int node_id, int64_t step
   }
   if (assemblies.empty()) return;
   auto reply = c.Connect(node_id)->Call(
-      kPeerRecover,
+      net::kPeerRecover,
       nlohmann::json{{"step", step}, {"plan_hash", c.hash()}, {"assemblies", assemblies}}.dump(),
       Soon());
   ASSERT_TRUE(reply.ok()) << "node " << node_id << ": " << reply.status();
@@ -926,7 +930,7 @@ void ExpectEveryReadServes(Cluster& c, int holder, const ByteSource& entry,
   ASSERT_TRUE(c.node(other).service->reader().Read(holder, req, got.data(), Soon()).ok()) << what;
   EXPECT_EQ(got, want) << "streamed read of " << what;
   std::fill(got.begin(), got.end(), 0xa5);
-  auto framed = c.Connect(holder)->CallInto(kPeerRead, recover::ToJson(req).dump(), got.data(),
+  auto framed = c.Connect(holder)->CallInto(net::kPeerRead, recover::ToJson(req).dump(), got.data(),
                                             got.size(), Soon());
   ASSERT_TRUE(framed.ok()) << framed.status();
   EXPECT_EQ(got, want) << "kPeerRead of " << what;
@@ -1570,7 +1574,7 @@ TEST(AssembleTest, AfterANodeLossFromSlotsOfPieces) {
       assemblies.push_back({{"rank", a.rank}, {"node", a.node}, {"recipe", a.recipe}});
     }
     auto reply = c.Connect(1)->Call(
-        kPeerRecover,
+        net::kPeerRecover,
         nlohmann::json{{"step", 5}, {"plan_hash", c.hash()}, {"assemblies", assemblies}}.dump(),
         Soon());
     ASSERT_TRUE(reply.ok()) << reply.status();

@@ -270,7 +270,7 @@ class Cluster {
 
   recover::NodeInventory InventoryOf(int n) {
     auto client = Connect(n);
-    auto reply = client->Call(kPeerInventory, R"({"verify": true})", Soon());
+    auto reply = client->Call(net::kPeerInventory, R"({"verify": true})", Soon());
     EXPECT_TRUE(reply.ok()) << reply.status();
     if (!reply.ok()) return {};
     auto inv = recover::NodeInventoryFromJson(nlohmann::json::parse(*reply));
@@ -286,7 +286,7 @@ class Cluster {
     }
     for (const auto& [n, assemblies] : by_node) {
       auto reply = Connect(n)->Call(
-          kPeerRecover,
+          net::kPeerRecover,
           nlohmann::json{{"step", d.step}, {"plan_hash", cp_->hash}, {"assemblies", assemblies}}
               .dump(),
           Soon());

@@ -162,7 +162,7 @@ std::vector<Result<std::string>> VerifyKeptOnNodes(const std::vector<std::string
   std::vector<std::thread> threads;
   for (size_t k = 0; k < nodes.size(); ++k) {
     threads.emplace_back([&, k] {
-      replies[k] = CallPeer(endpoints[static_cast<size_t>(nodes[k])], token, agent::kPeerVerifyKept,
+      replies[k] = CallPeer(endpoints[static_cast<size_t>(nodes[k])], token, net::kPeerVerifyKept,
                             body, deadline);
     });
   }
@@ -197,8 +197,8 @@ Result<JobRecovery> RecoverJobOnce(coord::Store& store, const topo::Plan& plan,
         continue;
       }
       threads.emplace_back([&, i] {
-        auto reply = CallPeer(endpoints[static_cast<size_t>(i)], token, agent::kPeerInventory, body,
-                              deadline);
+        auto reply =
+            CallPeer(endpoints[static_cast<size_t>(i)], token, net::kPeerInventory, body, deadline);
         if (!reply.ok()) {
           answers[static_cast<size_t>(i)] = reply.status();
           return;
@@ -234,8 +234,8 @@ Result<JobRecovery> RecoverJobOnce(coord::Store& store, const topo::Plan& plan,
       MEMENTO_LOG_INFO("recovery: node {}'s agent has not loaded the plan yet; asking again", i);
       while (waiting_for_plan(a) && !deadline.expired() && !plan_wait.expired()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        auto reply = CallPeer(endpoints[static_cast<size_t>(i)], token, agent::kPeerInventory, body,
-                              deadline);
+        auto reply =
+            CallPeer(endpoints[static_cast<size_t>(i)], token, net::kPeerInventory, body, deadline);
         if (!reply.ok()) {
           a = reply.status();
           break;
@@ -327,7 +327,7 @@ Result<JobRecovery> RecoverJobOnce(coord::Store& store, const topo::Plan& plan,
         // the plan from the store (moments after it joined): retry for a while.
         Stopwatch waited;
         while (true) {
-          replies[k] = CallPeer(endpoints[static_cast<size_t>(node)], token, agent::kPeerRecover,
+          replies[k] = CallPeer(endpoints[static_cast<size_t>(node)], token, net::kPeerRecover,
                                 text, deadline);
           if (replies[k].ok() || replies[k].status().code() != StatusCode::kFailedPrecondition ||
               deadline.expired() || waited.Seconds() > 15) {
@@ -403,7 +403,7 @@ Result<JobRecovery> RecoverJobOnce(coord::Store& store, const topo::Plan& plan,
         std::vector<int> ranks;
         for (const recover::RankAssembly& a : list) ranks.push_back(a.rank);
         auto d = CallPeer(
-            endpoints[static_cast<size_t>(node)], token, agent::kPeerVerifyKept,
+            endpoints[static_cast<size_t>(node)], token, net::kPeerVerifyKept,
             json{{"step", out.decision.step}, {"phase", "discard"}, {"ranks", ranks}}.dump(),
             deadline);
         if (!d.ok()) {
@@ -424,8 +424,8 @@ Result<JobRecovery> RecoverJobOnce(coord::Store& store, const topo::Plan& plan,
   const std::string target = target_j.dump();
   for (int i = 0; i < n; ++i) {
     if (endpoints[static_cast<size_t>(i)].empty()) continue;
-    auto r = CallPeer(endpoints[static_cast<size_t>(i)], token, agent::kPeerSetRestoreTarget,
-                      target, deadline);
+    auto r = CallPeer(endpoints[static_cast<size_t>(i)], token, net::kPeerSetRestoreTarget, target,
+                      deadline);
     if (!r.ok()) return r.status().WithContext("set restore target on node " + std::to_string(i));
   }
   out.total_s = total.Seconds();
@@ -523,7 +523,7 @@ Result<DurableLoad> LoadDurableOnEveryNode(coord::Store& store, const net::JobTo
           if (!client.ok()) {
             absent = client.status();
           } else {
-            replies[k] = (*client)->Call(agent::kPeerLoadDurable, body, deadline);
+            replies[k] = (*client)->Call(net::kPeerLoadDurable, body, deadline);
             const Result<std::string>& r = replies[k];
             if (r.ok()) return;
             if (r.status().code() == StatusCode::kFailedPrecondition && !deadline.expired() &&

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-namespace memento::agent {
+namespace memento::net {
 
 enum PeerMethod : uint32_t {
   // {"verify": bool} -> recover::NodeInventory (ToJson). With verify, T0 slots
@@ -71,4 +71,4 @@ enum PeerMethod : uint32_t {
   kPeerVerifyKept = 0x4d450007,
 };
 
-}  // namespace memento::agent
+}  // namespace memento::net

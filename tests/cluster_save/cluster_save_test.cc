@@ -187,7 +187,7 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
     req.offset = 0;
     req.length = bytes;
     std::vector<uint8_t> out(bytes);
-    auto n = (*client)->CallInto(agent::kPeerRead, recover::ToJson(req).dump(), out.data(),
+    auto n = (*client)->CallInto(net::kPeerRead, recover::ToJson(req).dump(), out.data(),
                                  out.size(), Deadline::AfterSeconds(10));
     std::string what = "node " + std::to_string(node) + " " + recover::SourceKindName(kind) + " " +
                        std::to_string(id) + " of step " + std::to_string(step);
