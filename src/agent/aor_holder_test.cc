@@ -130,6 +130,22 @@ void ExpectEqualsOwner(AorHolder& h, const Pair& p) {
   EXPECT_EQ(*sum, p.sums.at(p.step));
 }
 
+// A new holder in `dir` (seeds refused: no network) adopts the replica file
+// of `p`'s shard left there, equals the owner, and follows it bit-exact for
+// three more steps.
+void ExpectAdoptedWithoutASeed(const std::string& dir, Pair& p) {
+  AorHolder again(dir, [](const AorRange&, int64_t) -> Result<AorHolder::SeedBytes> {
+    return UnavailableError("no seed: the adopted file must do");
+  });
+  ASSERT_TRUE(again.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
+  ExpectEqualsOwner(again, p);
+  for (int i = 0; i < 3; ++i) {
+    TrainStep(again, p);
+    ExpectEqualsOwner(again, p);
+  }
+  EXPECT_EQ(again.stats().seeded, 0);
+}
+
 TEST(AorHolderTest, BringsTheOwnersShardForwardBitExactAndItsFileSurvives) {
   ScratchDir dir("aor-holder");
   Pair p(TestSeed("AorHolderTest"));
@@ -149,16 +165,7 @@ TEST(AorHolderTest, BringsTheOwnersShardForwardBitExactAndItsFileSurvives) {
   }
   // The holder (agent or trainer) is gone; the replica file is not. A new
   // holder adopts it and goes on without a seed (no network).
-  AorHolder again(dir.path(), [](const AorRange&, int64_t) -> Result<AorHolder::SeedBytes> {
-    return UnavailableError("no seed: the adopted file must do");
-  });
-  ASSERT_TRUE(again.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
-  ExpectEqualsOwner(again, p);
-  for (int i = 0; i < 3; ++i) {
-    TrainStep(again, p);
-    ExpectEqualsOwner(again, p);
-  }
-  EXPECT_EQ(again.stats().seeded, 0);
+  ASSERT_NO_FATAL_FAILURE(ExpectAdoptedWithoutASeed(dir.path(), p));
 }
 
 // The replica file holds two steps (the current one and the one before, in
@@ -281,18 +288,7 @@ TEST(AorHolderTest, AHalfWrittenStepIsNeverAdoptedThePreviousOneIs) {
       0);
   adopted = AdoptedAor{};
   // A new agent goes on from step 4 without a seed, bit-exact.
-  {
-    AorHolder again(dir.path(), [](const AorRange&, int64_t) -> Result<AorHolder::SeedBytes> {
-      return UnavailableError("no seed: the adopted file must do");
-    });
-    ASSERT_TRUE(again.Register(0, p.encoding, p.n, {OwnerRange(p)}).ok());
-    ExpectEqualsOwner(again, p);
-    for (int i = 0; i < 3; ++i) {
-      TrainStep(again, p);
-      ExpectEqualsOwner(again, p);
-    }
-    EXPECT_EQ(again.stats().seeded, 0);
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectAdoptedWithoutASeed(dir.path(), p));
   // The step being written was the newest and the other area is changed
   // too: nothing is adopted.
   {

@@ -274,6 +274,23 @@ RecoverOptions Options(int n) {
   return o;
 }
 
+// The ranks a recovery rebuilt, over all its nodes, sorted.
+std::vector<int> RebuiltRanks(const JobRecovery& r) {
+  std::vector<int> rebuilt;
+  for (const NodeRecoveryStats& n : r.nodes) {
+    rebuilt.insert(rebuilt.end(), n.ranks.begin(), n.ranks.end());
+  }
+  std::sort(rebuilt.begin(), rebuilt.end());
+  return rebuilt;
+}
+
+// Every one of the `n` nodes has `step` as its restore target and every
+// rank's slot of `step` holds its original bytes (one rank a node).
+void ExpectEveryRankRestored(TestCluster& c, int n, int64_t step) {
+  for (int i = 0; i < n; ++i) EXPECT_EQ(c.node(i).restore_target.load(), step) << i;
+  for (int rank = 0; rank < n; ++rank) c.ExpectRankRestored(rank, step);
+}
+
 TEST(RecoverJob, ALostNodeIsRebuiltAndEveryAgentGetsTheTarget) {
   for (const char* policy : {"xor", "replicate", "rs:2"}) {
     SCOPED_TRACE(policy);
@@ -372,14 +389,8 @@ TEST(RecoverJob, ACorruptedChunkASurvivorSendsMakesTheLeaderDecideAgain) {
   EXPECT_FALSE(r->deferred_verify);  // the second attempt's
   EXPECT_NE(r->first_attempt.find("recovery on node 1"), std::string::npos) << r->first_attempt;
   EXPECT_NE(r->first_attempt.find("DataLoss"), std::string::npos) << r->first_attempt;
-  std::vector<int> rebuilt;
-  for (const NodeRecoveryStats& n : r->nodes) {
-    rebuilt.insert(rebuilt.end(), n.ranks.begin(), n.ranks.end());
-  }
-  std::sort(rebuilt.begin(), rebuilt.end());
-  EXPECT_EQ(rebuilt, (std::vector<int>{1, 2}));
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.node(i).restore_target.load(), 5) << i;
-  for (int rank = 0; rank < 4; ++rank) c.ExpectRankRestored(rank, 5);
+  EXPECT_EQ(RebuiltRanks(*r), (std::vector<int>{1, 2}));
+  ExpectEveryRankRestored(c, 4, 5);
 }
 
 // The same for a byte no other node reads (rank 2's private state): its
@@ -400,14 +411,8 @@ TEST(RecoverJob, ACorruptedKeptChunkOfASurvivorMakesTheLeaderDecideAgain) {
   // Rank 1 was rebuilt by the first attempt too (its inputs were intact),
   // but that attempt's slots are torn before the second decision: rebuilt
   // again with rank 2, never counted on unchecked.
-  std::vector<int> rebuilt;
-  for (const NodeRecoveryStats& n : r->nodes) {
-    rebuilt.insert(rebuilt.end(), n.ranks.begin(), n.ranks.end());
-  }
-  std::sort(rebuilt.begin(), rebuilt.end());
-  EXPECT_EQ(rebuilt, (std::vector<int>{1, 2}));
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.node(i).restore_target.load(), 5) << i;
-  for (int rank = 0; rank < 4; ++rank) c.ExpectRankRestored(rank, 5);
+  EXPECT_EQ(RebuiltRanks(*r), (std::vector<int>{1, 2}));
+  ExpectEveryRankRestored(c, 4, 5);
 }
 
 // A parity corrupted at rest after its node last checked it (the node's
@@ -432,8 +437,7 @@ TEST(RecoverJob, ACorruptedParityServedBeforeItsCheckIsNotTrustedAfterwards) {
   EXPECT_NE(r->first_attempt.find("parity"), std::string::npos) << r->first_attempt;
   ASSERT_EQ(r->nodes.size(), 1u);
   EXPECT_EQ(r->nodes[0].ranks, std::vector<int>{1});
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.node(i).restore_target.load(), 5) << i;
-  for (int rank = 0; rank < 4; ++rank) c.ExpectRankRestored(rank, 5);
+  ExpectEveryRankRestored(c, 4, 5);
 }
 
 // Without deferred verification the inventories hash everything first: the

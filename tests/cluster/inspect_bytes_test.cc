@@ -17,6 +17,7 @@
 #include "common/subprocess.h"
 #include "common/test_util.h"
 #include "coord/embedded_store.h"
+#include "coord/token_store_test_util.h"
 #include "gtest/gtest.h"
 #include "launch_job.h"
 #include "net/job_token.h"
@@ -50,22 +51,9 @@ std::pair<int, std::string> Inspect(const std::vector<std::string>& args, const 
   return {st->code, ReadAll(log)};
 }
 
-class InspectBytesTest : public ::testing::Test {
+class InspectBytesTest : public coord::testing::TokenStoreTest {
  protected:
-  void SetUp() override {
-    auto token = net::JobToken::Generate();
-    ASSERT_TRUE(token.ok());
-    token_file_ = dir_.path() + "/job.token";
-    ASSERT_TRUE(token->WriteFile(token_file_).ok());  // mode 0600
-    auto server = coord::EmbeddedStoreServer::Start("127.0.0.1", 0, *token);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
-    url_ = "tcp://127.0.0.1:" + std::to_string(server_->port());
-  }
-
-  testing::ScratchDir dir_{"inspect-bytes"};
-  std::string token_file_, url_;
-  std::unique_ptr<coord::EmbeddedStoreServer> server_;
+  InspectBytesTest() : TokenStoreTest("inspect-bytes") {}
 };
 
 TEST_F(InspectBytesTest, ReportsEachNodesBytesNextToThePlanAsTheLauncherMeasuredThem) {

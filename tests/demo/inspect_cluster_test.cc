@@ -18,6 +18,7 @@
 #include "coord/embedded_store.h"
 #include "coord/keys.h"
 #include "coord/membership.h"
+#include "coord/token_store_test_util.h"
 #include "net/job_token.h"
 
 namespace memento {
@@ -34,18 +35,9 @@ std::pair<int, std::string> RunShell(const std::string& cmd) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-class InspectClusterTest : public ::testing::Test {
+class InspectClusterTest : public coord::testing::TokenStoreTest {
  protected:
-  void SetUp() override {
-    auto token = net::JobToken::Generate();
-    ASSERT_TRUE(token.ok());
-    token_file_ = dir_.path() + "/job.token";
-    ASSERT_TRUE(token->WriteFile(token_file_).ok());  // mode 0600
-    auto server = coord::EmbeddedStoreServer::Start("127.0.0.1", 0, *token);
-    ASSERT_TRUE(server.ok()) << server.status().ToString();
-    server_ = std::move(*server);
-    url_ = "tcp://127.0.0.1:" + std::to_string(server_->port());
-  }
+  InspectClusterTest() : TokenStoreTest("inspect-cluster") {}
 
   void Set(const std::string& key, const std::string& value) {
     ASSERT_TRUE(server_->store().Set(key, value, Deadline::AfterSeconds(5)).ok()) << key;
@@ -90,9 +82,6 @@ class InspectClusterTest : public ::testing::Test {
   }
 
   static constexpr const char* kJob = "inspectjob";
-  testing::ScratchDir dir_{"inspect-cluster"};
-  std::string token_file_, url_;
-  std::unique_ptr<coord::EmbeddedStoreServer> server_;
   std::unique_ptr<coord::Membership> member_;
   coord::JobKeys keys_{kJob};
 };
