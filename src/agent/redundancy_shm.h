@@ -1,5 +1,8 @@
 // The shared-memory implementation of RedundancyStore (redundancy.h), one
 // file per version (format and crash protocol in redundancy_format.h).
+// Implemented by concern in redundancy.cc (opening, the plan, the versions),
+// redundancy_file.cc (the files), redundancy_entries.cc (writing entries)
+// and redundancy_read.cc (reading them).
 // RedundancyStore::Open returns one of these; the peer service uses the extra
 // ReadView to send entry bytes straight from shared memory.
 //
@@ -123,8 +126,8 @@ class ShmRedundancyStore final : public RedundancyStore {
   };
   ShmRedundancyStore(std::string root, int node)
       : root_(std::move(root)), node_(node), t0_(root_, "") {}
-  Status Adopt() EXCLUDES(mu_);
   static std::string EntryName(const Version& v, uint32_t index);
+  static bool IsResident(const RedundancyEntry& e) { return (e.flags & kEntryResident) != 0; }
   // Looks up a version and entry. NotFound naming what is missing.
   Result<std::pair<std::shared_ptr<Version>, uint32_t>> Find(int64_t step,
                                                              recover::ByteSource entry)
@@ -138,24 +141,90 @@ class ShmRedundancyStore final : public RedundancyStore {
     // the versions SetClientParity names (Ensure decides), else stored.
     std::shared_ptr<const ResidentSource> client_parity;
   };
-  // A resident entry's reference for the T0 reader (generation 0 before
-  // done); `src` (v.resident[index], taken under mu_) must outlive it.
-  static PieceReader::SegmentsRef RefOf(const Version& v, uint32_t index,
-                                        const ResidentSource& src);
-  static bool IsResident(const RedundancyEntry& e) { return (e.flags & kEntryResident) != 0; }
-  // A read of a resident entry: done, resolvable, in range.
-  Status CheckResidentRead(const Version& v, uint32_t index, const ResidentSource* src,
-                           const recover::ReadRequest& req) const;
+  // Resident sources by (kind, id).
+  using ResidentMap =
+      std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const ResidentSource>>;
+
+  // The plan (redundancy.cc). This node's entries of `plan`, in table order
+  // (InvalidArgument for a node, copy or parity out of range).
+  [[nodiscard]] Result<std::vector<PlannedEntry>> PlanEntries(const topo::Plan& plan) const;
+  // Which of `planned` the plan could keep resident in T0, checked against
+  // the entries' sizes (Internal when they disagree).
+  [[nodiscard]] static Result<ResidentMap> ResidentSources(
+      const topo::Plan& plan, const std::vector<PlannedEntry>& planned);
+  // Resolves the resident entries of an adopted version with the plan.
+  void ResolveResident(Version& v) REQUIRES(mu_);
+  // The entries of a new version `step`: planned_, with the client parities
+  // SetClientParity names for that step resident.
+  std::vector<PlannedEntry> PlannedFor(int64_t step) REQUIRES(mu_);
+
+  // The files (redundancy_file.cc). Adopts the complete version files under
+  // root_ (Adopt); a file that is torn or unsound is removed, one of another
+  // node left alone (AdoptFile returns null for both).
+  Status Adopt() EXCLUDES(mu_);
+  std::shared_ptr<Version> AdoptFile(int64_t step, const std::string& path) const;
+  // Indexes an adopted file's table into v->index; false when an entry is
+  // out of bounds, not done or repeated.
+  static bool IndexEntries(const RedundancyHeader& h, const RedundancyEntry* table, Version* v);
+  // Checks an adopted version's stored entries against their checksums.
+  static void CheckStoredEntries(Version* v);
+  // Where a new version's entries go in its file.
+  struct FileLayout {
+    uint64_t data_offset = 0;
+    uint64_t total = 0;             // the file's size
+    std::vector<uint64_t> offsets;  // per entry: its bytes, or the producer rank (resident)
+    bool any_resident = false;
+  };
+  static FileLayout LayOut(const std::vector<PlannedEntry>& planned);
+  // The file of a new version at `path`: the spare renamed when it has
+  // `total` bytes (else unlinked), or a new one (after the room check).
+  Result<std::unique_ptr<shm::Segment>> SegmentFor(int64_t step, const std::string& path,
+                                                   uint64_t total, const RoomCheck& room,
+                                                   std::unique_ptr<shm::Segment> spare) const;
+  // Writes a new version's header, state kWriting first.
+  void WriteHeader(RedundancyHeader* h, int64_t step, uint64_t plan_hash, uint32_t num_entries,
+                   const FileLayout& layout) const;
   // Creates, lays out and maps the file of a new version (no lock held).
   Result<std::shared_ptr<Version>> CreateVersion(int64_t step,
                                                  const std::vector<PlannedEntry>& planned,
                                                  uint64_t plan_hash, const RoomCheck& room,
                                                  std::unique_ptr<shm::Segment> spare);
-  Status FinishEntryImpl(int64_t step, recover::ByteSource entry, const uint64_t* expected)
-      EXCLUDES(mu_);
   // Seals the table and header and flips the state to complete.
   static void Seal(Version& v);
   void Remove(const std::shared_ptr<Version>& v) REQUIRES(mu_);
+
+  // Writing entries (redundancy_entries.cc).
+  Status FinishEntryImpl(int64_t step, recover::ByteSource entry, const uint64_t* expected)
+      EXCLUDES(mu_);
+  // FailedPrecondition: the entry of `step` is already finished.
+  Status AlreadyFinished(recover::ByteSource entry, int64_t step) const;
+
+  // Reading (redundancy_read.cc). NotFound: the entry of `step` is not
+  // finished yet.
+  Status NotFinishedYet(recover::ByteSource entry, int64_t step) const;
+  // A resident entry's reference for the T0 reader (generation 0 before
+  // done); `src` (v.resident[index], taken under mu_) must outlive it.
+  static PieceReader::SegmentsRef RefOf(const Version& v, uint32_t index,
+                                        const ResidentSource& src);
+  // A read of a resident entry: done, resolvable, in range.
+  Status CheckResidentRead(const Version& v, uint32_t index, const ResidentSource* src,
+                           const recover::ReadRequest& req) const;
+  // A read of a stored entry: done, in range, its bytes matching their
+  // checksum (hashed on the first read, the result kept in v.check).
+  Status CheckStoredRead(Version& v, uint32_t index, Check check, const recover::ReadRequest& req)
+      EXCLUDES(mu_);
+  // ReadView of a resident entry: its bytes read from the T0 slot into a
+  // buffer the view owns.
+  Result<View> ReadResidentView(const Version& v, uint32_t index, const ResidentSource* src,
+                                const recover::ReadRequest& req);
+  // Holding's two lists: the done resident entries whose T0 slot still holds
+  // them, and the done stored entries not known bad (with verify, hashed now).
+  void ListResident(
+      const Version& v,
+      const std::vector<std::pair<uint32_t, std::shared_ptr<const ResidentSource>>>& resident,
+      bool verify, recover::VersionHolding* out);
+  void ListStored(Version& v, const std::vector<uint32_t>& done, bool verify,
+                  recover::VersionHolding* out) EXCLUDES(mu_);
   // The file a dropped version's pages are kept in for the next version
   // (docs/benchmarks.md "Agent CPU per step").
   std::string SparePath() const { return root_ + "/red.spare"; }
@@ -170,8 +239,7 @@ class ShmRedundancyStore final : public RedundancyStore {
   std::map<int, std::pair<int64_t, uint64_t>> client_parity_ GUARDED_BY(mu_);
   // The current plan's resident sources, by (kind, id): resolves adopted
   // versions' resident entries.
-  std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const ResidentSource>> plan_resident_
-      GUARDED_BY(mu_);
+  ResidentMap plan_resident_ GUARDED_BY(mu_);
   std::map<int64_t, std::shared_ptr<Version>> versions_ GUARDED_BY(mu_);
   bool have_plan_ GUARDED_BY(mu_) = false;
   uint64_t plan_hash_ GUARDED_BY(mu_) = 0;

@@ -1,0 +1,28 @@
+// Access to the header and entry table of a redundancy version file
+// (shm/redundancy_format.h) and the words the store's messages use. Internal
+// to the shared-memory redundancy store (redundancy*.cc).
+#pragma once
+
+#include <string>
+
+#include "fmt/format.h"
+#include "recover/source.h"
+#include "shm/redundancy_format.h"
+#include "shm/segment.h"
+
+namespace memento::agent {
+
+inline RedundancyHeader* HeaderOf(const shm::Segment& s) {
+  return reinterpret_cast<RedundancyHeader*>(s.data());
+}
+
+inline RedundancyEntry* TableOf(const shm::Segment& s) {
+  return reinterpret_cast<RedundancyEntry*>(s.data() + HeaderOf(s)->table_offset);
+}
+
+// "copy 3", "parity 0".
+inline std::string DescribeSource(recover::ByteSource e) {
+  return fmt::format("{} {}", recover::SourceKindName(e.kind), e.id);
+}
+
+}  // namespace memento::agent
