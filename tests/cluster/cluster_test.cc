@@ -633,6 +633,8 @@ class ClusterAgentsTest : public ::testing::Test {
       GTEST_SKIP() << "set MEMENTO_CLUSTER_AGENTS=1 (cluster_agents_recovery_test)";
     }
   }
+
+ public:
   static Job AgentsJob() {
     Job job;
     job.extra = {"--recovery-by", "agents"};
@@ -643,6 +645,8 @@ class ClusterAgentsTest : public ::testing::Test {
     job.pace_commits = true;
     return job;
   }
+
+ protected:
   testing::ScratchDir dir_{"cluster-agents"};
 };
 
@@ -690,22 +694,41 @@ TEST_F(ClusterAgentsTest, TwoFailuresEachRecoveredByTheAgents) {
 // saw its old lease expire after it had already won the key again on the
 // fresh store gave the leadership up while keeping the key: nobody led and
 // the launcher waited --recovery-timeout; fixed in RecoveryLeader.)
-TEST_F(ClusterAgentsTest, StoreKilledDuringRecoveryTheAgentsElectALeaderOnTheFreshStore) {
-  Job job = AgentsJob();
+// `coordinate`: with --coordinate-commits (the agents' leader coordinates
+// the commits): commits resume on the fresh store without any coordinator of
+// the launcher's.
+void StoreKilledDuringRecovery(const std::string& dir, bool coordinate) {
+  Job job = ClusterAgentsTest::AgentsJob();
   job.policy = "replicate";
   job.steps = 60;
   job.inject = "kill-node:2@step=10,kill-store@recovery=0";
   job.extra.push_back("--store-down-s");
   job.extra.push_back("0.3");
-  Outcome o = RunJob(job, dir_.path(), "agentskillstore");
+  if (coordinate) job.extra.push_back("--coordinate-commits");
+  Outcome o = RunJob(job, dir, coordinate ? "agentskillstorecc" : "agentskillstore");
   ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
-  ExpectRecoveredByAgents(o);
+  ClusterAgentsTest::ExpectRecoveredByAgents(o);
   ASSERT_EQ(o.summary["store_restarts"].size(), 1u) << Logs(o);
   EXPECT_EQ(o.summary["store_restarts"][0]["recovery"].get<int>(), 0) << Logs(o);
   ExpectRestoredFromMemory(job, o, 1);
   EXPECT_EQ(o.summary["recoveries"][0]["lost_nodes"], json::array({2})) << Logs(o);
   EXPECT_GT(o.summary["recoveries"][0]["rebuilt_bytes"].get<uint64_t>(), 0u) << Logs(o);
-  ExpectBitIdentical(job, o, dir_.path());
+  if (coordinate) {
+    EXPECT_EQ(o.summary["commits"]["coordinator"], "agents") << Logs(o);
+    const json& r = o.summary["store_restarts"][0];
+    EXPECT_GT(r["resumed_step"].get<int64_t>(), r["committed_before"].get<int64_t>())
+        << r.dump() << "\n"
+        << Logs(o);
+  }
+  ExpectBitIdentical(job, o, dir);
+}
+
+TEST_F(ClusterAgentsTest, StoreKilledDuringRecoveryTheAgentsElectALeaderOnTheFreshStore) {
+  StoreKilledDuringRecovery(dir_.path(), /*coordinate=*/false);
+}
+
+TEST_F(ClusterAgentsTest, StoreKilledDuringRecoveryTheLeadersCoordinatorCommitsOnTheFreshStore) {
+  StoreKilledDuringRecovery(dir_.path(), /*coordinate=*/true);
 }
 
 // kill-agent|kill-node:leader@recovery=0: node 1 is lost; the launcher files
