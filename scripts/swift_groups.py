@@ -17,6 +17,15 @@ Prints one JSON object: per variant the median and every value, the
 medians' ratios, and the load average (1 min) before each run.
 
   scripts/swift_groups.py --pairs 8            # from the repo root, build/ built
+
+With --step-cost it measures instead what keeping groups costs a step: the
+gradient norm's commit round, which the trainer runs only where groups can
+be kept (docs/swift.md). Failure-free `memento-trainer --launch --recovery
+undo` runs (DP x PP, --preset, --steps), in pairs with and without
+--rebuild-all-groups (no commit round), alternating; per run the trainer's
+median step time.
+
+  scripts/swift_groups.py --step-cost --pairs 8 --steps 200
 """
 import argparse
 import json
@@ -70,6 +79,43 @@ def run_once(args, variant, index, root):
             "groups_kept": sum(0 if k == "none" else len(k.split()) for k in kept)}
 
 
+def step_cost_once(args, variant):
+    d = tempfile.mkdtemp(prefix="swift-step-cost-")
+    cmd = [args.trainer, "--launch", "--dp", str(args.dp), "--pp", str(args.pp),
+           "--preset", args.preset, "--steps", str(args.steps), "--recovery", "undo",
+           "--rendezvous", d, "--json", "--quiet"]
+    if args.preset == "tiny":
+        cmd += ["--layers", str(args.layers)]
+    if variant == "no_commit":
+        cmd.append("--rebuild-all-groups")
+    load = os.getloadavg()[0]
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    shutil.rmtree(d, ignore_errors=True)
+    m = re.search(r'"median_step_s": ([0-9.]+)', out.stdout)
+    if out.returncode != 0 or m is None:
+        sys.exit(f"{variant} run exited {out.returncode}:\n{out.stdout[-4000:]}")
+    return {"median_step_s": float(m.group(1)), "load1": load}
+
+
+def step_cost(args):
+    runs = {"commit": [], "no_commit": []}
+    for i in range(args.pairs):
+        order = ["commit", "no_commit"] if i % 2 == 0 else ["no_commit", "commit"]
+        for v in order:
+            runs[v].append(step_cost_once(args, v))
+    result = {"setup": {k: getattr(args, k) for k in ("dp", "pp", "preset", "steps", "pairs")}}
+    for v, rs in runs.items():
+        result[v] = {key: {"median": statistics.median([r[key] for r in rs]),
+                           "all": [r[key] for r in rs]} for key in ("median_step_s", "load1")}
+    diffs = [c["median_step_s"] - n["median_step_s"]
+             for c, n in zip(runs["commit"], runs["no_commit"])]
+    result["commit_minus_no_commit_s"] = {"median": statistics.median(diffs), "all": diffs,
+                                          "commit_slower_in": sum(d > 0 for d in diffs)}
+    result["commit_cost_pct"] = 100.0 * statistics.median(diffs) / result["no_commit"][
+        "median_step_s"]["median"]
+    print(json.dumps(result, indent=1))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--memento", default="build/tools/memento")
@@ -84,7 +130,13 @@ def main():
     p.add_argument("--kill-rank", type=int, default=4)
     p.add_argument("--fail-point", default="grad-norm")
     p.add_argument("--keep", action="store_true", help="keep the run directories")
+    p.add_argument("--step-cost", action="store_true",
+                   help="measure the commit round's cost per step instead (no failure)")
+    p.add_argument("--preset", default="tiny", help="with --step-cost: the model preset")
     args = p.parse_args()
+    if args.step_cost:
+        step_cost(args)
+        return
     root = tempfile.mkdtemp(prefix="swift-groups-")
     runs = {"keep": [], "rebuild": []}
     try:
