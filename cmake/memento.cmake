@@ -8,6 +8,16 @@
 #   memento_test(NAME shm_slot_test SOURCES slot_test.cc DEPS memento_shm [LABELS unit])
 #     A GoogleTest binary registered with CTest (one CTest entry per binary, so a
 #     crashing test names its binary).
+#     TIMEOUT (default 300 s) is multiplied by MEMENTO_TEST_TIMEOUT_SCALE.
+
+# Sanitized builds run several times slower: agent_sharded_exhaustive_test took
+# 438 s under AddressSanitizer at load 25 against its 300 s limit (docs/testing.md,
+# "Sanitizer runs of record"), so there every test's limit is tripled.
+if(MEMENTO_SANITIZE)
+  set(MEMENTO_TEST_TIMEOUT_SCALE 3)
+else()
+  set(MEMENTO_TEST_TIMEOUT_SCALE 1)
+endif()
 
 function(memento_library)
   cmake_parse_arguments(ARG "" "NAME" "SOURCES;DEPS" ${ARGN})
@@ -28,6 +38,7 @@ function(memento_test)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
+  math(EXPR ARG_TIMEOUT "${ARG_TIMEOUT} * ${MEMENTO_TEST_TIMEOUT_SCALE}")
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()

@@ -133,10 +133,27 @@ long ThreadMinorFaults() {
 // its first Snapshot() call still takes no page fault on the training
 // thread, with 4 KiB slot pages (rank 0) and with huge pages (rank 1), and
 // the copy is exact.
+//
+// Under a sanitizer Snapshot() also faults on the runtime's own bookkeeping
+// (perf record -e page-faults under AddressSanitizer: its stack depot, which
+// stores each allocation stack it has not seen, and fresh heap; none in a
+// slot): 10-46 faults in the first pass, 5-7 in later ones, which repeat its
+// stacks. There a first pass (rank 2) runs every call unchecked, and the
+// checked passes allow 12 faults: still fewer than the 16 of one touch of
+// the 32 MiB slot with 2 MiB pages (and far fewer than with 4 KiB pages).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr int kSanitizerWarmUpRank = 2;
+constexpr int kFaultRanks[] = {kSanitizerWarmUpRank, 0, 1};
+constexpr long kMaxSnapshotFaults = 12;
+#else
+constexpr int kSanitizerWarmUpRank = -1;
+constexpr int kFaultRanks[] = {0, 1};
+constexpr long kMaxSnapshotFaults = 4;
+#endif
 TEST_F(ClientAgentTest, FirstSnapshotAfterARestartDoesNotFaultOnTheTrainingThread) {
   AgentThread agent(LocalAgent("job1", root_));
   const size_t n = size_t{32} << 20;
-  for (int rank : {0, 1}) {
+  for (int rank : kFaultRanks) {
     shm::SetHugePagesWanted(rank != 0);  // the in-process agent makes the slots
     std::vector<uint8_t> a(n), b(n, 0);
     for (size_t i = 0; i < n; ++i) a[i] = static_cast<uint8_t>(i * 7 + rank);
@@ -163,7 +180,9 @@ TEST_F(ClientAgentTest, FirstSnapshotAfterARestartDoesNotFaultOnTheTrainingThrea
     ASSERT_TRUE((*c)->Snapshot(2).ok());
     const long snapshot_faults = ThreadMinorFaults() - before;
     ASSERT_TRUE((*c)->Fence().ok());
-    EXPECT_LE(snapshot_faults, 4) << "rank " << rank;
+    if (rank != kSanitizerWarmUpRank) {
+      EXPECT_LE(snapshot_faults, kMaxSnapshotFaults) << "rank " << rank;
+    }
     // The counter does see slot faults: a fresh mapping of the slot the
     // snapshot wrote, read on this thread, faults at least once per 2 MiB
     // (and per 64 KiB with 4 KiB pages).
