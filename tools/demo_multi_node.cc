@@ -139,15 +139,7 @@ Result<ClusterRun> RunCluster(const DemoArgs& a, const std::string& name, const 
                out + "/loss.txt",
                // Not "{rank}": the launcher substitutes that; the trainer
                // appends ".rank<k>".
-               "--digest-file", out + "/digest", "--json", "--comm-timeout", "30",
-               // AOR costs the training thread about 2 ms of this demo's
-               // 290 ms step, but on the 2-core VM the agents' AOR work takes
-               // the trainers' CPU: +19-22% step time, alternated rounds
-               // (`memento bench overhead --cluster --compare aor`,
-               // docs/reft.md section 5 "Limits"). Off here until that is
-               // within ~1%; the optimizer shards are then protected by
-               // network copies, as before AOR.
-               "--no-aor"};
+               "--digest-file", out + "/digest", "--json", "--comm-timeout", "30"};
   MEMENTO_ASSIGN_OR_RETURN(auto launcher, launch::Launcher::Create(o));
   // The reporting rank: dp 0, tp 0, last pipeline stage.
   const int reporter = (a.pp - 1) * a.dp;
@@ -263,7 +255,7 @@ int RunMultiNodeDemo(const DemoArgs& a, int64_t steps) {
   std::printf(
       "memento demo: %d nodes (one agent and one trainer rank each), DP %d x PP %d with ZeRO-1, "
       "memento-trainer preset '%s', %lld steps, a snapshot every step, policy %s, %s "
-      "snapshots.\n"
+      "snapshots, AOR (each node recomputes a peer's optimizer shard on the host).\n"
       "Run 1 injects %s; run 2 is the same job without failures.\nworking directory: %s\n",
       a.nodes, a.dp, a.pp, a.preset.c_str(), static_cast<long long>(steps), a.policy.c_str(),
       a.sharded ? "sharded" : "whole-state", inject.empty() ? "nothing" : inject.c_str(),
@@ -326,8 +318,11 @@ int RunMultiNodeDemo(const DemoArgs& a, int64_t steps) {
         r.total_s, r.detect_s, r.restart_s, r.inventory_plan_s, r.transfer_s, r.decode_s, r.write_s,
         r.lost_nodes.empty()
             ? ""
-            : fmt::format("; node(s) lost: {}, {:.1f} MiB rebuilt from peers' memory",
-                          fmt::join(r.lost_nodes, ","), r.rebuilt_bytes / 1048576.0)
+            : fmt::format("; node(s) lost: {}, {:.1f} MiB rebuilt from peers' memory{}",
+                          fmt::join(r.lost_nodes, ","), r.rebuilt_bytes / 1048576.0,
+                          r.source == "memory (aor replica)"
+                              ? " (the lost optimizer shard from a peer's AOR replica)"
+                              : "")
                   .c_str());
   }
   if (failed->summary.recoveries.empty()) std::printf("  (none)\n");

@@ -241,6 +241,11 @@ int Main(int argc, char** argv) {
                  "of the one the trainer uses (a host optimizer given another schedule: the "
                  "replicas must be refused, not restored)")
       ->capture_default_str();
+  int64_t aor_test_late_sums = -1;
+  app.add_option("--aor-test-late-sums", aor_test_late_sums,
+                 "testing: rank --fail-rank holds back its AOR shard checksums of steps 2 to "
+                 "N-1 and reports them after step N (first generation of attempt 0): its "
+                 "replica, seeded at step 1, is confirmed late, its holder's AOR thread ahead");
   std::string snapshot_mode;
   app.add_option("--snapshot-mode", snapshot_mode,
                  "off | sync | host | host_device | has: how memento snapshots (REFT's "
@@ -513,6 +518,8 @@ int Main(int argc, char** argv) {
     mo.restore = restore;
     mo.skip_step =
         rank == fail_rank && generation == 0 && attempt == 0 ? skip_snapshot_step : int64_t{-1};
+    mo.aor_test_late_sums =
+        rank == fail_rank && generation == 0 && attempt == 0 ? aor_test_late_sums : int64_t{-1};
     auto connected = ConnectMemento(trainer.get(), mo, &restored);
     if (!connected.ok()) return connected.status().WithContext("memento");
     hooks = std::move(*connected);

@@ -114,7 +114,18 @@ class MementoHooks : public TrainerHooks {
       const uint64_t sum = opt::ShardChecksum(lo, n, t->params() + lo, {t->adam_m(), t->adam_v()});
       const double checksum_s = w.Seconds();
       w.Reset();
-      Status aor = client_->ReportShardChecksum(step, sum);
+      Status aor = Status::Ok();
+      if (step > 1 && step < late_sums_) {
+        late_.emplace_back(step, sum);  // --aor-test-late-sums
+      } else {
+        for (const auto& [s, c] : late_) {
+          Status st = client_->ReportShardChecksum(s, c);
+          if (aor.ok()) aor = st;
+        }
+        late_.clear();
+        Status st = client_->ReportShardChecksum(step, sum);
+        if (aor.ok()) aor = st;
+      }
       if (aor_.report_calls++ > 0) {
         ++aor_.reports;
         aor_.checksum_s += checksum_s;
@@ -141,6 +152,7 @@ class MementoHooks : public TrainerHooks {
   }
 
   void set_skip_step(int64_t step) { skip_step_ = step; }
+  void set_late_sums(int64_t step) { late_sums_ = step; }
 
   Status BeforeRecovery() override {
     // The state is about to be rewritten: the snapshot in flight reads it.
@@ -274,6 +286,8 @@ class MementoHooks : public TrainerHooks {
   SnapshotTally tally_;
   int64_t held_through_ = -1;
   int64_t skip_step_ = -1;
+  int64_t late_sums_ = -1;                          // --aor-test-late-sums
+  std::vector<std::pair<int64_t, uint64_t>> late_;  // its held-back checksums
   const int64_t every_;
   Trainer* const aor_trainer_;  // null: no AOR
   // Time the training thread spends on AOR (sums; SummaryJson: means).
@@ -391,6 +405,7 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
                                               std::string(ScheduleName(co.schedule)), options.every,
                                               aor ? trainer : nullptr, options.aor_test_lr_scale);
   hooks->set_skip_step(options.skip_step);
+  hooks->set_late_sums(options.aor_test_late_sums);
   return std::unique_ptr<TrainerHooks>(std::move(hooks));
 }
 

@@ -57,6 +57,11 @@ struct MementoHookOptions {
   // Testing only: the learning rate captured for the host replicas is this
   // multiple of the trainer's (a host optimizer on another schedule).
   float aor_test_lr_scale = 1.0f;
+  // Testing only: the shard checksums of steps 2 to this one - 1 are held
+  // back and reported together after it (-1: none), so the node holding
+  // this rank's replica (seeded at step 1) confirms it late, its AOR thread
+  // ahead.
+  int64_t aor_test_late_sums = -1;
 };
 
 // The snapshot modes above; InvalidArgument naming the value otherwise.

@@ -216,6 +216,9 @@ class JobMember {
     int64_t refused = 0;               // replica steps that differed (replica seeded again)
     int64_t skipped_pushes = 0;        // kAor pushes not made (the holder recomputes)
     uint64_t skipped_push_bytes = 0;
+    // Steps abandoned because a kAor copy this node holds was neither
+    // pushed nor made from the replica by the hold timeout.
+    int64_t missing = 0;
   };
   AorStats aor_stats() EXCLUDES(aor_mu_);
 
@@ -355,12 +358,19 @@ class JobMember {
   // owners' nodes push every kAor copy it holds until a replica is
   // confirmed again.
   void ForgetAorHeld() EXCLUDES(aor_mu_);
+  // The copies this node holds of `step` (pushed or made from a replica)
+  // that are not finished, named for the abandon message; counts a step
+  // missing a kAor copy in AorStats::missing.
+  std::string MissingCopies(int64_t step) EXCLUDES(aor_mu_);
   AorHolder* aor_ = nullptr;
   std::atomic<AorHolder*> aor_budget_{nullptr};  // aor_, for the budget check's threads
   Mutex aor_mu_;
   Mutex aor_sum_mu_;  // serialises OnShardChecksum's publications (taken before aor_mu_)
   std::map<int, std::map<int64_t, uint64_t>> own_sums_ GUARDED_BY(aor_mu_);  // local ranks
   std::map<uint32_t, int64_t> aor_confirmed_ GUARDED_BY(aor_mu_);  // copy -> step first confirmed
+  // copy -> the newest step its replica advanced to (OnAorAdvanced), made
+  // into an entry or not: the first step the owner's node may skip is past it.
+  std::map<uint32_t, int64_t> aor_advanced_ GUARDED_BY(aor_mu_);
   std::map<uint32_t, std::set<int64_t>> aor_entries_ GUARDED_BY(aor_mu_);  // made from the replica
   AorStats aor_stats_ GUARDED_BY(aor_mu_);
   std::thread thread_;

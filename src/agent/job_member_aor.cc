@@ -191,6 +191,11 @@ Result<AorHolder::SeedBytes> JobMember::AorSeed(const AorRange& range, int64_t s
 void JobMember::OnAorAdvanced(const AorRange& range, int64_t step, const opt::AorReplica& replica) {
   {
     MutexLock l(&aor_mu_);
+    // Recorded whether or not an entry is made: a confirmation after this
+    // point tells the owner's node to push every step up to this one
+    // (CheckAorCopies), since no entry of them is made here.
+    int64_t& newest = aor_advanced_[range.copy];
+    newest = std::max(newest, step);
     auto it = aor_confirmed_.find(range.copy);
     if (it == aor_confirmed_.end() || step <= it->second) return;  // pushes still make it
   }
@@ -267,24 +272,36 @@ Status JobMember::CheckAorCopies(int64_t step) {
                                 cid, owner, step, theirs.status().message()));
     }
     if (*theirs == *mine) {
-      int64_t first = -1;
+      int64_t from = -1;
       {
         MutexLock l(&aor_mu_);
         ++aor_stats_.confirmed;
         auto [it, fresh] = aor_confirmed_.emplace(cid, step);
-        if (fresh) first = step;
+        if (fresh) {
+          // From here on this node makes the copy of every step its
+          // replica advances to (OnAorAdvanced, which checks the
+          // confirmation under aor_mu_ as here). The owner's node stops
+          // pushing it two steps on (the next step's push may be in
+          // flight), and never before the step after the newest one the
+          // replica already advanced to: those made no entry here (the
+          // AOR thread runs ahead of this check when the node's reports
+          // lag its trainers), so their pushes must still come, or those
+          // steps would miss the copy on this node until the hold timeout
+          // (and the job would stop committing while that repeats).
+          from = step + 2;
+          auto adv = aor_advanced_.find(cid);
+          if (adv != aor_advanced_.end()) from = std::max(from, adv->second + 1);
+        }
       }
-      if (first >= 0) {
-        // From here on this node makes the copy; the owner's node stops
-        // pushing it two steps on (the next step's push may be in flight).
+      if (from >= 0) {
         MEMENTO_LOG_INFO(
             "aor: the replica of rank {} is current at step {}; copy {} is "
-            "recomputed here from now on (no network)",
-            owner, step, cid);
-        Status st = store_
-                        ->Set(keys.AorHeld(cid), coord::StepKey(step + 2),
-                              Deadline::AfterSeconds(kStoreCallS))
-                        .status();
+            "recomputed here from step {} on (no network)",
+            owner, step, cid, from);
+        Status st =
+            store_
+                ->Set(keys.AorHeld(cid), coord::StepKey(from), Deadline::AfterSeconds(kStoreCallS))
+                .status();
         if (!st.ok()) MEMENTO_LOG_WARN("aor: publishing copy {} held: {}", cid, st.ToString());
       }
       continue;
@@ -314,11 +331,36 @@ void JobMember::ForgetAorHeld() {
   {
     MutexLock l(&aor_mu_);
     aor_confirmed_.clear();
+    aor_advanced_.clear();
   }
   for (uint32_t cid : plan_.nodes[node_].copies) {
     if (plan_.copies[cid].kind != topo::CopyKind::kAor) continue;
     store_->Delete(keys.AorHeld(cid), Deadline::AfterSeconds(kStoreCallS)).status().IgnoreError();
   }
+}
+
+std::string JobMember::MissingCopies(int64_t step) {
+  const recover::VersionHolding holding = red_->Holding(step, /*verify=*/false);
+  std::string out;
+  bool aor = false;
+  for (uint32_t cid : plan_.nodes[node_].copies) {
+    const topo::Copy& c = plan_.copies[cid];
+    if (c.kind != topo::CopyKind::kPeer && c.kind != topo::CopyKind::kAor) continue;
+    if (std::find(holding.copies.begin(), holding.copies.end(), cid) != holding.copies.end()) {
+      continue;
+    }
+    const topo::Piece& piece = plan_.pieces[c.piece];
+    out += fmt::format("{}copy {} of {} ({})", out.empty() ? "" : ", ", cid, piece.key,
+                       c.kind == topo::CopyKind::kAor
+                           ? "aor: pushed, or made from the replica here"
+                           : fmt::format("pushed by rank {}'s node", piece.rank));
+    aor = aor || c.kind == topo::CopyKind::kAor;
+  }
+  if (aor) {
+    MutexLock l(&aor_mu_);
+    ++aor_stats_.missing;
+  }
+  return out;
 }
 
 JobMember::AorStats JobMember::aor_stats() {

@@ -91,8 +91,13 @@ bool JobMember::Produce(int64_t step) {
   Deadline deadline = Deadline::AfterSeconds(options_.hold_timeout_s);
   while (!red_->Complete(step)) {
     if (deadline.expired() || committed_.load() >= step || Dead(step)) {
-      Abandon(step, Dead(step) ? "another node skipped it"
-                               : "the copies peers push of it did not all arrive");
+      if (Dead(step)) {
+        Abandon(step, "another node skipped it");
+      } else {
+        const std::string missing = MissingCopies(step);
+        Abandon(step, "the copies peers push of it did not all arrive" +
+                          (missing.empty() ? std::string() : " (missing: " + missing + ")"));
+      }
       return false;
     }
     MutexLock l(&mu_);

@@ -2,7 +2,9 @@
 // agents in cluster mode, a real DP 2 x PP 2 ZeRO-1 memento-trainer job, a
 // trainer SIGKILLed and a whole node lost (agent killed, shared memory
 // deleted), recovery from the peers' memory, and a failure-free run of the
-// same job, on the sharded save path (memento launch --sharded). The final
+// same job, on the sharded save path (memento launch --sharded) with AOR on
+// (each node recomputes its ZeRO-1 peer's optimizer shard on the host,
+// docs/reft.md section 5). The final
 // parameters must be bit-identical; the report must name both failures with
 // their steps and breakdown, and each node's bytes next to REFT's formula.
 #include <gtest/gtest.h>
@@ -37,10 +39,10 @@ TEST(DemoClusterTest, CrashAndNodeLossEndBitIdentical) {
   EXPECT_EQ(rc, 0) << out;
   for (const char* want :
        {"== run 1: with failures ==", "== run 2: the same job without failures ==",
-        "progress step 10 loss", "1. rank 3 (node 3) failed", "2. node 1 lost", "node(s) lost: 1",
-        "snapshot overhead per step", "bytes protected per node", "sharded snapshots",
-        "the formula xor: W/m + W/(m(m-1))", "node3: T0", "copied per snapshot",
-        "RESULT: the final parameters ARE bit-identical"}) {
+        "progress step 10 loss", "AOR (each node recomputes", "1. rank 3 (node 3) failed",
+        "2. node 1 lost", "node(s) lost: 1", "snapshot overhead per step",
+        "bytes protected per node", "sharded snapshots", "the formula xor: W/m + W/(m(m-1))",
+        "node3: T0", "copied per snapshot", "RESULT: the final parameters ARE bit-identical"}) {
     EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in\n" << out;
   }
 }
