@@ -318,6 +318,7 @@ class ClientImpl final : public Client, private client::SlotSink {
     if (!plan_settled_) AskPlan(step);
     const shm::Segment& seg = *segments_[target];
     shm::BeginSlotWrite(seg, layout_, target, step);
+    holds_.Writing(step);
     uint8_t* data = shm::SlotData(seg);
     shm::ChunkEntry* table = shm::SlotTable(seg);
     std::vector<snap::CopyChunk> chunks;

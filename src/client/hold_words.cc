@@ -78,11 +78,35 @@ bool HoldWords::HeldTarget(shm::CommitWord* w, bool cluster, const shm::RankSlot
   }
   const bool t1_held = cluster && victim > committed && shm::LoadWord(&w->hold) == victim;
   const bool durable_held = !t1_held && shm::LoadDurableHold(w, shm::MonotonicNanos()) == victim;
-  if (!t1_held && !durable_held) return true;  // the agent will see the claim if it comes to it
+  if (!t1_held && !durable_held) {
+    // The agent will see the claim if it comes to it.
+    if (can_claim) {
+      claimed_word_ = w;
+      claimed_victim_ = victim;
+    }
+    return true;
+  }
   if (can_claim) shm::StoreWord(&w->claim[rank_], -1);
   *why = fmt::format("slot {} holds step {}, which the agent protects ({})", *target, victim,
                      t1_held ? fmt::format("T1, committed {}", committed) : "durable tier");
   return false;
+}
+
+void HoldWords::Writing(int64_t step) {
+  shm::CommitWord* w = claimed_word_;
+  const int64_t victim = claimed_victim_;
+  claimed_word_ = nullptr;
+  claimed_victim_ = -1;
+  // A victim not older than `step` belongs to an attempt the job rolled back
+  // from (this client only writes steps newer than the one it restored). Left
+  // in place, its claim would name the step being written now, and the agent
+  // would abandon that step as "being overwritten" (and publish a skip every
+  // node honours). The slot is marked kWriting with a new generation, so no
+  // reader takes it for the victim any more: the claim has done its work.
+  if (w == nullptr || victim < step) return;
+  int64_t expected = victim;
+  __atomic_compare_exchange_n(&w->claim[rank_], &expected, int64_t{-1}, false, __ATOMIC_SEQ_CST,
+                              __ATOMIC_SEQ_CST);
 }
 
 }  // namespace memento::client

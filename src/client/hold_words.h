@@ -43,6 +43,16 @@ class HoldWords {
   // trainers are stopped, in recovery), so their headers are read directly.
   bool ChooseTarget(const shm::RankSlots& slots, int* target, std::string* why);
 
+  // Called after the snapshot of `step` marked its target slot kWriting
+  // (shm::BeginSlotWrite). A claim of a step not older than `step` (a slot
+  // left by an attempt the job rolled back from, e.g. its step `step`) is
+  // withdrawn: it would otherwise read as a claim of the step now written,
+  // and the agent would abandon the new attempt's step of that number
+  // (tests/cluster_save/commit_word_test.cc,
+  // ASnapshotOverTheRolledBackAttemptsSameStepLeavesNoClaimOfIt). Claims of
+  // older steps stay in place as before.
+  void Writing(int64_t step);
+
   // Whether the commit word is mapped (cluster mode).
   bool cluster() const { return commit_word_ != nullptr; }
   // The newest committed step (the commit word); -1 when none or not in
@@ -63,6 +73,10 @@ class HoldWords {
   // durable hold word, mapped writable for this rank's claim entry.
   std::unique_ptr<shm::Segment> durable_word_seg_;
   shm::CommitWord* durable_word_ = nullptr;
+  // The word and step of this rank's standing claim made by the last
+  // ChooseTarget that let the snapshot proceed (null / -1: none).
+  shm::CommitWord* claimed_word_ = nullptr;
+  int64_t claimed_victim_ = -1;
 };
 
 }  // namespace memento::client

@@ -119,6 +119,64 @@ TEST_F(CommitWordTest, NeverOverwritesTheCommittedVersionAndSkipsHeldOnes) {
   EXPECT_EQ(s.Digest(), want);
 }
 
+// A recovery took the job back to step 1 while this rank's other slot held
+// step 2 of the abandoned attempt. The new attempt's step 2 overwrites that
+// slot; the claim it made (of the old step 2) must not be left behind, or the
+// agent reads it as "rank 0 is overwriting its slot of step 2" and abandons
+// the new attempt's step 2, with a skip record every node honours (issue 21:
+// paced trainers then waited their 30 s limit after a recovery).
+TEST_F(CommitWordTest, ASnapshotOverTheRolledBackAttemptsSameStepLeavesNoClaimOfIt) {
+  AgentThread agent(LocalAgent("jobc", root_));
+  State s(20000);
+  shm::CommitWord* w = MakeWord(/*committed=*/-1);
+  {
+    // The failed attempt: step 1 committed, step 2 written, then the rank died.
+    auto c = Client::Connect(Options());
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_TRUE(s.Register(**c).ok());
+    ASSERT_TRUE((*c)->Seal().ok());
+    s.Fill(1);
+    ASSERT_TRUE((*c)->Snapshot(1).ok());
+    ASSERT_TRUE((*c)->Fence().ok());
+    shm::StoreWord(&w->committed, 1);
+    s.Fill(2);
+    ASSERT_TRUE((*c)->Snapshot(2).ok());
+    ASSERT_TRUE((*c)->Fence().ok());
+    EXPECT_EQ(Held(**c), (std::vector<int64_t>{1, 2}));
+  }
+  // The recovery (the agent forgets claims of later steps, as
+  // CommitHold::ForgetClaimsAbove does), then the new attempt restores step 1.
+  shm::StoreWord(&w->claim[0], -1);
+  auto c = Client::Connect(Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(s.Register(**c).ok());
+  ASSERT_TRUE((*c)->Seal().ok());
+  s.Fill(99);
+  ASSERT_EQ(*(*c)->Restore(1), 1);
+  // The new attempt's step 2 replaces the old one in the same slot.
+  s.Fill(22);
+  const uint64_t want = s.Digest();
+  ASSERT_TRUE((*c)->Snapshot(2).ok());
+  ASSERT_TRUE((*c)->Fence().ok());
+  EXPECT_FALSE((*c)->LastSnapshotStats().skipped);
+  EXPECT_EQ(Held(**c), (std::vector<int64_t>{1, 2}));
+  EXPECT_NE(shm::LoadWord(&w->claim[0]), 2)
+      << "a claim of the abandoned attempt's step 2 reads as a claim of the new step 2";
+  EXPECT_EQ(shm::LoadWord(&w->claim[0]), -1);
+  // A claim of an older step still stays after the write (the usual rule):
+  // step 3 overwrites step 1 once step 2 commits.
+  shm::StoreWord(&w->committed, 2);
+  s.Fill(3);
+  ASSERT_TRUE((*c)->Snapshot(3).ok());
+  ASSERT_TRUE((*c)->Fence().ok());
+  EXPECT_EQ(Held(**c), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(shm::LoadWord(&w->claim[0]), 1) << "the client claims the step it overwrites";
+  // The new step 2's bytes are what the slot holds.
+  s.Fill(0);
+  ASSERT_EQ(*(*c)->Restore(2), 2);
+  EXPECT_EQ(s.Digest(), want);
+}
+
 TEST_F(CommitWordTest, WithoutTheWordTheSingleNodeRuleHolds) {
   {
     // A word left by an earlier cluster-mode agent is removed by a
