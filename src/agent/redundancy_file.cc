@@ -348,11 +348,11 @@ void ShmRedundancyStore::Remove(const std::shared_ptr<Version>& v) {
   // (renamed away from its step's name first, and marked not complete before
   // that, so that neither a reader nor a restarted agent's Adopt takes its old
   // bytes for a version).
-  if (v.use_count() == 1 && v->segment != nullptr && spare_ == nullptr && !spare_taken_ &&
+  if (v.use_count() == 1 && v->segment != nullptr && spare_.empty() &&
       v->segment->size() >= kRedundancyHeaderBytes) {
     StoreState(HeaderOf(*v->segment), RedundancyState::kWriting);
     if (rename(v->path.c_str(), SparePath().c_str()) == 0) {
-      spare_ = std::move(v->segment);
+      spare_.Keep(std::move(v->segment));
       return;
     }
     MEMENTO_LOG_WARN("redundancy store: rename {} to {}: {}", v->path, SparePath(),
