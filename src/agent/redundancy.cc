@@ -133,7 +133,7 @@ Status ShmRedundancyStore::SetPlan(const topo::Plan& plan) {
 void ShmRedundancyStore::ResolveResident(Version& v) {
   // Resident entries of an adopted version: where the plan says their
   // bytes lie (the rank must be the one the file recorded).
-  const RedundancyEntry* table = TableOf(*v.segment);
+  const shm::RedundancyEntry* table = TableOf(*v.segment);
   for (uint32_t i = 0; i < v.resident.size(); ++i) {
     if (!IsResident(table[i]) || v.resident[i] != nullptr) continue;
     auto r = plan_resident_.find({table[i].kind, table[i].id});

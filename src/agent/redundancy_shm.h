@@ -127,7 +127,9 @@ class ShmRedundancyStore final : public RedundancyStore {
   ShmRedundancyStore(std::string root, int node)
       : root_(std::move(root)), node_(node), t0_(root_, "") {}
   static std::string EntryName(const Version& v, uint32_t index);
-  static bool IsResident(const RedundancyEntry& e) { return (e.flags & kEntryResident) != 0; }
+  static bool IsResident(const shm::RedundancyEntry& e) {
+    return (e.flags & shm::kEntryResident) != 0;
+  }
   // Looks up a version and entry. NotFound naming what is missing.
   Result<std::pair<std::shared_ptr<Version>, uint32_t>> Find(int64_t step,
                                                              recover::ByteSource entry)
@@ -165,7 +167,8 @@ class ShmRedundancyStore final : public RedundancyStore {
   std::shared_ptr<Version> AdoptFile(int64_t step, const std::string& path) const;
   // Indexes an adopted file's table into v->index; false when an entry is
   // out of bounds, not done or repeated.
-  static bool IndexEntries(const RedundancyHeader& h, const RedundancyEntry* table, Version* v);
+  static bool IndexEntries(const shm::RedundancyHeader& h, const shm::RedundancyEntry* table,
+                           Version* v);
   // Checks an adopted version's stored entries against their checksums.
   static void CheckStoredEntries(Version* v);
   // Where a new version's entries go in its file.
@@ -182,7 +185,7 @@ class ShmRedundancyStore final : public RedundancyStore {
                                                    uint64_t total, const RoomCheck& room,
                                                    std::unique_ptr<shm::Segment> spare) const;
   // Writes a new version's header, state kWriting first.
-  void WriteHeader(RedundancyHeader* h, int64_t step, uint64_t plan_hash, uint32_t num_entries,
+  void WriteHeader(shm::RedundancyHeader* h, int64_t step, uint64_t plan_hash, uint32_t num_entries,
                    const FileLayout& layout) const;
   // Creates, lays out and maps the file of a new version (no lock held).
   Result<std::shared_ptr<Version>> CreateVersion(int64_t step,
