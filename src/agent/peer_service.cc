@@ -193,7 +193,7 @@ recover::NodeInventory PeerService::Inventory(bool verify) {
         MEMENTO_LOG_INFO(
             "peer inventory: {} {} of step {} not listed: rank {}'s T0 slot of that "
             "step is not whole",
-            recover::SourceKindName(kind), id, step, f->second);
+            recover::SourceKindName(kind), id, v.step, f->second);
         return true;
       };
       v.copies.erase(

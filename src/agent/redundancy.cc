@@ -38,7 +38,7 @@ Result<std::unique_ptr<ShmRedundancyStore>> ShmRedundancyStore::OpenShm(const st
 
 ShmRedundancyStore::~ShmRedundancyStore() {
   MutexLock l(&mu_);
-  if (spare_ != nullptr && unlink(SparePath().c_str()) != 0 && errno != ENOENT) {
+  if (spare_.kept() && unlink(SparePath().c_str()) != 0 && errno != ENOENT) {
     MEMENTO_LOG_WARN("redundancy store: unlink {}: {}", SparePath(), std::strerror(errno));
   }
 }
@@ -133,7 +133,7 @@ Status ShmRedundancyStore::SetPlan(const topo::Plan& plan) {
 void ShmRedundancyStore::ResolveResident(Version& v) {
   // Resident entries of an adopted version: where the plan says their
   // bytes lie (the rank must be the one the file recorded).
-  const RedundancyEntry* table = TableOf(*v.segment);
+  const shm::RedundancyEntry* table = TableOf(*v.segment);
   for (uint32_t i = 0; i < v.resident.size(); ++i) {
     if (!IsResident(table[i]) || v.resident[i] != nullptr) continue;
     auto r = plan_resident_.find({table[i].kind, table[i].id});
@@ -207,10 +207,7 @@ Status ShmRedundancyStore::Ensure(int64_t step) {
           fmt::format("redundancy store: no plan set, cannot create version {}", step));
     }
     creating_[step] = false;
-    if (spare_ != nullptr) {
-      spare = std::move(spare_);
-      spare_taken_ = true;
-    }
+    spare = spare_.Take();
     planned = PlannedFor(step);
     plan_hash = plan_hash_;
   }
@@ -220,7 +217,7 @@ Status ShmRedundancyStore::Ensure(int64_t step) {
   Result<std::shared_ptr<Version>> made =
       CreateVersion(step, planned, plan_hash, room, std::move(spare));
   MutexLock l(&mu_);
-  if (took_spare) spare_taken_ = false;
+  if (took_spare) spare_.Release();
   const bool superseded = creating_[step];
   creating_.erase(step);
   created_cv_.SignalAll();
@@ -282,7 +279,7 @@ uint64_t ShmRedundancyStore::bytes_in_use() {
   MutexLock l(&mu_);
   uint64_t n = 0;
   for (const auto& [step, v] : versions_) n += v->segment ? v->segment->size() : 0;
-  if (spare_ != nullptr) n += spare_->size();
+  n += spare_.bytes();
   return n;
 }
 

@@ -15,7 +15,7 @@ using recover::ByteSource;
 
 namespace {
 
-Status ResidentRefusal(ByteSource entry, int64_t step, const RedundancyEntry& e) {
+Status ResidentRefusal(ByteSource entry, int64_t step, const shm::RedundancyEntry& e) {
   return FailedPreconditionError(fmt::format(
       "{} of version {} is resident in T0 (rank {}'s slot): it has no bytes in the redundancy "
       "store; finish it with FinishResidentEntry",
@@ -38,7 +38,7 @@ Result<ShmRedundancyStore::WriteView> ShmRedundancyStore::PinEntryBuffer(int64_t
                                                                          ByteSource entry) {
   MutexLock l(&mu_);
   MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
-  const RedundancyEntry& e = TableOf(*found.first->segment)[found.second];
+  const shm::RedundancyEntry& e = TableOf(*found.first->segment)[found.second];
   if (IsResident(e)) return ResidentRefusal(entry, step, e);
   if (e.done != 0) return AlreadyFinished(entry, step);
   WriteView view;
@@ -57,7 +57,7 @@ Result<uint64_t> ShmRedundancyStore::EntryBytes(int64_t step, ByteSource entry) 
 Result<uint64_t> ShmRedundancyStore::FinishedChecksum(int64_t step, ByteSource entry) {
   MutexLock l(&mu_);
   MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
-  const RedundancyEntry& e = TableOf(*found.first->segment)[found.second];
+  const shm::RedundancyEntry& e = TableOf(*found.first->segment)[found.second];
   if (__atomic_load_n(&e.done, __ATOMIC_ACQUIRE) == 0) return NotFinishedYet(entry, step);
   return e.xxh3;
 }
@@ -85,7 +85,7 @@ Status ShmRedundancyStore::FinishEntryImpl(int64_t step, ByteSource entry,
     if (TableOf(*v->segment)[index].done != 0) return AlreadyFinished(entry, step);
   }
   // The caller is the entry's only writer: checksum its bytes without the lock.
-  RedundancyEntry& e = TableOf(*v->segment)[index];
+  shm::RedundancyEntry& e = TableOf(*v->segment)[index];
   const uint64_t sum = Checksum(v->segment->data() + e.offset, e.bytes);
   if (expected != nullptr && sum != *expected) {
     return DataLossError(fmt::format(
@@ -112,7 +112,7 @@ Status ShmRedundancyStore::FinishResidentEntry(int64_t step, ByteSource entry,
     MutexLock l(&mu_);
     MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
     std::tie(v, index) = found;
-    const RedundancyEntry& e = TableOf(*v->segment)[index];
+    const shm::RedundancyEntry& e = TableOf(*v->segment)[index];
     if (!IsResident(e) || v->resident[index] == nullptr) {
       return FailedPreconditionError(fmt::format(
           "{} of version {} on node {} is stored in the redundancy store, not resident in T0",
@@ -133,7 +133,7 @@ Status ShmRedundancyStore::FinishResidentEntry(int64_t step, ByteSource entry,
   ref.generation = slot_generation;
   MEMENTO_RETURN_IF_ERROR(t0_.CheckSegments(ref, /*verify=*/false));
   MutexLock l(&mu_);
-  RedundancyEntry& e = TableOf(*v->segment)[index];
+  shm::RedundancyEntry& e = TableOf(*v->segment)[index];
   if (e.done != 0) return AlreadyFinished(entry, step);
   e.xxh3 = 0;
   e.generation = slot_generation;

@@ -32,8 +32,8 @@ int64_t WallNs() {
       .count();
 }
 
-uint64_t HeaderChecksum(const RedundancyHeader* h) {
-  return Checksum(h, offsetof(RedundancyHeader, header_checksum));
+uint64_t HeaderChecksum(const shm::RedundancyHeader* h) {
+  return Checksum(h, offsetof(shm::RedundancyHeader, header_checksum));
 }
 
 // Parses "red.<20 digits>"; -1 when the name is not a version file.
@@ -71,15 +71,16 @@ Result<std::vector<std::pair<int64_t, std::string>>> ListVersionFiles(const std:
 // Why the file of version `step` is not a complete version file with a
 // sound header, in words; "" when it is.
 std::string HeaderProblem(const shm::Segment& segment, int64_t step) {
-  if (segment.size() < kRedundancyHeaderBytes) return "shorter than a header (torn at creation)";
-  const RedundancyHeader* h = HeaderOf(segment);
-  if (LoadState(h) != RedundancyState::kComplete) {
+  if (segment.size() < shm::kRedundancyHeaderBytes)
+    return "shorter than a header (torn at creation)";
+  const shm::RedundancyHeader* h = HeaderOf(segment);
+  if (shm::LoadState(h) != shm::RedundancyState::kComplete) {
     return "not complete (torn by a crash while it was written)";
   }
-  if (h->magic != kRedundancyMagic ||
-      (h->format_version != kRedundancyFormatVersion &&
-       h->format_version != kRedundancyFormatVersionResident) ||
-      h->header_bytes != kRedundancyHeaderBytes || h->header_checksum != HeaderChecksum(h)) {
+  if (h->magic != shm::kRedundancyMagic ||
+      (h->format_version != shm::kRedundancyFormatVersion &&
+       h->format_version != shm::kRedundancyFormatVersionResident) ||
+      h->header_bytes != shm::kRedundancyHeaderBytes || h->header_checksum != HeaderChecksum(h)) {
     return "bad magic, version or header checksum";
   }
   if (h->step != step) return fmt::format("header says step {}, name says {}", h->step, step);
@@ -88,14 +89,14 @@ std::string HeaderProblem(const shm::Segment& segment, int64_t step) {
 
 // Why the header's bounds or its entry table do not hold; "" when they do.
 std::string TableProblem(const shm::Segment& segment) {
-  const RedundancyHeader* h = HeaderOf(segment);
+  const shm::RedundancyHeader* h = HeaderOf(segment);
   const uint64_t n = h->num_entries;
-  if (h->table_offset != kRedundancyHeaderBytes ||
-      h->table_offset + n * sizeof(RedundancyEntry) > h->data_offset ||
+  if (h->table_offset != shm::kRedundancyHeaderBytes ||
+      h->table_offset + n * sizeof(shm::RedundancyEntry) > h->data_offset ||
       h->data_offset > h->total_bytes || h->total_bytes > segment.size()) {
     return "header bounds do not fit the file";
   }
-  if (Checksum(TableOf(segment), n * sizeof(RedundancyEntry)) != h->table_checksum) {
+  if (Checksum(TableOf(segment), n * sizeof(shm::RedundancyEntry)) != h->table_checksum) {
     return "entry table checksum mismatch";
   }
   return "";
@@ -110,7 +111,7 @@ std::string RedundancyVersionPath(const std::string& root, int64_t step) {
 uint64_t RedundancyPlanHash(const topo::Plan& plan) { return recover::PlanHash(plan); }
 
 std::string ShmRedundancyStore::EntryName(const Version& v, uint32_t index) {
-  const RedundancyEntry& e = TableOf(*v.segment)[index];
+  const shm::RedundancyEntry& e = TableOf(*v.segment)[index];
   return fmt::format("{} {} of version {}",
                      recover::SourceKindName(static_cast<SourceKind>(e.kind)), e.id, v.step);
 }
@@ -150,7 +151,7 @@ std::shared_ptr<ShmRedundancyStore::Version> ShmRedundancyStore::AdoptFile(
     drop(why);
     return nullptr;
   }
-  const RedundancyHeader* h = HeaderOf(*segment);
+  const shm::RedundancyHeader* h = HeaderOf(*segment);
   if (h->node != node_) {
     MEMENTO_LOG_WARN("redundancy store: {} belongs to node {}, not {}; left alone", path, h->node,
                      node_);
@@ -175,15 +176,15 @@ std::shared_ptr<ShmRedundancyStore::Version> ShmRedundancyStore::AdoptFile(
   return v;
 }
 
-bool ShmRedundancyStore::IndexEntries(const RedundancyHeader& h, const RedundancyEntry* table,
-                                      Version* v) {
+bool ShmRedundancyStore::IndexEntries(const shm::RedundancyHeader& h,
+                                      const shm::RedundancyEntry* table, Version* v) {
   for (uint32_t i = 0; i < h.num_entries; ++i) {
-    const RedundancyEntry& e = table[i];
+    const shm::RedundancyEntry& e = table[i];
     const bool stored_ok = e.flags == 0 && e.offset >= h.data_offset &&
-                           e.offset % kRedundancyEntryAlignment == 0 &&
+                           e.offset % shm::kRedundancyEntryAlignment == 0 &&
                            e.offset + e.bytes <= h.total_bytes;
-    const bool resident_ok = e.flags == kEntryResident &&
-                             h.format_version == kRedundancyFormatVersionResident &&
+    const bool resident_ok = e.flags == shm::kEntryResident &&
+                             h.format_version == shm::kRedundancyFormatVersionResident &&
                              e.offset < (uint64_t{1} << 31) && e.generation != 0;
     if (!ValidKind(e.kind) || e.done != 1 || !(stored_ok || resident_ok) ||
         !v->index.emplace(std::make_pair(e.kind, e.id), i).second) {
@@ -197,14 +198,14 @@ void ShmRedundancyStore::CheckStoredEntries(Version* v) {
   // Re-verify every entry's bytes (silent corruption while the agent was
   // down): bad entries are kept but never served or listed.
   const uint32_t n = HeaderOf(*v->segment)->num_entries;
-  const RedundancyEntry* table = TableOf(*v->segment);
+  const shm::RedundancyEntry* table = TableOf(*v->segment);
   v->check.assign(n, Check::kGood);
   v->computed.assign(n, 0);
   // Resident entries are resolved with the plan (SetPlan) and checked in
   // their T0 slot when listed or read.
   v->resident.assign(n, nullptr);
   for (uint32_t i = 0; i < n; ++i) {
-    const RedundancyEntry& e = table[i];
+    const shm::RedundancyEntry& e = table[i];
     if (IsResident(e)) {
       v->check[i] = Check::kUnknown;
       continue;
@@ -224,8 +225,8 @@ ShmRedundancyStore::FileLayout ShmRedundancyStore::LayOut(
     const std::vector<PlannedEntry>& planned) {
   FileLayout out;
   const uint64_t n = planned.size();
-  out.data_offset =
-      shm::AlignUp(kRedundancyHeaderBytes + n * sizeof(RedundancyEntry), kRedundancyDataAlignment);
+  out.data_offset = shm::AlignUp(shm::kRedundancyHeaderBytes + n * sizeof(shm::RedundancyEntry),
+                                 shm::kRedundancyDataAlignment);
   uint64_t end = out.data_offset;
   for (const PlannedEntry& p : planned) {
     if (p.resident != nullptr) {
@@ -234,11 +235,11 @@ ShmRedundancyStore::FileLayout ShmRedundancyStore::LayOut(
       out.any_resident = true;
       continue;
     }
-    end = shm::AlignUp(end, kRedundancyEntryAlignment);
+    end = shm::AlignUp(end, shm::kRedundancyEntryAlignment);
     out.offsets.push_back(end);
     end += p.bytes;
   }
-  out.total = shm::AlignUp(end, kRedundancyDataAlignment);
+  out.total = shm::AlignUp(end, shm::kRedundancyDataAlignment);
   return out;
 }
 
@@ -278,18 +279,18 @@ Result<std::unique_ptr<shm::Segment>> ShmRedundancyStore::SegmentFor(
   return segment;
 }
 
-void ShmRedundancyStore::WriteHeader(RedundancyHeader* h, int64_t step, uint64_t plan_hash,
+void ShmRedundancyStore::WriteHeader(shm::RedundancyHeader* h, int64_t step, uint64_t plan_hash,
                                      uint32_t num_entries, const FileLayout& layout) const {
-  StoreState(h, RedundancyState::kWriting);  // first
-  h->magic = kRedundancyMagic;
+  shm::StoreState(h, shm::RedundancyState::kWriting);  // first
+  h->magic = shm::kRedundancyMagic;
   h->format_version =
-      layout.any_resident ? kRedundancyFormatVersionResident : kRedundancyFormatVersion;
-  h->header_bytes = kRedundancyHeaderBytes;
+      layout.any_resident ? shm::kRedundancyFormatVersionResident : shm::kRedundancyFormatVersion;
+  h->header_bytes = shm::kRedundancyHeaderBytes;
   h->step = step;
   h->plan_hash = plan_hash;
   h->node = node_;
   h->num_entries = num_entries;
-  h->table_offset = kRedundancyHeaderBytes;
+  h->table_offset = shm::kRedundancyHeaderBytes;
   h->table_checksum = 0;
   h->data_offset = layout.data_offset;
   h->total_bytes = layout.total;
@@ -312,14 +313,14 @@ Result<std::shared_ptr<ShmRedundancyStore::Version>> ShmRedundancyStore::CreateV
   v->step = step;
   v->plan_hash = plan_hash;
   v->path = path;
-  RedundancyEntry* table = TableOf(*segment);
+  shm::RedundancyEntry* table = TableOf(*segment);
   for (uint32_t i = 0; i < n; ++i) {
-    RedundancyEntry e{};
+    shm::RedundancyEntry e{};
     e.kind = static_cast<uint32_t>(planned[i].kind);
     e.id = planned[i].id;
     e.offset = layout.offsets[i];
     e.bytes = planned[i].bytes;
-    e.flags = planned[i].resident != nullptr ? kEntryResident : 0;
+    e.flags = planned[i].resident != nullptr ? shm::kEntryResident : 0;
     table[i] = e;
     v->index.emplace(std::make_pair(e.kind, e.id), i);
     v->resident.push_back(planned[i].resident);
@@ -332,11 +333,11 @@ Result<std::shared_ptr<ShmRedundancyStore::Version>> ShmRedundancyStore::CreateV
 }
 
 void ShmRedundancyStore::Seal(Version& v) {
-  RedundancyHeader* h = HeaderOf(*v.segment);
-  h->table_checksum = Checksum(TableOf(*v.segment), h->num_entries * sizeof(RedundancyEntry));
+  shm::RedundancyHeader* h = HeaderOf(*v.segment);
+  h->table_checksum = Checksum(TableOf(*v.segment), h->num_entries * sizeof(shm::RedundancyEntry));
   h->complete_wall_ns = WallNs();
   h->header_checksum = HeaderChecksum(h);
-  StoreState(h, RedundancyState::kComplete);  // last
+  shm::StoreState(h, shm::RedundancyState::kComplete);  // last
   v.complete = true;
 }
 
@@ -348,11 +349,11 @@ void ShmRedundancyStore::Remove(const std::shared_ptr<Version>& v) {
   // (renamed away from its step's name first, and marked not complete before
   // that, so that neither a reader nor a restarted agent's Adopt takes its old
   // bytes for a version).
-  if (v.use_count() == 1 && v->segment != nullptr && spare_ == nullptr && !spare_taken_ &&
-      v->segment->size() >= kRedundancyHeaderBytes) {
-    StoreState(HeaderOf(*v->segment), RedundancyState::kWriting);
+  if (v.use_count() == 1 && v->segment != nullptr && spare_.empty() &&
+      v->segment->size() >= shm::kRedundancyHeaderBytes) {
+    shm::StoreState(HeaderOf(*v->segment), shm::RedundancyState::kWriting);
     if (rename(v->path.c_str(), SparePath().c_str()) == 0) {
-      spare_ = std::move(v->segment);
+      spare_.Keep(std::move(v->segment));
       return;
     }
     MEMENTO_LOG_WARN("redundancy store: rename {} to {}: {}", v->path, SparePath(),

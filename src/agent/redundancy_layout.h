@@ -12,12 +12,12 @@
 
 namespace memento::agent {
 
-inline RedundancyHeader* HeaderOf(const shm::Segment& s) {
-  return reinterpret_cast<RedundancyHeader*>(s.data());
+inline shm::RedundancyHeader* HeaderOf(const shm::Segment& s) {
+  return reinterpret_cast<shm::RedundancyHeader*>(s.data());
 }
 
-inline RedundancyEntry* TableOf(const shm::Segment& s) {
-  return reinterpret_cast<RedundancyEntry*>(s.data() + HeaderOf(s)->table_offset);
+inline shm::RedundancyEntry* TableOf(const shm::Segment& s) {
+  return reinterpret_cast<shm::RedundancyEntry*>(s.data() + HeaderOf(s)->table_offset);
 }
 
 // "copy 3", "parity 0".

@@ -20,7 +20,7 @@ using recover::SourceKind;
 namespace {
 
 // Lists a done entry in `out` by its kind.
-void AddTo(const RedundancyEntry& e, recover::VersionHolding* out) {
+void AddTo(const shm::RedundancyEntry& e, recover::VersionHolding* out) {
   if (e.kind == static_cast<uint32_t>(SourceKind::kCopy)) {
     out->copies.push_back(e.id);
   } else {
@@ -29,7 +29,7 @@ void AddTo(const RedundancyEntry& e, recover::VersionHolding* out) {
 }
 
 // InvalidArgument when `req` reads past the end of entry `e`.
-Status CheckReadRange(const RedundancyEntry& e, const recover::ReadRequest& req) {
+Status CheckReadRange(const shm::RedundancyEntry& e, const recover::ReadRequest& req) {
   if (req.offset > e.bytes || req.length > e.bytes - req.offset) {
     return InvalidArgumentError(
         fmt::format("read of bytes [{}, +{}) of {} of version {}: the entry has {} bytes",
@@ -58,7 +58,7 @@ recover::VersionHolding ShmRedundancyStore::Holding(int64_t step, bool verify) {
     auto it = versions_.find(step);
     if (it == versions_.end()) return out;
     v = it->second;
-    const RedundancyEntry* table = TableOf(*v->segment);
+    const shm::RedundancyEntry* table = TableOf(*v->segment);
     for (uint32_t i = 0; i < v->check.size(); ++i) {
       if (__atomic_load_n(&table[i].done, __ATOMIC_ACQUIRE) == 0) continue;
       if (IsResident(table[i])) {
@@ -80,7 +80,7 @@ void ShmRedundancyStore::ListResident(
     const Version& v,
     const std::vector<std::pair<uint32_t, std::shared_ptr<const ResidentSource>>>& resident,
     bool verify, recover::VersionHolding* out) {
-  const RedundancyEntry* table = TableOf(*v.segment);
+  const shm::RedundancyEntry* table = TableOf(*v.segment);
   for (const auto& [i, src] : resident) {
     Status st = t0_.CheckSegments(RefOf(v, i, *src), verify);
     if (!st.ok()) {
@@ -93,13 +93,13 @@ void ShmRedundancyStore::ListResident(
 
 void ShmRedundancyStore::ListStored(Version& v, const std::vector<uint32_t>& done, bool verify,
                                     recover::VersionHolding* out) {
-  const RedundancyEntry* table = TableOf(*v.segment);
+  const shm::RedundancyEntry* table = TableOf(*v.segment);
   // With verify: every entry hashed now (without the lock), its check updated.
   std::vector<Check> result(done.size());
   std::vector<uint64_t> sums(done.size(), 0);
   if (verify) {
     for (size_t j = 0; j < done.size(); ++j) {
-      const RedundancyEntry& e = table[done[j]];
+      const shm::RedundancyEntry& e = table[done[j]];
       sums[j] = Checksum(v.segment->data() + e.offset, e.bytes);
       result[j] = sums[j] == e.xxh3 ? Check::kGood : Check::kBad;
     }
@@ -125,7 +125,7 @@ std::map<std::pair<recover::SourceKind, uint32_t>, int> ShmRedundancyStore::Resi
   auto it = versions_.find(step);
   if (it == versions_.end()) return out;
   const Version& v = *it->second;
-  const RedundancyEntry* table = TableOf(*v.segment);
+  const shm::RedundancyEntry* table = TableOf(*v.segment);
   for (uint32_t i = 0; i < v.resident.size(); ++i) {
     if (!IsResident(table[i]) || v.resident[i] == nullptr) continue;
     out[{static_cast<recover::SourceKind>(table[i].kind), table[i].id}] = v.resident[i]->rank;
@@ -135,7 +135,7 @@ std::map<std::pair<recover::SourceKind, uint32_t>, int> ShmRedundancyStore::Resi
 
 PieceReader::SegmentsRef ShmRedundancyStore::RefOf(const Version& v, uint32_t index,
                                                    const ResidentSource& src) {
-  const RedundancyEntry& e = TableOf(*v.segment)[index];
+  const shm::RedundancyEntry& e = TableOf(*v.segment)[index];
   PieceReader::SegmentsRef ref;
   ref.rank = src.rank;
   ref.step = v.step;
@@ -154,7 +154,7 @@ Result<std::optional<RedundancyStore::ResidentRef>> ShmRedundancyStore::Resident
   MutexLock l(&mu_);
   MEMENTO_ASSIGN_OR_RETURN(auto found, Find(step, entry));
   const auto& [v, index] = found;
-  const RedundancyEntry& e = TableOf(*v->segment)[index];
+  const shm::RedundancyEntry& e = TableOf(*v->segment)[index];
   if (!IsResident(e)) return std::optional<ResidentRef>();
   if (v->resident[index] == nullptr) {
     return NotFoundError(
@@ -169,7 +169,7 @@ Result<std::optional<RedundancyStore::ResidentRef>> ShmRedundancyStore::Resident
 Status ShmRedundancyStore::CheckResidentRead(const Version& v, uint32_t index,
                                              const ResidentSource* src,
                                              const recover::ReadRequest& req) const {
-  const RedundancyEntry& e = TableOf(*v.segment)[index];
+  const shm::RedundancyEntry& e = TableOf(*v.segment)[index];
   if (__atomic_load_n(&e.done, __ATOMIC_ACQUIRE) == 0) return NotFinishedYet(req.source, req.step);
   if (src == nullptr) {
     return NotFoundError(
@@ -211,7 +211,7 @@ Result<ShmRedundancyStore::View> ShmRedundancyStore::ReadView(const recover::Rea
     check = v->check[index];
     src = v->resident[index];
   }
-  const RedundancyEntry& e = TableOf(*v->segment)[index];
+  const shm::RedundancyEntry& e = TableOf(*v->segment)[index];
   if (IsResident(e)) return ReadResidentView(*v, index, src.get(), req);
   MEMENTO_RETURN_IF_ERROR(CheckStoredRead(*v, index, check, req));
   View view;
@@ -238,7 +238,7 @@ Result<ShmRedundancyStore::View> ShmRedundancyStore::ReadResidentView(
 
 Status ShmRedundancyStore::CheckStoredRead(Version& v, uint32_t index, Check check,
                                            const recover::ReadRequest& req) {
-  const RedundancyEntry& e = TableOf(*v.segment)[index];
+  const shm::RedundancyEntry& e = TableOf(*v.segment)[index];
   if (__atomic_load_n(&e.done, __ATOMIC_ACQUIRE) == 0) return NotFinishedYet(req.source, req.step);
   MEMENTO_RETURN_IF_ERROR(CheckReadRange(e, req));
   if (check == Check::kUnknown) {

@@ -127,7 +127,9 @@ class ShmRedundancyStore final : public RedundancyStore {
   ShmRedundancyStore(std::string root, int node)
       : root_(std::move(root)), node_(node), t0_(root_, "") {}
   static std::string EntryName(const Version& v, uint32_t index);
-  static bool IsResident(const RedundancyEntry& e) { return (e.flags & kEntryResident) != 0; }
+  static bool IsResident(const shm::RedundancyEntry& e) {
+    return (e.flags & shm::kEntryResident) != 0;
+  }
   // Looks up a version and entry. NotFound naming what is missing.
   Result<std::pair<std::shared_ptr<Version>, uint32_t>> Find(int64_t step,
                                                              recover::ByteSource entry)
@@ -165,7 +167,8 @@ class ShmRedundancyStore final : public RedundancyStore {
   std::shared_ptr<Version> AdoptFile(int64_t step, const std::string& path) const;
   // Indexes an adopted file's table into v->index; false when an entry is
   // out of bounds, not done or repeated.
-  static bool IndexEntries(const RedundancyHeader& h, const RedundancyEntry* table, Version* v);
+  static bool IndexEntries(const shm::RedundancyHeader& h, const shm::RedundancyEntry* table,
+                           Version* v);
   // Checks an adopted version's stored entries against their checksums.
   static void CheckStoredEntries(Version* v);
   // Where a new version's entries go in its file.
@@ -182,7 +185,7 @@ class ShmRedundancyStore final : public RedundancyStore {
                                                    uint64_t total, const RoomCheck& room,
                                                    std::unique_ptr<shm::Segment> spare) const;
   // Writes a new version's header, state kWriting first.
-  void WriteHeader(RedundancyHeader* h, int64_t step, uint64_t plan_hash, uint32_t num_entries,
+  void WriteHeader(shm::RedundancyHeader* h, int64_t step, uint64_t plan_hash, uint32_t num_entries,
                    const FileLayout& layout) const;
   // Creates, lays out and maps the file of a new version (no lock held).
   Result<std::shared_ptr<Version>> CreateVersion(int64_t step,
@@ -250,14 +253,42 @@ class ShmRedundancyStore final : public RedundancyStore {
   // plan or a DropBelow past them arrived meanwhile (then they are discarded).
   std::map<int64_t, bool> creating_ GUARDED_BY(mu_);
   CondVar created_cv_;  // signalled when a creation ends
-  // A dropped version's file (renamed to SparePath(), marked not complete)
-  // and its mapping, kept so that the next version of the same size reuses
-  // its pages instead of the kernel freeing them and zeroing new ones every
-  // step. Counted in bytes_in_use(); at most one.
-  std::unique_ptr<shm::Segment> spare_ GUARDED_BY(mu_);
-  // A creation took the spare out (its file is still at SparePath() until it
-  // is renamed to the new version's name): no other file goes there meanwhile.
-  bool spare_taken_ GUARDED_BY(mu_) = false;
+  // The spare at SparePath(): a dropped version's file (renamed there,
+  // marked not complete) and its mapping, kept so that the next version of
+  // the same size reuses its pages instead of the kernel freeing them and
+  // zeroing new ones every step. At most one, in one of three states:
+  //   empty  no spare file;
+  //   kept   its mapping is here, counted in bytes_in_use();
+  //   taken  a creation took the mapping out: the file stays at SparePath()
+  //          until that creation renames it to the new version's name (or
+  //          unlinks it), and no other file goes there meanwhile.
+  class Spare {
+   public:
+    bool empty() const { return state_ == State::kEmpty; }
+    bool kept() const { return state_ == State::kKept; }
+    uint64_t bytes() const { return kept() ? segment_->size() : 0; }
+    // empty -> kept. REQUIRES: empty().
+    void Keep(std::unique_ptr<shm::Segment> segment) {
+      segment_ = std::move(segment);
+      state_ = State::kKept;
+    }
+    // kept -> taken: the mapping, for a creation; nullptr (and no change)
+    // when no spare is kept.
+    std::unique_ptr<shm::Segment> Take() {
+      if (!kept()) return nullptr;
+      state_ = State::kTaken;
+      return std::move(segment_);
+    }
+    // taken -> empty: the creation that took it has renamed or unlinked the
+    // file.
+    void Release() { state_ = State::kEmpty; }
+
+   private:
+    enum class State { kEmpty, kKept, kTaken };
+    State state_ = State::kEmpty;
+    std::unique_ptr<shm::Segment> segment_;  // set exactly when kept
+  };
+  Spare spare_ GUARDED_BY(mu_);
 };
 
 }  // namespace memento::agent

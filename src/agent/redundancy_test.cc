@@ -286,7 +286,7 @@ TEST_F(RedundancyTest, CorruptedHeaderIsRemovedOnReopen) {
   {
     auto seg = shm::Segment::Open(RedundancyVersionPath(root(), 4), true);
     ASSERT_TRUE(seg.ok());
-    reinterpret_cast<RedundancyHeader*>((*seg)->data())->plan_hash ^= 1;  // a flipped bit
+    reinterpret_cast<shm::RedundancyHeader*>((*seg)->data())->plan_hash ^= 1;  // a flipped bit
   }
   auto store = RedundancyStore::Open(root(), 1);
   ASSERT_TRUE(store.ok());
@@ -309,8 +309,9 @@ TEST_F(RedundancyTest, CorruptedByteGivesDataLossNamingTheEntry) {
   {
     auto seg = shm::Segment::Open(RedundancyVersionPath(root(), 9), true);
     ASSERT_TRUE(seg.ok());
-    const auto* h = reinterpret_cast<const RedundancyHeader*>((*seg)->data());
-    const auto* table = reinterpret_cast<const RedundancyEntry*>((*seg)->data() + h->table_offset);
+    const auto* h = reinterpret_cast<const shm::RedundancyHeader*>((*seg)->data());
+    const auto* table =
+        reinterpret_cast<const shm::RedundancyEntry*>((*seg)->data() + h->table_offset);
     bool flipped = false;
     for (uint32_t i = 0; i < h->num_entries; ++i) {
       if (table[i].kind == static_cast<uint32_t>(SourceKind::kParity) && table[i].id == victim.id) {

@@ -24,20 +24,18 @@ uint64_t ResidentEntryBytes(const std::string& root, int64_t step) {
   char name[32];
   std::snprintf(name, sizeof(name), "/red.%020lld", static_cast<long long>(step));
   auto seg = shm::Segment::Open(root + name, /*writable=*/false);
-  if (!seg.ok() || (*seg)->size() < agent::kRedundancyHeaderBytes) return 0;
-  const auto* h = reinterpret_cast<const agent::RedundancyHeader*>((*seg)->data());
-  if (h->magic != agent::kRedundancyMagic ||
-      agent::LoadState(h) != agent::RedundancyState::kComplete ||
-      h->format_version != agent::kRedundancyFormatVersionResident ||
-      h->table_offset + uint64_t{h->num_entries} * sizeof(agent::RedundancyEntry) >
-          (*seg)->size()) {
+  if (!seg.ok() || (*seg)->size() < shm::kRedundancyHeaderBytes) return 0;
+  const auto* h = reinterpret_cast<const shm::RedundancyHeader*>((*seg)->data());
+  if (h->magic != shm::kRedundancyMagic || shm::LoadState(h) != shm::RedundancyState::kComplete ||
+      h->format_version != shm::kRedundancyFormatVersionResident ||
+      h->table_offset + uint64_t{h->num_entries} * sizeof(shm::RedundancyEntry) > (*seg)->size()) {
     return 0;
   }
   const auto* table =
-      reinterpret_cast<const agent::RedundancyEntry*>((*seg)->data() + h->table_offset);
+      reinterpret_cast<const shm::RedundancyEntry*>((*seg)->data() + h->table_offset);
   uint64_t n = 0;
   for (uint32_t i = 0; i < h->num_entries; ++i) {
-    if ((table[i].flags & agent::kEntryResident) != 0) n += table[i].bytes;
+    if ((table[i].flags & shm::kEntryResident) != 0) n += table[i].bytes;
   }
   return n;
 }

@@ -194,9 +194,9 @@ class TestCluster {
     (void)node(i).red->Holding(step, /*verify=*/true);
     auto seg = shm::Segment::Open(agent::RedundancyVersionPath(node(i).root, step), true);
     MEMENTO_CHECK(seg.ok());
-    const auto* h = reinterpret_cast<const agent::RedundancyHeader*>((*seg)->data());
+    const auto* h = reinterpret_cast<const shm::RedundancyHeader*>((*seg)->data());
     const auto* table =
-        reinterpret_cast<const agent::RedundancyEntry*>((*seg)->data() + h->table_offset);
+        reinterpret_cast<const shm::RedundancyEntry*>((*seg)->data() + h->table_offset);
     int flipped = 0;
     for (uint32_t e = 0; e < h->num_entries; ++e) {
       if (table[e].kind != static_cast<uint32_t>(SourceKind::kParity) || table[e].bytes == 0) {

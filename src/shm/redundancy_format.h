@@ -25,7 +25,7 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace memento::agent {
+namespace memento::shm {
 
 inline constexpr uint64_t kRedundancyMagic = 0x31304445524d454dULL;  // "MEMRED01" (little endian)
 inline constexpr uint32_t kRedundancyFormatVersion = 1;
@@ -84,4 +84,4 @@ inline void StoreState(RedundancyHeader* h, RedundancyState s) {
   __atomic_store_n(&h->state, static_cast<uint32_t>(s), __ATOMIC_RELEASE);
 }
 
-}  // namespace memento::agent
+}  // namespace memento::shm

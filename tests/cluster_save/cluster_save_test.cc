@@ -260,12 +260,12 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
         ADD_FAILURE() << path << ": " << seg.status();
         continue;
       }
-      const auto* h = reinterpret_cast<const agent::RedundancyHeader*>((*seg)->data());
+      const auto* h = reinterpret_cast<const shm::RedundancyHeader*>((*seg)->data());
       const auto* table =
-          reinterpret_cast<const agent::RedundancyEntry*>((*seg)->data() + h->table_offset);
+          reinterpret_cast<const shm::RedundancyEntry*>((*seg)->data() + h->table_offset);
       uint64_t stored = 0;
       for (uint32_t i = 0; i < h->num_entries; ++i) {
-        const agent::RedundancyEntry& e = table[i];
+        const shm::RedundancyEntry& e = table[i];
         EXPECT_EQ(e.done, 1u) << path << " entry " << i;
         const bool parity = e.kind == static_cast<uint32_t>(recover::SourceKind::kParity);
         const bool arc = !parity && (plan.copies[e.id].kind == topo::CopyKind::kArc ||
@@ -279,7 +279,7 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
         const int producer =
             parity ? plan.parities[e.id].producer_rank : plan.copies[e.id].producer_rank;
         const std::string what = std::string(parity ? " parity " : " copy ") + std::to_string(e.id);
-        EXPECT_EQ(e.flags, agent::kEntryResident) << path << what;
+        EXPECT_EQ(e.flags, shm::kEntryResident) << path << what;
         EXPECT_EQ(e.offset, static_cast<uint64_t>(producer)) << path << what;
         EXPECT_EQ(e.bytes,
                   parity ? plan.parities[e.id].bytes : plan.pieces[plan.copies[e.id].piece].bytes);
@@ -296,8 +296,8 @@ class ClusterSaveTest : public ::testing::TestWithParam<std::string> {
         EXPECT_NE(gen, 0u) << "rank " << producer << " holds no slot of step " << step;
         EXPECT_EQ(e.generation, gen) << path << what;
       }
-      EXPECT_EQ(h->format_version, resident > 0 ? agent::kRedundancyFormatVersionResident
-                                                : agent::kRedundancyFormatVersion);
+      EXPECT_EQ(h->format_version, resident > 0 ? shm::kRedundancyFormatVersionResident
+                                                : shm::kRedundancyFormatVersion);
       // The file has room for the stored entries only.
       EXPECT_LE((*seg)->size(), h->data_offset + stored + 4096) << path;
     }
