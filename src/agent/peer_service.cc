@@ -94,7 +94,8 @@ Result<std::unique_ptr<PeerService>> PeerService::Start(PeerServiceOptions optio
   }
   if (!options.plan) return InvalidArgumentError("peer service: a plan source is required");
   std::unique_ptr<PeerService> s(new PeerService(std::move(options), std::move(token)));
-  s->pieces_ = std::make_unique<PieceReader>(s->options_.store->options().root, s->options_.job);
+  s->pieces_ = std::make_unique<PieceReader>(s->options_.store->options().root, s->options_.job,
+                                             s->options_.store);
   ClusterReaderOptions ro;
   ro.node = s->options_.node;
   ro.pieces = s->pieces_.get();

@@ -20,12 +20,21 @@ Result<std::shared_ptr<PieceReader::SlotCache>> PieceReader::Load(int rank, int 
     if (errno == ENOENT) return NotFoundError("no slot file " + path);
     return ErrnoError("stat " + path, errno);
   }
+  // The node store's own mapping of this file, when it has one of the file's
+  // current size (the store maps every slot it allocates or adopts, pages
+  // populated): serving from it maps no page a second time.
+  std::shared_ptr<shm::Segment> stored =
+      store_ != nullptr ? store_->SlotSegment(rank, slot) : nullptr;
+  if (stored != nullptr && stored->size() != static_cast<size_t>(st.st_size)) stored = nullptr;
   MutexLock l(&mu_);
   std::shared_ptr<SlotCache>& c = slots_[{rank, slot}];
-  if (c == nullptr || c->segment->size() != static_cast<size_t>(st.st_size)) {
+  if (c == nullptr || c->segment->size() != static_cast<size_t>(st.st_size) ||
+      (stored != nullptr && c->segment != stored)) {
     // First use, or the client grew the slot (a new mapping is needed).
-    MEMENTO_ASSIGN_OR_RETURN(std::unique_ptr<shm::Segment> seg,
-                             shm::Segment::Open(path, /*writable=*/false));
+    std::shared_ptr<shm::Segment> seg = std::move(stored);
+    if (seg == nullptr) {
+      MEMENTO_ASSIGN_OR_RETURN(seg, shm::Segment::Open(path, /*writable=*/false));
+    }
     auto fresh = std::make_shared<SlotCache>();
     fresh->segment = std::move(seg);
     c = std::move(fresh);

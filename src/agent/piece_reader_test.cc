@@ -221,6 +221,50 @@ TEST_F(PieceReaderTest, ServesPieceStraightFromTheSlotWithChunkDigests) {
             StatusCode::kInvalidArgument);
 }
 
+// Given the node store, the reader serves from the store's own mapping of the
+// slot (no second mapping whose every page is populated again), and follows
+// the store when the slot is reallocated larger.
+TEST_F(PieceReaderTest, ServesFromTheNodeStoresMappingOfTheSlot) {
+  WriteRankSlot(*store_, inv_, 0, 0, 5);
+  const uint32_t piece = SpanningPiece(plan_, 0);
+  ASSERT_NE(piece, topo::kNoId);
+  PieceReader reader(root_, kJob, store_.get());
+  auto serve = [&](int64_t step, std::vector<uint8_t>* got) {
+    std::vector<const uint8_t*> at;
+    Status s = reader.ServePiece(plan_, piece, step, 0, plan_.pieces[piece].bytes,
+                                 [&](const uint8_t* p, uint64_t n, uint64_t digest) {
+                                   EXPECT_EQ(digest, Checksum(p, n));
+                                   got->insert(got->end(), p, p + n);
+                                   at.push_back(p);
+                                   at.push_back(p + n);
+                                   return Status::Ok();
+                                 });
+    EXPECT_TRUE(s.ok()) << s;
+    return at;
+  };
+  std::vector<uint8_t> got;
+  std::shared_ptr<shm::Segment> seg = store_->SlotSegment(0, 0);
+  ASSERT_NE(seg, nullptr);
+  for (const uint8_t* p : serve(5, &got)) {
+    EXPECT_GE(p, seg->data());
+    EXPECT_LE(p, seg->data() + seg->size()) << "a byte served from another mapping than the store's";
+  }
+  EXPECT_EQ(got, PieceBytes(plan_, inv_, piece, 5));
+  // The store reallocates the slot larger: the reader maps what the store maps now.
+  const uint64_t bigger = seg->size() + (4u << 20);
+  ASSERT_TRUE(store_->EnsureSlot(0, 0, bigger).ok());
+  WriteRankSlot(*store_, inv_, 0, 0, 7);
+  std::shared_ptr<shm::Segment> grown = store_->SlotSegment(0, 0);
+  ASSERT_NE(grown, nullptr);
+  ASSERT_GE(grown->size(), bigger);
+  got.clear();
+  for (const uint8_t* p : serve(7, &got)) {
+    EXPECT_GE(p, grown->data());
+    EXPECT_LE(p, grown->data() + grown->size());
+  }
+  EXPECT_EQ(got, PieceBytes(plan_, inv_, piece, 7));
+}
+
 // A sharded slot (docs/reft.md section 2): rank 0's slot holds only its own
 // pieces' segments, as range entries in another order than the plan's. Every
 // piece reads and serves byte-identical to a whole-tensor slot; a piece whose

@@ -2,6 +2,12 @@
 
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
+#if MEMENTO_XXH_DISPATCH
+// The library's run-time dispatcher (AVX-512, AVX2 or SSE2, whichever the CPU
+// has) replaces XXH3_64bits, XXH3_64bits_withSeed and XXH3_64bits_update
+// below: the same hash values, computed with the widest vectors available.
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <cstring>
 
