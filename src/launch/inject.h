@@ -9,7 +9,9 @@
 //   corrupt-rank:R@step=N flip one byte in the data of rank R's T0 slot that
 //                         holds the newest committed step, once the next
 //                         failure has stopped the trainers (silent corruption
-//                         at rest: recovery must detect it and rebuild the rank)
+//                         at rest: recovery must detect it and rebuild the rank;
+//                         not held back by a store kill; one that cannot apply
+//                         says "did not fire")
 //   corrupt-durable@step=N  flip one byte in a data piece of the newest
 //                         complete durable version when a recovery next falls
 //                         back to the durable tier (--durable-dir): corruption

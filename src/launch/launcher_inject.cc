@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <thread>
@@ -78,8 +79,13 @@ void Launcher::State::FireInjections() {
     if (fired[k] || inj.recovery >= 0 || reached < inj.step) continue;
     // One loss at a time: after a store restart, the next injection waits
     // until commits resumed (so "a node loss after the store restart"
-    // really recovers from a commit made on the fresh store).
-    if (StoreDown() || store_restarted_at.has_value()) continue;
+    // really recovers from a commit made on the fresh store). A corruption
+    // is no loss: it fires at its step and joins the next failure (held
+    // back here, one given beside a kill-store and a kill at the same step
+    // missed the kill's recovery and waited for a later failure).
+    const bool corruption =
+        inj.kind == InjectKind::kCorruptRank || inj.kind == InjectKind::kCorruptDurable;
+    if (!corruption && (StoreDown() || store_restarted_at.has_value())) continue;
     fired[k] = true;
     injected_at = Now();
     // With the newest commit and how long commits have been quiet: how far
@@ -219,7 +225,7 @@ Status Launcher::State::KillLeaderMidRecovery(int recovery) {
     }
   }
   // What RecoverByAgents does before its request.
-  ApplyPendingCorruptions(committed);
+  ApplyPendingCorruptions(committed, {});
   ApplyPendingDurableCorruption();
   MEMENTO_ASSIGN_OR_RETURN(
       filed_request, RequestRecovery(*store, o.job, Deadline::AfterSeconds(5), agents_epoch_floor));
@@ -258,14 +264,36 @@ Status Launcher::State::KillLeaderMidRecovery(int recovery) {
   }
 }
 
-void Launcher::State::ApplyPendingCorruptions(int64_t committed) {
+void Launcher::State::ApplyPendingCorruptions(int64_t committed,
+                                              const std::vector<int>& lost_nodes) {
   for (int rank : pending_corruptions) {
-    auto slot = CorruptSlot(Root(NodeOf(rank)), rank, committed);
+    const int node = NodeOf(rank);
+    if (node_lost[static_cast<size_t>(node)] ||
+        std::find(lost_nodes.begin(), lost_nodes.end(), node) != lost_nodes.end()) {
+      Say("corrupt-rank:" + std::to_string(rank) + " did not fire: node " + std::to_string(node) +
+          " lost its memory in this failure (nothing of rank " + std::to_string(rank) +
+          " left to corrupt)");
+      continue;
+    }
+    auto slot = CorruptSlot(Root(node), rank, committed);
     Say(slot.ok() ? "flipped a byte in slot " + std::to_string(*slot) + " of rank " +
                         std::to_string(rank) + " (committed step " + std::to_string(committed) + ")"
                   : "corrupt-rank: " + slot.status().ToString());
   }
   pending_corruptions.clear();
+}
+
+void Launcher::State::ReportUnappliedCorruptions() {
+  for (int rank : pending_corruptions) {
+    Say("corrupt-rank:" + std::to_string(rank) +
+        " did not fire: no failure stopped the trainers after it was injected");
+  }
+  pending_corruptions.clear();
+  if (corrupt_durable_pending) {
+    Say("corrupt-durable did not fire: no recovery looked at the durable tier after it was "
+        "injected");
+  }
+  corrupt_durable_pending = false;
 }
 
 void Launcher::State::ApplyPendingDurableCorruption() {
