@@ -8,6 +8,7 @@
 #include <csignal>
 #include <thread>
 
+#include "fmt/format.h"
 #include "launch/launcher_state.h"
 #include "shm/node_store.h"
 #include "shm/slot.h"
@@ -20,25 +21,36 @@ namespace memento::launch {
 
 namespace {
 
-// corrupt-rank: flips one byte in the middle of the data region of the T0
-// slot of `rank` under `root` that holds `step` complete. Returns which slot.
-Result<int> CorruptSlot(const std::string& root, int rank, int64_t step) {
-  std::unique_ptr<shm::Segment> segments[shm::kSlotsPerRank];
-  shm::RankSlots slots{};
+// corrupt-rank: flips one byte in the middle of the data region of each
+// complete T0 slot of `rank` under `root` that holds `step` or a newer step:
+// the launcher's newest commit (`step`) can lag the one the recovery restores
+// (after a store restart the agents republish theirs), and no slot of a
+// rank holds a step the recovery may restore without the flip. Says which
+// slots and steps.
+Result<std::string> CorruptSlot(const std::string& root, int rank, int64_t step) {
+  std::string flipped;
+  std::string seen;
   for (int s = 0; s < shm::kSlotsPerRank; ++s) {
     auto seg = shm::Segment::Open(shm::SlotPath(root, rank, s), /*writable=*/true);
-    if (!seg.ok()) continue;
-    segments[s] = std::move(*seg);
-    slots[s] = segments[s].get();
+    if (!seg.ok()) {
+      seen += fmt::format("{}slot {}: absent", seen.empty() ? "" : "; ", s);
+      continue;
+    }
+    auto info = shm::ReadSlot(**seg);
+    if (!info.ok() || info->state != shm::SlotState::kComplete || info->step < step ||
+        info->data_bytes == 0) {
+      seen += fmt::format("{}slot {}: {}", seen.empty() ? "" : "; ", s,
+                          info.ok() ? fmt::format("step {}", info->step) : info.status().message());
+      continue;
+    }
+    (*seg)->data()[info->data_offset + info->data_bytes / 2] ^= 0x5a;
+    flipped += fmt::format("{}slot {} (step {})", flipped.empty() ? "" : ", ", s, info->step);
   }
-  Result<shm::CompleteSlot> found = shm::FindCompleteSlot(slots, step);
-  if (!found.ok() || found->info.data_bytes == 0) {
-    return NotFoundError("rank " + std::to_string(rank) + " has no complete slot of step " +
-                         std::to_string(step) + " under " + root +
-                         (found.ok() ? "" : ": " + found.status().message()));
+  if (flipped.empty()) {
+    return NotFoundError(fmt::format(
+        "rank {} has no complete slot of step {} or newer under {}: {}", rank, step, root, seen));
   }
-  segments[found->slot]->data()[found->info.data_offset + found->info.data_bytes / 2] ^= 0x5a;
-  return found->slot;
+  return flipped;
 }
 
 // corrupt-durable: flips one byte in the middle of the first piece of the
@@ -275,10 +287,10 @@ void Launcher::State::ApplyPendingCorruptions(int64_t committed,
           " left to corrupt)");
       continue;
     }
-    auto slot = CorruptSlot(Root(node), rank, committed);
-    Say(slot.ok() ? "flipped a byte in slot " + std::to_string(*slot) + " of rank " +
-                        std::to_string(rank) + " (committed step " + std::to_string(committed) + ")"
-                  : "corrupt-rank: " + slot.status().ToString());
+    auto slots = CorruptSlot(Root(node), rank, committed);
+    Say(slots.ok() ? "flipped a byte in " + *slots + " of rank " + std::to_string(rank) +
+                         " (committed step " + std::to_string(committed) + ")"
+                   : "corrupt-rank: " + slots.status().ToString());
   }
   pending_corruptions.clear();
 }
