@@ -259,6 +259,7 @@ class Campaign:
         current = {"nodes": set(), "corrupt": set(), "reached": None, "committed": None, "quiet_s": 0.0,
                    "injected": False}
         pending_corrupt = set()
+        not_applied = []  # corrupt-rank/corrupt-durable that said "did not fire"
         for line in text.splitlines():
             m = re.search(r"\[launch\] injecting ([a-z-]+)(?::(\d+))?@(step|recovery|transfer)=(\d+)"
                           r"(?: \(job at step (-?\d+)(?:; committed (-?\d+), commits quiet for "
@@ -292,6 +293,12 @@ class Campaign:
                                 current["committed"] = int(m.group(6))
                         if m.group(7) is not None:
                             current["quiet_s"] = max(current["quiet_s"], float(m.group(7)))
+                continue
+            m = re.search(r"\[launch\] (corrupt-rank|corrupt-durable)(?::\d+)? did not fire", line)
+            if m:
+                # Injected but never applied: no failure (or durable fallback) came after
+                # it, or its node lost its memory in the same failure.
+                not_applied.append(m.group(1))
                 continue
             if "[launch] failure: " in line:
                 current["corrupt"] = set(pending_corrupt)
@@ -417,7 +424,8 @@ class Campaign:
             if self.args.max_gap_s > 0 and gap_s > self.args.max_gap_s:
                 problems.append("largest commit gap %.2f s > %.2f s" % (gap_s, self.args.max_gap_s))
         stats = {
-            "fired": fired, "recoveries": len(recoveries), "code": code, "want": want,
+            "fired": fired, "not_applied": not_applied, "recoveries": len(recoveries),
+            "code": code, "want": want,
             "ambiguous": ambiguous, "max_lost": max_lost, "gap_s": gap_s, "gap_steps": gap_steps,
             "lag_steps": max_lag_steps, "lag_s": max_lag_s,
             "durable_recoveries": sum(1 for r in recoveries if r.get("source") == "durable"),
@@ -496,7 +504,7 @@ def main():
     totals = {"runs": 0, "passed": 0, "fired": {}, "recoveries": 0, "exit0": 0, "exit3": 0,
               "want3": 0, "identical": 0, "max_lost": 0, "max_gap_s": 0.0, "wall": 0.0,
               "max_lag_steps": 0, "max_lag_s": 0.0, "in_recovery": 0, "in_transfer": 0,
-              "durable_runs": 0, "durable_recoveries": 0}
+              "durable_runs": 0, "durable_recoveries": 0, "not_applied": {}}
     failing = []
     fired_total = 0
     k = 0
@@ -531,6 +539,8 @@ def main():
             totals["fired"][kind] = totals["fired"].get(kind, 0) + 1
             totals["in_recovery"] += where in ("recovery", "transfer")
             totals["in_transfer"] += where == "transfer"
+        for kind in st["not_applied"]:
+            totals["not_applied"][kind] = totals["not_applied"].get(kind, 0) + 1
         totals["durable_runs"] += run.persist_every > 0
         totals["durable_recoveries"] += st["durable_recoveries"]
         fired_total += len(st["fired"])
@@ -558,6 +568,9 @@ def main():
     log("  %-34s %d" % ("injected failures (fired)", fired_total))
     for kind in KINDS + EXTRA_KINDS:
         log("    %-32s %d" % (kind, totals["fired"].get(kind, 0)))
+    if totals["not_applied"]:
+        log("    %-32s %s" % ("corruptions that did not apply", ", ".join(
+            "%s %d" % (k, v) for k, v in sorted(totals["not_applied"].items()))))
     log("    %-32s %d" % ("of them during a recovery", totals["in_recovery"]))
     log("    %-32s %d" % ("of them while it moved bytes", totals["in_transfer"]))
     log("  %-34s %d" % ("runs with a durable tier", totals["durable_runs"]))

@@ -7,9 +7,13 @@
 //   kill-node:I@step=N    SIGKILL node I's agent and trainers and delete its
 //                         root: the host is lost with everything in it
 //   corrupt-rank:R@step=N flip one byte in the data of rank R's T0 slot that
-//                         holds the newest committed step, once the next
+//                         holds the newest committed step (and of a slot of a
+//                         newer complete step: the launcher's view of the
+//                         commit can lag the recovery's), once the next
 //                         failure has stopped the trainers (silent corruption
-//                         at rest: recovery must detect it and rebuild the rank)
+//                         at rest: recovery must detect it and rebuild the rank;
+//                         not held back by a store kill; one that cannot apply
+//                         says "did not fire")
 //   corrupt-durable@step=N  flip one byte in a data piece of the newest
 //                         complete durable version when a recovery next falls
 //                         back to the durable tier (--durable-dir): corruption

@@ -263,6 +263,7 @@ LaunchSummary Launcher::State::Finish(JobEnd end) {
   StopTrainers();
   WatchRecoveries();
   if (in_process.has_value()) FinishInProcess();  // the job ended before it resumed
+  ReportUnappliedCorruptions();
   StopAgents();
   summary.final_committed = Committed();
   if (plan.has_value() && summary.final_committed >= 0) {

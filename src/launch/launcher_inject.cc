@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <thread>
 
+#include "fmt/format.h"
 #include "launch/launcher_state.h"
 #include "shm/node_store.h"
 #include "shm/slot.h"
@@ -19,25 +21,36 @@ namespace memento::launch {
 
 namespace {
 
-// corrupt-rank: flips one byte in the middle of the data region of the T0
-// slot of `rank` under `root` that holds `step` complete. Returns which slot.
-Result<int> CorruptSlot(const std::string& root, int rank, int64_t step) {
-  std::unique_ptr<shm::Segment> segments[shm::kSlotsPerRank];
-  shm::RankSlots slots{};
+// corrupt-rank: flips one byte in the middle of the data region of each
+// complete T0 slot of `rank` under `root` that holds `step` or a newer step:
+// the launcher's newest commit (`step`) can lag the one the recovery restores
+// (after a store restart the agents republish theirs), and no slot of a
+// rank holds a step the recovery may restore without the flip. Says which
+// slots and steps.
+Result<std::string> CorruptSlot(const std::string& root, int rank, int64_t step) {
+  std::string flipped;
+  std::string seen;
   for (int s = 0; s < shm::kSlotsPerRank; ++s) {
     auto seg = shm::Segment::Open(shm::SlotPath(root, rank, s), /*writable=*/true);
-    if (!seg.ok()) continue;
-    segments[s] = std::move(*seg);
-    slots[s] = segments[s].get();
+    if (!seg.ok()) {
+      seen += fmt::format("{}slot {}: absent", seen.empty() ? "" : "; ", s);
+      continue;
+    }
+    auto info = shm::ReadSlot(**seg);
+    if (!info.ok() || info->state != shm::SlotState::kComplete || info->step < step ||
+        info->data_bytes == 0) {
+      seen += fmt::format("{}slot {}: {}", seen.empty() ? "" : "; ", s,
+                          info.ok() ? fmt::format("step {}", info->step) : info.status().message());
+      continue;
+    }
+    (*seg)->data()[info->data_offset + info->data_bytes / 2] ^= 0x5a;
+    flipped += fmt::format("{}slot {} (step {})", flipped.empty() ? "" : ", ", s, info->step);
   }
-  Result<shm::CompleteSlot> found = shm::FindCompleteSlot(slots, step);
-  if (!found.ok() || found->info.data_bytes == 0) {
-    return NotFoundError("rank " + std::to_string(rank) + " has no complete slot of step " +
-                         std::to_string(step) + " under " + root +
-                         (found.ok() ? "" : ": " + found.status().message()));
+  if (flipped.empty()) {
+    return NotFoundError(fmt::format(
+        "rank {} has no complete slot of step {} or newer under {}: {}", rank, step, root, seen));
   }
-  segments[found->slot]->data()[found->info.data_offset + found->info.data_bytes / 2] ^= 0x5a;
-  return found->slot;
+  return flipped;
 }
 
 // corrupt-durable: flips one byte in the middle of the first piece of the
@@ -78,8 +91,13 @@ void Launcher::State::FireInjections() {
     if (fired[k] || inj.recovery >= 0 || reached < inj.step) continue;
     // One loss at a time: after a store restart, the next injection waits
     // until commits resumed (so "a node loss after the store restart"
-    // really recovers from a commit made on the fresh store).
-    if (StoreDown() || store_restarted_at.has_value()) continue;
+    // really recovers from a commit made on the fresh store). A corruption
+    // is no loss: it fires at its step and joins the next failure (held
+    // back here, one given beside a kill-store and a kill at the same step
+    // missed the kill's recovery and waited for a later failure).
+    const bool corruption =
+        inj.kind == InjectKind::kCorruptRank || inj.kind == InjectKind::kCorruptDurable;
+    if (!corruption && (StoreDown() || store_restarted_at.has_value())) continue;
     fired[k] = true;
     injected_at = Now();
     // With the newest commit and how long commits have been quiet: how far
@@ -219,7 +237,7 @@ Status Launcher::State::KillLeaderMidRecovery(int recovery) {
     }
   }
   // What RecoverByAgents does before its request.
-  ApplyPendingCorruptions(committed);
+  ApplyPendingCorruptions(committed, {});
   ApplyPendingDurableCorruption();
   MEMENTO_ASSIGN_OR_RETURN(
       filed_request, RequestRecovery(*store, o.job, Deadline::AfterSeconds(5), agents_epoch_floor));
@@ -258,14 +276,36 @@ Status Launcher::State::KillLeaderMidRecovery(int recovery) {
   }
 }
 
-void Launcher::State::ApplyPendingCorruptions(int64_t committed) {
+void Launcher::State::ApplyPendingCorruptions(int64_t committed,
+                                              const std::vector<int>& lost_nodes) {
   for (int rank : pending_corruptions) {
-    auto slot = CorruptSlot(Root(NodeOf(rank)), rank, committed);
-    Say(slot.ok() ? "flipped a byte in slot " + std::to_string(*slot) + " of rank " +
-                        std::to_string(rank) + " (committed step " + std::to_string(committed) + ")"
-                  : "corrupt-rank: " + slot.status().ToString());
+    const int node = NodeOf(rank);
+    if (node_lost[static_cast<size_t>(node)] ||
+        std::find(lost_nodes.begin(), lost_nodes.end(), node) != lost_nodes.end()) {
+      Say("corrupt-rank:" + std::to_string(rank) + " did not fire: node " + std::to_string(node) +
+          " lost its memory in this failure (nothing of rank " + std::to_string(rank) +
+          " left to corrupt)");
+      continue;
+    }
+    auto slots = CorruptSlot(Root(node), rank, committed);
+    Say(slots.ok() ? "flipped a byte in " + *slots + " of rank " + std::to_string(rank) +
+                         " (committed step " + std::to_string(committed) + ")"
+                   : "corrupt-rank: " + slots.status().ToString());
   }
   pending_corruptions.clear();
+}
+
+void Launcher::State::ReportUnappliedCorruptions() {
+  for (int rank : pending_corruptions) {
+    Say("corrupt-rank:" + std::to_string(rank) +
+        " did not fire: no failure stopped the trainers after it was injected");
+  }
+  pending_corruptions.clear();
+  if (corrupt_durable_pending) {
+    Say("corrupt-durable did not fire: no recovery looked at the durable tier after it was "
+        "injected");
+  }
+  corrupt_durable_pending = false;
 }
 
 void Launcher::State::ApplyPendingDurableCorruption() {

@@ -369,7 +369,7 @@ std::optional<JobEnd> Launcher::State::RestartAgentsAndRecover(
     }
     if (failed.empty()) {
       rep->restart_s = SecondsBetween(detected, Now());
-      ApplyPendingCorruptions(rep->committed);
+      ApplyPendingCorruptions(rep->committed, rep->lost_nodes);
       if (!plan.has_value() || rep->committed < 0) return std::nullopt;
       if (o.recovery_by == "agents") {
         // The agents' leader runs it (the same path as under torchrun or

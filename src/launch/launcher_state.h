@@ -268,8 +268,13 @@ struct Launcher::State {
   // when no such injection is due or no agent is down (then
   // FireRecoveryInjections fires it).
   Status KillLeaderMidRecovery(int recovery);
-  // corrupt-rank: applied to `committed` once the trainers are stopped.
-  void ApplyPendingCorruptions(int64_t committed);
+  // corrupt-rank: applied to `committed` once the trainers are stopped;
+  // one whose node lost its memory (node_lost, or in `lost_nodes`: this
+  // failure's, already replaced by a fresh agent) says it did not fire.
+  void ApplyPendingCorruptions(int64_t committed, const std::vector<int>& lost_nodes);
+  // At the job's end: says which corruptions never applied (no failure, or
+  // no durable fallback, came after them).
+  void ReportUnappliedCorruptions();
   // corrupt-durable: applied when a recovery falls back to the durable tier.
   void ApplyPendingDurableCorruption();
 
