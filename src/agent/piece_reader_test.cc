@@ -247,7 +247,8 @@ TEST_F(PieceReaderTest, ServesFromTheNodeStoresMappingOfTheSlot) {
   ASSERT_NE(seg, nullptr);
   for (const uint8_t* p : serve(5, &got)) {
     EXPECT_GE(p, seg->data());
-    EXPECT_LE(p, seg->data() + seg->size()) << "a byte served from another mapping than the store's";
+    EXPECT_LE(p, seg->data() + seg->size())
+        << "a byte served from another mapping than the store's";
   }
   EXPECT_EQ(got, PieceBytes(plan_, inv_, piece, 5));
   // The store reallocates the slot larger: the reader maps what the store maps now.
