@@ -28,6 +28,13 @@ using recover::SourceKind;
 
 namespace {
 
+// "read of <kind> <id> (step S) from node N": how a failed remote read names
+// itself (both read paths).
+std::string ReadOf(const ReadRequest& req, int node) {
+  return fmt::format("read of {} {} (step {}) from node {}",
+                     recover::SourceKindName(req.source.kind), req.source.id, req.step, node);
+}
+
 Result<std::unique_ptr<net::RpcClient>> ConnectTo(const std::string& endpoint,
                                                   const net::JobToken& token, Deadline deadline) {
   MEMENTO_ASSIGN_OR_RETURN(net::HostPort hp, net::ParseHostPort(endpoint, net::PortUse::kConnect));
@@ -200,15 +207,11 @@ Status ClusterReader::ReadRemote(int node, const ReadRequest& req, void* dst, De
       // on a fresh one.
       if (broken && pooled && attempt == 0 && !deadline.expired()) continue;
       if (broken) {
-        return UnavailableError(fmt::format("read of {} {} (step {}) from node {}: {}",
-                                            recover::SourceKindName(req.source.kind), req.source.id,
-                                            req.step, node, n.status().ToString()));
+        return UnavailableError(ReadOf(req, node) + ": " + n.status().ToString());
       }
       if (n.status().code() == StatusCode::kDataLoss) {
         // Checked here on arrival (the sender's own checks name the chunk).
-        return n.status().WithContext(fmt::format("read of {} {} (step {}) from node {}",
-                                                  recover::SourceKindName(req.source.kind),
-                                                  req.source.id, req.step, node));
+        return n.status().WithContext(ReadOf(req, node));
       }
       return n.status();
     }
@@ -244,9 +247,7 @@ Status ClusterReader::ReadRemoteLegacy(int node, const ReadRequest& req, void* d
     if (!n.ok()) {
       if (broken && pooled && attempt == 0 && !deadline.expired()) continue;
       if (broken) {
-        return UnavailableError(fmt::format("read of {} {} (step {}) from node {}: {}",
-                                            recover::SourceKindName(req.source.kind), req.source.id,
-                                            req.step, node, n.status().ToString()));
+        return UnavailableError(ReadOf(req, node) + ": " + n.status().ToString());
       }
       return n.status();
     }
