@@ -96,6 +96,8 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause,
     } else if (!rec->decision.from_memory) {
       return EndWithNothingRestored(*rec, &rep);
     } else {
+      // The inventories may name a newer commit than the launcher saw.
+      rep.committed = std::max(rep.committed, rec->committed);
       rep.step = rec->decision.step;
       rep.steps_lost = std::max<int64_t>(0, rep.committed - rep.step);
       rep.inventory_plan_s = rec->inventory_plan_s;
@@ -509,6 +511,12 @@ std::optional<JobEnd> Launcher::State::TakeAgentsOutcome(const RecoveryStatus& s
   if (s.source == "none" || s.restore_step < 0) {
     rep->source = "scratch";
     return std::nullopt;
+  }
+  // The leader may have seen a newer commit than the launcher did (one
+  // republished into a restarted store while the launcher was detecting the
+  // failure): the report names the commit the decision was made against.
+  if (rec.is_object() && rec.contains("committed") && rec["committed"].is_number_integer()) {
+    rep->committed = std::max(rep->committed, rec["committed"].get<int64_t>());
   }
   rep->step = s.restore_step;
   rep->steps_lost = std::max<int64_t>(0, rep->committed - rep->step);
