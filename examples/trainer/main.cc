@@ -201,6 +201,18 @@ int Main(int argc, char** argv) {
                  "with s % N == 1 (`memento bench swift` uses 4: a logged step, the step after "
                  "it, which the log's background write may slow, and two clean steps); such a "
                  "log cannot replay another step");
+  std::string log_copy = "thread";
+  app.add_option("--log-copy", log_copy,
+                 "with --recovery log: who copies a logged message: thread (a worker thread, "
+                 "while this rank computes or waits for its next message; the trainer fences a "
+                 "buffer before it writes it) | inline (the send or receive itself, on the "
+                 "trainer's thread)")
+      ->capture_default_str();
+  bool log_worker_paused = false;
+  app.add_flag("--log-copy-worker-paused", log_worker_paused,
+               "tests, with --log-copy thread: the copy worker takes no job, so every copy is "
+               "made at the trainer's fences and the step's end (a worker that fell behind)")
+      ->group("");
   app.add_option("--log-group-size", o.log_group_size,
                  "with --recovery log: selective logging, stages in log groups of G consecutive "
                  "stages, only messages between groups logged; a lost stage's whole group rolls "
@@ -442,6 +454,14 @@ int Main(int argc, char** argv) {
   // step behind (docs/swift.md).
   o.undo_log = recovery == "undo" || recovery == "log";
   o.pipeline_log = recovery == "log";
+  {
+    auto mode = PipelineLogWriter::ParseMode(log_copy);
+    if (!mode.ok()) {
+      std::fprintf(stderr, "memento-trainer: --log-copy: %s\n", mode.status().ToString().c_str());
+      return 2;
+    }
+    o.log_copy = *mode;
+  }
   const std::string base_run_id = o.comm.run_id;
   if (generation > 0) o.comm.run_id = base_run_id + "-g" + std::to_string(generation);
   // A restarted rank (generation > 0, also the fallback of undo and log: a
@@ -458,6 +478,8 @@ int Main(int argc, char** argv) {
   }
   std::unique_ptr<Trainer> trainer = std::move(*created);
   const int rank = o.comm.rank;
+  if (log_worker_paused && trainer->pipeline_log_writer() != nullptr)
+    trainer->pipeline_log_writer()->PauseWorkerForTest();
   std::unique_ptr<KillInsideStep> fault_hooks;
   if ((fail_point == "update" || fail_point == "pipeline" || fail_in_collective ||
        fail_in_commit) &&
@@ -674,6 +696,8 @@ int Main(int argc, char** argv) {
   double sum_s = 0, sum_idle = 0, sum_comm = 0, sum_fence = 0, sum_snap = 0, last_loss = 0;
   double sum_cpu = 0;                       // this rank's process CPU-seconds over the timed steps
   double sum_log_s = 0, sum_log_bytes = 0;  // pipeline log (--recovery log)
+  double sum_log_cpu = 0;                   // the trainer thread's CPU-seconds in it
+  int64_t logged_steps = 0;                 // timed steps that logged a message
   std::vector<double> step_times;           // timed steps, for the median
   double window_s = 0, window_overhead_s = 0;  // since the last progress line
   int64_t window_steps = 0;
@@ -839,6 +863,8 @@ int Main(int argc, char** argv) {
       sum_snap += r->snapshot_seconds;
       sum_cpu += step_cpu_s;
       sum_log_s += r->log_seconds;
+      sum_log_cpu += r->log_cpu_seconds;
+      if (r->log_bytes > 0) ++logged_steps;
       sum_log_bytes += static_cast<double>(r->log_bytes);
       step_times.push_back(r->seconds);
     }
@@ -891,10 +917,14 @@ int Main(int argc, char** argv) {
     // Every rank: its own summary (snapshot statistics per HAS layer).
     const std::string hooks_json =
         trainer->hooks() != nullptr ? trainer->hooks()->SummaryJson() : std::string();
+    const PipelineLogWriter* writer = trainer->pipeline_log_writer();
     std::printf(
         "{\"rank_summary\": {\"rank\": %d, \"pp_rank\": %d, \"mean_step_s\": %.6f, "
         "\"mean_cpu_s\": %.6f, \"log_bytes_per_step\": %.1f, \"log_s_per_step\": %.6f, "
-        "\"log_spool_bytes\": %llu, \"log_spool_write_s\": %.6f, \"snapshot\": %s}}\n",
+        "\"log_spool_bytes\": %llu, \"log_spool_write_s\": %.6f, \"log_copy\": \"%s\", "
+        "\"log_cpu_s_per_step\": %.7f, \"log_cpu_s_per_logged_step\": %.7f, "
+        "\"log_worker_cpu_s\": %.6f, \"log_copies_by_trainer\": %llu, "
+        "\"log_copies_by_worker\": %llu, \"snapshot\": %s}}\n",
         rank, trainer->comm().pp_rank(), timed_steps > 0 ? sum_s / timed_steps : 0.0,
         timed_steps > 0 ? sum_cpu / timed_steps : 0.0,
         timed_steps > 0 ? sum_log_bytes / timed_steps : 0.0,
@@ -904,6 +934,11 @@ int Main(int argc, char** argv) {
             : 0ULL,
         trainer->pipeline_log_spool() != nullptr ? trainer->pipeline_log_spool()->write_seconds()
                                                  : 0.0,
+        PipelineLogWriter::ModeName(o.log_copy), timed_steps > 0 ? sum_log_cpu / timed_steps : 0.0,
+        logged_steps > 0 ? sum_log_cpu / logged_steps : 0.0,
+        writer != nullptr ? writer->worker_cpu_seconds() : 0.0,
+        static_cast<unsigned long long>(writer != nullptr ? writer->jobs_by_caller() : 0),
+        static_cast<unsigned long long>(writer != nullptr ? writer->jobs_by_worker() : 0),
         hooks_json.empty() ? "null" : hooks_json.c_str());
   }
   if (json && trainer->reports_loss() && timed_steps > 0) {
