@@ -110,5 +110,69 @@ TEST(ClusterRollback, RestoreTargetForgetsTheFailedAttemptsLaterSteps) {
   cluster->reset();
 }
 
+// Skip records name their commit epoch (coord::JobKeys::Skipped). A record
+// of the abandoned history that reaches the store again after the rollback
+// (an agent republishes its skips to a store restarted empty, which also
+// resets the revision that separated the histories) must not keep the new
+// history's step of that number from committing; a record of the new epoch
+// written before this node's SetRestoreTarget (another node got there
+// first) still counts.
+TEST(ClusterRollback, AnOlderEpochsSkipRecordNeverCounts) {
+  ASSERT_EQ(setenv("MEMENTO_JOB_TOKEN", kSecret, 1), 0);
+  auto token = net::JobToken::FromSecret(kSecret);
+  ASSERT_TRUE(token.ok());
+  auto server = coord::EmbeddedStoreServer::Start("127.0.0.1", 0, *token);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string url = "tcp://127.0.0.1:" + std::to_string((*server)->port());
+  auto store = coord::OpenStore(url, "", Soon());
+  ASSERT_TRUE(store.ok()) << store.status();
+
+  shm::testing::ShmScratchDir dir("memento-rollback-epoch");
+  const std::string root = dir.path() + "/node0";
+  auto node_store = shm::NodeStore::Open({root, kJob, 0, 0});
+  ASSERT_TRUE(node_store.ok()) << node_store.status();
+  JobMemberOptions options;
+  options.store_url = url;
+  auto cluster = JobMember::Start(options, kJob, 0, root, node_store->get());
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  JobMember& c = **cluster;
+  coord::JobKeys keys(kJob);
+
+  // Epoch 0: node1 skipped step 12, this node step 13.
+  ASSERT_TRUE((*store)->Set(keys.Skipped(12, "node1"), "rank 1 skipped", Soon()).ok());
+  c.OnSkipped(0, 13);
+  ASSERT_TRUE(WaitFor([&] { return c.Dead(12) && c.Dead(13); }));
+  // The recovery restores step 10 in epoch 1.
+  c.SetRestoreTarget(10, 1);
+  EXPECT_FALSE(c.Dead(12));
+  EXPECT_FALSE(c.Dead(13));
+  // Its own epoch-0 record of 13 is gone; node1's is node1's to delete.
+  EXPECT_FALSE((*store)->Get(keys.Skipped(13, "node0"), Soon()).ok());
+  // node1's epoch-0 record of 12 is put again after the rollback (a newer
+  // revision than the rollback's listing). Then, in epoch 1, node1 skips
+  // 14: once that event is in, the one before it was seen too.
+  ASSERT_TRUE((*store)->Set(keys.Skipped(12, "node1"), "", Soon()).ok());
+  ASSERT_TRUE((*store)->Set(keys.Skipped(14, "node1", 1), "rank 1 skipped", Soon()).ok());
+  ASSERT_TRUE(WaitFor([&] { return c.Dead(14); })) << "the epoch-1 skip never counted";
+  EXPECT_FALSE(c.Dead(12)) << "a skip of the abandoned history counted in the new one";
+  // This node's skips are published in its epoch.
+  c.OnSkipped(0, 15);
+  EXPECT_TRUE((*store)->Get(keys.Skipped(15, "node0", 1), Soon()).ok());
+  EXPECT_FALSE((*store)->Get(keys.Skipped(15, "node0"), Soon()).ok());
+
+  // node2 is already in epoch 2 and skipped 16 before this node is told
+  // that the job goes back to 11 in epoch 2: that skip belongs to the new
+  // history and still counts; epoch 1's skips (14, 15) do not.
+  ASSERT_TRUE((*store)->Set(keys.Skipped(16, "node2", 2), "rank 2 skipped", Soon()).ok());
+  ASSERT_TRUE(WaitFor([&] { return c.Dead(16); }));
+  c.SetRestoreTarget(11, 2);
+  EXPECT_TRUE(c.Dead(16));
+  EXPECT_FALSE(c.Dead(14));
+  EXPECT_FALSE(c.Dead(15));
+  EXPECT_FALSE((*store)->Get(keys.Skipped(15, "node0", 1), Soon()).ok());
+  EXPECT_TRUE((*store)->Get(keys.Skipped(16, "node2", 2), Soon()).ok());
+  cluster->reset();
+}
+
 }  // namespace
 }  // namespace memento::agent

@@ -157,7 +157,8 @@ class JobMember {
   void OnComplete(int rank, int slot, int64_t step) EXCLUDES(mu_);
   // Rank `rank` skipped its snapshot of `step` (its slot was held): this node
   // will never have `step`, so no node keeps protecting it. Published at
-  // /memento/<job>/skipped/<step>/<node> (deleted once a newer step commits).
+  // /memento/<job>/skipped/<step>/<node>[@<epoch>] (deleted once a newer
+  // step commits).
   void OnSkipped(int rank, int64_t step) EXCLUDES(mu_);
   // The trainer of `rank` disconnected (exited or died): UNHEALTHY.
   void OnTrainerGone(int rank) EXCLUDES(mu_);
@@ -283,7 +284,8 @@ class JobMember {
   // hold on it. The launcher reads `why` (a redundancy that could not be
   // written leaves the step unprotected).
   void PublishDead(int64_t step, const std::string& why = "") EXCLUDES(mu_);
-  std::string SkippedKey(int64_t step, const std::string& node) const;
+  // This node's skip record of `step` in its current epoch.
+  std::string SkippedKey(int64_t step) const;
 
   JobMemberOptions options_;
   std::string job_;
@@ -327,6 +329,9 @@ class JobMember {
   // failed attempt, however late its watch event arrives (0: none; reset
   // when the store is replaced, whose revisions start again).
   int64_t rollback_revision_ GUARDED_BY(mu_) = 0;
+  // The newest epoch SetRestoreTarget was given (0: none): skip records of
+  // it or a newer one belong to the new history, whatever their revision.
+  uint64_t rollback_epoch_ GUARDED_BY(mu_) = 0;
   bool unhealthy_ GUARDED_BY(mu_) = false;
   JobMemberStats stats_ GUARDED_BY(mu_);
   int64_t lag_counted_ GUARDED_BY(mu_) = -1;  // the newest step whose commit lag was counted
