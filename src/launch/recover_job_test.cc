@@ -193,29 +193,27 @@ class TestCluster {
   // `i` stores for `step`, after a verifying read cached it as good (as
   // FlipParities). Returns how many were flipped (0 or 1).
   int FlipAorCopy(int i, int64_t step, int owner) {
-    (void)node(i).red->Holding(step, /*verify=*/true);
-    auto seg = shm::Segment::Open(agent::RedundancyVersionPath(node(i).root, step), true);
-    MEMENTO_CHECK(seg.ok());
-    const auto* h = reinterpret_cast<const shm::RedundancyHeader*>((*seg)->data());
-    const auto* table =
-        reinterpret_cast<const shm::RedundancyEntry*>((*seg)->data() + h->table_offset);
-    int flipped = 0;
-    for (uint32_t e = 0; e < h->num_entries; ++e) {
-      if (table[e].kind != static_cast<uint32_t>(SourceKind::kCopy) || table[e].bytes == 0) {
-        continue;
-      }
-      const topo::Copy& cp = plan().copies[table[e].id];
-      if (cp.kind != topo::CopyKind::kAor || plan().pieces[cp.piece].rank != owner) continue;
-      (*seg)->data()[table[e].offset + table[e].bytes / 3] ^= 0x21;
-      ++flipped;
-    }
-    return flipped;
+    return FlipEntries(i, step, 3, 0x21, [&](const shm::RedundancyEntry& entry) {
+      if (entry.kind != static_cast<uint32_t>(SourceKind::kCopy)) return false;
+      const topo::Copy& cp = plan().copies[entry.id];
+      return cp.kind == topo::CopyKind::kAor && plan().pieces[cp.piece].rank == owner;
+    });
   }
 
   // Flips a byte in every parity entry of `step` that node `i` stores, after
   // a verifying read cached them as good (silent corruption at rest, after
   // the node's last check). Returns how many were flipped.
   int FlipParities(int i, int64_t step) {
+    return FlipEntries(i, step, 2, 0x40, [](const shm::RedundancyEntry& entry) {
+      return entry.kind == static_cast<uint32_t>(SourceKind::kParity);
+    });
+  }
+
+  // XORs `mask` into the byte at 1/`at_fraction` of every non-empty entry of
+  // node `i`'s redundancy version `step` that `chosen` picks, after a
+  // verifying read cached the entries as good. Returns how many it changed.
+  template <typename Pred>
+  int FlipEntries(int i, int64_t step, uint64_t at_fraction, uint8_t mask, Pred chosen) {
     (void)node(i).red->Holding(step, /*verify=*/true);
     auto seg = shm::Segment::Open(agent::RedundancyVersionPath(node(i).root, step), true);
     MEMENTO_CHECK(seg.ok());
@@ -224,10 +222,8 @@ class TestCluster {
         reinterpret_cast<const shm::RedundancyEntry*>((*seg)->data() + h->table_offset);
     int flipped = 0;
     for (uint32_t e = 0; e < h->num_entries; ++e) {
-      if (table[e].kind != static_cast<uint32_t>(SourceKind::kParity) || table[e].bytes == 0) {
-        continue;
-      }
-      (*seg)->data()[table[e].offset + table[e].bytes / 2] ^= 0x40;
+      if (table[e].bytes == 0 || !chosen(table[e])) continue;
+      (*seg)->data()[table[e].offset + table[e].bytes / at_fraction] ^= mask;
       ++flipped;
     }
     return flipped;
