@@ -72,7 +72,7 @@ TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
 # rest of the suite is not yet clean-checked: planned). TSAN_TESTS=all builds
 # everything and runs `ctest -LE chaos`.
 TSAN_TESTS ?= common_test coord_test net_test shm_test has_test snap_test aor_test \
-  client_has_test shm_client_agent_test agent_peer_service_test agent_aor_test \
+  client_has_test agent_peer_service_test agent_aor_test \
   agent_cluster_rollback_test
 # Sanitized builds compile at -O1 with line tables only (-g1): the sanitizers'
 # recommended level, about half the compile time of -O2 -g (measured on
