@@ -100,18 +100,27 @@ Result<std::unique_ptr<JobMember>> JobMember::Start(const JobMemberOptions& opti
                                              Deadline::AfterSeconds(options.store_timeout_s)));
 
   c->skip_watcher_ = std::make_unique<coord::Watcher>(
-      c->store_.get(), coord::JobKeys(job).SkippedPrefix(), 0, [self](const coord::WatchEvent& ev) {
+      c->store_.get(), coord::JobKeys(job).SkippedPrefix(), 0,
+      [self, keys = coord::JobKeys(job)](const coord::WatchEvent& ev) {
         if (ev.type != coord::WatchEvent::Type::kPut) return;
-        // .../skipped/<20-digit step>/<node>
-        std::string tail = ev.kv.key.substr(coord::JobKeys(self->job_).prefix().size() + 8);
-        auto step = coord::ParseStep(tail.substr(0, tail.find('/')));
-        if (!step.ok() || *step <= self->committed_.load()) return;
+        // .../skipped/<20-digit step>/<node>[@<epoch>]
+        auto k = coord::ParseSkippedKey(keys, ev.kv.key);
+        if (!k.ok() || k->step <= self->committed_.load()) return;
+        // A record of an abandoned history (an older commit epoch than the
+        // one this node reports in) never counts: the same step number is
+        // computed again in this one.
+        if (k->epoch < self->epoch_.load()) return;
         {
           MutexLock l(&self->mu_);
           // A record of the failed attempt whose event comes after the
-          // rollback (SetRestoreTarget) must not count again.
-          if (*step > self->rollback_ && ev.kv.mod_revision <= self->rollback_revision_) return;
-          self->dead_.insert(*step);
+          // rollback (SetRestoreTarget) must not count again; one of the
+          // rollback's epoch or a newer one is the new history's.
+          const bool new_history = self->rollback_epoch_ > 0 && k->epoch >= self->rollback_epoch_;
+          if (!new_history && k->step > self->rollback_ &&
+              ev.kv.mod_revision <= self->rollback_revision_) {
+            return;
+          }
+          self->dead_.insert(k->step);
         }
         self->cv_.SignalAll();
       });
@@ -183,12 +192,13 @@ JobMember::~JobMember() {
     MEMENTO_LOG_INFO(
         "save path totals: {} versions produced, {} bytes of copies pushed; aor: {} copies made "
         "from host replicas, {} pushes ({} bytes) not made, {} replica steps confirmed, {} "
-        "refused, {} steps abandoned missing an aor copy; {} captures queued, {} replica steps "
-        "computed in the aor thread, {} stage slots not used",
+        "refused, {} steps abandoned missing an aor copy, {} copies not made from a replica "
+        "changed in memory; {} captures queued, {} replica steps computed in the aor thread, {} "
+        "stage slots not used",
         stats_.produced, stats_.pushed_bytes, aor_stats_.entries_from_replica,
         aor_stats_.skipped_pushes, aor_stats_.skipped_push_bytes, aor_stats_.confirmed,
-        aor_stats_.refused, aor_stats_.missing, holder.submitted, holder.advanced,
-        holder.stage_refused);
+        aor_stats_.refused, aor_stats_.missing, aor_stats_.copy_refused, holder.submitted,
+        holder.advanced, holder.stage_refused);
   }
   follower_.reset();
   skip_watcher_.reset();

@@ -170,7 +170,8 @@ class JobMember {
   void OnComplete(int rank, int slot, int64_t step) EXCLUDES(mu_);
   // Rank `rank` skipped its snapshot of `step` (its slot was held): this node
   // will never have `step`, so no node keeps protecting it. Published at
-  // /memento/<job>/skipped/<step>/<node> (deleted once a newer step commits).
+  // /memento/<job>/skipped/<step>/<node>[@<epoch>] (deleted once a newer
+  // step commits).
   void OnSkipped(int rank, int64_t step) EXCLUDES(mu_);
   // The trainer of `rank` disconnected (exited or died): UNHEALTHY.
   void OnTrainerGone(int rank) EXCLUDES(mu_);
@@ -232,6 +233,10 @@ class JobMember {
     // Steps abandoned because a kAor copy this node holds was neither
     // pushed nor made from the replica by the hold timeout.
     int64_t missing = 0;
+    // Entries not made from a replica because its bytes no longer hashed to
+    // its step's state hash when copied (changed in memory since the step;
+    // opt::AorReplica::CopyStateTo): the replica is refused and seeded again.
+    int64_t copy_refused = 0;
   };
   AorStats aor_stats() EXCLUDES(aor_mu_);
 
@@ -296,7 +301,8 @@ class JobMember {
   // hold on it. The launcher reads `why` (a redundancy that could not be
   // written leaves the step unprotected).
   void PublishDead(int64_t step, const std::string& why = "") EXCLUDES(mu_);
-  std::string SkippedKey(int64_t step, const std::string& node) const;
+  // This node's skip record of `step` in its current epoch.
+  std::string SkippedKey(int64_t step) const;
 
   JobMemberOptions options_;
   std::string job_;
@@ -340,6 +346,9 @@ class JobMember {
   // failed attempt, however late its watch event arrives (0: none; reset
   // when the store is replaced, whose revisions start again).
   int64_t rollback_revision_ GUARDED_BY(mu_) = 0;
+  // The newest epoch SetRestoreTarget was given (0: none): skip records of
+  // it or a newer one belong to the new history, whatever their revision.
+  uint64_t rollback_epoch_ GUARDED_BY(mu_) = 0;
   bool unhealthy_ GUARDED_BY(mu_) = false;
   JobMemberStats stats_ GUARDED_BY(mu_);
   double first_report_process_cpu_s_ GUARDED_BY(mu_) = 0;  // ProcessCpuSeconds() then
@@ -372,6 +381,12 @@ class JobMember {
   // owners' nodes push every kAor copy it holds until a replica is
   // confirmed again.
   void ForgetAorHeld() EXCLUDES(aor_mu_);
+  // The replicas whose bytes changed in memory after a step of `step` or
+  // before (their entry not made, aor_copy_bad_): refused (seeded again,
+  // the owner's node pushes again); DataLoss when `step` then lacks the
+  // copy. Whether there is one, for the wait for the step's entries.
+  [[nodiscard]] Status RefuseChangedAorReplicas(int64_t step) EXCLUDES(aor_mu_);
+  bool AorReplicaChanged(int64_t step) EXCLUDES(aor_mu_);
   // The copies this node holds of `step` (pushed or made from a replica)
   // that are not finished, named for the abandon message; counts a step
   // missing a kAor copy in AorStats::missing.
@@ -386,6 +401,10 @@ class JobMember {
   // into an entry or not: the first step the owner's node may skip is past it.
   std::map<uint32_t, int64_t> aor_advanced_ GUARDED_BY(aor_mu_);
   std::map<uint32_t, std::set<int64_t>> aor_entries_ GUARDED_BY(aor_mu_);  // made from the replica
+  // copy -> the first step whose entry the replica's bytes failed to make
+  // (CopyStateTo) and why: no entry is made from that replica until
+  // CheckAorCopies refuses it.
+  std::map<uint32_t, std::pair<int64_t, std::string>> aor_copy_bad_ GUARDED_BY(aor_mu_);
   AorStats aor_stats_ GUARDED_BY(aor_mu_);
   std::thread thread_;
 };

@@ -13,8 +13,10 @@
 
 namespace memento::agent {
 
-std::string JobMember::SkippedKey(int64_t step, const std::string& node) const {
-  return coord::JobKeys(job_).Skipped(step, node);
+std::string JobMember::SkippedKey(int64_t step) const {
+  // In the epoch this node reports in (its completed/ reports carry the
+  // same): a skip of step s says nothing about step s of a later epoch.
+  return coord::JobKeys(job_).Skipped(step, node_name_, epoch_.load());
 }
 
 void JobMember::OnSkipped(int rank, int64_t step) {
@@ -28,7 +30,7 @@ void JobMember::PublishDead(int64_t step, const std::string& why) {
     if (!dead_.insert(step).second) return;  // told already
   }
   cv_.SignalAll();
-  auto r = store_->Set(SkippedKey(step, node_name_), why, Deadline::AfterSeconds(2));
+  auto r = store_->Set(SkippedKey(step), why, Deadline::AfterSeconds(2));
   if (!r.ok())
     MEMENTO_LOG_WARN("could not publish the skip of step {}: {}", step, r.status().ToString());
 }
@@ -53,19 +55,34 @@ void JobMember::SetRestoreTarget(int64_t step, uint64_t epoch) {
   // between the restored one and the next failure had a stale skip).
   // The listing comes first: its revision separates the failed attempt's
   // skip records (erased below, and ignored by the skip watcher however late
-  // their events arrive) from the new attempt's.
+  // their events arrive) from the new attempt's. With an epoch, the records
+  // name theirs (coord::JobKeys::Skipped): those of an older epoch never
+  // count again (even after a store restart, whose revisions start afresh),
+  // and those of `epoch` or newer (another node already in the new history
+  // skipped a step; its event may have come before this call) are kept.
   coord::JobKeys keys(job_);
   auto listing = store_->List(keys.SkippedPrefix(), Deadline::AfterSeconds(kStoreCallS));
+  std::vector<coord::SkippedKey> records;
+  if (listing.ok()) {
+    for (const auto& kv : listing->kvs) {
+      auto k = coord::ParseSkippedKey(keys, kv.key);
+      if (k.ok()) records.push_back(std::move(*k));
+    }
+  }
   size_t forgotten = 0;
   {
     MutexLock l(&mu_);
     restore_target_ = step;
     rollback_ = step;
+    rollback_epoch_ = std::max(rollback_epoch_, epoch);
     rollback_pending_ = true;
     if (listing.ok()) rollback_revision_ = std::max(rollback_revision_, listing->revision);
     forgotten = static_cast<size_t>(std::distance(dead_.upper_bound(step), dead_.end()));
     dead_.erase(dead_.upper_bound(step), dead_.end());
     completes_.erase(completes_.upper_bound(step), completes_.end());
+    for (const coord::SkippedKey& k : records) {
+      if (epoch > 0 && k.epoch >= epoch && k.step > step) dead_.insert(k.step);
+    }
   }
   // A hold of a later step would make the trainers skip every snapshot that
   // targets its slot until the hold times out.
@@ -81,16 +98,14 @@ void JobMember::SetRestoreTarget(int64_t step, uint64_t epoch) {
   // The replicas this node keeps are seeded again after the restore: the
   // owners' nodes push their copies until then.
   if (ready_.load()) ForgetAorHeld();
-  // This node's skip records of later steps (the other nodes delete theirs).
+  // This node's skip records of later steps in the abandoned history (the
+  // other nodes delete theirs).
   if (listing.ok()) {
-    for (const auto& kv : listing->kvs) {
-      std::string tail = kv.key.substr(keys.SkippedPrefix().size());
-      size_t slash = tail.find('/');
-      if (slash == std::string::npos || tail.substr(slash + 1) != node_name_) continue;
-      auto s = coord::ParseStep(tail.substr(0, slash));
-      if (s.ok() && *s > step) {
-        store_->Delete(kv.key, Deadline::AfterSeconds(kStoreCallS)).status().IgnoreError();
-      }
+    for (const coord::SkippedKey& k : records) {
+      if (k.node != node_name_ || k.step <= step || (epoch > 0 && k.epoch >= epoch)) continue;
+      store_->Delete(keys.Skipped(k.step, k.node, k.epoch), Deadline::AfterSeconds(kStoreCallS))
+          .status()
+          .IgnoreError();
     }
   } else {
     MEMENTO_LOG_WARN("restore target {}: cannot list the skip records: {}", step,
@@ -153,7 +168,7 @@ Status JobMember::OnReregister() {
   }
   for (int64_t step : dead) {
     if (step <= committed_.load()) continue;
-    MEMENTO_RETURN_IF_ERROR(store_->Set(SkippedKey(step, node_name_), "", deadline).status());
+    MEMENTO_RETURN_IF_ERROR(store_->Set(SkippedKey(step), "", deadline).status());
   }
   // 4. A step this node reported and still holds, uncommitted: its report may
   //    have died with the store. Reporting it again is idempotent.
@@ -205,16 +220,14 @@ void JobMember::OnCommit(const coord::CommitId& id) {
     completes_.erase(completes_.begin(), completes_.upper_bound(step));
     dead_.erase(dead_.begin(), dead_.upper_bound(step));
   }
-  // This node's skip records of steps that can no longer matter.
+  // This node's skip records of steps that can no longer matter: this
+  // history's steps up to `step`, and every step of an older epoch.
   coord::JobKeys keys(job_);
   auto listing = store_->List(keys.SkippedPrefix(), Deadline::AfterSeconds(kStoreCallS));
   if (listing.ok()) {
     for (const auto& kv : listing->kvs) {
-      std::string tail = kv.key.substr(keys.prefix().size() + 8);
-      size_t slash = tail.find('/');
-      auto s = coord::ParseStep(tail.substr(0, slash));
-      if (s.ok() && *s <= step && slash != std::string::npos &&
-          tail.substr(slash + 1) == node_name_) {
+      auto k = coord::ParseSkippedKey(keys, kv.key);
+      if (k.ok() && k->node == node_name_ && (k->step <= step || k->epoch < id.epoch)) {
         store_->Delete(kv.key, Deadline::AfterSeconds(kStoreCallS)).status().IgnoreError();
       }
     }

@@ -509,7 +509,7 @@ void CommitCoordinator::Commit(int64_t step, uint64_t epoch, std::vector<int64_t
   }
   // Reports of committed steps are no longer needed: the cleaner deletes them.
   CleanThrough(CommitId{epoch, step});
-  if (on_commit_) on_commit_(step, superseded);
+  if (on_commit_) on_commit_(CommitId{epoch, step}, superseded);
 }
 
 void CommitCoordinator::CleanThrough(const CommitId& id) {

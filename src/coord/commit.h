@@ -183,9 +183,10 @@ class CommitLog {
 // `memento bench store`).
 class CommitCoordinator {
  public:
-  // Called on the watcher thread after each published commit, with the steps
-  // this commit passed over (CommitTracker::TakeSuperseded).
-  using OnCommit = std::function<void(int64_t step, const std::vector<int64_t>& superseded)>;
+  // Called on the watcher thread after each published commit (its step and
+  // epoch), with the steps of that epoch this commit passed over
+  // (CommitTracker::TakeSuperseded).
+  using OnCommit = std::function<void(const CommitId& id, const std::vector<int64_t>& superseded)>;
   [[nodiscard]] static Result<std::unique_ptr<CommitCoordinator>> Start(
       Store* store, std::string job, std::set<std::string> members, Deadline deadline,
       OnCommit on_commit = nullptr);

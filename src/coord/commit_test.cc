@@ -179,7 +179,7 @@ TEST(CommitStoreTest, CoordinatorAndFollowers) {
   std::atomic<int64_t> coordinator_saw{-1};
   auto coord = CommitCoordinator::Start(
       &store, "job", {"n0", "n1", "n2"}, Soon(),
-      [&](int64_t s, const std::vector<int64_t>&) { coordinator_saw.store(s); });
+      [&](const CommitId& id, const std::vector<int64_t>&) { coordinator_saw.store(id.step); });
   ASSERT_TRUE(coord.ok()) << coord.status();
   auto log = CommitLog::Open(dir.path() + "/log").value();
   std::vector<int64_t> seen;

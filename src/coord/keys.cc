@@ -56,4 +56,43 @@ Result<int64_t> ParseStep(const std::string& s) {
   return v;
 }
 
+Result<SkippedKey> ParseSkippedKey(const JobKeys& keys, const std::string& key) {
+  auto bad = [&](const char* why) {
+    return InvalidArgumentError(
+        fmt::format("skip record key '{}' is not {}<20-digit step>/<node>[@<epoch>] ({})",
+                    key.substr(0, 200), keys.SkippedPrefix(), why));
+  };
+  const std::string prefix = keys.SkippedPrefix();
+  if (key.compare(0, prefix.size(), prefix) != 0) return bad("another prefix");
+  const std::string rest = key.substr(prefix.size());
+  const size_t slash = rest.find('/');
+  if (slash == std::string::npos) return bad("no node");
+  SkippedKey k;
+  auto step = ParseStep(rest.substr(0, slash));
+  if (!step.ok()) return bad("the step is not 20 digits");
+  k.step = *step;
+  std::string node = rest.substr(slash + 1);
+  const size_t at = node.find('@');
+  if (at != std::string::npos) {
+    const std::string digits = node.substr(at + 1);
+    if (digits.empty() || (digits.size() > 1 && digits[0] == '0')) {
+      return bad("the epoch is not a canonical decimal number");
+    }
+    uint64_t e = 0;
+    for (char c : digits) {
+      if (c < '0' || c > '9') return bad("the epoch is not a decimal number");
+      const uint64_t d = static_cast<uint64_t>(c - '0');
+      if (e > (UINT64_MAX - d) / 10) return bad("the epoch overflows");
+      e = e * 10 + d;
+    }
+    // Epoch 0 is written without a suffix: "@0" is no key of ours.
+    if (e == 0) return bad("epoch 0 has no suffix");
+    k.epoch = e;
+    node.resize(at);
+  }
+  if (!ValidateName("node", node).ok()) return bad("the node name is not [A-Za-z0-9._-]{1,64}");
+  k.node = std::move(node);
+  return k;
+}
+
 }  // namespace memento::coord

@@ -10,7 +10,8 @@
 //   /memento/<job>/inventory/<rank>             a rank's registered tensors (its agent)
 //   /memento/<job>/restore                      the step the cluster restores (launcher)
 //   /memento/<job>/recovery/<n>                 recovery n: decision and time breakdown
-//   /memento/<job>/skipped/<step>/<node>        the node will never report the step (agents)
+//   /memento/<job>/skipped/<step>/<node>[@<e>]  the node will never report the step of commit
+//                                               epoch e (agents; no suffix: epoch 0)
 //   /memento/<job>/epoch                        durable-tier history counter (launcher; decimal)
 //
 // Steps are zero-padded to 20 digits so that lexical order is numeric order.
@@ -39,6 +40,18 @@ std::string StepKey(int64_t step);
 // Parses a 20-digit step; InvalidArgument otherwise.
 [[nodiscard]] Result<int64_t> ParseStep(const std::string& s);
 
+// A skip record's key (JobKeys::Skipped), parsed.
+struct SkippedKey {
+  int64_t step = -1;
+  std::string node;
+  uint64_t epoch = 0;
+};
+
+class JobKeys;
+// Parses `key` as JobKeys(job).Skipped(step, node, epoch); InvalidArgument
+// (naming the key and what is wrong) for anything else.
+[[nodiscard]] Result<SkippedKey> ParseSkippedKey(const JobKeys& keys, const std::string& key);
+
 class JobKeys {
  public:
   explicit JobKeys(const std::string& job) : prefix_("/memento/" + job + "/") {}
@@ -62,8 +75,14 @@ class JobKeys {
   std::string RecoveryPrefix() const { return prefix_ + "recovery/"; }
   std::string Recovery(int64_t n) const { return RecoveryPrefix() + StepKey(n); }
   std::string SkippedPrefix() const { return prefix_ + "skipped/"; }
-  std::string Skipped(int64_t step, const std::string& node) const {
-    return SkippedPrefix() + StepKey(step) + "/" + node;
+  // A skip record names its commit epoch (CommitId::epoch): after a recovery
+  // that rolled back to S, the steps after S are computed again in a new
+  // epoch, and a skip of the abandoned history's step s says nothing about
+  // the new history's step s. Epoch 0 has no suffix (what older builds
+  // wrote, and a job that never recovered).
+  std::string Skipped(int64_t step, const std::string& node, uint64_t epoch = 0) const {
+    return SkippedPrefix() + StepKey(step) + "/" + node +
+           (epoch > 0 ? "@" + std::to_string(epoch) : std::string());
   }
   // The durable tier's epoch (tier::VersionView::epoch): bumped by the
   // launcher at every recovery; agents write their durable parts with it.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 
 #include "coord/keys.h"
@@ -13,11 +14,14 @@ using nlohmann::json;
 
 json CommitHistorySummary::ToJson() const {
   json skips = json::array();
-  for (const auto& [step, node] : skipped) {
-    json j = {{"step", step}, {"node", node}};
-    auto r = skip_reasons.find({step, node});
-    if (r != skip_reasons.end()) j["reason"] = r->second;
+  for (const Skip& k : skipped) {
+    json j = {{"step", k.id.step}, {"epoch", k.id.epoch}, {"node", k.node}};
+    if (!k.reason.empty()) j["reason"] = k.reason;
     skips.push_back(std::move(j));
+  }
+  json passed_over = json::array();
+  for (const coord::CommitId& id : uncommitted) {
+    passed_over.push_back({{"step", id.step}, {"epoch", id.epoch}});
   }
   json by_attempt_j = json::array();
   for (const auto& [attempt, steps] : by_attempt) {
@@ -29,7 +33,7 @@ json CommitHistorySummary::ToJson() const {
           {"gap_max_s", gap_max_s},
           {"gap_max_steps", gap_max_steps},
           {"gap_at_step", gap_at_step},
-          {"uncommitted", uncommitted},
+          {"uncommitted", passed_over},
           {"by_attempt", by_attempt_j},
           {"skipped", skips},
           {"unprotected_steps", unprotected_steps},
@@ -43,31 +47,34 @@ std::string CommitHistorySummary::ToString() const {
                               count, first, last, gap_max_s, gap_max_steps);
   if (gap_at_step >= 0) s += fmt::format(" before step {}", gap_at_step);
   if (!skipped.empty()) {
-    // "skipped 2 step(s): 8 (node1), 12 (node1 node2 node3)"
-    std::map<int64_t, std::string> by_step;
-    for (const auto& [step, node] : skipped) {
-      std::string& nodes = by_step[step];
-      nodes += (nodes.empty() ? "" : " ") + node;
+    // "skipped 3 step(s): 8 (node1), 12 (node1 node2 node3), 12@1 (node2)":
+    // a step of a commit epoch after the first as <step>@<epoch>, the form
+    // of commit/latest (the same step number after a rollback is another
+    // step).
+    std::map<coord::CommitId, std::string> by_step;
+    for (const Skip& k : skipped) {
+      std::string& nodes = by_step[k.id];
+      nodes += (nodes.empty() ? "" : " ") + k.node;
     }
     s += fmt::format("; skipped {} step(s):", by_step.size());
     size_t shown = 0;
-    for (const auto& [step, nodes] : by_step) {
+    for (const auto& [id, nodes] : by_step) {
       if (shown++ == 8) {
         s += " ...";
         break;
       }
-      s += fmt::format("{} {} ({})", shown == 1 ? "" : ",", step, nodes);
+      s += fmt::format("{} {} ({})", shown == 1 ? "" : ",", coord::FormatCommitId(id), nodes);
     }
   }
   if (!uncommitted.empty()) {
     s += fmt::format("; NEVER COMMITTED (reported, not skipped): {}", uncommitted.size());
     size_t shown = 0;
-    for (int64_t step : uncommitted) {
+    for (const coord::CommitId& id : uncommitted) {
       if (shown++ == 8) {
         s += " ...";
         break;
       }
-      s += fmt::format(" {}", step);
+      s += fmt::format(" {}", coord::FormatCommitId(id));
     }
   }
   return s;
@@ -84,12 +91,15 @@ void CommitHistory::SetAttempt(int attempt) {
   attempt_began_ = Now();
 }
 
-void CommitHistory::OnCommit(int64_t step, const std::vector<int64_t>& superseded) {
+void CommitHistory::OnCommit(int64_t step, const std::vector<int64_t>& superseded, uint64_t epoch) {
   MutexLock l(&mu_);
   commits_.push_back(Commit{step, attempt_, Now()});
-  superseded_.insert(superseded.begin(), superseded.end());
-  // Passed over in an abandoned history, committed in a later one.
-  superseded_.erase(step);
+  for (int64_t s : superseded) superseded_.insert(coord::CommitId{epoch, s});
+  // Passed over in an abandoned history (an older epoch), committed in this
+  // one: not listed (docs/launch.md, "Commit history").
+  for (auto it = superseded_.begin(); it != superseded_.end();) {
+    it = it->step == step && it->epoch <= epoch ? superseded_.erase(it) : std::next(it);
+  }
 }
 
 double CommitHistory::QuietSeconds() {
@@ -105,16 +115,21 @@ bool CommitHistory::IsUnprotectedReason(const std::string& reason) {
   return reason.find("ResourceExhausted") != std::string::npos;
 }
 
-void CommitHistory::OnSkip(int64_t step, const std::string& node, const std::string& reason) {
+void CommitHistory::OnSkip(int64_t step, const std::string& node, const std::string& reason,
+                           uint64_t epoch) {
   MutexLock l(&mu_);
-  skipped_.insert({step, node});
+  const coord::CommitId id{epoch, step};
+  std::string& kept = skipped_[{id, node}];
+  // A record put again (an agent republishes its skips to a restarted
+  // store, without the reason) keeps the reason first seen.
   if (reason.empty()) return;
-  skip_reasons_[{step, node}] = reason;
+  kept = reason;
   if (IsUnprotectedReason(reason)) {
     if (unprotected_.empty()) {
-      unprotected_reason_ = fmt::format("step {} on {}: {}", step, node, reason);
+      unprotected_reason_ =
+          fmt::format("step {} on {}: {}", coord::FormatCommitId(id), node, reason);
     }
-    unprotected_.insert(step);
+    unprotected_.insert(id);
   }
 }
 
@@ -128,14 +143,11 @@ void CommitHistory::WatchSkips(coord::Store* store, const std::string& job) {
   if (store == nullptr) return;
   const std::string prefix = coord::JobKeys(job).SkippedPrefix();
   skip_watcher_ = std::make_unique<coord::Watcher>(
-      store, prefix, 0, [this, prefix](const coord::WatchEvent& ev) {
+      store, prefix, 0, [this, keys = coord::JobKeys(job)](const coord::WatchEvent& ev) {
         if (ev.type != coord::WatchEvent::Type::kPut) return;
-        // .../skipped/<step>/<node>
-        const std::string rest = ev.kv.key.substr(prefix.size());
-        const size_t slash = rest.find('/');
-        if (slash == std::string::npos) return;
-        auto step = coord::ParseStep(rest.substr(0, slash));
-        if (step.ok()) OnSkip(*step, rest.substr(slash + 1), ev.kv.value);
+        // .../skipped/<step>/<node>[@<epoch>]
+        auto k = coord::ParseSkippedKey(keys, ev.kv.key);
+        if (k.ok()) OnSkip(k->step, k->node, ev.kv.value, k->epoch);
       });
 }
 
@@ -153,7 +165,7 @@ void CommitHistory::WatchCommits(coord::Store* store, const std::string& job) {
         if (last_seen_.has_value() && !(*last_seen_ < *id)) return;
         const bool epoch_start = last_seen_.has_value() && id->epoch != last_seen_->epoch;
         last_seen_ = *id;
-        if (!epoch_start) OnCommit(id->step, {});
+        if (!epoch_start) OnCommit(id->step, {}, id->epoch);
       });
 }
 
@@ -177,13 +189,15 @@ CommitHistorySummary CommitHistory::Summary() {
     }
     s.gap_max_steps = std::max(s.gap_max_steps, b.step - a.step);
   }
-  std::set<int64_t> skipped_steps;
-  for (const auto& [step, node] : skipped_) skipped_steps.insert(step);
-  for (int64_t step : superseded_) {
-    if (skipped_steps.count(step) == 0) s.uncommitted.push_back(step);
+  // A skip explains a pass-over of the same step in the same epoch only.
+  std::set<coord::CommitId> skipped_ids;
+  for (const auto& [key, reason] : skipped_) {
+    skipped_ids.insert(key.first);
+    s.skipped.push_back(CommitHistorySummary::Skip{key.first, key.second, reason});
   }
-  s.skipped.assign(skipped_.begin(), skipped_.end());
-  s.skip_reasons = skip_reasons_;
+  for (const coord::CommitId& id : superseded_) {
+    if (skipped_ids.count(id) == 0) s.uncommitted.push_back(id);
+  }
   s.unprotected_steps = static_cast<int64_t>(unprotected_.size());
   s.unprotected_reason = unprotected_reason_;
   return s;

@@ -2,10 +2,13 @@
 // history"): every commit with its wall time and attempt, the steps a commit
 // passed over (some node reported them, they never committed), and the skip
 // records agents published (a step a node will never report, e.g. a snapshot
-// skipped under the durable hold). The summary names the largest gap between
-// consecutive commits of one attempt, in seconds and in steps, and the
-// passed-over steps that no skip record explains: a failure-free job has
-// none (tests/cluster/cluster_test.cc, NoFailure).
+// skipped under the durable hold), each in its commit epoch: after a
+// recovery that rolled back, the steps after the restored one are computed
+// again in a new epoch, and a skip (or a pass-over) of the abandoned
+// history's step s says nothing about the new history's step s. The summary names the largest gap
+// between consecutive commits of one attempt, in seconds and in steps, and the passed-over steps
+// that no skip record explains: a failure-free job has none (tests/cluster/cluster_test.cc,
+// NoFailure).
 //
 // Thread safety: all methods are thread-safe (commits arrive on the commit
 // coordinator's watcher thread, skips on the skip watcher's).
@@ -37,13 +40,18 @@ struct CommitHistorySummary {
   double gap_max_s = 0;
   int64_t gap_max_steps = 0;
   int64_t gap_at_step = -1;
-  std::vector<int64_t> uncommitted;  // passed over, no skip record
+  // Passed over, no skip record of the same step in the same epoch.
+  std::vector<coord::CommitId> uncommitted;
   // The steps committed in each attempt, in order (after a durable fallback
   // to S < C the next attempt commits steps S+1 .. C again: a new commit
   // epoch, docs/coordination.md "Epochs").
   std::map<int, std::vector<int64_t>> by_attempt;
-  std::vector<std::pair<int64_t, std::string>> skipped;                 // (step, node)
-  std::map<std::pair<int64_t, std::string>, std::string> skip_reasons;  // non-empty ones
+  struct Skip {
+    coord::CommitId id;  // the step and its commit epoch
+    std::string node;
+    std::string reason;  // the record's value ("" from older agents)
+  };
+  std::vector<Skip> skipped;  // in (epoch, step, node) order
   // Steps some node abandoned because it could not write their redundancy
   // (a ResourceExhausted reason: shared memory full, the node budget): they
   // ran unprotected. The first such reason, with its step and node.
@@ -66,11 +74,15 @@ class CommitHistory {
 
   // The attempt that later commits belong to (the launcher's restart count).
   void SetAttempt(int attempt) EXCLUDES(mu_);
-  // A commit of `step` that passed over `superseded` (CommitCoordinator::OnCommit).
-  void OnCommit(int64_t step, const std::vector<int64_t>& superseded) EXCLUDES(mu_);
-  // `reason`: the skip record's value (why the node abandoned the step; ""
-  // from older agents).
-  void OnSkip(int64_t step, const std::string& node, const std::string& reason = "") EXCLUDES(mu_);
+  // A commit of `step` in commit epoch `epoch` that passed over `superseded`
+  // (steps of the same epoch; CommitCoordinator::OnCommit).
+  void OnCommit(int64_t step, const std::vector<int64_t>& superseded, uint64_t epoch = 0)
+      EXCLUDES(mu_);
+  // The skip record of `step` in commit epoch `epoch` by `node`. `reason`:
+  // the record's value (why the node abandoned the step; "" from older
+  // agents).
+  void OnSkip(int64_t step, const std::string& node, const std::string& reason = "",
+              uint64_t epoch = 0) EXCLUDES(mu_);
   // The number of unprotected steps so far and the first one's reason
   // (CommitHistorySummary::unprotected_steps / unprotected_reason).
   std::pair<int64_t, std::string> Unprotected() EXCLUDES(mu_);
@@ -106,10 +118,10 @@ class CommitHistory {
   int attempt_ GUARDED_BY(mu_) = 0;
   TimePoint attempt_began_ GUARDED_BY(mu_) = Now();
   std::vector<Commit> commits_ GUARDED_BY(mu_);
-  std::set<int64_t> superseded_ GUARDED_BY(mu_);
-  std::set<std::pair<int64_t, std::string>> skipped_ GUARDED_BY(mu_);
-  std::map<std::pair<int64_t, std::string>, std::string> skip_reasons_ GUARDED_BY(mu_);
-  std::set<int64_t> unprotected_ GUARDED_BY(mu_);
+  std::set<coord::CommitId> superseded_ GUARDED_BY(mu_);
+  // (epoch, step), node -> the record's value.
+  std::map<std::pair<coord::CommitId, std::string>, std::string> skipped_ GUARDED_BY(mu_);
+  std::set<coord::CommitId> unprotected_ GUARDED_BY(mu_);
   std::string unprotected_reason_ GUARDED_BY(mu_);
   // Not guarded: replaced only by WatchSkips (the launcher's thread); its
   // callback takes mu_.

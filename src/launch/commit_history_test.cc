@@ -63,5 +63,80 @@ TEST(CommitHistoryWatchCommits, RecordsTheTrainersCommitsNotAnEpochsFirst) {
   EXPECT_EQ(h.Summary().coordinator, "launcher");  // the launcher sets it at the end
 }
 
+// Skip records are keyed by (epoch, step): after a recovery that rolled back
+// to step 10 in epoch 1, the new history's step 12 is another step than the
+// abandoned history's step 12. A skip of the old one explains nothing about
+// the new one, and the summary names both apart.
+TEST(CommitHistorySkips, ASkipExplainsAPassOverOfItsOwnEpochOnly) {
+  CommitHistory h;
+  // Epoch 0: node1 skipped step 12; the commit of 13 passed it over.
+  h.OnSkip(12, "node1", "rank 1 skipped its snapshot", 0);
+  h.OnCommit(13, {12}, 0);
+  CommitHistorySummary s = h.Summary();
+  EXPECT_TRUE(s.uncommitted.empty()) << s.ToString();
+  // A recovery restores step 10 in epoch 1; the new history's commit of 13
+  // passes over its own step 12, which no node of epoch 1 skipped.
+  h.SetAttempt(1);
+  h.OnCommit(11, {}, 1);
+  h.OnCommit(13, {12}, 1);
+  s = h.Summary();
+  ASSERT_EQ(s.uncommitted.size(), 1u) << s.ToString();
+  EXPECT_EQ(s.uncommitted[0], (coord::CommitId{1, 12}));
+  EXPECT_NE(s.ToString().find("NEVER COMMITTED (reported, not skipped): 1 12@1"), std::string::npos)
+      << s.ToString();
+  EXPECT_NE(s.ToString().find("skipped 1 step(s): 12 (node1)"), std::string::npos) << s.ToString();
+  // A skip of epoch 1's step 12 explains it; the summary lists both steps.
+  h.OnSkip(12, "node2", "rank 2 skipped its snapshot", 1);
+  s = h.Summary();
+  EXPECT_TRUE(s.uncommitted.empty()) << s.ToString();
+  ASSERT_EQ(s.skipped.size(), 2u);
+  EXPECT_EQ(s.skipped[0].id, (coord::CommitId{0, 12}));
+  EXPECT_EQ(s.skipped[0].node, "node1");
+  EXPECT_EQ(s.skipped[1].id, (coord::CommitId{1, 12}));
+  EXPECT_EQ(s.skipped[1].node, "node2");
+  EXPECT_EQ(s.skipped[1].reason, "rank 2 skipped its snapshot");
+  EXPECT_NE(s.ToString().find("skipped 2 step(s): 12 (node1), 12@1 (node2)"), std::string::npos)
+      << s.ToString();
+  const nlohmann::json j = s.ToJson();
+  ASSERT_EQ(j["skipped"].size(), 2u) << j.dump();
+  EXPECT_EQ(j["skipped"][1]["epoch"], 1) << j.dump();
+  EXPECT_EQ(j["skipped"][1]["step"], 12) << j.dump();
+  // A step passed over in epoch 0 and committed in epoch 1 is not listed.
+  h.OnSkip(14, "node1", "", 0);
+  h.OnCommit(16, {15}, 0);  // a late callback of the abandoned history
+  EXPECT_EQ(h.Summary().uncommitted.size(), 1u);
+  h.OnCommit(15, {}, 1);
+  EXPECT_TRUE(h.Summary().uncommitted.empty()) << h.Summary().ToString();
+}
+
+// WatchSkips reads the epoch from the record's key (coord::JobKeys::Skipped:
+// no suffix in epoch 0, @<epoch> after), a republished record without its
+// reason keeps the reason first seen, and a key that does not parse is
+// ignored.
+TEST(CommitHistorySkips, WatchSkipsReadsTheEpochFromTheKey) {
+  coord::MemoryStore store;
+  coord::JobKeys keys(kJob);
+  CommitHistory h;
+  h.WatchSkips(&store, kJob);
+  ASSERT_TRUE(store.Set(keys.Skipped(7, "node0"), "why 0", Soon()).ok());
+  ASSERT_TRUE(store.Set(keys.SkippedPrefix() + "7/node0", "malformed", Soon()).ok());
+  ASSERT_TRUE(store.Set(keys.Skipped(7, "node0", 2), "why 2", Soon()).ok());
+  ASSERT_TRUE(store.Set(keys.Skipped(7, "node0", 2), "", Soon()).ok());
+  ASSERT_TRUE(store.Set(keys.Skipped(8, "node3", 2), "last", Soon()).ok());
+  CommitHistorySummary s;
+  for (Deadline d = Deadline::AfterSeconds(10); !d.expired(); usleep(5000)) {
+    s = h.Summary();
+    if (s.skipped.size() >= 3) break;
+  }
+  h.WatchSkips(nullptr, kJob);
+  ASSERT_EQ(s.skipped.size(), 3u) << s.ToString();
+  EXPECT_EQ(s.skipped[0].id, (coord::CommitId{0, 7}));
+  EXPECT_EQ(s.skipped[0].reason, "why 0");
+  EXPECT_EQ(s.skipped[1].id, (coord::CommitId{2, 7}));
+  EXPECT_EQ(s.skipped[1].reason, "why 2");
+  EXPECT_EQ(s.skipped[2].id, (coord::CommitId{2, 8}));
+  EXPECT_EQ(s.skipped[2].node, "node3");
+}
+
 }  // namespace
 }  // namespace memento::launch

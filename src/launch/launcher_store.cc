@@ -158,11 +158,11 @@ Status Launcher::State::StartCoordinator(Deadline deadline) {
   std::set<std::string> members;
   for (int i = 0; i < o.nodes; ++i) members.insert(coord::NodeName(i));
   MEMENTO_ASSIGN_OR_RETURN(
-      coordinator,
-      coord::CommitCoordinator::Start(store, o.job, members, deadline,
-                                      [this](int64_t step, const std::vector<int64_t>& superseded) {
-                                        commit_history.OnCommit(step, superseded);
-                                      }));
+      coordinator, coord::CommitCoordinator::Start(
+                       store, o.job, members, deadline,
+                       [this](const coord::CommitId& id, const std::vector<int64_t>& superseded) {
+                         commit_history.OnCommit(id.step, superseded, id.epoch);
+                       }));
   return Status::Ok();
 }
 

@@ -103,10 +103,14 @@ std::vector<int64_t> CommittedIn(const Outcome& o, int attempt) {
   return out;
 }
 
-// Steps some node skipped (a skip record: the step can never commit).
-std::set<int64_t> Skipped(const Outcome& o) {
+// Steps some node skipped (a skip record: the step can never commit) in
+// commit epoch `epoch` or later: a skip of the abandoned history's step s
+// says nothing about the new history's step s.
+std::set<int64_t> SkippedSince(const Outcome& o, uint64_t epoch) {
   std::set<int64_t> out;
-  for (const json& s : o.summary["commits"]["skipped"]) out.insert(s["step"].get<int64_t>());
+  for (const json& s : o.summary["commits"]["skipped"]) {
+    if (s.value("epoch", uint64_t{0}) >= epoch) out.insert(s["step"].get<int64_t>());
+  }
   return out;
 }
 
@@ -123,7 +127,8 @@ void ExpectStepsAfterTheRestoredOneCommitAgain(const Outcome& o, const json& rec
   std::printf("restored step %lld, committed before the loss %lld; committed after it: %s\n",
               static_cast<long long>(step), static_cast<long long>(committed),
               json(again).dump().c_str());
-  const std::set<int64_t> skipped = Skipped(o);
+  // The recovery's epoch: the new history's (docs/coordination.md "Epochs").
+  const std::set<int64_t> skipped = SkippedSince(o, rec.value("epoch", uint64_t{0}));
   int64_t recommitted = 0;
   for (int64_t s = step + 1; s <= committed; ++s) {
     const bool in = std::find(again.begin(), again.end(), s) != again.end();
