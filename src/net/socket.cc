@@ -15,6 +15,8 @@
 #include <climits>
 #include <cstring>
 
+#include "common/poll_timeout.h"
+
 namespace memento::net {
 namespace {
 
@@ -34,14 +36,9 @@ void TuneSocket(int fd) {
 Status PollFor(int fd, short events, Deadline deadline, const char* what) {
   for (;;) {
     pollfd p{fd, events, 0};
-    int ms = deadline.remaining_ms();
-    if (ms == 0 && deadline.expired()) {
-      // One last non-blocking check so an already-ready socket is not refused.
-      int r = poll(&p, 1, 0);
-      if (r > 0) return Status::Ok();
-      return DeadlineExceededError(fmt::format("{}: deadline exceeded", what));
-    }
-    int r = poll(&p, 1, ms);
+    // Once expired the timeout is 0: one last non-blocking check, so an
+    // already-ready socket is not refused.
+    int r = poll(&p, 1, PollTimeoutMs(deadline));
     if (r > 0) return Status::Ok();
     if (r == 0) {
       if (deadline.expired())

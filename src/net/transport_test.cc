@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "common/checksum.h"
+#include "common/poll_timeout.h"
 #include "common/test_util.h"
 #include "net/auth.h"
 #include "net/connection.h"
@@ -408,6 +410,36 @@ TEST(TransportTest, DeadlinesFire) {
   lfd->Reset();
   auto refused = ConnectTcp("127.0.0.1", port, Deadline::AfterSeconds(5));
   EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
+}
+
+TEST(TransportTest, PollTimeoutRoundsUp) {
+  EXPECT_EQ(PollTimeoutMs(Deadline::Infinite()), -1);
+  EXPECT_EQ(PollTimeoutMs(Deadline(Now() - std::chrono::milliseconds(1))), 0);
+  // Any time left is at least one millisecond: poll(2) sleeps through it.
+  EXPECT_GE(PollTimeoutMs(Deadline::After(std::chrono::microseconds(300))), 1);
+  EXPECT_GE(PollTimeoutMs(Deadline::After(std::chrono::microseconds(2500))), 2);
+}
+
+TEST(TransportTest, TimedOutWaitsSleepRatherThanSpin) {
+  // A wait that times out sleeps until its deadline; it used to spin on
+  // poll(fd, 0) through the last fraction of a millisecond (the timeout was
+  // rounded down), up to 1 ms of CPU at the end of every timed wait: the
+  // agents' accept loop waits 0.2 s at a time (issue 16). Counted in
+  // voluntary context switches, not time: a poll that blocks is one, a spin
+  // never is.
+  auto idle = ListenTcp("127.0.0.1", 0);
+  ASSERT_TRUE(idle.ok());
+  constexpr int kWaits = 20;
+  rusage before{};
+  ASSERT_EQ(getrusage(RUSAGE_THREAD, &before), 0);
+  for (int i = 0; i < kWaits; ++i) {
+    // Under a millisecond: the whole wait was a spin before.
+    auto none = AcceptTcp(idle->get(), Deadline::After(std::chrono::microseconds(500)));
+    ASSERT_EQ(none.status().code(), StatusCode::kDeadlineExceeded);
+  }
+  rusage after{};
+  ASSERT_EQ(getrusage(RUSAGE_THREAD, &after), 0);
+  EXPECT_GE(after.ru_nvcsw - before.ru_nvcsw, kWaits);
 }
 
 TEST(TransportTest, LargeMultiPartTransferIsIntact) {

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "common/json_parse.h"
+#include "common/poll_timeout.h"
 #include "fmt/format.h"
 
 namespace memento::shm {
@@ -21,7 +22,7 @@ namespace {
 Status WaitFd(int fd, short events, Deadline deadline) {
   for (;;) {
     pollfd p{fd, events, 0};
-    int r = poll(&p, 1, deadline.remaining_ms());
+    int r = poll(&p, 1, PollTimeoutMs(deadline));
     if (r > 0) return Status::Ok();
     if (r == 0) return DeadlineExceededError("timed out waiting for the peer");
     if (errno != EINTR) return ErrnoError("poll", errno);
