@@ -415,8 +415,17 @@ Result<json> RunSwift(const Args& a) {
     }
     auto run = [&]() -> Status {
       MEMENTO_ASSIGN_OR_RETURN(RunOutput base_dp, bench.Run("baseline.dp", a.dp, "restart", {}));
-      MEMENTO_ASSIGN_OR_RETURN(RunOutput base_1, bench.Run("baseline.dp1", 1, "restart", {}));
-      MEMENTO_ASSIGN_OR_RETURN(RunOutput log_1, bench.Run("logging.dp1", 1, "log", {}));
+      // The two runs logging_overhead_pct compares, in alternate order
+      // (without the log first in the 1st, 3rd, ... round), so that a
+      // machine whose load drifts during a round does not favour one side.
+      RunOutput base_1, log_1;
+      for (int k = 0; k < 2; ++k) {
+        if ((k == 0) == (round % 2 == 0)) {
+          MEMENTO_ASSIGN_OR_RETURN(base_1, bench.Run("baseline.dp1", 1, "restart", {}));
+        } else {
+          MEMENTO_ASSIGN_OR_RETURN(log_1, bench.Run("logging.dp1", 1, "log", {}));
+        }
+      }
       step_dp.push_back(Bench::MedianStep(base_dp));
       step_dp1.push_back(Bench::MedianStep(base_1));
       step_dp1_log.push_back(Bench::MedianStep(log_1));
@@ -700,7 +709,7 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
                 "default)");
   cmd->add_option("--log-copy", args->log_copy,
                   "the trainer's --log-copy in every log run: thread | inline (default: the "
-                  "trainer's, thread)");
+                  "trainer's, inline)");
   cmd->add_flag("--overhead-only", args->overhead_only,
                 "run only the logging-overhead runs (--rounds of them) and report "
                 "logging_overhead_pct_adjacent");

@@ -149,11 +149,14 @@ struct TrainerOptions {
   // cannot replay another step.
   int pipeline_log_period = 1;
   // With pipeline_log: where a logged message is copied and checksummed.
-  // kThread (default): by a worker thread while the trainer computes or
-  // waits for its next message, the trainer fencing each buffer before it
-  // writes it (PipelineLogWriter; issue 19, logging off the critical path).
-  // kInline: in the send or receive call, on the trainer's thread.
-  PipelineLogWriter::Mode log_copy = PipelineLogWriter::Mode::kThread;
+  // kInline (default): in the send or receive call, on the trainer's
+  // thread. kThread: by a worker thread while the trainer computes or waits
+  // for its next message, the trainer fencing each buffer before it writes
+  // it (PipelineLogWriter). Inline is the default because handing a message
+  // to the worker wakes it (a futex wake and a context switch per message),
+  // which cost the machine more CPU than the copy and checksum of a 32 KiB
+  // message (docs/swift.md, "Logging overhead").
+  PipelineLogWriter::Mode log_copy = PipelineLogWriter::Mode::kInline;
   // Selective logging (SWIFT 2.2): consecutive stages form log groups of
   // this many stages (stage s is in group s / log_group_size); only
   // messages between groups are logged. A lost stage's whole group rolls

@@ -158,10 +158,10 @@ void DefineRecoveryFlags(CLI::App* app, TrainerCli* cli) {
                   "it, which the log's background write may slow, and two clean steps); such a "
                   "log cannot replay another step");
   app->add_option("--log-copy", cli->log_copy,
-                  "with --recovery log: who copies a logged message: thread (a worker thread, "
-                  "while this rank computes or waits for its next message; the trainer fences a "
-                  "buffer before it writes it) | inline (the send or receive itself, on the "
-                  "trainer's thread)")
+                  "with --recovery log: who copies a logged message: inline (the send or "
+                  "receive itself, on the trainer's thread) | thread (a worker thread, while "
+                  "this rank computes or waits for its next message; the trainer fences a buffer "
+                  "before it writes it; each message wakes the worker)")
       ->capture_default_str();
   app->add_flag("--log-copy-worker-paused", cli->log_worker_paused,
                 "tests, with --log-copy thread: the copy worker takes no job, so every copy is "

@@ -42,7 +42,7 @@ struct TrainerCli {
   bool replace = false;
   bool log_odd_steps = false;
   int log_period = 0;               // --log-one-step-in
-  std::string log_copy = "thread";  // --log-copy: sets options.log_copy
+  std::string log_copy = "inline";  // --log-copy: sets options.log_copy
   bool log_worker_paused = false;   // --log-copy-worker-paused (tests)
   int attempt = 0;                  // MEMENTO_ATTEMPT: the launcher's restart of the whole job
   // memento (MEMENTO_TRAINER_WITH_CLIENT).
