@@ -37,6 +37,18 @@ data position and RNG must equal a failure-free run of the same
 configuration (torchrun across the same hosts, without memento) byte for
 byte.
 
+    test_torchrun_hosts.py        3 hosts x 1 worker (--nproc_per_node 1)
+    test_torchrun_hosts.py 2x2    2 hosts x 2 workers (--nproc_per_node 2): ranks
+                                  2h and 2h+1 on host h (torchrun numbers a host's
+                                  workers consecutively from GROUP_RANK *
+                                  nproc_per_node), one agent and one shared-memory
+                                  root per host serving both; host 1 is lost with
+                                  both its workers and rebuilt with both ranks.
+                                  host0 starts first and becomes the recovery
+                                  leader (with two hosts the lost one must be
+                                  neither host0, which holds the rendezvous, nor
+                                  the leader)
+
 Needs root, iproute2's `ip`, util-linux's `unshare`, etcd and torch; exits 77
 (skipped) naming what is missing otherwise.
 """
@@ -63,7 +75,11 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TRAIN = os.path.join(REPO, "examples", "torch", "train.py")
 MEMENTO = os.path.abspath(agent_util.memento_bin())
 PYTHON = "/usr/bin/python3"  # Debian's python3 has torch and torchrun
-HOSTS = 3
+SHAPE = sys.argv[1] if len(sys.argv) > 1 else "3x1"
+if SHAPE not in ("3x1", "2x2"):
+    raise SystemExit(f"usage: {sys.argv[0]} [3x1|2x2] (hosts x workers per host), not {SHAPE!r}")
+HOSTS, NPROC = (int(x) for x in SHAPE.split("x"))
+WORLD = HOSTS * NPROC
 STEPS = 10
 GATE_STEP = 5  # every rank waits before this step; step GATE_STEP - 1 is committed first
 
@@ -228,8 +244,9 @@ class Job:
         with open(self.token, "w") as f:
             f.write("torchrun-hosts-test-token-%032x\n" % random.randrange(1 << 128))
         os.chmod(self.token, 0o600)
-        self.topology = json.dumps({"dp": HOSTS, "tp": 1, "pp": 1, "zero": 0,
-                                    "rank_node": list(range(HOSTS)), "policy": "replicate"})
+        self.topology = json.dumps({"dp": WORLD, "tp": 1, "pp": 1, "zero": 0,
+                                    "rank_node": [host_of(r) for r in range(WORLD)],
+                                    "policy": "replicate"})
         self.procs = {}
         self.incarnation = 0
 
@@ -237,7 +254,7 @@ class Job:
         return f"/dev/shm/memento-test-{self.job}-host{i}"
 
     def torchrun(self, run_id, port, train_args):
-        return [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(HOSTS), "--nproc_per_node", "1",
+        return [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(HOSTS), "--nproc_per_node", str(NPROC),
                 "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{self.hosts.names[0]}:{port}",
                 "--rdzv_id", run_id, "--max_restarts", "2", "--redirects", "2", "--tee", "2",
                 TRAIN, "--preset", "tiny", "--steps", str(STEPS), "--ddp-fixed-buckets", *train_args]
@@ -296,6 +313,21 @@ class Job:
                 fail(f"host {i} exited {p.returncode} while {what}\n" + self.logs())
 
 
+def host_of(rank):
+    """The host of a global rank: torchrun numbers host h's workers h * NPROC .. h * NPROC + NPROC - 1."""
+    return rank // NPROC
+
+
+def wait_for_leader(job, node, timeout):
+    """Waits until the agents' recovery leader is `node` (host0's agent, alone in the job so far)."""
+    deadline = time.monotonic() + timeout
+    while job.recovery().get("leader") != f"node{node}":
+        job.check_running(f"waiting for node{node} to lead")
+        if time.monotonic() > deadline:
+            fail(f"node{node} did not become the recovery leader: {job.recovery()}\n" + job.logs())
+        time.sleep(0.1)
+
+
 def main():
     preflight()
     work = agent_util.tmpdir("torchrun-hosts-")
@@ -305,7 +337,7 @@ def main():
         hosts = Hosts(HOSTS, work)
         etcd = Etcd(work, hosts.bridge_address())
         job = Job(work, hosts, etcd)
-        print(f"hosts: bridge {hosts.bridge} {hosts.bridge_address()}/24, namespaces "
+        print(f"{HOSTS} hosts x {NPROC} worker(s): bridge {hosts.bridge} {hosts.bridge_address()}/24, namespaces "
               f"{hosts.namespace(0)}..{HOSTS - 1} ({hosts.address(0)}..), etcd {etcd.url}", flush=True)
 
         # The failure-free run of the same configuration: torchrun across the
@@ -324,14 +356,16 @@ def main():
         job.procs = {}
         for i in range(HOSTS):
             job.start(i, job.with_memento(i, job.torchrun(f"run{job.job}", port, train)), "run")
+            if i == 0 and HOSTS == 2:
+                wait_for_leader(job, 0, 60)
         # Every rank at the gate; then the commits settle (a snapshot the
         # agents' hold made a rank skip leaves its step uncommitted: the
         # newest committed step is then older, and is what the job restores).
         deadline = time.monotonic() + 240
         while True:
             logs = job.logs(tail=1 << 30)
-            at_gate = [r for r in range(HOSTS) if f"rank {r}: waiting for {gate} before step {GATE_STEP}" in logs]
-            if len(at_gate) == HOSTS:
+            at_gate = [r for r in range(WORLD) if f"rank {r}: waiting for {gate} before step {GATE_STEP}" in logs]
+            if len(at_gate) == WORLD:
                 break
             job.check_running(f"waiting for every rank at step {GATE_STEP}")
             if time.monotonic() > deadline:
@@ -347,6 +381,8 @@ def main():
         if not leader.startswith("node"):
             fail(f"no recovery leader elected: {job.recovery()}\n" + job.logs())
         victim = HOSTS - 1 if leader != f"node{HOSTS - 1}" else 1
+        if victim == 0 or leader == f"node{victim}":
+            fail(f"no host to lose: host0 holds the rendezvous and {leader} leads")
         print(f"step {committed} committed on every host ({time.monotonic() - t0:.1f} s); leader "
               f"{leader}; losing host {victim} (host0 hosts torchrun's rendezvous)", flush=True)
 
@@ -377,7 +413,7 @@ def main():
         print(f"recovery {status['id']}: {status['trigger']}, restore step {committed} from memory, "
               f"{rebuilt} bytes rebuilt by the agents from the peers", flush=True)
         logs = job.logs(tail=1 << 30)
-        for rank in range(HOSTS):
+        for rank in range(WORLD):
             with open(os.path.join(run_dir, f"rank{rank}.json")) as f:
                 info = json.load(f)
             # A survivor's torchrun restarts its worker either because the
@@ -387,12 +423,13 @@ def main():
             restored_line = f"rank {rank} attempt {info['attempt']}: restored {committed}, " \
                             f"starting at step {committed + 1}"
             if info["start"] != committed + 1 or restored_line not in logs:
-                fail(f"rank {rank} (host {rank}) resumed {info}, expected '{restored_line}'\n" + logs)
-            if rank != victim and f"rank {rank} attempt 0: restored None, starting at step 0" not in logs:
+                fail(f"rank {rank} (host {host_of(rank)}) resumed {info}, expected '{restored_line}'\n" + logs)
+            if host_of(rank) != victim and f"rank {rank} attempt 0: restored None, starting at step 0" not in logs:
                 fail(f"rank {rank}'s first worker did not start from scratch\n" + logs)
-            print(f"rank {rank}: {'replacement host' if rank == victim else 'worker restarted by torchrun'}, "
+            print(f"rank {rank} (host {host_of(rank)}): "
+                  f"{'replacement host' if host_of(rank) == victim else 'worker restarted by torchrun'}, "
                   f"restored step {committed} (restart count {info['attempt']})")
-        compare(ref, run_dir, HOSTS)
+        compare(ref, run_dir, WORLD)
         print(f"PASS ({time.monotonic() - t0:.1f} s)")
     finally:
         if job is not None:

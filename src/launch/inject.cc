@@ -33,9 +33,10 @@ std::string Injection::ToString() const {
   }
   return std::string(InjectKindName(kind)) + ":" +
          (target == kLeader ? std::string("leader") : std::to_string(target)) +
-         (recovery < 0  ? "@step=" + std::to_string(step)
-          : in_transfer ? "@transfer=" + std::to_string(recovery)
-                        : "@recovery=" + std::to_string(recovery));
+         (recovery < 0      ? "@step=" + std::to_string(step)
+          : in_transfer     ? "@transfer=" + std::to_string(recovery)
+          : in_durable_load ? "@durable=" + std::to_string(recovery)
+                            : "@recovery=" + std::to_string(recovery));
 }
 
 namespace {
@@ -59,7 +60,7 @@ Result<Injection> ParseOne(std::string_view entry, int world_size, int num_nodes
       " (expected kill-rank:R@step=N, kill-agent:I@step=N, kill-node:I@step=N, "
       "corrupt-rank:R@step=N, corrupt-durable@step=N, kill-store@step=N; "
       "kill-agent, kill-node and kill-store also @recovery=K; kill-agent and kill-node also "
-      "@transfer=K)";
+      "@transfer=K and @durable=K)";
   size_t at = entry.find('@');
   if (at != std::string_view::npos && entry.substr(0, at) == "corrupt-durable") {
     // The durable tier has no target: corrupt-durable@step=N.
@@ -142,18 +143,23 @@ Result<Injection> ParseOne(std::string_view entry, int world_size, int num_nodes
   }
   const bool in_recovery = when.substr(0, 9) == "recovery=";
   const bool in_transfer = when.substr(0, 9) == "transfer=";
-  if (in_recovery || in_transfer) {
+  const bool in_durable_load = when.substr(0, 8) == "durable=";
+  if (in_recovery || in_transfer || in_durable_load) {
     if (inj.kind == InjectKind::kKillRank || inj.kind == InjectKind::kCorruptRank) {
       return InvalidArgumentError("injection " + quoted + ": " +
                                   std::string(InjectKindName(inj.kind)) +
                                   " takes only '@step=N' (no trainer runs during a recovery)");
     }
-    if (!ParseNumber(when.substr(9), &inj.recovery) || inj.recovery < 0) {
+    const std::string_view number = when.substr(in_durable_load ? 8 : 9);
+    if (!ParseNumber(number, &inj.recovery) || inj.recovery < 0) {
       return InvalidArgumentError("injection " + quoted + ": " +
-                                  (in_transfer ? "transfer" : "recovery") + " '" +
-                                  std::string(when.substr(9)) + "' is not a non-negative integer");
+                                  (in_transfer       ? "transfer"
+                                   : in_durable_load ? "durable"
+                                                     : "recovery") +
+                                  " '" + std::string(number) + "' is not a non-negative integer");
     }
     inj.in_transfer = in_transfer;
+    inj.in_durable_load = in_durable_load;
     return inj;
   }
   if (when.substr(0, 5) != "step=") {

@@ -48,6 +48,17 @@
 //                         --recovery-by agents). A recovery that rebuilds
 //                         nothing (no node's data lost) moves no bytes: the
 //                         injection does not fire, and the launcher says so
+//   kill-agent:I@durable=K, kill-node:I@durable=K
+//                         the same kills during recovery K's durable-tier
+//                         load (--durable-dir, not with --recovery-by
+//                         agents): fired as node I's load request goes out
+//                         (its agent connected), so the request is lost
+//                         mid-call; the launcher restarts (kill-agent) or
+//                         replaces (kill-node) that agent and loads the same
+//                         version again. Each load try fires the next one
+//                         not yet fired: three of them make every try fail.
+//                         A recovery that does not fall back to the durable
+//                         tier never fires them
 //
 // Several injections are separated by commas. "The job reaches step N" means
 // the newest committed step, or the step a node last signalled, is >= N.
@@ -92,7 +103,11 @@ struct Injection {
   // kill-agent, kill-node @transfer=K: during recovery `recovery`, while its
   // rebuild moves bytes (instead of before its inventory).
   bool in_transfer = false;
-  // "kill-rank:3@step=40", "kill-node:1@recovery=0", "kill-agent:2@transfer=0"
+  // kill-agent, kill-node @durable=K: during recovery `recovery`'s load of a
+  // durable version, as node `target`'s load request goes out.
+  bool in_durable_load = false;
+  // "kill-rank:3@step=40", "kill-node:1@recovery=0", "kill-agent:2@transfer=0",
+  // "kill-agent:3@durable=0"
   std::string ToString() const;
 };
 

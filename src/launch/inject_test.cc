@@ -89,6 +89,26 @@ TEST(ParseInjections, AgentAndNodeKillsWhileARecoveryMovesBytes) {
   EXPECT_EQ((*r)[2].ToString(), "kill-node:1@recovery=3");
 }
 
+// @durable=K: the same kills during recovery K's durable-tier load; the same
+// entry given again fires on the next load try.
+TEST(ParseInjections, AgentAndNodeKillsWhileADurableVersionLoads) {
+  auto r =
+      ParseInjections("kill-agent:3@durable=0,kill-agent:3@durable=0,kill-node:1@durable=2", 8, 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 3u);
+  EXPECT_EQ((*r)[0].kind, InjectKind::kKillAgent);
+  EXPECT_EQ((*r)[0].target, 3);
+  EXPECT_EQ((*r)[0].recovery, 0);
+  EXPECT_TRUE((*r)[0].in_durable_load);
+  EXPECT_FALSE((*r)[0].in_transfer);
+  EXPECT_EQ((*r)[0].ToString(), "kill-agent:3@durable=0");
+  EXPECT_EQ((*r)[1].ToString(), "kill-agent:3@durable=0");
+  EXPECT_EQ((*r)[2].kind, InjectKind::kKillNode);
+  EXPECT_EQ((*r)[2].recovery, 2);
+  EXPECT_TRUE((*r)[2].in_durable_load);
+  EXPECT_EQ((*r)[2].ToString(), "kill-node:1@durable=2");
+}
+
 TEST(ParseInjections, TheRecoveryLeadersNode) {
   auto r = ParseInjections("kill-agent:leader@recovery=0,kill-node:leader@recovery=2", 8, 4);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -144,6 +164,12 @@ TEST(ParseInjections, BadInputNamesTheEntry) {
       {"kill-node:5@transfer=0", "node 5 does not exist"},
       {"kill-agent:leader@transfer=0", "target 'leader' is only for kill-agent and kill-node"},
       {"kill-store@transfer=0", "expected '@step=N' or '@recovery=K' after kill-store"},
+      {"kill-rank:1@durable=0", "kill-rank takes only '@step=N'"},
+      {"kill-agent:1@durable=x", "durable 'x'"},
+      {"kill-node:1@durable=", "durable ''"},
+      {"kill-node:4@durable=0", "node 4 does not exist"},
+      {"kill-agent:leader@durable=0", "target 'leader' is only for kill-agent and kill-node"},
+      {"kill-store@durable=0", "expected '@step=N' or '@recovery=K' after kill-store"},
   };
   for (const Case& c : cases) {
     auto r = ParseInjections(c.text, 8, 4);

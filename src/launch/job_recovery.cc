@@ -502,7 +502,8 @@ Result<DurableLoad> LoadDurableOnEveryNode(coord::Store& store, const net::JobTo
                                            const std::string& job, int num_nodes,
                                            const std::string& dir, int64_t step, Deadline deadline,
                                            uint64_t epoch, double agent_wait_s,
-                                           std::vector<int>* missing) {
+                                           std::vector<int>* missing,
+                                           const std::function<void(int node)>& on_request) {
   Stopwatch total;
   DurableLoad out;
   out.step = step;
@@ -541,6 +542,7 @@ Result<DurableLoad> LoadDurableOnEveryNode(coord::Store& store, const net::JobTo
           if (!client.ok()) {
             absent = client.status();
           } else {
+            if (on_request) on_request(i);
             replies[k] = (*client)->Call(net::kPeerLoadDurable, body, deadline);
             const Result<std::string>& r = replies[k];
             if (r.ok()) return;

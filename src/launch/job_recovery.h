@@ -175,11 +175,16 @@ struct DurableLoad {
 // node it waits for. Past that the error is Unavailable, "node N's agent did
 // not come back within W s: <last error>", and the node is appended to
 // `*missing` (when given): no version can load without it.
-// agent_wait_s 0: one try per node, no wait.
+// agent_wait_s 0: one try per node, no wait (a missing agent still lands in
+// `*missing`: the launcher restarts it and loads again).
+// `on_request(node)`, when given, runs on node's thread each time its agent
+// accepted the connection, just before the load request is sent (`memento
+// launch --inject kill-agent:I@durable=K`); it must be thread-safe.
 [[nodiscard]] Result<DurableLoad> LoadDurableOnEveryNode(
     coord::Store& store, const net::JobToken& token, const std::string& job, int num_nodes,
     const std::string& dir, int64_t step, Deadline deadline, uint64_t epoch = 0,
-    double agent_wait_s = 0, std::vector<int>* missing = nullptr);
+    double agent_wait_s = 0, std::vector<int>* missing = nullptr,
+    const std::function<void(int node)>& on_request = nullptr);
 
 // /memento/<job>/epoch: the job's history counter (decimal, absent = 0).
 // Every recovery raises it; agents write their durable parts with the

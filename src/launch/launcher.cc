@@ -114,6 +114,14 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions o) {
                                   "moves bytes; with --recovery-by agents the agents' leader "
                                   "runs it (use kill-agent|kill-node:leader@recovery=K)");
     }
+    if (i.in_durable_load && (o.recovery_by == "agents" || o.durable_dir.empty())) {
+      return InvalidArgumentError(
+          "injection " + i.ToString() +
+          ": '@durable=K' fires while the launcher's own recovery loads a durable version; " +
+          (o.durable_dir.empty() ? std::string("the job has no --durable-dir")
+                                 : std::string("with --recovery-by agents the agents' leader "
+                                               "loads it")));
+    }
     if (i.kind != InjectKind::kKillStore) continue;
     if (!o.store_url.empty()) {
       return InvalidArgumentError("injection " + i.ToString() + ": the store " + o.store_url +

@@ -158,7 +158,7 @@ Result<std::string> Launcher::State::FireRecoveryInjections(int recovery) {
   std::string killed;
   for (size_t k = 0; k < injections.size(); ++k) {
     const Injection& inj = injections[k];
-    if (fired[k] || inj.recovery != recovery || inj.in_transfer) continue;
+    if (fired[k] || inj.recovery != recovery || inj.in_transfer || inj.in_durable_load) continue;
     fired[k] = true;
     Say("injecting " + inj.ToString());
     if (inj.kind == InjectKind::kKillStore) {
@@ -203,6 +203,21 @@ void Launcher::State::FireTransferInjections(int recovery, bool moved) {
         "'s rebuild is moving bytes)");
     KillAgentOrNode(inj);
     (void)agents[static_cast<size_t>(inj.target)].Wait(Deadline::AfterSeconds(10));
+  }
+}
+
+void Launcher::State::FireDurableLoadInjection(int recovery, int node) {
+  for (size_t k = 0; k < injections.size(); ++k) {
+    const Injection& inj = injections[k];
+    if (fired[k] || inj.recovery != recovery || !inj.in_durable_load || inj.target != node) {
+      continue;
+    }
+    fired[k] = true;
+    Say("injecting " + inj.ToString() + " (recovery " + std::to_string(recovery) +
+        "'s durable load request to node " + std::to_string(node) + " is going out)");
+    KillAgentOrNode(inj);
+    (void)agents[static_cast<size_t>(node)].Wait(Deadline::AfterSeconds(10));
+    return;  // one per load request: the next try fires the next one
   }
 }
 
@@ -306,6 +321,12 @@ void Launcher::State::ReportUnappliedCorruptions() {
         "injected");
   }
   corrupt_durable_pending = false;
+  for (size_t k = 0; k < injections.size(); ++k) {
+    if (fired[k] || !injections[k].in_durable_load) continue;
+    Say(injections[k].ToString() + " did not fire: recovery " +
+        std::to_string(injections[k].recovery) + " loaded no durable version on node " +
+        std::to_string(injections[k].target) + " (or had no more load tries)");
+  }
 }
 
 void Launcher::State::ApplyPendingDurableCorruption() {

@@ -3,8 +3,11 @@
 // fallback, the new attempt's records. See launcher_state.h.
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <mutex>
 #include <thread>
 
+#include "fmt/format.h"
 #include "launch/launcher_state.h"
 #include "launch/swift_protocol.h"
 #include "tier/discovery.h"
@@ -76,42 +79,7 @@ std::optional<JobEnd> Launcher::State::Recover(const std::string& cause,
   if (by_agents.has_value()) {
     if (auto end = TakeAgentsOutcome(*by_agents, &rep)) return end;
   } else if (recovered.has_value()) {
-    const JobRecovery* rec = &*recovered;
-    rep.reason = rec->decision.reason;
-    for (int n : rec->decision.lost_nodes) {
-      if (std::find(rep.lost_nodes.begin(), rep.lost_nodes.end(), n) == rep.lost_nodes.end()) {
-        rep.lost_nodes.push_back(n);
-      }
-    }
-    const bool from_durable =
-        !rec->decision.from_memory && !o.durable_dir.empty() && FallBackToDurableTier(*rec, &rep);
-    if (from_durable) {
-      if (!rep.durable_skipped.empty()) {
-        rep.reason += "; newer durable version(s) skipped: ";
-        for (size_t k = 0; k < rep.durable_skipped.size(); ++k) {
-          rep.reason += (k ? "; " : "") + rep.durable_skipped[k];
-        }
-      }
-      rep.inventory_plan_s = rec->inventory_plan_s;
-    } else if (!rec->decision.from_memory) {
-      return EndWithNothingRestored(*rec, &rep);
-    } else {
-      // The inventories may name a newer commit than the launcher saw.
-      rep.committed = std::max(rep.committed, rec->committed);
-      rep.step = rec->decision.step;
-      rep.steps_lost = std::max<int64_t>(0, rep.committed - rep.step);
-      rep.inventory_plan_s = rec->inventory_plan_s;
-      rep.transfer_s = rec->transfer_s;
-      rep.decode_s = rec->decode_s;
-      rep.write_s = rec->write_s;
-      rep.rebuilt_bytes = rec->rebuilt_bytes;
-      // A lost optimizer shard rebuilt from a host-recomputed replica
-      // (docs/reft.md section 5) is named as such.
-      if (rec->decision.reason.find("source aor replica") != std::string::npos) {
-        rep.source = "memory (aor replica)";
-      }
-      Say("decision: " + rec->decision.reason);
-    }
+    if (auto end = TakeLauncherOutcome(*recovered, &rep)) return end;
   } else {
     rep.source = "scratch";
     rep.reason = plan.has_value() ? "no committed version yet: the trainers start over"
@@ -556,11 +524,54 @@ std::optional<JobEnd> Launcher::State::TakeAgentsOutcome(const RecoveryStatus& s
   return std::nullopt;
 }
 
+std::optional<JobEnd> Launcher::State::TakeLauncherOutcome(const JobRecovery& rec,
+                                                           RecoveryReport* rep) {
+  rep->reason = rec.decision.reason;
+  for (int n : rec.decision.lost_nodes) {
+    if (std::find(rep->lost_nodes.begin(), rep->lost_nodes.end(), n) == rep->lost_nodes.end()) {
+      rep->lost_nodes.push_back(n);
+    }
+  }
+  if (!rec.decision.from_memory) {
+    Result<bool> from_durable(false);
+    if (!o.durable_dir.empty()) from_durable = FallBackToDurableTier(rec, rep);
+    if (!from_durable.ok()) {
+      return EndUnrestored(
+          rec, rep, "the durable tier's fallback failed: " + from_durable.status().ToString(), 1);
+    }
+    if (!*from_durable) return EndWithNothingRestored(rec, rep);
+    if (!rep->durable_skipped.empty()) {
+      rep->reason += "; newer durable version(s) skipped: ";
+      for (size_t k = 0; k < rep->durable_skipped.size(); ++k) {
+        rep->reason += (k ? "; " : "") + rep->durable_skipped[k];
+      }
+    }
+    rep->inventory_plan_s = rec.inventory_plan_s;
+    return std::nullopt;
+  }
+  // The inventories may name a newer commit than the launcher saw.
+  rep->committed = std::max(rep->committed, rec.committed);
+  rep->step = rec.decision.step;
+  rep->steps_lost = std::max<int64_t>(0, rep->committed - rep->step);
+  rep->inventory_plan_s = rec.inventory_plan_s;
+  rep->transfer_s = rec.transfer_s;
+  rep->decode_s = rec.decode_s;
+  rep->write_s = rec.write_s;
+  rep->rebuilt_bytes = rec.rebuilt_bytes;
+  // A lost optimizer shard rebuilt from a host-recomputed replica
+  // (docs/reft.md section 5) is named as such.
+  if (rec.decision.reason.find("source aor replica") != std::string::npos) {
+    rep->source = "memory (aor replica)";
+  }
+  Say("decision: " + rec.decision.reason);
+  return std::nullopt;
+}
+
 // Fallback: the newest durable version that verifies now (every piece's
 // checksum) is loaded by every node into its T0; a newer one that fails
 // verification or loading is skipped, and said why. Returns whether a
 // version was loaded.
-bool Launcher::State::FallBackToDurableTier(const JobRecovery& rec, RecoveryReport* rep) {
+Result<bool> Launcher::State::FallBackToDurableTier(const JobRecovery& rec, RecoveryReport* rep) {
   ApplyPendingDurableCorruption();
   auto versions = tier::ListVersions(tier::Env::Default(), o.durable_dir);
   if (!versions.ok()) {
@@ -579,8 +590,13 @@ bool Launcher::State::FallBackToDurableTier(const JobRecovery& rec, RecoveryRepo
         why += " (and " + std::to_string(check.problems.size() - 1) + " more)";
       }
     } else {
-      Result<DurableLoad> load = FallBackToDurable(it->step, rec.decision.reason, rep);
+      bool agents_failed = false;
+      Result<DurableLoad> load =
+          FallBackToDurable(it->step, rec.decision.reason, rep, &agents_failed);
       if (load.ok()) return true;
+      // The version is complete and verifies: an older one would lose steps
+      // for a fault of the agents, not of the version.
+      if (agents_failed) return load.status();
       why = "loading it failed: " + load.status().ToString();
     }
     rep->durable_skipped.push_back("step " + std::to_string(it->step) + " " + why);
@@ -593,17 +609,15 @@ bool Launcher::State::FallBackToDurableTier(const JobRecovery& rec, RecoveryRepo
 // The durable-tier fallback (docs/recovery.md): memory cannot rebuild any
 // committed version, and `step` is the newest complete durable version.
 // Every node loads it into its T0 (kPeerLoadDurable, in parallel) and
-// targets it; fills the report's durable fields.
+// targets it, a node whose agent dies meanwhile after its agent is restarted;
+// fills the report's durable fields.
 Result<DurableLoad> Launcher::State::FallBackToDurable(int64_t step,
                                                        const std::string& memory_reason,
-                                                       RecoveryReport* rep) {
+                                                       RecoveryReport* rep, bool* agents_failed) {
   Say("memory cannot rebuild any committed version: " + memory_reason);
   Say("falling back to the durable tier " + o.durable_dir + ": loading step " +
       std::to_string(step) + " on " + std::to_string(o.nodes) + " node(s)");
-  MEMENTO_ASSIGN_OR_RETURN(
-      DurableLoad load,
-      LoadDurableOnEveryNode(*store, token, o.job, o.nodes, o.durable_dir, step,
-                             Deadline::AfterSeconds(o.recovery_timeout_s), recovery_epoch));
+  MEMENTO_ASSIGN_OR_RETURN(DurableLoad load, LoadDurableRestartingAgents(step, rep, agents_failed));
   rep->source = "durable";
   rep->step = step;
   rep->steps_lost = std::max<int64_t>(0, rep->committed - step);
@@ -615,6 +629,75 @@ Result<DurableLoad> Launcher::State::FallBackToDurable(int64_t step,
                 std::to_string(rep->steps_lost) + " steps lost (committed " +
                 std::to_string(rep->committed) + "; memory: " + memory_reason + ")";
   return load;
+}
+
+// (docs/recovery.md, "An agent lost while a durable version loads")
+Result<DurableLoad> Launcher::State::LoadDurableRestartingAgents(int64_t step, RecoveryReport* rep,
+                                                                 bool* agents_failed) {
+  const Deadline deadline = Deadline::AfterSeconds(o.recovery_timeout_s);
+  std::mutex mu;  // the per-node load threads fire the injections
+  const int n = rep->n;
+  auto on_request = [&](int node) {
+    std::lock_guard<std::mutex> lock(mu);
+    FireDurableLoadInjection(n, node);
+  };
+  for (int attempt = 1;; ++attempt) {
+    std::vector<int> missing;
+    Result<DurableLoad> load =
+        LoadDurableOnEveryNode(*store, token, o.job, o.nodes, o.durable_dir, step, deadline,
+                               recovery_epoch, /*agent_wait_s=*/0, &missing, on_request);
+    // An agent that answered and died after it would fail the trainers.
+    for (int i = 0; i < o.nodes; ++i) {
+      if (!agents[static_cast<size_t>(i)].running() &&
+          std::find(missing.begin(), missing.end(), i) == missing.end()) {
+        missing.push_back(i);
+      }
+    }
+    std::sort(missing.begin(), missing.end());
+    if (missing.empty()) return load;  // loaded, or failed for the version itself
+    std::string nodes;
+    for (int i : missing) nodes += (nodes.empty() ? "" : ", ") + std::to_string(i);
+    const std::string why = load.ok() ? "it died after loading" : load.status().ToString();
+    if (attempt >= kDurableLoadTries || deadline.expired()) {
+      *agents_failed = true;
+      return UnavailableError(fmt::format(
+          "loading durable version {} on every node failed {} time(s): the agent of node(s) {} "
+          "was gone each time (last: {}); version {} is complete on {}, so no older one is "
+          "loaded instead",
+          step, attempt, nodes, why, step, o.durable_dir));
+    }
+    for (int i : missing) {
+      Say(fmt::format(
+          "loading durable version {} (try {} of {}): the agent of node {} is gone ({}); {} and "
+          "loading step {} again on every node",
+          step, attempt, kDurableLoadTries, i, why,
+          node_lost[static_cast<size_t>(i)] ? "replacing it by a fresh agent on an empty root"
+                                            : "restarting it on its root",
+          step));
+      if (Status st = RestartAgentForLoad(i, rep); !st.ok()) {
+        *agents_failed = true;
+        return st.WithContext(fmt::format("loading durable version {}: node {}'s agent", step, i));
+      }
+    }
+  }
+}
+
+Status Launcher::State::RestartAgentForLoad(int node, RecoveryReport* rep) {
+  Subprocess& a = agents[static_cast<size_t>(node)];
+  if (a.running()) {
+    // Alive but unreachable: a wedged agent is replaced like a dead one.
+    a.Kill(SIGKILL).IgnoreError();
+    (void)a.Wait(Deadline::AfterSeconds(10));
+  }
+  const bool lost = node_lost[static_cast<size_t>(node)];
+  if (lost &&
+      std::find(rep->lost_nodes.begin(), rep->lost_nodes.end(), node) == rep->lost_nodes.end()) {
+    rep->lost_nodes.push_back(node);
+  }
+  MEMENTO_RETURN_IF_ERROR(StartAgent(node, lost));
+  const Deadline ready = Deadline::AfterSeconds(o.agent_start_timeout_s);
+  MEMENTO_RETURN_IF_ERROR(WaitAgentsReady(ready));
+  return WaitEndpoints(ready);
 }
 
 // Memory cannot rebuild any committed version and the durable tier gave none:
@@ -640,6 +723,11 @@ JobEnd Launcher::State::EndWithNothingRestored(const JobRecovery& rec, RecoveryR
   } else {
     msg += " (no --durable-dir to fall back to)";
   }
+  return EndUnrestored(rec, rep, msg, 3);
+}
+
+JobEnd Launcher::State::EndUnrestored(const JobRecovery& rec, RecoveryReport* rep,
+                                      const std::string& msg, int code) {
   Say(msg);
   rep->source = "none";
   rep->reason = msg;
@@ -651,7 +739,7 @@ JobEnd Launcher::State::EndWithNothingRestored(const JobRecovery& rec, RecoveryR
       .status()
       .IgnoreError();
   summary.recoveries.push_back(*rep);
-  return JobEnd{false, 3, msg};
+  return JobEnd{false, code, msg};
 }
 
 // A new incarnation of the job's history (the durable epoch, the attempt) and

@@ -260,6 +260,11 @@ struct Launcher::State {
   // restarts or replaces it. With `moved` false (the recovery rebuilt
   // nothing) they do not fire; the launcher says so.
   void FireTransferInjections(int recovery, bool moved = true);
+  // kill-agent|kill-node:`node`@durable=N of recovery `recovery` (the first
+  // one not fired yet), as node `node`'s durable load request goes out
+  // (LoadDurableOnEveryNode's on_request; the caller serializes the calls):
+  // the agent is dead (reaped) when this returns.
+  void FireDurableLoadInjection(int recovery, int node);
   // --recovery-by agents, kill-agent|kill-node:leader@recovery=N while an
   // agent of recovery N is still down (the lost node's, before it is
   // replaced): files the request (filed_request), waits until the leader
@@ -273,7 +278,8 @@ struct Launcher::State {
   // failure's, already replaced by a fresh agent) says it did not fire.
   void ApplyPendingCorruptions(int64_t committed, const std::vector<int>& lost_nodes);
   // At the job's end: says which corruptions never applied (no failure, or
-  // no durable fallback, came after them).
+  // no durable fallback, came after them) and which @durable kills never
+  // fired.
   void ReportUnappliedCorruptions();
   // corrupt-durable: applied when a recovery falls back to the durable tier.
   void ApplyPendingDurableCorruption();
@@ -310,10 +316,40 @@ struct Launcher::State {
   // Fills the report from the leader's final status; the job's end when it
   // failed (exit 3 when nothing can be restored, as the launcher's own path).
   std::optional<JobEnd> TakeAgentsOutcome(const RecoveryStatus& s, RecoveryReport* rep);
-  bool FallBackToDurableTier(const JobRecovery& rec, RecoveryReport* rep);
+  // Fills the report from the launcher's own RecoverJob (*rec): memory, or
+  // the durable tier when memory cannot rebuild a committed version; the
+  // job's end when neither restores one.
+  std::optional<JobEnd> TakeLauncherOutcome(const JobRecovery& rec, RecoveryReport* rep);
+  // The newest complete durable version that verifies and loads: true when
+  // one was loaded, false when none (each skipped one in
+  // rep->durable_skipped). An error when a version failed to load because
+  // a node's agent kept dying (LoadDurableRestartingAgents): no older
+  // version is tried while that one is complete.
+  Result<bool> FallBackToDurableTier(const JobRecovery& rec, RecoveryReport* rep);
+  // *agents_failed: set when the load failed for a node's agent, not for
+  // the version.
   Result<DurableLoad> FallBackToDurable(int64_t step, const std::string& memory_reason,
-                                        RecoveryReport* rep);
+                                        RecoveryReport* rep, bool* agents_failed);
+  // LoadDurableOnEveryNode of `step` on every node; a node whose agent is
+  // gone (died mid-load, or unreachable) gets its agent restarted on its
+  // root (replaced on an empty one when its node was lost) and the load
+  // runs again on every node, at most kDurableLoadTries times in all, each
+  // retry said. Fires the kill-agent|kill-node:I@durable=K injections.
+  // Errors: the version's own (*agents_failed false), or Unavailable naming
+  // the node(s) whose agent was still gone after the last try
+  // (*agents_failed true).
+  static constexpr int kDurableLoadTries = 3;
+  Result<DurableLoad> LoadDurableRestartingAgents(int64_t step, RecoveryReport* rep,
+                                                  bool* agents_failed);
+  // Kills what is left of `node`'s agent, starts it again (on an empty root
+  // when the node was lost: then a lost node of the report) and waits until
+  // it listens and has joined the membership.
+  Status RestartAgentForLoad(int node, RecoveryReport* rep);
   JobEnd EndWithNothingRestored(const JobRecovery& rec, RecoveryReport* rep);
+  // The recovery ends with nothing restored (`msg`, exit `code`): recorded as
+  // recovery/<n> and in the summary.
+  JobEnd EndUnrestored(const JobRecovery& rec, RecoveryReport* rep, const std::string& msg,
+                       int code);
   void PublishRecovery(TimePoint detected, RecoveryReport* rep);
 };
 

@@ -260,6 +260,80 @@ TEST_F(DurableFallbackTest, TheAgentsLeaderFallsBackToTheDurableTier) {
   ExpectRestoredFromTheDurableTier(job, o, rec);
 }
 
+// The step the launcher's durable fallback first set out to load ("falling
+// back to the durable tier DIR: loading step S on N node(s)"), -1 if none.
+int64_t FirstDurableStepTried(const Outcome& o) {
+  const std::string mark = ": loading step ";
+  const size_t at = o.output.find("falling back to the durable tier");
+  if (at == std::string::npos) return -1;
+  const size_t step = o.output.find(mark, at);
+  if (step == std::string::npos) return -1;
+  return std::stoll(o.output.substr(step + mark.size()));
+}
+
+// --recovery-by launcher (docs/recovery.md, "An agent lost while a durable
+// version loads"): node 3's agent is SIGKILLed as the durable load request
+// of recovery 0 goes out to it. The launcher restarts that agent on its root
+// and loads the same version S again on every node: nothing skipped, S
+// restored on every rank, bit-identical to an uninterrupted run.
+TEST_F(DurableFallbackTest, AnAgentKilledDuringTheDurableLoadIsRestartedAndLoadsTheSameVersion) {
+  FallbackJob job;
+  job.extra = {"--recovery-by", "launcher"};
+  job.inject = "kill-node:1@step=18,kill-node:2@step=18,kill-agent:3@durable=0";
+  Outcome o = RunJob(job, dir_.path(), durable_dir());
+  ASSERT_EQ(o.exit.code, 0) << o.exit.ToString() << "\n" << Logs(o);
+  EXPECT_NE(o.output.find("injecting kill-agent:3@durable=0"), std::string::npos) << Logs(o);
+  const int64_t tried = FirstDurableStepTried(o);
+  ASSERT_GE(tried, 0) << Logs(o);
+  const std::string retry = "loading durable version " + std::to_string(tried) +
+                            " (try 1 of 3): the agent of node 3 is gone";
+  EXPECT_NE(o.output.find(retry), std::string::npos) << retry << "\n" << Logs(o);
+  EXPECT_NE(o.output.find("restarting it on its root and loading step " + std::to_string(tried) +
+                          " again on every node"),
+            std::string::npos)
+      << Logs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
+  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << Logs(o);
+  const json& rec = o.summary["recoveries"][0];
+  EXPECT_EQ(rec["step"].get<int64_t>(), tried) << "not the version the first try loaded\n"
+                                               << Logs(o);
+  EXPECT_TRUE(!rec.contains("durable_skipped") || rec["durable_skipped"].empty()) << rec.dump();
+  EXPECT_EQ(o.output.find("skipped: loading it failed"), std::string::npos) << Logs(o);
+  ExpectRestoredFromTheDurableTier(job, o, rec);
+}
+
+// Node 3's agent dies in every load try (three injections, one per try):
+// the job ends (exit 1) naming the node and the version, which is complete;
+// no older version is loaded in its place.
+TEST_F(DurableFallbackTest, AnAgentLostInEveryDurableLoadTryEndsTheJobNamingItsNode) {
+  FallbackJob job;
+  job.extra = {"--recovery-by", "launcher"};
+  job.inject =
+      "kill-node:1@step=14,kill-node:2@step=14,kill-agent:3@durable=0,kill-agent:3@durable=0,"
+      "kill-agent:3@durable=0";
+  Outcome o = RunJob(job, dir_.path(), durable_dir());
+  EXPECT_EQ(o.exit.code, 1) << o.exit.ToString() << "\n" << Logs(o);
+  const int64_t tried = FirstDurableStepTried(o);
+  ASSERT_GE(tried, 0) << Logs(o);
+  for (int t = 1; t <= 2; ++t) {
+    const std::string retry = "loading durable version " + std::to_string(tried) + " (try " +
+                              std::to_string(t) + " of 3): the agent of node 3 is gone";
+    EXPECT_NE(o.output.find(retry), std::string::npos) << retry << "\n" << Logs(o);
+  }
+  const std::string end = "loading durable version " + std::to_string(tried) +
+                          " on every node failed 3 time(s): the agent of node(s) 3 was gone";
+  EXPECT_NE(o.output.find(end), std::string::npos) << end << "\n" << Logs(o);
+  EXPECT_NE(o.output.find("so no older one is loaded instead"), std::string::npos) << Logs(o);
+  EXPECT_EQ(o.output.find("skipped: loading it failed"), std::string::npos) << Logs(o);
+  EXPECT_EQ(o.output.find("restored from the durable tier"), std::string::npos) << Logs(o);
+  ASSERT_TRUE(o.summary.is_object()) << Logs(o);
+  ASSERT_EQ(o.summary["recoveries"].size(), 1u) << Logs(o);
+  EXPECT_EQ(o.summary["recoveries"][0]["source"], "none") << Logs(o);
+  EXPECT_NE(o.summary["recoveries"][0]["reason"].get<std::string>().find("node(s) 3"),
+            std::string::npos)
+      << Logs(o);
+}
+
 TEST_F(DurableFallbackTest, WithoutADurableVersionTheLauncherStillRefuses) {
   FallbackJob job;
   job.durable = true;
