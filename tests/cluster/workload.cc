@@ -27,7 +27,7 @@
 // --pace-commits: after each snapshot it wrote, wait until its agent's commit
 // word says that step committed or was let go uncommitted, or another rank
 // marked it skipped in the rendezvous directory (at most 30 s;
-// tests/shm/commit_pace.h): on a loaded machine the steps still become
+// src/toy/commit_pace.h): on a loaded machine the steps still become
 // versions one after the other instead of being skipped while an early one
 // waits for its commit.
 #include <fcntl.h>
@@ -45,9 +45,9 @@
 #include <thread>
 #include <vector>
 
-#include "../shm/commit_pace.h"
 #include "common/checksum.h"
 #include "memento/client.h"
+#include "toy/commit_pace.h"
 
 namespace {
 
@@ -301,8 +301,8 @@ int main(int argc, char** argv) {
     }
     if (pace_commits && step > start && !c.LastSnapshotStats().skipped) {
       const auto end =
-          memento::testing::WaitForCommitOrRelease(opts.agent_dir, step - 1, rendezvous, 30);
-      if (end != memento::testing::PaceEnd::kCommitted) {
+          memento::toy::WaitForCommitOrRelease(opts.agent_dir, step - 1, rendezvous, 30);
+      if (end != memento::toy::PaceEnd::kCommitted) {
         std::printf("rank %d: step %lld did not commit (pace end %d)\n", l.rank,
                     static_cast<long long>(step - 1), static_cast<int>(end));
       }
@@ -312,7 +312,7 @@ int main(int argc, char** argv) {
       Fail("snapshot " + std::to_string(step) + ": " + st.ToString());
     }
     if (pace_commits && c.LastSnapshotStats().step == step && c.LastSnapshotStats().skipped) {
-      memento::testing::MarkSkipped(rendezvous, step);
+      memento::toy::MarkSkipped(rendezvous, step);
     }
     if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
     Barrier(rendezvous, step, l.rank, l.world);

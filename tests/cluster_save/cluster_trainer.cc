@@ -13,7 +13,7 @@
 //   X done
 // --pace-commits: after each snapshot it wrote, wait until the agent's commit
 // word says that step committed or was let go uncommitted, or another rank
-// marked it skipped in --barrier (at most 30 s; ../shm/commit_pace.h), so
+// marked it skipped in --barrier (at most 30 s; src/toy/commit_pace.h), so
 // that on a loaded machine the steps still become versions one after the
 // other instead of being skipped.
 #include <fcntl.h>
@@ -27,12 +27,12 @@
 #include <string>
 #include <vector>
 
-#include "../shm/commit_pace.h"
 #include "client/testing_hooks.h"
 #include "common/checksum.h"
 #include "common/log.h"
 #include "fmt/format.h"
 #include "memento/client.h"
+#include "toy/commit_pace.h"
 
 namespace {
 
@@ -181,8 +181,8 @@ int main(int argc, char** argv) {
       const bool skipped = client->LastSnapshotStats().skipped;
       Emit(fmt::format("{} {}", skipped ? "K" : "C", pending));
       if (pace_commits && !skipped) {
-        const auto end = memento::testing::WaitForCommitOrRelease(dir, pending, barrier, 30);
-        if (end != memento::testing::PaceEnd::kCommitted) {
+        const auto end = memento::toy::WaitForCommitOrRelease(dir, pending, barrier, 30);
+        if (end != memento::toy::PaceEnd::kCommitted) {
           std::fprintf(stderr, "cluster_trainer: step %lld did not commit (pace end %d)\n",
                        static_cast<long long>(pending), static_cast<int>(end));
         }
@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
     if (!st.ok()) Fail(st.ToString());
     if (pace_commits && client->LastSnapshotStats().step == model.cursor.step &&
         client->LastSnapshotStats().skipped) {
-      memento::testing::MarkSkipped(barrier, model.cursor.step);
+      memento::toy::MarkSkipped(barrier, model.cursor.step);
     }
     pending = model.cursor.step;
     Emit(fmt::format("D {} {}", model.cursor.step, model.Digest()));
