@@ -12,7 +12,7 @@
 #     non-test source under src/ for includes of a layer it may not use
 #     (the `layering_test` CTest entry; exit status 1 naming file and line).
 
-set(MEMENTO_LAYERS common topo model codec shm net coord tier opt snap recover client agent launch)
+set(MEMENTO_LAYERS common topo model codec shm net coord tier opt snap recover client toy agent launch)
 set(MEMENTO_LAYER_ALLOWED_common "")
 set(MEMENTO_LAYER_ALLOWED_topo common)
 set(MEMENTO_LAYER_ALLOWED_model topo common)
@@ -25,6 +25,7 @@ set(MEMENTO_LAYER_ALLOWED_opt common)
 set(MEMENTO_LAYER_ALLOWED_snap shm common)
 set(MEMENTO_LAYER_ALLOWED_recover topo codec shm common)
 set(MEMENTO_LAYER_ALLOWED_client snap shm codec common)
+set(MEMENTO_LAYER_ALLOWED_toy client shm common)
 set(MEMENTO_LAYER_ALLOWED_agent recover coord net tier topo model codec shm opt common)
 set(MEMENTO_LAYER_ALLOWED_launch recover coord tier topo model shm net common)
 # Single headers a layer may include from a layer it may not use, as

@@ -31,61 +31,20 @@
 #include "tools/command.h"
 #include "tools/demo.h"
 #include "tools/trainer_binary.h"
+#include "toy/progress.h"
+#include "toy/toy_state.h"
 
 namespace memento::tools {
 namespace {
 
 // ---- the orchestrator -------------------------------------------------------------
 
-struct Progress {
-  int64_t restored = -1;
-  uint64_t restored_digest = 0;
-  double restore_s = 0, seal_s = 0;
-  bool fresh = false;
-  std::map<int64_t, uint64_t> digests;
-  int64_t max_complete = -1, max_started = -1;
-  double copy_s_sum = 0, fence_s_sum = 0;
-  int completes = 0;
-  bool done = false;
-  std::string error;
-};
+using toy::Progress;
+using toy::ReadProgress;
 
-Progress ReadProgress(const std::string& path) {
-  Progress p;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    char k = 0;
-    ls >> k;
-    int64_t step;
-    uint64_t digest;
-    double x, y;
-    if (k == 'R' && ls >> step >> digest >> x >> y) {
-      p.restored = step;
-      p.restored_digest = digest;
-      p.restore_s = x;
-      p.seal_s = y;
-    } else if (k == 'N' && ls >> y) {
-      p.fresh = true;
-      p.seal_s = y;
-    } else if (k == 'D' && ls >> step >> digest) {
-      p.digests[step] = digest;
-    } else if (k == 'S' && ls >> step) {
-      p.max_started = std::max(p.max_started, step);
-    } else if (k == 'C' && ls >> step >> x >> y) {
-      p.max_complete = std::max(p.max_complete, step);
-      p.copy_s_sum += x;
-      p.fence_s_sum += y;
-      ++p.completes;
-    } else if (k == 'X') {
-      p.done = true;
-    } else if (k == 'E') {
-      p.error = line.substr(2);
-    }
-  }
-  return p;
-}
+// The step an R line reports, -1 before one was read.
+int64_t RestoredStep(const Progress& p) { return p.restored.empty() ? -1 : p.restored[0].first; }
+int Completes(const Progress& p) { return static_cast<int>(p.completed.size()); }
 
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
   SpawnOptions options;
@@ -154,11 +113,11 @@ int RunSingleNodeDemo(const DemoArgs& a) {
   Stopwatch ref_sw;
   std::map<int64_t, uint64_t> ref;
   {
-    DemoModel model(a.mib << 20);
+    toy::AdamState model(a.mib << 20);
     ref[0] = model.Digest();
-    while (model.cursor.step < a.steps) {
+    while (model.step() < a.steps) {
       model.Step();
-      ref[model.cursor.step] = model.Digest();
+      ref[model.step()] = model.Digest();
     }
   }
   std::printf("%s reference: %lld uninterrupted steps without memento in %.2f s (%.0f ms/step)\n",
@@ -244,8 +203,8 @@ int RunSingleNodeDemo(const DemoArgs& a) {
   std::printf(
       "%s SIGKILL trainer 1 after %d snapshots (mean copy %.0f ms, mean Fence wait %.1f "
       "ms); last snapshot it saw complete: step %lld, last one it started: step %lld\n",
-      t().c_str(), first.completes, 1000 * first.copy_s_sum / std::max(1, first.completes),
-      1000 * first.fence_s_sum / std::max(1, first.completes),
+      t().c_str(), Completes(first), 1000 * first.copy_s_sum / std::max(1, Completes(first)),
+      1000 * first.fence_wait_s_sum / std::max(1, Completes(first)),
       static_cast<long long>(first.max_complete), static_cast<long long>(first.max_started));
   std::printf("%s slots left in shared memory: %s\n", t().c_str(), SlotsText(root).c_str());
 
@@ -255,22 +214,23 @@ int RunSingleNodeDemo(const DemoArgs& a) {
   WaitFor(
       [&] {
         Progress p = ReadProgress(p2);
-        return p.restored >= 0 || p.fresh || !p.error.empty();
+        return !p.restored.empty() || p.fresh || !p.error.empty();
       },
       60);
   Progress second = ReadProgress(p2);
-  if (second.restored < 0) {
+  const int64_t restored = RestoredStep(second);
+  if (restored < 0) {
     std::printf("restarted trainer did not restore: %s\n",
                 second.error.empty() ? "no saved version" : second.error.c_str());
     return finish(1);
   }
-  bool restored_ok = ref.count(second.restored) && ref[second.restored] == second.restored_digest &&
-                     second.restored >= first.max_complete && second.restored <= first.max_started;
+  bool restored_ok = ref.count(restored) && ref[restored] == second.restored[0].second &&
+                     restored >= first.max_complete && restored <= first.max_started;
   std::printf(
       "%s trainer 2 restored step %lld in %.3f s from shared memory, checksums verified "
       "(%.2f s from restart to restored: process start and building its state %.2f s, "
       "mapping and prefaulting the slots %.2f s): %s\n",
-      t().c_str(), static_cast<long long>(second.restored), second.restore_s, restart.Seconds(),
+      t().c_str(), static_cast<long long>(restored), second.restore_s, restart.Seconds(),
       restart.Seconds() - second.seal_s - second.restore_s, second.seal_s,
       restored_ok ? "bit-identical to the reference at that step" : "DIFFERENT from the reference");
   int st = 0;
@@ -286,9 +246,9 @@ int RunSingleNodeDemo(const DemoArgs& a) {
   std::printf(
       "%s trainer 2 continued to step %lld (%d more snapshots, mean copy %.0f ms, mean "
       "Fence wait %.1f ms)\n",
-      t().c_str(), static_cast<long long>(a.steps), second.completes,
-      1000 * second.copy_s_sum / std::max(1, second.completes),
-      1000 * second.fence_s_sum / std::max(1, second.completes));
+      t().c_str(), static_cast<long long>(a.steps), Completes(second),
+      1000 * second.copy_s_sum / std::max(1, Completes(second)),
+      1000 * second.fence_wait_s_sum / std::max(1, Completes(second)));
   std::printf("%s slots now: %s\n", t().c_str(), SlotsText(root).c_str());
   bool same = restored_ok && !diverged && second.digests.count(a.steps) &&
               second.digests[a.steps] == ref[a.steps];

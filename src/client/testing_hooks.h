@@ -1,7 +1,8 @@
 // Test-only hooks of the client library: not part of the public API
 // (include/memento), not read from the environment. Tests and the test
 // trainers (tests/shm/test_trainer.cc, tests/cluster_save/cluster_trainer.cc,
-// which take MEMENTO_TEST_COPY_DELAY_US from their own environment) call them.
+// which take MEMENTO_TEST_COPY_DELAY_US from their own environment through
+// toy::ApplyCopyDelayFromEnvironment, src/toy/toy_run.h) call them.
 #pragma once
 
 namespace memento::client::testing_hooks {

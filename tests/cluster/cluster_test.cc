@@ -396,7 +396,7 @@ TEST_F(ClusterTest, StoreKilledMidRunThenNodeLoss) {
   job.steps = 120;
   job.step_ms = 30;
   job.inject = "kill-store@step=10,kill-node:1@step=70";
-  // Paced (tests/shm/commit_pace.h): the node kill waits until commits
+  // Paced (src/toy/commit_pace.h): the node kill waits until commits
   // resumed on the fresh store, and unpaced a loaded machine could finish
   // the job first (the kill never fired: chaos seed 0xf23b2cc4 did that).
   job.pace_commits = true;
@@ -704,7 +704,7 @@ class ClusterAgentsTest : public ::testing::Test {
     // Each injection fires at a step the job reached (a COMPLETED snapshot):
     // unpaced, a loaded machine could leave step 2 waiting for its commit
     // while every later snapshot was skipped, and the kill at step 10 never
-    // fired (StoreKilledDuringRecovery... at load ~27). tests/shm/commit_pace.h.
+    // fired (StoreKilledDuringRecovery... at load ~27). src/toy/commit_pace.h.
     job.pace_commits = true;
     return job;
   }

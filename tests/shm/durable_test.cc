@@ -14,12 +14,12 @@
 #include <filesystem>
 #include <regex>
 
-#include "common/checksum.h"
 #include "common/test_util.h"
 #include "proc_util.h"
 #include "shm/shm_test_util.h"
 #include "tier/reader.h"
 #include "tier/verify.h"
+#include "toy/toy_state.h"
 
 namespace memento::shm::testing {
 namespace {
@@ -61,7 +61,7 @@ class DurableTest : public ::testing::Test {
 
   // The trainer's Digest() of rank `rank`'s state restored from durable
   // version `step`: params, adam.m, adam.v, cursor, chained as the trainer
-  // does. Each tensor is asked for by the name the rank registered it under
+  // does (toy::DigestChain). Each tensor is asked for by the name the rank registered it under
   // (RestoreTarget::rank): the tier finds the rank's copy, shared or its own.
   uint64_t RestoredDigest(int64_t step, int rank) {
     auto index = tier::LoadIndex(tier::Env::Default(), durable_, step);
@@ -81,10 +81,9 @@ class DurableTest : public ::testing::Test {
     }
     auto r = tier::Restore(tier::Env::Default(), durable_, step, targets);
     EXPECT_TRUE(r.ok()) << "restore of version " << step << ": " << r.status().ToString();
-    uint64_t h = Checksum(bufs[0].data(), bufs[0].size());
-    for (size_t i = 1; i < bufs.size(); ++i)
-      h = ChecksumWithSeed(bufs[i].data(), bufs[i].size(), h);
-    return h;
+    toy::DigestChain chain;
+    for (const auto& b : bufs) chain.Add(b.data(), b.size());
+    return chain.digest();
   }
 
   // Every complete durable version: sound, and bit-identical to each rank's

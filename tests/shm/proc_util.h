@@ -21,6 +21,7 @@
 #include "shm/protocol.h"
 #include "shm/segment.h"
 #include "shm/slot.h"
+#include "toy/progress.h"
 
 namespace memento::shm::testing {
 
@@ -61,40 +62,9 @@ inline int WaitExit(pid_t pid, double timeout_s) {
   }
 }
 
-struct Progress {
-  std::vector<std::pair<int64_t, uint64_t>> restored;  // R
-  std::map<int64_t, uint64_t> digests;                 // D
-  int64_t max_started = -1;                            // S
-  int64_t max_complete = -1;                           // C
-  std::vector<int64_t> completed;                      // C
-  std::vector<int64_t> skipped;                        // K
-  bool done = false;                                   // X
-  std::string error;                                   // E
-};
-
-inline Progress ReadProgress(const std::string& path) {
-  Progress p;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    char kind = 0;
-    ls >> kind;
-    int64_t step = 0;
-    uint64_t digest = 0;
-    if (kind == 'R' && ls >> step >> digest) p.restored.emplace_back(step, digest);
-    if (kind == 'D' && ls >> step >> digest) p.digests[step] = digest;
-    if (kind == 'S' && ls >> step) p.max_started = std::max(p.max_started, step);
-    if (kind == 'C' && ls >> step) {
-      p.max_complete = std::max(p.max_complete, step);
-      p.completed.push_back(step);
-    }
-    if (kind == 'K' && ls >> step) p.skipped.push_back(step);
-    if (kind == 'X') p.done = true;
-    if (kind == 'E') p.error = line;
-  }
-  return p;
-}
+// The toy trainers' progress lines (src/toy/progress.h).
+using toy::Progress;
+using toy::ReadProgress;
 
 // Polls `pred` every millisecond until it holds or `timeout_s` passes.
 template <typename Pred>

@@ -1,5 +1,6 @@
-// Pacing a test trainer on its agent's commits (the test trainers'
-// --pace-commits: tests/cluster/workload.cc, tests/cluster_save/cluster_trainer.cc).
+// Pacing a toy trainer on its agent's commits (StepLoopOptions::pace_commits,
+// toy_run.h: the --pace-commits of tests/cluster/workload.cc and
+// tests/cluster_save/cluster_trainer.cc).
 //
 // A test job of short steps on a loaded machine can end, or reach the step
 // at which a failure is injected, while its first versions are still waiting
@@ -28,7 +29,7 @@
 
 #include "shm/commit_word.h"
 
-namespace memento::testing {
+namespace memento::toy {
 
 enum class PaceEnd {
   kCommitted,  // the commit word says `step` (or a newer step) committed
@@ -99,4 +100,4 @@ inline PaceEnd WaitForCommitOrRelease(const std::string& dir, int64_t step,
   return end;
 }
 
-}  // namespace memento::testing
+}  // namespace memento::toy
