@@ -1,11 +1,52 @@
 // memento-trainer's step lines and summaries (step_report.h).
 #include "step_report.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
+#include <cstdarg>
 #include <cstring>
 
 namespace memento::trainer {
+
+namespace {
+
+// printf into a string.
+__attribute__((format(printf, 1, 2))) std::string Format(const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  va_list again;
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, format, args);
+  va_end(args);
+  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(out.data(), out.size() + 1, format, again);
+  va_end(again);
+  return out;
+}
+
+// Writes a summary line to stdout in one write(2). The ranks of a --launch
+// job share one stdout; printf's 4 KiB buffer wrote a longer line (the
+// step_s list of a 300-step run) in several pieces, and another rank's
+// summary landed between them: `memento bench overhead --steps 300` failed
+// with "no JSON summary in the trainer's output". One write to a regular
+// file is not split by another writer's (on a pipe only up to PIPE_BUF).
+void WriteLine(const std::string& line) {
+  std::fflush(stdout);
+  const char* p = line.data();
+  size_t left = line.size();
+  while (left > 0) {
+    const ssize_t w = ::write(STDOUT_FILENO, p, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;  // stdout gone: nothing to report to
+    p += w;
+    left -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
 
 bool StepReport::OpenLossLog(bool reports_loss) {
   if (cli_.loss_log.empty() || !reports_loss) return true;
@@ -91,26 +132,26 @@ void StepReport::PrintSummaries(Trainer& trainer) const {
       trainer.hooks() != nullptr ? trainer.hooks()->SummaryJson() : std::string();
   const PipelineLogSpool* spool = trainer.pipeline_log_spool();
   const PipelineLogWriter* writer = trainer.pipeline_log_writer();
-  std::printf(
-      "{\"rank_summary\": {\"rank\": %d, \"pp_rank\": %d, \"mean_step_s\": %.6f, "
-      "\"mean_cpu_s\": %.6f, \"log_bytes_per_step\": %.1f, \"log_s_per_step\": %.6f, "
-      "\"log_spool_bytes\": %llu, \"log_spool_write_s\": %.6f, \"log_copy\": \"%s\", "
-      "\"log_cpu_s_per_step\": %.7f, \"log_cpu_s_per_logged_step\": %.7f, "
-      "\"log_worker_cpu_s\": %.6f, \"log_copies_by_trainer\": %llu, "
-      "\"log_copies_by_worker\": %llu, \"snapshot\": %s}}\n",
-      cli_.options.comm.rank, trainer.comm().pp_rank(), timed_steps_ > 0 ? sum_s_ / n_timed : 0.0,
-      timed_steps_ > 0 ? sum_cpu_ / n_timed : 0.0,
-      timed_steps_ > 0 ? sum_log_bytes_ / n_timed : 0.0,
-      timed_steps_ > 0 ? sum_log_s_ / n_timed : 0.0,
-      spool != nullptr ? static_cast<unsigned long long>(spool->bytes_written()) : 0ULL,
-      spool != nullptr ? spool->write_seconds() : 0.0,
-      PipelineLogWriter::ModeName(cli_.options.log_copy),
-      timed_steps_ > 0 ? sum_log_cpu_ / n_timed : 0.0,
-      logged_steps_ > 0 ? sum_log_cpu_ / static_cast<double>(logged_steps_) : 0.0,
-      writer != nullptr ? writer->worker_cpu_seconds() : 0.0,
-      static_cast<unsigned long long>(writer != nullptr ? writer->jobs_by_caller() : 0),
-      static_cast<unsigned long long>(writer != nullptr ? writer->jobs_by_worker() : 0),
-      hooks_json.empty() ? "null" : hooks_json.c_str());
+  WriteLine(
+      Format("{\"rank_summary\": {\"rank\": %d, \"pp_rank\": %d, \"mean_step_s\": %.6f, "
+             "\"mean_cpu_s\": %.6f, \"log_bytes_per_step\": %.1f, \"log_s_per_step\": %.6f, "
+             "\"log_spool_bytes\": %llu, \"log_spool_write_s\": %.6f, \"log_copy\": \"%s\", "
+             "\"log_cpu_s_per_step\": %.7f, \"log_cpu_s_per_logged_step\": %.7f, "
+             "\"log_worker_cpu_s\": %.6f, \"log_copies_by_trainer\": %llu, "
+             "\"log_copies_by_worker\": %llu, \"snapshot\": %s}}\n",
+             cli_.options.comm.rank, trainer.comm().pp_rank(),
+             timed_steps_ > 0 ? sum_s_ / n_timed : 0.0, timed_steps_ > 0 ? sum_cpu_ / n_timed : 0.0,
+             timed_steps_ > 0 ? sum_log_bytes_ / n_timed : 0.0,
+             timed_steps_ > 0 ? sum_log_s_ / n_timed : 0.0,
+             spool != nullptr ? static_cast<unsigned long long>(spool->bytes_written()) : 0ULL,
+             spool != nullptr ? spool->write_seconds() : 0.0,
+             PipelineLogWriter::ModeName(cli_.options.log_copy),
+             timed_steps_ > 0 ? sum_log_cpu_ / n_timed : 0.0,
+             logged_steps_ > 0 ? sum_log_cpu_ / static_cast<double>(logged_steps_) : 0.0,
+             writer != nullptr ? writer->worker_cpu_seconds() : 0.0,
+             static_cast<unsigned long long>(writer != nullptr ? writer->jobs_by_caller() : 0),
+             static_cast<unsigned long long>(writer != nullptr ? writer->jobs_by_worker() : 0),
+             hooks_json.empty() ? "null" : hooks_json.c_str()));
   if (!trainer.reports_loss() || timed_steps_ == 0) return;
   const TrainerOptions& o = cli_.options;
   const double mean = sum_s_ / n_timed;
@@ -124,18 +165,18 @@ void StepReport::PrintSummaries(Trainer& trainer) const {
     std::snprintf(b, sizeof(b), "%s%.6f", times.empty() ? "" : ", ", t);
     times += b;
   }
-  std::printf("{\"params\": %" PRId64
-              ", \"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero1\": %s, "
-              "\"micro_batches\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %" PRId64
-              ", \"final_loss\": %.6f, \"mean_step_s\": %.6f, \"mean_idle_s\": %.6f, "
-              "\"mean_comm_s\": %.6f, \"mean_fence_s\": %.6f, \"mean_snapshot_s\": %.6f, "
-              "\"mean_cpu_s\": %.6f, \"tokens_per_s\": %.1f, \"median_step_s\": %.6f, "
-              "\"step_s\": [%s]}\n",
-              o.model.NumParameters(), o.comm.topology.dp, o.comm.topology.tp, o.comm.topology.pp,
-              o.zero1 ? "true" : "false", o.micro_batches, o.global_batch, o.model.seq,
-              trainer.state().step, last_loss_, mean, sum_idle_ / n_timed, sum_comm_ / n_timed,
-              sum_fence_ / n_timed, sum_snap_ / n_timed, sum_cpu_ / n_timed,
-              static_cast<double>(o.global_batch) * o.model.seq / mean, median, times.c_str());
+  WriteLine(Format("{\"params\": %" PRId64 ", \"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero1\": %s, "
+                   "\"micro_batches\": %d, \"batch\": %d, \"seq\": %d, \"steps\": %" PRId64
+                   ", \"final_loss\": %.6f, \"mean_step_s\": %.6f, \"mean_idle_s\": %.6f, "
+                   "\"mean_comm_s\": %.6f, \"mean_fence_s\": %.6f, \"mean_snapshot_s\": %.6f, "
+                   "\"mean_cpu_s\": %.6f, \"tokens_per_s\": %.1f, \"median_step_s\": %.6f, "
+                   "\"step_s\": [%s]}\n",
+                   o.model.NumParameters(), o.comm.topology.dp, o.comm.topology.tp,
+                   o.comm.topology.pp, o.zero1 ? "true" : "false", o.micro_batches, o.global_batch,
+                   o.model.seq, trainer.state().step, last_loss_, mean, sum_idle_ / n_timed,
+                   sum_comm_ / n_timed, sum_fence_ / n_timed, sum_snap_ / n_timed,
+                   sum_cpu_ / n_timed, static_cast<double>(o.global_batch) * o.model.seq / mean,
+                   median, times.c_str()));
 }
 
 }  // namespace memento::trainer

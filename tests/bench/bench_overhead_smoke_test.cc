@@ -180,6 +180,22 @@ TEST(BenchOverheadSmoke, FailingTrainerIsReportedAndCleanedUp) {
   std::filesystem::remove(err);
 }
 
+// A long run's job summary (its step_s list, about 10 bytes a step) is
+// longer than the 4 KiB stdio buffer; the ranks share one stdout, and
+// another rank's summary landed inside it ("no JSON summary in the
+// trainer's output" at --steps 300). 500 steps: a summary of over 5 KB.
+TEST(BenchOverheadSmoke, ALongRunsSummaryIsReadWhole) {
+  const std::string err = StderrFile("memento-bench-smoke");
+  auto [rc, out] = RunShell(std::string(MEMENTO_CLI_BINARY) + " bench overhead --json --trainer " +
+                            MEMENTO_TRAINER_BINARY +
+                            " --preset tiny --steps 500 --rounds 1 --run-timeout 300 2>" + err);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j.value("timed_steps_per_run", 0), 499) << out;
+  std::filesystem::remove(err);
+}
+
 // --compare aor: both sides are memento cluster runs, the off side with
 // the trainer's --no-aor. The on side's ranks report what AOR cost their
 // training thread per call; the off side reports none. Shape only, no
