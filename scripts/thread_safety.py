@@ -21,7 +21,8 @@ import subprocess
 import sys
 
 # GCC options clang does not take (none of them change what is analysed).
-DROP = {"-fno-semantic-interposition", "-fconcepts", "-fno-gnu-unique"}
+DROP = {"-fno-semantic-interposition", "-fconcepts", "-fno-gnu-unique",
+        "-fvect-cost-model=dynamic"}  # src/opt (GCC's vectorizer only)
 
 
 def clang_command(entry, clang):
@@ -52,6 +53,8 @@ def main():
                     help="clang++ to use (default: clang++-14, else clang++)")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--filter", default="", help="only files whose path matches this regex")
+    ap.add_argument("--exclude", default="",
+                    help="skip files whose path matches this regex (`make test` skips the tests)")
     args = ap.parse_args()
     db = os.path.join(args.build, "compile_commands.json")
     if not os.path.exists(db):
@@ -76,7 +79,8 @@ def main():
               "GUARDED_BY field (src/common/mutex.h):\n" + p.stderr, file=sys.stderr)
         return 1
     entries = [e for e in json.load(open(db))
-               if e["file"].endswith((".cc", ".cpp")) and re.search(args.filter, e["file"])]
+               if e["file"].endswith((".cc", ".cpp")) and re.search(args.filter, e["file"])
+               and not (args.exclude and re.search(args.exclude, e["file"]))]
     seen, todo = set(), []
     for e in entries:  # one run per source file (a file can be in two targets)
         if e["file"] not in seen:
@@ -89,8 +93,12 @@ def main():
         return e["file"], p.returncode, p.stderr
 
     findings, failed = 0, []
+    print("thread-safety: analysing %d file(s) with %s, %d at a time"
+          % (len(todo), args.clang, max(1, args.jobs)), flush=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for path, rc, err in pool.map(run, todo):
+        for done, (path, rc, err) in enumerate(pool.map(run, todo), 1):
+            if done % 25 == 0:
+                print("thread-safety: %d/%d files" % (done, len(todo)), flush=True)
             n = len(re.findall(r"\[-Werror,-Wthread-safety[^\]]*\]", err))
             if rc != 0:
                 findings += n

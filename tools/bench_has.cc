@@ -261,7 +261,7 @@ void Setup(CLI::App& app, CommandContext& ctx) {
                   "trainer loop: ranks per node (0: all on one node, one agent)");
   cmd->add_option("--run-timeout", t->run_timeout_s, "trainer loop: seconds one run may take");
   cmd->add_flag("--keep", t->keep, "trainer loop: keep the run directories under /dev/shm");
-  cmd->callback([args, cmd, &ctx] {
+  cmd->callback([cmd, &ctx] {  // args: static storage, not captured
     bool trainer_loop = args->loop == "trainer";
     if (args->loop == "auto") {
       const HasBenchGpu* backend = HasBenchGpuBackend();
