@@ -59,6 +59,15 @@ Status RecoverPathFromEnvironment(agent::JobMemberOptions* o) {
   return Status::Ok();
 }
 
+// Cluster mode, `--topology`: publishes the job's record unless it has one
+// (a different one is refused, naming both).
+Status PublishTopology(const agent::JobMemberOptions& cluster, const std::string& job,
+                       const topo::JobTopology& t) {
+  MEMENTO_ASSIGN_OR_RETURN(auto store, coord::OpenStore(cluster.store_url, cluster.token_file,
+                                                        Deadline::AfterSeconds(30)));
+  return launch::PublishTopologyIfAbsent(*store, job, t, Deadline::AfterSeconds(10));
+}
+
 int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
              const std::string& budget, const std::string& bandwidth, const std::string& scrub_rate,
              const std::string& durable_io, const std::string& recovery_leader,
@@ -122,18 +131,17 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
     return ReportStatus(st);
   }
   if (!topology.empty()) {
-    // Before the agent joins: its job member plans from the topology.
-    if (options.cluster.store_url.empty()) {
-      return ReportStatus(InvalidArgumentError("--topology needs --store (cluster mode)"));
-    }
     auto t = topo::ParseJobTopology(topology);
     if (!t.ok()) return ReportStatus(t.status().WithContext("--topology"));
-    auto store = coord::OpenStore(options.cluster.store_url, options.cluster.token_file,
-                                  Deadline::AfterSeconds(30));
-    if (!store.ok()) return ReportStatus(store.status());
-    Status st =
-        launch::PublishTopologyIfAbsent(**store, options.job_id, *t, Deadline::AfterSeconds(10));
-    if (!st.ok()) return ReportStatus(st);
+    if (options.cluster.store_url.empty()) {
+      // A single-node job: the agent plans its ranks' sharded snapshots
+      // itself (docs/reft.md section 1, "Single-node jobs").
+      options.single_node_topology = std::move(*t);
+    } else {
+      // Before the agent joins: its job member plans from the topology.
+      Status st = PublishTopology(options.cluster, options.job_id, *t);
+      if (!st.ok()) return ReportStatus(st);
+    }
   }
   if (!options.cluster.store_url.empty()) {
     // A trainer restarted by torchrun (not by a launcher that waits for the
@@ -328,7 +336,10 @@ void Setup(CLI::App& app, CommandContext& ctx) {
                   "as JSON, e.g. "
                   "'{\"dp\":3,\"rank_node\":[0,1,2],\"policy\":\"replicate\"}' (fields: "
                   "docs/cluster.md); an agent whose record differs from the job's refuses to "
-                  "start. docs/deploy.md");
+                  "start. docs/deploy.md. Without --store: a single-node job (every rank on node "
+                  "0), e.g. '{\"dp\":2,\"rank_node\":[0,0],\"sharded\":true}': with "
+                  "\"sharded\": true each DP rank snapshots about 1/dp of the replicated state "
+                  "and a restore reassembles it from the node's slots (docs/reft.md section 1)");
   cmd->callback([&ctx] {
     ctx.exit_code =
         RunAgent(options, durable, budget, bandwidth, scrub_rate, durable_io, recovery_leader,

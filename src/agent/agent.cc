@@ -108,10 +108,26 @@ Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options,
         agent->job_member_,
         JobMember::Start(options.cluster, options.job_id, options.node, agent->root_,
                          agent->store_.get(), agent->durable_.get()));
-  } else if (unlink(shm::CommitWordPath(agent->root_).c_str()) == 0) {
-    // A single-node agent on a root that a cluster agent used: without the
-    // file the trainers go back to the single-node slot rule.
-    MEMENTO_LOG_INFO("removed the commit word of an earlier cluster-mode agent");
+  } else {
+    if (unlink(shm::CommitWordPath(agent->root_).c_str()) == 0) {
+      // A single-node agent on a root that a cluster agent used: without the
+      // file the trainers go back to the single-node slot rule.
+      MEMENTO_LOG_INFO("removed the commit word of an earlier cluster-mode agent");
+    }
+    if (options.single_node_topology.has_value()) {
+      topo::JobTopology t = *options.single_node_topology;
+      if (t.sharded && agent->durable_ != nullptr) {
+        // The single-node durable stream writes each rank's slot as its
+        // state: it would persist pieces, not tensors.
+        MEMENTO_LOG_WARN(
+            "sharded snapshots off: the single-node durable stream (--durable-dir) persists "
+            "whole-tensor slots only (docs/reft.md section 1)");
+        t.sharded = false;
+      }
+      MEMENTO_ASSIGN_OR_RETURN(
+          agent->single_node_,
+          SingleNodeSharding::Create(std::move(t), options.job_id, agent->store_.get()));
+    }
   }
   {
     JobMember* jm = agent->job_member_.get();
@@ -406,6 +422,7 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
       }
       MEMENTO_LOG_INFO("rank {} sealed: 2 slots of {} bytes", rank, req.bytes);
       if (job_member_ != nullptr) job_member_->OnSeal(rank, req.manifest);
+      if (single_node_ != nullptr && req.has_manifest) single_node_->OnSeal(rank, req.manifest);
       return shm::ToJson(shm::SealReply{*paths});
     }
     case AgentOp::kComplete: {
@@ -437,12 +454,14 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
       return shm::ToJson(shm::TargetReply{job_member_->RestoreTarget()});
     }
     case AgentOp::kAssemble: {
-      if (job_member_ == nullptr) {
+      if (job_member_ == nullptr && single_node_ == nullptr) {
         return shm::StatusToJson(FailedPreconditionError(
-            "op 'assemble' needs an agent in cluster mode (--store): a slot of plan pieces is "
-            "written only there; this one runs alone"));
+            "op 'assemble' needs an agent in cluster mode (--store) or one given the job's "
+            "topology (--topology): a slot of plan pieces is written only there; this one runs "
+            "alone"));
       }
-      auto staged = job_member_->Assemble(rank, req.step);
+      auto staged = job_member_ != nullptr ? job_member_->Assemble(rank, req.step)
+                                           : single_node_->Assemble(rank, req.step);
       if (!staged.ok()) {
         MEMENTO_LOG_ERROR("rank {}: {}", rank, staged.status().ToString());
         return shm::StatusToJson(staged.status());
@@ -455,10 +474,14 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
       return shm::ToJson(shm::VerifyReply{st});
     }
     case AgentOp::kPlan: {
-      // A single-node agent has no cluster plan: its ranks save whole
-      // tensors (docs/reft.md section 1).
-      if (job_member_ == nullptr) return shm::ToJson(shm::PlanReply{});
-      auto ranges = job_member_->SaveRanges(rank, req.client_parity, req.step);
+      // A single-node agent without a topology has no plan: its ranks save
+      // whole tensors (docs/reft.md section 1).
+      if (job_member_ == nullptr && single_node_ == nullptr) {
+        return shm::ToJson(shm::PlanReply{});
+      }
+      auto ranges = job_member_ != nullptr
+                        ? job_member_->SaveRanges(rank, req.client_parity, req.step)
+                        : single_node_->SaveRanges(rank, req.client_parity);
       if (!ranges.ok()) return shm::StatusToJson(ranges.status());
       return shm::ToJson(*ranges);
     }

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "agent/job_member.h"
 #include "agent/metrics_server.h"
 #include "agent/scrub.h"
+#include "agent/single_node_sharding.h"
 #include "common/mutex.h"
 #include "memento/deadline.h"
 #include "memento/status.h"
@@ -56,6 +58,11 @@ struct AgentOptions {
   // Cluster mode (docs/cluster.md) when cluster.store_url is set: store,
   // membership, commits, redundancy (T1) and the peer service.
   JobMemberOptions cluster = {};
+  // Without cluster.store_url: the job's topology (`memento agent
+  // --topology`), every rank on this node (node 0). The agent then plans the
+  // ranks' sharded snapshots itself (agent/single_node_sharding.h,
+  // docs/reft.md section 1 "Single-node jobs"); unset: whole tensors.
+  std::optional<topo::JobTopology> single_node_topology;
   // Background scrub of the slots at rest (agent/scrub.h): at most this many
   // bytes hashed per second (0: off), a pass every `scrub_interval_s`.
   uint64_t scrub_bytes_per_s = uint64_t{64} << 20;
@@ -115,6 +122,8 @@ class Agent {
   // Null without --store.
   JobMember* job_member() { return job_member_.get(); }
   AorHolder& aor() { return *aor_; }
+  // Null unless a single-node agent was given a topology.
+  SingleNodeSharding* single_node() { return single_node_.get(); }
   // Null when the scrub is off.
   Scrubber* scrubber() { return scrubber_.get(); }
   SnapshotStats snapshot_stats() EXCLUDES(mu_);
@@ -161,10 +170,11 @@ class Agent {
   // AOR replicas fed by this node's ranks (docs/reft.md section 5); calls
   // into job_member_, which calls into it: reset after job_member_.
   std::unique_ptr<AorHolder> aor_;
-  std::unique_ptr<DurableStreamer> durable_;  // reads store_'s slots; reset first
-  std::unique_ptr<JobMember> job_member_;     // reads store_'s slots; reset with durable_
-  std::unique_ptr<Scrubber> scrubber_;        // reads store_'s slots; reset first
-  std::atomic<bool> stopped_cleanly_{false};  // Serve() returned after Stop()
+  std::unique_ptr<DurableStreamer> durable_;         // reads store_'s slots; reset first
+  std::unique_ptr<JobMember> job_member_;            // reads store_'s slots; reset with durable_
+  std::unique_ptr<Scrubber> scrubber_;               // reads store_'s slots; reset first
+  std::unique_ptr<SingleNodeSharding> single_node_;  // reads store_'s slots
+  std::atomic<bool> stopped_cleanly_{false};         // Serve() returned after Stop()
   // CPU nanoseconds the connection threads spent allocating slots at Seal
   // (EnsureSlots: the kernel zeroing and faulting their pages).
   std::atomic<int64_t> seal_alloc_cpu_ns_{0};

@@ -23,6 +23,7 @@
 #include "shm/segment.h"
 #include "shm/shm_test_util.h"
 #include "shm/slot.h"
+#include "topo/topology_json.h"
 
 namespace memento {
 namespace {
@@ -501,6 +502,94 @@ TEST_F(ClientAgentTest, ASlotOfPiecesIsRestoredThroughTheAgentsAssembly) {
   EXPECT_EQ(u.Digest(), before) << "a refused Restore(2) wrote into the registered tensors";
   // No staging file was made.
   EXPECT_NE(access(shm::AssembledSlotPath(root_, 0).c_str(), F_OK), 0);
+}
+
+// A single-node agent given the job's topology (`memento agent --topology`
+// without --store; docs/reft.md section 1, "Single-node jobs") plans the DP
+// ranks' sharded snapshots itself. DP 2 on one node: each rank's slot holds
+// half of the replicated "w" plus its own dp_sharded and private state; a
+// restore reassembles the rank's state from both ranks' slots in this node's
+// shared memory, bit for bit. A byte flipped in rank 1's piece fails either
+// rank's assembly of that step on its checksum before any registered byte
+// is written, and Restore() takes the older version.
+TEST_F(ClientAgentTest, SingleNodeTopologyShardsTheDpRanksAndAssemblesFromTheirSlots) {
+  agent::AgentOptions options = LocalAgent("job1", root_);
+  topo::JobTopology topology;
+  topology.topology.dp = 2;
+  topology.topology.zero_stage = 1;
+  topology.topology.rank_node = {0, 0};
+  topology.sharded = true;
+  options.single_node_topology = topology;
+  AgentThread agent(options);
+  const uint64_t seed = memento::testing::TestSeed("ClientAgentTest.SingleNodeSharded");
+  State s[2];
+  uint64_t digest[2][3] = {};
+  std::unique_ptr<Client> c[2] = {Sealed(s[0], 0), Sealed(s[1], 1)};
+  for (int step = 1; step <= 2; ++step) {
+    for (int r = 0; r < 2; ++r) s[r].Fill(seed + step * 10 + r);
+    s[1].w = s[0].w;  // replicated: the same on both DP ranks
+    for (int r = 0; r < 2; ++r) {
+      digest[r][step] = s[r].Digest();
+      ASSERT_TRUE(c[r]->Snapshot(step).ok());
+    }
+    for (int r = 0; r < 2; ++r) ASSERT_TRUE(c[r]->Fence().ok());
+  }
+  c[0].reset();
+  c[1].reset();
+  // Each slot of step 2: a slot of pieces, half of "w" (cut at 64 bytes).
+  const uint64_t w_bytes = s[0].w.size() * 4;
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(::testing::Message() << "rank " << r);
+    bool found = false;
+    for (int slot = 0; slot < shm::kSlotsPerRank; ++slot) {
+      auto seg = shm::Segment::Open(shm::SlotPath(root_, r, slot), false);
+      ASSERT_TRUE(seg.ok()) << seg.status();
+      auto info = shm::ReadSlot(**seg);
+      ASSERT_TRUE(info.ok()) << info.status();
+      if (info->step != 2) continue;
+      found = true;
+      EXPECT_TRUE(shm::HasRangeEntries(info->tensors));
+      uint64_t w = 0, other = 0;
+      for (const shm::SavedTensor& t : info->tensors) (t.meta.name == "w" ? w : other) += t.nbytes;
+      EXPECT_LE(w, w_bytes / 2 + 64);
+      EXPECT_GE(w + 64, w_bytes / 2);
+      EXPECT_EQ(other, s[r].Bytes() - w_bytes);  // counts (dp_sharded) and rng (private) whole
+    }
+    EXPECT_TRUE(found);
+  }
+  for (int r = 0; r < 2; ++r) {
+    State u;
+    auto cu = Sealed(u, r);
+    auto restored = cu->Restore();
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    EXPECT_EQ(*restored, 2);
+    EXPECT_EQ(u.Digest(), digest[r][2]) << "rank " << r;
+  }
+  // Flip one byte of rank 1's piece of "w" in its slot of step 2.
+  for (int slot = 0; slot < shm::kSlotsPerRank; ++slot) {
+    auto seg = shm::Segment::Open(shm::SlotPath(root_, 1, slot), true);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    auto info = shm::ReadSlot(**seg);
+    ASSERT_TRUE(info.ok()) << info.status();
+    if (info->step != 2) continue;
+    for (const shm::SavedTensor& t : info->tensors) {
+      if (t.meta.name == "w") (*seg)->data()[info->data_offset + t.offset + t.nbytes / 2] ^= 0x10;
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(::testing::Message() << "rank " << r);
+    State u;
+    u.Fill(seed + 1000 + r);
+    const uint64_t before = u.Digest();
+    auto cu = Sealed(u, r);
+    auto exact = cu->Restore(2);
+    EXPECT_EQ(exact.status().code(), StatusCode::kDataLoss) << exact.status();
+    EXPECT_EQ(u.Digest(), before) << "a refused Restore(2) wrote into the registered tensors";
+    auto older = cu->Restore();
+    ASSERT_TRUE(older.ok()) << older.status();
+    EXPECT_EQ(*older, 1);
+    EXPECT_EQ(u.Digest(), digest[r][1]);
+  }
 }
 
 // Restore(step): exactly that version or NotFound / DataLoss, never another
