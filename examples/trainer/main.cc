@@ -258,6 +258,12 @@ int Main(int argc, char** argv) {
                  "memento snapshots after every K-th step only (a log-replay replacement loads "
                  "the newest and replays the logged steps since; docs/swift.md)")
       ->capture_default_str();
+  app.add_option("--memento-pace-commits", mo.pace_commits,
+                 "cluster mode: after a snapshot, wait until it commits (or cannot: skipped or "
+                 "released; at most 60 s), until N snapshots committed that way (-1: every "
+                 "snapshot); for tests and benchmarks that need versions committed by some step "
+                 "on a loaded machine")
+      ->capture_default_str();
   int64_t skip_snapshot_step = -1;
   app.add_option("--skip-snapshot-step", skip_snapshot_step,
                  "fault injection: rank --fail-rank takes no memento snapshot of this step, as "
