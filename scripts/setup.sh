@@ -8,10 +8,14 @@
 #                               pip, setuptools and wheel for `pip install ./python`,
 #                               python3-yaml for the Kubernetes recipe's test (docs/deploy.md),
 #                               etcd (etcd-server, etcd-client) and cpp-httplib
-#                               for the etcd store backend and its tests (docs/etcd.md)
+#                               for the etcd store backend and its tests (docs/etcd.md),
+#                               clang-14 and libclang-rt-14-dev (libFuzzer and the
+#                               sanitizer runtimes) for the fuzz targets that `make test`
+#                               builds and runs briefly (docs/testing.md, "Fuzzing")
 #   scripts/setup.sh --no-python  without PyTorch (its tests then skip)
 #   scripts/setup.sh --etcd     accepted for old command lines (etcd is in the default set)
-#   scripts/setup.sh --fuzz     also clang-14 and libFuzzer (make fuzz, docs/testing.md)
+#   scripts/setup.sh --no-fuzz  without clang-14 (`make test FUZZ=0`; fuzz_short then skips)
+#   scripts/setup.sh --fuzz     accepted for old command lines (in the default set)
 #
 # Must run as root (or with sudo available) when something is missing.
 set -euo pipefail
@@ -28,6 +32,7 @@ packages=(
   libssl-dev
   iproute2 procps
   libcpp-httplib-dev etcd-server etcd-client
+  clang-14 libclang-rt-14-dev
 )
 
 for arg in "$@"; do
@@ -40,9 +45,15 @@ for arg in "$@"; do
       done
       packages=("${kept[@]}") ;;
     --etcd) ;;  # in the default set now; kept so old command lines work
-    --fuzz) packages+=(clang-14 libfuzzer-14-dev libclang-rt-14-dev) ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown option '$arg' (expected --no-python, --etcd, --fuzz)" >&2; exit 2 ;;
+    --no-fuzz)
+      kept=()
+      for p in "${packages[@]}"; do
+        case "$p" in clang-14|libclang-rt-14-dev) ;; *) kept+=("$p") ;; esac
+      done
+      packages=("${kept[@]}") ;;
+    --fuzz) ;;  # in the default set now; kept so old command lines work
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (expected --no-python, --no-fuzz, --etcd, --fuzz)" >&2; exit 2 ;;
   esac
 done
 

@@ -61,6 +61,7 @@ AorReplica::AorReplica(std::shared_ptr<const Optimizer> optimizer, uint64_t offs
   }
   chunk_.state.resize(num_state_);
   state_hashes_.resize(num_state_);
+  copy_hashes_.resize(num_state_);
   for (int k = 0; k < 3 + num_state_; ++k) {
     streams_.push_back(std::make_unique<StreamingChecksum>());
   }
@@ -278,6 +279,28 @@ Status AorReplica::CheckForRestore(int64_t step, uint64_t owner_checksum) const 
                          " recomputed on the host hashes to " + Hex(checksum_) +
                          ", the owner's shard had " + Hex(owner_checksum) +
                          " (the host optimizer was not given what the trainer used)");
+  }
+  return Status::Ok();
+}
+
+Status AorReplica::CopyStateTo(void* dst) const {
+  if (step_ < 0) return FailedPreconditionError(Name() + ": not seeded");
+  if (diverged_) {
+    return FailedPreconditionError(Name() + ": diverged from its owner at step " +
+                                   std::to_string(step_) + "; not copied");
+  }
+  const size_t bytes = count_ * sizeof(float);
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int k = 0; k < num_state_; ++k) {
+    copy_hashes_[k] = CopyAndChecksum(out + k * bytes, state(k), bytes);
+  }
+  const uint64_t got =
+      ShardChecksumOfHashes(offset_, count_, nullptr, copy_hashes_.data(), num_state_);
+  if (got != state_hash_) {
+    return DataLossError(Name() + ": step " + std::to_string(step_) +
+                         " bytes changed in memory since the step was written (copied bytes hash "
+                         "to " +
+                         Hex(got) + ", written as " + Hex(state_hash_) + ")");
   }
   return Status::Ok();
 }

@@ -134,6 +134,19 @@ class AorReplica {
   // DataLoss / FailedPrecondition naming what differs; nothing is changed.
   [[nodiscard]] Status CheckForRestore(int64_t step, uint64_t owner_checksum) const;
 
+  // Copies the current state slices back to back into `dst` (num_state() *
+  // count floats: the layout of the kAor copy's T1 entry the agent makes
+  // from the replica) and checks, in the same pass (each block hashed while
+  // it is still in cache), that the copied bytes hash to the state hash
+  // computed when step() was written. The entry's own chunk checksums are
+  // computed from the entry afterwards, so without this check a byte of the
+  // replica changed in memory between its step and the copy would be
+  // protected by a valid entry checksum. DataLoss naming the step and both
+  // values (`dst` then holds those bytes: the caller must not keep them);
+  // FailedPrecondition when not seeded or diverged. `dst` must not overlap
+  // the replica's areas.
+  [[nodiscard]] Status CopyStateTo(void* dst) const;
+
   // What a replica is besides its state slices: the fields a holder writes
   // next to the state (the agent's replica file, agent/aor_holder.h) so a
   // replica outlives the process that computed it.
@@ -196,6 +209,9 @@ class AorReplica {
   Shard chunk_;
   std::vector<std::unique_ptr<StreamingChecksum>> streams_;
   std::vector<uint64_t> state_hashes_;
+  // CopyStateTo's digests of the copied slices (const, sized once: no
+  // allocation on the per-step path).
+  mutable std::vector<uint64_t> copy_hashes_;
   // What Prepare computed, for Commit.
   bool prepared_ = false;
   int64_t prepared_step_ = -1;

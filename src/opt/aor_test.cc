@@ -344,5 +344,64 @@ TEST(AorReplicaTest, RefusesBadSeedsAndCorruptBytes) {
   EXPECT_NE(st.message().find("changed in memory"), std::string::npos) << st;
 }
 
+// The agent makes the kAor copy's T1 entry from the replica with
+// CopyStateTo: the bytes copied are checked against the state hash of the
+// step, so a byte of the replica changed in memory between its step and the
+// copy is refused, not protected by the entry's own (later) checksums.
+TEST(AorReplicaTest, CopyStateToChecksTheCopiedBytesAgainstTheStep) {
+  Rng rng(TestSeed("AorReplicaTest"));
+  Zero1Group g(2, 1000, &rng);
+  // External areas, as the agent's mapped replica file gives them.
+  std::vector<float> mem(4 * g.shard, 0.0f);
+  AorReplica::Areas areas;
+  areas.area[0] = mem.data();
+  areas.area[1] = mem.data() + 2 * g.shard;
+  auto rep = AorReplica::Create(g.optimizer, 1 * g.shard, g.shard, areas);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  std::vector<uint8_t> entry(2 * g.shard * sizeof(float) + 1, 0xab);
+  EXPECT_EQ((*rep)->CopyStateTo(entry.data()).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(
+      (*rep)->Seed(0, g.OwnerParams(1), {g.m[1].data(), g.v[1].data()}, g.OwnerChecksum(1)).ok());
+  for (int s = 1; s <= 3; ++s) {
+    g.NextGradient(&rng);
+    ASSERT_TRUE((*rep)
+                    ->Advance(s, g.optimizer->LearningRate(s), g.grads.data() + g.shard,
+                              g.params.data() + g.shard)
+                    .ok());
+    g.OwnersStep();
+    ASSERT_TRUE((*rep)->Confirm(s, g.OwnerChecksum(1)).ok());
+    // The entry's layout: the state slices back to back, the owner's bytes.
+    ASSERT_TRUE((*rep)->CopyStateTo(entry.data()).ok()) << "step " << s;
+    const size_t n = g.shard * sizeof(float);
+    EXPECT_EQ(std::memcmp(entry.data(), g.m[1].data(), n), 0) << "step " << s;
+    EXPECT_EQ(std::memcmp(entry.data() + n, g.v[1].data(), n), 0) << "step " << s;
+    EXPECT_EQ(entry.back(), 0xab) << "wrote past the entry";
+  }
+  // One bit of the current area flipped after the step: refused, every
+  // slice, first and last element.
+  for (int k = 0; k < 2; ++k) {
+    for (uint64_t i : {uint64_t{0}, g.shard - 1}) {
+      float* x = mem.data() + (*rep)->current_area() * 2 * g.shard + k * g.shard + i;
+      uint32_t bits;
+      std::memcpy(&bits, x, 4);
+      std::memcpy(x, &(bits ^= 1u << 3), 4);
+      Status st = (*rep)->CopyStateTo(entry.data());
+      EXPECT_EQ(st.code(), StatusCode::kDataLoss) << "slice " << k << " element " << i;
+      EXPECT_NE(st.message().find("changed in memory since the step was written"),
+                std::string::npos)
+          << st;
+      std::memcpy(x, &(bits ^= 1u << 3), 4);
+      EXPECT_TRUE((*rep)->CopyStateTo(entry.data()).ok()) << "slice " << k << " element " << i;
+    }
+  }
+  // The spare area (the previous step, or a step being computed) is not
+  // what is copied: changing it changes nothing.
+  mem[(*rep)->spare_area() * 2 * g.shard + 5] += 1.0f;
+  EXPECT_TRUE((*rep)->CopyStateTo(entry.data()).ok());
+  // A diverged replica is not copied.
+  EXPECT_EQ((*rep)->Confirm(3, g.OwnerChecksum(1) ^ 1).code(), StatusCode::kDataLoss);
+  EXPECT_EQ((*rep)->CopyStateTo(entry.data()).code(), StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace memento::opt
