@@ -11,10 +11,13 @@
 #include "common/byte_flag.h"
 #include "common/human.h"
 #include "common/log.h"
+#include "coord/store.h"
 #include "fmt/format.h"
+#include "launch/job_recovery.h"
 #include "launch/recovery_leader.h"
 #include "tools/command.h"
 #include "tools/environment.h"
+#include "topo/topology_json.h"
 
 namespace memento::tools {
 namespace {
@@ -59,7 +62,8 @@ Status RecoverPathFromEnvironment(agent::JobMemberOptions* o) {
 int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
              const std::string& budget, const std::string& bandwidth, const std::string& scrub_rate,
              const std::string& durable_io, const std::string& recovery_leader,
-             double recovery_timeout_s, double agent_wait_s, bool coordinate_commits) {
+             double recovery_timeout_s, double agent_wait_s, bool coordinate_commits,
+             const std::string& topology) {
   agent::AgentOptions options = base;
   InitLogging("agent node" + std::to_string(options.node), LogOptionsFromEnvironment());
   {
@@ -116,6 +120,31 @@ int RunAgent(const agent::AgentOptions& base, agent::DurableOptions durable,
   // else in the library.
   if (Status st = RecoverPathFromEnvironment(&options.cluster); !st.ok()) {
     return ReportStatus(st);
+  }
+  if (!topology.empty()) {
+    // Before the agent joins: its job member plans from the topology.
+    if (options.cluster.store_url.empty()) {
+      return ReportStatus(InvalidArgumentError("--topology needs --store (cluster mode)"));
+    }
+    auto t = topo::ParseJobTopology(topology);
+    if (!t.ok()) return ReportStatus(t.status().WithContext("--topology"));
+    auto store = coord::OpenStore(options.cluster.store_url, options.cluster.token_file,
+                                  Deadline::AfterSeconds(30));
+    if (!store.ok()) return ReportStatus(store.status());
+    Status st =
+        launch::PublishTopologyIfAbsent(**store, options.job_id, *t, Deadline::AfterSeconds(10));
+    if (!st.ok()) return ReportStatus(st);
+  }
+  if (!options.cluster.store_url.empty()) {
+    // A trainer restarted by torchrun (not by a launcher that waits for the
+    // recovery) asks for its restore target while the leader may still be
+    // rebuilding: the answer waits for the recovery.
+    options.await_recovery = [url = options.cluster.store_url, token = options.cluster.token_file,
+                              job = options.job_id](Deadline deadline) -> Status {
+      MEMENTO_ASSIGN_OR_RETURN(auto store,
+                               coord::OpenStore(url, token, Deadline::AfterSeconds(10)));
+      return launch::AwaitRecoveryIdle(*store, job, deadline);
+    };
   }
   auto agent = agent::Agent::Start(options, durable);
   if (!agent.ok()) return ReportStatus(agent.status());
@@ -292,9 +321,18 @@ void Setup(CLI::App& app, CommandContext& ctx) {
                 "--job --nodes` is needed (`memento launch --coordinate-commits` passes it to its "
                 "agents and runs no coordinator of its own). docs/coordination.md \"Who "
                 "coordinates the commits\"");
+  static std::string topology;
+  cmd->add_option("--topology", topology,
+                  "Cluster mode without `memento launch` (torchrun on every host): the job's "
+                  "topology record to publish at /memento/<job>/topology unless the job has one, "
+                  "as JSON, e.g. "
+                  "'{\"dp\":3,\"rank_node\":[0,1,2],\"policy\":\"replicate\"}' (fields: "
+                  "docs/cluster.md); an agent whose record differs from the job's refuses to "
+                  "start. docs/deploy.md");
   cmd->callback([&ctx] {
-    ctx.exit_code = RunAgent(options, durable, budget, bandwidth, scrub_rate, durable_io,
-                             recovery_leader, recovery_timeout_s, agent_wait_s, coordinate_commits);
+    ctx.exit_code =
+        RunAgent(options, durable, budget, bandwidth, scrub_rate, durable_io, recovery_leader,
+                 recovery_timeout_s, agent_wait_s, coordinate_commits, topology);
   });
 }
 

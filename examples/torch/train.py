@@ -18,6 +18,9 @@ at step S in its first attempt (TORCHELASTIC_RESTART_COUNT 0); WHERE is
 "snapshot" (while the step's snapshot copy runs), "optimizer" (between two
 parameter updates inside optimizer.step()) or "step" (after the step's
 snapshot is complete).
+--wait-file F --wait-step S: before step S, wait until file F exists (a test's
+gate: every rank holds at the same step while the test acts, e.g. removes a
+host).
 --stop-after S: stop cleanly after step S's snapshot (the schedule is still the
 one for --steps; nothing is written to --out), as a job that was preempted.
 """
@@ -106,7 +109,12 @@ def build(args, cfg, rank, world):
     torch.manual_seed(args.seed)
     model = GPT(**cfg)
     if world > 1:
-        model = nn.parallel.DistributedDataParallel(model)
+        # DDP rebuilds its gradient buckets after the first iteration of each
+        # process: a worker restarted mid-run reduces its first step in the
+        # initial layout, the failure-free run in the rebuilt one, and with
+        # 3+ ranks the all-reduce then adds in another order (last bits
+        # differ). find_unused_parameters=True keeps the initial buckets.
+        model = nn.parallel.DistributedDataParallel(model, find_unused_parameters=args.ddp_fixed_buckets)
     if args.zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -150,6 +158,12 @@ def main():
     p.add_argument("--stop-after", type=int, default=-1,
                    help="stop after this step's snapshot (the LR schedule stays the one for --steps; "
                         "no --out files)")
+    p.add_argument("--ddp-fixed-buckets", action="store_true",
+                   help="DDP keeps its initial gradient buckets (no rebuild after the first iteration): "
+                        "a restarted worker reduces in the same order as a failure-free run (bit-identical "
+                        "recovery with more than 2 ranks)")
+    p.add_argument("--wait-file", help="before --wait-step, wait until this file exists")
+    p.add_argument("--wait-step", type=int, default=-1)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds of extra work per step")
     args = p.parse_args()
 
@@ -186,6 +200,12 @@ def main():
         orig_mul = torch.Tensor.mul_
 
     for step in range(start, args.steps):
+        if step == args.wait_step and args.wait_file:
+            if ckpt is not None:
+                ckpt.fence()  # the previous step's snapshot is complete (and can commit)
+            print(f"rank {rank}: waiting for {args.wait_file} before step {step}", flush=True)
+            while not os.path.exists(args.wait_file):
+                time.sleep(0.05)
         model.train()
         x, y = data.next()
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())

@@ -564,17 +564,29 @@ class Checkpointer:
         (InvalidArgument) listing every difference, and nothing is changed.
         Multi-rank jobs (torch.distributed initialised) agree on the step:
         every rank calls restore().
+
+        Cluster mode (the agent runs with --store): without `step` every rank
+        loads the step the agent names, the job's restore target (after a
+        recovery by the agents, the step it rebuilt; the agent answers once
+        a running recovery is done), and None when nothing is committed yet.
         """
-        probe = self._client or self._connect()
-        try:
-            held = [v["step"] for v in probe.versions() if v["intact"]]
-        finally:
-            if probe is not self._client:
-                probe.close()
-        if step is not None:
-            candidates = [int(step)]
+        cluster = step is None and self._cluster_mode()
+        if cluster:
+            # The same step on every rank, chosen by the agents: no
+            # agreement between the ranks is needed, and a replacement node's
+            # slots may still be empty until the recovery rebuilt them.
+            candidates = [None]
         else:
-            candidates = self._common_steps(held)
+            probe = self._client or self._connect()
+            try:
+                held = [v["step"] for v in probe.versions() if v["intact"]]
+            finally:
+                if probe is not self._client:
+                    probe.close()
+            if step is not None:
+                candidates = [int(step)]
+            else:
+                candidates = self._common_steps(held)
         if not candidates:
             return None
         fresh_optimizer = self._optimizer is not None and len(_inner_optimizer(self._optimizer).state) == 0
@@ -588,13 +600,21 @@ class Checkpointer:
             for target in candidates:
                 error = None
                 try:
-                    self._client.restore(target)
+                    restored = self._client.restore(target)
                 except Error as e:
                     # A version that fails its checksums: try the next older one
-                    # (on every rank). Anything else is raised as is.
-                    if e.code != "DataLoss" or step is not None:
+                    # (on every rank). Anything else is raised as is; so is any
+                    # error in cluster mode, where the agents' recovery chose
+                    # the step.
+                    if e.code != "DataLoss" or step is not None or cluster:
                         raise
                     error = e
+                if cluster:
+                    if restored is None:  # nothing committed: the job starts over
+                        if fresh_optimizer:
+                            _inner_optimizer(self._optimizer).state.clear()
+                        return None
+                    target = restored
                 if self._all_ok(error is None):
                     with torch.no_grad():
                         for name in staged:

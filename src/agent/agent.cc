@@ -24,6 +24,12 @@ namespace memento::agent {
 
 using nlohmann::json;
 
+namespace {
+// The longest a `target` op waits for a running recovery (the client gives
+// the call 60 s).
+constexpr double kTargetWaitS = 50;
+}  // namespace
+
 Agent::~Agent() {
   metrics_.reset();  // its threads read everything below
   Stop();
@@ -385,6 +391,12 @@ json Agent::HandleChecked(const AgentRequest& req, pid_t peer_pid, int* conn_ran
       if (job_member_ == nullptr) {
         return shm::StatusToJson(FailedPreconditionError(
             "op 'target' needs an agent in cluster mode (--store); this one runs alone"));
+      }
+      if (options_.await_recovery) {
+        // Under the client's 60 s limit on this call, so that the trainer
+        // reads why instead of a timeout.
+        Status st = options_.await_recovery(Deadline::AfterSeconds(kTargetWaitS));
+        if (!st.ok()) return shm::StatusToJson(st);
       }
       return shm::ToJson(shm::TargetReply{job_member_->RestoreTarget()});
     }

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +27,7 @@
 #include "agent/metrics_server.h"
 #include "agent/scrub.h"
 #include "common/mutex.h"
+#include "memento/deadline.h"
 #include "memento/status.h"
 #include "shm/agent_messages.h"
 #include "shm/node_store.h"
@@ -65,6 +67,14 @@ struct AgentOptions {
   // Serve Prometheus metrics at http://<metrics_listen>/metrics ("host:port";
   // port 0: any free port; empty: off). docs/operating.md.
   std::string metrics_listen;
+  // Cluster mode: the `target` op (a trainer's Restore() without a step)
+  // first calls this, which returns once no recovery of the job is requested
+  // or running (OK), or an error (the reply then). `memento agent` sets it
+  // to read the agents' recovery leader's keys (launch::ReadRecoveryView),
+  // so that a worker restarted by an outside supervisor (torchrun) does not
+  // restore before the leader has rebuilt the lost node and published the
+  // step (docs/deploy.md, "torchrun across hosts"). Unset: no wait.
+  std::function<Status(Deadline)> await_recovery;
 };
 
 // What the trainers of this node reported, counted where the agent handles

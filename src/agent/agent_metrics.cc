@@ -99,6 +99,10 @@ std::string Agent::Metrics() {
     m.Counter("memento_aor_checks_total",
               "Replica steps checked against the owner's checksum, by outcome",
               static_cast<double>(aor.refused), {{"outcome", "refused"}});
+    m.Counter("memento_aor_copies_refused_total",
+              "kAor entries not made from a replica whose bytes changed in memory since its "
+              "step (the replica is seeded again)",
+              static_cast<double>(aor.copy_refused));
     const AorHolder::Stats holder = aor_->stats();
     m.Counter("memento_aor_captures_total",
               "aor_capture requests queued for the agent's AOR thread",

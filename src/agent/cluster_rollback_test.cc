@@ -42,32 +42,54 @@ bool WaitFor(Pred pred) {
   return pred();
 }
 
-TEST(ClusterRollback, RestoreTargetForgetsTheFailedAttemptsLaterSteps) {
+// Node 0's agent in cluster mode against a real embedded store over
+// authenticated TCP; members are destroyed in reverse order (the agent first).
+struct OneNodeJob {
+  std::unique_ptr<coord::EmbeddedStoreServer> server;
+  std::unique_ptr<coord::Store> store;
+  std::unique_ptr<shm::testing::ShmScratchDir> dir;
+  std::string root;
+  std::unique_ptr<shm::NodeStore> node_store;
+  std::unique_ptr<JobMember> member;
+};
+
+void StartOneNodeJob(const std::string& scratch_prefix, OneNodeJob* job) {
   ASSERT_EQ(setenv("MEMENTO_JOB_TOKEN", kSecret, 1), 0);
   auto token = net::JobToken::FromSecret(kSecret);
   ASSERT_TRUE(token.ok());
   auto server = coord::EmbeddedStoreServer::Start("127.0.0.1", 0, *token);
   ASSERT_TRUE(server.ok()) << server.status();
-  const std::string url = "tcp://127.0.0.1:" + std::to_string((*server)->port());
+  job->server = std::move(*server);
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(job->server->port());
   auto store = coord::OpenStore(url, "", Soon());
   ASSERT_TRUE(store.ok()) << store.status();
+  job->store = std::move(*store);
 
-  shm::testing::ShmScratchDir dir("memento-rollback");
-  const std::string root = dir.path() + "/node0";
-  auto node_store = shm::NodeStore::Open({root, kJob, 0, 0});
+  job->dir = std::make_unique<shm::testing::ShmScratchDir>(scratch_prefix);
+  job->root = job->dir->path() + "/node0";
+  auto node_store = shm::NodeStore::Open({job->root, kJob, 0, 0});
   ASSERT_TRUE(node_store.ok()) << node_store.status();
+  job->node_store = std::move(*node_store);
   JobMemberOptions options;
   options.store_url = url;
-  auto cluster = JobMember::Start(options, kJob, 0, root, node_store->get());
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  JobMember& c = **cluster;
+  auto member = JobMember::Start(options, kJob, 0, job->root, job->node_store.get());
+  ASSERT_TRUE(member.ok()) << member.status();
+  job->member = std::move(*member);
+}
+
+TEST(ClusterRollback, RestoreTargetForgetsTheFailedAttemptsLaterSteps) {
+  OneNodeJob job;
+  ASSERT_NO_FATAL_FAILURE(StartOneNodeJob("memento-rollback", &job));
+  coord::Store* store = job.store.get();
+  const std::string& root = job.root;
+  JobMember& c = *job.member;
 
   // The failed attempt: node0 skipped steps 9 and 12, node1 skipped 12 too;
   // node0 held step 14 (reported, not committed) when the failure came.
   coord::JobKeys keys(kJob);
   for (const auto& [step, node] :
        {std::pair<int64_t, std::string>{9, "node0"}, {12, "node0"}, {12, "node1"}}) {
-    ASSERT_TRUE((*store)->Set(keys.Skipped(step, node), "rank skipped its snapshot", Soon()).ok());
+    ASSERT_TRUE(store->Set(keys.Skipped(step, node), "rank skipped its snapshot", Soon()).ok());
   }
   ASSERT_TRUE(WaitFor([&] { return c.Dead(9) && c.Dead(12); }))
       << "the skip watcher never delivered the skip records";
@@ -97,7 +119,7 @@ TEST(ClusterRollback, RestoreTargetForgetsTheFailedAttemptsLaterSteps) {
   // This node's skip record of the later step is gone from the store (an
   // agent restarted later would read it again); the older one and the other
   // node's (deleted by that node's own agent) are left.
-  auto listing = (*store)->List(keys.SkippedPrefix(), Soon());
+  auto listing = store->List(keys.SkippedPrefix(), Soon());
   ASSERT_TRUE(listing.ok()) << listing.status();
   std::set<std::string> left;
   for (const auto& kv : listing->kvs) left.insert(kv.key);
@@ -106,8 +128,8 @@ TEST(ClusterRollback, RestoreTargetForgetsTheFailedAttemptsLaterSteps) {
   // A skip of the new attempt counts again.
   c.OnSkipped(0, 12);
   EXPECT_TRUE(c.Dead(12));
-  EXPECT_TRUE((*store)->Get(keys.Skipped(12, "node0"), Soon()).ok());
-  cluster->reset();
+  EXPECT_TRUE(store->Get(keys.Skipped(12, "node0"), Soon()).ok());
+  job.member.reset();
 }
 
 // Skip records name their commit epoch (coord::JobKeys::Skipped). A record
@@ -118,28 +140,14 @@ TEST(ClusterRollback, RestoreTargetForgetsTheFailedAttemptsLaterSteps) {
 // written before this node's SetRestoreTarget (another node got there
 // first) still counts.
 TEST(ClusterRollback, AnOlderEpochsSkipRecordNeverCounts) {
-  ASSERT_EQ(setenv("MEMENTO_JOB_TOKEN", kSecret, 1), 0);
-  auto token = net::JobToken::FromSecret(kSecret);
-  ASSERT_TRUE(token.ok());
-  auto server = coord::EmbeddedStoreServer::Start("127.0.0.1", 0, *token);
-  ASSERT_TRUE(server.ok()) << server.status();
-  const std::string url = "tcp://127.0.0.1:" + std::to_string((*server)->port());
-  auto store = coord::OpenStore(url, "", Soon());
-  ASSERT_TRUE(store.ok()) << store.status();
-
-  shm::testing::ShmScratchDir dir("memento-rollback-epoch");
-  const std::string root = dir.path() + "/node0";
-  auto node_store = shm::NodeStore::Open({root, kJob, 0, 0});
-  ASSERT_TRUE(node_store.ok()) << node_store.status();
-  JobMemberOptions options;
-  options.store_url = url;
-  auto cluster = JobMember::Start(options, kJob, 0, root, node_store->get());
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  JobMember& c = **cluster;
+  OneNodeJob job;
+  ASSERT_NO_FATAL_FAILURE(StartOneNodeJob("memento-rollback-epoch", &job));
+  coord::Store* store = job.store.get();
+  JobMember& c = *job.member;
   coord::JobKeys keys(kJob);
 
   // Epoch 0: node1 skipped step 12, this node step 13.
-  ASSERT_TRUE((*store)->Set(keys.Skipped(12, "node1"), "rank 1 skipped", Soon()).ok());
+  ASSERT_TRUE(store->Set(keys.Skipped(12, "node1"), "rank 1 skipped", Soon()).ok());
   c.OnSkipped(0, 13);
   ASSERT_TRUE(WaitFor([&] { return c.Dead(12) && c.Dead(13); }));
   // The recovery restores step 10 in epoch 1.
@@ -147,31 +155,31 @@ TEST(ClusterRollback, AnOlderEpochsSkipRecordNeverCounts) {
   EXPECT_FALSE(c.Dead(12));
   EXPECT_FALSE(c.Dead(13));
   // Its own epoch-0 record of 13 is gone; node1's is node1's to delete.
-  EXPECT_FALSE((*store)->Get(keys.Skipped(13, "node0"), Soon()).ok());
+  EXPECT_FALSE(store->Get(keys.Skipped(13, "node0"), Soon()).ok());
   // node1's epoch-0 record of 12 is put again after the rollback (a newer
   // revision than the rollback's listing). Then, in epoch 1, node1 skips
   // 14: once that event is in, the one before it was seen too.
-  ASSERT_TRUE((*store)->Set(keys.Skipped(12, "node1"), "", Soon()).ok());
-  ASSERT_TRUE((*store)->Set(keys.Skipped(14, "node1", 1), "rank 1 skipped", Soon()).ok());
+  ASSERT_TRUE(store->Set(keys.Skipped(12, "node1"), "", Soon()).ok());
+  ASSERT_TRUE(store->Set(keys.Skipped(14, "node1", 1), "rank 1 skipped", Soon()).ok());
   ASSERT_TRUE(WaitFor([&] { return c.Dead(14); })) << "the epoch-1 skip never counted";
   EXPECT_FALSE(c.Dead(12)) << "a skip of the abandoned history counted in the new one";
   // This node's skips are published in its epoch.
   c.OnSkipped(0, 15);
-  EXPECT_TRUE((*store)->Get(keys.Skipped(15, "node0", 1), Soon()).ok());
-  EXPECT_FALSE((*store)->Get(keys.Skipped(15, "node0"), Soon()).ok());
+  EXPECT_TRUE(store->Get(keys.Skipped(15, "node0", 1), Soon()).ok());
+  EXPECT_FALSE(store->Get(keys.Skipped(15, "node0"), Soon()).ok());
 
   // node2 is already in epoch 2 and skipped 16 before this node is told
   // that the job goes back to 11 in epoch 2: that skip belongs to the new
   // history and still counts; epoch 1's skips (14, 15) do not.
-  ASSERT_TRUE((*store)->Set(keys.Skipped(16, "node2", 2), "rank 2 skipped", Soon()).ok());
+  ASSERT_TRUE(store->Set(keys.Skipped(16, "node2", 2), "rank 2 skipped", Soon()).ok());
   ASSERT_TRUE(WaitFor([&] { return c.Dead(16); }));
   c.SetRestoreTarget(11, 2);
   EXPECT_TRUE(c.Dead(16));
   EXPECT_FALSE(c.Dead(14));
   EXPECT_FALSE(c.Dead(15));
-  EXPECT_FALSE((*store)->Get(keys.Skipped(15, "node0", 1), Soon()).ok());
-  EXPECT_TRUE((*store)->Get(keys.Skipped(16, "node2", 2), Soon()).ok());
-  cluster->reset();
+  EXPECT_FALSE(store->Get(keys.Skipped(15, "node0", 1), Soon()).ok());
+  EXPECT_TRUE(store->Get(keys.Skipped(16, "node2", 2), Soon()).ok());
+  job.member.reset();
 }
 
 }  // namespace

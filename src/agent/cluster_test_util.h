@@ -66,6 +66,9 @@ inline std::vector<uint8_t> TensorBytes(const TensorMeta& t, int rank, int64_t s
   uint64_t seed = std::hash<std::string>()(t.name) ^
                   (static_cast<uint64_t>(step) * 0x9e3779b97f4a7c15ULL) ^ salt;
   if (t.state_class == StateClass::kPrivate) seed ^= static_cast<uint64_t>(rank + 1) << 40;
+  // Each rank's optimizer shard is its own (a restore that read another
+  // rank's would be caught).
+  if (t.state_class == StateClass::kDpSharded) seed ^= static_cast<uint64_t>(rank + 1) << 48;
   std::mt19937_64 rng(seed);
   for (auto& b : v) b = static_cast<uint8_t>(rng());
   return v;

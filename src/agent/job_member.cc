@@ -188,12 +188,13 @@ JobMember::~JobMember() {
     MEMENTO_LOG_INFO(
         "save path totals: {} versions produced, {} bytes of copies pushed; aor: {} copies made "
         "from host replicas, {} pushes ({} bytes) not made, {} replica steps confirmed, {} "
-        "refused, {} steps abandoned missing an aor copy; {} captures queued, {} replica steps "
-        "computed in the aor thread, {} stage slots not used",
+        "refused, {} steps abandoned missing an aor copy, {} copies not made from a replica "
+        "changed in memory; {} captures queued, {} replica steps computed in the aor thread, {} "
+        "stage slots not used",
         stats_.produced, stats_.pushed_bytes, aor_stats_.entries_from_replica,
         aor_stats_.skipped_pushes, aor_stats_.skipped_push_bytes, aor_stats_.confirmed,
-        aor_stats_.refused, aor_stats_.missing, holder.submitted, holder.advanced,
-        holder.stage_refused);
+        aor_stats_.refused, aor_stats_.missing, aor_stats_.copy_refused, holder.submitted,
+        holder.advanced, holder.stage_refused);
   }
   follower_.reset();
   skip_watcher_.reset();

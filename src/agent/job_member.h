@@ -220,6 +220,10 @@ class JobMember {
     // Steps abandoned because a kAor copy this node holds was neither
     // pushed nor made from the replica by the hold timeout.
     int64_t missing = 0;
+    // Entries not made from a replica because its bytes no longer hashed to
+    // its step's state hash when copied (changed in memory since the step;
+    // opt::AorReplica::CopyStateTo): the replica is refused and seeded again.
+    int64_t copy_refused = 0;
   };
   AorStats aor_stats() EXCLUDES(aor_mu_);
 
@@ -363,6 +367,12 @@ class JobMember {
   // owners' nodes push every kAor copy it holds until a replica is
   // confirmed again.
   void ForgetAorHeld() EXCLUDES(aor_mu_);
+  // The replicas whose bytes changed in memory after a step of `step` or
+  // before (their entry not made, aor_copy_bad_): refused (seeded again,
+  // the owner's node pushes again); DataLoss when `step` then lacks the
+  // copy. Whether there is one, for the wait for the step's entries.
+  [[nodiscard]] Status RefuseChangedAorReplicas(int64_t step) EXCLUDES(aor_mu_);
+  bool AorReplicaChanged(int64_t step) EXCLUDES(aor_mu_);
   // The copies this node holds of `step` (pushed or made from a replica)
   // that are not finished, named for the abandon message; counts a step
   // missing a kAor copy in AorStats::missing.
@@ -377,6 +387,10 @@ class JobMember {
   // into an entry or not: the first step the owner's node may skip is past it.
   std::map<uint32_t, int64_t> aor_advanced_ GUARDED_BY(aor_mu_);
   std::map<uint32_t, std::set<int64_t>> aor_entries_ GUARDED_BY(aor_mu_);  // made from the replica
+  // copy -> the first step whose entry the replica's bytes failed to make
+  // (CopyStateTo) and why: no entry is made from that replica until
+  // CheckAorCopies refuses it.
+  std::map<uint32_t, std::pair<int64_t, std::string>> aor_copy_bad_ GUARDED_BY(aor_mu_);
   AorStats aor_stats_ GUARDED_BY(aor_mu_);
   std::thread thread_;
 };

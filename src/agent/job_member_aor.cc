@@ -8,6 +8,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "agent/job_member.h"
 #include "common/human.h"
@@ -198,6 +202,7 @@ void JobMember::OnAorAdvanced(const AorRange& range, int64_t step, const opt::Ao
     newest = std::max(newest, step);
     auto it = aor_confirmed_.find(range.copy);
     if (it == aor_confirmed_.end() || step <= it->second) return;  // pushes still make it
+    if (aor_copy_bad_.count(range.copy) > 0) return;               // refused at the next check
   }
   if (!ready_.load() || step <= committed_.load()) return;
   const recover::ByteSource entry{recover::SourceKind::kCopy, range.copy};
@@ -208,9 +213,19 @@ void JobMember::OnAorAdvanced(const AorRange& range, int64_t step, const opt::Ao
   Status st = red_->Ensure(step);
   auto buf = st.ok() ? red_->EntryBuffer(step, entry) : Result<uint8_t*>(st);
   if (buf.ok()) {
-    const size_t n = replica.count() * sizeof(float);
-    for (int k = 0; k < replica.num_state(); ++k) std::memcpy(*buf + k * n, replica.state(k), n);
-    st = red_->FinishEntry(step, entry);
+    // The entry's chunk checksums are computed from the entry: the copy
+    // itself is checked against the state hash of the step, so a byte of
+    // the replica changed in memory since then is not protected by them.
+    st = replica.CopyStateTo(*buf);
+    if (st.code() == StatusCode::kDataLoss) {
+      MEMENTO_LOG_WARN("aor: copy {} of step {} not made from the replica of rank {}: {}",
+                       range.copy, step, range.owner, st.ToString());
+      MutexLock l(&aor_mu_);
+      ++aor_stats_.copy_refused;
+      aor_copy_bad_.emplace(range.copy, std::make_pair(step, std::string(st.message())));
+      return;
+    }
+    if (st.ok()) st = red_->FinishEntry(step, entry);
   } else {
     st = buf.status();
   }
@@ -229,8 +244,56 @@ void JobMember::OnAorAdvanced(const AorRange& range, int64_t step, const opt::Ao
   cv_.SignalAll();  // Produce waits for the entries of its step
 }
 
+Status JobMember::RefuseChangedAorReplicas(int64_t step) {
+  if (aor_ == nullptr) return Status::Ok();
+  std::vector<std::pair<uint32_t, std::pair<int64_t, std::string>>> bad;
+  {
+    MutexLock l(&aor_mu_);
+    for (auto it = aor_copy_bad_.begin(); it != aor_copy_bad_.end();) {
+      if (it->second.first > step) {
+        ++it;
+        continue;
+      }
+      bad.emplace_back(it->first, it->second);
+      aor_confirmed_.erase(it->first);
+      ++aor_stats_.refused;
+      it = aor_copy_bad_.erase(it);
+    }
+  }
+  Status out = Status::Ok();
+  coord::JobKeys keys(job_);
+  for (const auto& [cid, what] : bad) {
+    // The replica's bytes changed in memory after its step (OnAorAdvanced
+    // did not copy them): dropped and seeded again from the owner, whose
+    // node pushes the copy again. The step whose entry it did not make has
+    // no copy unless a push of it came: abandoned now, not at the hold
+    // timeout, and never committed with those bytes.
+    const int owner = plan_.pieces[plan_.copies[cid].piece].rank;
+    const std::string why =
+        fmt::format("its bytes of step {} changed in memory: {}", what.first, what.second);
+    store_->Delete(keys.AorHeld(cid), Deadline::AfterSeconds(kStoreCallS)).status().IgnoreError();
+    aor_->Refuse(owner, why);
+    const recover::VersionHolding holding = red_->Holding(step, /*verify=*/false);
+    if (out.ok() &&
+        std::find(holding.copies.begin(), holding.copies.end(), cid) == holding.copies.end()) {
+      out = DataLossError(fmt::format("copy {} (AOR replica of rank {}) of step {} not made: {}",
+                                      cid, owner, step, why));
+    }
+  }
+  return out;
+}
+
+bool JobMember::AorReplicaChanged(int64_t step) {
+  MutexLock l(&aor_mu_);
+  for (const auto& [cid, what] : aor_copy_bad_) {
+    if (what.first <= step) return true;
+  }
+  return false;
+}
+
 Status JobMember::CheckAorCopies(int64_t step) {
   if (aor_ == nullptr) return Status::Ok();
+  MEMENTO_RETURN_IF_ERROR(RefuseChangedAorReplicas(step));
   coord::JobKeys keys(job_);
   // This node's ranks' own checksums up to `step` are in their staging
   // files' rings before their snapshots of `step`: published now if a

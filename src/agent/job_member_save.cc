@@ -90,6 +90,16 @@ bool JobMember::Produce(int64_t step) {
   // 4. Every entry of `step`, the ones peers push included.
   Deadline deadline = Deadline::AfterSeconds(options_.hold_timeout_s);
   while (!red_->Complete(step)) {
+    if (AorReplicaChanged(step)) {
+      // A replica's copy of this step was not made (its bytes changed in
+      // memory): refused now; the step is abandoned unless a push of the
+      // copy came.
+      st = RefuseChangedAorReplicas(step);
+      if (!st.ok()) {
+        Abandon(step, st.ToString());
+        return false;
+      }
+    }
     if (deadline.expired() || committed_.load() >= step || Dead(step)) {
       if (Dead(step)) {
         Abandon(step, "another node skipped it");

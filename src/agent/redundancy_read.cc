@@ -180,44 +180,45 @@ Status ShmRedundancyStore::CheckResidentRead(const Version& v, uint32_t index,
 
 // ---- Bytes ------------------------------------------------------------------
 
+Result<ShmRedundancyStore::ReadTarget> ShmRedundancyStore::FindForRead(
+    const recover::ReadRequest& req) {
+  ReadTarget t;
+  MutexLock l(&mu_);
+  MEMENTO_ASSIGN_OR_RETURN(auto found, Find(req.step, req.source));
+  std::tie(t.version, t.index) = found;
+  t.is_resident = IsResident(TableOf(*t.version->segment)[t.index]);
+  t.resident = t.version->resident[t.index];
+  t.check = t.version->check[t.index];
+  return t;
+}
+
 Status ShmRedundancyStore::ServeResident(const recover::ReadRequest& req,
                                          const PieceReader::EmitFn& emit) {
-  std::shared_ptr<Version> v;
-  uint32_t index = 0;
-  std::shared_ptr<const ResidentSource> src;
-  {
-    MutexLock l(&mu_);
-    MEMENTO_ASSIGN_OR_RETURN(auto found, Find(req.step, req.source));
-    std::tie(v, index) = found;
-    if (!IsResident(TableOf(*v->segment)[index])) {
-      return FailedPreconditionError(
-          fmt::format("{} is stored, not resident in T0", EntryName(*v, index)));
-    }
-    src = v->resident[index];
+  MEMENTO_ASSIGN_OR_RETURN(ReadTarget t, FindForRead(req));
+  const Version& v = *t.version;
+  if (!t.is_resident) {
+    return FailedPreconditionError(
+        fmt::format("{} is stored, not resident in T0", EntryName(v, t.index)));
   }
-  MEMENTO_RETURN_IF_ERROR(CheckResidentRead(*v, index, src.get(), req));
-  return t0_.ServeSegments(RefOf(*v, index, *src), req.offset, req.length, emit);
+  MEMENTO_RETURN_IF_ERROR(CheckResidentRead(v, t.index, t.resident.get(), req));
+  return t0_.ServeSegments(RefOf(v, t.index, *t.resident), req.offset, req.length, emit);
 }
 
 Result<ShmRedundancyStore::View> ShmRedundancyStore::ReadView(const recover::ReadRequest& req) {
-  std::shared_ptr<Version> v;
-  uint32_t index = 0;
-  Check check = Check::kUnknown;
-  std::shared_ptr<const ResidentSource> src;
-  {
-    MutexLock l(&mu_);
-    MEMENTO_ASSIGN_OR_RETURN(auto found, Find(req.step, req.source));
-    std::tie(v, index) = found;
-    check = v->check[index];
-    src = v->resident[index];
-  }
-  const shm::RedundancyEntry& e = TableOf(*v->segment)[index];
-  if (IsResident(e)) return ReadResidentView(*v, index, src.get(), req);
-  MEMENTO_RETURN_IF_ERROR(CheckStoredRead(*v, index, check, req));
+  MEMENTO_ASSIGN_OR_RETURN(ReadTarget t, FindForRead(req));
+  if (t.is_resident) return ReadResidentView(*t.version, t.index, t.resident.get(), req);
+  return ReadStoredView(std::move(t), req);
+}
+
+Result<ShmRedundancyStore::View> ShmRedundancyStore::ReadStoredView(
+    ReadTarget target, const recover::ReadRequest& req) {
+  Version& v = *target.version;
+  MEMENTO_RETURN_IF_ERROR(CheckStoredRead(v, target.index, target.check, req));
+  const shm::RedundancyEntry& e = TableOf(*v.segment)[target.index];
   View view;
-  view.data = v->segment->data() + e.offset + req.offset;
+  view.data = v.segment->data() + e.offset + req.offset;
   view.length = req.length;
-  view.keep = std::move(v);
+  view.keep = std::move(target.version);
   return view;
 }
 
@@ -262,22 +263,12 @@ Status ShmRedundancyStore::CheckStoredRead(Version& v, uint32_t index, Check che
 }
 
 Status ShmRedundancyStore::Read(const recover::ReadRequest& req, void* dst) {
-  {
-    std::shared_ptr<Version> v;
-    uint32_t index = 0;
-    std::shared_ptr<const ResidentSource> src;
-    {
-      MutexLock l(&mu_);
-      MEMENTO_ASSIGN_OR_RETURN(auto found, Find(req.step, req.source));
-      std::tie(v, index) = found;
-      src = v->resident[index];
-    }
-    if (IsResident(TableOf(*v->segment)[index])) {
-      MEMENTO_RETURN_IF_ERROR(CheckResidentRead(*v, index, src.get(), req));
-      return t0_.ReadSegments(RefOf(*v, index, *src), req.offset, req.length, dst);
-    }
+  MEMENTO_ASSIGN_OR_RETURN(ReadTarget t, FindForRead(req));
+  if (t.is_resident) {
+    MEMENTO_RETURN_IF_ERROR(CheckResidentRead(*t.version, t.index, t.resident.get(), req));
+    return t0_.ReadSegments(RefOf(*t.version, t.index, *t.resident), req.offset, req.length, dst);
   }
-  MEMENTO_ASSIGN_OR_RETURN(View view, ReadView(req));
+  MEMENTO_ASSIGN_OR_RETURN(View view, ReadStoredView(std::move(t), req));
   if (view.length > 0) std::memcpy(dst, view.data, view.length);
   return Status::Ok();
 }

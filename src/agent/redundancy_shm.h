@@ -209,6 +209,22 @@ class ShmRedundancyStore final : public RedundancyStore {
   // done); `src` (v.resident[index], taken under mu_) must outlive it.
   static PieceReader::SegmentsRef RefOf(const Version& v, uint32_t index,
                                         const ResidentSource& src);
+  // What a read of one entry takes under mu_ and uses outside it: the
+  // version (kept alive), the entry's index, where a resident entry's bytes
+  // lie, and what is known of a stored entry's checksum.
+  struct ReadTarget {
+    std::shared_ptr<Version> version;
+    uint32_t index = 0;
+    bool is_resident = false;  // its bytes are in a T0 slot, not in the file
+    std::shared_ptr<const ResidentSource> resident;
+    Check check = Check::kUnknown;
+  };
+  // The entry `req` names (Find; NotFound naming what is missing). The one
+  // lookup of Read, ReadView and ServeResident.
+  Result<ReadTarget> FindForRead(const recover::ReadRequest& req) EXCLUDES(mu_);
+  // ReadView of a stored entry: checked (CheckStoredRead), in the file's
+  // mapping, the version kept alive by the view.
+  Result<View> ReadStoredView(ReadTarget target, const recover::ReadRequest& req) EXCLUDES(mu_);
   // A read of a resident entry: done, resolvable, in range.
   Status CheckResidentRead(const Version& v, uint32_t index, const ResidentSource* src,
                            const recover::ReadRequest& req) const;

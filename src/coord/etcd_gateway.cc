@@ -44,13 +44,6 @@ constexpr size_t kMaxIdleConnections = 32;
 
 }  // namespace
 
-using etcd::ErrorOf;
-using etcd::FromGrpc;
-using etcd::I64;
-using etcd::json;
-using etcd::RandomEpoch;
-using etcd::SetTimeouts;
-
 std::unique_ptr<EtcdStore::Conn> EtcdStore::Acquire(size_t* endpoint) {
   const size_t want = current_.load() % options_.endpoints.size();
   {

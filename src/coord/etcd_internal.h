@@ -59,6 +59,18 @@ void SetTimeouts(httplib::Client& c, Deadline deadline);
 
 }  // namespace etcd
 
+// The etcd client's source files (the only ones that include this header)
+// name the gateway's helpers unqualified.
+using etcd::B64;
+using etcd::ErrorOf;
+using etcd::FromGrpc;
+using etcd::I64;
+using etcd::json;
+using etcd::ParseKv;
+using etcd::PrefixRange;
+using etcd::RandomEpoch;
+using etcd::SetTimeouts;
+
 struct EtcdStore::Conn {
   size_t endpoint = 0;
   std::unique_ptr<httplib::Client> client;

@@ -12,12 +12,6 @@
 
 namespace memento::coord {
 
-using etcd::B64;
-using etcd::I64;
-using etcd::json;
-using etcd::ParseKv;
-using etcd::PrefixRange;
-
 Result<std::optional<KeyValue>> EtcdStore::Range1(const std::string& key, Deadline deadline) {
   MEMENTO_ASSIGN_OR_RETURN(json r, Call("/v3/kv/range", json{{"key", B64(key)}}, deadline, true));
   auto kvs = r.find("kvs");

@@ -23,9 +23,6 @@ std::string Env(const char* name) {
 
 }  // namespace
 
-using etcd::json;
-using etcd::RandomEpoch;
-
 Result<EtcdOptions> ParseEtcdUrl(const std::string& url) {
   constexpr std::string_view kScheme = "etcd://";
   if (url.compare(0, kScheme.size(), kScheme) != 0) {

@@ -10,12 +10,6 @@
 
 namespace memento::coord {
 
-using etcd::B64;
-using etcd::I64;
-using etcd::json;
-using etcd::ParseKv;
-using etcd::PrefixRange;
-
 Status EtcdStore::CheckNotFuture(const std::string& prefix, int64_t after, int64_t header_revision,
                                  Deadline deadline) {
   if (after <= header_revision) return Status::Ok();

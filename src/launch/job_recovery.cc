@@ -27,6 +27,24 @@ Status PublishTopology(coord::Store& store, const std::string& job, const JobTop
   return store.Set(keys.Topology(), topo::JobTopologyToJson(t).dump(), deadline).status();
 }
 
+Status PublishTopologyIfAbsent(coord::Store& store, const std::string& job, const JobTopology& t,
+                               Deadline deadline) {
+  coord::JobKeys keys(job);
+  const std::string mine = topo::JobTopologyToJson(t).dump();
+  MEMENTO_ASSIGN_OR_RETURN(coord::CasResult cas,
+                           store.CompareAndSwap(keys.Topology(), std::nullopt, mine, deadline));
+  if (cas.swapped || !cas.current.has_value()) return Status::Ok();
+  // Compared as records, not as text: another writer may order the fields
+  // differently.
+  auto theirs = topo::ParseJobTopology(cas.current->value);
+  if (theirs.ok() && topo::JobTopologyToJson(*theirs) == topo::JobTopologyToJson(t)) {
+    return Status::Ok();
+  }
+  return FailedPreconditionError(
+      fmt::format("job '{}' already has another topology at {}: {} (this agent's --topology is {})",
+                  job, keys.Topology(), cas.current->value.substr(0, 400), mine));
+}
+
 namespace {
 
 Result<json> ParseJson(const std::string& text, const std::string& what) {

@@ -40,6 +40,13 @@ using JobTopology = topo::JobTopology;
                                      const JobTopology& t, Deadline deadline);
 [[nodiscard]] Result<JobTopology> ReadTopology(coord::Store& store, const std::string& job,
                                                Deadline deadline);
+// For jobs that no launcher starts (torchrun on every host, `memento agent
+// --topology`): publishes `t` unless the job already has a topology. OK when
+// it has this one (every node's agent publishes the same record);
+// FailedPrecondition quoting both records when it has another (an agent
+// started with a different --topology than the job's).
+[[nodiscard]] Status PublishTopologyIfAbsent(coord::Store& store, const std::string& job,
+                                             const JobTopology& t, Deadline deadline);
 
 // Every rank's tensors from the store. NotFound (naming the missing ranks)
 // until every rank of the topology published its inventory.

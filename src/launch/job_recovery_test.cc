@@ -1,9 +1,12 @@
 #include "launch/job_recovery.h"
 
+#include <thread>
+
 #include "common/tensor_json.h"
 #include "coord/keys.h"
 #include "coord/memory_store.h"
 #include "gtest/gtest.h"
+#include "launch/recovery_leader.h"
 #include "model/auto_plan.h"
 #include "recover/recover.h"
 #include "topo/plan_json.h"
@@ -50,6 +53,74 @@ TEST(LaunchCluster, PublishedTopologyKeepsRackLabels) {
   EXPECT_EQ(back->topology.node_rack, (std::vector<std::string>{"rackA", "rackB"}));
   EXPECT_EQ(topo::PolicyName(back->policy), "rs:2");
   EXPECT_EQ(back->policy.local_copy, topo::LocalCopy::kFull);
+}
+
+TEST(LaunchCluster, PublishTopologyIfAbsentKeepsTheJobsRecordAndRefusesAnother) {
+  // Every host's agent publishes the same --topology; the first one wins, the
+  // others find it; an agent with another topology is refused, naming both.
+  coord::MemoryStore store;
+  auto three = topo::Topology::Uniform(3, 1, 1, 0, 1);
+  ASSERT_TRUE(three.ok()) << three.status();
+  JobTopology t{*three, *topo::ParsePolicy("replicate")};
+  ASSERT_TRUE(PublishTopologyIfAbsent(store, "j", t, Soon()).ok());
+  ASSERT_TRUE(PublishTopologyIfAbsent(store, "j", t, Soon()).ok());
+  // The same record written with another field order is the same topology.
+  auto parsed = topo::ParseJobTopology(
+      R"({"policy":"replicate","rank_node":[0,1,2],"zero":0,"pp":1,"tp":1,"dp":3})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(PublishTopologyIfAbsent(store, "j", *parsed, Soon()).ok());
+  auto back = ReadTopology(store, "j", Soon());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->topology.rank_node, (std::vector<int>{0, 1, 2}));
+
+  JobTopology other{*three, *topo::ParsePolicy("xor")};
+  Status st = PublishTopologyIfAbsent(store, "j", other, Soon());
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("already has another topology"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("\"policy\":\"xor\""), std::string::npos) << st;
+  // The job's record is unchanged.
+  back = ReadTopology(store, "j", Soon());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(topo::PolicyName(back->policy), "replicate");
+}
+
+TEST(LaunchCluster, AwaitRecoveryIdleWaitsWhileARecoveryIsRequestedOrRunning) {
+  // What an agent's `target` op waits for before it answers a trainer
+  // restarted by torchrun: the leader's newest request has a final status.
+  coord::MemoryStore store;
+  const std::string job = "j";
+  auto set_status = [&](int64_t id, const std::string& state) {
+    RecoveryStatus s;
+    s.id = id;
+    s.state = state;
+    s.leader = "node0";
+    ASSERT_TRUE(store.Set(RecoveryStatusKey(job), s.ToJson().dump(), Soon()).ok());
+  };
+  auto short_wait = [&] { return AwaitRecoveryIdle(store, job, Deadline::AfterSeconds(0.3)); };
+  // No leader, no request: nothing to wait for.
+  EXPECT_TRUE(short_wait().ok());
+  // A request but no leader elected: nobody would run it, no wait.
+  ASSERT_TRUE(RequestRecovery(store, job, Soon()).ok());
+  EXPECT_TRUE(short_wait().ok());
+  ASSERT_TRUE(store.Set(RecoveryLeaderKey(job), "node0", Soon()).ok());
+  Status st = short_wait();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st;
+  EXPECT_NE(st.message().find("recovery 1 of job 'j' is still requested"), std::string::npos) << st;
+  ASSERT_NO_FATAL_FAILURE(set_status(1, "running"));
+  st = short_wait();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st;
+  EXPECT_NE(st.message().find("still running"), std::string::npos) << st;
+  ASSERT_NO_FATAL_FAILURE(set_status(1, "done"));
+  EXPECT_TRUE(short_wait().ok());
+  // A newer request: waits until its status is final, and returns then.
+  ASSERT_TRUE(RequestRecovery(store, job, Soon()).ok());
+  EXPECT_EQ(short_wait().code(), StatusCode::kUnavailable);
+  std::thread leader([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    set_status(2, "failed");
+  });
+  EXPECT_TRUE(AwaitRecoveryIdle(store, job, Deadline::AfterSeconds(20)).ok());
+  leader.join();
 }
 
 TEST(LaunchCluster, PlanFromStoreWaitsForEveryInventoryThenMatchesMakePlan) {

@@ -44,8 +44,10 @@ net::JobToken Token() {
 // does.
 class TestCluster {
  public:
-  TestCluster(int n, const std::string& policy)
-      : inv_(MakeInventory(n)), plan_(agent::MakeClusterPlan(MakeTestPlan(n, inv_, policy), inv_)) {
+  // `zero` 1: every rank also holds a ZeRO-1 optimizer shard ("opt",
+  // dp_sharded), which the plan protects with kAor copies (REFT AOR).
+  TestCluster(int n, const std::string& policy, int zero = 0)
+      : inv_(Inventory(n, zero)), plan_(agent::MakeClusterPlan(Plan(n, inv_, policy, zero), inv_)) {
     for (int i = 0; i < n; ++i) {
       nodes_.emplace_back(std::make_unique<Node>());
       StartNode(i, dir_.path() + "/node" + std::to_string(i));
@@ -187,10 +189,31 @@ class TestCluster {
     return SIZE_MAX;
   }
 
+  // Flips a byte of the kAor copy of `owner`'s optimizer shard that node
+  // `i` stores for `step`, after a verifying read cached it as good (as
+  // FlipParities). Returns how many were flipped (0 or 1).
+  int FlipAorCopy(int i, int64_t step, int owner) {
+    return FlipEntries(i, step, 3, 0x21, [&](const shm::RedundancyEntry& entry) {
+      if (entry.kind != static_cast<uint32_t>(SourceKind::kCopy)) return false;
+      const topo::Copy& cp = plan().copies[entry.id];
+      return cp.kind == topo::CopyKind::kAor && plan().pieces[cp.piece].rank == owner;
+    });
+  }
+
   // Flips a byte in every parity entry of `step` that node `i` stores, after
   // a verifying read cached them as good (silent corruption at rest, after
   // the node's last check). Returns how many were flipped.
   int FlipParities(int i, int64_t step) {
+    return FlipEntries(i, step, 2, 0x40, [](const shm::RedundancyEntry& entry) {
+      return entry.kind == static_cast<uint32_t>(SourceKind::kParity);
+    });
+  }
+
+  // XORs `mask` into the byte at 1/`at_fraction` of every non-empty entry of
+  // node `i`'s redundancy version `step` that `chosen` picks, after a
+  // verifying read cached the entries as good. Returns how many it changed.
+  template <typename Pred>
+  int FlipEntries(int i, int64_t step, uint64_t at_fraction, uint8_t mask, Pred chosen) {
     (void)node(i).red->Holding(step, /*verify=*/true);
     auto seg = shm::Segment::Open(agent::RedundancyVersionPath(node(i).root, step), true);
     MEMENTO_CHECK(seg.ok());
@@ -199,10 +222,8 @@ class TestCluster {
         reinterpret_cast<const shm::RedundancyEntry*>((*seg)->data() + h->table_offset);
     int flipped = 0;
     for (uint32_t e = 0; e < h->num_entries; ++e) {
-      if (table[e].kind != static_cast<uint32_t>(SourceKind::kParity) || table[e].bytes == 0) {
-        continue;
-      }
-      (*seg)->data()[table[e].offset + table[e].bytes / 2] ^= 0x40;
+      if (table[e].bytes == 0 || !chosen(table[e])) continue;
+      (*seg)->data()[table[e].offset + table[e].bytes / at_fraction] ^= mask;
       ++flipped;
     }
     return flipped;
@@ -257,6 +278,24 @@ class TestCluster {
     nd->service = std::move(svc).value();
     coord::JobKeys keys(kJob);
     ASSERT_TRUE(store_.Set(keys.Node(coord::NodeName(i)), nd->service->endpoint(), Soon()).ok());
+  }
+
+  static topo::Inventory Inventory(int n, int zero) {
+    topo::Inventory inv = MakeInventory(n);
+    if (zero == 1) {
+      for (auto& r : inv) r.push_back(Tensor("opt", DType::kFloat32, 1500, StateClass::kDpSharded));
+    }
+    return inv;
+  }
+  static topo::Plan Plan(int n, const topo::Inventory& inv, const std::string& policy, int zero) {
+    if (zero == 0) return MakeTestPlan(n, inv, policy);
+    auto t = topo::Topology::Uniform(n, 1, 1, zero, 1);
+    MEMENTO_CHECK(t.ok());
+    auto pol = topo::ParsePolicy(policy);
+    MEMENTO_CHECK(pol.ok());
+    auto plan = topo::MakePlan(*t, inv, *pol);
+    MEMENTO_CHECK(plan.ok());
+    return std::move(plan).value();
   }
 
   shm::testing::ShmScratchDir dir_{"memento-launch"};
@@ -438,6 +477,55 @@ TEST(RecoverJob, ACorruptedParityServedBeforeItsCheckIsNotTrustedAfterwards) {
   ASSERT_EQ(r->nodes.size(), 1u);
   EXPECT_EQ(r->nodes[0].ranks, std::vector<int>{1});
   ExpectEveryRankRestored(c, 4, 5);
+}
+
+// REFT AOR under rs:2 keeps two kAor copies of each ZeRO-1 optimizer shard
+// (plan "rs:2+aor:2"). Rank 1's node is lost and the copy of its shard on
+// node 2 is corrupt (after node 2's last check): the recovery does not
+// restore it but takes the shard from node 3's copy, from memory, at the
+// same step, and rank 1 ends bit-identical (its shard included).
+TEST(RecoverJob, ACorruptedAorCopyOfALostShardIsReplacedByItsOtherHolderUnderRs2) {
+  TestCluster c(4, "rs:2", /*zero=*/1);
+  int aor_copies = 0;
+  for (const topo::Copy& cp : c.plan().copies) {
+    if (cp.kind == topo::CopyKind::kAor && c.plan().pieces[cp.piece].rank == 1) {
+      EXPECT_TRUE(cp.node == 2 || cp.node == 3) << cp.node;
+      ++aor_copies;
+    }
+  }
+  ASSERT_EQ(aor_copies, 2);
+  c.WriteT0(5, 1);
+  c.ProduceRedundancy(5);
+  c.ReplaceNode(1);
+  ASSERT_EQ(c.FlipAorCopy(2, 5, /*owner=*/1), 1);
+  auto r = RecoverJob(c.store(), c.plan(), Token(), Options(4), Soon());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->decision.from_memory) << r->decision.reason;
+  EXPECT_EQ(r->decision.step, 5);
+  // The bad copy was found (by the read that streamed it, or by node 2's
+  // own check alongside the rebuild) and the leader decided again without
+  // it.
+  EXPECT_TRUE(r->redecided) << r->decision.reason;
+  EXPECT_NE(r->decision.reason.find("rank1/dp on node 3"), std::string::npos) << r->decision.reason;
+  EXPECT_EQ(r->decision.reason.find("rank1/dp on node 2"), std::string::npos) << r->decision.reason;
+  ExpectEveryRankRestored(c, 4, 5);
+}
+
+// Under replicate ("arc+aor") the kAor copy is the optimizer shard's only
+// copy in memory: corrupt, it is not restored; the recovery says the shard
+// cannot be rebuilt from memory (rank1/dp), sets no restore target, and the
+// launcher goes on to the durable tier (docs/recovery.md; not run here).
+TEST(RecoverJob, ACorruptedAorCopyWithNoOtherHolderIsNotRestored) {
+  TestCluster c(4, "replicate", /*zero=*/1);
+  c.WriteT0(5, 1);
+  c.ProduceRedundancy(5);
+  c.ReplaceNode(1);
+  ASSERT_EQ(c.FlipAorCopy(2, 5, /*owner=*/1), 1);
+  auto r = RecoverJob(c.store(), c.plan(), Token(), Options(4), Soon());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->decision.from_memory) << r->decision.reason;
+  EXPECT_NE(r->decision.reason.find("rank1/dp"), std::string::npos) << r->decision.reason;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.node(i).restore_target.load(), -1) << i;
 }
 
 // Without deferred verification the inventories hash everything first: the

@@ -111,6 +111,24 @@ Result<RecoveryView> ReadRecoveryView(coord::Store& store, const std::string& jo
   return v;
 }
 
+Status AwaitRecoveryIdle(coord::Store& store, const std::string& job, Deadline deadline) {
+  for (;;) {
+    MEMENTO_ASSIGN_OR_RETURN(RecoveryView v,
+                             ReadRecoveryView(store, job, Deadline::AfterSeconds(10)));
+    const int64_t last = v.has_status ? v.status.id : 0;
+    const bool running = v.has_status && !v.status.final();
+    if (v.leader.empty() || (v.requested <= last && !running)) return Status::Ok();
+    if (deadline.expired()) {
+      return UnavailableError(fmt::format(
+          "recovery {} of job '{}' is still {} (leader {}); the step to restore is not known yet, "
+          "try again (`memento recover --job {} --wait` waits for it)",
+          std::max(v.requested, last), job, running ? v.status.state : std::string("requested"),
+          v.leader, job));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 namespace {
 // The floor's value; `kv` is the key as read (NotFound: 0).
 Result<uint64_t> ParseEpochFloor(const std::string& job, const Result<coord::KeyValue>& kv) {

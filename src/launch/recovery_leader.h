@@ -119,6 +119,12 @@ struct RecoveryView {
 };
 [[nodiscard]] Result<RecoveryView> ReadRecoveryView(coord::Store& store, const std::string& job,
                                                     Deadline deadline);
+// Returns once no recovery of `job` is pending or running: no leader is
+// elected (nobody would run one), or the newest request has a final status.
+// Unavailable naming the recovery and its state when the deadline passes
+// first. What an agent's `target` op waits for (AgentOptions::await_recovery).
+[[nodiscard]] Status AwaitRecoveryIdle(coord::Store& store, const std::string& job,
+                                       Deadline deadline);
 // Raises recovery_request by one; returns the new request id. With
 // epoch_floor > 0 it first raises recovery_epoch_floor to it (never lowers
 // it): the epoch the leader chooses for this recovery (and any later one) is

@@ -3,28 +3,19 @@
 #pragma once
 
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <utility>
 
+#include "common/shell_test_util.h"
+
 namespace memento::bench_testing {
 
 // Runs a shell command, returns (exit status, stdout).
-inline std::pair<int, std::string> RunShell(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, out};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using memento::testing::RunShell;
 
 // The work directory the bench names on stderr ("... work dir PATH").
 inline std::string WorkDir(const std::string& stderr_file) {

@@ -8,26 +8,20 @@
 // parameters must be bit-identical; the report must name both failures with
 // their steps and breakdown, and each node's bytes next to REFT's formula.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <string>
 
+#include "common/shell_test_util.h"
 #include "common/test_util.h"
 #include "coord/etcd_process.h"
 #include "coord/store.h"
 
 namespace {
 
+// Runs a command with its stderr folded into the output.
 std::pair<int, std::string> RunShell(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return {-1, out};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return memento::testing::RunShell(cmd + " 2>&1");
 }
 
 TEST(DemoClusterTest, CrashAndNodeLossEndBitIdentical) {

@@ -5,7 +5,6 @@
 // two recovery records. The CLI runs as a real process.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
@@ -13,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/shell_test_util.h"
 #include "common/test_util.h"
 #include "coord/commit.h"
 #include "coord/embedded_store.h"
@@ -24,15 +24,9 @@
 namespace memento {
 namespace {
 
+// Runs a command with its stderr folded into the output.
 std::pair<int, std::string> RunShell(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return {-1, out};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return memento::testing::RunShell(cmd + " 2>&1");
 }
 
 class InspectClusterTest : public coord::testing::TokenStoreTest {

@@ -2,14 +2,15 @@
 // the pictures, the recommendation from bench files, simulation from a trace,
 // bad input (exit 2 naming the flag or file), and `bench plan`.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 
+#include "common/shell_test_util.h"
 #include "common/test_util.h"
 
 namespace {
@@ -23,13 +24,7 @@ CliRun Memento(const std::string& args, const std::string& dir) {
   const std::string err_file = dir + "/stderr";
   const std::string cmd = std::string(MEMENTO_CLI_BINARY) + " " + args + " 2>" + err_file;
   CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::tie(r.code, r.out) = memento::testing::RunShell(cmd);
   std::ifstream in(err_file);
   std::stringstream ss;
   ss << in.rdbuf();

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/check.h"
+#include "common/shell_test_util.h"
 #include "memento/client.h"
 #include "proc_util.h"
 #include "shm/root_gc.h"
@@ -67,14 +68,8 @@ class GcTest : public ::testing::Test {
   nlohmann::json Gc(bool dry_run) {
     std::string cmd = std::string(MEMENTO_BIN) + " gc --json --root-base " + base_ +
                       (dry_run ? " --dry-run" : "") + " 2>>" + log_ + ".gc";
-    std::FILE* p = popen(cmd.c_str(), "r");
-    EXPECT_NE(p, nullptr);
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    int st = pclose(p);
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out << ReadFile(log_ + ".gc");
+    auto [rc, out] = memento::testing::RunShell(cmd);
+    EXPECT_EQ(rc, 0) << out << ReadFile(log_ + ".gc");
     auto j = nlohmann::json::parse(out, nullptr, false);
     EXPECT_FALSE(j.is_discarded()) << out;
     return j;
