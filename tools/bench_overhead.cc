@@ -148,16 +148,21 @@ struct RunResult {
   // agents (the "agent cpu by activity:" line each logs when it stops;
   // empty when none logged it).
   nlohmann::json agent_activity;
+  // Every CPU-second of the agents by thread name, summed over the agents:
+  // the whole run (s), and per version after each agent's first report.
+  nlohmann::json agent_by_thread;
+  nlohmann::json agent_by_thread_per_version;
   // The trainer's AOR time per call, the mean over the ranks that fed
   // replicas (the "aor" object of their snapshot summaries; null: none).
   nlohmann::json aor;
 };
 
-// Sums the numeric fields of the last "agent cpu by activity: {...}" line of
-// each agent log <dir>/agent<n>.log.
-nlohmann::json AgentActivity(const std::string& dir, int nodes) {
+// Sums the numeric fields of the last "<prefix>{...}" line of each agent log
+// <dir>/agent<n>.log: "agent cpu by activity: ", "agent cpu by thread: "
+// (seconds over the whole run by thread, common/thread_cpu.h) or "agent cpu
+// by thread per version after the first: " (the steady part per version).
+nlohmann::json AgentLogSums(const std::string& dir, int nodes, const std::string& key) {
   nlohmann::json sum = nlohmann::json::object();
-  const std::string key = "agent cpu by activity: ";
   for (int n = 0; n < nodes; ++n) {
     std::ifstream in(dir + "/agent" + std::to_string(n) + ".log");
     std::string line, last;
@@ -363,7 +368,10 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
   }
   if (on) {
     out.agent_cpu_s = StopBenchAgents(&agents);
-    out.agent_activity = AgentActivity(dir, nodes);
+    out.agent_activity = AgentLogSums(dir, nodes, "agent cpu by activity: ");
+    out.agent_by_thread = AgentLogSums(dir, nodes, "agent cpu by thread: ");
+    out.agent_by_thread_per_version =
+        AgentLogSums(dir, nodes, "agent cpu by thread per version after the first: ");
   }
   cleanup();
   if (out.summary.is_null()) {
@@ -434,6 +442,14 @@ int RunOverheadBench(const OverheadArgs& a) {
   nlohmann::json first;
   nlohmann::json lag_worst;  // --cluster: the worst round's value of each quantile
   nlohmann::json activity_sum = nlohmann::json::object();  // agents' CPU by activity, all rounds
+  nlohmann::json thread_sum = nlohmann::json::object();    // agents' CPU by thread, all rounds
+  nlohmann::json thread_version_sum = nlohmann::json::object();  // the same per version
+  auto add_into = [](nlohmann::json* into, const nlohmann::json& from) {
+    if (!from.is_object()) return;
+    for (auto it = from.begin(); it != from.end(); ++it) {
+      (*into)[it.key()] = into->value(it.key(), 0.0) + it->get<double>();
+    }
+  };
   Status failed;
   int index = 0;
   for (int r = 0; r < a.rounds && failed.ok(); ++r) {
@@ -495,11 +511,9 @@ int RunOverheadBench(const OverheadArgs& a) {
     sum_copy_cpu_off += res[0].copy_cpu_s;
     sum_agent_cpu_off += res[0].agent_cpu_s;
     snap_bytes_off = res[0].snap_bytes;
-    if (res[1].agent_activity.is_object()) {
-      for (auto it = res[1].agent_activity.begin(); it != res[1].agent_activity.end(); ++it) {
-        activity_sum[it.key()] = activity_sum.value(it.key(), 0.0) + it->get<double>();
-      }
-    }
+    add_into(&activity_sum, res[1].agent_activity);
+    add_into(&thread_sum, res[1].agent_by_thread);
+    add_into(&thread_version_sum, res[1].agent_by_thread_per_version);
     if (res[1].commit_lag.is_object()) {
       for (auto it = res[1].commit_lag.begin(); it != res[1].commit_lag.end(); ++it) {
         if (!it->is_number()) continue;
@@ -538,6 +552,8 @@ int RunOverheadBench(const OverheadArgs& a) {
                        a.steps > 0 ? res[1].agent_cpu_s / static_cast<double>(a.steps) : 0.0},
                       {"commit_lag_on", res[1].commit_lag},
                       {"agent_cpu_by_activity_on", res[1].agent_activity},
+                      {"agent_cpu_s_by_thread_on", res[1].agent_by_thread},
+                      {"agent_cpu_s_per_version_by_thread_on", res[1].agent_by_thread_per_version},
                       {"wall_s_off", res[0].wall_s},
                       {"wall_s_on", res[1].wall_s},
                       {"loadavg_1m", LoadAverage()}});
@@ -550,6 +566,19 @@ int RunOverheadBench(const OverheadArgs& a) {
   const int n = a.rounds;
   const double off = sum_off / n, on = sum_on / n;
   const int world = a.dp * a.pp * a.tp;
+  // The agents' steady CPU per version (= per step: every step is
+  // snapshotted), all agents, by thread and in all; then the ranks' CPU
+  // overhead with it added to the on side.
+  nlohmann::json per_version_by_thread = nlohmann::json::object();
+  double agent_per_version = 0;
+  for (auto it = thread_version_sum.begin(); it != thread_version_sum.end(); ++it) {
+    per_version_by_thread[it.key()] = it->get<double>() / n;
+    agent_per_version += it->get<double>() / n;
+  }
+  nlohmann::json by_thread_per_step = nlohmann::json::object();
+  for (auto it = thread_sum.begin(); it != thread_sum.end(); ++it) {
+    by_thread_per_step[it.key()] = it->get<double>() / n / static_cast<double>(a.steps);
+  }
   nlohmann::json out = {
       {"bench", "overhead"},
       {"preset", a.preset},
@@ -576,6 +605,16 @@ int RunOverheadBench(const OverheadArgs& a) {
       {"cpu_s_per_step_off", sum_cpu_off / n},
       {"cpu_s_per_step_on", sum_cpu_on / n},
       {"cpu_overhead_pct", sum_cpu_off > 0 ? (sum_cpu_on - sum_cpu_off) / sum_cpu_off * 100 : 0.0},
+      {"agent_steady_cpu_s_per_version", agent_per_version},
+      {"agent_steady_cpu_s_per_version_by_thread", per_version_by_thread},
+      {"agent_cpu_s_per_step_by_thread", by_thread_per_step},
+      {"cpu_overhead_with_agents_pct",
+       // Only where the off side has no agents and the on side's reported
+       // versions (--cluster); null otherwise.
+       sum_cpu_off > 0 && !compare_aor && !compare_sharded && thread_version_sum.size() > 0
+           ? nlohmann::json((sum_cpu_on / n + agent_per_version - sum_cpu_off / n) /
+                            (sum_cpu_off / n) * 100)
+           : nlohmann::json(nullptr)},
       {"copy_cpu_s_on", sum_copy_cpu / n},
       {"agent_cpu_s_on", sum_agent_cpu / n},
       {"agent_cpu_s_per_step_on",
@@ -590,7 +629,9 @@ int RunOverheadBench(const OverheadArgs& a) {
          nlohmann::json per = nlohmann::json::object();
          for (auto it = activity_sum.begin(); it != activity_sum.end(); ++it) {
            const double mean = it->get<double>() / n;
-           per[it.key()] = it.key() == "produced" ? mean : mean / static_cast<double>(a.steps);
+           // Counts and the agents' own per-version figures stay as they are.
+           const bool as_is = it.key() == "produced" || it.key().rfind("steady_", 0) == 0;
+           per[it.key()] = as_is ? mean : mean / static_cast<double>(a.steps);
          }
          return per;
        }()},

@@ -70,6 +70,9 @@ struct Args {
   // Per round also a control run: the same, logging no step in the windows
   // (--log-one-step-in 1000000000: only step 1), the same estimator on it.
   bool overhead_control = true;
+  // The trainer's --log-copy in every log run (empty: the trainer's
+  // default), to compare the copy worker with the inline copy.
+  std::string log_copy;
 };
 
 struct RunOutput {
@@ -155,6 +158,7 @@ class Bench {
     if (recovery == "log") {
       // The pipeline log in shared memory, a file per step.
       argv.insert(argv.end(), {"--pipeline-log-dir", run_dir + "/pipeline_log"});
+      if (!a_.log_copy.empty()) argv.insert(argv.end(), {"--log-copy", a_.log_copy});
     }
     argv.insert(argv.end(), extra.begin(), extra.end());
     SpawnOptions to;
@@ -380,10 +384,14 @@ Result<json> RunSwift(const Args& a) {
   // Selective logging, per group size G: resume_s, steps and stages
   // replayed, bytes replayed, log bytes per step.
   std::map<int, std::map<std::string, std::vector<double>>> groups;
-  std::vector<double> step_dp, step_dp1, step_dp1_log, overhead, log_bytes, log_s;
+  std::vector<double> step_dp, step_dp1, step_dp1_log, overhead, log_bytes, log_s, log_cpu;
   // The runs that log one step in Bench::kLogPeriod.
   Bench::Overheads odd_all, control_all;
   std::vector<double> odd_round_median, control_round_median;
+  // Per round, the logging run's slowest rank: the trainer thread's CPU
+  // seconds in the log per logged step, and that in percent of the run's
+  // median step.
+  std::vector<double> log_cpu_logged, log_cpu_pct;
   Stopwatch wall;
   Status failed;
   for (int round = 0; round < a.rounds && failed.ok(); ++round) {
@@ -403,6 +411,14 @@ Result<json> RunSwift(const Args& a) {
         all.in_step.insert(all.in_step.end(), o.in_step.begin(), o.in_step.end());
         all.after.insert(all.after.end(), o.after.begin(), o.after.end());
         (control ? control_round_median : odd_round_median).push_back(Median(o.total));
+        if (!control) {
+          double cpu = 0;
+          for (const json& r : out.All("rank_summary"))
+            cpu = std::max(cpu, r.value("log_cpu_s_per_logged_step", 0.0));
+          log_cpu_logged.push_back(cpu);
+          const double step = Bench::MedianStep(out);
+          log_cpu_pct.push_back(step > 0 ? 100.0 * cpu / step : 0.0);
+        }
       }
       return Status::Ok();
     };
@@ -419,14 +435,16 @@ Result<json> RunSwift(const Args& a) {
       step_dp1_log.push_back(Bench::MedianStep(log_1));
       MEMENTO_RETURN_IF_ERROR(odd_run());
       overhead.push_back(100.0 * (step_dp1_log.back() - step_dp1.back()) / step_dp1.back());
-      double bytes = 0, secs = 0, ranks = 0;
+      double bytes = 0, secs = 0, cpu = 0, ranks = 0;
       for (const json& r : log_1.All("rank_summary")) {
         bytes += r.value("log_bytes_per_step", 0.0);
         secs = std::max(secs, r.value("log_s_per_step", 0.0));
+        cpu = std::max(cpu, r.value("log_cpu_s_per_step", 0.0));
         ranks += 1;
       }
       log_bytes.push_back(bytes);
       log_s.push_back(secs);
+      log_cpu.push_back(cpu);
       struct FailureRun {
         std::string mode;
         int dp;
@@ -497,6 +515,9 @@ Result<json> RunSwift(const Args& a) {
     return m;
   };
   json adjacent = pooled(odd_all, odd_round_median);
+  adjacent["log_cpu_s_per_logged_step"] = Median(log_cpu_logged);
+  adjacent["log_cpu_pct_of_step"] = Median(log_cpu_pct);
+  adjacent["log_cpu_pct_of_step_rounds"] = log_cpu_pct;
   if (a.overhead_control) {
     // The same windows with nothing logged: what the estimator gives for
     // no logging at all (0 if the steps have no period-4 pattern of their
@@ -515,7 +536,8 @@ Result<json> RunSwift(const Args& a) {
                                 {"overhead_steps", a.overhead_steps},
                                 {"overhead_save_every", a.overhead_save_every},
                                 {"overhead_control", a.overhead_control},
-                                {"rounds", a.rounds}};
+                                {"rounds", a.rounds},
+                                {"log_copy", a.log_copy.empty() ? "default" : a.log_copy}};
   if (a.overhead_only) {
     json o;
     o["bench"] = "swift";
@@ -530,7 +552,9 @@ Result<json> RunSwift(const Args& a) {
         "100 (t_{L+1} - c) / c (the log's background write of L runs during L+1), total = their "
         "sum (the overhead if every step is logged), pooled over rounds: median and a "
         "distribution-free 95% interval of the median; windows touching a snapshot step or its "
-        "fence left out; all nodes are processes on this machine";
+        "fence left out; log_cpu_s_per_logged_step: the slowest rank's trainer-thread CPU "
+        "seconds in the log per logged step (median over rounds), log_cpu_pct_of_step: that "
+        "in percent of the run's median step; all nodes are processes on this machine";
     o["wall_s"] = wall.Seconds();
     return o;
   }
@@ -591,6 +615,7 @@ Result<json> RunSwift(const Args& a) {
   j["logging_overhead_pct_adjacent"] = adjacent;
   j["log_bytes_per_step"] = Median(log_bytes);
   j["log_copy_s_per_step"] = Median(log_s);
+  j["log_cpu_s_per_step"] = Median(log_cpu);
   j["baseline"] = {{"step_s_dp", Spread(step_dp)},
                    {"step_s_dp1", Spread(step_dp1)},
                    {"step_s_dp1_logging", Spread(step_dp1_log)}};
@@ -610,6 +635,7 @@ Result<json> RunSwift(const Args& a) {
                  {"compare_group_rebuild", a.compare_group_rebuild},
                  {"overhead_steps", a.overhead_steps},
                  {"overhead_save_every", a.overhead_save_every},
+                 {"log_copy", a.log_copy.empty() ? "default" : a.log_copy},
                  {"trainer", trainer}};
   j["notes"] =
       "every run is `memento launch` (store, one agent per node, memento snapshots every "
@@ -689,6 +715,9 @@ void Setup(CLI::App& bench, CommandContext& ctx) {
                 "per round also a control run that logs no step in the compared windows, "
                 "reported as logging_overhead_pct_adjacent.control (the estimator's zero; on by "
                 "default)");
+  cmd->add_option("--log-copy", args->log_copy,
+                  "the trainer's --log-copy in every log run: thread | inline (default: the "
+                  "trainer's, thread)");
   cmd->add_flag("--overhead-only", args->overhead_only,
                 "run only the logging-overhead runs (--rounds of them) and report "
                 "logging_overhead_pct_adjacent");

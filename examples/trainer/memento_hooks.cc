@@ -144,6 +144,10 @@ class MementoHooks : public TrainerHooks {
       return Status::Ok();
     }
     MEMENTO_RETURN_IF_ERROR(client_->Snapshot(step));
+    // A survivor that rolled back and replayed takes the agreed step's
+    // snapshot here, still in flight when AfterRecovery lists its versions:
+    // without this AfterRecovery would take it again and the client refuse.
+    held_through_ = std::max(held_through_, step);
     Status st = Status::Ok();
     if (mode_ == "sync") {
       // sync: the copy blocks the step (the baseline every other mode beats).

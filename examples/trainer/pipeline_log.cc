@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 
 #include "common/checksum.h"
@@ -83,6 +84,18 @@ void PipelineLog::AppendSent(const MessageKey& key, const void* data, size_t byt
 
 void PipelineLog::RecordReceived(const MessageKey& key, const void* data, size_t bytes) {
   received_[key] = MessageChecksum(key, data, bytes);
+}
+
+void PipelineLog::InsertSent(const MessageKey& key, std::string payload, uint64_t checksum) {
+  SentMessage& s = sent_[key];
+  bytes_ -= s.payload.size();
+  bytes_ += payload.size();
+  s.payload = std::move(payload);
+  s.checksum = checksum;
+}
+
+void PipelineLog::InsertReceived(const MessageKey& key, uint64_t checksum) {
+  received_[key] = checksum;
 }
 
 void PipelineLog::Truncate(int64_t step) {
@@ -359,6 +372,186 @@ void PipelineLogSpool::Run() {
     if (!st.ok() && error_.ok()) error_ = st.WithContext("pipeline log spool");
     cv_.notify_all();
   }
+}
+
+// ---- PipelineLogWriter ---------------------------------------------------------
+
+Result<PipelineLogWriter::Mode> PipelineLogWriter::ParseMode(const std::string& name) {
+  if (name == "inline") return Mode::kInline;
+  if (name == "thread") return Mode::kThread;
+  return InvalidArgumentError("pipeline log copy mode '" + name + "': expected inline or thread");
+}
+
+const char* PipelineLogWriter::ModeName(Mode mode) {
+  return mode == Mode::kInline ? "inline" : "thread";
+}
+
+PipelineLogWriter::PipelineLogWriter(PipelineLog* log, Mode mode) : log_(log), mode_(mode) {
+  if (mode_ == Mode::kThread) thread_ = std::thread([this] { Worker(); });
+}
+
+PipelineLogWriter::~PipelineLogWriter() {
+  Drain();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void PipelineLogWriter::AppendSent(const MessageKey& key, const void* data, size_t bytes) {
+  if (mode_ == Mode::kInline) {
+    log_->AppendSent(key, data, bytes);
+    return;
+  }
+  Enqueue(key, data, bytes, /*sent=*/true);
+}
+
+void PipelineLogWriter::RecordReceived(const MessageKey& key, const void* data, size_t bytes) {
+  if (mode_ == Mode::kInline) {
+    log_->RecordReceived(key, data, bytes);
+    return;
+  }
+  Enqueue(key, data, bytes, /*sent=*/false);
+}
+
+void PipelineLogWriter::Enqueue(const MessageKey& key, const void* data, size_t bytes, bool sent) {
+  auto job = std::make_unique<Job>();
+  job->key = key;
+  job->bytes = bytes;
+  job->sent = sent;
+  if (bytes <= kOwnedBytes) {
+    // The caller may reuse a small buffer at once (the gradient norm is a
+    // local variable): copying it costs less than queueing it.
+    job->owned.assign(static_cast<const char*>(data), bytes);
+    job->data = job->owned.data();
+  } else {
+    job->data = static_cast<const char*>(data);
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    jobs_.push_back(std::move(job));
+    ++queued_;
+  }
+  cv_.notify_all();
+}
+
+void PipelineLogWriter::Run(const Job& job) {
+  if (job.sent) {
+    std::string payload(job.data, job.bytes);
+    const uint64_t checksum = MessageChecksum(job.key, payload.data(), payload.size());
+    std::lock_guard<std::mutex> l(mu_);
+    log_->InsertSent(job.key, std::move(payload), checksum);
+  } else {
+    const uint64_t checksum = MessageChecksum(job.key, job.data, job.bytes);
+    std::lock_guard<std::mutex> l(mu_);
+    log_->InsertReceived(job.key, checksum);
+  }
+}
+
+void PipelineLogWriter::Fence(const void* data, size_t bytes) {
+  if (mode_ == Mode::kInline) return;
+  const char* lo = static_cast<const char*>(data);
+  const char* hi = lo + bytes;
+  auto overlaps = [&](const Job& j) { return j.data < hi && lo < j.data + j.bytes; };
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    bool wait = false;
+    std::unique_ptr<Job> mine;
+    for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+      if (!overlaps(**it)) continue;
+      if ((*it)->running) {
+        wait = true;  // the worker is copying it: one message at most
+        continue;
+      }
+      mine = std::move(*it);
+      jobs_.erase(it);
+      --queued_;
+      break;
+    }
+    if (mine) {
+      ++by_caller_;
+      l.unlock();
+      Run(*mine);
+      l.lock();
+      continue;
+    }
+    if (!wait) return;
+    cv_.wait(l);
+  }
+}
+
+void PipelineLogWriter::Drain() {
+  if (mode_ == Mode::kInline) return;
+  std::unique_lock<std::mutex> l(mu_);
+  while (!jobs_.empty()) {
+    // The first job the worker has not taken, done here.
+    auto it = std::find_if(jobs_.begin(), jobs_.end(), [](const auto& j) { return !j->running; });
+    if (it == jobs_.end()) {
+      cv_.wait(l);  // only the worker's job is left
+      continue;
+    }
+    std::unique_ptr<Job> mine = std::move(*it);
+    jobs_.erase(it);
+    --queued_;
+    ++by_caller_;
+    l.unlock();
+    Run(*mine);
+    l.lock();
+  }
+}
+
+void PipelineLogWriter::Worker() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    cv_.wait(l, [&] { return stop_ || (queued_ > 0 && !paused_); });
+    if (stop_) return;  // the destructor drained first
+    auto it = std::find_if(jobs_.begin(), jobs_.end(), [](const auto& j) { return !j->running; });
+    Job* job = it->get();
+    job->running = true;
+    --queued_;
+    l.unlock();
+    timespec t0, t1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    Run(*job);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    l.lock();
+    worker_cpu_ += (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+    ++by_worker_;
+    // Only this thread removes a running job (Fence and Drain wait for it).
+    jobs_.erase(
+        std::find_if(jobs_.begin(), jobs_.end(), [job](const auto& j) { return j.get() == job; }));
+    cv_.notify_all();
+  }
+}
+
+uint64_t PipelineLogWriter::jobs_by_caller() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return by_caller_;
+}
+
+uint64_t PipelineLogWriter::jobs_by_worker() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return by_worker_;
+}
+
+double PipelineLogWriter::worker_cpu_seconds() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return worker_cpu_;
+}
+
+void PipelineLogWriter::PauseWorkerForTest() {
+  std::lock_guard<std::mutex> l(mu_);
+  paused_ = true;
+}
+
+void PipelineLogWriter::ResumeWorkerForTest() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    paused_ = false;
+  }
+  cv_.notify_all();
 }
 
 }  // namespace memento::trainer

@@ -16,7 +16,9 @@
 // Files: WriteFile/ReadFile, magic MMPPLOG1, fixed-layout little-endian
 // records (header, then per entry a record and its payload).
 //
-// Thread safety: none; one trainer thread owns a log.
+// Thread safety: none; one trainer thread owns a log (a PipelineLogWriter's
+// worker changes it only under the writer's lock, between the owner's
+// Drains).
 #pragma once
 
 #include <condition_variable>
@@ -60,6 +62,11 @@ class PipelineLog {
   void AppendSent(const MessageKey& key, const void* data, size_t bytes);
   // Keeps the checksum of a received message.
   void RecordReceived(const MessageKey& key, const void* data, size_t bytes);
+  // The same with the copy and checksum already made (PipelineLogWriter's
+  // worker makes them outside its lock): `checksum` is
+  // MessageChecksum(key, payload) / of the received payload.
+  void InsertSent(const MessageKey& key, std::string payload, uint64_t checksum);
+  void InsertReceived(const MessageKey& key, uint64_t checksum);
   // Drops every entry of steps <= `step` (a version at `step` committed).
   void Truncate(int64_t step);
   // Moves every entry of step `step` out into a log of its own (no payload
@@ -156,6 +163,93 @@ class PipelineLogSpool {
   Status error_;
   uint64_t bytes_written_ = 0;
   double write_seconds_ = 0;
+  std::thread thread_;
+};
+
+// Takes the copy of each logged message off the trainer's thread (issue 19:
+// "logging runs off the critical path"). With kThread the trainer queues
+// (key, pointer, size) at each send and receive, and a worker thread copies
+// the payload, computes its checksum and puts the entry into the log while
+// the trainer computes or waits for its next message (its pipeline bubble).
+// kInline does the copy in the call, as the log did before.
+//
+// Ordering rules, which keep the log exactly what the inline copy made:
+//  - the caller keeps a queued message's bytes untouched until a Fence over
+//    them, or a Drain, returns (the trainer fences a buffer before it writes
+//    it: before a receive into it, before the forward that writes a slot's
+//    output); a payload of at most kOwnedBytes (the gradient norm, a stack
+//    variable) is copied into the job at once instead;
+//  - Fence and Drain do every queued job they need on the calling thread
+//    instead of waiting for the worker to reach it, and wait only for a job
+//    the worker is in the middle of (a copy of one message), so a slow
+//    worker costs at most the inline copy;
+//  - the log is read or changed by its owner (TakeStep, Truncate, WriteFile,
+//    Sent) only after Drain: the trainer drains at the end of every step,
+//    on success and on failure, so no job is pending outside Trainer::Step
+//    and a step's entries are complete and checksummed before the spool
+//    writes them or a recovery reads them.
+//
+// Thread safety: everything from one thread, the log's owner; one worker
+// thread of its own (kThread), which writes the log only under mu_.
+class PipelineLogWriter {
+ public:
+  enum class Mode { kInline, kThread };
+  static constexpr size_t kOwnedBytes = 256;
+  // "inline" | "thread"; InvalidArgument naming `name` otherwise.
+  static Result<Mode> ParseMode(const std::string& name);
+  static const char* ModeName(Mode mode);
+
+  // `log` must outlive the writer.
+  PipelineLogWriter(PipelineLog* log, Mode mode);
+  ~PipelineLogWriter();  // Drain, then the worker ends
+  PipelineLogWriter(const PipelineLogWriter&) = delete;
+  PipelineLogWriter& operator=(const PipelineLogWriter&) = delete;
+
+  // Queues (kInline: does) PipelineLog::AppendSent / RecordReceived.
+  // REQUIRES: data[0, bytes) untouched until a Fence over it or Drain.
+  void AppendSent(const MessageKey& key, const void* data, size_t bytes);
+  void RecordReceived(const MessageKey& key, const void* data, size_t bytes);
+  // Returns once no job reads [data, data + bytes): the caller may write it.
+  void Fence(const void* data, size_t bytes);
+  // Returns once every job is done: the log holds every entry queued.
+  void Drain();
+
+  Mode mode() const { return mode_; }
+  // Jobs done on the caller's thread by Fence or Drain (the worker had not
+  // reached them), and by the worker, since construction.
+  uint64_t jobs_by_caller() const;
+  uint64_t jobs_by_worker() const;
+  // CPU seconds of the worker thread so far.
+  double worker_cpu_seconds() const;
+
+  // Tests: the worker takes no new job until ResumeWorkerForTest (every
+  // job is then done by Fence and Drain, i.e. a worker that fell behind).
+  void PauseWorkerForTest();
+  void ResumeWorkerForTest();
+
+ private:
+  struct Job {
+    MessageKey key;
+    const char* data = nullptr;
+    size_t bytes = 0;
+    bool sent = false;
+    bool running = false;  // the worker took it
+    std::string owned;     // small payloads (kOwnedBytes), copied at once
+  };
+  void Enqueue(const MessageKey& key, const void* data, size_t bytes, bool sent);
+  // Copies / checksums outside the lock, then puts the entry in under it.
+  void Run(const Job& job);
+  void Worker();
+
+  PipelineLog* const log_;
+  const Mode mode_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;             // a job queued, finished, or stop_
+  std::deque<std::unique_ptr<Job>> jobs_;  // queued or running
+  size_t queued_ = 0;                      // jobs_ not yet running
+  bool stop_ = false, paused_ = false;
+  uint64_t by_caller_ = 0, by_worker_ = 0;
+  double worker_cpu_ = 0;
   std::thread thread_;
 };
 

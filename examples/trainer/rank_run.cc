@@ -88,6 +88,8 @@ RankRun::Exit RankRun::CreateTrainer() {
   }
   trainer_ = std::move(*created);
   rank_ = cli_.options.comm.rank;
+  if (cli_.log_worker_paused && trainer_->pipeline_log_writer() != nullptr)
+    trainer_->pipeline_log_writer()->PauseWorkerForTest();
   return std::nullopt;
 }
 

@@ -33,6 +33,8 @@ void StepReport::Add(const Trainer& trainer, const StepResult& r, double step_cp
     sum_cpu_ += step_cpu_s;
     sum_log_s_ += r.log_seconds;
     sum_log_bytes_ += static_cast<double>(r.log_bytes);
+    sum_log_cpu_ += r.log_cpu_seconds;
+    if (r.log_bytes > 0) ++logged_steps_;
     step_times_.push_back(r.seconds);
   }
   last_loss_ = r.loss;
@@ -88,16 +90,26 @@ void StepReport::PrintSummaries(Trainer& trainer) const {
   const std::string hooks_json =
       trainer.hooks() != nullptr ? trainer.hooks()->SummaryJson() : std::string();
   const PipelineLogSpool* spool = trainer.pipeline_log_spool();
+  const PipelineLogWriter* writer = trainer.pipeline_log_writer();
   std::printf(
       "{\"rank_summary\": {\"rank\": %d, \"pp_rank\": %d, \"mean_step_s\": %.6f, "
       "\"mean_cpu_s\": %.6f, \"log_bytes_per_step\": %.1f, \"log_s_per_step\": %.6f, "
-      "\"log_spool_bytes\": %llu, \"log_spool_write_s\": %.6f, \"snapshot\": %s}}\n",
+      "\"log_spool_bytes\": %llu, \"log_spool_write_s\": %.6f, \"log_copy\": \"%s\", "
+      "\"log_cpu_s_per_step\": %.7f, \"log_cpu_s_per_logged_step\": %.7f, "
+      "\"log_worker_cpu_s\": %.6f, \"log_copies_by_trainer\": %llu, "
+      "\"log_copies_by_worker\": %llu, \"snapshot\": %s}}\n",
       cli_.options.comm.rank, trainer.comm().pp_rank(), timed_steps_ > 0 ? sum_s_ / n_timed : 0.0,
       timed_steps_ > 0 ? sum_cpu_ / n_timed : 0.0,
       timed_steps_ > 0 ? sum_log_bytes_ / n_timed : 0.0,
       timed_steps_ > 0 ? sum_log_s_ / n_timed : 0.0,
       spool != nullptr ? static_cast<unsigned long long>(spool->bytes_written()) : 0ULL,
       spool != nullptr ? spool->write_seconds() : 0.0,
+      PipelineLogWriter::ModeName(cli_.options.log_copy),
+      timed_steps_ > 0 ? sum_log_cpu_ / n_timed : 0.0,
+      logged_steps_ > 0 ? sum_log_cpu_ / static_cast<double>(logged_steps_) : 0.0,
+      writer != nullptr ? writer->worker_cpu_seconds() : 0.0,
+      static_cast<unsigned long long>(writer != nullptr ? writer->jobs_by_caller() : 0),
+      static_cast<unsigned long long>(writer != nullptr ? writer->jobs_by_worker() : 0),
       hooks_json.empty() ? "null" : hooks_json.c_str());
   if (!trainer.reports_loss() || timed_steps_ == 0) return;
   const TrainerOptions& o = cli_.options;

@@ -48,6 +48,8 @@ class StepReport {
   double sum_s_ = 0, sum_idle_ = 0, sum_comm_ = 0, sum_fence_ = 0, sum_snap_ = 0, last_loss_ = 0;
   double sum_cpu_ = 0;                           // this rank's process CPU-seconds, timed steps
   double sum_log_s_ = 0, sum_log_bytes_ = 0;     // pipeline log (--recovery log)
+  double sum_log_cpu_ = 0;                       // the trainer thread's CPU-seconds in it
+  int64_t logged_steps_ = 0;                     // timed steps that logged a message
   std::vector<double> step_times_;               // timed steps, for the median
   double window_s_ = 0, window_overhead_s_ = 0;  // since the last progress line
   int64_t window_steps_ = 0;

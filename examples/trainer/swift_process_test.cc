@@ -194,6 +194,39 @@ TEST_F(SwiftProcessTest, LogReplaysTheLostStageFromSharedMemory) {
   }
 }
 
+// A kill while the log's copy worker is behind (issue 19): every rank's
+// worker is paused (--log-copy-worker-paused), so each logged message is
+// copied only at the trainer's fences and its step's end, and the killed
+// rank dies with its step's copies not made. The survivors' failed steps
+// make theirs on the way out (Step drains on every return), the killed
+// stage's spool holds only whole steps, and the replacement replays from
+// the neighbours' logs bit-identical to the failure-free run, no fallback.
+TEST_F(SwiftProcessTest, LogReplaysAKillWhileTheCopyWorkerIsBehind) {
+  const std::string spool = "/dev/shm/memento-test-swift-behind-" + std::to_string(getpid());
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() { memento::testing::RemoveTree(path); }
+  } cleanup{spool};
+  const std::vector<std::string> topo = {"--pp", "4"};
+  std::string what;
+  std::vector<std::string> kill = Kill(4, &what);
+  SCOPED_TRACE(what);
+  Outcome clean = Run(topo, 4);
+  for (bool in_memory : {true, false}) {
+    SCOPED_TRACE(in_memory ? "log in memory" : "log in shared memory");
+    std::vector<std::string> args = topo;
+    args.insert(args.end(),
+                {"--recovery", "log", "--log-copy", "thread", "--log-copy-worker-paused"});
+    if (!in_memory) args.insert(args.end(), {"--pipeline-log-dir", spool});
+    args.insert(args.end(), kill.begin(), kill.end());
+    Outcome o = Run(args, 4);
+    ExpectSameFinalStates(clean, o);
+    EXPECT_EQ(o.Count("\"replacement\": true"), 1) << o.output;
+    EXPECT_EQ(o.Count("\"replacement\": false"), 3) << o.output;
+    EXPECT_EQ(o.Count("\"swift_fallback\""), 0) << o.output;
+  }
+}
+
 // Selective logging (--log-group-size 2 on PP 4: groups {0,1} and {2,3},
 // only the 1|2 boundary logged). Stage 2 is killed inside its update of step
 // 5 (the others complete step 5); its replacement loads the step-3 save,

@@ -271,6 +271,16 @@ struct ReplayRun {
   uint64_t log_bytes = 0;  // after the snapshot at k, at the lost step
   double recover_s = 0;    // RecoverByReplay's wall time on this rank
   int64_t replayed = 0;    // steps this rank replayed
+  std::string log_file;    // its in-memory log at step t + 1, as WriteFile writes it
+  uint64_t copies_by_trainer = 0, copies_by_worker = 0;  // PipelineLogWriter's, at the end
+};
+
+// How the ranks' pipeline logs copy their messages (TrainerOptions::log_copy)
+// and whether the copy worker is paused throughout (every copy made by the
+// trainer's fences and its step's end: a worker that is always behind).
+struct LogCopy {
+  PipelineLogWriter::Mode mode = PipelineLogWriter::Mode::kThread;
+  bool paused = false;
 };
 
 // PP 4 (DP 1): snapshot (Save) at step k and truncate the logs, stage `lost`
@@ -282,7 +292,7 @@ struct ReplayRun {
 // `group` > 1: selective logging (TrainerOptions::log_group_size); the lost
 // stage's group-mates roll back to their snapshot and replay with it.
 std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t, int steps,
-                                 bool spool = false, int group = 1) {
+                                 bool spool = false, int group = 1, LogCopy copy = {}) {
   memento::testing::ScratchDir dir("trainer-replay");
   const std::string spool_dir = "/dev/shm/memento-test-spool-" + std::to_string(getpid()) + "-" +
                                 std::to_string(std::random_device{}());
@@ -299,6 +309,7 @@ std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t
   o.comm.rendezvous_dir = dir.path();
   o.pipeline_log = true;
   o.undo_log = true;  // a survivor ahead of a lagging one undoes its step
+  o.log_copy = copy.mode;
   const int ranks = 4;
   auto snapshot = [&](int r) { return dir.path() + "/state.rank" + std::to_string(r); };
   auto log_path = [&](int r) {
@@ -321,6 +332,16 @@ std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t
       return;
     }
     std::unique_ptr<Trainer> tr = std::move(*created);
+    if (copy.paused) tr->pipeline_log_writer()->PauseWorkerForTest();
+    struct Counts {
+      ReplayRun* run;
+      std::unique_ptr<Trainer>* tr;
+      ~Counts() {
+        if (*tr == nullptr) return;
+        run->copies_by_trainer = (*tr)->pipeline_log_writer()->jobs_by_caller();
+        run->copies_by_worker = (*tr)->pipeline_log_writer()->jobs_by_worker();
+      }
+    } counts{&run, &tr};
     bool recovered = false;
     while (tr->state().step < steps) {
       auto r = tr->Step();
@@ -331,7 +352,16 @@ std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t
           if (!run.status.ok()) return;
           tr->TruncatePipelineLog(k);
         }
-        if (tr->state().step == t + 1) run.log_bytes = tr->pipeline_log()->bytes();
+        if (tr->state().step == t + 1) {
+          run.log_bytes = tr->pipeline_log()->bytes();
+          if (!spool) {
+            const std::string file = dir.path() + "/log_at_t1.rank" + std::to_string(rank);
+            run.status = tr->WritePipelineLog(file);
+            if (!run.status.ok()) return;
+            std::ifstream in(file, std::ios::binary);
+            run.log_file.assign(std::istreambuf_iterator<char>(in), {});
+          }
+        }
         continue;
       }
       if (mode == ReplayMode::kClean || recovered) {
@@ -357,6 +387,7 @@ std::vector<ReplayRun> RunReplay(ReplayMode mode, int lost, int64_t k, int64_t t
           return;
         }
         tr = std::move(*fresh);
+        if (copy.paused) tr->pipeline_log_writer()->PauseWorkerForTest();
         run.status = tr->Load(snapshot(rank));
         if (!run.status.ok()) return;
         if (mode == ReplayMode::kPerturbedSnapshot) tr->params()[5] += 1e-3f;
@@ -488,6 +519,74 @@ TEST(PipelineLogTest, FileRoundTripTruncateAndRefusals) {
   EXPECT_FALSE(PipelineLog::ReadFile(dir.path() + "/missing").ok());
 }
 
+// The copy worker (PipelineLogWriter, issue 19): what it logs equals the
+// inline copy byte for byte when the caller keeps its rule (fence a buffer
+// before writing it): with the worker paused (every copy made by the
+// fences and the drain: a worker that fell behind), and with it running
+// against a caller that fences and rewrites buffers at random (seeded).
+TEST(PipelineLogTest, CopyWorkerLogsWhatTheInlineCopyLogs) {
+  const uint64_t seed = memento::testing::TestSeed("pipeline_log_writer");
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  constexpr int kBuffers = 4;
+  constexpr size_t kFloats = 2048;  // 8 KiB, above kOwnedBytes
+  for (int round = 0; round < 2; ++round) {
+    const bool paused = round == 0;
+    SCOPED_TRACE(paused ? "worker paused" : "worker running");
+    std::vector<std::vector<float>> buffers(kBuffers, std::vector<float>(kFloats));
+    PipelineLog inline_log, worker_log;
+    uint64_t caller_jobs = 0;
+    {
+      PipelineLogWriter writer(&worker_log, PipelineLogWriter::Mode::kThread);
+      if (paused) writer.PauseWorkerForTest();
+      for (int i = 0; i < 400; ++i) {
+        const int b = static_cast<int>(rng() % kBuffers);
+        // The rule: fence, then write the buffer, then log it.
+        writer.Fence(buffers[b].data(), kFloats * 4);
+        for (float& x : buffers[b]) x = static_cast<float>(rng() % 1000) * 0.125f;
+        const MessageKey key{i / 8, i % 8, 1, 2,
+                             i % 2 ? MessageKind::kActivation : MessageKind::kGradient};
+        if (rng() % 2) {
+          inline_log.AppendSent(key, buffers[b].data(), kFloats * 4);
+          writer.AppendSent(key, buffers[b].data(), kFloats * 4);
+        } else {
+          inline_log.RecordReceived(key, buffers[b].data(), kFloats * 4);
+          writer.RecordReceived(key, buffers[b].data(), kFloats * 4);
+        }
+        if (i % 50 == 49) {
+          // A small payload (the gradient norm, a local) may change at once.
+          double sumsq = static_cast<double>(i) + 0.5;
+          const MessageKey nk{i, 0, -1, -1, MessageKind::kGradNormSq};
+          inline_log.AppendSent(nk, &sumsq, sizeof(sumsq));
+          writer.AppendSent(nk, &sumsq, sizeof(sumsq));
+          sumsq = -1.0;
+        }
+      }
+      writer.Drain();
+      caller_jobs = writer.jobs_by_caller();
+      if (paused) {
+        EXPECT_EQ(writer.jobs_by_worker(), 0u);
+        EXPECT_GT(caller_jobs, 0u);
+      }
+    }
+    EXPECT_EQ(worker_log.num_sent(), inline_log.num_sent());
+    EXPECT_EQ(worker_log.num_received(), inline_log.num_received());
+    EXPECT_EQ(worker_log.bytes(), inline_log.bytes());
+    memento::testing::ScratchDir dir("pipeline-log-writer");
+    ASSERT_TRUE(inline_log.WriteFile(dir.path() + "/inline").ok());
+    ASSERT_TRUE(worker_log.WriteFile(dir.path() + "/worker").ok());
+    std::ifstream a(dir.path() + "/inline", std::ios::binary),
+        w(dir.path() + "/worker", std::ios::binary);
+    const std::string ab(std::istreambuf_iterator<char>(a), {});
+    const std::string wb(std::istreambuf_iterator<char>(w), {});
+    EXPECT_TRUE(ab == wb) << "the worker's log differs from the inline copy's (" << wb.size()
+                          << " and " << ab.size() << " bytes)";
+    std::printf("%s: %llu of the copies made by the caller's fences and drain\n",
+                paused ? "paused worker" : "running worker",
+                static_cast<unsigned long long>(caller_jobs));
+  }
+}
+
 TEST(LogReplayTest, LostStageReplaysToTheSurvivorsStepBitForBit) {
   const int steps = 7, lost = 2;
   const int64_t k = 2, t = 4;
@@ -509,6 +608,51 @@ TEST(LogReplayTest, LostStageReplaysToTheSurvivorsStepBitForBit) {
     std::printf("stage %d: pipeline log after %lld steps since the snapshot: %llu bytes\n", r,
                 static_cast<long long>(t + 1 - k),
                 static_cast<unsigned long long>(clean[r].log_bytes));
+  }
+}
+
+// The copy worker (issue 19) changes no byte of the log or of training:
+// the inline copy, the worker, and a worker paused throughout (every copy
+// made by the trainer's fences and its step's end) log the same file at
+// step t + 1 on every stage; a replay from the logs of ranks whose worker
+// is always behind (the failing step's copies made by the drain on its
+// error return) is bit-identical to the failure-free run, in memory and
+// from the shared-memory spool.
+TEST(LogReplayTest, CopyWorkerBehindOrInlineLogsTheSameAndReplays) {
+  const int steps = 7, lost = 1;
+  const int64_t k = 2, t = 4;
+  using Mode = PipelineLogWriter::Mode;
+  std::vector<ReplayRun> inline_clean =
+      RunReplay(ReplayMode::kClean, lost, k, t, steps, false, 1, {Mode::kInline, false});
+  std::vector<ReplayRun> worker_clean = RunReplay(ReplayMode::kClean, lost, k, t, steps);
+  std::vector<ReplayRun> behind_clean =
+      RunReplay(ReplayMode::kClean, lost, k, t, steps, false, 1, {Mode::kThread, true});
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_TRUE(inline_clean[r].status.ok()) << inline_clean[r].status;
+    ASSERT_FALSE(inline_clean[r].log_file.empty());
+    EXPECT_TRUE(worker_clean[r].log_file == inline_clean[r].log_file);
+    EXPECT_TRUE(behind_clean[r].log_file == inline_clean[r].log_file);
+    EXPECT_EQ(inline_clean[r].copies_by_worker + inline_clean[r].copies_by_trainer, 0u);
+    EXPECT_EQ(behind_clean[r].copies_by_worker, 0u);
+    EXPECT_GT(behind_clean[r].copies_by_trainer, 0u);
+    EXPECT_GT(worker_clean[r].copies_by_worker + worker_clean[r].copies_by_trainer, 0u);
+    std::printf("rank %d: worker made %llu copies, the trainer's fences %llu\n", r,
+                static_cast<unsigned long long>(worker_clean[r].copies_by_worker),
+                static_cast<unsigned long long>(worker_clean[r].copies_by_trainer));
+  }
+  ExpectSameStates(inline_clean, worker_clean, steps);
+  ExpectSameStates(inline_clean, behind_clean, steps);
+  for (bool spool : {false, true}) {
+    SCOPED_TRACE(spool ? "spool" : "in memory");
+    std::vector<ReplayRun> runs =
+        RunReplay(ReplayMode::kReplay, lost, k, t, steps, spool, 1, {Mode::kThread, true});
+    ExpectSameStates(inline_clean, runs, steps);
+    for (size_t r = 0; r < runs.size(); ++r) {
+      EXPECT_TRUE(runs[r].recovery.ok()) << "rank " << r << ": " << runs[r].recovery;
+      EXPECT_FALSE(runs[r].fell_back);
+      EXPECT_EQ(runs[r].agreed, t + 1) << "rank " << r;
+    }
   }
 }
 

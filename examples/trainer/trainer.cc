@@ -108,7 +108,10 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o, Traine
   tr->opt_offset_ = o.zero1 ? opt * tr->comm_->dp_rank() : 0;
   tr->m_.assign(opt, 0.0f);
   tr->v_.assign(opt, 0.0f);
-  if (o.pipeline_log) tr->plog_ = std::make_unique<PipelineLog>();
+  if (o.pipeline_log) {
+    tr->plog_ = std::make_unique<PipelineLog>();
+    tr->log_writer_ = std::make_unique<PipelineLogWriter>(tr->plog_.get(), o.log_copy);
+  }
   if (o.pipeline_log && !o.pipeline_log_dir.empty()) {
     MEMENTO_ASSIGN_OR_RETURN(tr->spool_, PipelineLogSpool::Create(o.pipeline_log_dir, o.comm.rank));
   }
@@ -153,8 +156,14 @@ Status Trainer::RunSchedule(int64_t step, const int32_t* tokens, double* loss_su
   // Selective logging: only messages that cross a log group's edge are
   // logged, and replayed from the log; inside a group they stay live.
   auto across = [&](int peer) { return LogGroup(peer) != LogGroup(stage); };
+  // With the log's copy worker (PipelineLogWriter), a buffer that holds a
+  // logged message is fenced before the trainer writes it again: a receive
+  // buffer before the next receive into it, a slot's output before the
+  // forward that rewrites it (dinput_ is per micro-batch: its copies are
+  // made by the end of the step, Step's LogDrain).
   auto input = [&](int from, float* data, int mb, MessageKind kind) -> Status {
     const MessageKey key{step, mb, from, stage, kind};
+    LogFence(step, data, bytes);
     if (replay_ != nullptr && across(from)) {
       MEMENTO_RETURN_IF_ERROR(ReplayInput(key, data, bytes));
     } else {
@@ -180,6 +189,7 @@ Status Trainer::RunSchedule(int64_t step, const int32_t* tokens, double* loss_su
     const int slot = mb % slots;
     if (!g.first())
       MEMENTO_RETURN_IF_ERROR(input(stage - 1, stage_->input(slot), mb, MessageKind::kActivation));
+    if (!g.last()) LogFence(step, stage_->output(slot), bytes);
     *loss_sum += stage_->Forward(slot, params_.data(), tokens + tokens_per_mb * mb);
     MEMENTO_RETURN_IF_ERROR(TakeTpStatus());
     if (!g.last())
@@ -192,6 +202,7 @@ Status Trainer::RunSchedule(int64_t step, const int32_t* tokens, double* loss_su
     if (!g.last())
       MEMENTO_RETURN_IF_ERROR(input(stage + 1, dout_.data(), mb, MessageKind::kGradient));
     float* dinput = g.first() ? nullptr : dinput_[mb].data();
+    if (dinput != nullptr) LogFence(step, dinput, bytes);
     stage_->Backward(slot, params_.data(), grads_.data(), dout_.data(), dinput,
                      tokens + tokens_per_mb * mb, scale);
     MEMENTO_RETURN_IF_ERROR(TakeTpStatus());
@@ -215,6 +226,13 @@ Status Trainer::RunSchedule(int64_t step, const int32_t* tokens, double* loss_su
 }
 
 Result<StepResult> Trainer::Step() {
+  // On every return, also a failed step's: no copy is left pending outside
+  // Step, so the buffers are the trainer's again and the log, read by a
+  // recovery or the spool, is complete (PipelineLogWriter's rules).
+  struct DrainOnReturn {
+    Trainer* t;
+    ~DrainOnReturn() { t->LogDrain(); }
+  } drain_on_return{this};
   Stopwatch total;
   StepResult r;
   r.step = state_.step + 1;
@@ -227,6 +245,7 @@ Result<StepResult> Trainer::Step() {
   std::fill(grads_.begin(), grads_.end(), 0.0f);
   tp_comm_seconds_ = 0.0;
   log_seconds_ = 0.0;
+  log_cpu_seconds_ = 0.0;
   log_bytes_ = 0;
   double loss_sum = 0.0;
   MEMENTO_RETURN_IF_ERROR(
@@ -293,13 +312,19 @@ Result<StepResult> Trainer::Step() {
   r.has_loss = reports_loss();
   r.loss = loss_sum / (static_cast<double>(options_.global_batch) * options_.model.seq);
   r.comm_seconds += tp_comm_seconds_;
+  // The copy worker has had the step's DP allreduce, gradient norm and
+  // update to finish the last micro-batch's copies: this rarely copies.
+  LogDrain();
   if (spool_) {
     // The step's entries move to the spool's writer (no copy here).
     Stopwatch w;
+    const double cpu0 = ThreadCpuSeconds();
     spool_->Submit(r.step, plog_->TakeStep(r.step));
+    log_cpu_seconds_ += ThreadCpuSeconds() - cpu0;
     log_seconds_ += w.Seconds();
   }
   r.log_seconds = log_seconds_;
+  r.log_cpu_seconds = log_cpu_seconds_;
   r.log_bytes = log_bytes_;
   r.seconds = total.Seconds();
   return r;

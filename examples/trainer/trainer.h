@@ -148,6 +148,12 @@ struct TrainerOptions {
   // messages of steps s with s % N == 1 (N = 2: the odd steps). Such a log
   // cannot replay another step.
   int pipeline_log_period = 1;
+  // With pipeline_log: where a logged message is copied and checksummed.
+  // kThread (default): by a worker thread while the trainer computes or
+  // waits for its next message, the trainer fencing each buffer before it
+  // writes it (PipelineLogWriter; issue 19, logging off the critical path).
+  // kInline: in the send or receive call, on the trainer's thread.
+  PipelineLogWriter::Mode log_copy = PipelineLogWriter::Mode::kThread;
   // Selective logging (SWIFT 2.2): consecutive stages form log groups of
   // this many stages (stage s is in group s / log_group_size); only
   // messages between groups are logged. A lost stage's whole group rolls
@@ -171,7 +177,11 @@ struct StepResult {
   double fence_seconds = 0.0;     // in BeforeOptimizerStep (memento: Fence)
   double snapshot_seconds = 0.0;  // in AfterOptimizerStep (memento: Snapshot)
   double log_seconds = 0.0;       // copying messages into the pipeline log
-  uint64_t log_bytes = 0;         // payload bytes the pipeline log took this step
+  // The trainer thread's CPU seconds in the pipeline log this step: queueing
+  // (or, inline, copying) messages, the copies its fences and the step's
+  // end had to make themselves, handing the step to the spool.
+  double log_cpu_seconds = 0.0;
+  uint64_t log_bytes = 0;  // payload bytes the pipeline log took this step
 };
 
 class Trainer {
@@ -265,6 +275,8 @@ class Trainer {
   // without a spool.
   [[nodiscard]] Status FlushPipelineLog() { return spool_ ? spool_->Flush() : Status::Ok(); }
   const PipelineLogSpool* pipeline_log_spool() const { return spool_.get(); }
+  // The pipeline log's copy worker (null without the log).
+  PipelineLogWriter* pipeline_log_writer() { return log_writer_.get(); }
   // Collective over the world after a stage was lost and replaced (every
   // rank calls it on a working Comm, see Reconnect): the ranks agree on the
   // last step every survivor completed; a survivor ahead of it or half into
@@ -355,6 +367,15 @@ class Trainer {
   bool LoggedStep(int64_t step) const;
   void LogSent(const MessageKey& key, const void* data, size_t bytes);
   void LogReceived(const MessageKey& key, const void* data, size_t bytes);
+  // Before the trainer writes data[0, bytes): waits until the log's copy of
+  // a message of step `step` there is made (PipelineLogWriter::Fence).
+  void LogFence(int64_t step, const void* data, size_t bytes);
+  // Every queued copy made (the log is complete); Step calls it on every
+  // return.
+  void LogDrain();
+  // CPU seconds of the calling thread: the trainer's own logging cost, which
+  // other processes' load does not inflate as it does wall time.
+  static double ThreadCpuSeconds();
   // Replay: the logged input `key` into `data`, and the check of a
   // recomputed output against its receiver's receipt.
   Status ReplayInput(const MessageKey& key, void* data, size_t bytes);
@@ -376,7 +397,9 @@ class Trainer {
   bool in_update_ = false;
   std::unique_ptr<PipelineLog> plog_;        // with options_.pipeline_log
   std::unique_ptr<PipelineLogSpool> spool_;  // with options_.pipeline_log_dir
-  const PipelineLog* replay_ = nullptr;      // during RecoverByReplay: the inputs
+  // Declared after plog_: destroyed (drained) before it.
+  std::unique_ptr<PipelineLogWriter> log_writer_;  // with options_.pipeline_log
+  const PipelineLog* replay_ = nullptr;            // during RecoverByReplay: the inputs
   bool replay_all_ = false;  // every rank replays: the gradient norm is computed live
   int64_t replayed_steps_ = 0;
   // The groups the last failed step left quiescent (offered by Reconnect):
@@ -389,6 +412,7 @@ class Trainer {
       const std::function<std::vector<std::string>(const std::vector<int>& stages)>& paths,
       bool replacement, const std::function<Status()>& load_snapshot, const SnapshotSource* source);
   double log_seconds_ = 0.0;  // this step's
+  double log_cpu_seconds_ = 0.0;
   uint64_t log_bytes_ = 0;
   std::vector<float> params_, grads_, m_, v_;
   size_t opt_offset_ = 0;

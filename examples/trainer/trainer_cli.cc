@@ -157,6 +157,16 @@ void DefineRecoveryFlags(CLI::App* app, TrainerCli* cli) {
                   "with s % N == 1 (`memento bench swift` uses 4: a logged step, the step after "
                   "it, which the log's background write may slow, and two clean steps); such a "
                   "log cannot replay another step");
+  app->add_option("--log-copy", cli->log_copy,
+                  "with --recovery log: who copies a logged message: thread (a worker thread, "
+                  "while this rank computes or waits for its next message; the trainer fences a "
+                  "buffer before it writes it) | inline (the send or receive itself, on the "
+                  "trainer's thread)")
+      ->capture_default_str();
+  app->add_flag("--log-copy-worker-paused", cli->log_worker_paused,
+                "tests, with --log-copy thread: the copy worker takes no job, so every copy is "
+                "made at the trainer's fences and the step's end (a worker that fell behind)")
+      ->group("");
   app->add_option("--log-group-size", cli->options.log_group_size,
                   "with --recovery log: selective logging, stages in log groups of G consecutive "
                   "stages, only messages between groups logged; a lost stage's whole group rolls "
@@ -401,6 +411,12 @@ bool CheckLogFlags(const CLI::App& app, TrainerCli* cli) {
     return false;
   }
   o.pipeline_log_period = cli->log_odd_steps ? 2 : std::max(cli->log_period, 1);
+  auto mode = PipelineLogWriter::ParseMode(cli->log_copy);
+  if (!mode.ok()) {
+    std::fprintf(stderr, "memento-trainer: --log-copy: %s\n", mode.status().ToString().c_str());
+    return false;
+  }
+  o.log_copy = *mode;
   if (!o.pipeline_log_dir.empty() && recovery != "log") {
     std::fprintf(stderr, "memento-trainer: --pipeline-log-dir needs --recovery log\n");
     return false;

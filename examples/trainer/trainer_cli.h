@@ -41,8 +41,10 @@ struct TrainerCli {
   int generation = 0;  // the launcher's recovery generation; advances in process
   bool replace = false;
   bool log_odd_steps = false;
-  int log_period = 0;  // --log-one-step-in
-  int attempt = 0;     // MEMENTO_ATTEMPT: the launcher's restart of the whole job
+  int log_period = 0;               // --log-one-step-in
+  std::string log_copy = "thread";  // --log-copy: sets options.log_copy
+  bool log_worker_paused = false;   // --log-copy-worker-paused (tests)
+  int attempt = 0;                  // MEMENTO_ATTEMPT: the launcher's restart of the whole job
   // memento (MEMENTO_TRAINER_WITH_CLIENT).
   bool use_memento = false, no_memento = false;
   MementoHookOptions memento;

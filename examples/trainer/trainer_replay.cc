@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 
 #include "common/checksum.h"
 #include "common/clock.h"
@@ -21,10 +22,18 @@ bool Trainer::LoggedStep(int64_t step) const {
   return n <= 1 || step % n == 1;
 }
 
+double Trainer::ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 void Trainer::LogSent(const MessageKey& key, const void* data, size_t bytes) {
   if (!plog_ || !LoggedStep(key.step)) return;
   Stopwatch w;
-  plog_->AppendSent(key, data, bytes);
+  const double cpu0 = ThreadCpuSeconds();
+  log_writer_->AppendSent(key, data, bytes);
+  log_cpu_seconds_ += ThreadCpuSeconds() - cpu0;
   log_seconds_ += w.Seconds();
   log_bytes_ += bytes;
 }
@@ -32,7 +41,29 @@ void Trainer::LogSent(const MessageKey& key, const void* data, size_t bytes) {
 void Trainer::LogReceived(const MessageKey& key, const void* data, size_t bytes) {
   if (!plog_ || !LoggedStep(key.step)) return;
   Stopwatch w;
-  plog_->RecordReceived(key, data, bytes);
+  const double cpu0 = ThreadCpuSeconds();
+  log_writer_->RecordReceived(key, data, bytes);
+  log_cpu_seconds_ += ThreadCpuSeconds() - cpu0;
+  log_seconds_ += w.Seconds();
+}
+
+void Trainer::LogFence(int64_t step, const void* data, size_t bytes) {
+  // Jobs are only pending in a logged step (Step drains at its end).
+  if (!log_writer_ || log_writer_->mode() == PipelineLogWriter::Mode::kInline || !LoggedStep(step))
+    return;
+  Stopwatch w;
+  const double cpu0 = ThreadCpuSeconds();
+  log_writer_->Fence(data, bytes);
+  log_cpu_seconds_ += ThreadCpuSeconds() - cpu0;
+  log_seconds_ += w.Seconds();
+}
+
+void Trainer::LogDrain() {
+  if (!log_writer_ || log_writer_->mode() == PipelineLogWriter::Mode::kInline) return;
+  Stopwatch w;
+  const double cpu0 = ThreadCpuSeconds();
+  log_writer_->Drain();
+  log_cpu_seconds_ += ThreadCpuSeconds() - cpu0;
   log_seconds_ += w.Seconds();
 }
 

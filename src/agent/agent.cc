@@ -16,6 +16,7 @@
 #include "agent/thread_cpu.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/thread_cpu.h"
 #include "fmt/format.h"
 #include "shm/root_gc.h"
 #include "shm/slot_format.h"
@@ -141,7 +142,10 @@ Result<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& options,
     }
   }
   if (pipe2(agent->stop_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return ErrnoError("pipe", errno);
-  agent->verifier_ = std::thread([a = agent.get()] { a->VerifierLoop(); });
+  agent->verifier_ = std::thread([a = agent.get()] {
+    NameThisThread("verifier");
+    a->VerifierLoop();
+  });
   ScrubOptions scrub;
   scrub.bytes_per_s = options.scrub_bytes_per_s;
   scrub.interval_s = options.scrub_interval_s;
@@ -196,6 +200,7 @@ Status Agent::Serve() {
     }
     auto done = std::make_shared<std::atomic<bool>>(false);
     conn_threads_.push_back({std::thread([this, fd, done] {
+                               NameThisThread("trainer-conn");
                                HandleConnection(fd);
                                done->store(true);
                              }),
@@ -225,10 +230,41 @@ Status Agent::Serve() {
       const JobMemberStats s = job_member_->stats();
       cpu["t1_produce_cpu_s"] = s.produce_cpu_s;
       cpu["commit_cpu_s"] = s.commit_cpu_s;
+      cpu["t0_verify_cpu_s"] = s.t0_verify_cpu_s;
+      cpu["report_cpu_s"] = s.report_cpu_s;
       cpu["preallocate_cpu_s"] = s.preallocate_cpu_s;
       cpu["produced"] = s.produced;
+      cpu["steady_process_cpu_s"] = s.steady_process_cpu_s;
+      cpu["steady_versions"] = s.steady_versions;
+      cpu["steady_cpu_s_per_version"] =
+          s.steady_versions > 0 ? s.steady_process_cpu_s / static_cast<double>(s.steady_versions)
+                                : 0.0;
     }
     MEMENTO_LOG_INFO("agent cpu by activity: {}", cpu.dump());
+    // Every CPU-second of the process by thread (common/thread_cpu.h), the
+    // whole run: what the activities above leave out shows here.
+    const ThreadCpuReport threads = ThreadCpuByName();
+    nlohmann::json by_thread = nlohmann::json::object();
+    for (const auto& [name, seconds] : threads.by_name) by_thread[name] = seconds;
+    by_thread["exited-unnamed"] = threads.unnamed_exited_s;
+    MEMENTO_LOG_INFO("agent cpu by thread: {}", by_thread.dump());
+    if (job_member_ != nullptr) {
+      // The steady part, per version: from this node's first COMPLETED
+      // report to now (the stop, so the last steps' work after the newest
+      // report and the stop itself are in it: an upper bound), divided by
+      // the versions reported after the first.
+      const JobMemberStats s = job_member_->stats();
+      if (s.produced >= 2) {
+        nlohmann::json per_version = nlohmann::json::object();
+        const double versions = static_cast<double>(s.produced - 1);
+        for (auto it = by_thread.begin(); it != by_thread.end(); ++it) {
+          auto first = s.thread_cpu_at_first_report.find(it.key());
+          const double before = first == s.thread_cpu_at_first_report.end() ? 0.0 : first->second;
+          per_version[it.key()] = (it->get<double>() - before) / versions;
+        }
+        MEMENTO_LOG_INFO("agent cpu by thread per version after the first: {}", per_version.dump());
+      }
+    }
   }
   stopped_cleanly_.store(true);
   return Status::Ok();

@@ -16,6 +16,7 @@
 
 #include "common/checksum.h"
 #include "common/log.h"
+#include "common/thread_cpu.h"
 #include "fmt/format.h"
 
 namespace memento::agent {
@@ -326,7 +327,10 @@ Result<shm::AorRegisterReply> AorHolder::Register(int rank, std::string_view enc
       auto w = std::make_unique<Watcher>();
       w->stage = f.stage;
       Watcher* raw = w.get();
-      w->thread = std::thread([this, rank, raw] { Watch(rank, raw); });
+      w->thread = std::thread([this, rank, raw] {
+        NameThisThread("aor-watch");
+        Watch(rank, raw);
+      });
       watchers_[rank] = std::move(w);
     }
   }
@@ -427,7 +431,11 @@ bool AorHolder::EnqueueLocked(int rank, const AorStageSlot* slot, int64_t step, 
   ++submitted_;
   queue_.push_back(Queued{rank, step, lr});
   pending_.insert(step);
-  if (!worker_.joinable()) worker_ = std::thread([this] { Worker(); });
+  if (!worker_.joinable())
+    worker_ = std::thread([this] {
+      NameThisThread("aor-worker");
+      Worker();
+    });
   q_cv_.SignalAll();
   return true;
 }

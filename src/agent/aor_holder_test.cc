@@ -40,6 +40,11 @@ struct Pair {
   std::vector<float> params, grads, m, v;         // m, v: the owner's shard
   std::map<int64_t, std::vector<float>> history;  // step -> owner's m || v
   std::map<int64_t, uint64_t> sums;               // step -> owner's checksum
+  // Record (the test's thread) inserts into history and sums while the
+  // holder's worker looks them up through Seeds(): ThreadSanitizer reported
+  // that race (ninth session). Only Record writes them, so reads on the
+  // test's own thread need no lock (hence no GUARDED_BY).
+  Mutex history_mu;
   int64_t step = 0;
   std::mt19937_64 rng;
 
@@ -62,6 +67,7 @@ struct Pair {
   void Record() {
     std::vector<float> s(m);
     s.insert(s.end(), v.begin(), v.end());
+    MutexLock l(&history_mu);
     history[step] = s;
     sums[step] = opt::ShardChecksum(shard, shard, params.data() + shard, {m.data(), v.data()});
   }
@@ -78,6 +84,7 @@ struct Pair {
   }
   AorHolder::SeedSource Seeds() {
     return [this](const AorRange&, int64_t s) -> Result<AorHolder::SeedBytes> {
+      MutexLock l(&history_mu);
       auto it = history.find(s);
       if (it == history.end()) return NotFoundError("no shard of step " + std::to_string(s));
       return AorHolder::SeedBytes{it->second, sums.at(s)};

@@ -8,6 +8,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/tensor_json.h"
+#include "common/thread_cpu.h"
 #include "coord/keys.h"
 #include "fmt/format.h"
 #include "model/auto_plan.h"
@@ -167,7 +168,10 @@ Result<std::unique_ptr<JobMember>> JobMember::Start(const JobMemberOptions& opti
       c->manifests_[rank] = TensorListToJson(metas).dump();
     }
   }
-  c->thread_ = std::thread([self] { self->Run(); });
+  c->thread_ = std::thread([self] {
+    NameThisThread("member");  // T1 production, docs/cluster.md
+    self->Run();
+  });
   MEMENTO_LOG_INFO("cluster mode: node {} ({}) joined job {} at {}, peer service {}, committed {}",
                    node, c->node_name_, job, options.store_url, c->endpoint_, committed);
   return c;
@@ -372,9 +376,27 @@ void JobMember::Run() {
       stats_.produce_cpu_s += ThreadCpuSeconds() - cpu0;
     }
     if (produced) {
+      const double process_cpu = ProcessCpuSeconds();
+      bool first = false;
       {
         MutexLock l(&mu_);
         stats_.produce_s += std::chrono::duration<double>(Now() - produce_start).count();
+        if (stats_.produced == 1) {
+          first_report_process_cpu_s_ = process_cpu;
+          first = true;
+        } else {
+          stats_.steady_process_cpu_s = process_cpu - first_report_process_cpu_s_;
+          stats_.steady_versions = stats_.produced - 1;
+        }
+      }
+      if (first) {
+        // Once per run (a few dozen /proc reads): the start of the steady
+        // window of the agent's "cpu by thread" report.
+        ThreadCpuReport report = ThreadCpuByName();
+        std::map<std::string, double> at_first = std::move(report.by_name);
+        at_first["exited-unnamed"] = report.unnamed_exited_s;
+        MutexLock l(&mu_);
+        stats_.thread_cpu_at_first_report = std::move(at_first);
       }
       reported_ = step;
       reported_at_ = Now();

@@ -126,6 +126,19 @@ struct JobMemberStats {
   // following commits (the commit follower's callback).
   double produce_cpu_s = 0;
   double commit_cpu_s = 0;
+  // Parts of produce_cpu_s: hashing the local ranks' T0 slots before the
+  // redundancy is made of them, and the COMPLETED report (two store calls).
+  double t0_verify_cpu_s = 0;
+  double report_cpu_s = 0;
+  // The whole agent process's CPU-seconds (every thread) from this node's
+  // first COMPLETED report to its newest, and the versions reported in
+  // between (produced - 1): the steady cost per version, without the start,
+  // the slots' allocation and the plan's setup.
+  double steady_process_cpu_s = 0;
+  int64_t steady_versions = 0;
+  // The per-thread account (common/thread_cpu.h) at the first COMPLETED
+  // report: a report at stop minus this is the steady part by thread.
+  std::map<std::string, double> thread_cpu_at_first_report;
   int64_t last_reported = -1;     // newest step reported COMPLETED
   int64_t restore_target = -1;    // RestoreTarget()
   uint64_t redundancy_bytes = 0;  // the redundancy store's version files (T1 held here)
@@ -338,6 +351,7 @@ class JobMember {
   uint64_t rollback_epoch_ GUARDED_BY(mu_) = 0;
   bool unhealthy_ GUARDED_BY(mu_) = false;
   JobMemberStats stats_ GUARDED_BY(mu_);
+  double first_report_process_cpu_s_ GUARDED_BY(mu_) = 0;  // ProcessCpuSeconds() then
   int64_t lag_counted_ GUARDED_BY(mu_) = -1;  // the newest step whose commit lag was counted
   // Set once by the member thread (then read-only): the plan and topology.
   std::atomic<bool> ready_{false};

@@ -4,6 +4,7 @@
 
 #include "agent/assemble.h"
 #include "agent/job_member.h"
+#include "agent/thread_cpu.h"
 #include "common/log.h"
 #include "coord/keys.h"
 #include "fmt/format.h"
@@ -50,7 +51,12 @@ bool JobMember::Produce(int64_t step) {
       return false;
     }
     // The T0 bytes the redundancy is made of must be right.
+    const double verify_cpu0 = ThreadCpuSeconds();
     Status st = shm::VerifySlotData(*v.segment, v.info);
+    {
+      MutexLock l(&mu_);
+      stats_.t0_verify_cpu_s += ThreadCpuSeconds() - verify_cpu0;
+    }
     if (!st.ok()) {
       Abandon(step, fmt::format("rank {} slot {}: {}", r, v.slot, st.ToString()));
       return false;
@@ -129,11 +135,16 @@ bool JobMember::Produce(int64_t step) {
   }
   // 5. COMPLETED. The hold stays until `step` (or a newer one) commits or
   //    the hold timeout passes.
+  const double report_cpu0 = ThreadCpuSeconds();
   st = membership_->SetSignal(coord::NodeSignal::kCompleted, step, "",
                               Deadline::AfterSeconds(kStoreCallS));
   if (st.ok()) {
     st = coord::ReportCompleted(*store_, job_, node_name_, step,
                                 Deadline::AfterSeconds(kStoreCallS), epoch_.load());
+  }
+  {
+    MutexLock l(&mu_);
+    stats_.report_cpu_s += ThreadCpuSeconds() - report_cpu0;
   }
   if (!st.ok()) {
     Abandon(step, "reporting it: " + st.ToString());

@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/thread_cpu.h"
 #include "fmt/format.h"
 #include "net/socket.h"
 
@@ -47,6 +48,7 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& l
   s->address_ = fmt::format("{}:{}", hp->host, port);
   MetricsServer* self = s.get();
   s->thread_ = std::thread([self] {
+    NameThisThread("metrics");
     if (!self->impl_->server.listen_after_bind()) {
       MEMENTO_LOG_WARN("metrics endpoint {} stopped serving", self->address_);
     }

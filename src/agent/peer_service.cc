@@ -15,6 +15,7 @@
 #include "agent/redundancy_shm.h"
 #include "common/checksum.h"
 #include "common/log.h"
+#include "common/thread_cpu.h"
 #include "net/peer_protocol.h"
 #include "recover/recipe.h"
 #include "recover/recover.h"
@@ -160,7 +161,10 @@ recover::NodeInventory PeerService::Inventory(bool verify) {
   std::vector<std::pair<int64_t, std::vector<int>>> t0;
   std::thread t0_thread;
   if (verify) {
-    t0_thread = std::thread([&] { t0 = T0Holdings(*options_.store, true); });
+    t0_thread = std::thread([&] {
+      NameThisThread("inventory-t0");
+      t0 = T0Holdings(*options_.store, true);
+    });
   } else {
     t0 = T0Holdings(*options_.store, false);
   }

@@ -16,6 +16,7 @@
 #include "agent/redundancy_shm.h"
 #include "common/checksum.h"
 #include "common/log.h"
+#include "common/thread_cpu.h"
 #include "net/peer_protocol.h"
 #include "recover/recipe.h"
 #include "recover/recover.h"
@@ -172,6 +173,7 @@ Result<std::string> PeerService::HandleVerifyKept(std::string_view body) {
     }
     KeptSession* sp = session.get();
     sp->t0_thread = std::thread([sp] {
+      NameThisThread("kept-verify-t0");
       if (!sp->t0_status.ok()) return;
       for (const KeptSlot& k : sp->slots) {
         for (size_t i = 0; i < k.info.chunks.size(); ++i) {
@@ -187,6 +189,7 @@ Result<std::string> PeerService::HandleVerifyKept(std::string_view body) {
     });
     RedundancyStore* red = options_.redundancy;
     sp->red_thread = std::thread([sp, red, step] {
+      NameThisThread("kept-verify-t1");
       // Every entry the inventory listed, hashed now: one that fails is
       // no longer listed.
       const recover::VersionHolding before = red->Holding(step, /*verify=*/false);

@@ -9,6 +9,7 @@
 #include "agent/thread_cpu.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/thread_cpu.h"
 #include "fmt/format.h"
 
 namespace memento::agent {
@@ -17,7 +18,10 @@ std::unique_ptr<Scrubber> Scrubber::Start(const ScrubOptions& options, shm::Node
   if (options.bytes_per_s == 0) return nullptr;
   std::unique_ptr<Scrubber> s(new Scrubber(options, store));
   s->WriteReport();  // replaces an earlier agent's report
-  s->thread_ = std::thread([p = s.get()] { p->Run(); });
+  s->thread_ = std::thread([p = s.get()] {
+    NameThisThread("scrub");
+    p->Run();
+  });
   MEMENTO_LOG_INFO("scrub: every {:g} s at most {} bytes/s ({})", options.interval_s,
                    options.bytes_per_s,
                    options.status_path.empty() ? "no report file" : options.status_path);

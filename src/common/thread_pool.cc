@@ -1,10 +1,9 @@
 #include "common/thread_pool.h"
 
-#include <pthread.h>
-
 #include <utility>
 
 #include "common/check.h"
+#include "common/thread_cpu.h"
 
 namespace memento {
 
@@ -12,9 +11,13 @@ ThreadPool::ThreadPool(size_t num_threads, std::string name) {
   MEMENTO_CHECK(num_threads >= 1);
   threads_.reserve(num_threads);
   for (size_t i = 0; i < num_threads; ++i) {
-    threads_.emplace_back([this] { WorkerLoop(); });
-    std::string tname = (name + std::to_string(i)).substr(0, 15);
-    pthread_setname_np(threads_.back().native_handle(), tname.c_str());
+    // Named from inside: the thread's CPU is then counted under its name
+    // even after it exits (common/thread_cpu.h).
+    std::string tname = name + std::to_string(i);
+    threads_.emplace_back([this, tname] {
+      NameThisThread(tname);
+      WorkerLoop();
+    });
   }
 }
 

@@ -13,6 +13,7 @@
 #include "common/checksum.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/thread_cpu.h"
 
 namespace memento::coord {
 
@@ -380,7 +381,10 @@ Result<std::unique_ptr<CommitCoordinator>> CommitCoordinator::Start(Store* store
       store, latest_key, latest.revision, [self](const WatchEvent& ev) { self->OnLatest(ev); });
   MEMENTO_ASSIGN_OR_RETURN(ListResult reports, store->List(c->keys_.CompletedPrefix(), deadline));
   for (auto& kv : reports.kvs) c->OnEvent(WatchEvent{WatchEvent::Type::kPut, std::move(kv)});
-  c->cleaner_ = std::thread([self] { self->Clean(); });
+  c->cleaner_ = std::thread([self] {
+    NameThisThread("commit-clean");
+    self->Clean();
+  });
   c->watcher_ = std::make_unique<Watcher>(store, c->keys_.CompletedPrefix(), reports.revision,
                                           [self](const WatchEvent& ev) { self->OnEvent(ev); });
   return c;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/thread_cpu.h"
 #include "coord/etcd_internal.h"
 
 namespace memento::coord {
@@ -85,7 +86,10 @@ std::shared_ptr<EtcdStore::WatchStream> EtcdStore::StreamFor(const std::string& 
         out->last_used = Now();
       }
       streams_[prefix] = out;
-      out->thread = std::thread([this, ws = out] { RunWatchStream(ws); });
+      out->thread = std::thread([this, ws = out] {
+        NameThisThread("etcd-watch");
+        RunWatchStream(ws);
+      });
     }
   }
   for (auto& ws : retired) {

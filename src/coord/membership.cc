@@ -7,6 +7,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/thread_cpu.h"
 
 namespace memento::coord {
 
@@ -70,7 +71,10 @@ Result<std::unique_ptr<Membership>> Membership::Join(Store* store, MembershipOpt
     m->record_.wall_ns = WallNanos();
   }
   MEMENTO_RETURN_IF_ERROR(m->Register(deadline));
-  m->heartbeat_ = std::thread([p = m.get()] { p->HeartbeatLoop(); });
+  m->heartbeat_ = std::thread([p = m.get()] {
+    NameThisThread("heartbeat");
+    p->HeartbeatLoop();
+  });
   return m;
 }
 

@@ -1,4 +1,5 @@
 #include "common/log.h"
+#include "common/thread_cpu.h"
 #include "coord/store.h"
 
 namespace memento::coord {
@@ -8,7 +9,10 @@ Watcher::Watcher(Store* store, std::string prefix, int64_t after_revision, Callb
       prefix_(std::move(prefix)),
       after_(after_revision),
       on_event_(std::move(on_event)) {
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    NameThisThread("store-watch");
+    Run();
+  });
 }
 
 void Watcher::Stop() {

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include "common/log.h"
+#include "common/thread_cpu.h"
 #include "net/auth.h"
 
 namespace memento::net {
@@ -22,7 +23,10 @@ Server::Server(ServerOptions options, JobToken token, Handler handler, Fd listen
       handler_(std::move(handler)),
       listen_fd_(std::move(listen_fd)),
       port_(port) {
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  accept_thread_ = std::thread([this] {
+    NameThisThread("rpc-accept");
+    AcceptLoop();
+  });
 }
 
 Server::~Server() { Stop(); }
@@ -51,8 +55,10 @@ void Server::AcceptLoop() {
     peers_.emplace_back();
     Peer* peer = &peers_.back();
     Fd owned = std::move(fd).value();
-    peer->thread = std::thread(
-        [this, peer, f = std::move(owned), addr]() mutable { Serve(peer, std::move(f), addr); });
+    peer->thread = std::thread([this, peer, f = std::move(owned), addr]() mutable {
+      NameThisThread("rpc-conn");
+      Serve(peer, std::move(f), addr);
+    });
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/thread_cpu.h"
 
 namespace memento::tier {
 
@@ -17,7 +18,10 @@ Result<std::unique_ptr<Persister>> Persister::Start(PersisterOptions options) {
                     options.every_k_steps, options.every_seconds));
   }
   std::unique_ptr<Persister> p(new Persister(std::move(options)));
-  p->worker_ = std::thread([raw = p.get()] { raw->Run(); });
+  p->worker_ = std::thread([raw = p.get()] {
+    NameThisThread("persister");
+    raw->Run();
+  });
   return p;
 }
 

@@ -15,6 +15,7 @@
 #include "common/checksum.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/thread_cpu.h"
 #include "tier/safetensors.h"
 
 namespace memento::tier {
@@ -65,7 +66,10 @@ class StagedWriter {
       buffers_.emplace_back(chunk_bytes_);
       free_.push_back(i);
     }
-    io_thread_ = std::thread([this] { IoLoop(); });
+    io_thread_ = std::thread([this] {
+      NameThisThread("durable-io");
+      IoLoop();
+    });
   }
 
   ~StagedWriter() {

@@ -139,6 +139,25 @@ TEST(BenchOverheadSmoke, ClusterModeReportsTheCommitLag) {
                 act.value("seal_slots_cpu_s", 0.0) + act.value("scrub_cpu_s", 0.0),
             process * 1.05 + 1e-3)
       << out;
+  // Every CPU-second by thread (common/thread_cpu.h): the threads add up to
+  // the agents' process CPU (one line per thread name, summed over agents,
+  // read at stop a moment after process_cpu_s), and the member thread, which
+  // produces T1, is one of them.
+  const nlohmann::json& threads = j["agent_cpu_s_per_step_by_thread"];
+  ASSERT_TRUE(threads.is_object()) << out;
+  double sum = 0;
+  for (auto it = threads.begin(); it != threads.end(); ++it) sum += it->get<double>();
+  EXPECT_NEAR(sum, process, process * 0.05 + 1e-3) << out;
+  EXPECT_GE(threads.value("member", 0.0), act.value("t1_produce_cpu_s", 0.0) * 0.95) << out;
+  // The steady part per version, by thread and in all; the ranks' overhead
+  // with it added.
+  const nlohmann::json& steady = j["agent_steady_cpu_s_per_version_by_thread"];
+  ASSERT_TRUE(steady.is_object()) << out;
+  EXPECT_GT(steady.value("member", 0.0), 0) << out;
+  EXPECT_GT(j["agent_steady_cpu_s_per_version"].get<double>(), 0) << out;
+  ASSERT_TRUE(j["cpu_overhead_with_agents_pct"].is_number()) << out;
+  EXPECT_GT(j["cpu_overhead_with_agents_pct"].get<double>(), j["cpu_overhead_pct"].get<double>())
+      << out;
 }
 
 TEST(BenchOverheadSmoke, MissingTrainerIsAnError) {
