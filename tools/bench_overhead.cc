@@ -287,6 +287,15 @@ Result<RunResult> RunOnce(const OverheadArgs& a, const std::string& trainer,
       argv.push_back(a.schedule);
     }
     if (!aor) argv.push_back("--no-aor");
+    // A cluster job's ranks wait for their first snapshot to commit (in
+    // the first step, which is not timed): the timed steps start with the
+    // cluster committing (store, coordinator, plan and T1 production up),
+    // and the ranks see at least one version committed (commit_lag) however
+    // loaded the machine.
+    if (a.cluster) {
+      argv.push_back("--memento-pace-commits");
+      argv.push_back("1");
+    }
   }
   const std::string log = dir + "/trainer.log";
   Stopwatch wall;

@@ -211,9 +211,19 @@ class Bench {
   Result<json> Failure(const std::string& mode, int dp, int log_group = 0,
                        bool rebuild_all = false) {
     const int kill_rank = a_.kill_rank >= 0 ? a_.kill_rank : (a_.pp / 2) * dp;
-    std::vector<std::string> extra = {"--fail-rank",    std::to_string(kill_rank),
-                                      "--fail-at-step", std::to_string(a_.kill_step),
-                                      "--fail-point",   a_.fail_point};
+    // The snapshots up to the kill are paced on their commits: the one
+    // before the kill has committed when the kill comes however loaded the
+    // machine, so steps_lost is the recovery mode's, not the commit lag's
+    // (a restart resumes from the newest commit). These runs time the
+    // recovery only.
+    std::vector<std::string> extra = {"--fail-rank",
+                                      std::to_string(kill_rank),
+                                      "--fail-at-step",
+                                      std::to_string(a_.kill_step),
+                                      "--fail-point",
+                                      a_.fail_point,
+                                      "--memento-pace-commits",
+                                      std::to_string(a_.kill_step / a_.save_every)};
     if (log_group > 0) extra.insert(extra.end(), {"--log-group-size", std::to_string(log_group)});
     if (rebuild_all) extra.push_back("--rebuild-all-groups");
     MEMENTO_ASSIGN_OR_RETURN(
@@ -245,6 +255,8 @@ class Bench {
     j["steps_lost"] = std::max<int64_t>(0, reached - rep.value("step", int64_t{0}));
     j["processes_restarted"] = rep.value("processes_restarted", 0);
     j["resumed_from_step"] = rep.value("step", int64_t{-1});
+    // The newest commit when the recovery decided (a restart resumes from it).
+    j["committed_at_failure"] = rep.value("committed", int64_t{-1});
     if (mode == "log") {
       j["replayed_steps"] = rep.value("replayed_steps", int64_t{0});
       j["replayed_stages"] = rep.value("replayed_stages", 0);
@@ -367,7 +379,8 @@ Result<json> RunSwift(const Args& a) {
   if (mkdtemp(tmpl) == nullptr) return ErrnoError("mkdtemp", errno);
   const std::string base = tmpl;
   Bench bench(a, trainer, memento, base);
-  std::map<std::string, std::vector<double>> resume, lost, restarted, replayed, replayed_bytes;
+  std::map<std::string, std::vector<double>> resume, lost, restarted, replayed, replayed_bytes,
+      committed;
   // Selective logging, per group size G: resume_s, steps and stages
   // replayed, bytes replayed, log bytes per step.
   std::map<int, std::map<std::string, std::vector<double>>> groups;
@@ -463,6 +476,7 @@ Result<json> RunSwift(const Args& a) {
         resume[key].push_back(f["resume_s"].get<double>());
         lost[key].push_back(f["steps_lost"].get<double>());
         restarted[key].push_back(f["processes_restarted"].get<double>());
+        committed[key].push_back(f["committed_at_failure"].get<double>());
         if (f.contains("replayed_steps")) {
           replayed[key].push_back(f["replayed_steps"].get<double>());
           replayed_bytes[key].push_back(f["bytes_replayed"].get<double>());
@@ -567,6 +581,7 @@ Result<json> RunSwift(const Args& a) {
     m["resume_s_spread"] = Spread(v);
     m["steps_lost"] = Median(lost[key]);
     m["processes_restarted"] = Median(restarted[key]);
+    m["committed_at_failure"] = Median(committed[key]);
     if (replayed.count(key)) {
       m["replayed_steps"] = Median(replayed[key]);
       m["bytes_replayed"] = Median(replayed_bytes[key]);
@@ -636,7 +651,9 @@ Result<json> RunSwift(const Args& a) {
       "save_every steps) of the reference trainer; resume_s: the launcher's report, from it "
       "reaping the SIGKILLed rank to the first step the trainers completed after the recovery; "
       "steps_lost: newest step completed before the kill minus the step the job resumed from "
-      "(restart: a lower bound, the killed survivors do not report); regain_s: resume_s + "
+      "(restart: a lower bound, the killed survivors do not report); failure runs pace the "
+      "snapshots up to the kill on their commits (memento-trainer --memento-pace-commits), so "
+      "the snapshot before the kill has committed (committed_at_failure); regain_s: resume_s + "
       "steps_lost x the baseline's median step time; bytes_replayed: logged payload the log "
       "replacement replayed; logging_overhead_pct: median step time with the pipeline log "
       "against without (dp 1, no failure, separate runs: it also measures the machine); "

@@ -148,14 +148,18 @@ class MementoHooks : public TrainerHooks {
     // snapshot here, still in flight when AfterRecovery lists its versions:
     // without this AfterRecovery would take it again and the client refuse.
     held_through_ = std::max(held_through_, step);
-    if (mode_ != "sync") return Status::Ok();
-    // sync: the copy blocks the step (the baseline every other mode beats).
-    Status st = client_->Fence();
-    tally_.Add(client_->LastSnapshotStats());
+    Status st = Status::Ok();
+    if (mode_ == "sync") {
+      // sync: the copy blocks the step (the baseline every other mode beats).
+      st = client_->Fence();
+      tally_.Add(client_->LastSnapshotStats());
+    }
+    if (st.ok()) PaceCommit(step);
     return st;
   }
 
   void set_skip_step(int64_t step) { skip_step_ = step; }
+  void set_pace_commits(int64_t n) { pace_commits_ = n; }
   void set_late_sums(int64_t step) { late_sums_ = step; }
 
   Status BeforeRecovery() override {
@@ -269,6 +273,27 @@ class MementoHooks : public TrainerHooks {
     return out + "}";
   }
 
+  // --memento-pace-commits: waits until the snapshot of `step` committed (or
+  // cannot commit), while fewer than pace_commits_ snapshots have committed
+  // that way (-1: always). A job then has versions committed at known steps
+  // however slow the machine is: bench overhead --cluster waits for its
+  // first commit (the first step is not timed), so the ranks see a commit
+  // lag; bench swift's failure runs pace every snapshot, so a kill at step
+  // N finds the snapshot before it committed (tests/bench).
+  void PaceCommit(int64_t step) {
+    if (pace_commits_ == 0 || (pace_commits_ > 0 && paced_ >= pace_commits_)) return;
+    Stopwatch w;
+    auto r = client_->WaitForCommit(step, Deadline::AfterSeconds(kPaceMaxS));
+    if (r.ok()) {
+      ++paced_;
+      return;
+    }
+    std::fprintf(stderr, "memento: --memento-pace-commits: %s (after %.2f s)\n",
+                 r.status().ToString().c_str(), w.Seconds());
+    // Not a cluster job: nothing to wait for, ever.
+    if (r.status().code() == StatusCode::kFailedPrecondition) pace_commits_ = 0;
+  }
+
   std::string ProgressNote() override {
     const SnapshotStats s = client_->LastSnapshotStats();
     if (s.step < 0) return "";
@@ -290,6 +315,11 @@ class MementoHooks : public TrainerHooks {
   SnapshotTally tally_;
   int64_t held_through_ = -1;
   int64_t skip_step_ = -1;
+  // --memento-pace-commits: how many snapshots to pace (-1: all), and how
+  // many paced ones committed so far.
+  int64_t pace_commits_ = 0;
+  int64_t paced_ = 0;
+  static constexpr double kPaceMaxS = 60;
   int64_t late_sums_ = -1;                          // --aor-test-late-sums
   std::vector<std::pair<int64_t, uint64_t>> late_;  // its held-back checksums
   const int64_t every_;
@@ -409,6 +439,7 @@ Result<std::unique_ptr<TrainerHooks>> ConnectMemento(Trainer* trainer,
                                               std::string(ScheduleName(co.schedule)), options.every,
                                               aor ? trainer : nullptr, options.aor_test_lr_scale);
   hooks->set_skip_step(options.skip_step);
+  hooks->set_pace_commits(options.pace_commits);
   hooks->set_late_sums(options.aor_test_late_sums);
   return std::unique_ptr<TrainerHooks>(std::move(hooks));
 }

@@ -49,6 +49,12 @@ struct MementoHookOptions {
   // Log replay (`--recovery log`, docs/swift.md) rebuilds a lost stage from
   // its last snapshot and the logged inputs of the steps since.
   int64_t every = 1;
+  // Cluster mode: after a snapshot, wait until it commits (Client::
+  // WaitForCommit, at most 60 s; a step that cannot commit ends the wait)
+  // until this many snapshots committed so; -1: after every snapshot; 0:
+  // never. For tests and benchmarks whose checks need versions committed by
+  // some step, however loaded the machine.
+  int64_t pace_commits = 0;
   // AOR (docs/reft.md section 5): under ZeRO-1 with DP > 1, register the
   // gradient buffer, capture it every step before the optimizer step and
   // report the rank's own shard checksum after it, so the node holding this

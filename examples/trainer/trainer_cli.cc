@@ -222,6 +222,12 @@ void DefineMementoFlags(CLI::App* app, TrainerCli* cli) {
                   "memento snapshots after every K-th step only (a log-replay replacement loads "
                   "the newest and replays the logged steps since; docs/swift.md)")
       ->capture_default_str();
+  app->add_option("--memento-pace-commits", cli->memento.pace_commits,
+                  "cluster mode: after a snapshot, wait until it commits (or cannot: skipped or "
+                  "released; at most 60 s), until N snapshots committed that way (-1: every "
+                  "snapshot); for tests and benchmarks that need versions committed by some "
+                  "step on a loaded machine")
+      ->capture_default_str();
   app->add_option("--skip-snapshot-step", cli->skip_snapshot_step,
                   "fault injection: rank --fail-rank takes no memento snapshot of this step, as "
                   "if the client had skipped it by the commit word rule (first generation of "
@@ -299,6 +305,11 @@ bool ApplyLauncherSettings(const CLI::App& app, const EnvLookup& env, TrainerCli
   mo.chunk_bytes = static_cast<size_t>(cli->snapshot_chunk_kib) << 10;
   if (mo.every < 1) {
     std::fprintf(stderr, "memento-trainer: --memento-every %" PRId64 " must be >= 1\n", mo.every);
+    return false;
+  }
+  if (mo.pace_commits < -1) {
+    std::fprintf(stderr, "memento-trainer: --memento-pace-commits %" PRId64 " must be >= -1\n",
+                 mo.pace_commits);
     return false;
   }
   mo.job_id = target.job_id;

@@ -236,6 +236,24 @@ class Client {
   // that can delay training). Returns the snapshot's error, if any.
   virtual Status Fence(Deadline deadline = Deadline::Infinite()) = 0;
 
+  // Cluster mode: fences the snapshot in flight, then waits until version
+  // `step` is committed by the whole cluster (the agent's commit word says
+  // `step` or a newer step of the job's current history); returns the
+  // committed step. Aborted when `step` can no longer commit as far as this
+  // rank can tell: this rank skipped its snapshot of `step`, or its agent
+  // held `step` and released it uncommitted (another node skipped or
+  // abandoned it, or it did not commit within the agent's --hold-timeout).
+  // DeadlineExceeded at `deadline` (also when another node's skip kept this
+  // node's agent from ever holding `step`: nothing in the word tells that
+  // apart from a commit still to come). FailedPrecondition before Seal() or
+  // outside cluster mode (the agent runs without --store: no commit word).
+  // Training does not need this call: it paces a job on its commits (tests
+  // and benchmarks whose checks need a version committed by some step;
+  // memento-trainer --memento-pace-commits), or makes sure the last
+  // snapshot is protected before a job ends.
+  virtual Result<int64_t> WaitForCommit(int64_t step,
+                                        Deadline deadline = Deadline::AfterSeconds(60)) = 0;
+
   // Loads the newest committed version into the registered tensors and
   // returns its step. NotFound when there is none. In cluster mode (the
   // agent runs with --store) the agent decides the step: the cluster's

@@ -14,10 +14,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "client/agent_channel.h"
 #include "client/client_options.h"
@@ -372,6 +374,44 @@ class ClientImpl final : public Client, private client::SlotSink {
     MutexLock l(&stats_mu_);
     snapshot_stats_ = stats;
     return st;
+  }
+
+  Result<int64_t> WaitForCommit(int64_t step, Deadline deadline) override {
+    if (!sealed_) return FailedPreconditionError("WaitForCommit() before Seal()");
+    if (!holds_.MapCommitWord()) {
+      return FailedPreconditionError(
+          fmt::format("WaitForCommit({}): not in cluster mode (no commit word in {}: the agent "
+                      "runs without --store)",
+                      step, holds_.dir()));
+    }
+    // The agent sees the step only once this rank's copy is complete.
+    MEMENTO_RETURN_IF_ERROR(Fence(deadline));
+    {
+      MutexLock l(&stats_mu_);
+      if (snapshot_stats_.step == step && snapshot_stats_.skipped) {
+        return AbortedError(fmt::format("step {} cannot commit: rank {} skipped its snapshot of it",
+                                        step, options_.rank));
+      }
+    }
+    bool held = false;
+    for (;;) {
+      switch (holds_.PollCommit(step, &held)) {
+        case client::HoldWords::CommitState::kCommitted:
+          return holds_.Committed();
+        case client::HoldWords::CommitState::kReleased:
+          return AbortedError(fmt::format(
+              "step {} cannot commit: the agent released it uncommitted (committed: {})", step,
+              holds_.Committed()));
+        case client::HoldWords::CommitState::kPending:
+          break;
+      }
+      if (deadline.expired()) {
+        return DeadlineExceededError(fmt::format(
+            "step {} not committed by the deadline (committed: {}{})", step, holds_.Committed(),
+            held ? "; the agent holds it" : "; the agent has not held it"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
   }
 
   Result<int64_t> Restore(Deadline deadline) override {

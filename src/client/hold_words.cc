@@ -47,6 +47,22 @@ int64_t HoldWords::Committed() const {
   return commit_word_ != nullptr ? shm::LoadWord(&commit_word_->committed) : -1;
 }
 
+HoldWords::CommitState HoldWords::PollCommit(int64_t step, bool* held) const {
+  if (commit_word_ == nullptr) return CommitState::kPending;
+  // The hold first: the agent stores `committed` before it releases the hold
+  // of a step that committed (agent/commit_hold.cc), so a hold seen released
+  // here and `committed` still below `step` after it is a release without a
+  // commit.
+  const int64_t hold = shm::LoadWord(&commit_word_->hold);
+  if (shm::LoadWord(&commit_word_->committed) >= step) return CommitState::kCommitted;
+  if (hold == step) {
+    *held = true;
+  } else if (*held) {
+    return CommitState::kReleased;
+  }
+  return CommitState::kPending;
+}
+
 bool HoldWords::MapDurableWord() {
   if (durable_word_ != nullptr) return true;
   const std::string path = shm::DurableWordPath(dir_);

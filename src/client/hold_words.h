@@ -53,8 +53,18 @@ class HoldWords {
   // older steps stay in place as before.
   void Writing(int64_t step);
 
+  // The agent directory the words are in.
+  const std::string& dir() const { return dir_; }
   // Whether the commit word is mapped (cluster mode).
   bool cluster() const { return commit_word_ != nullptr; }
+  // Where `step` stands in the commit word (Client::WaitForCommit):
+  // kCommitted once the word's committed step is `step` or newer;
+  // kReleased once the agent, seen holding `step` by an earlier call
+  // (*held, false before the first call; the caller keeps it between calls),
+  // no longer holds it and has not committed it; kPending otherwise (also
+  // outside cluster mode).
+  enum class CommitState { kPending, kCommitted, kReleased };
+  CommitState PollCommit(int64_t step, bool* held) const;
   // The newest committed step (the commit word); -1 when none or not in
   // cluster mode.
   int64_t Committed() const;

@@ -72,9 +72,9 @@ class Subprocess {
   [[nodiscard]] static Result<Subprocess> Spawn(const SpawnOptions& options);
 
   pid_t pid() const { return pid_; }
-  // Whether the child is still alive: reaps it first (Poll), so a child that
-  // died since the last Poll or Wait counts as ended (a cached answer would
-  // call a SIGKILLed, unreaped child running).
+  // Whether the child is alive: reaps it first (Poll), so one killed since the last Poll or Wait is
+  // ended (a cached flag called it running). Alive until its last thread ended, though /proc shows
+  // 'Z' once its main thread did (subprocess_test: ALeaderThatEndedWhileAThreadRunsIsRunning).
   bool running() {
     Poll();
     return pid_ > 0 && !status_.has_value();

@@ -35,13 +35,19 @@ TEST(BenchSwiftSmoke, EveryModeRecoversAndReports) {
     EXPECT_EQ(j["modes"][m]["resume_s_spread"]["rounds"].size(), 1u);
   }
   // Killed inside the update of step 10, memento snapshots at 4 and 8: a
-  // restart resumes from the committed 8 and loses step 9; undo and log
+  // restart resumes from the committed 8 and loses step 9 (the failure runs
+  // pace every snapshot on its commit, so 8 has committed when the kill
+  // comes, however loaded the machine: a check that follows from the run,
+  // not from its speed); undo and log
   // restart one process and lose nothing; the log replacement loads its
   // snapshot of 8 from its node's T0 and replays 9 and 10 (the survivors
   // completed 10): a middle stage's inputs, 4 activations and 4 gradients of
   // 2 KiB and the gradient-norm sum (8 bytes) per step.
   EXPECT_EQ(j["modes"]["restart"]["processes_restarted"], 8.0);
-  EXPECT_EQ(j["modes"]["restart"]["steps_lost"], 1.0);
+  for (const char* m : {"restart", "restart_dp1"}) {
+    EXPECT_EQ(j["modes"][m]["committed_at_failure"], 8.0) << m << ": " << out;
+  }
+  EXPECT_EQ(j["modes"]["restart"]["steps_lost"], 1.0) << out;
   EXPECT_EQ(j["modes"]["restart_dp1"]["processes_restarted"], 4.0);
   EXPECT_EQ(j["modes"]["undo"]["processes_restarted"], 1.0);
   EXPECT_EQ(j["modes"]["undo"]["steps_lost"], 0.0);
@@ -94,7 +100,8 @@ TEST(BenchSwiftSmoke, MidStepKill) {
   auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << out;
   EXPECT_EQ(j["config"]["fail_point"], "pipeline");
-  EXPECT_EQ(j["modes"]["restart"]["steps_lost"], 1.0);
+  EXPECT_EQ(j["modes"]["restart"]["committed_at_failure"], 8.0) << out;
+  EXPECT_EQ(j["modes"]["restart"]["steps_lost"], 1.0) << out;
   EXPECT_EQ(j["modes"]["undo"]["steps_lost"], 0.0);
   EXPECT_EQ(j["modes"]["undo"]["processes_restarted"], 1.0);
   EXPECT_EQ(j["modes"]["log"]["steps_lost"], 0.0);

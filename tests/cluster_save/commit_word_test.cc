@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <thread>
 #include <vector>
 
 #include "../shm/agent_fixture.h"
+#include "client/hold_words.h"
 #include "common/check.h"
 #include "memento/client.h"
 #include "shm/segment.h"
@@ -277,6 +279,104 @@ TEST_F(CommitWordTest, DurableWordHoldsInSingleNodeMode) {
   EXPECT_EQ(Held(**c), (std::vector<int64_t>{2, 4}));
   EXPECT_EQ(shm::LoadWord(&w->claim[0]), 1) << "the client claims the step it overwrites";
   EXPECT_EQ((*c)->LastSnapshotStats().skipped_total, 1u);
+}
+
+// Client::WaitForCommit (memento-trainer --memento-pace-commits) against the
+// word the test plays: every answer follows from what the word says, none
+// from how long anything took (the short deadlines end waits for something
+// that never happens).
+TEST_F(CommitWordTest, WaitForCommitAnswersFromTheWord) {
+  AgentThread agent(LocalAgent("jobc", root_));
+  State s(20000);
+  auto c = Client::Connect(Options());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ((*c)->WaitForCommit(1).status().code(), StatusCode::kFailedPrecondition)
+      << "before Seal()";
+  ASSERT_TRUE(s.Register(**c).ok());
+  ASSERT_TRUE((*c)->Seal().ok());
+  s.Fill(1);
+  ASSERT_TRUE((*c)->Snapshot(1).ok());
+  auto r = (*c)->WaitForCommit(1);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << "no commit word: single-node";
+  EXPECT_NE(r.status().message().find("not in cluster mode"), std::string::npos) << r.status();
+
+  shm::CommitWord* w = MakeWord(/*committed=*/-1);
+  r = (*c)->WaitForCommit(1, Deadline::AfterSeconds(0.05));
+  EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(r.status().message().find("has not held it"), std::string::npos) << r.status();
+  shm::StoreWord(&w->hold, 1);
+  r = (*c)->WaitForCommit(1, Deadline::AfterSeconds(0.05));
+  EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(r.status().message().find("the agent holds it"), std::string::npos) << r.status();
+
+  // The agent's part from another thread, in its order (committed, then the
+  // hold released), while the client waits or before it starts: one answer.
+  std::thread commit([w] {
+    shm::StoreWord(&w->committed, 1);
+    shm::StoreWord(&w->hold, -1);
+  });
+  r = (*c)->WaitForCommit(1, Deadline::AfterSeconds(60));
+  commit.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 1);
+
+  // A newer committed step answers for an older one.
+  s.Fill(2);
+  ASSERT_TRUE((*c)->Snapshot(2).ok());
+  shm::StoreWord(&w->committed, 2);
+  r = (*c)->WaitForCommit(1, Deadline::AfterSeconds(60));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 2);
+
+  // This rank skipped step 4 (the agent holds 3, in the slot 4 would take):
+  // it cannot commit, and the answer comes at once, not at the deadline.
+  s.Fill(3);
+  ASSERT_TRUE((*c)->Snapshot(3).ok());
+  ASSERT_TRUE((*c)->Fence().ok());
+  shm::StoreWord(&w->hold, 3);
+  s.Fill(4);
+  ASSERT_TRUE((*c)->Snapshot(4).ok());
+  r = (*c)->WaitForCommit(4, Deadline::AfterSeconds(60));
+  EXPECT_TRUE((*c)->LastSnapshotStats().skipped);
+  EXPECT_EQ(r.status().code(), StatusCode::kAborted) << r.status();
+  EXPECT_NE(r.status().message().find("skipped its snapshot"), std::string::npos) << r.status();
+}
+
+// HoldWords::PollCommit, the poll under WaitForCommit, one call at a time: a
+// hold seen and then released with `committed` below the step is a release
+// without a commit (kReleased); the agent stores `committed` before it
+// releases a committed step's hold, so that order reads kCommitted.
+TEST_F(CommitWordTest, PollCommitTellsAReleaseFromACommit) {
+  ASSERT_TRUE(shm::MakePrivateDir(root_).ok());
+  shm::CommitWord* w = MakeWord(/*committed=*/1);
+  client::HoldWords words(root_, /*rank=*/0);
+  ASSERT_TRUE(words.MapCommitWord());
+  using CS = client::HoldWords::CommitState;
+  bool held = false;
+  EXPECT_EQ(words.PollCommit(2, &held), CS::kPending);
+  EXPECT_FALSE(held);
+  EXPECT_EQ(words.PollCommit(1, &held), CS::kCommitted);
+  shm::StoreWord(&w->hold, 2);
+  EXPECT_EQ(words.PollCommit(2, &held), CS::kPending);
+  EXPECT_TRUE(held);
+  shm::StoreWord(&w->hold, -1);  // released, committed still 1
+  EXPECT_EQ(words.PollCommit(2, &held), CS::kReleased);
+  // The agent moved on to hold 3 without committing 2: also a release.
+  held = false;
+  shm::StoreWord(&w->hold, 2);
+  EXPECT_EQ(words.PollCommit(2, &held), CS::kPending);
+  shm::StoreWord(&w->hold, 3);
+  EXPECT_EQ(words.PollCommit(2, &held), CS::kReleased);
+  // Committed, then released: a commit, for 3 and for the older 2.
+  held = false;
+  EXPECT_EQ(words.PollCommit(3, &held), CS::kPending);
+  EXPECT_TRUE(held);
+  shm::StoreWord(&w->committed, 3);
+  shm::StoreWord(&w->hold, -1);
+  EXPECT_EQ(words.PollCommit(3, &held), CS::kCommitted);
+  bool other = false;
+  EXPECT_EQ(words.PollCommit(2, &other), CS::kCommitted);
+  EXPECT_EQ(words.Committed(), 3);
 }
 
 }  // namespace
