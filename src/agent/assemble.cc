@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "recover/recipe.h"
 #include "recover/recover.h"
+#include "shm/slot.h"
 #include "topo/save_ranges.h"
 
 namespace memento::agent {
@@ -102,6 +103,18 @@ Result<shm::AssembleReply> AssembleRank(const ClusterPlan& cp, const std::string
   MEMENTO_LOG_INFO("assemble: rank {} step {}: {} bytes ({} read) in {:.3f} s", rank, step,
                    stats->bytes, stats->read_bytes, stats->total_s);
   return shm::AssembleReply{path, stats->bytes};
+}
+
+std::optional<std::vector<TensorMeta>> SealedTensors(int rank, const std::string& manifest) {
+  auto tensors = shm::ParseManifest(manifest);
+  if (!tensors.ok()) {
+    MEMENTO_LOG_ERROR("rank {} sealed with an unreadable manifest: {}", rank,
+                      tensors.status().ToString());
+    return std::nullopt;
+  }
+  std::vector<TensorMeta> metas;
+  for (const shm::SavedTensor& t : *tensors) metas.push_back(t.meta);
+  return metas;
 }
 
 }  // namespace memento::agent

@@ -16,7 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "agent/peer_service.h"
 #include "memento/deadline.h"
@@ -57,5 +59,10 @@ struct AssembleOptions {
                                                       int64_t step, recover::ByteReader& reader,
                                                       shm::NodeStore& store, Deadline deadline,
                                                       const AssembleOptions& options = {});
+
+// The registered tensors a rank's `seal` named (its shm::ParseManifest text),
+// as the planners take them; nullopt, after logging why, when the manifest
+// cannot be read (the agent and the job member then keep what they had).
+std::optional<std::vector<TensorMeta>> SealedTensors(int rank, const std::string& manifest);
 
 }  // namespace memento::agent

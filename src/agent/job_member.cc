@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "agent/assemble.h"
 #include "agent/thread_cpu.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -209,14 +210,9 @@ JobMember::~JobMember() {
 }
 
 void JobMember::OnSeal(int rank, const std::string& manifest) {
-  auto tensors = shm::ParseManifest(manifest);
-  if (!tensors.ok()) {
-    MEMENTO_LOG_ERROR("rank {} sealed with an unreadable manifest: {}", rank,
-                      tensors.status().ToString());
-    return;
-  }
-  std::vector<TensorMeta> metas;
-  for (const auto& t : *tensors) metas.push_back(t.meta);
+  std::optional<std::vector<TensorMeta>> sealed = SealedTensors(rank, manifest);
+  if (!sealed) return;
+  std::vector<TensorMeta> metas = std::move(*sealed);
   // A new client: its slots hold parity entries only once it asks the plan.
   red_->SetClientParity(rank, -1, 0);
   bool was_unhealthy = false;

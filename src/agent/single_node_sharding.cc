@@ -59,14 +59,9 @@ SingleNodeSharding::SingleNodeSharding(topo::JobTopology topology, std::string j
     : topology_(std::move(topology)), job_id_(std::move(job_id)), store_(store) {}
 
 void SingleNodeSharding::OnSeal(int rank, const std::string& manifest) {
-  auto tensors = shm::ParseManifest(manifest);
-  if (!tensors.ok()) {
-    MEMENTO_LOG_ERROR("rank {} sealed with an unreadable manifest: {}", rank,
-                      tensors.status().ToString());
-    return;
-  }
-  std::vector<TensorMeta> metas;
-  for (const shm::SavedTensor& t : *tensors) metas.push_back(t.meta);
+  std::optional<std::vector<TensorMeta>> sealed = SealedTensors(rank, manifest);
+  if (!sealed) return;
+  std::vector<TensorMeta> metas = std::move(*sealed);
   const int ranks = topology_.topology.num_ranks();
   MutexLock l(&mu_);
   auto it = tensors_.find(rank);
