@@ -24,20 +24,14 @@
 #include "common/test_util.h"
 #include "recover/recover.h"
 #include "topo/plan.h"
+#include "topo/test_tensors.h"
 
 namespace memento::topo {
 namespace {
 
 using Bytes = std::vector<uint8_t>;
 
-TensorMeta Tensor(std::string name, DType dtype, int64_t numel, StateClass cls) {
-  TensorMeta t;
-  t.name = std::move(name);
-  t.dtype = dtype;
-  t.shape = {numel};
-  t.state_class = cls;
-  return t;
-}
+using test_tensors::Tensor;
 
 // Tiny inventories with odd sizes; replicated tensors identical across the DP
 // ranks of a sharding group, different between groups.

@@ -6,18 +6,12 @@
 
 #include "recover/recover.h"
 #include "topo/plan_json.h"
+#include "topo/test_tensors.h"
 
 namespace memento::topo {
 namespace {
 
-TensorMeta Tensor(std::string name, DType dtype, int64_t numel, StateClass cls) {
-  TensorMeta t;
-  t.name = std::move(name);
-  t.dtype = dtype;
-  t.shape = {numel};
-  t.state_class = cls;
-  return t;
-}
+using test_tensors::Tensor;
 
 // Every rank: `w` replicated bytes (F32), `o` dp_sharded bytes, `p` private bytes.
 Inventory Uniform(const Topology& t, uint64_t w, uint64_t o, uint64_t p) {

@@ -6,17 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "topo/test_tensors.h"
+
 namespace memento::topo {
 namespace {
 
-TensorMeta Tensor(std::string name, DType dtype, int64_t numel, StateClass cls) {
-  TensorMeta t;
-  t.name = std::move(name);
-  t.dtype = dtype;
-  t.shape = {numel};
-  t.state_class = cls;
-  return t;
-}
+using test_tensors::Tensor;
 
 Inventory MakeInventory(const Topology& t, bool zero1) {
   Inventory inv(t.num_ranks());

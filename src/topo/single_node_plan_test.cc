@@ -7,17 +7,13 @@
 
 #include "recover/recipe.h"
 #include "topo/save_ranges.h"
+#include "topo/test_tensors.h"
 
 namespace memento::topo {
 namespace {
 
 TensorMeta Tensor(std::string name, int64_t numel, StateClass cls) {
-  TensorMeta t;
-  t.name = std::move(name);
-  t.dtype = DType::kFloat32;
-  t.shape = {numel};
-  t.state_class = cls;
-  return t;
+  return test_tensors::Tensor(std::move(name), DType::kFloat32, numel, cls);
 }
 
 Inventory MakeInventory(const Topology& t, bool zero1) {
